@@ -1,0 +1,1 @@
+"""Federated algorithms as pure functions over stacked agents."""

@@ -1,0 +1,153 @@
+"""FedAvg (McMahan et al. 2017), the non-private baseline; its round is shared with DP-FedAvg.
+
+One round t (voting-dpfl paper, Algorithm 1 without lines 3-4 of NoisyUpdate):
+
+    m_t ~ Poisson sampling: agent i participates with probability q, independently (a mask [N])
+    Delta_i = LocalSGD_E(theta_t; D_i) - theta_t                    for every agent (one vmap)
+    theta_{t+1} = theta_t + eta_s * sum_i m_t[i] Delta_i / max(1, sum_i m_t[i])
+
+All N agents compute their update in one vectorised call and the participation mask selects the
+sum; the number of participants varies per round without any Python list of agents.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_dp.core import StackedData, agent_sum, for_each_agent, validation
+from fedjax_dp.models import Model
+from fedjax_dp.privacy import mechanisms
+from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
+
+Params = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """FedAvg: ``rounds`` rounds, Poisson agent sampling rate ``sampling_rate`` (q)."""
+
+    rounds: int = 20
+    sampling_rate: float = 1.0
+    server_lr: float = 1.0
+    local: LocalTrainConfig = LocalTrainConfig()
+
+    def __post_init__(self):
+        validation.check_int("algorithm.rounds", self.rounds, minimum=1)
+        validation.check_probability("algorithm.sampling_rate", self.sampling_rate)
+        validation.check_positive("algorithm.server_lr", self.server_lr)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundSpec:
+    """What one federated-averaging round does with the agents' updates.
+
+    clip_norm: clip each agent's update to this global L2 norm (None: no clipping).
+    noise_std: std of the Gaussian noise added once to the *sum* of updates.
+    denominator: ``'sampled'`` divides the sum by the realised number of participants
+      (FedAvg; the voting-dpfl paper's Algorithm 1), ``'expected'`` by the fixed q*N
+      (McMahan et al. 2018's fixed-denominator estimator, needed for DP-FedAvg's guarantee).
+    """
+
+    sampling_rate: float
+    server_lr: float
+    clip_norm: float | None = None
+    noise_std: float = 0.0
+    denominator: str = "sampled"
+
+
+def sample_agents(key: jax.Array, num_agents: int, sampling_rate: float) -> jax.Array:
+    """Poisson sampling mask [N] in {0., 1.}: each agent independently with probability q."""
+    return jax.random.bernoulli(key, sampling_rate, (num_agents,)).astype(jnp.float32)
+
+
+def make_round(model: Model, local: LocalTrainConfig, spec: RoundSpec, *,
+               chunk_size: int | None = None, mesh=None) -> Callable:
+    """A jitted ``round(key, params, data) -> (params, metrics)`` for the given spec."""
+    lifted = for_each_agent(make_local_update(model, local), (0, None, 0, 0, 0, 0),
+                            chunk_size=chunk_size, mesh=mesh)
+
+    def round_fn(key: jax.Array, params: Params, data: StackedData):
+        n = data.x.shape[0]
+        k_sample, k_train, k_noise = jax.random.split(key, 3)
+        sampled = sample_agents(k_sample, n, spec.sampling_rate)                  # [N]
+        local_params, losses = lifted(jax.random.split(k_train, n), params,
+                                      data.x, data.y, data.mask, data.counts)
+        deltas = jax.tree.map(lambda l, g: l - g[None], local_params, params)     # [N, ...]
+        norms = jax.vmap(optax.tree.norm)(deltas)                                # [N]
+        if spec.clip_norm is not None:
+            deltas = jax.vmap(lambda d: mechanisms.clip_by_global_norm(d, spec.clip_norm)[0]
+                              )(deltas)
+        total = agent_sum(deltas, sampled)                                        # secure sum
+        if spec.noise_std > 0:
+            total = jax.tree.map(jnp.add, total,
+                                 mechanisms.gaussian_noise(k_noise, total, spec.noise_std))
+        num_sampled = jnp.sum(sampled)
+        if spec.denominator == "expected":
+            denom = spec.sampling_rate * n
+        else:
+            denom = jnp.maximum(num_sampled, 1.0)
+        new_params = jax.tree.map(lambda g, s: g + spec.server_lr * s / denom, params, total)
+        metrics = {
+            "num_sampled": num_sampled,
+            "train_loss": jnp.sum(sampled * losses) / jnp.maximum(num_sampled, 1.0),
+            "mean_update_norm": jnp.sum(sampled * norms) / jnp.maximum(num_sampled, 1.0),
+        }
+        return new_params, metrics
+
+    return jax.jit(round_fn)
+
+
+@dataclasses.dataclass
+class History:
+    """What a run produced: final params and one metrics dict per round (host floats)."""
+
+    params: Params
+    rounds: list[dict] = dataclasses.field(default_factory=list)
+    wall_time_s: float = 0.0
+
+
+def run_rounds(key: jax.Array, data: StackedData, model: Model, local: LocalTrainConfig,
+               spec: RoundSpec, rounds: int, *, init_params: Params | None = None,
+               evaluate: Callable[[Params], dict] | None = None, eval_every: int = 0,
+               on_round: Callable[[int, dict], None] | None = None,
+               chunk_size: int | None = None, mesh=None) -> History:
+    """Run ``rounds`` rounds; round t uses ``fold_in(key, t)`` (no key is used twice).
+
+    ``on_round(t, metrics)`` is called after every round (progress display, checkpointing), so a
+    long run never loses the rounds already done.
+    """
+    check_trainable(data)
+    k_init, k_rounds = jax.random.split(key)
+    params = model.init(k_init) if init_params is None else init_params
+    round_fn = make_round(model, local, spec, chunk_size=chunk_size, mesh=mesh)
+    history = History(params=params)
+    start = time.perf_counter()
+    for t in range(rounds):
+        params, metrics = round_fn(jax.random.fold_in(k_rounds, t), params, data)
+        record = {"round": t + 1, **{k: float(v) for k, v in metrics.items()}}
+        if evaluate is not None and eval_every and ((t + 1) % eval_every == 0 or t + 1 == rounds):
+            record.update(evaluate(params))
+        history.rounds.append(record)
+        history.params = params
+        if on_round is not None:
+            on_round(t + 1, record)
+    history.wall_time_s = time.perf_counter() - start
+    return history
+
+
+def run(key: jax.Array, data: StackedData, model: Model, config: Config, **kwargs) -> History:
+    """FedAvg over all stacked agents (see :func:`run_rounds` for keyword arguments)."""
+    spec = RoundSpec(sampling_rate=config.sampling_rate, server_lr=config.server_lr)
+    return run_rounds(key, data, model, config.local, spec, config.rounds, **kwargs)
+
+
+def privacy_ledger(config: Config, num_agents: int):
+    """FedAvg gives no privacy guarantee: an empty ledger."""
+    from fedjax_dp.privacy import PrivacyLedger
+    return PrivacyLedger()

@@ -1,0 +1,1 @@
+"""Configs, the experiment runner and the ``fedjax-dp`` command line (the top layer)."""

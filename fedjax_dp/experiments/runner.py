@@ -1,0 +1,143 @@
+"""Run one experiment from a resolved config and write ``result.json``.
+
+Order of work: validate everything (config tables, dataset and partition names, algorithm fields)
+-> load data -> partition -> stack -> train -> evaluate -> account -> write. Each finished round is
+appended to ``progress.jsonl`` in the output folder as it completes, so an interrupted run keeps
+what it computed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from fedjax_dp import data as data_lib
+from fedjax_dp.core import from_partition, rng
+from fedjax_dp.experiments import config as config_lib
+from fedjax_dp.experiments import registry
+from fedjax_dp.models import make_model
+from fedjax_dp.train import LocalTrainConfig, accuracy
+
+_PACKAGES = ("fedjax-dp", "jax", "jaxlib", "flax", "optax", "chex", "numpy", "scipy",
+             "dp-accounting", "scikit-learn")
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+@dataclasses.dataclass
+class Plan:
+    """Everything validated from a resolved config, before any data is loaded or trained on."""
+
+    config: dict
+    entry: registry.AlgorithmEntry
+    algorithm_config: Any
+    local: LocalTrainConfig
+
+
+def plan(config: dict) -> Plan:
+    """Validate a resolved config completely; raise ``ValueError`` naming the bad key."""
+    d = config["data"]
+    if d["dataset"] not in data_lib.DATASETS:
+        raise config_lib.ConfigError(f"data.dataset must be one of {sorted(data_lib.DATASETS)}, "
+                                     f"got {d['dataset']!r}")
+    if d["partition"] not in data_lib.PARTITIONS:
+        raise config_lib.ConfigError(f"data.partition must be one of "
+                                     f"{sorted(data_lib.PARTITIONS)}, got {d['partition']!r}")
+    from fedjax_dp.models import MODELS
+    if config["model"]["name"] not in MODELS:
+        raise config_lib.ConfigError(f"model.name must be one of {list(MODELS)}, "
+                                     f"got {config['model']['name']!r}")
+    algo = dict(config["algorithm"])
+    entry = registry.get(algo.pop("name"))
+    local = config_lib.build_dataclass(LocalTrainConfig, config["train"], "train")
+    extra = {"local": local} if entry.uses_local_train else {}
+    algorithm_config = config_lib.build_dataclass(entry.config_cls, algo, "algorithm", **extra)
+    return Plan(config=config, entry=entry, algorithm_config=algorithm_config, local=local)
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
+        return x.item()
+    return x
+
+
+def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | None = None
+        ) -> dict:
+    """Run a resolved config; return the result record (also written to ``out_dir``)."""
+    p = plan(config)
+    show = config["run"]["progress"] if progress is None else progress
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "progress.jsonl").write_text("")
+    start = time.perf_counter()
+    seed = config["seed"]
+    root = rng.as_key(seed)
+    d = config["data"]
+    dataset = data_lib.load_dataset(d["dataset"], **d["dataset_options"])
+    indices = data_lib.partition(d["partition"], dataset.y_train, d["num_agents"],
+                                 rng.stream(root, "partition"), **d["partition_options"])
+    agents = from_partition(dataset.x_train, dataset.y_train, indices)
+    model = make_model(config["model"]["name"], dataset.feature_shape, dataset.num_classes,
+                       hidden=tuple(config["model"]["hidden"]))
+    rounds_total = getattr(p.algorithm_config, "rounds", None)
+
+    def on_round(t: int, record: dict) -> None:
+        if out is not None:
+            with open(out / "progress.jsonl", "a") as f:
+                f.write(json.dumps(_jsonable(record)) + "\n")
+        if show:
+            shown = " ".join(f"{k}={v:.4g}" for k, v in record.items()
+                             if k != "round" and isinstance(v, float))
+            total = f"/{rounds_total}" if rounds_total else ""
+            print(f"[{p.entry.name}] round {t}{total} {shown}", file=sys.stderr, flush=True)
+
+    chunk = config["run"]["chunk_size"] or None
+    ctx = registry.Context(key=rng.stream(root, "algorithm"), dataset=dataset, agents=agents,
+                           model=model, local=p.local, config=p.algorithm_config,
+                           eval_every=config["run"]["eval_every"], chunk_size=chunk,
+                           on_round=on_round)
+    outcome = p.entry.execute(ctx)
+    test_acc = accuracy(outcome.model, outcome.params, dataset.x_test, dataset.y_test)
+    delta = config["privacy"]["delta"]
+    privacy = outcome.ledger.report(delta, accountants=tuple(config["privacy"]["accountants"]))
+    result = {
+        "algorithm": p.entry.name,
+        "dataset": dataset.name,
+        "num_agents": agents.num_agents,
+        "test_accuracy": test_acc,
+        "privacy": privacy,
+        "wall_time_s": time.perf_counter() - start,
+        "seed": seed,
+        "config": config,
+        "versions": versions(),
+        "devices": [str(dv) for dv in jax.devices()],
+        "history": outcome.history,
+    }
+    result = _jsonable(result)
+    if out is not None:
+        (out / "result.json").write_text(json.dumps(result, indent=2))
+    if show:
+        eps = ", ".join(f"{g['unit']}: eps={g['epsilon']:.4g} ({g['accountant']})"
+                        for g in privacy) or "no privacy guarantee"
+        print(f"[{p.entry.name}] test accuracy {test_acc:.4f}; {eps}", file=sys.stderr)
+    return result

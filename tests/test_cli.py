@@ -1,0 +1,128 @@
+"""The fedjax-dp command line: run writes result.json per the contract, list, account, errors."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import dp_accounting
+import pytest
+
+from fedjax_dp.experiments import cli
+from fedjax_dp.experiments import config as config_lib
+from fedjax_dp.privacy import accounting
+
+ROOT = Path(__file__).resolve().parents[1]
+DP_CONFIG = ROOT / "configs" / "dp_fedavg" / "mnist5k.toml"
+SMALL = ["data.num_agents=20", "algorithm.rounds=3", "train.steps=2", "model.hidden=[16]",
+         "run.eval_every=0"]
+
+
+def _run(capsys, argv):
+    code = cli.main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_run_dp_fedavg_result_contract_and_epsilon(tmp_path, capsys):
+    argv = ["run", str(DP_CONFIG), "--out", str(tmp_path)]
+    for s in SMALL:
+        argv += ["--set", s]
+    code, out, err = _run(capsys, argv)
+    assert code == 0, err
+    result = json.loads((tmp_path / "result.json").read_text())
+    for field in ("algorithm", "dataset", "num_agents", "test_accuracy", "privacy",
+                  "wall_time_s", "seed", "config", "versions"):
+        assert field in result
+    assert result["algorithm"] == "dp_fedavg" and result["dataset"] == "mnist5k"
+    assert result["num_agents"] == 20 and 0.0 <= result["test_accuracy"] <= 1.0
+    assert result["config"]["algorithm"]["rounds"] == 3            # overrides resolved
+    assert len((tmp_path / "progress.jsonl").read_text().splitlines()) == 3
+    cfg = result["config"]["algorithm"]
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(cfg["sampling_rate"],
+                                            dp_accounting.GaussianDpEvent(cfg["noise_multiplier"])),
+        cfg["rounds"])
+    delta = result["config"]["privacy"]["delta"]
+    by_acc = {g["accountant"]: g for g in result["privacy"]}
+    assert set(by_acc) == {"rdp", "pld"}
+    rdp = dp_accounting.rdp.RdpAccountant(list(accounting.DEFAULT_RDP_ORDERS))
+    rdp.compose(event)
+    assert by_acc["rdp"]["epsilon"] == pytest.approx(rdp.get_epsilon(delta), rel=1e-9)
+    pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    pld.compose(event)
+    assert by_acc["pld"]["epsilon"] == pytest.approx(pld.get_epsilon(delta), rel=1e-6)
+    for g in result["privacy"]:
+        assert g["unit"] == "agent" and g["delta"] == delta and g["data_dependent"] is False
+        assert g["events"][0]["class_name"] == "SelfComposedDpEvent"
+        assert g["events"][0]["event"]["class_name"] == "PoissonSampledDpEvent"
+    printed = json.loads(out)
+    assert printed["test_accuracy"] == result["test_accuracy"]
+
+
+def test_list(capsys):
+    code, out, _ = _run(capsys, ["list", "--json"])
+    listing = json.loads(out)
+    assert code == 0
+    assert {"fedavg", "dp_fedavg"} <= set(listing["algorithms"])
+    assert {"digits", "wbcd", "mnist5k", "synthetic"} <= set(listing["datasets"])
+    assert {"iid", "dirichlet", "label_shards", "one_class", "by_domain"} <= set(
+        listing["partitions"])
+    assert listing["models"] == ["logistic", "mlp", "cnn"]
+
+
+def test_account_sampled_gaussian_matches_dp_accounting(capsys):
+    code, out, _ = _run(capsys, ["account", "sampled-gaussian", "--noise-multiplier", "1.1",
+                                 "--sampling-rate", "0.01", "--steps", "1000", "--delta", "1e-5"])
+    assert code == 0
+    report = json.loads(out)
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1)), 1000)
+    rdp = dp_accounting.rdp.RdpAccountant(list(accounting.DEFAULT_RDP_ORDERS))
+    rdp.compose(event)
+    assert report["epsilon"]["rdp"] == pytest.approx(rdp.get_epsilon(1e-5), rel=1e-9)
+    assert report["epsilon"]["pld"] <= report["epsilon"]["rdp"]
+
+
+def test_account_gaussian_known_value(capsys):
+    """Gaussian, sensitivity 1, sigma 25, 500 compositions, delta 1e-3: eps about 3.09 (RDP)."""
+    code, out, _ = _run(capsys, ["account", "gaussian", "--noise-multiplier", "25", "--count",
+                                 "500", "--delta", "1e-3", "--accountant", "rdp"])
+    assert code == 0
+    assert json.loads(out)["epsilon"]["rdp"] == pytest.approx(3.09, abs=0.01)
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["account", "gaussian", "--noise-multiplier", "1", "--count", "5", "--delta", "2"],
+     "--delta"),
+    (["account", "sampled-gaussian", "--noise-multiplier", "-1", "--sampling-rate", "0.1",
+      "--steps", "5", "--delta", "1e-5"], "noise_multiplier"),
+    (["run", str(DP_CONFIG), "--set", "algorithm.noise_multiplier=-2"],
+     "algorithm.noise_multiplier"),
+    (["run", str(DP_CONFIG), "--set", "algorithm.nosie=1"], "algorithm.nosie"),
+    (["run", str(DP_CONFIG), "--set", "data.dataset=cifar100"], "data.dataset"),
+    (["run", str(DP_CONFIG), "--set", "privacy.delta=0"], "privacy.delta"),
+    (["run", str(DP_CONFIG), "--set", "train.learning_rate=-0.1"], "train.learning_rate"),
+    (["run", str(DP_CONFIG), "--set", "datta.num_agents=3"], "datta"),
+    (["run", "no/such/config.toml"], "does not exist"),
+])
+def test_bad_input_fails_fast_naming_the_parameter(tmp_path, capsys, argv, match):
+    if argv[0] == "run":
+        argv = argv + ["--out", str(tmp_path / "out")]
+    code, _, err = _run(capsys, argv)
+    assert code == 2
+    assert match in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()              # failed before any work
+
+
+def test_config_override_parsing():
+    assert config_lib.parse_value("3") == 3 and config_lib.parse_value("1e-5") == 1e-5
+    assert config_lib.parse_value("[1, 2]") == [1, 2] and config_lib.parse_value("true") is True
+    assert config_lib.parse_value("mnist5k") == "mnist5k"
+    cfg = config_lib.resolve({}, ["data.partition_options.beta=0.5"])
+    assert cfg["data"]["partition_options"] == {"beta": 0.5}
+
+
+def test_console_script_entry_point():
+    proc = subprocess.run([sys.executable, "-m", "fedjax_dp.experiments.cli", "list"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "dp_fedavg" in proc.stdout
