@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import math
 import platform
 import sys
 import time
@@ -76,7 +77,9 @@ def _jsonable(x):
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
     if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
-        return x.item()
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None          # strict JSON: an infinite epsilon (no guarantee) is written as null
     return x
 
 
@@ -135,7 +138,7 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     }
     result = _jsonable(result)
     if out is not None:
-        (out / "result.json").write_text(json.dumps(result, indent=2))
+        (out / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
     if show:
         eps = ", ".join(f"{g['unit']}: eps={g['epsilon']:.4g} ({g['accountant']})"
                         for g in privacy) or "no privacy guarantee"

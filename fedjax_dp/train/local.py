@@ -79,22 +79,39 @@ def sample_batch(key: jax.Array, x: jax.Array, y: jax.Array, mask: jax.Array, co
     return x[idx], y[idx], mask[idx].astype(jnp.float32)
 
 
-def make_local_update(model: Model, config: LocalTrainConfig):
-    """One agent's local training (pure; lift with ``for_each_agent`` / ``train_agents``)."""
+def make_local_step(model: Model, config: LocalTrainConfig):
+    """One optimiser step of one agent: ``step(params, opt_state, key, x, y, mask, count)``.
+
+    Returns ``(step, optimizer)``; ``step`` gives ``(params, opt_state, loss)``. The minibatch is
+    drawn from the agent's real records with ``key`` (see :func:`sample_batch`).
+    """
     opt = config.make_optimizer()
-    loss_fn = minibatch_loss(model)
-    grad_fn = jax.value_and_grad(loss_fn)
+    grad_fn = jax.value_and_grad(minibatch_loss(model))
+
+    def step(params, opt_state, key, x, y, mask, count):
+        xb, yb, wb = sample_batch(key, x, y, mask, count, config.batch_size)
+        loss, g = grad_fn(params, xb, yb, wb)
+        updates, opt_state = opt.update(g, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step, opt
+
+
+def make_local_update(model: Model, config: LocalTrainConfig):
+    """One agent's local training (pure; lift with ``for_each_agent`` / ``train_agents``).
+
+    Step t uses ``split(key, steps)[t]`` for its minibatch.
+    """
+    step, opt = make_local_step(model, config)
 
     def local_update(key, params, x, y, mask, count):
-        def step(carry, step_key):
+        def body(carry, step_key):
             p, s = carry
-            xb, yb, wb = sample_batch(step_key, x, y, mask, count, config.batch_size)
-            loss, g = grad_fn(p, xb, yb, wb)
-            updates, s = opt.update(g, s, p)
-            return (optax.apply_updates(p, updates), s), loss
+            p, s, loss = step(p, s, step_key, x, y, mask, count)
+            return (p, s), loss
 
         keys = jax.random.split(key, config.steps)
-        (params, _), losses = jax.lax.scan(step, (params, opt.init(params)), keys)
+        (params, _), losses = jax.lax.scan(body, (params, opt.init(params)), keys)
         return params, jnp.mean(losses) if config.steps else jnp.zeros(())
 
     return local_update

@@ -1,0 +1,27 @@
+"""Privacy: noise mechanisms, dp-accounting wrappers, the privacy ledger and noise calibration.
+
+Builds on :mod:`fedjax_dp.core` only; it never trains and knows no algorithm.
+"""
+from fedjax_dp.privacy import accounting, calibration, ledger, mechanisms
+from fedjax_dp.privacy.accounting import (
+    ACCOUNTANTS, DEFAULT_PLD_DISCRETIZATION, DEFAULT_RDP_ORDERS, composed_accountant,
+    delta_for_epsilon, epsilon, epsilon_from_rdp, event_from_json, event_rdp, event_to_json,
+    gaussian_event, laplace_event, make_accountant, sampled_gaussian_epsilon,
+    sampled_gaussian_event)
+from fedjax_dp.privacy.calibration import calibrate_noise_multiplier, calibrate_sampled_gaussian
+from fedjax_dp.privacy.ledger import UNITS, LedgerEntry, PrivacyLedger
+from fedjax_dp.privacy.mechanisms import (
+    agent_vote_noise, clip_by_global_norm, gaussian_mechanism, gaussian_noise, laplace_mechanism,
+    laplace_noise, noisy_argmax_laplace, noisy_argmax_vote)
+
+__all__ = [
+    "accounting", "calibration", "ledger", "mechanisms",
+    "ACCOUNTANTS", "DEFAULT_PLD_DISCRETIZATION", "DEFAULT_RDP_ORDERS", "composed_accountant",
+    "delta_for_epsilon", "epsilon", "epsilon_from_rdp", "event_from_json", "event_rdp",
+    "event_to_json", "gaussian_event", "laplace_event", "make_accountant",
+    "sampled_gaussian_epsilon", "sampled_gaussian_event",
+    "calibrate_noise_multiplier", "calibrate_sampled_gaussian",
+    "UNITS", "LedgerEntry", "PrivacyLedger",
+    "agent_vote_noise", "clip_by_global_norm", "gaussian_mechanism", "gaussian_noise",
+    "laplace_mechanism", "laplace_noise", "noisy_argmax_laplace", "noisy_argmax_vote",
+]

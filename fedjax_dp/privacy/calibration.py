@@ -1,0 +1,88 @@
+"""Noise calibration: the smallest noise multiplier that meets a target ``(epsilon, delta)``.
+
+A thin wrapper on ``dp_accounting.calibrate_dp_mechanism`` (Brent's method on
+``gap(z) = eps(make_event(z), delta) - target_epsilon`` in an explicit bracket, with a fallback
+bisection that guarantees ``gap(z) <= 0``). The result ``z`` satisfies
+``eps(make_event(z)) <= target_epsilon`` and is within ``tol`` of the smallest such ``z``,
+provided epsilon decreases as the noise multiplier grows (true for the events built in
+:mod:`fedjax_dp.privacy.accounting`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import dp_accounting
+from dp_accounting import dp_event
+
+from fedjax_dp.core import validation
+from fedjax_dp.privacy import accounting
+
+__all__ = ["DEFAULT_BRACKET", "calibrate_noise_multiplier", "calibrate_sampled_gaussian"]
+
+#: Default search interval for the noise multiplier.
+DEFAULT_BRACKET: tuple[float, float] = (0.0, 500.0)
+
+
+def calibrate_noise_multiplier(target_epsilon: float, delta: float,
+                               make_event: Callable[[float], dp_event.DpEvent],
+                               accountant: str = "rdp", *,
+                               bracket: tuple[float, float] = DEFAULT_BRACKET,
+                               tol: float = 1e-3) -> float:
+    """Smallest noise multiplier ``z`` in ``bracket`` (to within ``tol``) with
+    ``epsilon(make_event(z), delta, accountant) <= target_epsilon``.
+
+    Raises ``ValueError`` if the target is unreachable in the bracket (even the upper end gives a
+    larger epsilon) or already met at its lower end (the answer lies below the bracket).
+    """
+    target = validation.check_positive("target_epsilon", target_epsilon)
+    if not math.isfinite(target):
+        raise ValueError(f"target_epsilon must be finite, got {target_epsilon!r}")
+    delta = validation.check_open_unit("delta", delta)
+    validation.check_choice("accountant", accountant, accounting.ACCOUNTANTS)
+    if not callable(make_event):
+        raise ValueError(f"make_event must be callable (noise_multiplier -> DpEvent), got "
+                         f"{type(make_event).__name__}")
+    if not (isinstance(bracket, (tuple, list)) and len(bracket) == 2):
+        raise ValueError(f"bracket must be a pair (low, high), got {bracket!r}")
+    lo = validation.check_nonnegative("bracket[0]", bracket[0])
+    hi = validation.check_positive("bracket[1]", bracket[1])
+    if not (math.isfinite(hi) and lo < hi):
+        raise ValueError(f"bracket must satisfy 0 <= low < high < inf, got {tuple(bracket)!r}")
+    tol = validation.check_positive("tol", tol)
+
+    def eps_at(z: float) -> float:
+        return accounting.epsilon(make_event(z), delta, accountant)
+
+    eps_hi = eps_at(hi)
+    if eps_hi > target:
+        raise ValueError(
+            f"target_epsilon={target:g} is unreachable in bracket {tuple(bracket)}: the largest "
+            f"noise multiplier {hi:g} gives epsilon={eps_hi:.6g} at delta={delta:g} "
+            f"({accountant}); raise bracket[1] or the target")
+    eps_lo = eps_at(lo)
+    if eps_lo <= target:
+        raise ValueError(
+            f"target_epsilon={target:g} is already met at the bracket's lower end: noise "
+            f"multiplier {lo:g} gives epsilon={eps_lo:.6g} at delta={delta:g} ({accountant}); "
+            f"lower bracket[0]")
+    z = dp_accounting.calibrate_dp_mechanism(
+        make_fresh_accountant=lambda: accounting.make_accountant(accountant),
+        make_event_from_param=make_event,
+        target_epsilon=target, target_delta=delta,
+        bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),
+        discrete=False, tol=tol)
+    return float(z)
+
+
+def calibrate_sampled_gaussian(target_epsilon: float, delta: float, sampling_rate: float,
+                               steps: int, accountant: str = "rdp", *,
+                               bracket: tuple[float, float] = DEFAULT_BRACKET,
+                               tol: float = 1e-3) -> float:
+    """Noise multiplier for DP-SGD / DP-FedAvg: ``steps`` rounds of Poisson sampling at
+    ``sampling_rate`` with the Gaussian mechanism (:func:`accounting.sampled_gaussian_event`)."""
+    q = validation.check_probability("sampling_rate", sampling_rate)
+    steps = validation.check_int("steps", steps, minimum=1)
+    return calibrate_noise_multiplier(
+        target_epsilon, delta, lambda z: accounting.sampled_gaussian_event(z, q, steps),
+        accountant, bracket=bracket, tol=tol)

@@ -1,0 +1,415 @@
+"""Privacy as data: a ledger of what an algorithm ran, per unit of privacy.
+
+Every private algorithm returns a :class:`PrivacyLedger`. Each entry names
+
+* a **unit of privacy** (whose data one neighbouring pair differs in). Documented units
+  (:data:`UNITS`; any non-empty string is accepted):
+
+  - ``'agent'``: all data of one agent / client (user-level DP in FL);
+  - ``'instance'``: one training instance (record) of one agent;
+  - ``'party'``: all data of one party / silo in cross-silo FL (FedKT party level);
+  - ``'example'``: one example of the (pooled or local) training data (DP-SGD example level);
+  - ``'silo_record'``: one record of one silo, protected against everyone outside the silo
+    (inter-silo record-level DP, ISRL-DP);
+  - ``'shuffle'``: one report in a shuffled protocol (guarantee after shuffling).
+
+* a **neighbouring relation**: free text saying how neighbours differ, e.g.
+  ``'add/remove one agent'`` or ``'replace one instance'``. One unit has one relation; entries
+  that disagree are rejected. Sensitivities in events are stated under this relation
+  (``noise_multiplier = std / sensitivity``); the accountants run as ``ADD_OR_REMOVE_ONE``;
+* what ran, as one of three kinds of entry:
+
+  - ``'event'`` (:meth:`PrivacyLedger.add_event`): a ``dp_accounting.DpEvent``. Events of one
+    unit compose sequentially (``ComposedDpEvent``), adaptively.
+  - ``'parallel'`` (:meth:`PrivacyLedger.add_parallel`): one event per member of a *disjoint*
+    partition of the data (each party / agent runs on its own data). By parallel composition
+    the guarantee is the worst member's: ``max_i eps(others + member_i)``, evaluated at report
+    time for the requested delta and accountant.
+  - ``'rdp'`` (:meth:`PrivacyLedger.add_rdp`): a data-dependent per-order RDP vector (PATE-style
+    analyses). Vectors of one unit add up on one fixed order grid; events of the same unit are
+    converted to RDP on that grid and added too. Only the RDP accountant applies.
+
+Epsilon for a delta is always computed from these data by ``dp_accounting``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import dp_accounting
+import numpy as np
+from dp_accounting import dp_event
+
+from fedjax_dp.core import validation
+from fedjax_dp.privacy import accounting
+
+__all__ = ["UNITS", "LedgerEntry", "PrivacyLedger", "MAX_PARALLEL_COMBINATIONS"]
+
+#: The documented units of privacy and what one neighbouring pair differs in.
+UNITS: dict[str, str] = {
+    "agent": "all data of one agent/client",
+    "instance": "one training instance of one agent",
+    "party": "all data of one party/silo",
+    "example": "one training example",
+    "silo_record": "one record of one silo (inter-silo record-level DP)",
+    "shuffle": "one report in a shuffled protocol",
+}
+
+#: Worst-member search evaluates every combination of distinct members of the parallel entries
+#: of one unit; more combinations than this is an error.
+MAX_PARALLEL_COMBINATIONS = 4096
+
+_KINDS = ("event", "parallel", "rdp")
+
+
+def _check_text(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _compose(events: Sequence[dp_event.DpEvent]) -> dp_event.DpEvent:
+    if not events:
+        return dp_accounting.NoOpDpEvent()
+    return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(list(events))
+
+
+def _event_key(event: dp_event.DpEvent) -> str:
+    return json.dumps(accounting.event_to_json(event), sort_keys=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerEntry:
+    """One record of the ledger (immutable). ``kind`` is ``'event'``, ``'parallel'`` or ``'rdp'``.
+
+    ``event`` is set for ``'event'``, ``members`` (one event per member) for ``'parallel'``,
+    ``orders`` and ``rdp`` for ``'rdp'`` (data-dependent). ``sensitivity`` is informational.
+    """
+    unit: str
+    relation: str
+    kind: str
+    event: dp_event.DpEvent | None = None
+    members: tuple[dp_event.DpEvent, ...] = ()
+    orders: tuple[float, ...] = ()
+    rdp: tuple[float, ...] = ()
+    sensitivity: float | None = None
+    note: str = ""
+
+    def __post_init__(self):
+        validation.check_choice("kind", self.kind, _KINDS)
+        _check_text("unit", self.unit)
+        _check_text("relation", self.relation)
+        if self.kind == "event" and self.event is None:
+            raise ValueError("event must be a DpEvent for an entry of kind 'event', got None")
+        if self.kind == "parallel" and not self.members:
+            raise ValueError("members must be non-empty for an entry of kind 'parallel'")
+        if self.kind == "rdp" and (not self.orders or len(self.orders) != len(self.rdp)):
+            raise ValueError("orders and rdp must be non-empty and of the same length for an "
+                             "entry of kind 'rdp'")
+
+    @property
+    def data_dependent(self) -> bool:
+        return self.kind == "rdp"
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"unit": self.unit, "relation": self.relation, "kind": self.kind}
+        if self.kind == "event":
+            out["event"] = accounting.event_to_json(self.event)
+        elif self.kind == "parallel":
+            out["members"] = [accounting.event_to_json(e) for e in self.members]
+        else:
+            out["orders"] = list(self.orders)
+            out["rdp"] = list(self.rdp)
+        out["sensitivity"] = self.sensitivity
+        out["note"] = self.note
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "LedgerEntry":
+        kind = validation.check_choice("kind", data["kind"], _KINDS)
+        return cls(unit=data["unit"], relation=data["relation"], kind=kind,
+                   event=accounting.event_from_json(data["event"]) if kind == "event" else None,
+                   members=tuple(accounting.event_from_json(e) for e in data.get("members", ())),
+                   orders=tuple(float(a) for a in data.get("orders", ())),
+                   rdp=tuple(float(r) for r in data.get("rdp", ())),
+                   sensitivity=data.get("sensitivity"), note=data.get("note", ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Evaluation:
+    epsilon: float
+    events: list                       # the events composed for the worst case (in entry order)
+    worst_members: list                # per parallel entry: index of the worst member
+    order: float | None = None         # optimal RDP order (RDP accountant only)
+
+
+class PrivacyLedger:
+    """What an algorithm ran, per unit of privacy; epsilon for any delta by RDP or PLD.
+
+    ``add_*`` methods append an entry and return the ledger (so calls chain). Entries are
+    immutable; :meth:`merged` returns a new ledger.
+    """
+
+    def __init__(self, entries: Sequence[LedgerEntry] = ()):
+        self._entries: list[LedgerEntry] = []
+        for entry in entries:
+            self._append(entry)
+
+    # ------------------------------------------------------------------ building
+
+    def _append(self, entry: LedgerEntry) -> "PrivacyLedger":
+        if not isinstance(entry, LedgerEntry):
+            raise ValueError(f"entries must be LedgerEntry, got {type(entry).__name__}")
+        existing = self._entries_for(entry.unit, missing_ok=True)
+        if existing and existing[0].relation != entry.relation:
+            raise ValueError(
+                f"relation for unit {entry.unit!r} must match its earlier entries "
+                f"({existing[0].relation!r}), got {entry.relation!r}")
+        if entry.kind == "rdp":
+            grids = [e.orders for e in existing if e.kind == "rdp"]
+            if grids and not np.array_equal(grids[0], entry.orders):
+                raise ValueError(
+                    f"orders for unit {entry.unit!r} must equal the grid of its earlier "
+                    f"data-dependent entries ({len(grids[0])} orders), got a different grid "
+                    f"({len(entry.orders)} orders)")
+        self._entries.append(entry)
+        return self
+
+    @staticmethod
+    def _common(unit: str, relation: str, sensitivity: float | None, note: str) -> dict:
+        _check_text("unit", unit)
+        _check_text("relation", relation)
+        if sensitivity is not None:
+            sensitivity = validation.check_positive("sensitivity", sensitivity)
+        if not isinstance(note, str):
+            raise ValueError(f"note must be a string, got {note!r}")
+        return dict(unit=unit, relation=relation, sensitivity=sensitivity, note=note)
+
+    def add_event(self, unit: str, event: dp_event.DpEvent, *, relation: str,
+                  sensitivity: float | None = None, note: str = "") -> "PrivacyLedger":
+        """Record that ``event`` ran on the data of ``unit`` (composes with the unit's others)."""
+        accounting.check_event("event", event)
+        return self._append(LedgerEntry(kind="event", event=event,
+                                        **self._common(unit, relation, sensitivity, note)))
+
+    def add_parallel(self, unit: str, events_per_member: Sequence[dp_event.DpEvent], *,
+                     relation: str, sensitivity: float | None = None,
+                     note: str = "") -> "PrivacyLedger":
+        """Record one event per member of a disjoint partition (parallel composition).
+
+        Each unit's data lies in exactly one member (e.g. each party's records only in that
+        party's model), so the guarantee is that of the worst member, found at report time
+        for the requested delta and accountant.
+        """
+        members = tuple(events_per_member)
+        if not members:
+            raise ValueError("events_per_member must hold at least one DpEvent, got none")
+        for i, e in enumerate(members):
+            accounting.check_event(f"events_per_member[{i}]", e)
+        return self._append(LedgerEntry(kind="parallel", members=members,
+                                        **self._common(unit, relation, sensitivity, note)))
+
+    def add_rdp(self, unit: str, orders: Sequence[float], rdp: Sequence[float], *,
+                relation: str, note: str = "") -> "PrivacyLedger":
+        """Record a data-dependent RDP vector ``rdp[i] = RDP at orders[i]`` (marked data-dependent).
+
+        Vectors of one unit must share one order grid; they add up (RDP composition).
+        """
+        grid = np.asarray(orders, dtype=np.float64).reshape(-1)
+        vec = np.asarray(rdp, dtype=np.float64).reshape(-1)
+        if grid.size == 0 or not np.all(np.isfinite(grid)) or np.any(grid <= 1):
+            raise ValueError(f"orders must be a non-empty list of finite RDP orders > 1, "
+                             f"got {grid.tolist()}")
+        if vec.shape != grid.shape:
+            raise ValueError(f"orders and rdp must have the same length, got {grid.size} and "
+                             f"{vec.size}")
+        if np.any(np.isnan(vec)) or np.any(vec < 0):
+            raise ValueError(f"rdp must be >= 0 at every order, got {vec.tolist()}")
+        return self._append(LedgerEntry(kind="rdp", orders=tuple(grid.tolist()),
+                                        rdp=tuple(vec.tolist()),
+                                        **self._common(unit, relation, None, note)))
+
+    def merged(self, other: "PrivacyLedger") -> "PrivacyLedger":
+        """A new ledger with this ledger's entries, then ``other``'s (same units compose)."""
+        if not isinstance(other, PrivacyLedger):
+            raise ValueError(f"other must be a PrivacyLedger, got {type(other).__name__}")
+        return PrivacyLedger(self._entries + other._entries)
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def entries(self) -> tuple[LedgerEntry, ...]:
+        return tuple(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{u}: {len(self._entries_for(u))} entries" for u in self.units())
+        return f"PrivacyLedger({parts})"
+
+    def units(self) -> list[str]:
+        """Units with at least one entry, in the order first recorded."""
+        return list(dict.fromkeys(e.unit for e in self._entries))
+
+    def _entries_for(self, unit: str, *, missing_ok: bool = False) -> list[LedgerEntry]:
+        found = [e for e in self._entries if e.unit == unit]
+        if not found and not missing_ok:
+            raise ValueError(f"unit must be one of the ledger's units {self.units()}, "
+                             f"got {unit!r}")
+        return found
+
+    def relation(self, unit: str) -> str:
+        return self._entries_for(unit)[0].relation
+
+    def data_dependent(self, unit: str) -> bool:
+        return any(e.data_dependent for e in self._entries_for(unit))
+
+    def rdp(self, unit: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(orders, rdp)``: the unit's summed data-dependent RDP vector (only for such units)."""
+        dd = [e for e in self._entries_for(unit) if e.kind == "rdp"]
+        if not dd:
+            raise ValueError(f"unit {unit!r} has no data-dependent RDP entries")
+        return np.asarray(dd[0].orders), np.sum([e.rdp for e in dd], axis=0)
+
+    def event(self, unit: str, *, delta: float | None = None,
+              accountant: str = "rdp") -> dp_event.DpEvent:
+        """The unit's composed ``DpEvent`` (a single event as is, several as ``ComposedDpEvent``).
+
+        With parallel entries the worst member depends on the target: give ``delta`` (and the
+        accountant) to get the worst-case composition. Data-dependent units have no DpEvent.
+        """
+        entries = self._entries_for(unit)
+        if any(e.kind == "rdp" for e in entries):
+            raise ValueError(f"unit {unit!r} has data-dependent RDP entries, which no DpEvent "
+                             "describes; use rdp(unit) or epsilon(unit, delta)")
+        if any(e.kind == "parallel" for e in entries):
+            if delta is None:
+                raise ValueError(f"unit {unit!r} has parallel entries: pass delta (and "
+                                 "accountant) to pick the worst member")
+            return _compose(self._evaluate(unit, delta, accountant).events)
+        return _compose([e.event for e in entries])
+
+    def epsilon(self, unit: str, delta: float, accountant: str = "rdp") -> float:
+        """Epsilon of ``unit`` at ``delta`` (``'rdp'`` or ``'pld'``; data-dependent: RDP only)."""
+        return self._evaluate(unit, delta, accountant).epsilon
+
+    def _evaluate(self, unit: str, delta: float, accountant: str) -> _Evaluation:
+        delta = validation.check_open_unit("delta", delta)
+        validation.check_choice("accountant", accountant, accounting.ACCOUNTANTS)
+        entries = self._entries_for(unit)
+        dd = [e for e in entries if e.kind == "rdp"]
+        if dd and accountant != "rdp":
+            raise ValueError(
+                f"accountant must be 'rdp' for unit {unit!r}: it has data-dependent RDP "
+                f"entries, to which the {accountant!r} accountant does not apply")
+        parallel = [e for e in entries if e.kind == "parallel"]
+        # Distinct members of each parallel entry (identical members are evaluated once).
+        choices = []
+        for e in parallel:
+            distinct: dict[str, int] = {}
+            for i, m in enumerate(e.members):
+                distinct.setdefault(_event_key(m), i)
+            choices.append(list(distinct.values()))
+        combos = math.prod(len(c) for c in choices)
+        if combos > MAX_PARALLEL_COMBINATIONS:
+            raise ValueError(
+                f"unit {unit!r} has {combos} combinations of distinct parallel members "
+                f"(more than {MAX_PARALLEL_COMBINATIONS}); record fewer distinct members")
+        dd_orders = list(dd[0].orders) if dd else None
+        dd_sum = np.sum([e.rdp for e in dd], axis=0) if dd else None
+        best: _Evaluation | None = None
+        for combo in itertools.product(*choices):
+            picks = iter(combo)
+            events = []
+            for e in entries:
+                if e.kind == "event":
+                    events.append(e.event)
+                elif e.kind == "parallel":
+                    events.append(e.members[next(picks)])
+            if dd:
+                total = dd_sum + (accounting.event_rdp(_compose(events), dd_orders)
+                                  if events else 0.0)
+                eps, order = accounting.epsilon_from_rdp(dd_orders, total, delta)
+            else:
+                acc = accounting.composed_accountant(_compose(events), accountant, None)
+                if accountant == "rdp":
+                    eps, order = acc.get_epsilon_and_optimal_order(delta)
+                    eps, order = float(eps), float(order)
+                else:
+                    eps, order = float(acc.get_epsilon(delta)), None
+            if best is None or eps > best.epsilon:
+                best = _Evaluation(eps, events, list(combo), order)
+        return best
+
+    def report(self, delta: float, accountants: Sequence[str] = ("rdp", "pld")) -> list[dict]:
+        """One JSON-able guarantee per unit and accountant (the ``privacy`` list of result.json).
+
+        Keys: ``unit``, ``relation``, ``epsilon``, ``delta``, ``accountant``, ``data_dependent``,
+        ``events`` (the composed events as :func:`~fedjax_dp.privacy.accounting.event_to_json`
+        dicts, the worst member standing for each parallel entry; a data-dependent unit adds one
+        ``{"orders": [...], "rdp": [...]}`` with its summed RDP vector), ``notes``, and where they
+        apply ``rdp_order`` (the optimal order) and ``parallel`` (per parallel entry:
+        ``num_members``, ``worst_member``, and ``distinct_members``, each
+        ``{"members": [indices], "event": ...}``). PLD is skipped for data-dependent units; a unit
+        none of the requested accountants applies to is an error. ``epsilon`` may be ``inf``.
+        """
+        delta = validation.check_open_unit("delta", delta)
+        if isinstance(accountants, str):
+            accountants = (accountants,)
+        for acc in accountants:
+            validation.check_choice("accountants[]", acc, accounting.ACCOUNTANTS)
+        rows = []
+        for unit in self.units():
+            entries = self._entries_for(unit)
+            dependent = self.data_dependent(unit)
+            usable = [a for a in accountants if not (dependent and a != "rdp")]
+            if not usable:
+                raise ValueError(f"accountants {list(accountants)} do not apply to unit "
+                                 f"{unit!r} (data-dependent RDP): include 'rdp'")
+            for acc in usable:
+                ev = self._evaluate(unit, delta, acc)
+                events: list[dict] = [accounting.event_to_json(e) for e in ev.events]
+                if dependent:
+                    orders, rdp = self.rdp(unit)
+                    events.append({"orders": [float(a) for a in orders],
+                                   "rdp": [float(r) for r in rdp]})
+                row = {"unit": unit, "relation": entries[0].relation,
+                       "epsilon": float(ev.epsilon), "delta": delta, "accountant": acc,
+                       "data_dependent": dependent, "events": events,
+                       "notes": [e.note for e in entries if e.note]}
+                if ev.order is not None:
+                    row["rdp_order"] = float(ev.order)
+                parallel = [e for e in entries if e.kind == "parallel"]
+                if parallel:
+                    row["parallel"] = [self._parallel_summary(e, w)
+                                       for e, w in zip(parallel, ev.worst_members)]
+                rows.append(row)
+        return rows
+
+    @staticmethod
+    def _parallel_summary(entry: LedgerEntry, worst: int) -> dict:
+        groups: dict[str, dict] = {}
+        for i, m in enumerate(entry.members):
+            key = _event_key(m)
+            if key not in groups:
+                groups[key] = {"members": [], "event": accounting.event_to_json(m)}
+            groups[key]["members"].append(i)
+        return {"num_members": len(entry.members), "worst_member": int(worst),
+                "distinct_members": list(groups.values())}
+
+    # ------------------------------------------------------------------ serialisation
+
+    def to_json(self) -> dict:
+        """All entries as JSON-able dicts (``from_json`` inverts it)."""
+        return {"entries": [e.to_json() for e in self._entries]}
+
+    @classmethod
+    def from_json(cls, data: Mapping | str) -> "PrivacyLedger":
+        if isinstance(data, str):
+            data = json.loads(data)
+        return cls([LedgerEntry.from_json(e) for e in data["entries"]])

@@ -1,0 +1,64 @@
+"""Noise calibration: round trips, monotonicity, an independent closed form, bad inputs."""
+import math
+
+import dp_accounting as dpa
+import pytest
+
+from fedjax_dp.privacy import accounting as A
+from fedjax_dp.privacy import calibration as C
+
+DELTA = 1e-5
+
+
+def test_calibrate_sampled_gaussian_round_trip_rdp():
+    tol = 1e-3
+    z = C.calibrate_sampled_gaussian(1.0, DELTA, 0.01, 100, "rdp", tol=tol)
+    assert A.sampled_gaussian_epsilon(z, 0.01, 100, DELTA) <= 1.0
+    # Minimal to within tol: a little less noise misses the target.
+    assert A.sampled_gaussian_epsilon(z - 2 * tol, 0.01, 100, DELTA) > 1.0
+    assert A.sampled_gaussian_epsilon(z, 0.01, 100, DELTA) == pytest.approx(1.0, abs=0.01)
+
+
+def test_calibrate_gaussian_pld_matches_analytic_gaussian():
+    # 10 compositions of a Gaussian with multiplier z equal one Gaussian with z / sqrt(10), whose
+    # exact calibration is dp_accounting's analytic Gaussian mechanism (Balle & Wang 2018).
+    target, tol = 2.0, 1e-3
+    z = C.calibrate_noise_multiplier(target, DELTA, lambda s: A.gaussian_event(s, 10), "pld",
+                                     tol=tol)
+    exact = dpa.get_sigma_gaussian(target, DELTA) * math.sqrt(10)
+    assert z == pytest.approx(exact, rel=5e-3)
+    assert A.epsilon(A.gaussian_event(z, 10), DELTA, "pld") <= target
+
+
+def test_calibration_is_monotonic_in_target():
+    zs = [C.calibrate_noise_multiplier(eps, DELTA, lambda s: A.gaussian_event(s, 50))
+          for eps in (0.5, 1.0, 2.0, 4.0)]
+    assert all(a > b for a, b in zip(zs, zs[1:]))
+    for eps, z in zip((0.5, 1.0, 2.0, 4.0), zs):
+        assert A.epsilon(A.gaussian_event(z, 50), DELTA) <= eps
+        assert A.epsilon(A.gaussian_event(z - 2e-3, 50), DELTA) > eps
+
+
+def test_unreachable_target_raises():
+    with pytest.raises(ValueError, match="unreachable"):
+        C.calibrate_sampled_gaussian(1e-3, DELTA, 1.0, 1000, bracket=(0.0, 5.0))
+    with pytest.raises(ValueError, match="already met"):
+        C.calibrate_noise_multiplier(10.0, DELTA, lambda s: A.gaussian_event(s),
+                                     bracket=(50.0, 500.0))
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: C.calibrate_sampled_gaussian(-1.0, DELTA, 0.1, 10), "target_epsilon"),
+    (lambda: C.calibrate_sampled_gaussian(float("inf"), DELTA, 0.1, 10), "target_epsilon"),
+    (lambda: C.calibrate_sampled_gaussian(1.0, 0.0, 0.1, 10), "delta"),
+    (lambda: C.calibrate_sampled_gaussian(1.0, DELTA, 0.0, 10), "sampling_rate"),
+    (lambda: C.calibrate_sampled_gaussian(1.0, DELTA, 0.1, 0), "steps"),
+    (lambda: C.calibrate_sampled_gaussian(1.0, DELTA, 0.1, 10, "moments"), "accountant"),
+    (lambda: C.calibrate_sampled_gaussian(1.0, DELTA, 0.1, 10, bracket=(5.0, 1.0)), "bracket"),
+    (lambda: C.calibrate_sampled_gaussian(1.0, DELTA, 0.1, 10, bracket=(-1.0, 1.0)), "bracket"),
+    (lambda: C.calibrate_sampled_gaussian(1.0, DELTA, 0.1, 10, tol=0.0), "tol"),
+    (lambda: C.calibrate_noise_multiplier(1.0, DELTA, "not callable"), "make_event"),
+])
+def test_calibration_bad_inputs(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()

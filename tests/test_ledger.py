@@ -1,0 +1,286 @@
+"""Accounting wrappers against direct dp_accounting calls, and the privacy ledger."""
+import json
+import math
+
+import dp_accounting as dpa
+import numpy as np
+import pytest
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+from fedjax_dp.privacy import accounting as A
+from fedjax_dp.privacy import PrivacyLedger
+
+DELTA = 1e-5
+ORDERS = list(A.DEFAULT_RDP_ORDERS)
+
+
+# ----------------------------------------------------------------------------- accounting
+
+@pytest.mark.parametrize("z", [0.8, 1.1, 2.0])
+@pytest.mark.parametrize("q", [0.01, 0.1, 1.0])
+@pytest.mark.parametrize("steps", [1, 100])
+def test_sampled_gaussian_rdp_matches_direct(z, q, steps):
+    direct = dpa.rdp.RdpAccountant(orders=ORDERS)
+    direct.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), steps)
+    assert A.sampled_gaussian_epsilon(z, q, steps, DELTA, "rdp") == pytest.approx(
+        direct.get_epsilon(DELTA), rel=1e-9)
+
+
+# PLD is slow for huge epsilons (q = 1, T = 100 gives eps ~ 100): a spread of the rest.
+@pytest.mark.parametrize("z, q, steps", [(0.8, 0.01, 100), (1.1, 0.1, 1), (2.0, 0.1, 100),
+                                         (1.1, 1.0, 1), (2.0, 0.01, 1)])
+def test_sampled_gaussian_pld_matches_direct(z, q, steps):
+    direct = pld_lib.from_gaussian_mechanism(
+        z, sampling_prob=q, value_discretization_interval=A.DEFAULT_PLD_DISCRETIZATION)
+    if steps > 1:
+        direct = direct.self_compose(steps)
+    assert A.sampled_gaussian_epsilon(z, q, steps, DELTA, "pld") == pytest.approx(
+        direct.get_epsilon_for_delta(DELTA), rel=1e-6)
+
+
+def test_sampled_gaussian_event_structure():
+    e = A.sampled_gaussian_event(1.1, 0.01, 100)
+    assert e == dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.1)),
+                                        100)
+    assert A.sampled_gaussian_event(1.1, 1.0, 7) == dpa.SelfComposedDpEvent(
+        dpa.GaussianDpEvent(1.1), 7)                       # no Poisson wrapper at q = 1
+    assert A.sampled_gaussian_event(1.1, 0.5, 0) == dpa.NoOpDpEvent()
+
+
+def test_known_value_gaussian_sigma_25_500_compositions():
+    # Gaussian mechanism, sensitivity 1, sigma 25, composed 500 times, delta 1e-3: RDP eps ~3.09.
+    assert A.epsilon(A.gaussian_event(25.0, 500), 1e-3, "rdp") == pytest.approx(3.09, abs=0.01)
+    # PLD is tight here: 500 Gaussians of std 25 are one Gaussian of std 25 / sqrt(500).
+    assert A.epsilon(A.gaussian_event(25.0, 500), 1e-3, "pld") == pytest.approx(
+        dpa.get_epsilon_gaussian(25.0 / math.sqrt(500), 1e-3), abs=2e-3)
+
+
+def test_gaussian_event_rdp_closed_form():
+    rdp = A.event_rdp(A.gaussian_event(3.0, 40))
+    np.testing.assert_allclose(rdp, 40 * np.asarray(ORDERS) / (2 * 9.0), rtol=1e-12)
+
+
+def test_laplace_event_is_pure_dp():
+    # noise_multiplier b / Delta = 2 gives eps = 0.5 per application, 1.5 for three.
+    assert A.epsilon(A.laplace_event(2.0), 1e-9, "pld") == pytest.approx(0.5, abs=1e-3)
+    assert A.epsilon(A.laplace_event(2.0, 3), 1e-9, "pld") <= 1.5 + 1e-3
+    assert A.laplace_event(2.0, 3) == dpa.SelfComposedDpEvent(dpa.LaplaceDpEvent(2.0), 3)
+
+
+def test_delta_for_epsilon_matches_direct():
+    e = A.gaussian_event(2.0, 10)
+    for kind, direct in [("rdp", dpa.rdp.RdpAccountant(orders=ORDERS)),
+                         ("pld", dpa.pld.PLDAccountant(value_discretization_interval=1e-4))]:
+        direct.compose(e)
+        assert A.delta_for_epsilon(e, 3.0, kind) == pytest.approx(direct.get_delta(3.0), rel=1e-9)
+    eps = A.epsilon(e, DELTA, "pld")
+    assert A.delta_for_epsilon(e, eps, "pld") <= DELTA * (1 + 1e-9)
+
+
+def test_epsilon_from_rdp_matches_compute_epsilon():
+    rdp = np.random.default_rng(0).uniform(0, 0.05, len(ORDERS)) * np.asarray(ORDERS)
+    eps, order = A.epsilon_from_rdp(ORDERS, rdp, DELTA)
+    want_eps, want_order = rdp_lib.compute_epsilon(ORDERS, list(rdp), DELTA)
+    assert eps == pytest.approx(want_eps, rel=1e-12) and order == want_order
+
+
+def _class_names(obj, found):
+    if isinstance(obj, dict):
+        if "class_name" in obj:
+            found.append(obj["class_name"])
+        for v in obj.values():
+            _class_names(v, found)
+    elif isinstance(obj, list):
+        for v in obj:
+            _class_names(v, found)
+    return found
+
+
+def test_event_to_json_recursive_and_round_trip():
+    e = dpa.ComposedDpEvent([A.sampled_gaussian_event(1.1, 0.01, 100), A.laplace_event(2.0, 3)])
+    j = A.event_to_json(e)
+    assert _class_names(j, []) == ["ComposedDpEvent", "SelfComposedDpEvent",
+                                   "PoissonSampledDpEvent", "GaussianDpEvent",
+                                   "SelfComposedDpEvent", "LaplaceDpEvent"]
+    assert j["events"][0]["event"]["sampling_probability"] == 0.01
+    assert j["events"][0]["count"] == 100
+    text = json.dumps(j, allow_nan=False)
+    assert A.event_from_json(text) == e
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: A.epsilon(A.gaussian_event(1.0), 0.0), "delta"),
+    (lambda: A.epsilon(A.gaussian_event(1.0), 1.0), "delta"),
+    (lambda: A.epsilon(A.gaussian_event(1.0), 1e-5, "moments"), "accountant"),
+    (lambda: A.epsilon("not an event", 1e-5), "event"),
+    (lambda: A.sampled_gaussian_event(-1.0, 0.1, 10), "noise_multiplier"),
+    (lambda: A.sampled_gaussian_event(1.0, 0.0, 10), "sampling_rate"),
+    (lambda: A.sampled_gaussian_event(1.0, 1.5, 10), "sampling_rate"),
+    (lambda: A.sampled_gaussian_event(1.0, 0.1, -1), "steps"),
+    (lambda: A.sampled_gaussian_event(1.0, 0.1, 2.5), "steps"),
+    (lambda: A.sampled_gaussian_epsilon(1.0, 0.1, 10, -1e-5), "delta"),
+    (lambda: A.laplace_event(0.0), "noise_multiplier"),
+    (lambda: A.gaussian_event(1.0, -2), "count"),
+    (lambda: A.make_accountant("rdp", orders=[0.5, 2.0]), "orders"),
+    (lambda: A.epsilon_from_rdp([2.0, 3.0], [0.1], 1e-5), "same length"),
+    (lambda: A.delta_for_epsilon(A.gaussian_event(1.0), -1.0), "epsilon"),
+    (lambda: A.epsilon(dpa.UnsupportedDpEvent(), 1e-5), "does not support"),
+])
+def test_accounting_bad_inputs(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+# ----------------------------------------------------------------------------- ledger
+
+REL = "add/remove one agent"
+
+
+def test_ledger_composition_equals_composing_by_hand():
+    e1, e2 = A.gaussian_event(4.0, 20), A.laplace_event(10.0, 2)
+    ledger = PrivacyLedger().add_event("agent", e1, relation=REL, sensitivity=1.0)
+    ledger.add_event("agent", e2, relation=REL)
+    assert ledger.event("agent") == dpa.ComposedDpEvent([e1, e2])
+    for kind in ("rdp", "pld"):
+        direct = A.make_accountant(kind)
+        direct.compose(e1)
+        direct.compose(e2)
+        assert ledger.epsilon("agent", DELTA, kind) == pytest.approx(direct.get_epsilon(DELTA),
+                                                                     rel=1e-9)
+    assert ledger.epsilon("agent", DELTA) > A.epsilon(e1, DELTA)
+
+
+def test_ledger_units_are_separate():
+    ledger = PrivacyLedger()
+    ledger.add_event("agent", A.gaussian_event(2.0, 5), relation=REL)
+    ledger.add_event("instance", A.gaussian_event(0.5, 50), relation="replace one instance")
+    assert ledger.units() == ["agent", "instance"]
+    assert ledger.epsilon("agent", DELTA) == pytest.approx(
+        A.epsilon(A.gaussian_event(2.0, 5), DELTA), rel=1e-12)
+    assert ledger.event("instance") == A.gaussian_event(0.5, 50)
+    with pytest.raises(ValueError, match="relation"):
+        ledger.add_event("agent", A.gaussian_event(1.0), relation="replace one agent")
+    with pytest.raises(ValueError, match="unit"):
+        ledger.epsilon("party", DELTA)
+
+
+def test_ledger_data_dependent_rdp_sums_and_converts():
+    rng = np.random.default_rng(1)
+    r1 = rng.uniform(0, 0.01, len(ORDERS)) * np.asarray(ORDERS)
+    r2 = rng.uniform(0, 0.02, len(ORDERS)) * np.asarray(ORDERS)
+    ledger = PrivacyLedger()
+    ledger.add_rdp("instance", ORDERS, r1, relation="replace one instance", note="GNMax")
+    ledger.add_rdp("instance", ORDERS, r2, relation="replace one instance")
+    want, _ = rdp_lib.compute_epsilon(ORDERS, list(r1 + r2), DELTA)
+    assert ledger.epsilon("instance", DELTA) == pytest.approx(want, rel=1e-12)
+    assert ledger.data_dependent("instance")
+    with pytest.raises(ValueError, match="accountant"):
+        ledger.epsilon("instance", DELTA, "pld")
+    with pytest.raises(ValueError, match="orders"):
+        ledger.add_rdp("instance", ORDERS[:-1], r1[:-1], relation="replace one instance")
+    with pytest.raises(ValueError, match="data-dependent"):
+        ledger.event("instance")
+    # An event on the same unit is converted to RDP on the grid and added.
+    ledger.add_event("instance", A.gaussian_event(5.0, 3), relation="replace one instance")
+    closed = 3 * np.asarray(ORDERS) / (2 * 25.0)
+    want, _ = rdp_lib.compute_epsilon(ORDERS, list(r1 + r2 + closed), DELTA)
+    assert ledger.epsilon("instance", DELTA) == pytest.approx(want, rel=1e-9)
+
+
+def test_report_fields_and_json():
+    rng = np.random.default_rng(2)
+    ledger = PrivacyLedger()
+    ledger.add_event("agent", A.sampled_gaussian_event(1.1, 0.1, 10), relation=REL,
+                     sensitivity=1.0, note="DP-FedAvg")
+    ledger.add_rdp("instance", ORDERS, rng.uniform(0, 0.1, len(ORDERS)),
+                   relation="replace one instance")
+    rows = ledger.report(DELTA)
+    text = json.dumps(rows, allow_nan=False)
+    assert json.loads(text) == rows
+    assert [(r["unit"], r["accountant"]) for r in rows] == [("agent", "rdp"), ("agent", "pld"),
+                                                             ("instance", "rdp")]
+    for r in rows:
+        assert {"unit", "relation", "epsilon", "delta", "accountant", "data_dependent",
+                "events"} <= set(r)
+        assert r["delta"] == DELTA and isinstance(r["data_dependent"], bool)
+    agent_rdp, agent_pld, inst = rows
+    assert agent_rdp["epsilon"] == pytest.approx(
+        A.sampled_gaussian_epsilon(1.1, 0.1, 10, DELTA, "rdp"), rel=1e-12)
+    assert agent_pld["epsilon"] == pytest.approx(
+        A.sampled_gaussian_epsilon(1.1, 0.1, 10, DELTA, "pld"), rel=1e-12)
+    assert not agent_rdp["data_dependent"] and inst["data_dependent"]
+    assert _class_names(agent_rdp["events"], []) == ["SelfComposedDpEvent",
+                                                     "PoissonSampledDpEvent", "GaussianDpEvent"]
+    assert agent_rdp["notes"] == ["DP-FedAvg"] and agent_rdp["relation"] == REL
+    assert set(inst["events"][0]) == {"orders", "rdp"}
+    assert len(inst["events"][0]["rdp"]) == len(ORDERS)
+    # The events recorded in a guarantee reproduce its epsilon.
+    assert A.epsilon(A.event_from_json(agent_rdp["events"][0]), DELTA) == agent_rdp["epsilon"]
+    with pytest.raises(ValueError, match="rdp"):
+        ledger.report(DELTA, accountants=("pld",))
+    assert PrivacyLedger().report(DELTA) == []
+
+
+def test_parallel_worst_member():
+    members = [A.gaussian_event(2.0, 10), A.gaussian_event(1.0, 10), A.gaussian_event(3.0, 10),
+               A.gaussian_event(1.0, 10)]
+    ledger = PrivacyLedger().add_parallel("party", members, relation="replace one party")
+    eps = [A.epsilon(m, DELTA) for m in members]
+    assert ledger.epsilon("party", DELTA) == pytest.approx(max(eps), rel=1e-12)
+    row = ledger.report(DELTA, accountants=("rdp",))[0]
+    assert row["parallel"][0]["worst_member"] == 1 and row["parallel"][0]["num_members"] == 4
+    assert row["parallel"][0]["distinct_members"][1]["members"] == [1, 3]
+    # Composed with a sequential event of the same unit: max_i eps(event + member_i).
+    extra = A.gaussian_event(1.5, 4)
+    ledger.add_event("party", extra, relation="replace one party")
+    want = max(A.epsilon(dpa.ComposedDpEvent([m, extra]), DELTA) for m in members)
+    assert ledger.epsilon("party", DELTA) == pytest.approx(want, rel=1e-12)
+    assert ledger.event("party", delta=DELTA) == dpa.ComposedDpEvent([members[1], extra])
+    with pytest.raises(ValueError, match="delta"):
+        ledger.event("party")
+
+
+def test_parallel_worst_member_depends_on_delta():
+    # A pure-DP member (eps = 1 at every delta) against a Gaussian one whose epsilon grows as
+    # delta shrinks: which member is worst is decided at report time.
+    laplace, gauss = A.laplace_event(1.0), A.gaussian_event(2.0)
+    lo_delta, hi_delta = 1e-10, 1e-2
+    assert A.epsilon(gauss, hi_delta, "pld") < 0.999 < 1.001 < A.epsilon(gauss, lo_delta, "pld")
+    ledger = PrivacyLedger().add_parallel("party", [laplace, gauss], relation="r")
+    assert ledger.report(hi_delta, ("pld",))[0]["parallel"][0]["worst_member"] == 0
+    assert ledger.report(lo_delta, ("pld",))[0]["parallel"][0]["worst_member"] == 1
+
+
+def test_merged_and_json_round_trip():
+    a = PrivacyLedger().add_event("agent", A.gaussian_event(3.0, 10), relation=REL)
+    b = PrivacyLedger().add_event("agent", A.gaussian_event(2.0, 5), relation=REL)
+    b.add_parallel("party", [A.gaussian_event(2.0), A.gaussian_event(4.0)], relation="r")
+    b.add_rdp("instance", ORDERS, np.full(len(ORDERS), 0.01), relation="replace one instance")
+    m = a.merged(b)
+    assert len(a) == 1 and len(m) == 4
+    assert m.epsilon("agent", DELTA) == pytest.approx(A.epsilon(dpa.ComposedDpEvent(
+        [A.gaussian_event(3.0, 10), A.gaussian_event(2.0, 5)]), DELTA), rel=1e-12)
+    again = PrivacyLedger.from_json(json.dumps(m.to_json()))
+    assert again.entries == m.entries
+    assert again.report(DELTA) == m.report(DELTA)
+    with pytest.raises(ValueError, match="relation"):
+        a.merged(PrivacyLedger().add_event("agent", A.gaussian_event(1.0), relation="other"))
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda L: L.add_event("", A.gaussian_event(1.0), relation=REL), "unit"),
+    (lambda L: L.add_event("agent", A.gaussian_event(1.0), relation=""), "relation"),
+    (lambda L: L.add_event("agent", "gaussian", relation=REL), "event"),
+    (lambda L: L.add_event("agent", A.gaussian_event(1.0), relation=REL, sensitivity=-1),
+     "sensitivity"),
+    (lambda L: L.add_parallel("party", [], relation=REL), "events_per_member"),
+    (lambda L: L.add_rdp("x", [2.0, 3.0], [0.1], relation=REL), "same length"),
+    (lambda L: L.add_rdp("x", [0.5, 3.0], [0.1, 0.2], relation=REL), "orders"),
+    (lambda L: L.add_rdp("x", [2.0, 3.0], [0.1, -0.2], relation=REL), "rdp"),
+    (lambda L: L.report(0.0), "delta"),
+    (lambda L: L.report(DELTA, accountants=("zcdp",)), "accountants"),
+])
+def test_ledger_bad_inputs(call, name):
+    with pytest.raises(ValueError, match=name):
+        call(PrivacyLedger())
