@@ -146,3 +146,17 @@ def test_clipped_grad_sum_matches_loop(tiny):
     # each example's contribution is within the clip norm: the sum's sensitivity is clip
     one, _ = clipped_grad_sum(loss, params, x[:1], y[:1], jnp.ones(1), clip)
     assert float(optax.tree.norm(one)) <= clip + 1e-6
+
+
+def test_auto_chunk_size_is_cache_sized_and_results_identical(tiny):
+    from fedjax_dp.core import auto_chunk_size
+    from fedjax_dp.train.local import resolve_chunk_size
+    assert auto_chunk_size(1 << 20, 1000) == 8                 # 8 MiB budget / 1 MiB per agent
+    assert auto_chunk_size(1 << 10, 1000) is None              # everything fits: no chunking
+    assert auto_chunk_size(1 << 16, 1000, budget_bytes=1 << 20) == 16
+    data, model, params = tiny
+    assert resolve_chunk_size(None, params, 5) is None and resolve_chunk_size(2, params, 5) == 2
+    per_agent = 3 * sum(l.size * 4 for l in jax.tree.leaves(params))
+    stacked = jax.tree.map(lambda l: jnp.stack([l] * 5), params)
+    assert resolve_chunk_size("auto", stacked, 5) == resolve_chunk_size("auto", params, 5) == \
+        auto_chunk_size(per_agent, 5)

@@ -5,7 +5,9 @@
 Three ways to run the same computation (same keys, same minibatches; the script checks that the
 results agree):
 
-* ``vmap``: ``train_agents``: one compiled call for all N agents x E steps (this library).
+* ``vmap``: ``train_agents``: one compiled call for all N agents x E steps (this library), with
+  its default ``chunk_size="auto"`` (cache-sized chunks of agents on the CPU); also timed with
+  no chunking (``vmap_unchunked``).
 * ``loop_step``: a Python loop over agents and steps calling the *same jitted step*
   (``make_local_step``), the way a client-loop simulator (e.g. fedjax's ``for_each_client``) runs.
 * ``loop_agent``: a Python loop over agents calling a jitted E-step scan per agent (the strongest
@@ -31,6 +33,7 @@ from fedjax_dp.core import from_ragged
 from fedjax_dp.data import synthetic
 from fedjax_dp.models import forward_flops, make_model
 from fedjax_dp.train import LocalTrainConfig, make_local_step, make_local_update, train_agents
+from fedjax_dp.train.local import resolve_chunk_size
 
 
 def main(argv=None) -> dict:
@@ -42,7 +45,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--steps", type=int, default=20, help="local steps E")
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--chunk-size", type=int, default=0, help="also time a chunked run (0: skip)")
+    ap.add_argument("--chunk-size", type=int, default=0,
+                    help="also time this explicit chunk size (0: skip)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="runs/bench_local_training.json")
     args = ap.parse_args(argv)
@@ -60,6 +64,9 @@ def main(argv=None) -> dict:
 
     vm_params, _ = train_agents(key, params, data, model, cfg)
     t_vmap = best_time(lambda: train_agents(key, params, data, model, cfg), args.repeats)
+    t_unchunked = best_time(lambda: train_agents(key, params, data, model, cfg, chunk_size=None),
+                            args.repeats)
+    auto_chunk = resolve_chunk_size("auto", params, n)
 
     update = jax.jit(make_local_update(model, cfg))
     step, opt = make_local_step(model, cfg)
@@ -102,7 +109,8 @@ def main(argv=None) -> dict:
     record = {
         "benchmark": "local_training", "agents": n, "local_size": m, "features": args.features,
         "hidden": args.hidden, "classes": args.classes, "steps": args.steps,
-        "batch_size": args.batch_size, "vmap_s": t_vmap, "loop_step_s": t_loop_step,
+        "batch_size": args.batch_size, "vmap_s": t_vmap, "auto_chunk_size": auto_chunk,
+        "vmap_unchunked_s": t_unchunked, "loop_step_s": t_loop_step,
         "loop_agent_s": t_loop_agent, "speedup_vs_loop_step": t_loop_step / t_vmap,
         "speedup_vs_loop_agent": t_loop_agent / t_vmap, "results_agree": bool(agree),
         "chunk_size": args.chunk_size or None, "chunked_s": t_chunk,
@@ -111,7 +119,8 @@ def main(argv=None) -> dict:
     }
     print(f"N={n} agents x E={args.steps} steps (MLP {args.features}-{args.hidden}-"
           f"{args.classes}, batch {args.batch_size}); paths agree: {agree}")
-    print(f"  vmapped: {t_vmap:.3f} s")
+    print(f"  vmapped: {t_vmap:.3f} s (auto chunks of {auto_chunk} agents); "
+          f"unchunked: {t_unchunked:.3f} s")
     print(f"  loop over agents and steps (same jitted step): {t_loop_step:.3f} s  "
           f"-> vmapped is {t_loop_step / t_vmap:.1f}x faster")
     print(f"  loop over agents (jitted E-step scan each):   {t_loop_agent:.3f} s  "

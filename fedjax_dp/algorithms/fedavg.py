@@ -24,6 +24,7 @@ from fedjax_dp.core import StackedData, agent_sum, for_each_agent, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import mechanisms
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
+from fedjax_dp.train.local import resolve_chunk_size
 
 Params = Any
 
@@ -68,7 +69,11 @@ def sample_agents(key: jax.Array, num_agents: int, sampling_rate: float) -> jax.
 
 def make_round(model: Model, local: LocalTrainConfig, spec: RoundSpec, *,
                chunk_size: int | None = None, mesh=None) -> Callable:
-    """A jitted ``round(key, params, data) -> (params, metrics)`` for the given spec."""
+    """A jitted ``round(key, params, data) -> (params, metrics)`` for the given spec.
+
+    ``chunk_size``: agents per chunk for local training (identical results; see
+    :func:`fedjax_dp.train.local.resolve_chunk_size` for ``"auto"``, resolved in ``run_rounds``).
+    """
     lifted = for_each_agent(make_local_update(model, local), (0, None, 0, 0, 0, 0),
                             chunk_size=chunk_size, mesh=mesh)
 
@@ -116,7 +121,7 @@ def run_rounds(key: jax.Array, data: StackedData, model: Model, local: LocalTrai
                spec: RoundSpec, rounds: int, *, init_params: Params | None = None,
                evaluate: Callable[[Params], dict] | None = None, eval_every: int = 0,
                on_round: Callable[[int, dict], None] | None = None,
-               chunk_size: int | None = None, mesh=None) -> History:
+               chunk_size: int | str | None = "auto", mesh=None) -> History:
     """Run ``rounds`` rounds; round t uses ``fold_in(key, t)`` (no key is used twice).
 
     ``on_round(t, metrics)`` is called after every round (progress display, checkpointing), so a
@@ -125,6 +130,7 @@ def run_rounds(key: jax.Array, data: StackedData, model: Model, local: LocalTrai
     check_trainable(data)
     k_init, k_rounds = jax.random.split(key)
     params = model.init(k_init) if init_params is None else init_params
+    chunk_size = resolve_chunk_size(chunk_size, params, data.num_agents)
     round_fn = make_round(model, local, spec, chunk_size=chunk_size, mesh=mesh)
     history = History(params=params)
     start = time.perf_counter()

@@ -31,7 +31,7 @@ DEFAULTS: dict[str, Any] = {
               "weight_decay": 0.0},
     "algorithm": {"name": "fedavg"},
     "privacy": {"delta": 1e-5, "accountants": ["rdp", "pld"]},
-    "run": {"eval_every": 0, "chunk_size": 0, "progress": True},
+    "run": {"eval_every": 0, "chunk_size": "auto", "progress": True},
 }
 
 # Tables whose keys are free-form (passed through to a dataset, partitioner or algorithm).
@@ -94,7 +94,8 @@ def resolve(raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> dict:
         validation.check_choice("privacy.accountants[]", acc, ("rdp", "pld"))
     validation.check_int("data.num_agents", resolved["data"]["num_agents"], minimum=1)
     validation.check_int("run.eval_every", resolved["run"]["eval_every"], minimum=0)
-    validation.check_int("run.chunk_size", resolved["run"]["chunk_size"], minimum=0)
+    if resolved["run"]["chunk_size"] != "auto":   # "auto" (cache-sized), 0 (none) or agents/chunk
+        validation.check_int("run.chunk_size", resolved["run"]["chunk_size"], minimum=0)
     return resolved
 
 

@@ -29,7 +29,7 @@ class Context:
     local: LocalTrainConfig
     config: Any                                   # the algorithm's Config dataclass
     eval_every: int = 0
-    chunk_size: int | None = None
+    chunk_size: int | str | None = "auto"
     on_round: Callable[[int, dict], None] | None = None
 
 

@@ -114,7 +114,7 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
             total = f"/{rounds_total}" if rounds_total else ""
             print(f"[{p.entry.name}] round {t}{total} {shown}", file=sys.stderr, flush=True)
 
-    chunk = config["run"]["chunk_size"] or None
+    chunk = config["run"]["chunk_size"] or None          # 0 -> all agents at once
     ctx = registry.Context(key=rng.stream(root, "algorithm"), dataset=dataset, agents=agents,
                            model=model, local=p.local, config=p.algorithm_config,
                            eval_every=config["run"]["eval_every"], chunk_size=chunk,

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.core import StackedData, for_each_agent, validation
+from fedjax_dp.core import StackedData, auto_chunk_size, for_each_agent, validation
 from fedjax_dp.models import Model
 
 Params = Any
@@ -125,20 +125,36 @@ def check_trainable(data: StackedData) -> None:
         raise ValueError(f"agents {empty} have no records; every agent needs at least one to train")
 
 
+def resolve_chunk_size(chunk_size: int | str | None, params: Params, num_agents: int
+                       ) -> int | None:
+    """``"auto"``: chunk so a chunk's parameters, gradients and updates (3 copies) fit the CPU
+    cache (:func:`fedjax_dp.core.auto_chunk_size`); an int or None is used as given."""
+    if chunk_size != "auto":
+        return chunk_size
+    leaves = jax.tree.leaves(params)
+    per_agent = sum(l.size * l.dtype.itemsize for l in leaves)
+    if leaves and leaves[0].ndim and leaves[0].shape[0] == num_agents and num_agents > 1:
+        per_agent //= num_agents          # stacked params: count one agent's share
+    return auto_chunk_size(3 * per_agent, num_agents)
+
+
 def train_agents(key: jax.Array, params: Params, data: StackedData, model: Model,
                  config: LocalTrainConfig, *, shared_init: bool = True,
-                 chunk_size: int | None = None, mesh=None, backend: str = "vmap"):
+                 chunk_size: int | str | None = "auto", mesh=None, backend: str = "vmap"):
     """Train one model per agent, all agents in one computation.
 
     Args:
       key: root key; agent i trains with ``split(key, N)[i]`` (independent minibatch streams).
       params: the starting parameters: one pytree shared by all agents (``shared_init=True``), or a
         stacked pytree with leading axis N.
+      chunk_size: agents per chunk (identical results, bounded memory); ``"auto"`` sizes chunks
+        to the CPU cache and does not chunk on accelerators; None: all agents at once.
     Returns:
       (stacked params [N, ...], mean training loss per agent [N]).
     """
     check_trainable(data)
     keys = jax.random.split(key, data.num_agents)
+    chunk_size = resolve_chunk_size(chunk_size, params, data.num_agents)
     lifted = _lifted_update(model, config, shared_init, chunk_size, mesh, backend)
     return lifted(keys, params, data.x, data.y, data.mask, data.counts)
 
