@@ -153,6 +153,7 @@ def test_auto_chunk_size_is_cache_sized_and_results_identical(tiny):
     from fedjax_dp.train.local import resolve_chunk_size
     assert auto_chunk_size(1 << 20, 1000) == 8                 # 8 MiB budget / 1 MiB per agent
     assert auto_chunk_size(1 << 10, 1000) is None              # everything fits: no chunking
+    assert auto_chunk_size(1 << 15, 1000) is None              # 256 per chunk: < 4 chunks
     assert auto_chunk_size(1 << 16, 1000, budget_bytes=1 << 20) == 16
     data, model, params = tiny
     assert resolve_chunk_size(None, params, 5) is None and resolve_chunk_size(2, params, 5) == 2
