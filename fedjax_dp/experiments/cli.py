@@ -4,6 +4,9 @@
     fedjax-dp list [--json]
     fedjax-dp account sampled-gaussian --noise-multiplier Z --sampling-rate Q --steps T --delta D
     fedjax-dp account gaussian --noise-multiplier Z --count K --delta D
+    fedjax-dp account fedkt --votes FILE --gamma G --delta D --level L1|L2 [--s S] [--unit U]
+    fedjax-dp account gaussian-vote --sigma S --queries Q --delta D --unit agent|instance [--k K]
+        [--algorithm ae|knn] [--rule derived|paper]
 
 Errors in the arguments or the config print one line naming the parameter and exit with status 2.
 """
@@ -69,6 +72,20 @@ def _cmd_account(args) -> int:
     from fedjax_dp.privacy import accounting
     validation.check_open_unit("--delta", args.delta)
     accountants = ACCOUNTANTS if args.accountant == "both" else (args.accountant,)
+    if args.mechanism == "fedkt":
+        return _cmd_account_fedkt(args, accountants)
+    if args.mechanism == "gaussian-vote":
+        from fedjax_dp.algorithms import voting
+        if args.algorithm == "knn" and args.k is None:
+            raise ValueError("--k must be given (an integer >= 1) with --algorithm knn")
+        sens = voting.vote_sensitivity(args.unit, args.algorithm, args.k, args.rule)
+        event = voting.vote_event(args.sigma, args.queries, sens)
+        extra = {"mechanism": "gaussian-vote", "algorithm": args.algorithm, "unit": args.unit,
+                 "relation": voting.RELATIONS[args.unit], "sigma": args.sigma,
+                 "queries": args.queries, "k": args.k, "rule": args.rule,
+                 "sensitivity": sens, "noise_multiplier": args.sigma / sens}
+        print(json.dumps(_report(event, args.delta, accountants, extra), indent=2))
+        return 0
     if args.mechanism == "sampled-gaussian":
         event = accounting.sampled_gaussian_event(args.noise_multiplier, args.sampling_rate,
                                                   args.steps)
@@ -79,6 +96,19 @@ def _cmd_account(args) -> int:
         extra = {"mechanism": "gaussian", "noise_multiplier": args.noise_multiplier,
                  "count": args.count}
     print(json.dumps(_report(event, args.delta, accountants, extra), indent=2))
+    return 0
+
+
+def _cmd_account_fedkt(args, accountants) -> int:
+    from fedjax_dp.algorithms import fedkt
+    votes, z_file = fedkt.load_votes(args.votes)
+    units = ("party", "example") if args.unit == "both" else (args.unit,)
+    report = fedkt.account(votes, level=args.level, gamma=args.gamma, delta=args.delta,
+                           num_partitions=args.s, num_teachers=args.t,
+                           z=args.z if args.z is not None else z_file, units=units,
+                           moment_orders=args.orders, example_rule=args.example_rule,
+                           accountants=accountants)
+    print(json.dumps(report, indent=2))
     return 0
 
 
@@ -108,9 +138,34 @@ def build_parser() -> argparse.ArgumentParser:
     g = mech.add_parser("gaussian", help="Gaussian mechanism composed count times")
     g.add_argument("--noise-multiplier", type=float, required=True)
     g.add_argument("--count", type=int, required=True)
-    for p in (sg, g):
+    gv = mech.add_parser("gaussian-vote",
+                         help="voting-dpfl MPC vote (AE-DPFL / kNN-DPFL): Q Gaussian votes")
+    gv.add_argument("--sigma", type=float, required=True, help="std of the noise on the vote sum")
+    gv.add_argument("--queries", type=int, required=True, help="number of queries Q")
+    gv.add_argument("--unit", choices=("agent", "instance"), required=True)
+    gv.add_argument("--algorithm", choices=("ae", "knn"), default="ae")
+    gv.add_argument("--k", type=int, default=None, help="neighbours per agent (kNN-DPFL)")
+    gv.add_argument("--rule", choices=("derived", "paper"), default="derived",
+                    help="kNN instance sensitivity: derived sqrt(2)/k, or the paper's sqrt(2/k)")
+    for p in (sg, g, gv):
         p.add_argument("--delta", type=float, required=True)
         p.add_argument("--accountant", choices=ACCOUNTANTS + ("both",), default="both")
+    fk = mech.add_parser("fedkt", help="FedKT-L1/L2 LNMax votes: data-dependent moments and "
+                         "data-independent Laplace composition")
+    fk.add_argument("--votes", required=True,
+                    help=".npz (array 'votes', optional 'z') or .json ({'votes': ..., 'z': ...}); "
+                         "L1: server histograms [Q, C]; L2: teacher histograms [n, s, Q, C]")
+    fk.add_argument("--gamma", type=float, required=True, help="Laplace parameter (noise 1/gamma)")
+    fk.add_argument("--level", choices=("L1", "L2"), required=True)
+    fk.add_argument("--s", type=int, default=2, help="partitions per party")
+    fk.add_argument("--t", type=int, default=5, help="teachers per partition")
+    fk.add_argument("--z", type=int, default=None,
+                    help="L1 example level: most at-risk partitions of a party (default s)")
+    fk.add_argument("--unit", choices=("party", "example", "both"), default="both")
+    fk.add_argument("--orders", type=int, default=8, help="moment orders 1..ORDERS")
+    fk.add_argument("--example-rule", choices=("consistent", "paper"), default="consistent")
+    fk.add_argument("--delta", type=float, required=True)
+    fk.add_argument("--accountant", choices=ACCOUNTANTS + ("both",), default="both")
     acc.set_defaults(func=_cmd_account)
     return parser
 

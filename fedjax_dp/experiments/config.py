@@ -3,7 +3,8 @@
 A config has these tables (see ``configs/``)::
 
     seed = 0
-    [data]       dataset, dataset_options, partition, partition_options, num_agents
+    [data]       dataset, dataset_options, partition, partition_options, num_agents,
+                 server_dataset, server_dataset_options, image_size (cross-domain runs)
     [model]      name, hidden
     [train]      local training: steps, batch_size, learning_rate, optimizer, weight_decay
     [algorithm]  name and the algorithm's own fields (rounds, sampling_rate, clip_norm, ...)
@@ -25,17 +26,21 @@ from fedjax_dp.core import validation
 DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "data": {"dataset": "mnist5k", "dataset_options": {}, "partition": "iid",
-             "partition_options": {}, "num_agents": 10},
+             "partition_options": {}, "num_agents": 10,
+             # cross-domain: the server's public/test splits from another dataset (""= same),
+             # and a common image size (0 = keep) applied to every split of both datasets
+             "server_dataset": "", "server_dataset_options": {}, "image_size": 0},
     "model": {"name": "mlp", "hidden": [200]},
     "train": {"steps": 50, "batch_size": 32, "learning_rate": 0.1, "optimizer": "sgd",
-              "weight_decay": 0.0},
+              "weight_decay": 0.0, "prox_mu": 0.0},
     "algorithm": {"name": "fedavg"},
     "privacy": {"delta": 1e-5, "accountants": ["rdp", "pld"]},
     "run": {"eval_every": 0, "chunk_size": "auto", "progress": True},
 }
 
 # Tables whose keys are free-form (passed through to a dataset, partitioner or algorithm).
-_OPEN_TABLES = {("data", "dataset_options"), ("data", "partition_options"), ("algorithm",)}
+_OPEN_TABLES = {("data", "dataset_options"), ("data", "partition_options"), ("algorithm",),
+                ("data", "server_dataset_options")}
 
 
 class ConfigError(ValueError):
@@ -93,6 +98,10 @@ def resolve(raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> dict:
     for acc in resolved["privacy"]["accountants"]:
         validation.check_choice("privacy.accountants[]", acc, ("rdp", "pld"))
     validation.check_int("data.num_agents", resolved["data"]["num_agents"], minimum=1)
+    validation.check_int("data.image_size", resolved["data"]["image_size"], minimum=0)
+    if not isinstance(resolved["data"]["server_dataset"], str):
+        raise ConfigError(f"data.server_dataset must be a dataset name or \"\" (the agents' "
+                          f"dataset), got {resolved['data']['server_dataset']!r}")
     validation.check_int("run.eval_every", resolved["run"]["eval_every"], minimum=0)
     if resolved["run"]["chunk_size"] != "auto":   # "auto" (cache-sized), 0 (none) or agents/chunk
         validation.check_int("run.chunk_size", resolved["run"]["chunk_size"], minimum=0)

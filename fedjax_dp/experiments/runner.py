@@ -63,12 +63,60 @@ def plan(config: dict) -> Plan:
     if config["model"]["name"] not in MODELS:
         raise config_lib.ConfigError(f"model.name must be one of {list(MODELS)}, "
                                      f"got {config['model']['name']!r}")
+    server = d.get("server_dataset", "")
+    if server and server not in data_lib.DATASETS:
+        raise config_lib.ConfigError(f"data.server_dataset must be \"\" or one of "
+                                     f"{sorted(data_lib.DATASETS)}, got {server!r}")
     algo = dict(config["algorithm"])
     entry = registry.get(algo.pop("name"))
     local = config_lib.build_dataclass(LocalTrainConfig, config["train"], "train")
     extra = {"local": local} if entry.uses_local_train else {}
     algorithm_config = config_lib.build_dataclass(entry.config_cls, algo, "algorithm", **extra)
     return Plan(config=config, entry=entry, algorithm_config=algorithm_config, local=local)
+
+
+def _resized(ds: data_lib.Dataset, size: int) -> data_lib.Dataset:
+    if ds.x_train.ndim != 4:
+        raise config_lib.ConfigError(f"data.image_size applies to image datasets [n, H, W, C]; "
+                                     f"{ds.name!r} has feature shape {ds.feature_shape}")
+    r = data_lib.resize_images
+    return data_lib.Dataset(name=ds.name, x_train=r(ds.x_train, size), y_train=ds.y_train,
+                            x_public=r(ds.x_public, size), y_public=ds.y_public,
+                            x_test=r(ds.x_test, size), y_test=ds.y_test,
+                            num_classes=ds.num_classes, domain_train=ds.domain_train)
+
+
+def load_data(d: dict) -> data_lib.Dataset:
+    """The dataset of a resolved ``[data]`` table.
+
+    ``data.image_size = s > 0`` resizes every split to ``s x s`` (bilinear,
+    :func:`fedjax_dp.data.resize_images`). ``data.server_dataset = name`` makes a cross-domain
+    task: the agents partition ``data.dataset``'s training split, and the server's public
+    (unlabelled) and test splits come from ``name`` (loaded with ``data.server_dataset_options``);
+    both must have the same classes and, after resizing, the same feature shape. The result is
+    named ``"<dataset>-><server_dataset>"``.
+    """
+    ds = data_lib.load_dataset(d["dataset"], **d["dataset_options"])
+    size = d.get("image_size", 0)
+    if size:
+        ds = _resized(ds, size)
+    server = d.get("server_dataset", "")
+    if not server:
+        return ds
+    srv = data_lib.load_dataset(server, **d.get("server_dataset_options", {}))
+    if size:
+        srv = _resized(srv, size)
+    if srv.num_classes != ds.num_classes:
+        raise config_lib.ConfigError(f"data.server_dataset {server!r} has {srv.num_classes} "
+                                     f"classes but data.dataset has {ds.num_classes}")
+    if srv.feature_shape != ds.feature_shape:
+        raise config_lib.ConfigError(
+            f"data.server_dataset {server!r} has feature shape {srv.feature_shape} but "
+            f"data.dataset has {ds.feature_shape}; set data.image_size to a common size")
+    return data_lib.Dataset(name=f"{ds.name}->{srv.name}", x_train=ds.x_train,
+                            y_train=ds.y_train, x_public=srv.x_public, y_public=srv.y_public,
+                            x_test=srv.x_test, y_test=srv.y_test, num_classes=ds.num_classes,
+                            domain_train=ds.domain_train)
 
 
 def _jsonable(x):
@@ -96,7 +144,7 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     seed = config["seed"]
     root = rng.as_key(seed)
     d = config["data"]
-    dataset = data_lib.load_dataset(d["dataset"], **d["dataset_options"])
+    dataset = load_data(d)
     indices = data_lib.partition(d["partition"], dataset.y_train, d["num_agents"],
                                  rng.stream(root, "partition"), **d["partition_options"])
     agents = from_partition(dataset.x_train, dataset.y_train, indices)
@@ -120,9 +168,15 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
                            eval_every=config["run"]["eval_every"], chunk_size=chunk,
                            on_round=on_round)
     outcome = p.entry.execute(ctx)
-    test_acc = accuracy(outcome.model, outcome.params, dataset.x_test, dataset.y_test)
+    if getattr(outcome, "predict", None) is not None:       # non-JAX final model (e.g. trees)
+        import numpy as np
+        test_acc = float(np.mean(np.asarray(outcome.predict(dataset.x_test)) == dataset.y_test))
+    else:
+        test_acc = accuracy(outcome.model, outcome.params, dataset.x_test, dataset.y_test)
     delta = config["privacy"]["delta"]
     privacy = outcome.ledger.report(delta, accountants=tuple(config["privacy"]["accountants"]))
+    for extra in getattr(outcome, "extra_ledgers", ()):     # reported beside, not composed
+        privacy += extra.report(delta, accountants=tuple(config["privacy"]["accountants"]))
     result = {
         "algorithm": p.entry.name,
         "dataset": dataset.name,

@@ -9,12 +9,15 @@ from fedjax_dp.privacy.accounting import (
     gaussian_event, laplace_event, make_accountant, sampled_gaussian_epsilon,
     sampled_gaussian_event)
 from fedjax_dp.privacy.calibration import calibrate_noise_multiplier, calibrate_sampled_gaussian
+from fedjax_dp.privacy.gnmax import gnmax_epsilon, gnmax_logq, gnmax_rdp, gnmax_total_rdp
 from fedjax_dp.privacy.ledger import UNITS, LedgerEntry, PrivacyLedger
+from fedjax_dp.privacy.lnmax import lnmax_log_moments, lnmax_q, moments_epsilon
 from fedjax_dp.privacy.mechanisms import (
     agent_vote_noise, clip_by_global_norm, gaussian_mechanism, gaussian_noise, laplace_mechanism,
     laplace_noise, noisy_argmax_laplace, noisy_argmax_vote)
 
 __all__ = [
+    "gnmax_epsilon", "gnmax_logq", "gnmax_rdp", "gnmax_total_rdp",
     "accounting", "calibration", "ledger", "mechanisms",
     "ACCOUNTANTS", "DEFAULT_PLD_DISCRETIZATION", "DEFAULT_RDP_ORDERS", "composed_accountant",
     "delta_for_epsilon", "epsilon", "epsilon_from_rdp", "event_from_json", "event_rdp",
@@ -22,6 +25,7 @@ __all__ = [
     "sampled_gaussian_epsilon", "sampled_gaussian_event",
     "calibrate_noise_multiplier", "calibrate_sampled_gaussian",
     "UNITS", "LedgerEntry", "PrivacyLedger",
+    "lnmax_log_moments", "lnmax_q", "moments_epsilon",
     "agent_vote_noise", "clip_by_global_norm", "gaussian_mechanism", "gaussian_noise",
     "laplace_mechanism", "laplace_noise", "noisy_argmax_laplace", "noisy_argmax_vote",
 ]

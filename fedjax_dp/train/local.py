@@ -34,6 +34,7 @@ class LocalTrainConfig:
     learning_rate: float = 0.1
     optimizer: str = "sgd"          # sgd | momentum | adam
     weight_decay: float = 0.0
+    prox_mu: float = 0.0            # FedProx: adds mu/2 ||w - w_start||^2 to the local objective
 
     def __post_init__(self):
         validation.check_int("train.steps", self.steps, minimum=0)
@@ -41,6 +42,7 @@ class LocalTrainConfig:
         validation.check_positive("train.learning_rate", self.learning_rate)
         validation.check_choice("train.optimizer", self.optimizer, ("sgd", "momentum", "adam"))
         validation.check_nonnegative("train.weight_decay", self.weight_decay)
+        validation.check_nonnegative("train.prox_mu", self.prox_mu)
 
     def make_optimizer(self) -> optax.GradientTransformation:
         if self.optimizer == "sgd":
@@ -82,15 +84,21 @@ def sample_batch(key: jax.Array, x: jax.Array, y: jax.Array, mask: jax.Array, co
 def make_local_step(model: Model, config: LocalTrainConfig):
     """One optimiser step of one agent: ``step(params, opt_state, key, x, y, mask, count)``.
 
+    With ``config.prox_mu > 0`` and an ``anchor`` (optional last argument) the step also follows
+    the FedProx proximal term ``mu/2 ||params - anchor||^2`` (Li et al. 2020, eq. 2); the
+    returned loss is the data loss.
+
     Returns ``(step, optimizer)``; ``step`` gives ``(params, opt_state, loss)``. The minibatch is
     drawn from the agent's real records with ``key`` (see :func:`sample_batch`).
     """
     opt = config.make_optimizer()
     grad_fn = jax.value_and_grad(minibatch_loss(model))
 
-    def step(params, opt_state, key, x, y, mask, count):
+    def step(params, opt_state, key, x, y, mask, count, anchor=None):
         xb, yb, wb = sample_batch(key, x, y, mask, count, config.batch_size)
         loss, g = grad_fn(params, xb, yb, wb)
+        if config.prox_mu and anchor is not None:   # FedProx: grad of mu/2 ||p - anchor||^2
+            g = jax.tree.map(lambda gi, p, a: gi + config.prox_mu * (p - a), g, params, anchor)
         updates, opt_state = opt.update(g, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -100,14 +108,19 @@ def make_local_step(model: Model, config: LocalTrainConfig):
 def make_local_update(model: Model, config: LocalTrainConfig):
     """One agent's local training (pure; lift with ``for_each_agent`` / ``train_agents``).
 
-    Step t uses ``split(key, steps)[t]`` for its minibatch.
+    Step t uses ``split(key, steps)[t]`` for its minibatch. With ``config.prox_mu > 0`` the
+    proximal term is anchored at the starting ``params`` (FedProx local training).
     """
     step, opt = make_local_step(model, config)
 
+    anchored = bool(config.prox_mu)   # FedProx anchors the proximal term at the start point
+
     def local_update(key, params, x, y, mask, count):
+        start = params if anchored else None
+
         def body(carry, step_key):
             p, s = carry
-            p, s, loss = step(p, s, step_key, x, y, mask, count)
+            p, s, loss = step(p, s, step_key, x, y, mask, count, start)
             return (p, s), loss
 
         keys = jax.random.split(key, config.steps)

@@ -1,0 +1,314 @@
+"""DP-FedSGD (Truex et al. 2019): DP-SGD inside every agent, server averaging; instance-level DP.
+
+The voting-dpfl paper's instance-level gradient baseline (spec "Baselines"). Round t:
+
+    m_t           Poisson sampling of agents with rate q (a mask [N]; q = 1: every agent)
+    theta_i^0     = theta_t                                             for every agent (one vmap)
+    for s = 1..E  (E = local.steps DP-SGD steps of agent i, on its own records only):
+        b_i^s     ~ Bernoulli(p_i) per real record (a mask over the padded rows; padding never)
+        g_i^s     = ( sum_j b_ij^s clip(grad l(theta_i^{s-1}; x_ij, y_ij), C)
+                      + N(0, (z C)^2 I) ) / (p_i n_i)                                     (1)
+        theta_i^s = OptStep(theta_i^{s-1}, g_i^s)        (optax; plain SGD: - eta g_i^s)
+    Delta_i       = theta_i^E - theta_t
+    theta_{t+1}   = theta_t + eta_s * sum_i m_t[i] Delta_i / max(1, sum_i m_t[i])          (2)
+
+``clip(g, C) = g min(1, C / ||g||_2)`` with the global L2 norm over all parameters
+(:func:`fedjax_dp.train.clipped_grad_sum`), so one record moves the clipped sum by at most C.
+The sum is divided by the *expected* batch size ``p_i n_i`` (a constant of the run, Abadi et
+al.'s fixed "lot size"), never by the realised batch size, which would leak it.
+
+Record sampling rate p_i (a documented choice): ``record_sampling_rate = p`` gives every agent the
+same rate p (expected batch p n_i); left unset (None, the default), ``p_i = min(1, B / n_i)`` with
+B = ``local.batch_size``, i.e. every agent's expected batch is B and smaller agents sample a larger
+fraction of their records -- and so pay more privacy: the worst agent is then the smallest one.
+
+Privacy. Unit: one instance (record) of one agent. Neighbouring relation: add or remove one
+record of one agent. Sensitivity: one record changes one agent's clipped gradient sum (1) by at
+most C (L2) in each step in which it is sampled; the noise std is z C, i.e. noise multiplier z;
+records are Poisson-sampled with rate p_i. Agent i's records are touched only by agent i's own
+E steps in each round it takes part in, so agent i's records get
+
+    SelfComposed(PoissonSampled(p_i, Gaussian(z)), E * T_i)                                (3)
+
+with T_i the number of rounds agent i took part in (T when every agent runs every round, or
+when the participation is not given: an upper bound). Every later use of the noisy gradients
+(the optimiser, the server average (2), later rounds) is post-processing, and the agent-sampling
+mask is independent of the data. The agents' datasets are disjoint, so by parallel composition
+the run's instance-level guarantee is the worst agent's (3). Each agent's update is already
+private, so the guarantee holds even against a server that sees every individual update (no
+secure aggregation is assumed). The local sizes n_i are treated as public (as in DP-SGD, where
+the sampling rate and the lot size are computed from the dataset size): p_i and the denominator
+p_i n_i are fixed before the run and are the same on neighbouring datasets.
+
+No agent-level guarantee is claimed: one agent changes the average (2) without a bound.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_dp.algorithms import fedavg
+from fedjax_dp.core import StackedData, agent_sum, auto_chunk_size, for_each_agent, validation
+from fedjax_dp.models import Model
+from fedjax_dp.privacy import PrivacyLedger, accounting, mechanisms
+from fedjax_dp.train import check_trainable, clipped_grad_sum, cross_entropy
+
+Params = Any
+
+UNIT = "instance"
+RELATION = "add/remove one record of one agent"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(fedavg.Config):
+    """DP-FedSGD: ``rounds`` rounds of E = ``local.steps`` DP-SGD steps in every (sampled) agent.
+
+    clip_norm: C, per-example gradient clip (global L2 norm).
+    noise_multiplier: z; each agent's noisy clipped gradient sum carries N(0, (z C)^2).
+    record_sampling_rate: p, the Poisson rate of records in each local step, the same for every
+      agent; None (default): ``p_i = min(1, local.batch_size / n_i)`` per agent.
+    sampling_rate: q, Poisson rate of agents per round (1: every agent every round).
+    The optimiser, learning rate and weight decay come from ``local`` (``local.batch_size`` is the
+    expected batch size when ``record_sampling_rate`` is None, and unused otherwise).
+    """
+
+    clip_norm: float = 1.0
+    noise_multiplier: float = 1.0
+    record_sampling_rate: float | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        validation.check_positive("algorithm.clip_norm", self.clip_norm)
+        validation.check_nonnegative("algorithm.noise_multiplier", self.noise_multiplier)
+        if self.record_sampling_rate is not None:
+            validation.check_probability("algorithm.record_sampling_rate",
+                                         self.record_sampling_rate)
+        if not np.isfinite(self.clip_norm) or not np.isfinite(self.noise_multiplier):
+            raise ValueError("algorithm.clip_norm and algorithm.noise_multiplier must be finite, "
+                             f"got {self.clip_norm} and {self.noise_multiplier}")
+
+
+# --------------------------------------------------------------------------- host-side plan
+
+def _counts(counts) -> np.ndarray:
+    c = np.asarray(counts).reshape(-1)
+    if c.size == 0 or c.dtype.kind not in "iu" or np.any(c < 1):
+        raise ValueError(f"counts must be a non-empty array of local sizes >= 1, got {c.tolist()}")
+    return c.astype(np.int64)
+
+
+def record_sampling_rates(config: Config, counts) -> np.ndarray:
+    """Per-agent record sampling rate p_i, ``[N]`` float64 (see the module docstring)."""
+    c = _counts(counts)
+    if config.record_sampling_rate is not None:
+        return np.full(c.shape, float(config.record_sampling_rate))
+    return np.minimum(1.0, config.local.batch_size / c.astype(np.float64))
+
+
+def expected_batch_sizes(config: Config, counts) -> np.ndarray:
+    """The fixed denominator of (1): ``p_i n_i``, ``[N]`` float64."""
+    return record_sampling_rates(config, counts) * _counts(counts)
+
+
+# --------------------------------------------------------------------------- one agent
+
+def sample_records(key: jax.Array, mask: jax.Array, rate) -> jax.Array:
+    """Poisson minibatch of one agent: weights ``[n_max]`` in {0., 1.}, ``Bernoulli(rate) & mask``.
+
+    Every real record is included independently with probability ``rate``; padded rows never.
+    """
+    keep = jax.random.bernoulli(key, rate, mask.shape)
+    return (keep & mask.astype(bool)).astype(jnp.float32)
+
+
+def noisy_gradient(key: jax.Array, loss_fn: Callable, params: Params, x: jax.Array,
+                   y: jax.Array, weights: jax.Array, clip_norm: float, noise_std: float,
+                   denominator) -> tuple[Params, jax.Array]:
+    """Equation (1) for given minibatch weights: ``(clipped sum + N(0, std^2)) / denominator``.
+
+    ``x [n_max, ...]``, ``y [n_max]``, ``weights [n_max]`` (the Poisson mask); returns the noisy
+    gradient pytree and the per-example norms before clipping ``[n_max]``.
+    """
+    summed, norms = clipped_grad_sum(loss_fn, params, x, y, weights, clip_norm)
+    noise = mechanisms.gaussian_noise(key, summed, noise_std)
+    grad = jax.tree.map(lambda s, n: (s + n) / denominator, summed, noise)
+    return grad, norms
+
+
+def make_local_dp_sgd(model: Model, config: Config) -> Callable:
+    """One agent's E DP-SGD steps (pure; lift with ``for_each_agent``).
+
+    ``local(key, params, x [n_max, ...], y [n_max], mask [n_max], rate [], denominator [])
+    -> (params, metrics)``. Step s uses ``k_s = split(key, E)[s]``, split into a minibatch key and
+    a noise key: no key is used twice.
+    """
+    loss_fn = cross_entropy(model)
+    opt = config.local.make_optimizer()
+    noise_std = config.noise_multiplier * config.clip_norm
+    clip = config.clip_norm
+    steps = config.local.steps
+
+    def local(key, params, x, y, mask, rate, denominator):
+        def body(carry, step_key):
+            p, s = carry
+            k_batch, k_noise = jax.random.split(step_key)
+            w = sample_records(k_batch, mask, rate)                              # [n_max]
+            g, norms = noisy_gradient(k_noise, loss_fn, p, x, y, w, clip, noise_std,
+                                      denominator)
+            updates, s = opt.update(g, s, p)
+            clipped = jnp.sum(w * (norms > clip))
+            return (optax.apply_updates(p, updates), s), (jnp.sum(w), clipped)
+
+        keys = jax.random.split(key, steps)
+        (params, _), (sizes, clipped) = jax.lax.scan(body, (params, opt.init(params)), keys)
+        w_real = mask.astype(jnp.float32)
+        losses = jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, x, y)               # [n_max]
+        metrics = {"batch_size": jnp.mean(sizes) if steps else jnp.zeros(()),
+                   "clipped_fraction": jnp.sum(clipped) / jnp.maximum(jnp.sum(sizes), 1.0),
+                   # diagnostic only (not private): the local loss after the E steps
+                   "train_loss": jnp.sum(w_real * losses) / jnp.maximum(jnp.sum(w_real), 1.0)}
+        return params, metrics
+
+    return local
+
+
+# --------------------------------------------------------------------------- all agents
+
+def make_round(model: Model, config: Config, *, chunk_size: int | None = None, mesh=None,
+               backend: str = "vmap") -> Callable:
+    """A ``round(key, params, data, rates [N], denominators [N]) -> (params, metrics)``.
+
+    Jitted (except with ``backend='loop'``, the per-agent reference). Keys: the round key splits
+    into an agent-sampling key and one training key per agent.
+    """
+    lifted = for_each_agent(make_local_dp_sgd(model, config), (0, None, 0, 0, 0, 0, 0),
+                            chunk_size=chunk_size, mesh=mesh, backend=backend)
+
+    def round_fn(key, params, data: StackedData, rates, denominators):
+        n = data.x.shape[0]
+        k_sample, k_train = jax.random.split(key)
+        sampled = fedavg.sample_agents(k_sample, n, config.sampling_rate)          # [N]
+        local_params, metrics = lifted(jax.random.split(k_train, n), params, data.x, data.y,
+                                       data.mask, rates, denominators)
+        deltas = jax.tree.map(lambda l, g: l - g[None], local_params, params)     # [N, ...]
+        num = jnp.sum(sampled)
+        denom = jnp.maximum(num, 1.0)
+        total = agent_sum(deltas, sampled)
+        new_params = jax.tree.map(lambda g, s: g + config.server_lr * s / denom, params, total)
+        out = {"num_sampled": num, **{k: jnp.sum(sampled * v) / denom for k, v in metrics.items()}}
+        return new_params, out, sampled
+
+    return round_fn if backend == "loop" else jax.jit(round_fn)
+
+
+def resolve_chunk_size(chunk_size, params: Params, data: StackedData) -> int | None:
+    """``"auto"``: chunk agents so that one chunk's per-example gradients (``n_max`` copies of the
+    parameters per agent, plus 3 for params, gradient and update) fit the CPU cache budget."""
+    if chunk_size != "auto":
+        return chunk_size
+    per_agent = sum(l.size * l.dtype.itemsize for l in jax.tree.leaves(params))
+    return auto_chunk_size((data.max_size + 3) * per_agent, data.num_agents)
+
+
+@dataclasses.dataclass
+class History(fedavg.History):
+    """As :class:`fedavg.History`, plus the number of rounds each agent took part in ``[N]``."""
+
+    participation: np.ndarray | None = None
+
+
+def run(key: jax.Array, data: StackedData, model: Model, config: Config, *,
+        init_params: Params | None = None, evaluate: Callable[[Params], dict] | None = None,
+        eval_every: int = 0, on_round: Callable[[int, dict], None] | None = None,
+        chunk_size: int | str | None = "auto", mesh=None) -> History:
+    """DP-FedSGD over all stacked agents; round t uses ``fold_in(key, t)``.
+
+    Keyword arguments as :func:`fedavg.run_rounds`. ``History.participation`` feeds
+    :func:`privacy_ledger`.
+    """
+    if not isinstance(config, Config):
+        raise ValueError(f"config must be a dp_fedsgd.Config, got {type(config).__name__}")
+    check_trainable(data)
+    counts = np.asarray(data.counts)
+    rates = jnp.asarray(record_sampling_rates(config, counts), jnp.float32)
+    denominators = jnp.asarray(expected_batch_sizes(config, counts), jnp.float32)
+    k_init, k_rounds = jax.random.split(key)
+    params = model.init(k_init) if init_params is None else init_params
+    round_fn = make_round(model, config, chunk_size=resolve_chunk_size(chunk_size, params, data),
+                          mesh=mesh)
+    history = History(params=params, participation=np.zeros(data.num_agents, np.int64))
+    start = time.perf_counter()
+    for t in range(config.rounds):
+        params, metrics, sampled = round_fn(jax.random.fold_in(k_rounds, t), params, data, rates,
+                                            denominators)
+        history.participation += np.asarray(sampled).astype(np.int64)
+        record = {"round": t + 1, **{k: float(v) for k, v in metrics.items()}}
+        if evaluate is not None and eval_every and ((t + 1) % eval_every == 0
+                                                    or t + 1 == config.rounds):
+            record.update(evaluate(params))
+        history.rounds.append(record)
+        history.params = params
+        if on_round is not None:
+            on_round(t + 1, record)
+    history.wall_time_s = time.perf_counter() - start
+    return history
+
+
+# --------------------------------------------------------------------------- privacy
+
+def _steps(config: Config, n: int, participation) -> np.ndarray:
+    if participation is None:
+        return np.full(n, config.rounds * config.local.steps, np.int64)
+    part = np.asarray(participation).reshape(-1)
+    if part.shape != (n,) or part.dtype.kind not in "iu" or np.any(part < 0) \
+            or np.any(part > config.rounds):
+        raise ValueError(f"participation must hold {n} integers in [0, {config.rounds}] (rounds "
+                         f"each agent took part in), got {part.tolist()[:10]}")
+    return part.astype(np.int64) * config.local.steps
+
+
+def dp_events(config: Config, counts, participation=None) -> list:
+    """Equation (3) for every agent: ``SelfComposed(PoissonSampled(p_i, Gaussian(z)), E T_i)``."""
+    rates = record_sampling_rates(config, counts)
+    steps = _steps(config, len(rates), participation)
+    return [accounting.sampled_gaussian_event(config.noise_multiplier, float(p), int(s))
+            for p, s in zip(rates, steps)]
+
+
+def worst_agents(config: Config, counts, participation=None) -> np.ndarray:
+    """Indices of the agents that can be the worst: not dominated in (p_i, steps_i).
+
+    Epsilon of (3) grows with the sampling rate and with the number of steps, so an agent with
+    both no larger than another's can never be the worst; one agent per distinct (p, steps) pair.
+    """
+    rates = record_sampling_rates(config, counts)
+    steps = _steps(config, len(rates), participation)
+    pairs = {}
+    for i, pair in enumerate(zip(rates.tolist(), steps.tolist())):
+        pairs.setdefault(pair, i)
+    keep = [i for (p, s), i in pairs.items()
+            if not any((p2 >= p and s2 >= s) and (p2, s2) != (p, s) for p2, s2 in pairs)]
+    return np.asarray(sorted(keep), np.int64)
+
+
+def privacy_ledger(config: Config, counts, participation=None) -> PrivacyLedger:
+    """Instance-level guarantee of the run: parallel composition over agents (worst agent).
+
+    ``counts``: local sizes n_i ``[N]``; ``participation``: rounds each agent took part in
+    ``[N]`` (``History.participation``; None: every round, an upper bound). Only the agents that
+    can be the worst (:func:`worst_agents`) are recorded as members; their indices are in the
+    entry's note.
+    """
+    events = dp_events(config, counts, participation)
+    keep = worst_agents(config, counts, participation)
+    note = (f"DP-SGD in each of {len(events)} agents; parallel composition over disjoint local "
+            f"data; members = agents {keep.tolist()[:20]}{' ...' if len(keep) > 20 else ''} "
+            "(the others are dominated in sampling rate and steps)")
+    return PrivacyLedger().add_parallel(UNIT, [events[i] for i in keep], relation=RELATION,
+                                        sensitivity=config.clip_norm, note=note)

@@ -1,0 +1,616 @@
+"""FedKT: one-shot federated learning by two-tier knowledge transfer (Li, He, Song, IJCAI 2021).
+
+Paper Algorithm 1, with n parties, s partitions per party, t teachers per partition, a public
+unlabelled set D_aux at the server, u classes, privacy level L0 / L1 / L2 and Laplace parameter
+gamma:
+
+Party side, every party i and partition j (all at once):
+
+    D^i = D^i_{j,1} u ... u D^i_{j,t}        a fresh random re-split of the party's data per j
+    T^i_{j,k} = train(D^i_{j,k})              ALL n*s*t teachers in ONE compiled call
+    v_m(x) = #{k : T^i_{j,k}(x) = m}          teacher votes on the queried public points
+    y^i_j(x) = argmax_m v_m(x)                (L2: argmax_m v_m(x) + Lap(1/gamma), Thm 3)
+    U^i_j = train(D_aux, y^i_j)               ALL n*s students in one compiled call
+
+Server side (consistent voting, Section 3.3):
+
+    v_m(x) = s * #{i : U^i_j(x) = m for every j in [s]}    a party counts only if all its s
+                                                            students agree
+    y(x) = argmax_m v_m(x)                    (L1: argmax_m v_m(x) + Lap(1/gamma), Thm 1/2)
+    final model = train(D_aux, y)
+
+Queries. At L0 the whole public set is labelled on both tiers. The noisy tier labels only a
+random ``query_fraction`` of the public set (the paper's 0.1%..2%): the server at L1, the parties
+at L2. The other tier labels the whole public set (at L1 the parties' labels are not released;
+at L2 the server's vote is post-processing of DP students). Queries no party votes on (an
+all-zero histogram) are dropped from the final training set except at L1, where dropping them
+would depend on the noiseless votes.
+
+Privacy (Laplace noise of scale 1/gamma on every count; unit and neighbouring relation):
+
+* L1, party level (Theorem 1): replacing one party's data changes its s students, so the server
+  histogram moves by at most 2s in L1 norm; each server query is (2 s gamma, 0)-DP.
+* L1, example level (Theorem 8): replacing one record changes one teacher per partition of one
+  party; a student can change only if some query it learnt from had a top-2 teacher vote gap
+  <= 2 (one changed vote plus argmax tie-breaking by index; the paper's ``<= 1`` misses the tie,
+  kept as ``gap_threshold=1`` under the name ``paper``). With z the largest number of such
+  partitions in any party, consistent voting moves the histogram by 0 (z = 0), s (0 < z < s: a
+  party's contribution s e_c appears or vanishes) or 2s (z = s): k = 0, s/2 or s. The paper's
+  Theorem 8 uses k = z, which is too small when z < s/2 (kept as :func:`paper_example_k`).
+* L2, example level (Theorem 3): each local query is (2 gamma, 0)-DP; the s*Q queries of one
+  party compose; parties hold disjoint data, so the guarantee is the worst party's (Theorem 4;
+  taken order by order on the RDP curve, valid for every delta).
+* L2, party level (Theorem 9/10): each local query is (2 t gamma, 0)-DP, worst party.
+
+Data-dependent moments per query: :mod:`fedjax_dp.privacy.lnmax` (recorded as RDP,
+``alpha(l) = l * RDP(l + 1)``); data-independent: ``LaplaceDpEvent`` composition through
+dp-accounting (RDP and PLD). Both go in :class:`~fedjax_dp.privacy.PrivacyLedger` objects
+(:func:`privacy_ledgers`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp.algorithms import learners as learners_lib
+from fedjax_dp.core import StackedData, rng, validation
+from fedjax_dp.privacy import PrivacyLedger, accounting, lnmax
+
+LEVELS = ("L0", "L1", "L2")
+PARTY_RELATION = "replace one party's entire local dataset"
+EXAMPLE_RELATION = "replace one training example of one party"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """FedKT: ``num_partitions`` (s) x ``num_teachers`` (t) per party, privacy ``level``.
+
+    teacher / student: ``"model"`` (the experiment's [model] table), a JAX model
+      (``logistic``, ``mlp``, ``cnn``) or a tree learner (``decision_tree``, ``random_forest``,
+      ``gradient_boosting``, ``xgboost``). The final model has the student's type.
+    student_steps / final_steps: local steps for students / the final model (0: ``local.steps``).
+    gamma: Laplace parameter (noise ``Lap(1/gamma)`` on each count) at L1 / L2.
+    query_fraction: fraction of the public set the noisy tier labels (L1 server, L2 parties).
+    moment_orders: moments accountant orders l = 1..moment_orders (reference code: 8).
+    gap_threshold: a student may change with one record if a query it learnt had a top-2
+      teacher gap <= this (2 is correct under index tie-breaking; 1 is the paper's).
+    """
+
+    num_partitions: int = 2
+    num_teachers: int = 5
+    level: str = "L0"
+    gamma: float = 0.05
+    query_fraction: float = 1.0
+    teacher: str = "model"
+    student: str = "model"
+    student_steps: int = 0
+    final_steps: int = 0
+    tree_max_depth: int = 6
+    tree_estimators: int = 100
+    moment_orders: int = 8
+    gap_threshold: int = 2
+    local: Any = None                # LocalTrainConfig for the teachers (the [train] table)
+
+    def __post_init__(self):
+        validation.check_int("algorithm.num_partitions", self.num_partitions, minimum=1)
+        validation.check_int("algorithm.num_teachers", self.num_teachers, minimum=1)
+        validation.check_choice("algorithm.level", self.level, LEVELS)
+        g = validation.check_positive("algorithm.gamma", self.gamma)
+        if not math.isfinite(g):
+            raise ValueError(f"algorithm.gamma must be finite, got {self.gamma}")
+        validation.check_probability("algorithm.query_fraction", self.query_fraction)
+        for name in ("teacher", "student"):
+            validation.check_choice(f"algorithm.{name}", getattr(self, name),
+                                    ("model",) + learners_lib.LEARNERS)
+        validation.check_int("algorithm.student_steps", self.student_steps, minimum=0)
+        validation.check_int("algorithm.final_steps", self.final_steps, minimum=0)
+        validation.check_int("algorithm.tree_max_depth", self.tree_max_depth, minimum=1)
+        validation.check_int("algorithm.tree_estimators", self.tree_estimators, minimum=1)
+        validation.check_int("algorithm.moment_orders", self.moment_orders, minimum=1)
+        validation.check_int("algorithm.gap_threshold", self.gap_threshold, minimum=0)
+        if self.local is None:
+            from fedjax_dp.train import LocalTrainConfig
+            object.__setattr__(self, "local", LocalTrainConfig())
+
+    @property
+    def orders(self) -> tuple[int, ...]:
+        return tuple(range(1, self.moment_orders + 1))
+
+
+# --------------------------------------------------------------------------- learners
+
+def make_learners(config: Config, *, model_name: str = "mlp", feature_shape, num_classes: int,
+                  hidden=(200,), chunk_size: int | str | None = "auto", backend: str = "vmap",
+                  model=None):
+    """``(teacher, student, final)`` learners for ``config``.
+
+    ``"model"`` means ``model`` (a built :class:`~fedjax_dp.models.Model`) when given, else the
+    JAX model ``model_name`` with ``hidden``. Teachers train ``local.steps`` steps, students
+    ``student_steps`` and the final model ``final_steps`` (0: ``local.steps``).
+    """
+    def build(which: str, steps: int):
+        train = dataclasses.replace(config.local, steps=steps or config.local.steps)
+        if which == "model" and model is not None:
+            return learners_lib.JaxLearner(model, train, chunk_size=chunk_size, backend=backend)
+        name = model_name if which == "model" else which
+        return learners_lib.make_learner(
+            name, feature_shape=feature_shape, num_classes=num_classes, train=train,
+            hidden=hidden, chunk_size=chunk_size, backend=backend,
+            max_depth=config.tree_max_depth, n_estimators=config.tree_estimators)
+
+    return (build(config.teacher, config.local.steps), build(config.student, config.student_steps),
+            build(config.student, config.final_steps))
+
+
+# --------------------------------------------------------------------------- pure pieces
+
+def check_party_sizes(counts, num_teachers: int) -> None:
+    """Every party needs at least ``t`` records (one per teacher subset); else a clear error."""
+    counts = np.asarray(counts)
+    small = np.flatnonzero(counts < num_teachers)
+    if small.size:
+        i = int(small[0])
+        raise ValueError(
+            f"party {i} holds {int(counts[i])} records, fewer than num_teachers={num_teachers}: "
+            f"each of its t subsets needs at least one record (parties too small: "
+            f"{small[:10].tolist()}); lower algorithm.num_teachers or use fewer parties")
+
+
+def teacher_split(key: jax.Array, count: jax.Array, n_max: int, num_teachers: int):
+    """One partition of one party: ``(rows [t, m], sizes [t])`` (Algorithm 1 line 3).
+
+    The party's ``count`` real rows (rows ``0..count-1`` of its padded array) are shuffled and
+    cut into ``t`` disjoint contiguous pieces of sizes ``floor((k+1) c / t) - floor(k c / t)``;
+    ``rows[k, r]`` is the r-th row of subset k (0 where ``r >= sizes[k]``),
+    ``m = ceil(n_max / t)``.
+    """
+    m = -(-n_max // num_teachers)
+    u = jax.random.uniform(key, (n_max,))
+    u = jnp.where(jnp.arange(n_max) < count, u, 2.0)           # padding sorts last
+    perm = jnp.argsort(u)                                       # [n_max] real rows first
+    bounds = (jnp.arange(num_teachers + 1) * count) // num_teachers          # [t + 1]
+    pos = bounds[:-1, None] + jnp.arange(m)[None, :]            # [t, m]
+    valid = pos < bounds[1:, None]
+    rows = jnp.where(valid, perm[jnp.minimum(pos, n_max - 1)], 0)
+    return rows.astype(jnp.int32), (bounds[1:] - bounds[:-1]).astype(jnp.int32)
+
+
+def teacher_data(key: jax.Array, parties: StackedData, num_partitions: int,
+                 num_teachers: int) -> StackedData:
+    """All teachers' local data, ``[n * s * t, m, ...]`` ordered (party, partition, teacher).
+
+    Partition j of party i uses key ``split(key, n * s)[i * s + j]``: independent re-splits.
+    """
+    check_party_sizes(parties.counts, num_teachers)
+    return _teacher_data(key, parties, num_partitions, num_teachers)
+
+
+def _teacher_data_impl(key, parties: StackedData, num_partitions: int, num_teachers: int):
+    n, n_max = parties.num_agents, parties.max_size
+    keys = jax.random.split(key, n * num_partitions).reshape(n, num_partitions)
+    split = jax.vmap(jax.vmap(teacher_split, (0, None, None, None)), (0, 0, None, None))
+    rows, sizes = split(keys, parties.counts, n_max, num_teachers)       # [n, s, t, m], [n, s, t]
+    m = rows.shape[-1]
+    x = jax.vmap(lambda xi, ri: xi[ri])(parties.x, rows)                 # [n, s, t, m, ...]
+    y = jax.vmap(lambda yi, ri: yi[ri])(parties.y, rows)                 # [n, s, t, m]
+    mask = jnp.arange(m) < sizes[..., None]                              # [n, s, t, m]
+    a = n * num_partitions * num_teachers
+    return StackedData(x=x.reshape((a, m) + x.shape[4:]), y=y.reshape(a, m),
+                       mask=mask.reshape(a, m), counts=sizes.reshape(a))
+
+
+_teacher_data = jax.jit(_teacher_data_impl, static_argnums=(2, 3))
+
+
+def vote_counts(preds: jax.Array, num_classes: int) -> jax.Array:
+    """``preds [..., t, Q] -> counts [..., Q, C]``: v_m(x) = #{voters predicting m}."""
+    return jnp.sum(jax.nn.one_hot(preds, num_classes, dtype=jnp.int32), axis=-3)
+
+
+def consistent_vote(student_preds: jax.Array, num_classes: int) -> jax.Array:
+    """Server histogram with consistent voting (Section 3.3): ``[n, s, Q] -> [Q, C]`` (int32).
+
+    Party i adds s to class c for query x only if all its s students predict c, else nothing:
+    ``v_c(x) = s * #{i : U^i_j(x) = c for all j}``.
+    """
+    s = student_preds.shape[1]
+    first = student_preds[:, 0]                                            # [n, Q]
+    agree = jnp.all(student_preds == first[:, None], axis=1)               # [n, Q]
+    ballots = jax.nn.one_hot(first, num_classes, dtype=jnp.int32) * agree[..., None]  # [n, Q, C]
+    return s * jnp.sum(ballots, axis=0)
+
+
+def noisy_labels(keys: jax.Array, counts: jax.Array, gamma: float) -> jax.Array:
+    """LNMax for a batch of voting groups: ``argmax_c counts[g, q, c] + Lap(1/gamma)``.
+
+    ``keys [G]`` one key per group (party/partition, or the server), ``counts [G, Q, C]``;
+    within a group every query and class draws its own Laplace variable. Returns ``[G, Q]``.
+    Per query: L1 sensitivity 2 (one teacher) or 2s (one party at the server) -> (2 gamma, 0)- or
+    (2 s gamma, 0)-DP (replace relation).
+    """
+    def one(key, c):
+        noise = jax.random.laplace(key, c.shape, jnp.float32) / gamma
+        return jnp.argmax(c.astype(jnp.float32) + noise, axis=-1).astype(jnp.int32)
+    return jax.vmap(one)(keys, counts)
+
+
+def top2_gaps(counts) -> np.ndarray:
+    """Gap between the two largest counts, ``[..., C] -> [...]`` (host, exact integers)."""
+    c = np.sort(np.asarray(counts), axis=-1)
+    return c[..., -1] - c[..., -2]
+
+
+def partitions_at_risk(teacher_votes, gap_threshold: int = 2) -> np.ndarray:
+    """z_i: per party, the number of partitions with a query whose top-2 gap <= threshold.
+
+    ``teacher_votes [n, s, Q, C]`` (noiseless, as the students learnt them) -> ``[n]``.
+    """
+    risky = np.any(top2_gaps(teacher_votes) <= gap_threshold, axis=-1)   # [n, s]
+    return risky.sum(axis=-1)
+
+
+def example_k(z: int, s: int) -> float:
+    """Sensitivity multiplier k (query is (2 k gamma, 0)-DP) at L1, example level, consistent
+    voting: 0 if z = 0, s/2 if 0 < z < s (one party's s votes appear or vanish), s if z = s."""
+    z = validation.check_int("z", z, minimum=0, maximum=s)
+    return 0.0 if z == 0 else (s / 2.0 if z < s else float(s))
+
+
+def paper_example_k(z: int, s: int) -> float:
+    """The paper's Theorem 8 multiplier k = z (too small under consistent voting if z < s/2)."""
+    return float(validation.check_int("z", z, minimum=0, maximum=s))
+
+
+# --------------------------------------------------------------------------- algorithm
+
+@dataclasses.dataclass
+class Result:
+    """What a FedKT run produced (host/JAX arrays; learners' fitted objects)."""
+
+    final: Any                       # fitted final model (stacked with one model)
+    students: Any                    # fitted students [n * s]
+    teachers: Any                    # fitted teachers [n * s * t]
+    final_learner: Any
+    party_queries: np.ndarray        # [Qp] public indices the parties label
+    server_queries: np.ndarray       # [Qs] public indices the server labels
+    teacher_votes: np.ndarray        # [n, s, Qp, C] noiseless teacher histograms
+    party_labels: np.ndarray         # [n, s, Qp] labels the students learnt (noisy at L2)
+    server_votes: np.ndarray         # [Qs, C] noiseless consistent-voting histogram
+    server_labels: np.ndarray        # [Qs] labels the final model learnt (noisy at L1)
+    server_mask: np.ndarray          # [Qs] queries kept for the final model
+    z: np.ndarray                    # [n] partitions at risk per party (example level, L1)
+    config: Config
+    num_classes: int
+    timings: dict
+
+    def predict(self, x) -> np.ndarray:
+        """Final model's classes for ``x [M, ...]``."""
+        return np.asarray(self.final_learner.predict(self.final, x))[0]
+
+    def accuracy(self, x, y) -> float:
+        y = np.asarray(y)
+        if y.size == 0:
+            raise ValueError("accuracy needs at least one labelled example, got an empty set")
+        return float(np.mean(self.predict(x) == y))
+
+
+def _query_subset(key: jax.Array, num_public: int, fraction: float) -> np.ndarray:
+    num = max(1, int(round(fraction * num_public)))
+    if num >= num_public:
+        return np.arange(num_public)
+    return np.sort(np.asarray(jax.random.permutation(key, num_public)[:num]))
+
+
+def run(key: jax.Array, parties: StackedData, x_public, config: Config, *, num_classes: int,
+        teacher=None, student=None, final=None, model_name: str = "mlp", hidden=(200,),
+        chunk_size: int | str | None = "auto", fitted_teachers=None,
+        fitted_students=None) -> Result:
+    """FedKT Algorithm 1 over all parties at once (see the module docstring).
+
+    Args:
+      key: root key; independent named streams for the splits, teachers, L2 noise, queries,
+        students, L1 noise and the final model (no key is used twice).
+      parties: the n parties' local data (``StackedData [n, n_max, ...]``).
+      x_public: the public unlabelled set ``[P, ...]`` (never its labels).
+      teacher, student, final: learners (default: :func:`make_learners` with ``model_name``).
+      fitted_teachers / fitted_students: reuse the ``teachers`` / ``students`` of an earlier
+        :class:`Result` with the same key, parties, public set, learners, s and t (they do not
+        depend on gamma, the level or the query fraction, except L2 students, which learn
+        noisy labels and cannot be reused). Sweeps over privacy settings use this.
+    """
+    import time
+    if not isinstance(config, Config):
+        raise ValueError(f"config must be a fedkt.Config, got {type(config).__name__}")
+    validation.check_int("num_classes", num_classes, minimum=2)
+    x_public = validation.check_finite_array("x_public", x_public)
+    if x_public.ndim < 2 or x_public.shape[0] == 0:
+        raise ValueError(f"x_public must hold at least one public example [P, ...], got shape "
+                         f"{x_public.shape}")
+    if tuple(x_public.shape[1:]) != parties.feature_shape:
+        raise ValueError(f"x_public has feature shape {x_public.shape[1:]}, expected the "
+                         f"parties' {parties.feature_shape}")
+    check_party_sizes(parties.counts, config.num_teachers)
+    if fitted_students is not None and config.level == "L2":
+        raise ValueError("fitted_students cannot be reused at level L2 (students learn the "
+                         "noisy labels of this run); pass fitted_students=None")
+    if teacher is None or student is None or final is None:
+        t_, s_, f_ = make_learners(config, model_name=model_name,
+                                   feature_shape=parties.feature_shape, num_classes=num_classes,
+                                   hidden=hidden, chunk_size=chunk_size)
+        teacher, student, final = teacher or t_, student or s_, final or f_
+    n, s, t = parties.num_agents, config.num_partitions, config.num_teachers
+    key = rng.as_key(key)
+    k = {name: rng.stream(key, name) for name in
+         ("split", "teachers", "party_queries", "l2_noise", "students", "server_queries",
+          "l1_noise", "final")}
+    timings = {}
+    x_public = jnp.asarray(x_public)
+    num_public = x_public.shape[0]
+
+    # Party side: all n*s*t teachers in one call, then their votes.
+    tic = time.perf_counter()
+    if fitted_teachers is None:
+        tdata = teacher_data(k["split"], parties, s, t)                   # [n*s*t, m, ...]
+        teachers = teacher.fit(k["teachers"], tdata)
+    else:
+        teachers = fitted_teachers
+    jax.block_until_ready(jax.tree.leaves(teachers)) if learners_lib.is_jax(teacher) else None
+    timings["teachers_s"] = time.perf_counter() - tic
+    party_q = (_query_subset(k["party_queries"], num_public, config.query_fraction)
+               if config.level == "L2" else np.arange(num_public))
+    xq = x_public[party_q]
+    tpreds = teacher.predict(teachers, xq).reshape(n, s, t, -1)           # [n, s, t, Qp]
+    tvotes = vote_counts(tpreds, num_classes)                             # [n, s, Qp, C]
+    if config.level == "L2":
+        keys = jax.random.split(k["l2_noise"], n * s)                     # one per (party, part.)
+        labels = noisy_labels(keys, tvotes.reshape(n * s, -1, num_classes), config.gamma)
+    else:
+        labels = jnp.argmax(tvotes, -1).reshape(n * s, -1).astype(jnp.int32)   # [n*s, Qp]
+
+    # All n*s students in one call, on their partition's labels.
+    tic = time.perf_counter()
+    students = (student.fit_shared(k["students"], xq, labels, jnp.ones(labels.shape, bool))
+                if fitted_students is None else fitted_students)
+    timings["students_s"] = time.perf_counter() - tic
+
+    # Server: consistent voting (noisy at L1), then the final model.
+    server_q = (_query_subset(k["server_queries"], num_public, config.query_fraction)
+                if config.level == "L1" else np.arange(num_public))
+    xs = x_public[server_q]
+    spreds = student.predict(students, xs).reshape(n, s, -1)              # [n, s, Qs]
+    svotes = consistent_vote(spreds, num_classes)                         # [Qs, C]
+    if config.level == "L1":
+        slabels = noisy_labels(k["l1_noise"][None], svotes[None], config.gamma)[0]
+        smask = jnp.ones(slabels.shape, bool)
+    else:
+        slabels = jnp.argmax(svotes, -1).astype(jnp.int32)
+        smask = jnp.sum(svotes, -1) > 0
+    if not bool(jnp.any(smask)):
+        raise ValueError("no public query received a consistent vote from any party, so the "
+                         "final model has nothing to learn; use more public data or parties")
+    tic = time.perf_counter()
+    final_fit = final.fit_shared(k["final"], xs, slabels[None], smask[None])
+    timings["final_s"] = time.perf_counter() - tic
+    tv = np.asarray(tvotes)
+    return Result(final=final_fit, students=students, teachers=teachers, final_learner=final,
+                  party_queries=np.asarray(party_q), server_queries=np.asarray(server_q),
+                  teacher_votes=tv, party_labels=np.asarray(labels).reshape(n, s, -1),
+                  server_votes=np.asarray(svotes), server_labels=np.asarray(slabels),
+                  server_mask=np.asarray(smask),
+                  z=partitions_at_risk(tv, config.gap_threshold), config=config,
+                  num_classes=num_classes, timings=timings)
+
+
+# --------------------------------------------------------------------------- privacy
+
+def _moments(votes, gamma: float, k: float, orders) -> np.ndarray:
+    """Summed log moments of LNMax queries with histograms ``votes [..., Q, C]`` -> ``[..., L]``."""
+    q = lnmax.lnmax_q(votes, gamma)                                        # [..., Q]
+    return lnmax.lnmax_log_moments(q, gamma, z=k, k=k, orders=orders).sum(axis=-2)
+
+
+def log_moments(level: str, gamma: float, *, server_votes=None, teacher_votes=None,
+                num_partitions: int = 2, num_teachers: int = 5, z: int | None = None,
+                orders=lnmax.DEFAULT_MOMENT_ORDERS, example_rule: str = "consistent"
+                ) -> dict[str, np.ndarray]:
+    """Data-dependent total log moments per unit (``{'party': [L], 'example': [L]}``).
+
+    L1: ``server_votes [Q, C]`` (noiseless consistent-voting histograms); party k = s;
+    example k from ``z`` (largest number of at-risk partitions of a party; default s, the worst
+    case) by :func:`example_k` (``example_rule='paper'``: :func:`paper_example_k`).
+    L2: ``teacher_votes [n, s, Q, C]`` (or ``[s, Q, C]``; ``[Q, C]`` means the same histograms
+    in each of the s partitions); example k = 1, party
+    k = t; queries of one party compose, the worst party counts (per order).
+    """
+    validation.check_choice("level", level, ("L1", "L2"))
+    validation.check_choice("example_rule", example_rule, ("consistent", "paper"))
+    s = validation.check_int("num_partitions", num_partitions, minimum=1)
+    t = validation.check_int("num_teachers", num_teachers, minimum=1)
+    if level == "L1":
+        if server_votes is None:
+            raise ValueError("server_votes [Q, C] are required at level L1")
+        v = np.asarray(server_votes)
+        if v.ndim != 2:
+            raise ValueError(f"server_votes must have shape [Q, C], got {v.shape}")
+        z = s if z is None else validation.check_int("z", z, minimum=0, maximum=s)
+        kx = example_k(z, s) if example_rule == "consistent" else paper_example_k(z, s)
+        return {"party": _moments(v, gamma, s, orders), "example": _moments(v, gamma, kx, orders)}
+    if teacher_votes is None:
+        raise ValueError("teacher_votes [n, s, Q, C] are required at level L2")
+    v = np.asarray(teacher_votes)
+    if v.ndim < 2 or v.ndim > 4:
+        raise ValueError(f"teacher_votes must have shape [n, s, Q, C], got {v.shape}")
+    if v.ndim == 2:                     # the same histograms in each of the s partitions
+        v = np.broadcast_to(v, (s,) + v.shape)
+    v = v.reshape((1,) * (4 - v.ndim) + v.shape)                           # [n, s, Q, C]
+    if v.shape[1] != s:
+        raise ValueError(f"teacher_votes must have num_partitions={s} partitions on axis -3, "
+                         f"got shape {v.shape}")
+    per_party = {u: _moments(v, gamma, kk, orders).sum(axis=1)              # [n, L]
+                 for u, kk in (("example", 1.0), ("party", float(t)))}
+    return {u: m.max(axis=0) for u, m in per_party.items()}                 # worst party
+
+
+def num_noisy_queries(level: str, *, server_queries: int = 0, party_queries: int = 0,
+                      num_partitions: int = 2) -> int:
+    """Queries one unit's data enters: Qs at L1; s * Qp per party at L2."""
+    return server_queries if level == "L1" else num_partitions * party_queries
+
+
+def data_independent_events(level: str, gamma: float, num_queries: int, *,
+                            num_partitions: int, num_teachers: int) -> dict:
+    """``{unit: DpEvent}``: composition of pure ``(2 k gamma, 0)``-DP LNMax queries (worst case).
+
+    A query with L1 sensitivity 2k and Laplace scale 1/gamma is ``LaplaceDpEvent(1/(2 k gamma))``.
+    L1: k = s for both units (one record can flip all s students). L2: per party s*Q queries,
+    k = 1 (example) / t (party); parties are disjoint and identical, so one party's composition
+    is the guarantee.
+    """
+    s, t = num_partitions, num_teachers
+    ks = {"party": s, "example": s} if level == "L1" else {"party": t, "example": 1}
+    return {u: accounting.laplace_event(1.0 / (2.0 * kk * gamma), num_queries)
+            for u, kk in ks.items()}
+
+
+def privacy_ledgers(config: Config, *, server_votes=None, teacher_votes=None, z=None,
+                    num_server_queries: int | None = None, num_party_queries: int | None = None
+                    ) -> tuple[PrivacyLedger, PrivacyLedger]:
+    """``(data_dependent, data_independent)`` ledgers with units ``'party'`` and ``'example'``.
+
+    The data-dependent one holds the summed log moments as RDP (``add_rdp`` on orders l + 1,
+    ``RDP(l + 1) = alpha(l) / l``); the other the ``LaplaceDpEvent`` compositions (RDP and PLD
+    apply). L0 adds no noise: both are empty.
+    """
+    dd, di = PrivacyLedger(), PrivacyLedger()
+    if config.level == "L0":
+        return dd, di
+    s, t, g = config.num_partitions, config.num_teachers, config.gamma
+    moments = log_moments(config.level, g, server_votes=server_votes,
+                          teacher_votes=teacher_votes, num_partitions=s, num_teachers=t,
+                          z=None if z is None else int(np.max(z)), orders=config.orders)
+    if config.level == "L1":
+        nq = int(np.asarray(server_votes).shape[0]) if num_server_queries is None \
+            else num_server_queries
+    else:
+        nq_party = int(np.asarray(teacher_votes).shape[-2]) if num_party_queries is None \
+            else num_party_queries
+        nq = num_noisy_queries("L2", party_queries=nq_party, num_partitions=s)
+    events = data_independent_events(config.level, g, nq, num_partitions=s, num_teachers=t)
+    for unit, relation in (("party", PARTY_RELATION), ("example", EXAMPLE_RELATION)):
+        orders, rdp = lnmax.log_moments_to_rdp(moments[unit], config.orders)
+        note = (f"FedKT-{config.level} data-dependent LNMax moments (gamma={g}, s={s}, t={t}, "
+                f"{nq} noisy queries per unit); alpha(l) = l * RDP(l+1)")
+        dd.add_rdp(unit, orders, rdp, relation=relation, note=note)
+        di.add_event(unit, events[unit], relation=relation,
+                     note=f"FedKT-{config.level} data-independent: {nq} pure-DP LNMax queries")
+    return dd, di
+
+
+def privacy_summary(result: Result, delta: float) -> dict:
+    """Per unit: the paper's ``moments_epsilon``, the RDP conversion of the same moments, and
+    the data-independent epsilon (RDP and PLD); plus z and query counts."""
+    cfg = result.config
+    out: dict[str, Any] = {"level": cfg.level, "gamma": cfg.gamma,
+                           "query_fraction": cfg.query_fraction,
+                           "noisy_queries": 0, "units": {}}
+    if cfg.level == "L0":
+        return out
+    moments = log_moments(cfg.level, cfg.gamma, server_votes=result.server_votes,
+                          teacher_votes=result.teacher_votes, num_partitions=cfg.num_partitions,
+                          num_teachers=cfg.num_teachers, z=int(result.z.max()),
+                          orders=cfg.orders)
+    dd, di = privacy_ledgers(cfg, server_votes=result.server_votes,
+                             teacher_votes=result.teacher_votes, z=result.z)
+    out["noisy_queries"] = (len(result.server_queries) if cfg.level == "L1"
+                            else len(result.party_queries))
+    out["z"] = int(result.z.max())
+    for unit in ("party", "example"):
+        row = {"moments_epsilon": lnmax.moments_epsilon(moments[unit], delta, cfg.orders),
+               "data_dependent_rdp_epsilon": _unit_epsilon(dd, unit, delta, "rdp"),
+               "data_independent_rdp_epsilon": _unit_epsilon(di, unit, delta, "rdp"),
+               "data_independent_pld_epsilon": _unit_epsilon(di, unit, delta, "pld")}
+        out["units"][unit] = row
+    return out
+
+
+def _unit_epsilon(ledger: PrivacyLedger, unit: str, delta: float, accountant: str) -> float:
+    return next(r["epsilon"] for r in ledger.report(delta, (accountant,)) if r["unit"] == unit)
+
+
+def account(votes, *, level: str, gamma: float, delta: float, num_partitions: int = 2,
+            num_teachers: int = 5, z: int | None = None, units=("party", "example"),
+            moment_orders: int = 8, example_rule: str = "consistent",
+            accountants=("rdp", "pld")) -> dict:
+    """Epsilon of FedKT-L1/L2 for given noiseless vote histograms, without training.
+
+    ``votes``: L1: the server's consistent-voting histograms ``[Q, C]``; L2: the teachers'
+    histograms ``[n, s, Q, C]`` (or ``[s, Q, C]``, ``[Q, C]``). Per unit: the paper's
+    ``moments_epsilon``, the dp-accounting conversion of the same moments (RDP) and the
+    data-independent guarantee (``LaplaceDpEvent`` composition; RDP and PLD).
+    """
+    validation.check_choice("level", level, ("L1", "L2"))
+    delta = validation.check_open_unit("delta", delta)
+    for u in units:
+        validation.check_choice("unit", u, ("party", "example"))
+    cfg = Config(num_partitions=num_partitions, num_teachers=num_teachers, level=level,
+                 gamma=gamma, moment_orders=moment_orders)
+    v = np.asarray(votes)
+    kw = {"server_votes": v} if level == "L1" else {"teacher_votes": v}
+    moments = log_moments(level, gamma, num_partitions=num_partitions,
+                          num_teachers=num_teachers, z=z, orders=cfg.orders,
+                          example_rule=example_rule, **kw)
+    dd, di = privacy_ledgers(cfg, z=z, **kw)
+    nq = v.shape[0] if level == "L1" else num_partitions * v.shape[-2]
+    out = {"mechanism": "fedkt", "level": level, "gamma": gamma, "delta": delta,
+           "num_partitions": num_partitions, "num_teachers": num_teachers,
+           "z": None if level == "L2" else (num_partitions if z is None else int(z)),
+           "example_rule": example_rule, "noisy_queries_per_unit": int(nq), "units": {}}
+    if example_rule == "paper":   # ledgers follow the correct rule; report the paper's epsilon
+        out["note"] = "example_rule='paper' affects moments_epsilon only"
+    for unit in units:
+        out["units"][unit] = {
+            "relation": PARTY_RELATION if unit == "party" else EXAMPLE_RELATION,
+            "moments_epsilon": lnmax.moments_epsilon(moments[unit], delta, cfg.orders),
+            "data_dependent": {"rdp": _unit_epsilon(dd, unit, delta, "rdp")},
+            "data_independent": {a: _unit_epsilon(di, unit, delta, a) for a in accountants},
+            "data_independent_event": accounting.event_to_json(
+                next(e.event for e in di.entries if e.unit == unit)),
+        }
+    return out
+
+
+def load_votes(path) -> tuple[np.ndarray, int | None]:
+    """``(votes, z)`` from a ``.npz`` (key ``votes``, optional ``z``) or ``.json`` file
+    (``{"votes": [...], "z": ...}`` or a bare nested list)."""
+    import json
+    from pathlib import Path
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"--votes file {str(p)!r} does not exist")
+    if p.suffix == ".npz":
+        with np.load(p) as f:
+            if "votes" in f.files:
+                votes, z = f["votes"], (int(f["z"]) if "z" in f.files else None)
+            elif len(f.files) == 1:
+                votes, z = f[f.files[0]], None
+            else:
+                raise ValueError(f"--votes npz must hold an array named 'votes', got {f.files}")
+    elif p.suffix == ".json":
+        data = json.loads(p.read_text())
+        if isinstance(data, dict):
+            if "votes" not in data:
+                raise ValueError("--votes JSON object must have a 'votes' key")
+            votes, z = data["votes"], data.get("z")
+        else:
+            votes, z = data, None
+        votes = np.asarray(votes)
+    else:
+        raise ValueError(f"--votes must be a .npz or .json file, got {p.suffix!r}")
+    if votes.dtype.kind not in "iuf" or votes.ndim < 2:
+        raise ValueError(f"votes must be a numeric array [..., Q, C], got shape {votes.shape}")
+    return votes, (None if z is None else int(z))

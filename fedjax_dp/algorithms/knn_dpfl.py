@@ -1,0 +1,268 @@
+"""kNN-DPFL (voting-dpfl Algorithm 3): every agent votes with its k nearest local neighbours.
+
+1. A data-independent feature map phi (:func:`fit_feature_map`): ``identity`` (flattened
+   features), ``random_projection`` (a Gaussian matrix drawn from a key), or ``pca`` fitted on the
+   server's *public unlabelled* data only -- never on private data.
+2. For query x_t agent i finds the k nearest neighbours of phi(x_t) among its real records
+   phi(D_i) (Euclidean; padded rows are never chosen) and votes
+   ``b_i(x_t) = (1/k) sum_{j in kNN_i(x_t)} onehot(y_j)``.
+3. Noise, secure sum and release of the argmax only, as in AE-DPFL
+   (:func:`fedjax_dp.algorithms.voting.mpc_vote`); the student is trained on the Q released labels.
+
+Distances: ``||a - b||^2 = ||a||^2 - 2 a.b + ||b||^2``. The queries are shared by all agents, so
+``a.b`` for one chunk of agents is ONE GEMM ``[q, d] x [d, a n]``; ``||a||^2`` is constant per query
+and does not change any ranking, so it is left out. Top-k per (query, agent) is ``lax.top_k`` on
+the negated distances (ties: lower index first), with padded rows at distance ``+inf``. Every
+agent's records lie in one chunk, so the chunk's top-k is the agent's exact top-k.
+
+**Normalisation by k.** The ballot is always divided by k, also for an agent with fewer than k
+records (its ballot then sums to ``n_i / k < 1``): normalising by ``min(k, n_i)`` would let one
+record move a ballot by up to 1 and break the sensitivity below. :func:`run` nevertheless rejects
+``k`` larger than the smallest agent's record count (such an agent would vote with partial
+weight, almost always a configuration mistake); :func:`knn_ballots` itself is defined for any
+sizes, which the brute-force sensitivity test uses.
+
+Privacy (Theorem 5 and appendix C.1), Gaussian mechanism on the vote sum, Q queries:
+
+* unit ``instance``, relation add/remove one record of one agent: per query, the k-NN set of
+  that one agent changes by at most one element (one neighbour replaced, or one added/removed
+  when the agent has <= k records), so its ballot moves by 1/k in at most two coordinates:
+  Delta = sqrt(2)/k (derived; RDP ``Q alpha / (k^2 sigma^2)``). The paper states
+  ``Q alpha / (k sigma^2)`` (Delta = sqrt(2/k)): looser, kept as ``instance_sensitivity="paper"``
+  to reproduce its tables.
+* unit ``agent``, relation add/remove one agent's dataset: the ballot has L1 (hence L2) norm <= 1,
+  Delta = 1.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp.algorithms import voting
+from fedjax_dp.algorithms.ae_dpfl import check_run_args, select_queries, train_student
+from fedjax_dp.core import StackedData, rng, validation
+from fedjax_dp.models import Model
+from fedjax_dp.privacy import PrivacyLedger
+from fedjax_dp.train import LocalTrainConfig
+
+Params = Any
+FEATURE_MAPS = ("identity", "random_projection", "pca")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """kNN-DPFL. No local training: the ``student_*`` fields train the global model."""
+
+    k: int = 10                          # neighbours per agent (paper: 5% of the local size)
+    sigma: float = 1.0                   # std of the total noise on the vote sum
+    num_queries: int = 500
+    feature_map: str = "pca"             # identity | random_projection | pca (public data only)
+    feature_dim: int = 64                # output dimension of random_projection / pca
+    instance_sensitivity: str = "derived"   # derived: sqrt(2)/k; paper: sqrt(2/k)
+    student_steps: int = 500
+    student_batch_size: int = 32
+    student_learning_rate: float = 0.1
+    student_optimizer: str = "sgd"
+    agent_chunk: int | None = None       # agents per chunk of the distance GEMM (None: all)
+    query_chunk: int | None = None
+    data_dependent: bool = True
+
+    def __post_init__(self):
+        validation.check_int("algorithm.k", self.k, minimum=1)
+        s = validation.check_positive("algorithm.sigma", self.sigma)
+        if not math.isfinite(s):
+            raise ValueError(f"algorithm.sigma must be finite, got {self.sigma!r}")
+        validation.check_int("algorithm.num_queries", self.num_queries, minimum=1)
+        validation.check_choice("algorithm.feature_map", self.feature_map, FEATURE_MAPS)
+        validation.check_int("algorithm.feature_dim", self.feature_dim, minimum=1)
+        validation.check_choice("algorithm.instance_sensitivity", self.instance_sensitivity,
+                                ("derived", "paper"))
+        if self.agent_chunk is not None:
+            validation.check_int("algorithm.agent_chunk", self.agent_chunk, minimum=1)
+        if self.query_chunk is not None:
+            validation.check_int("algorithm.query_chunk", self.query_chunk, minimum=1)
+        if not isinstance(self.data_dependent, bool):
+            raise ValueError(f"algorithm.data_dependent must be true or false, "
+                             f"got {self.data_dependent!r}")
+        self.student
+
+    @property
+    def student(self) -> LocalTrainConfig:
+        try:
+            return LocalTrainConfig(steps=self.student_steps,
+                                    batch_size=self.student_batch_size,
+                                    learning_rate=self.student_learning_rate,
+                                    optimizer=self.student_optimizer)
+        except ValueError as e:
+            raise ValueError(str(e).replace("train.", "algorithm.student_")) from None
+
+
+# --------------------------------------------------------------------------- feature maps
+
+class FeatureMap(NamedTuple):
+    """``phi(x) = (flatten(x) - mean) @ matrix`` (``matrix`` None: identity after flattening)."""
+
+    kind: str
+    mean: np.ndarray | None       # [D]
+    matrix: np.ndarray | None     # [D, m]
+
+    @property
+    def out_dim(self) -> int | None:
+        return None if self.matrix is None else int(self.matrix.shape[1])
+
+    def apply(self, x, lead: int) -> jax.Array:
+        """``x [*lead_shape, *feature_shape]`` (``lead`` leading axes) -> ``[*lead_shape, m]``."""
+        x = jnp.asarray(x, jnp.float32)
+        flat = x.reshape(x.shape[:lead] + (-1,))
+        if self.mean is not None:
+            flat = flat - jnp.asarray(self.mean, jnp.float32)
+        if self.matrix is not None:
+            flat = flat @ jnp.asarray(self.matrix, jnp.float32)
+        return flat
+
+
+def fit_feature_map(kind: str, key: jax.Array, x_public, dim: int) -> FeatureMap:
+    """A data-independent feature map (never fitted on private data).
+
+    * ``identity``: flatten;
+    * ``random_projection``: ``flatten(x) @ G / sqrt(dim)``, ``G ~ N(0, 1)^{D x dim}`` from ``key``;
+    * ``pca``: centre with the mean of ``x_public`` and project on its top ``dim`` principal
+      directions (SVD of the server's unlabelled public data).
+    """
+    validation.check_choice("feature_map", kind, FEATURE_MAPS)
+    dim = validation.check_int("feature_dim", dim, minimum=1)
+    x_public = validation.check_finite_array("x_public", x_public)
+    flat = x_public.reshape(len(x_public), -1).astype(np.float64)          # [P, D]
+    d_in = flat.shape[1]
+    if kind == "identity":
+        return FeatureMap("identity", None, None)
+    if dim > d_in:
+        raise ValueError(f"feature_dim must be <= the input dimension {d_in}, got {dim}")
+    if kind == "random_projection":
+        g = np.asarray(jax.random.normal(key, (d_in, dim), jnp.float32)) / math.sqrt(dim)
+        return FeatureMap("random_projection", None, g.astype(np.float32))
+    if dim > len(flat):
+        raise ValueError(f"feature_dim must be <= the number of public records ({len(flat)}) "
+                         f"for pca, got {dim}")
+    mean = flat.mean(axis=0)
+    _, _, vt = np.linalg.svd(flat - mean, full_matrices=False)             # vt [r, D]
+    return FeatureMap("pca", mean.astype(np.float32), vt[:dim].T.astype(np.float32))
+
+
+# --------------------------------------------------------------------------- ballots
+
+def knn_ballots(x: jax.Array, y: jax.Array, mask: jax.Array, queries: jax.Array, k: int,
+                num_classes: int) -> jax.Array:
+    """kNN ballots of a chunk of agents: ``[a, q, C]``, ``(1/k) sum_{j in kNN} onehot(y_j)``.
+
+    ``x [a, n, d]`` (features), ``y [a, n]``, ``mask [a, n]`` (real rows), ``queries [q, d]``.
+    One GEMM ``[q, d] x [d, a n]`` gives every query-record inner product; padded rows get
+    distance ``+inf`` and are never chosen (an agent with fewer than k real rows votes with all of
+    them, still divided by k).
+    """
+    a, n, d = x.shape
+    q = queries.shape[0]
+    flat = x.reshape(a * n, d)                                            # [a n, d]
+    sq = jnp.sum(flat * flat, axis=-1)                                    # [a n]  ||b||^2
+    ab = queries @ flat.T                                                 # [q, a n]  one GEMM
+    dist = jnp.where(mask.reshape(1, a * n), sq[None, :] - 2.0 * ab, jnp.inf)
+    dist = dist.reshape(q, a, n)                                          # ||a||^2 left out
+    kk = min(k, n)
+    _, idx = jax.lax.top_k(-dist, kk)                                     # [q, a, kk]
+    yb = jnp.broadcast_to(y[None], (q, a, n))
+    mb = jnp.broadcast_to(mask[None], (q, a, n))
+    lab = jnp.take_along_axis(yb, idx, axis=-1)                           # [q, a, kk]
+    real = jnp.take_along_axis(mb, idx, axis=-1).astype(jnp.float32)      # [q, a, kk]
+    counts = jnp.sum(jax.nn.one_hot(lab, num_classes, dtype=jnp.float32) * real[..., None],
+                     axis=-2)                                             # [q, a, C]
+    return jnp.transpose(counts, (1, 0, 2)) / k                           # [a, q, C]
+
+
+@functools.lru_cache(maxsize=64)
+def ballot_fn(k: int, num_classes: int):
+    """``((x, y, mask) [a, ...], queries [q, d]) -> [a, q, C]`` for :func:`voting.mpc_vote`."""
+    def ballots(agents, queries):
+        x, y, mask = agents
+        return knn_ballots(x, y, mask, queries, k, num_classes)
+    return ballots
+
+
+def agent_features(phi: FeatureMap, data: StackedData) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(phi(x) [N, n_max, m], y [N, n_max], mask [N, n_max])`` for :func:`ballot_fn`."""
+    return phi.apply(data.x, lead=2), data.y, data.mask
+
+
+# --------------------------------------------------------------------------- run
+
+@dataclasses.dataclass
+class Result:
+    params: Params
+    feature_map: FeatureMap
+    query_indices: np.ndarray
+    labels: np.ndarray
+    clean_vote_sums: np.ndarray | None
+    wall_time_s: float = 0.0
+
+
+def check_k(k: int, data: StackedData) -> int:
+    """``1 <= k <= the smallest agent's number of records`` (ValueError naming the agent)."""
+    k = validation.check_int("algorithm.k", k, minimum=1)
+    counts = np.asarray(data.counts)
+    smallest = int(counts.min())
+    if k > smallest:
+        raise ValueError(f"algorithm.k must be in [1, {smallest}] (agent {int(counts.argmin())} "
+                         f"holds only {smallest} records), got {k}")
+    return k
+
+
+def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_public) -> Result:
+    """kNN-DPFL end to end: feature map, kNN vote on Q public queries, student training."""
+    if not isinstance(config, Config):
+        raise ValueError(f"config must be a knn_dpfl.Config, got {type(config).__name__}")
+    x_public = check_run_args(agents, model, x_public)
+    check_k(config.k, agents)
+    c = model.num_classes
+    voting.check_vote_args(config.sigma, agents.num_agents, config.num_queries, c,
+                           config.agent_chunk, config.query_chunk)
+    qidx = select_queries(rng.stream(key, "queries"), len(x_public), config.num_queries)
+    start = time.perf_counter()
+    phi = fit_feature_map(config.feature_map, rng.stream(key, "feature_map"), x_public,
+                          config.feature_dim)
+    feats = agent_features(phi, agents)
+    queries = phi.apply(x_public[qidx], lead=1)                           # [Q, m]
+    fn = ballot_fn(config.k, c)
+    labels = np.asarray(voting.mpc_vote(rng.stream(key, "vote"), fn, feats, queries,
+                                        config.sigma, num_classes=c,
+                                        agent_chunk=config.agent_chunk,
+                                        query_chunk=config.query_chunk))
+    clean = None
+    if config.data_dependent:
+        clean = voting.vote_sums(fn, feats, queries, num_classes=c,
+                                 agent_chunk=config.agent_chunk, query_chunk=config.query_chunk)
+    student = train_student(rng.stream(key, "student"), model, x_public[qidx], labels,
+                            config.student)
+    return Result(params=student, feature_map=phi, query_indices=qidx, labels=labels,
+                  clean_vote_sums=clean, wall_time_s=time.perf_counter() - start)
+
+
+def sensitivities(config: Config) -> dict[str, float]:
+    """``{'agent': 1, 'instance': sqrt(2)/k}`` (or the paper's ``sqrt(2/k)``)."""
+    return {"agent": voting.vote_sensitivity("agent", "knn", config.k),
+            "instance": voting.vote_sensitivity("instance", "knn", config.k,
+                                                rule=config.instance_sensitivity)}
+
+
+def privacy_ledger(config: Config, num_agents: int,
+                   clean_vote_sums: np.ndarray | None = None) -> PrivacyLedger:
+    """Instance- and agent-level guarantees (+ data-dependent ones given the noise-free sums)."""
+    validation.check_int("num_agents", num_agents, minimum=1)
+    note = f"kNN-DPFL, k={config.k}, instance sensitivity rule '{config.instance_sensitivity}'"
+    return voting.vote_ledger(config.sigma, config.num_queries, sensitivities(config),
+                              clean_vote_sums=clean_vote_sums, note=note)

@@ -1,0 +1,250 @@
+"""The MPC vote shared by AE-DPFL and kNN-DPFL (voting-dpfl Algorithms 2-3, Theorems 5 and 7).
+
+For Q public queries and N agents with ballots ``b_i(x_t)`` (length C: a one-hot prediction for
+AE-DPFL, neighbour label counts / k for kNN-DPFL)::
+
+    released label of query t = argmax_c  sum_i ( b_i(x_t)_c + z_{i,t,c} ),   z_{i,t} ~ N(0, sigma^2/N I_C)
+
+Every agent adds its own share of the noise, drawn from its own key for that query
+(``fold_in(fold_in(key, i), t)``: independent across agents and queries, identical however the
+work is chunked), so the secure sum carries ``N(0, sigma^2 I_C)`` and no party ever holds a
+noise-free count. **The tally never leaves this module**: :func:`mpc_vote` returns only the
+argmax index per query, which is what the talliers of MPC-vote (Dery et al. 2019) reveal and what
+licenses the data-dependent (GNMax) analysis. :func:`vote_sums` computes the noise-free sums for the
+privacy *analysis* only (a data-dependent epsilon, reported with ``data_dependent: true``); it is
+never an input to the server's training.
+
+Execution: a ballot function ``ballot_fn(agents_chunk, queries_chunk) -> [a, q, C]`` is evaluated
+on chunks of ``agent_chunk`` agents x ``query_chunk`` queries (a ``lax.scan`` over agent chunks
+inside a ``lax.map`` over query chunks), so memory is bounded by one chunk and not by N x Q; the
+result equals the one-chunk computation up to float summation order.
+
+Accounting (Theorem 5): a Gaussian mechanism on the vote sum with L2 sensitivity ``Delta`` and
+noise std ``sigma`` per query, composed over the Q queries: ``GaussianDpEvent(sigma / Delta)``
+self-composed Q times, RDP ``Q alpha Delta^2 / (2 sigma^2)``. Sensitivities (:func:`vote_sensitivity`):
+
+=========  ==========  =====================  ========================================================
+unit       algorithm   Delta                  why
+=========  ==========  =====================  ========================================================
+agent      both        1                      add/remove one agent removes its ballot (L2 norm <= 1)
+instance   AE-DPFL     sqrt(2)                one record can change the agent's one-hot vote
+instance   kNN-DPFL    sqrt(2) / k            one record changes <= 1 neighbour of one agent: 1/k in
+                                              two coordinates (derived; ``rule="derived"``)
+instance   kNN-DPFL    sqrt(2 / k)            the paper's looser value (``rule="paper"``)
+=========  ==========  =====================  ========================================================
+"""
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp.core import validation
+from fedjax_dp.privacy import PrivacyLedger, accounting
+from fedjax_dp.privacy.gnmax import PATE_ORDERS, gnmax_total_rdp
+
+__all__ = ["RELATIONS", "BallotFn", "vote_sensitivity", "vote_event", "vote_ledger",
+           "agent_query_noise", "mpc_vote", "vote_sums", "check_vote_args"]
+
+#: The neighbouring relation of each unit of privacy.
+RELATIONS: dict[str, str] = {
+    "agent": "add/remove one agent's entire local dataset",
+    "instance": "add/remove one training instance of one agent",
+}
+
+BallotFn = Callable[[Any, jax.Array], jax.Array]   # (agents chunk [a, ...], queries [q, ...]) -> [a, q, C]
+
+
+# --------------------------------------------------------------------------- accounting
+
+def vote_sensitivity(unit: str, algorithm: str = "ae", k: int | None = None,
+                     rule: str = "derived") -> float:
+    """L2 sensitivity of the vote sum per query for ``unit`` (see the module table).
+
+    ``algorithm``: ``'ae'`` (one-hot ballots) or ``'knn'`` (label counts / k, needs ``k``).
+    ``rule``: ``'derived'`` (``sqrt(2)/k`` for kNN-DPFL instance level) or ``'paper'`` (the
+    paper's ``sqrt(2/k)``, kept only to reproduce its tables).
+    """
+    validation.check_choice("unit", unit, tuple(RELATIONS))
+    validation.check_choice("algorithm", algorithm, ("ae", "knn"))
+    validation.check_choice("rule", rule, ("derived", "paper"))
+    if algorithm == "knn":
+        if k is None:
+            raise ValueError("k must be given (an integer >= 1) for algorithm 'knn'")
+        k = validation.check_int("k", k, minimum=1)
+    if unit == "agent":
+        return 1.0
+    if algorithm == "ae":
+        return math.sqrt(2.0)
+    return math.sqrt(2.0) / k if rule == "derived" else math.sqrt(2.0 / k)
+
+
+def vote_event(sigma: float, num_queries: int, sensitivity: float):
+    """``SelfComposed(GaussianDpEvent(sigma / Delta), Q)``: Q Gaussian votes (Theorem 5)."""
+    sigma = validation.check_positive("sigma", sigma)
+    sensitivity = validation.check_positive("sensitivity", sensitivity)
+    return accounting.gaussian_event(sigma / sensitivity,
+                                     validation.check_int("num_queries", num_queries, minimum=0))
+
+
+def vote_ledger(sigma: float, num_queries: int, sensitivities: Mapping[str, float], *,
+                clean_vote_sums: np.ndarray | None = None, note: str = "") -> PrivacyLedger:
+    """The ledger of Q MPC votes: one data-independent entry per unit, plus the data-dependent one.
+
+    ``sensitivities``: ``{unit: Delta}`` for units in :data:`RELATIONS`. With ``clean_vote_sums``
+    (the noise-free ``[Q, C]`` vote sums, in the units of ``Delta``) each unit also gets a
+    data-dependent entry under the unit name ``'<unit>_data_dependent'``: the GNMax RDP (PATE 2018
+    Theorem 6, :func:`fedjax_dp.privacy.gnmax.gnmax_total_rdp`) summed over queries on
+    :data:`PATE_ORDERS`, recorded with ``add_rdp`` and reported with ``data_dependent: true``.
+    """
+    ledger = PrivacyLedger()
+    for unit, sens in sensitivities.items():
+        validation.check_choice("unit", unit, tuple(RELATIONS))
+        ledger.add_event(unit, vote_event(sigma, num_queries, sens), relation=RELATIONS[unit],
+                         sensitivity=sens,
+                         note=f"Gaussian vote, sigma={sigma:g}, Delta={sens:g}, Q={num_queries}"
+                              + (f"; {note}" if note else ""))
+    if clean_vote_sums is not None:
+        for unit, sens in sensitivities.items():
+            orders, dd, _ = gnmax_total_rdp(clean_vote_sums, sigma, sens, PATE_ORDERS)
+            ledger.add_rdp(f"{unit}_data_dependent", orders, dd, relation=RELATIONS[unit],
+                           note="GNMax data-dependent RDP (PATE 2018 Thm 6), sigma_eff="
+                                f"{sigma * math.sqrt(2) / sens:g}; depends on the private votes")
+    return ledger
+
+
+# --------------------------------------------------------------------------- the vote
+
+def agent_query_noise(key: jax.Array, agent_ids: jax.Array, query_ids: jax.Array, std,
+                      num_classes: int) -> jax.Array:
+    """Agent i's noise on query t: ``std * N(0, I_C)`` from ``fold_in(fold_in(key, i), t)``.
+
+    ``agent_ids [a]``, ``query_ids [q]`` (global indices) -> ``[a, q, C]``. One key per agent and
+    per query, a deterministic function of (key, i, t): chunking never changes the noise.
+    """
+    def one(i, t):
+        k = jax.random.fold_in(jax.random.fold_in(key, i), t)
+        return jax.random.normal(k, (num_classes,), jnp.float32)
+
+    per_query = jax.vmap(one, in_axes=(None, 0))
+    return jnp.asarray(std, jnp.float32) * jax.vmap(per_query, in_axes=(0, None))(agent_ids,
+                                                                                   query_ids)
+
+
+def _chunked(tree: Any, size: int, n: int) -> Any:
+    """Pad the leading axis of every leaf to a multiple of ``size``; reshape to [n/size, size, ...]."""
+    pad = (-n) % size
+
+    def f(leaf):
+        if pad:
+            leaf = jnp.concatenate([leaf, jnp.zeros((pad,) + leaf.shape[1:], leaf.dtype)])
+        return leaf.reshape((-1, size) + leaf.shape[1:])
+
+    return jax.tree.map(f, tree)
+
+
+def _tally(key, agents, queries, sigma, *, ballot_fn: BallotFn, num_classes: int,
+           agent_chunk: int | None, query_chunk: int | None, noisy: bool) -> jax.Array:
+    """Sum over agents of (ballot + own noise): ``[Q, C]``. Private to the tallier boundary."""
+    n = jax.tree.leaves(agents)[0].shape[0]
+    q = queries.shape[0]
+    ac = n if agent_chunk is None else min(agent_chunk, n)
+    qc = q if query_chunk is None else min(query_chunk, q)
+    std = sigma / math.sqrt(n) if noisy else 0.0
+    a_chunks = _chunked((agents, jnp.arange(n), jnp.ones((n,), bool)), ac, n)
+    q_chunks = _chunked((queries, jnp.arange(q)), qc, q)
+
+    def per_query_chunk(qchunk):
+        qx, qids = qchunk                                                 # [qc, ...], [qc]
+
+        def body(acc, achunk):
+            data, aids, valid = achunk                                    # [ac, ...], [ac], [ac]
+            b = ballot_fn(data, qx).astype(jnp.float32)                   # [ac, qc, C]
+            if noisy:
+                b = b + agent_query_noise(key, aids, qids, std, num_classes)
+            b = jnp.where(valid[:, None, None], b, 0.0)                   # padded agents: nothing
+            return acc + jnp.sum(b, axis=0), None                         # secure sum
+
+        acc, _ = jax.lax.scan(body, jnp.zeros((qc, num_classes), jnp.float32), a_chunks)
+        return acc
+
+    tallies = jax.lax.map(per_query_chunk, q_chunks)                       # [Q/qc, qc, C]
+    return tallies.reshape(-1, num_classes)[:q]
+
+
+@functools.partial(jax.jit, static_argnames=("ballot_fn", "num_classes", "agent_chunk",
+                                             "query_chunk"))
+def _release(key, agents, queries, sigma, *, ballot_fn, num_classes, agent_chunk, query_chunk):
+    tally = _tally(key, agents, queries, sigma, ballot_fn=ballot_fn, num_classes=num_classes,
+                   agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=True)
+    return jnp.argmax(tally, axis=-1).astype(jnp.int32)                   # only this leaves
+
+
+@functools.partial(jax.jit, static_argnames=("ballot_fn", "num_classes", "agent_chunk",
+                                             "query_chunk"))
+def _clean(agents, queries, *, ballot_fn, num_classes, agent_chunk, query_chunk):
+    return _tally(None, agents, queries, 0.0, ballot_fn=ballot_fn, num_classes=num_classes,
+                  agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=False)
+
+
+def check_vote_args(sigma, num_agents: int, num_queries: int, num_classes: int,
+                    agent_chunk: int | None, query_chunk: int | None) -> None:
+    """Host-side checks of a vote's arguments (before any JAX work)."""
+    s = validation.check_positive("sigma", sigma)
+    if not math.isfinite(s):
+        raise ValueError(f"sigma must be finite, got {sigma!r}")
+    validation.check_int("num_agents", num_agents, minimum=1)
+    validation.check_int("num_queries", num_queries, minimum=1)
+    validation.check_int("num_classes", num_classes, minimum=2)
+    if agent_chunk is not None:
+        validation.check_int("agent_chunk", agent_chunk, minimum=1)
+    if query_chunk is not None:
+        validation.check_int("query_chunk", query_chunk, minimum=1)
+
+
+def _sizes(agents, queries) -> tuple[int, int]:
+    sizes = {leaf.shape[0] for leaf in jax.tree.leaves(agents)}
+    if len(sizes) != 1:
+        raise ValueError(f"agents' leaves disagree on the number of agents: {sorted(sizes)}")
+    queries = jnp.asarray(queries)
+    if queries.ndim < 1:
+        raise ValueError(f"queries must have shape [num_queries, ...], got {queries.shape}")
+    return sizes.pop(), int(queries.shape[0])
+
+
+def mpc_vote(key: jax.Array, ballot_fn: BallotFn, agents: Any, queries: jax.Array, sigma, *,
+             num_classes: int, agent_chunk: int | None = None,
+             query_chunk: int | None = None) -> jax.Array:
+    """The MPC noisy-argmax vote: released labels ``int32 [Q]`` and nothing else.
+
+    ``agents``: a pytree with leading axis N (what ``ballot_fn`` needs per agent); ``queries``
+    ``[Q, ...]``; ``ballot_fn(agents_chunk, queries_chunk) -> [a, q, C]`` (hashable: build it
+    once per model / k and reuse it, so the compiled vote is reused). Each agent adds
+    ``N(0, sigma^2/N)`` to each ballot with its own key per query (:func:`agent_query_noise`),
+    the shares are summed, and only ``argmax`` is returned. ``agent_chunk`` / ``query_chunk``
+    bound memory (None: all at once); results do not depend on them.
+    """
+    n, q = _sizes(agents, queries)
+    check_vote_args(sigma, n, q, num_classes, agent_chunk, query_chunk)
+    return _release(key, agents, jnp.asarray(queries), jnp.float32(sigma), ballot_fn=ballot_fn,
+                    num_classes=int(num_classes), agent_chunk=agent_chunk,
+                    query_chunk=query_chunk)
+
+
+def vote_sums(ballot_fn: BallotFn, agents: Any, queries: jax.Array, *, num_classes: int,
+              agent_chunk: int | None = None, query_chunk: int | None = None) -> np.ndarray:
+    """Noise-free vote sums ``[Q, C]`` (float64 on the host) -- for the privacy analysis ONLY.
+
+    The data-dependent GNMax bound needs them; a deployment would compute that bound inside the
+    MPC as well (or with smooth sensitivity). Never feed them to training or to the server.
+    """
+    n, q = _sizes(agents, queries)
+    check_vote_args(1.0, n, q, num_classes, agent_chunk, query_chunk)
+    out = _clean(agents, jnp.asarray(queries), ballot_fn=ballot_fn, num_classes=int(num_classes),
+                 agent_chunk=agent_chunk, query_chunk=query_chunk)
+    return np.asarray(out, dtype=np.float64)

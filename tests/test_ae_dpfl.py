@@ -1,0 +1,142 @@
+"""AE-DPFL: ballots vs a per-agent loop, one-GEMM first layer, run, ledger, configs end to end."""
+import math
+from pathlib import Path
+
+import dp_accounting
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_dp.algorithms import ae_dpfl, voting
+from fedjax_dp.core import from_ragged
+from fedjax_dp.data import synthetic
+from fedjax_dp.experiments import config as config_lib
+from fedjax_dp.experiments import runner
+from fedjax_dp.models import make_model
+from fedjax_dp.privacy import accounting
+from fedjax_dp.train import LocalTrainConfig, accuracy
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["data.num_agents=10", "train.steps=3", "model.hidden=[8]", "algorithm.num_queries=20",
+        "algorithm.student_steps=5", "run.progress=false", 'privacy.accountants=["rdp"]']
+
+
+@pytest.fixture(scope="module")
+def problem():
+    ds = synthetic(num_train=480, num_public=150, num_test=200, num_features=6, num_classes=3,
+                   seed=1)
+    data = from_ragged(list(ds.x_train.reshape(8, 60, 6)), list(ds.y_train.reshape(8, 60)))
+    model = make_model("mlp", (6,), 3, hidden=(16,))
+    cfg = ae_dpfl.Config(sigma=1.0, num_queries=120, student_steps=100,
+                         local=LocalTrainConfig(steps=40, batch_size=16, learning_rate=0.2),
+                         agent_chunk=3, query_chunk=50)
+    res = ae_dpfl.run(jax.random.key(0), data, model, cfg, ds.x_public, chunk_size=None)
+    return ds, data, model, cfg, res
+
+
+def test_ballots_match_a_per_agent_loop(problem):
+    ds, data, model, cfg, res = problem
+    queries = jnp.asarray(ds.x_public[:30])
+    got = np.asarray(ae_dpfl.ballot_fn(model)(res.agent_params, queries))     # [N, q, C]
+    for i in range(data.num_agents):
+        p = jax.tree.map(lambda l: l[i], res.agent_params)
+        pred = np.argmax(np.asarray(model.logits(p, queries)), -1)
+        np.testing.assert_array_equal(got[i], np.eye(3)[pred])
+
+
+def test_first_layer_of_all_agents_is_one_gemm(problem):
+    """Under vmap with shared queries the first Dense is ONE dot_general [q, d] x [N, d, h]
+    (no batch dimensions: a single GEMM [q, d] x [d, N h])."""
+    ds, data, model, cfg, res = problem
+    queries = jnp.asarray(ds.x_public[:30])
+    jaxpr = jax.make_jaxpr(ae_dpfl.ballot_fn(model))(res.agent_params, queries)
+    dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+    first = dots[0]
+    shapes = sorted(tuple(v.aval.shape) for v in first.invars)
+    (_, _), (lhs_batch, rhs_batch) = first.params["dimension_numbers"]
+    assert lhs_batch == () and rhs_batch == ()                         # no per-agent batching
+    assert (8, 6, 16) in shapes                                        # all agents' kernels
+    assert any(s[0] == 30 and s[-1] == 6 and math.prod(s) == 180 for s in shapes)   # queries
+
+
+def test_run_outputs_and_accuracy(problem):
+    ds, data, model, cfg, res = problem
+    assert res.labels.shape == (120,) and res.labels.dtype == np.int32
+    assert len(set(res.query_indices.tolist())) == 120
+    assert res.clean_vote_sums.shape == (120, 3)
+    np.testing.assert_allclose(res.clean_vote_sums.sum(1), data.num_agents)   # one vote each
+    assert np.mean(res.labels == ds.y_public[res.query_indices]) > 0.8
+    assert accuracy(model, res.params, ds.x_test, ds.y_test) > 0.75
+    # deterministic given the key; a different key draws different noise / queries
+    again = ae_dpfl.run(jax.random.key(0), data, model, cfg, ds.x_public, chunk_size=None)
+    np.testing.assert_array_equal(again.labels, res.labels)
+
+
+def test_ledger_units_and_data_dependent(problem):
+    ds, data, model, cfg, res = problem
+    ledger = ae_dpfl.privacy_ledger(cfg, data.num_agents, res.clean_vote_sums)
+    delta = 1e-5
+    for unit, z in (("agent", cfg.sigma), ("instance", cfg.sigma / math.sqrt(2))):
+        acc = dp_accounting.rdp.RdpAccountant(list(accounting.DEFAULT_RDP_ORDERS))
+        acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), 120))
+        assert ledger.epsilon(unit, delta) == pytest.approx(acc.get_epsilon(delta), rel=1e-9)
+    rows = {(r["unit"], r["accountant"]): r for r in ledger.report(delta, ("rdp",))}
+    assert rows[("agent_data_dependent", "rdp")]["data_dependent"] is True
+    assert rows[("agent", "rdp")]["data_dependent"] is False
+    assert rows[("agent", "rdp")]["relation"] == voting.RELATIONS["agent"]
+
+
+def test_config_validation():
+    for kwargs, match in [({"sigma": 0.0}, "algorithm.sigma"), ({"sigma": -2}, "algorithm.sigma"),
+                          ({"num_queries": 0}, "num_queries"),
+                          ({"student_learning_rate": -1.0}, "student_learning_rate"),
+                          ({"student_optimizer": "lbfgs"}, "student_optimizer"),
+                          ({"query_chunk": 0}, "query_chunk"),
+                          ({"data_dependent": "yes"}, "data_dependent")]:
+        with pytest.raises(ValueError, match=match):
+            ae_dpfl.Config(**kwargs)
+
+
+def test_bad_inputs_raise_before_work(problem):
+    ds, data, model, cfg, res = problem
+    with pytest.raises(ValueError, match="num_queries"):
+        ae_dpfl.run(jax.random.key(0), data, model, ae_dpfl.Config(num_queries=151),
+                    ds.x_public)
+    with pytest.raises(ValueError, match="x_public"):
+        ae_dpfl.run(jax.random.key(0), data, model, cfg, ds.x_public[:, :5])
+    bad = ds.x_public.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="x_public"):
+        ae_dpfl.run(jax.random.key(0), data, model, cfg, bad)
+
+
+def test_shipped_config_runs_end_to_end_tiny(tmp_path):
+    cfg = config_lib.load(ROOT / "configs" / "ae_dpfl" / "mnist5k.toml", TINY)
+    result = runner.run(cfg, tmp_path, progress=False)
+    assert result["algorithm"] == "ae_dpfl" and result["num_agents"] == 10
+    units = {(g["unit"], g["accountant"]): g for g in result["privacy"]}
+    assert {("agent", "rdp"), ("instance", "rdp"), ("agent_data_dependent", "rdp"),
+            ("instance_data_dependent", "rdp")} == set(units)
+    event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(cfg["algorithm"]
+                                                                            ["sigma"]), 20)
+    assert units[("agent", "rdp")]["epsilon"] == pytest.approx(
+        accounting.epsilon(event, cfg["privacy"]["delta"]), rel=1e-9)
+
+
+def test_cross_domain_config_tiny(tmp_path):
+    cfg = config_lib.load(ROOT / "configs" / "ae_dpfl" / "mnist5k_to_digits.toml",
+                          TINY + ["algorithm.data_dependent=false"])
+    result = runner.run(cfg, tmp_path, progress=False)
+    assert result["dataset"] == "mnist5k->digits"
+    assert {g["unit"] for g in result["privacy"]} == {"agent", "instance"}
+    ds = runner.load_data(cfg["data"])
+    assert ds.feature_shape == (8, 8, 1) and ds.x_test.shape[0] == 360      # digits' test split
+    with pytest.raises(ValueError, match="image_size"):
+        runner.load_data({**cfg["data"], "image_size": 0})                  # 28x28 vs 8x8
+    with pytest.raises(ValueError, match="server_dataset"):
+        runner.plan(config_lib.load(ROOT / "configs" / "ae_dpfl" / "mnist5k_to_digits.toml",
+                                    ["data.server_dataset=\"nope\""]))
+    with pytest.raises(ValueError, match="image_size"):
+        config_lib.load(ROOT / "configs" / "ae_dpfl" / "mnist5k_to_digits.toml",
+                        ["data.image_size=-1"])

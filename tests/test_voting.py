@@ -1,0 +1,196 @@
+"""The MPC vote: vectorised vs loop, chunked vs plain, noise independence, accounting, CLI."""
+import json
+import math
+
+import dp_accounting
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_dp.algorithms import voting
+from fedjax_dp.experiments import cli
+from fedjax_dp.privacy import accounting
+from fedjax_dp.privacy.gnmax import PATE_ORDERS, gnmax_epsilon
+
+N, Q, C = 7, 11, 4
+
+
+def _one_hot_ballots(agents, queries):
+    """Agent i votes class (i + t) mod C on query t, via its 'preference' row (pure, chunkable)."""
+    pref, = agents                                                      # [a, C]
+    scores = pref[:, None, :] + queries[None, :, :]                     # [a, q, C]
+    return jax.nn.one_hot(jnp.argmax(scores, -1), C)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    k1, k2 = jax.random.split(jax.random.key(0))
+    pref = jax.random.normal(k1, (N, C))
+    queries = jax.random.normal(k2, (Q, C))
+    return (pref,), queries
+
+
+def test_vote_matches_a_loop_over_agents_and_queries(setup):
+    agents, queries = setup
+    key, sigma = jax.random.key(5), 2.0
+    labels = voting.mpc_vote(key, _one_hot_ballots, agents, queries, sigma, num_classes=C)
+    ballots = np.asarray(_one_hot_ballots(agents, queries))              # [N, Q, C]
+    std = sigma / math.sqrt(N)
+    ref = []
+    for t in range(Q):                                                   # reference loop
+        tally = np.zeros(C)
+        for i in range(N):
+            k = jax.random.fold_in(jax.random.fold_in(key, i), t)
+            tally += ballots[i, t] + std * np.asarray(jax.random.normal(k, (C,)))
+        ref.append(int(np.argmax(tally)))
+    np.testing.assert_array_equal(np.asarray(labels), ref)
+    assert labels.dtype == jnp.int32 and labels.shape == (Q,)
+
+
+_TALLY = jax.jit(voting._tally, static_argnames=("ballot_fn", "num_classes", "agent_chunk",
+                                                 "query_chunk", "noisy"))
+
+
+@pytest.fixture(scope="module")
+def plain_tally(setup):
+    agents, queries = setup
+    return np.asarray(_TALLY(jax.random.key(9), agents, queries, 1.5, ballot_fn=_one_hot_ballots,
+                             num_classes=C, agent_chunk=None, query_chunk=None, noisy=True))
+
+
+@pytest.mark.parametrize("agent_chunk,query_chunk", [(1, None), (3, 4), (100, 100)])
+def test_chunked_equals_plain(setup, plain_tally, agent_chunk, query_chunk):
+    """Chunks of agents x queries (also ragged last chunks, and chunks larger than N, Q)."""
+    agents, queries = setup
+    chunked = _TALLY(jax.random.key(9), agents, queries, 1.5, ballot_fn=_one_hot_ballots,
+                     num_classes=C, agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=True)
+    np.testing.assert_allclose(chunked, plain_tally, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(
+        voting.mpc_vote(jax.random.key(9), _one_hot_ballots, agents, queries, 1.5,
+                        num_classes=C, agent_chunk=agent_chunk, query_chunk=query_chunk),
+        plain_tally.argmax(-1))
+    np.testing.assert_allclose(
+        voting.vote_sums(_one_hot_ballots, agents, queries, num_classes=C,
+                         agent_chunk=agent_chunk, query_chunk=query_chunk),
+        np.asarray(_one_hot_ballots(agents, queries)).sum(0), atol=1e-6)
+
+
+def test_noise_is_independent_across_agents_and_queries_with_the_right_scale():
+    n, q, c, sigma = 64, 48, 10, 3.0
+    draw = jax.jit(voting.agent_query_noise, static_argnames="num_classes")
+    noise = np.asarray(draw(jax.random.key(1), jnp.arange(n), jnp.arange(q),
+                            sigma / math.sqrt(n), num_classes=c))              # [n, q, c]
+    m = q * c
+    assert noise.std() == pytest.approx(sigma / math.sqrt(n), rel=0.05)
+    per_agent = noise.reshape(n, m)
+    corr = np.corrcoef(per_agent)
+    off = corr[~np.eye(n, dtype=bool)]
+    assert np.abs(off).max() < 5 / math.sqrt(m)           # no two agents correlated beyond chance
+    per_query = noise.transpose(1, 0, 2).reshape(q, n * c)
+    corr_q = np.corrcoef(per_query)
+    assert np.abs(corr_q[~np.eye(q, dtype=bool)]).max() < 5 / math.sqrt(n * c)
+    assert len({row.tobytes() for row in noise.reshape(n * q, c)}) == n * q   # no repeated draw
+    # the secure sum carries N(0, sigma^2): tally minus the clean sum over many queries
+    total = noise.sum(0).ravel()
+    assert total.std() == pytest.approx(sigma, rel=0.1)
+    # a different key gives different noise; the same key the same noise
+    again = draw(jax.random.key(1), jnp.arange(n), jnp.arange(q), sigma / math.sqrt(n),
+                 num_classes=c)
+    other = draw(jax.random.key(2), jnp.arange(n), jnp.arange(q), sigma / math.sqrt(n),
+                 num_classes=c)
+    np.testing.assert_array_equal(noise, again)
+    assert abs(np.corrcoef(noise.ravel(), np.asarray(other).ravel())[0, 1]) < 0.02
+
+
+def test_released_vote_is_only_the_argmax_and_strong_consensus_survives_noise(setup):
+    agents, queries = setup
+    out = voting.mpc_vote(jax.random.key(3), _one_hot_ballots, agents, queries, 1e-3,
+                          num_classes=C)
+    clean = voting.vote_sums(_one_hot_ballots, agents, queries, num_classes=C)
+    assert out.shape == (Q,)                              # labels, nothing else
+    # tiny noise: the released label is the clean winner wherever the winner is unique
+    unique = (np.sort(clean, 1)[:, -1] - np.sort(clean, 1)[:, -2]) > 0
+    np.testing.assert_array_equal(np.asarray(out)[unique], clean.argmax(1)[unique])
+
+
+def test_vote_argument_errors(setup):
+    agents, queries = setup
+    for kwargs, match in [({"sigma": -1.0}, "sigma"), ({"sigma": 0.0}, "sigma"),
+                          ({"sigma": float("nan")}, "sigma"), ({"agent_chunk": 0}, "agent_chunk"),
+                          ({"query_chunk": -2}, "query_chunk")]:
+        args = {"sigma": 1.0, **kwargs}
+        sigma = args.pop("sigma")
+        with pytest.raises(ValueError, match=match):
+            voting.mpc_vote(jax.random.key(0), _one_hot_ballots, agents, queries, sigma,
+                            num_classes=C, **args)
+
+
+def test_sensitivity_table():
+    assert voting.vote_sensitivity("agent", "ae") == 1.0
+    assert voting.vote_sensitivity("agent", "knn", 5) == 1.0
+    assert voting.vote_sensitivity("instance", "ae") == pytest.approx(math.sqrt(2))
+    assert voting.vote_sensitivity("instance", "knn", 5) == pytest.approx(math.sqrt(2) / 5)
+    assert voting.vote_sensitivity("instance", "knn", 5, rule="paper") == pytest.approx(
+        math.sqrt(2 / 5))
+    with pytest.raises(ValueError, match="k"):
+        voting.vote_sensitivity("instance", "knn")
+    with pytest.raises(ValueError, match="unit"):
+        voting.vote_sensitivity("party", "ae")
+
+
+@pytest.mark.parametrize("sigma,q,sens", [(25.0, 500, 1.0), (10.0, 100, math.sqrt(2)),
+                                          (3.0, 200, math.sqrt(2) / 4)])
+def test_ledger_matches_dp_accounting_directly(sigma, q, sens):
+    delta = 1e-4
+    ledger = voting.vote_ledger(sigma, q, {"agent": sens})
+    event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma / sens), q)
+    rdp = dp_accounting.rdp.RdpAccountant(list(accounting.DEFAULT_RDP_ORDERS))
+    rdp.compose(event)
+    pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    pld.compose(event)
+    assert ledger.epsilon("agent", delta, "rdp") == pytest.approx(rdp.get_epsilon(delta),
+                                                                   rel=1e-9)
+    assert ledger.epsilon("agent", delta, "pld") == pytest.approx(pld.get_epsilon(delta),
+                                                                   rel=1e-6)
+    # closed form check: RDP q alpha Delta^2 / (2 sigma^2)
+    np.testing.assert_allclose(accounting.event_rdp(ledger.event("agent"), [2.0, 8.0]),
+                               [q * a * sens ** 2 / (2 * sigma ** 2) for a in (2.0, 8.0)])
+
+
+def test_paper_check_value_and_data_dependent_entry():
+    ledger = voting.vote_ledger(25.0, 500, {"agent": 1.0})
+    assert ledger.epsilon("agent", 1e-3) == pytest.approx(3.09, abs=0.01)
+    votes = np.tile([80.0, 10, 5, 5], (50, 1))
+    ledger = voting.vote_ledger(4.0, 50, {"agent": 1.0, "instance": math.sqrt(2)},
+                                clean_vote_sums=votes)
+    rows = {(r["unit"], r["accountant"]): r for r in ledger.report(1e-5)}
+    assert rows[("agent", "rdp")]["data_dependent"] is False
+    dd = rows[("agent_data_dependent", "rdp")]
+    assert dd["data_dependent"] is True and ("agent_data_dependent", "pld") not in rows
+    assert dd["epsilon"] == pytest.approx(gnmax_epsilon(votes, 4.0, 1e-5, 1.0)[0], rel=1e-9)
+    assert dd["events"][-1]["orders"] == PATE_ORDERS.tolist()
+    assert rows[("instance_data_dependent", "rdp")]["epsilon"] == pytest.approx(
+        gnmax_epsilon(votes, 4.0, 1e-5, math.sqrt(2))[0], rel=1e-9)
+    assert dd["epsilon"] < rows[("agent", "rdp")]["epsilon"]
+
+
+def test_cli_account_gaussian_vote(capsys):
+    code = cli.main(["account", "gaussian-vote", "--sigma", "25", "--queries", "500",
+                     "--delta", "1e-3", "--unit", "agent"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["epsilon"]["rdp"] == pytest.approx(3.09, abs=0.01)
+    assert 0 < out["epsilon"]["pld"] < out["epsilon"]["rdp"]
+    assert out["event"]["class_name"] == "SelfComposedDpEvent" and out["event"]["count"] == 500
+    code = cli.main(["account", "gaussian-vote", "--sigma", "10", "--queries", "100",
+                     "--delta", "1e-5", "--unit", "instance", "--algorithm", "knn", "--k", "4",
+                     "--accountant", "rdp"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["sensitivity"] == pytest.approx(math.sqrt(2) / 4)
+    assert out["epsilon"]["rdp"] == pytest.approx(accounting.epsilon(
+        dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(10 * 4 / math.sqrt(2)),
+                                          100), 1e-5), rel=1e-9)
+    code = cli.main(["account", "gaussian-vote", "--sigma", "10", "--queries", "100",
+                     "--delta", "1e-5", "--unit", "instance", "--algorithm", "knn"])
+    assert code == 2 and "--k" in capsys.readouterr().err

@@ -1,0 +1,167 @@
+"""Benchmark: kNN-DPFL voting (distances, per-agent top-k, noise, secure sum, argmax) at scale.
+
+    python tools/bench_knn_vote.py --out results/bench/knn_vote.json
+
+Default workload (issue 3): N = 1000 agents x n = 600 local points x Q = 1000 queries x d = 64
+features, C = 10 classes, k = 30 (the paper's 5% of the local size), and the same with
+N = 10,000 in chunks of agents. Every configuration runs in a FRESH subprocess, and before each
+timed function the peak-RSS mark is reset (``/proc/self/clear_refs``), so its working memory is
+``VmHWM`` (peak RSS over its compile and run) minus the RSS just before it; generating the agents'
+data (which itself grows with N: 0.15 GB at N = 1000, 1.5 GB at N = 10,000) is not counted. The
+process-wide ``ru_maxrss`` is reported too.
+
+Per configuration: the compiled function is built ahead of time (``jit(...).lower().compile()``,
+compile time reported separately) and then timed on ONE call (the N = 10,000 vote takes minutes
+on a 2-core CPU). Three functions are timed:
+
+* ``distances``: the chunked distance GEMMs alone (``||b||^2 - 2 a.b``, reduced with a min so
+  nothing is dead code): the ceiling of this approach;
+* ``clean``: the noise-free kNN vote sums (distances + top-k + label counts);
+* ``vote``: the full MPC vote (``voting.mpc_vote``: + every agent's noise per query, secure sum,
+  argmax).
+
+Achieved GFLOP/s counts the distance GEMM only, ``2 Q d N n`` FLOPs, and is compared with a large
+float32 matmul measured in the same run (``bench_common.matmul_gflops``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import environment, matmul_gflops, write_json  # noqa: E402
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def _peak_mb() -> float:
+    """Peak RSS since the last :func:`_reset_peak` (VmHWM), else the process's ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0                   # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0     # KiB on Linux
+
+
+def _reset_peak() -> bool:
+    """Reset the peak-RSS high-water mark (Linux ``clear_refs`` 5); False if not permitted."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def child(args) -> dict:
+    """One configuration, in this (fresh) process."""
+    import jax
+    import jax.numpy as jnp
+
+    from fedjax_dp.algorithms import knn_dpfl, voting
+
+    n_agents, n, q, d, c, k = args.agents, args.local_size, args.queries, args.features, 10, args.k
+    chunk = args.agent_chunk or None
+    kx, ky, kq = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(kx, (n_agents, n, d), jnp.float32)                # [N, n, d]
+    y = jax.random.randint(ky, (n_agents, n), 0, c)
+    mask = jnp.ones((n_agents, n), bool)
+    queries = jax.random.normal(kq, (q, d), jnp.float32)
+    jax.block_until_ready((x, y, mask, queries))
+    rss_data = _rss_mb()
+    agents = (x, y, mask)
+    fn = knn_dpfl.ballot_fn(k, c)
+
+    def dist_only(ag, qs):                     # the GEMM part of knn_ballots, kept alive by a min
+        xa, _, m = ag
+        a = xa.shape[0]
+        flat = xa.reshape(a * n, d)
+        dist = jnp.where(m.reshape(1, -1), jnp.sum(flat * flat, -1)[None] - 2.0 * qs @ flat.T,
+                         jnp.inf)
+        return jnp.broadcast_to(jnp.min(dist.reshape(q, a, n), -1).T[..., None], (a, q, c))
+
+    def plan(name):
+        if name == "vote":
+            return jax.jit(lambda key, ag, qs: voting._release(
+                key, ag, qs, jnp.float32(1.0), ballot_fn=fn, num_classes=c, agent_chunk=chunk,
+                query_chunk=None))
+        f = fn if name == "clean" else dist_only
+        return jax.jit(lambda key, ag, qs: voting._tally(
+            key, ag, qs, 0.0, ballot_fn=f, num_classes=c, agent_chunk=chunk, query_chunk=None,
+            noisy=False))
+
+    out = {"agents": n_agents, "local_size": n, "queries": q, "features": d, "k": k,
+           "classes": c, "agent_chunk": chunk, "data_mb": x.nbytes / 2 ** 20 * (1 + 2 / d),
+           "rss_after_data_mb": rss_data}
+    gemm_flops = 2.0 * q * d * n_agents * n
+    for name in args.what.split(","):
+        before = _rss_mb()
+        reset = _reset_peak()
+        t0 = time.perf_counter()
+        compiled = plan(name).lower(jax.random.key(1), agents, queries).compile()
+        compile_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(jax.random.key(1), agents, queries))
+        wall = time.perf_counter() - t0
+        peak = _peak_mb()
+        out[name] = {"wall_s": wall, "compile_s": compile_s,
+                     "gemm_gflops": gemm_flops / wall / 1e9, "peak_rss_mb": peak,
+                     "working_mb": peak - before, "peak_reset": reset}
+        del compiled
+    out["process_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--agents", type=int, default=1000)
+    ap.add_argument("--local-size", type=int, default=600)
+    ap.add_argument("--queries", type=int, default=1000)
+    ap.add_argument("--features", type=int, default=64)
+    ap.add_argument("--k", type=int, default=30)
+    ap.add_argument("--agent-chunk", type=int, default=0, help="0: no chunking")
+    ap.add_argument("--what", default="distances,clean,vote")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--configs", default="1000:0,1000:50,10000:50",
+                    help="comma-separated AGENTS:AGENT_CHUNK runs (each in a fresh process)")
+    ap.add_argument("--out", default="results/bench/knn_vote.json")
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)))
+        return {}
+
+    mm = matmul_gflops()
+    print(f"float32 matmul 2048^3: {mm:.1f} GFLOP/s", flush=True)
+    runs = []
+    for spec in args.configs.split(","):
+        agents, chunk = (int(v) for v in spec.split(":"))
+        cmd = [sys.executable, __file__, "--child", "--agents", str(agents),
+               "--agent-chunk", str(chunk), "--local-size", str(args.local_size),
+               "--queries", str(args.queries), "--features", str(args.features),
+               "--k", str(args.k), "--what", args.what]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        rec = json.loads(proc.stdout.strip().splitlines()[-1])
+        for name in args.what.split(","):
+            rec[name]["fraction_of_matmul"] = rec[name]["gemm_gflops"] / mm
+        runs.append(rec)
+        print(json.dumps(rec), flush=True)
+    record = {"benchmark": "knn_vote", "matmul_gflops": mm, "runs": runs,
+              "environment": environment(), "command": " ".join(sys.argv)}
+    write_json(args.out, record)
+    return record
+
+
+if __name__ == "__main__":
+    main()
