@@ -345,7 +345,26 @@ def test_account_function_and_votes_file(tmp_path):
     v, z = fedkt.load_votes(tmp_path / "v.npz")
     assert z == 1 and v.shape == (1000, 2)
     with pytest.raises(ValueError, match="npz or .json"):
-        fedkt.load_votes(tmp_path / "v.npz.txt" if False else __file__)
+        fedkt.load_votes(__file__)
+    with pytest.raises(ValueError, match="does not exist"):
+        fedkt.load_votes(tmp_path / "missing.json")
+
+
+def test_cli_account_fedkt(tmp_path, capsys):
+    import json
+    from fedjax_dp.experiments import cli
+    path = tmp_path / "votes.json"
+    path.write_text(json.dumps({"votes": [[18, 2]] * 1000, "z": 1}))
+    assert cli.main(["account", "fedkt", "--votes", str(path), "--gamma", "0.05", "--delta",
+                     "1e-5", "--level", "L1", "--s", "2", "--accountant", "rdp"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["z"] == 1 and out["noisy_queries_per_unit"] == 1000
+    assert out["units"]["example"]["moments_epsilon"] == pytest.approx(20.7565, abs=1e-3)
+    assert out["units"]["party"]["moments_epsilon"] == pytest.approx(51.5129, abs=1e-3)
+    assert out["units"]["party"]["data_independent"]["rdp"] > 0
+    assert cli.main(["account", "fedkt", "--votes", str(path), "--gamma", "-1", "--delta",
+                     "1e-5", "--level", "L1"]) == 2
+    assert "gamma" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- learners

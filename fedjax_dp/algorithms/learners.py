@@ -60,7 +60,7 @@ class JaxLearner:
 
     def init(self, key: jax.Array, num: int):
         """``num`` independent initialisations, stacked ``[num, ...]``."""
-        return jax.vmap(self.model.init)(jax.random.split(key, num))
+        return _init_fn(self.model)(jax.random.split(key, num))
 
     def fit(self, key: jax.Array, data: StackedData):
         """Model a trains on agent a's records of ``data``; returns stacked params ``[A, ...]``."""
@@ -94,6 +94,13 @@ class JaxLearner:
 
     def take(self, params, index: int):
         return jax.tree.map(lambda l: l[index:index + 1], params)
+
+
+@functools.lru_cache(maxsize=32)
+def _init_fn(model: Model):
+    """``keys [A] -> stacked params [A, ...]``, compiled once per model (flax init op by op
+    under a bare vmap compiles dozens of tiny programs)."""
+    return jax.jit(jax.vmap(model.init))
 
 
 @functools.lru_cache(maxsize=32)
