@@ -6,6 +6,9 @@ table and a PNG plot:
 1. **Agent level** (add/remove one agent), mnist5k non-IID (50 agents, 6 of the 10 digits each,
    60 records each): AE-DPFL vs DP-FedAvg.
 2. **Instance level** (add/remove one record of one agent), same data: kNN-DPFL vs DP-FedSGD.
+   Both voting methods are also evaluated with the semi-supervised student
+   (``student_semi_supervised``: self-training on the rest of the public data, no privacy cost)
+   as methods "AE-DPFL+SSL" / "kNN-DPFL+SSL": same votes, same epsilon, another student.
 3. **Large N**: AE-DPFL on ``synthetic`` data with N = 100 ... 100,000 agents (10 records each,
    logistic regression), at fixed agent-level epsilon: accuracy as N grows.
 
@@ -24,6 +27,7 @@ compare.
 
     .venv/bin/python tools/exp_voting_dpfl.py                 # full run (~20 min on 2 CPU cores)
     .venv/bin/python tools/exp_voting_dpfl.py --quick --out /tmp/v   # smoke run
+    .venv/bin/python tools/exp_voting_dpfl.py --parts agent instance --name results_ssl
 """
 from __future__ import annotations
 
@@ -47,6 +51,7 @@ if str(ROOT) not in sys.path:
 
 from fedjax_dp import data as data_lib  # noqa: E402
 from fedjax_dp.algorithms import ae_dpfl, dp_fedavg, dp_fedsgd, knn_dpfl, voting  # noqa: E402
+from fedjax_dp.algorithms import student as student_lib  # noqa: E402
 from fedjax_dp.core import from_partition, rng  # noqa: E402
 from fedjax_dp.models import make_model  # noqa: E402
 from fedjax_dp.privacy import accounting, calibration  # noqa: E402
@@ -67,6 +72,10 @@ class Grids:
     ae_queries: tuple[int, ...] = (25, 50, 100, 200, 500)
     ae_local_steps: int = 200
     student_steps: int = 500
+    # semi-supervised student of both voting methods ("+SSL" rows; one fixed setting, not tuned)
+    ssl: bool = True
+    ssl_rounds: int = 2
+    ssl_confidence: float = 0.8
     # DP-FedAvg: (model, rounds); every agent every round, 10 local steps, S = 1
     fedavg_points: tuple[tuple[str, int], ...] = (("mlp", 5), ("mlp", 10), ("logistic", 3),
                                                   ("logistic", 5), ("logistic", 10),
@@ -145,6 +154,18 @@ class TrainedAgents:
                                         x_public[qidx], labels, config.student)
         return student, qidx, labels, clean
 
+    def ssl_student(self, config: ae_dpfl.Config, x_public, qidx, labels):
+        """The semi-supervised student on the same votes (== ``ae_dpfl.run`` with ``config``)."""
+        return student_lib.train_student(rng.stream(self.key, "student"), self.model, x_public,
+                                         qidx, labels, config.student, config.semi_supervised)
+
+
+def ssl_config(cfg, grids: Grids):
+    """``cfg`` with the semi-supervised student switched on (votes and ledger unchanged)."""
+    return dataclasses.replace(cfg, student_semi_supervised=True,
+                               student_self_training_rounds=grids.ssl_rounds,
+                               student_confidence=grids.ssl_confidence)
+
 
 def _voting_eps(ledger, unit: str, delta: float) -> tuple[float, float]:
     """(data-independent eps, data-dependent eps) of a voting ledger for ``unit``."""
@@ -178,6 +199,20 @@ def run_ae_dpfl(rows, ds, agents, grids: Grids, delta: float, seed: int, check: 
                     test_accuracy=accuracy(model, student, ds.x_test, ds.y_test),
                     wall_s=time.perf_counter() - start + trained.train_s / len(grids.targets)
                     / len(grids.ae_queries))
+            if grids.ssl:   # same votes and ledger, semi-supervised student
+                t0 = time.perf_counter()
+                scfg = ssl_config(cfg, grids)
+                if check:
+                    full = ae_dpfl.run(key, agents, model, scfg, ds.x_public)
+                    np.testing.assert_array_equal(full.labels, labels)
+                sstudent = trained.ssl_student(scfg, ds.x_public, qidx, labels)
+                _record(rows, level="agent", method="AE-DPFL+SSL",
+                        num_agents=agents.num_agents, target=target, num_queries=q,
+                        sigma=sigma, epsilon=eps, epsilon_data_dependent=eps_dd,
+                        label_accuracy=float(np.mean(labels == ds.y_public[qidx])),
+                        ssl_rounds=grids.ssl_rounds, ssl_confidence=grids.ssl_confidence,
+                        test_accuracy=accuracy(model, sstudent, ds.x_test, ds.y_test),
+                        wall_s=time.perf_counter() - t0)
 
 
 def run_dp_fedavg(rows, ds, agents, grids: Grids, delta: float, seed: int):
@@ -227,6 +262,22 @@ def run_knn_dpfl(rows, ds, agents, grids: Grids, delta: float, seed: int):
                                                      == ds.y_public[result.query_indices])),
                         test_accuracy=accuracy(model, result.params, ds.x_test, ds.y_test),
                         wall_s=time.perf_counter() - start)
+                if grids.ssl:   # same votes and ledger, semi-supervised student
+                    t0 = time.perf_counter()
+                    scfg = ssl_config(cfg, grids)
+                    sstudent = student_lib.train_student(
+                        rng.stream(rng.stream(seed, "knn_dpfl"), "student"), model, ds.x_public,
+                        result.query_indices, result.labels, scfg.student, scfg.semi_supervised)
+                    _record(rows, level="instance", method="kNN-DPFL+SSL",
+                            num_agents=agents.num_agents, target=target, k=k,
+                            num_queries=q, sigma=sigma, epsilon=eps,
+                            epsilon_data_dependent=eps_dd,
+                            agent_epsilon=ledger.epsilon("agent", delta),
+                            label_accuracy=float(np.mean(result.labels
+                                                         == ds.y_public[result.query_indices])),
+                            ssl_rounds=grids.ssl_rounds, ssl_confidence=grids.ssl_confidence,
+                            test_accuracy=accuracy(model, sstudent, ds.x_test, ds.y_test),
+                            wall_s=time.perf_counter() - t0)
 
 
 def run_dp_fedsgd(rows, ds, agents, grids: Grids, delta: float, seed: int):
@@ -291,6 +342,7 @@ def run_large_n(rows, grids: Grids, delta: float, seed: int):
 # --------------------------------------------------------------------------- summary
 
 PAIRS = {"agent": ("AE-DPFL", "DP-FedAvg"), "instance": ("kNN-DPFL", "DP-FedSGD")}
+SSL = {"agent": "AE-DPFL+SSL", "instance": "kNN-DPFL+SSL"}   # semi-supervised student rows
 
 
 def best_per_target(rows: list[dict]) -> list[dict]:
@@ -301,7 +353,7 @@ def best_per_target(rows: list[dict]) -> list[dict]:
         for n in sorted({r["num_agents"] for r in mine}):
             for target in sorted({r["target"] for r in mine if r["num_agents"] == n}):
                 entry = {"level": level, "num_agents": n, "target": target}
-                for method in methods:
+                for method in methods + (SSL[level],):
                     cands = [r for r in mine if r["method"] == method and r["num_agents"] == n
                              and r["target"] == target and r["epsilon"] <= target * (1 + 1e-6)]
                     if cands:
@@ -309,6 +361,9 @@ def best_per_target(rows: list[dict]) -> list[dict]:
                 if all(m in entry for m in methods):
                     a, b = (entry[m]["test_accuracy"] for m in methods)
                     entry["voting_wins"] = bool(a > b)
+                if SSL[level] in entry and methods[1] in entry:
+                    entry["ssl_wins"] = bool(entry[SSL[level]]["test_accuracy"]
+                                             > entry[methods[1]]["test_accuracy"])
                 out.append(entry)
     return out
 
@@ -327,9 +382,11 @@ def markdown(rows: list[dict], best: list[dict], meta: dict) -> str:
              "(label_shards: every agent holds 6 of the 10 digits; 3000 training images split "
              "over N agents); best test accuracy over each method's grid with epsilon <= target; "
              f"total wall time {meta['wall_time_s']:.0f} s on {meta['machine']}.", ""]
+    ssl = any("ssl_wins" in e for e in best)
     lines += ["| level | N | target eps | voting: test acc (eps; data-dep. eps) [setting] | "
-              "baseline: test acc (eps) [setting] | voting better |",
-              "|---|---|---|---|---|---|"]
+              "baseline: test acc (eps) [setting] | voting better |"
+              + (" voting+SSL: test acc [setting] | voting+SSL better |" if ssl else ""),
+              "|---|---|---|---|---|---|" + ("---|---|" if ssl else "")]
     for e in best:
         v, g = PAIRS[e["level"]]
         cell_v = (f"**{v}** {e[v]['test_accuracy']:.3f} ({e[v]['epsilon']:.2f}; "
@@ -337,8 +394,14 @@ def markdown(rows: list[dict], best: list[dict], meta: dict) -> str:
         cell_g = (f"**{g}** {e[g]['test_accuracy']:.3f} ({e[g]['epsilon']:.2f}) "
                   f"[{_settings(e[g])}]" if g in e else "-")
         wins = {True: "yes", False: "**no**"}.get(e.get("voting_wins"), "-")
-        lines.append(f"| {e['level']} | {e['num_agents']} | {e['target']:g} | {cell_v} | "
-                     f"{cell_g} | {wins} |")
+        line = (f"| {e['level']} | {e['num_agents']} | {e['target']:g} | {cell_v} | "
+                f"{cell_g} | {wins} |")
+        if ssl:
+            s = SSL[e["level"]]
+            cell_s = (f"**{s}** {e[s]['test_accuracy']:.3f} [{_settings(e[s])}]"
+                      if s in e else "-")
+            line += f" {cell_s} | {({True: 'yes', False: '**no**'}.get(e.get('ssl_wins'), '-'))} |"
+        lines.append(line)
     large = [r for r in rows if r["level"] == "agent_large_n"]
     if large:
         lines += ["", "Large N: AE-DPFL at fixed agent-level epsilon on `synthetic` (20-d, "
@@ -352,7 +415,13 @@ def markdown(rows: list[dict], best: list[dict], meta: dict) -> str:
                          f"{r['epsilon_data_dependent']:.2f} | {r['sigma']:.1f} | "
                          f"{r['label_accuracy']:.3f} | {r['test_accuracy']:.3f} | "
                          f"{r['train_s']:.1f} | {r['wall_s']:.1f} |")
-    lines += ["", "All grid points: `results.json` (`rows`); plot: `accuracy_vs_epsilon.png`."]
+    if ssl:
+        lines += ["", "+SSL: the same votes (same epsilon) with the semi-supervised student "
+                  f"(self-training, {meta['grids']['ssl_rounds']} rounds, confidence "
+                  f">= {meta['grids']['ssl_confidence']:g}, on the rest of the public data; "
+                  "one fixed setting, not tuned)."]
+    lines += ["", f"All grid points: `{meta.get('name', 'results')}.json` (`rows`); plot: "
+              f"`{meta.get('plot', 'accuracy_vs_epsilon.png')}`."]
     return "\n".join(lines) + "\n"
 
 
@@ -367,11 +436,14 @@ def plot(rows: list[dict], best: list[dict], path: Path) -> None:
         return
     fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.4), squeeze=False)
     axes = list(axes[0])
-    colors = {"AE-DPFL": "C0", "DP-FedAvg": "C3", "kNN-DPFL": "C2", "DP-FedSGD": "C1"}
+    colors = {"AE-DPFL": "C0", "DP-FedAvg": "C3", "kNN-DPFL": "C2", "DP-FedSGD": "C1",
+              "AE-DPFL+SSL": "C9", "kNN-DPFL+SSL": "C8"}
     styles = ["-", "--", ":", "-."]
     for ax, (level, methods) in zip(axes, levels):
         counts = sorted({r["num_agents"] for r in rows if r["level"] == level})
-        for method in methods:
+        for method in methods + (SSL[level],):
+            if not any(r["method"] == method for r in rows):
+                continue
             for n, style in zip(counts, styles):
                 pts = [r for r in rows if r["level"] == level and r["method"] == method
                        and r["num_agents"] == n]
@@ -429,8 +501,15 @@ def main(argv=None) -> dict:
                         choices=["agent", "instance", "large_n"])
     parser.add_argument("--agents", type=int, nargs="+", default=None,
                         help="numbers of mnist5k agents (default: the grid's, 50 and 100)")
+    parser.add_argument("--name", default="results",
+                        help="output file stem: NAME.json, NAME.md (and a plot; 'results' "
+                             "writes accuracy_vs_epsilon.png, else NAME_accuracy_vs_epsilon.png)")
+    parser.add_argument("--no-ssl", action="store_true",
+                        help="skip the semi-supervised-student (+SSL) rows")
     args = parser.parse_args(argv)
     grids = QUICK_GRIDS if args.quick else GRIDS
+    if args.no_ssl:
+        grids = dataclasses.replace(grids, ssl=False)
     if args.agents:
         grids = dataclasses.replace(grids, agent_counts=tuple(args.agents))
     out = Path(args.out)
@@ -454,12 +533,14 @@ def main(argv=None) -> dict:
             "grids": dataclasses.asdict(grids), "wall_time_s": time.perf_counter() - start,
             "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, "
                        f"JAX backend {jax.default_backend()}",
-            "jax": jax.__version__}
+            "jax": jax.__version__, "name": args.name,
+            "plot": ("accuracy_vs_epsilon.png" if args.name == "results"
+                     else f"{args.name}_accuracy_vs_epsilon.png")}
     record = {"meta": meta, "best": best, "rows": rows}
-    (out / "results.json").write_text(json.dumps(record, indent=2))
-    (out / "results.md").write_text(markdown(rows, best, meta))
-    plot(rows, best, out / "accuracy_vs_epsilon.png")
-    print((out / "results.md").read_text())
+    (out / f"{args.name}.json").write_text(json.dumps(record, indent=2))
+    (out / f"{args.name}.md").write_text(markdown(rows, best, meta))
+    plot(rows, best, out / meta["plot"])
+    print((out / f"{args.name}.md").read_text())
     return record
 
 

@@ -9,7 +9,10 @@
    compiled computation: under ``vmap`` over agents with shared queries, every agent's first
    layer is ``einsum('qd,ndh->nqh')``, i.e. one GEMM ``[Q, d] x [d, N h]``.
 4. The server trains the global ("student") model on ``(x_t, y_t)``, t = 1..Q (supervised, the
-   paper's choice) -- post-processing of the released labels.
+   paper's choice) -- post-processing of the released labels. Optional
+   (``student_semi_supervised = true``): self-training on the rest of D_G with the student's
+   confident pseudo-labels (:mod:`fedjax_dp.algorithms.student`); also post-processing of the
+   released labels and the server's own public data, so the privacy ledger is unchanged.
 
 Privacy (Theorem 5). Gaussian mechanism on the vote sum, noise std ``sigma``, Q queries composed:
 
@@ -36,8 +39,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.algorithms import student as student_lib
 from fedjax_dp.algorithms import voting
-from fedjax_dp.core import StackedData, from_ragged, rng, validation
+from fedjax_dp.core import StackedData, rng, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
 from fedjax_dp.train import LocalTrainConfig, check_trainable, train_agents
@@ -55,6 +59,10 @@ class Config:
     student_batch_size: int = 32
     student_learning_rate: float = 0.1
     student_optimizer: str = "sgd"
+    # semi-supervised student (self-training on the rest of the public data; no privacy cost)
+    student_semi_supervised: bool = False   # False: supervised on the Q queries (paper)
+    student_self_training_rounds: int = 2   # pseudo-labelling rounds after the supervised one
+    student_confidence: float = 0.8         # keep a pseudo-label if max softmax >= this
     agent_chunk: int | None = None      # agents per chunk in the vote (None: all at once)
     query_chunk: int | None = None      # queries per chunk in the vote (None: all at once)
     data_dependent: bool = True         # also report the GNMax data-dependent epsilon
@@ -75,6 +83,14 @@ class Config:
         if not isinstance(self.local, LocalTrainConfig):
             raise ValueError("local must be a LocalTrainConfig")
         self.student  # validates the student_* fields
+        self.semi_supervised
+
+    @property
+    def semi_supervised(self) -> student_lib.SelfTraining | None:
+        """The student's self-training settings (None: plain supervised, the default)."""
+        return student_lib.from_config(self.student_semi_supervised,
+                                       self.student_self_training_rounds,
+                                       self.student_confidence)
 
     @property
     def student(self) -> LocalTrainConfig:
@@ -123,11 +139,12 @@ def select_queries(key: jax.Array, num_public: int, num_queries: int) -> np.ndar
 
 def train_student(key: jax.Array, model: Model, x: np.ndarray, labels: np.ndarray,
                   config: LocalTrainConfig) -> Params:
-    """Train the global model on the pseudo-labelled queries (a one-agent ``train_agents``)."""
-    k_init, k_train = jax.random.split(key)
-    data = from_ragged([np.asarray(x)], [np.asarray(labels, dtype=np.int32)])
-    params, _ = train_agents(k_train, model.init(k_init), data, model, config, chunk_size=None)
-    return jax.tree.map(lambda l: l[0], params)
+    """Train the global model on the pseudo-labelled queries (a one-agent ``train_agents``).
+
+    Supervised only; the semi-supervised student is
+    :func:`fedjax_dp.algorithms.student.train_student`.
+    """
+    return student_lib.train_supervised(key, model, x, labels, config)
 
 
 def check_run_args(agents: StackedData, model: Model, x_public) -> np.ndarray:
@@ -174,8 +191,8 @@ def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_pub
         clean = voting.vote_sums(fn, agent_params, queries, num_classes=model.num_classes,
                                  agent_chunk=config.agent_chunk, query_chunk=config.query_chunk)
     labels = np.asarray(labels)
-    student = train_student(rng.stream(key, "student"), model, x_public[qidx], labels,
-                            config.student)
+    student = student_lib.train_student(rng.stream(key, "student"), model, x_public, qidx,
+                                        labels, config.student, config.semi_supervised)
     return Result(params=student, agent_params=agent_params, query_indices=qidx, labels=labels,
                   clean_vote_sums=clean, agent_losses=np.asarray(losses),
                   wall_time_s=time.perf_counter() - start)

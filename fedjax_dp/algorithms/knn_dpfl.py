@@ -7,7 +7,9 @@
    phi(D_i) (Euclidean; padded rows are never chosen) and votes
    ``b_i(x_t) = (1/k) sum_{j in kNN_i(x_t)} onehot(y_j)``.
 3. Noise, secure sum and release of the argmax only, as in AE-DPFL
-   (:func:`fedjax_dp.algorithms.voting.mpc_vote`); the student is trained on the Q released labels.
+   (:func:`fedjax_dp.algorithms.voting.mpc_vote`); the student is trained on the Q released labels
+   (optionally self-trained on the rest of the public data, ``student_semi_supervised = true``:
+   :mod:`fedjax_dp.algorithms.student`, post-processing, no privacy cost).
 
 Distances: ``||a - b||^2 = ||a||^2 - 2 a.b + ||b||^2``. The queries are shared by all agents, so
 ``a.b`` for one chunk of agents is ONE GEMM ``[q, d] x [d, a n]``; ``||a||^2`` is constant per query
@@ -45,8 +47,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.algorithms import student as student_lib
 from fedjax_dp.algorithms import voting
-from fedjax_dp.algorithms.ae_dpfl import check_run_args, select_queries, train_student
+from fedjax_dp.algorithms.ae_dpfl import check_run_args, select_queries
 from fedjax_dp.core import StackedData, rng, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
@@ -70,6 +73,10 @@ class Config:
     student_batch_size: int = 32
     student_learning_rate: float = 0.1
     student_optimizer: str = "sgd"
+    # semi-supervised student (self-training on the rest of the public data; no privacy cost)
+    student_semi_supervised: bool = False   # False: supervised on the Q queries (paper)
+    student_self_training_rounds: int = 2
+    student_confidence: float = 0.8
     agent_chunk: int | None = None       # agents per chunk of the distance GEMM (None: all)
     query_chunk: int | None = None
     data_dependent: bool = True
@@ -92,6 +99,14 @@ class Config:
             raise ValueError(f"algorithm.data_dependent must be true or false, "
                              f"got {self.data_dependent!r}")
         self.student
+        self.semi_supervised
+
+    @property
+    def semi_supervised(self) -> student_lib.SelfTraining | None:
+        """The student's self-training settings (None: plain supervised, the default)."""
+        return student_lib.from_config(self.student_semi_supervised,
+                                       self.student_self_training_rounds,
+                                       self.student_confidence)
 
     @property
     def student(self) -> LocalTrainConfig:
@@ -246,8 +261,8 @@ def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_pub
     if config.data_dependent:
         clean = voting.vote_sums(fn, feats, queries, num_classes=c,
                                  agent_chunk=config.agent_chunk, query_chunk=config.query_chunk)
-    student = train_student(rng.stream(key, "student"), model, x_public[qidx], labels,
-                            config.student)
+    student = student_lib.train_student(rng.stream(key, "student"), model, x_public, qidx,
+                                        labels, config.student, config.semi_supervised)
     return Result(params=student, feature_map=phi, query_indices=qidx, labels=labels,
                   clean_vote_sums=clean, wall_time_s=time.perf_counter() - start)
 

@@ -1,0 +1,154 @@
+"""The server's global ("student") model of the voting algorithms (AE-DPFL and kNN-DPFL).
+
+The server holds unlabelled public data D_G; the vote releases noisy argmax labels ``y_t`` for Q
+queries ``x_t`` drawn from it. Two ways to train the student (voting-dpfl spec, AE-DPFL step 4):
+
+* **supervised** (:func:`train_supervised`, the paper's choice and the default): train on the Q
+  released pairs ``(x_t, y_t)`` only.
+* **semi-supervised self-training** (:func:`train_self_training`, opt-in with
+  ``student_semi_supervised = true``): also use the rest of D_G. Round 0 is exactly the supervised
+  student. Each of ``rounds`` further rounds predicts the unlabelled public points with the current
+  student, keeps those whose softmax confidence is ``>= confidence`` as pseudo-labels, and retrains
+  the student (from the same initialisation) on the Q released labels (always kept, never
+  overwritten) plus the pseudo-labelled points.
+
+**No privacy cost.** Both are post-processing of the DP release: they read only the released
+argmax labels and the server's own public unlabelled data (the queries and the rest of D_G), never
+the agents' private data, the noise-free vote sums or the test set. By the post-processing
+property of (R)DP the privacy ledger of a run is identical with and without self-training (tested
+in ``tests/test_student.py``).
+
+Vectorised: a round's pseudo-labelling is one batched forward pass and one ``argsort``; the
+training set always has the fixed shape ``[1, Q + U, ...]`` (released rows first, then the selected
+pseudo-labelled rows, then unused rows beyond ``count``), so every round reuses one compiled
+``train_agents`` (only the loop over the few rounds is in Python).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp.core import StackedData, from_ragged, rng, validation
+from fedjax_dp.models import Model
+from fedjax_dp.train import LocalTrainConfig, train_agents
+
+Params = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class SelfTraining:
+    """Self-training of the student: ``rounds`` pseudo-labelling rounds at ``confidence``."""
+
+    rounds: int = 2              # pseudo-labelling + retraining rounds after the supervised one
+    confidence: float = 0.8      # keep an unlabelled point if max softmax prob >= confidence
+
+    def __post_init__(self):
+        check_fields(True, self.rounds, self.confidence)
+
+
+def check_fields(semi_supervised, rounds, confidence, prefix: str = "algorithm.student_"
+                 ) -> None:
+    """Validate the ``student_semi_supervised / _self_training_rounds / _confidence`` fields."""
+    if not isinstance(semi_supervised, bool):
+        raise ValueError(f"{prefix}semi_supervised must be true or false, "
+                         f"got {semi_supervised!r}")
+    validation.check_int(f"{prefix}self_training_rounds", rounds, minimum=1)
+    validation.check_probability(f"{prefix}confidence", confidence)
+
+
+def from_config(semi_supervised: bool, rounds: int, confidence: float) -> SelfTraining | None:
+    """The :class:`SelfTraining` of a voting Config's ``student_*`` fields (None: supervised)."""
+    check_fields(semi_supervised, rounds, confidence)
+    return SelfTraining(rounds=int(rounds), confidence=float(confidence)) if semi_supervised \
+        else None
+
+
+def train_supervised(key: jax.Array, model: Model, x: np.ndarray, labels: np.ndarray,
+                     config: LocalTrainConfig) -> Params:
+    """Train the global model on the labelled queries (a one-agent ``train_agents``)."""
+    k_init, k_train = jax.random.split(key)
+    data = from_ragged([np.asarray(x)], [np.asarray(labels, dtype=np.int32)])
+    params, _ = train_agents(k_train, model.init(k_init), data, model, config, chunk_size=None)
+    return jax.tree.map(lambda l: l[0], params)
+
+
+def pseudo_labels(model: Model, params: Params, x: np.ndarray, batch_size: int = 4096
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``(argmax class [U], max softmax probability [U])`` of the student on ``x``."""
+    preds, confs = [], []
+    for start in range(0, len(x), batch_size):       # host batching over examples (memory)
+        p = jax.nn.softmax(model.logits(params, jnp.asarray(x[start:start + batch_size])), -1)
+        preds.append(np.asarray(jnp.argmax(p, -1)))
+        confs.append(np.asarray(jnp.max(p, -1)))
+    if not preds:
+        return np.zeros((0,), np.int32), np.zeros((0,), np.float32)
+    return np.concatenate(preds).astype(np.int32), np.concatenate(confs)
+
+
+def train_self_training(key: jax.Array, model: Model, x: np.ndarray, labels: np.ndarray,
+                        x_unlabelled: np.ndarray, config: LocalTrainConfig,
+                        semi: SelfTraining, *, history: list | None = None) -> Params:
+    """Self-training student: supervised round 0, then ``semi.rounds`` pseudo-labelling rounds.
+
+    ``x [Q, ...]`` with released ``labels [Q]`` (always in the training set with their released
+    labels); ``x_unlabelled [U, ...]`` the rest of the server's public data. Round 0 uses the same
+    keys as :func:`train_supervised` (so it IS the supervised student); every round retrains from
+    the same initialisation with its own minibatch key. ``history`` (optional list) receives one
+    dict per round: number of pseudo-labelled points and the pseudo labels / confidences.
+    """
+    if not isinstance(semi, SelfTraining):
+        raise ValueError(f"semi must be a student.SelfTraining, got {type(semi).__name__}")
+    x = np.asarray(x, np.float32)
+    labels = np.asarray(labels, np.int32)
+    x_u = np.asarray(x_unlabelled, np.float32)
+    if x_u.shape[1:] != x.shape[1:]:
+        raise ValueError(f"x_unlabelled must have feature shape {x.shape[1:]}, "
+                         f"got {x_u.shape[1:]}")
+    k_init, k_train = jax.random.split(key)
+    init = model.init(k_init)
+    params = train_supervised(key, model, x, labels, config)        # round 0 (== supervised)
+    if len(x_u) == 0:
+        return params
+    q, u = len(x), len(x_u)
+    x_all = jnp.asarray(np.concatenate([x, x_u])[None])               # [1, Q + U, ...] fixed
+    rows = np.arange(q + u)
+    for r in range(1, semi.rounds + 1):
+        pred, conf = pseudo_labels(model, params, x_u)
+        keep = conf >= semi.confidence                                # [U]
+        order = np.argsort(~keep, kind="stable")                      # kept points first
+        count = q + int(keep.sum())
+        idx = np.concatenate([np.arange(q), q + order])               # released rows first
+        y_all = np.concatenate([labels, pred[order]])
+        data = StackedData(x=x_all[:, idx], y=jnp.asarray(y_all[None]),
+                           mask=jnp.asarray((rows < count)[None]),
+                           counts=jnp.asarray([count], jnp.int32))
+        if history is not None:
+            history.append({"round": r, "num_pseudo": count - q, "pseudo_labels": pred,
+                            "confidence": conf, "kept": keep})
+        trained, _ = train_agents(rng.stream(k_train, f"self_training_{r}"), init, data, model,
+                                  config, chunk_size=None)
+        params = jax.tree.map(lambda l: l[0], trained)
+    return params
+
+
+def train_student(key: jax.Array, model: Model, x_public: np.ndarray, query_indices: np.ndarray,
+                  labels: np.ndarray, config: LocalTrainConfig,
+                  semi: SelfTraining | None = None) -> Params:
+    """The voting algorithms' student: supervised on the queries, or self-trained on all of D_G.
+
+    ``x_public [P, ...]`` the server's unlabelled data, ``query_indices [Q]`` the voted queries,
+    ``labels [Q]`` the released labels. ``semi=None``: :func:`train_supervised` on the queries
+    (the paper's choice); otherwise :func:`train_self_training` with the other ``P - Q`` public
+    points unlabelled.
+    """
+    x_public = np.asarray(x_public)
+    qidx = np.asarray(query_indices)
+    if semi is None:
+        return train_supervised(key, model, x_public[qidx], labels, config)
+    rest = np.ones(len(x_public), bool)
+    rest[qidx] = False
+    return train_self_training(key, model, x_public[qidx], labels, x_public[rest], config, semi)
