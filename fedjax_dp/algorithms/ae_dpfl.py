@@ -50,7 +50,7 @@ Params = Any
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(student_lib.StudentSettings):
     """AE-DPFL. ``local`` trains the agents; the ``student_*`` fields train the global model."""
 
     sigma: float = 25.0                 # std of the total noise on the vote sum
@@ -84,24 +84,6 @@ class Config:
             raise ValueError("local must be a LocalTrainConfig")
         self.student  # validates the student_* fields
         self.semi_supervised
-
-    @property
-    def semi_supervised(self) -> student_lib.SelfTraining | None:
-        """The student's self-training settings (None: plain supervised, the default)."""
-        return student_lib.from_config(self.student_semi_supervised,
-                                       self.student_self_training_rounds,
-                                       self.student_confidence)
-
-    @property
-    def student(self) -> LocalTrainConfig:
-        """The student's (global model's) training configuration."""
-        try:
-            return LocalTrainConfig(steps=self.student_steps,
-                                    batch_size=self.student_batch_size,
-                                    learning_rate=self.student_learning_rate,
-                                    optimizer=self.student_optimizer)
-        except ValueError as e:
-            raise ValueError(str(e).replace("train.", "algorithm.student_")) from None
 
 
 @dataclasses.dataclass

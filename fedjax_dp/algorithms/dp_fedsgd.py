@@ -45,7 +45,6 @@ No agent-level guarantee is claimed: one agent changes the average (2) without a
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Callable
 
 import jax
@@ -243,21 +242,15 @@ def run(key: jax.Array, data: StackedData, model: Model, config: Config, *,
     round_fn = make_round(model, config, chunk_size=resolve_chunk_size(chunk_size, params, data),
                           mesh=mesh)
     history = History(params=params, participation=np.zeros(data.num_agents, np.int64))
-    start = time.perf_counter()
-    for t in range(config.rounds):
-        params, metrics, sampled = round_fn(jax.random.fold_in(k_rounds, t), params, data, rates,
-                                            denominators)
+
+    def step(t, p):
+        p, metrics, sampled = round_fn(jax.random.fold_in(k_rounds, t), p, data, rates,
+                                       denominators)
         history.participation += np.asarray(sampled).astype(np.int64)
-        record = {"round": t + 1, **{k: float(v) for k, v in metrics.items()}}
-        if evaluate is not None and eval_every and ((t + 1) % eval_every == 0
-                                                    or t + 1 == config.rounds):
-            record.update(evaluate(params))
-        history.rounds.append(record)
-        history.params = params
-        if on_round is not None:
-            on_round(t + 1, record)
-    history.wall_time_s = time.perf_counter() - start
-    return history
+        return p, metrics
+
+    return fedavg.drive_rounds(step, history, config.rounds, evaluate=evaluate,
+                               eval_every=eval_every, on_round=on_round)
 
 
 # --------------------------------------------------------------------------- privacy

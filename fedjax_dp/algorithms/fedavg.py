@@ -132,10 +132,25 @@ def run_rounds(key: jax.Array, data: StackedData, model: Model, local: LocalTrai
     params = model.init(k_init) if init_params is None else init_params
     chunk_size = resolve_chunk_size(chunk_size, params, data.num_agents)
     round_fn = make_round(model, local, spec, chunk_size=chunk_size, mesh=mesh)
-    history = History(params=params)
+    return drive_rounds(lambda t, p: round_fn(jax.random.fold_in(k_rounds, t), p, data),
+                        History(params=params), rounds, evaluate=evaluate,
+                        eval_every=eval_every, on_round=on_round)
+
+
+def drive_rounds(step: Callable[[int, Params], tuple[Params, dict]], history: History,
+                 rounds: int, *, evaluate: Callable[[Params], dict] | None = None,
+                 eval_every: int = 0, on_round: Callable[[int, dict], None] | None = None
+                 ) -> History:
+    """The host loop over rounds shared by the round-based algorithms.
+
+    ``step(t, params) -> (params, metrics)`` runs round t (0-based) from ``history.params``;
+    metrics become host floats, ``evaluate`` runs every ``eval_every`` rounds and after the last,
+    and ``on_round(t + 1, record)`` sees every record as soon as it exists.
+    """
+    params = history.params
     start = time.perf_counter()
     for t in range(rounds):
-        params, metrics = round_fn(jax.random.fold_in(k_rounds, t), params, data)
+        params, metrics = step(t, params)
         record = {"round": t + 1, **{k: float(v) for k, v in metrics.items()}}
         if evaluate is not None and eval_every and ((t + 1) % eval_every == 0 or t + 1 == rounds):
             record.update(evaluate(params))

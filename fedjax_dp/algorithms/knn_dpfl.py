@@ -60,7 +60,7 @@ FEATURE_MAPS = ("identity", "random_projection", "pca")
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(student_lib.StudentSettings):
     """kNN-DPFL. No local training: the ``student_*`` fields train the global model."""
 
     k: int = 10                          # neighbours per agent (paper: 5% of the local size)
@@ -100,23 +100,6 @@ class Config:
                              f"got {self.data_dependent!r}")
         self.student
         self.semi_supervised
-
-    @property
-    def semi_supervised(self) -> student_lib.SelfTraining | None:
-        """The student's self-training settings (None: plain supervised, the default)."""
-        return student_lib.from_config(self.student_semi_supervised,
-                                       self.student_self_training_rounds,
-                                       self.student_confidence)
-
-    @property
-    def student(self) -> LocalTrainConfig:
-        try:
-            return LocalTrainConfig(steps=self.student_steps,
-                                    batch_size=self.student_batch_size,
-                                    learning_rate=self.student_learning_rate,
-                                    optimizer=self.student_optimizer)
-        except ValueError as e:
-            raise ValueError(str(e).replace("train.", "algorithm.student_")) from None
 
 
 # --------------------------------------------------------------------------- feature maps

@@ -67,6 +67,31 @@ def from_config(semi_supervised: bool, rounds: int, confidence: float) -> SelfTr
         else None
 
 
+class StudentSettings:
+    """Mixin for algorithm Configs with ``student_*`` fields (AE-DPFL, kNN-DPFL).
+
+    Gives the student's training configuration and its self-training settings, with errors that
+    name the ``algorithm.student_*`` field.
+    """
+
+    @property
+    def semi_supervised(self) -> SelfTraining | None:
+        """The student's self-training settings (None: plain supervised, the default)."""
+        return from_config(self.student_semi_supervised, self.student_self_training_rounds,
+                           self.student_confidence)
+
+    @property
+    def student(self) -> LocalTrainConfig:
+        """The student's (global model's) training configuration."""
+        try:
+            return LocalTrainConfig(steps=self.student_steps,
+                                    batch_size=self.student_batch_size,
+                                    learning_rate=self.student_learning_rate,
+                                    optimizer=self.student_optimizer)
+        except ValueError as e:
+            raise ValueError(str(e).replace("train.", "algorithm.student_")) from None
+
+
 def train_supervised(key: jax.Array, model: Model, x: np.ndarray, labels: np.ndarray,
                      config: LocalTrainConfig) -> Params:
     """Train the global model on the labelled queries (a one-agent ``train_agents``)."""
