@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import time
 from typing import Any
 
@@ -69,17 +68,7 @@ class Config(student_lib.StudentSettings):
     local: LocalTrainConfig = LocalTrainConfig()
 
     def __post_init__(self):
-        s = validation.check_positive("algorithm.sigma", self.sigma)
-        if not math.isfinite(s):
-            raise ValueError(f"algorithm.sigma must be finite, got {self.sigma!r}")
-        validation.check_int("algorithm.num_queries", self.num_queries, minimum=1)
-        if self.agent_chunk is not None:
-            validation.check_int("algorithm.agent_chunk", self.agent_chunk, minimum=1)
-        if self.query_chunk is not None:
-            validation.check_int("algorithm.query_chunk", self.query_chunk, minimum=1)
-        if not isinstance(self.data_dependent, bool):
-            raise ValueError(f"algorithm.data_dependent must be true or false, "
-                             f"got {self.data_dependent!r}")
+        voting.check_vote_config(self)
         if not isinstance(self.local, LocalTrainConfig):
             raise ValueError("local must be a LocalTrainConfig")
         self.student  # validates the student_* fields

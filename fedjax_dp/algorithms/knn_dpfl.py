@@ -83,21 +83,11 @@ class Config(student_lib.StudentSettings):
 
     def __post_init__(self):
         validation.check_int("algorithm.k", self.k, minimum=1)
-        s = validation.check_positive("algorithm.sigma", self.sigma)
-        if not math.isfinite(s):
-            raise ValueError(f"algorithm.sigma must be finite, got {self.sigma!r}")
-        validation.check_int("algorithm.num_queries", self.num_queries, minimum=1)
+        voting.check_vote_config(self)
         validation.check_choice("algorithm.feature_map", self.feature_map, FEATURE_MAPS)
         validation.check_int("algorithm.feature_dim", self.feature_dim, minimum=1)
         validation.check_choice("algorithm.instance_sensitivity", self.instance_sensitivity,
                                 ("derived", "paper"))
-        if self.agent_chunk is not None:
-            validation.check_int("algorithm.agent_chunk", self.agent_chunk, minimum=1)
-        if self.query_chunk is not None:
-            validation.check_int("algorithm.query_chunk", self.query_chunk, minimum=1)
-        if not isinstance(self.data_dependent, bool):
-            raise ValueError(f"algorithm.data_dependent must be true or false, "
-                             f"got {self.data_dependent!r}")
         self.student
         self.semi_supervised
 

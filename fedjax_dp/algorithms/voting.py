@@ -192,6 +192,20 @@ def _clean(agents, queries, *, ballot_fn, num_classes, agent_chunk, query_chunk)
                   agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=False)
 
 
+def check_vote_config(config) -> None:
+    """Validate the vote fields shared by the AE-DPFL and kNN-DPFL Configs (names the field)."""
+    s = validation.check_positive("algorithm.sigma", config.sigma)
+    if not math.isfinite(s):
+        raise ValueError(f"algorithm.sigma must be finite, got {config.sigma!r}")
+    validation.check_int("algorithm.num_queries", config.num_queries, minimum=1)
+    for name in ("agent_chunk", "query_chunk"):
+        if getattr(config, name) is not None:
+            validation.check_int(f"algorithm.{name}", getattr(config, name), minimum=1)
+    if not isinstance(config.data_dependent, bool):
+        raise ValueError(f"algorithm.data_dependent must be true or false, "
+                         f"got {config.data_dependent!r}")
+
+
 def check_vote_args(sigma, num_agents: int, num_queries: int, num_classes: int,
                     agent_chunk: int | None, query_chunk: int | None) -> None:
     """Host-side checks of a vote's arguments (before any JAX work)."""
