@@ -1,4 +1,5 @@
 """AE-DPFL: ballots vs a per-agent loop, one-GEMM first layer, run, ledger, configs end to end."""
+import dataclasses
 import math
 from pathlib import Path
 
@@ -9,13 +10,13 @@ import numpy as np
 import pytest
 
 from fedjax_dp.algorithms import ae_dpfl, voting
-from fedjax_dp.core import from_ragged
+from fedjax_dp.core import from_ragged, rng
 from fedjax_dp.data import synthetic
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import accounting
-from fedjax_dp.train import LocalTrainConfig, accuracy
+from fedjax_dp.train import LocalTrainConfig, accuracy, train_agents
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["data.num_agents=10", "train.steps=3", "model.hidden=[8]", "algorithm.num_queries=20",
@@ -140,3 +141,107 @@ def test_cross_domain_config_tiny(tmp_path):
     with pytest.raises(ValueError, match="image_size"):
         config_lib.load(ROOT / "configs" / "ae_dpfl" / "mnist5k_to_digits.toml",
                         ["data.image_size=-1"])
+
+
+# --------------------------------------------------------------------------- abstention
+
+def _confidences(model, params, queries):
+    """Per-agent loop: (max softmax [N, q], argmax [N, q])."""
+    n = jax.tree.leaves(params)[0].shape[0]
+    conf, pred = [], []
+    for i in range(n):
+        p = jax.tree.map(lambda l: l[i], params)
+        probs = np.asarray(jax.nn.softmax(model.logits(p, queries), -1))
+        conf.append(probs.max(-1))
+        pred.append(probs.argmax(-1))
+    return np.stack(conf), np.stack(pred)
+
+
+def test_abstaining_ballots_match_a_per_agent_loop(problem):
+    ds, data, model, cfg, res = problem
+    queries = jnp.asarray(ds.x_public[:30])
+    conf, pred = _confidences(model, res.agent_params, queries)
+    tau = float(np.median(conf))
+    got = np.asarray(ae_dpfl.ballot_fn(model, tau)(res.agent_params, queries))   # [N, q, C]
+    clear = np.abs(conf - tau) > 1e-5             # float round-off can flip exact-threshold cases
+    assert clear.mean() > 0.95
+    want = np.where((conf >= tau)[..., None], np.eye(3)[pred], 0.0)
+    np.testing.assert_array_equal(got[clear], want[clear])
+    assert 0 < (got.sum(-1) == 0).mean() < 1                 # both abstentions and votes occur
+    assert set(np.unique(got.sum(-1))) <= {0.0, 1.0}         # one-hot or zero, nothing else
+    # None is the paper's rule; tau <= 1/C never abstains (max softmax >= 1/C)
+    plain = np.asarray(ae_dpfl.ballot_fn(model)(res.agent_params, queries))
+    np.testing.assert_array_equal(plain, np.eye(3)[pred])
+    np.testing.assert_array_equal(
+        np.asarray(ae_dpfl.ballot_fn(model, 0.3)(res.agent_params, queries)), plain)
+    assert ae_dpfl.ballot_fn(model, 0.5) is ae_dpfl.ballot_fn(model, 0.5)   # compiled once
+
+
+def test_abstention_sensitivities_brute_force(problem):
+    """Noise-free vote sums with abstention: removing one agent moves each query's sum by <= 1
+    (L2); retraining with one record of one agent removed moves it by <= sqrt(2)."""
+    ds, data, model, cfg, res = problem
+    queries = jnp.asarray(ds.x_public[:60])
+    conf, _ = _confidences(model, res.agent_params, queries)
+    tau = float(np.median(conf))
+    fn = ae_dpfl.ballot_fn(model, tau)
+    sums = lambda params: np.asarray(voting.vote_sums(fn, params, queries, num_classes=3))
+    full = sums(res.agent_params)
+    n = data.num_agents
+    for j in range(n):                                            # add/remove one agent
+        rest = jax.tree.map(lambda l: np.delete(np.asarray(l), j, axis=0), res.agent_params)
+        change = np.linalg.norm(full - sums(rest), axis=-1)
+        assert change.max() <= 1.0 + 1e-6
+    # add/remove one record of agent 0: retrain everyone exactly as ae_dpfl.run does
+    key = jax.random.key(0)
+    init = jax.vmap(model.init)(rng.split_per_agent(rng.stream(key, "init"), n))
+    xs = list(ds.x_train.reshape(8, 60, 6))
+    ys = list(ds.y_train.reshape(8, 60))
+    train = lambda d: train_agents(rng.stream(key, "train"), init, d, model, cfg.local,
+                                   shared_init=False, chunk_size=None)[0]
+    np.testing.assert_allclose(sums(train(from_ragged(xs, ys))), full)     # the run's agents
+    worst = 0.0
+    for r in (0, 17, 59):
+        xr, yr = list(xs), list(ys)
+        xr[0], yr[0] = np.delete(xs[0], r, 0), np.delete(ys[0], r, 0)
+        change = np.linalg.norm(full - sums(train(from_ragged(xr, yr, pad_to=60))), axis=-1)
+        assert change.max() <= math.sqrt(2) + 1e-6
+        worst = max(worst, change.max())
+    assert worst > 0                               # the check saw at least one ballot move
+
+
+def test_abstention_run_and_ledger(problem):
+    ds, data, model, cfg, res = problem
+    acfg = dataclasses.replace(cfg, abstain_below=0.9)
+    ares = ae_dpfl.run(jax.random.key(0), data, model, acfg, ds.x_public, chunk_size=None)
+    np.testing.assert_array_equal(ares.query_indices, res.query_indices)
+    votes = ares.clean_vote_sums.sum(1)
+    assert votes.max() <= data.num_agents and votes.min() < data.num_agents   # some abstain
+    top = np.sort(ares.clean_vote_sums, 1)
+    clear = top[:, -1] - top[:, -2] >= 5                      # 5 sigma: noise cannot flip these
+    assert clear.mean() > 0.25
+    np.testing.assert_array_equal(ares.labels[clear], ares.clean_vote_sums[clear].argmax(1))
+    assert np.mean(ares.labels == ds.y_public[ares.query_indices]) > 0.6      # chance: 1/3
+    # the ledger does not depend on abstain_below: same Delta, same sigma, same Q
+    delta = 1e-5
+    for unit in ("agent", "instance"):
+        assert (ae_dpfl.privacy_ledger(acfg, data.num_agents).epsilon(unit, delta)
+                == ae_dpfl.privacy_ledger(cfg, data.num_agents).epsilon(unit, delta))
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.5, 1.0001, 2, float("nan"), float("inf"), True,
+                                 "0.9"])
+def test_abstain_below_validation(bad):
+    with pytest.raises(ValueError, match=r"abstain_below.*\(0, 1\]"):
+        ae_dpfl.Config(abstain_below=bad)
+    with pytest.raises(ValueError, match=r"abstain_below.*\(0, 1\]"):
+        ae_dpfl.ballot_fn(make_model("logistic", (2,), 2), bad)
+
+
+def test_abstain_below_from_toml_set():
+    path = ROOT / "configs" / "ae_dpfl" / "mnist5k.toml"
+    plan = runner.plan(config_lib.load(path, TINY + ["algorithm.abstain_below=0.9"]))
+    assert plan.algorithm_config.abstain_below == 0.9
+    assert runner.plan(config_lib.load(path, TINY)).algorithm_config.abstain_below is None
+    with pytest.raises(ValueError, match=r"algorithm\.abstain_below.*\(0, 1\]"):
+        runner.plan(config_lib.load(path, TINY + ["algorithm.abstain_below=1.5"]))

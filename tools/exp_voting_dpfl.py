@@ -28,6 +28,8 @@ compare.
     .venv/bin/python tools/exp_voting_dpfl.py                 # full run (~20 min on 2 CPU cores)
     .venv/bin/python tools/exp_voting_dpfl.py --quick --out /tmp/v   # smoke run
     .venv/bin/python tools/exp_voting_dpfl.py --parts agent instance --name results_ssl
+    .venv/bin/python tools/exp_voting_dpfl.py --parts agent --abstain none 0.5 0.7 0.9 \
+        --name results_abstain        # AE-DPFL also tuned over its abstention threshold
 """
 from __future__ import annotations
 
@@ -71,6 +73,10 @@ class Grids:
     # AE-DPFL: local MLP-200 (200 steps, batch 32, lr 0.1), student MLP-200 (500 steps)
     ae_queries: tuple[int, ...] = (25, 50, 100, 200, 500)
     ae_local_steps: int = 200
+    # AE-DPFL abstention thresholds (``ae_dpfl.Config.abstain_below``; None = the paper's rule,
+    # every agent always votes). Same sensitivities, so the same calibrated sigma for every value.
+    # The default keeps the paper's rule only; ``--abstain none 0.5 0.7 0.9`` widens the grid.
+    ae_abstain: tuple[float | None, ...] = (None,)
     student_steps: int = 500
     # semi-supervised student of both voting methods ("+SSL" rows; one fixed setting, not tuned)
     ssl: bool = True
@@ -142,7 +148,7 @@ class TrainedAgents:
         qidx = ae_dpfl.select_queries(rng.stream(self.key, "queries"), len(x_public),
                                       config.num_queries)
         queries = jnp.asarray(x_public[qidx])
-        fn = ae_dpfl.ballot_fn(self.model)
+        fn = ae_dpfl.ballot_fn(self.model, config.abstain_below)
         c = self.model.num_classes
         labels = np.asarray(voting.mpc_vote(rng.stream(self.key, "vote"), fn, self.params,
                                             queries, config.sigma, num_classes=c,
@@ -180,12 +186,13 @@ def run_ae_dpfl(rows, ds, agents, grids: Grids, delta: float, seed: int, check: 
     local = LocalTrainConfig(steps=grids.ae_local_steps, batch_size=32, learning_rate=0.1)
     key = rng.stream(seed, "ae_dpfl")
     trained = TrainedAgents(key, agents, model, local)
+    points = [(q, tau) for q in grids.ae_queries for tau in grids.ae_abstain]
     for target in grids.targets:
-        for q in grids.ae_queries:
+        for q, tau in points:
             start = time.perf_counter()
             sigma = gaussian_votes_sigma(target, delta, q, 1.0)
             cfg = ae_dpfl.Config(sigma=sigma, num_queries=q, student_steps=grids.student_steps,
-                                 local=local)
+                                 abstain_below=tau, local=local)
             student, qidx, labels, clean = trained.vote_and_student(cfg, ds.x_public)
             if check:   # the reuse equals a full ae_dpfl.run with the same key
                 full = ae_dpfl.run(key, agents, model, cfg, ds.x_public)
@@ -193,12 +200,12 @@ def run_ae_dpfl(rows, ds, agents, grids: Grids, delta: float, seed: int, check: 
             ledger = ae_dpfl.privacy_ledger(cfg, agents.num_agents, clean)
             eps, eps_dd = _voting_eps(ledger, "agent", delta)
             _record(rows, level="agent", method="AE-DPFL", num_agents=agents.num_agents,
-                    target=target, num_queries=q,
+                    target=target, num_queries=q, abstain_below=tau,
                     sigma=sigma, epsilon=eps, epsilon_data_dependent=eps_dd,
                     label_accuracy=float(np.mean(labels == ds.y_public[qidx])),
                     test_accuracy=accuracy(model, student, ds.x_test, ds.y_test),
                     wall_s=time.perf_counter() - start + trained.train_s / len(grids.targets)
-                    / len(grids.ae_queries))
+                    / len(points))
             if grids.ssl:   # same votes and ledger, semi-supervised student
                 t0 = time.perf_counter()
                 scfg = ssl_config(cfg, grids)
@@ -208,6 +215,7 @@ def run_ae_dpfl(rows, ds, agents, grids: Grids, delta: float, seed: int, check: 
                 sstudent = trained.ssl_student(scfg, ds.x_public, qidx, labels)
                 _record(rows, level="agent", method="AE-DPFL+SSL",
                         num_agents=agents.num_agents, target=target, num_queries=q,
+                        abstain_below=tau,
                         sigma=sigma, epsilon=eps, epsilon_data_dependent=eps_dd,
                         label_accuracy=float(np.mean(labels == ds.y_public[qidx])),
                         ssl_rounds=grids.ssl_rounds, ssl_confidence=grids.ssl_confidence,
@@ -369,8 +377,10 @@ def best_per_target(rows: list[dict]) -> list[dict]:
 
 
 def _settings(r: dict) -> str:
-    keys = ("k", "num_queries", "sigma", "model", "rounds", "local_steps", "noise_multiplier")
-    names = {"num_queries": "Q", "noise_multiplier": "z", "local_steps": "E", "rounds": "T"}
+    keys = ("k", "num_queries", "abstain_below", "sigma", "model", "rounds", "local_steps",
+            "noise_multiplier")
+    names = {"num_queries": "Q", "noise_multiplier": "z", "local_steps": "E", "rounds": "T",
+             "abstain_below": "abstain"}
     return ", ".join(f"{names.get(k, k)}={r[k]:.3g}" if isinstance(r[k], float) else
                      f"{names.get(k, k)}={r[k]}" for k in keys if k in r)
 
@@ -402,6 +412,9 @@ def markdown(rows: list[dict], best: list[dict], meta: dict) -> str:
                       if s in e else "-")
             line += f" {cell_s} | {({True: 'yes', False: '**no**'}.get(e.get('ssl_wins'), '-'))} |"
         lines.append(line)
+    taus = {r.get("abstain_below") for r in rows if r["method"] == "AE-DPFL"}
+    if taus - {None}:
+        lines += abstain_table(rows, best, sorted(taus, key=lambda t: -1 if t is None else t))
     large = [r for r in rows if r["level"] == "agent_large_n"]
     if large:
         lines += ["", "Large N: AE-DPFL at fixed agent-level epsilon on `synthetic` (20-d, "
@@ -423,6 +436,32 @@ def markdown(rows: list[dict], best: list[dict], meta: dict) -> str:
     lines += ["", f"All grid points: `{meta.get('name', 'results')}.json` (`rows`); plot: "
               f"`{meta.get('plot', 'accuracy_vs_epsilon.png')}`."]
     return "\n".join(lines) + "\n"
+
+
+def abstain_table(rows: list[dict], best: list[dict], taus: list) -> list[str]:
+    """AE-DPFL per abstention threshold (best over Q, eps <= target) next to DP-FedAvg."""
+    lines = ["", "AE-DPFL by abstention threshold `abstain_below` (best test accuracy over Q with "
+             "eps <= target; None = the paper's rule, every agent votes; the vote's sensitivity "
+             "and hence sigma are the same for every threshold):", "",
+             "| N | target eps | " + " | ".join(f"abstain {t}" for t in taus)
+             + " | DP-FedAvg | AE-DPFL best - DP-FedAvg |", "|---|---|" + "---|" * (len(taus) + 2)]
+    for e in best:
+        if e["level"] != "agent":
+            continue
+        cells = []
+        for tau in taus:
+            cands = [r for r in rows if r["level"] == "agent" and r["method"] == "AE-DPFL"
+                     and r["num_agents"] == e["num_agents"] and r["target"] == e["target"]
+                     and r.get("abstain_below") == tau
+                     and r["epsilon"] <= e["target"] * (1 + 1e-6)]
+            cells.append(f"{max(r['test_accuracy'] for r in cands):.3f}" if cands else "-")
+        fedavg = e.get("DP-FedAvg")
+        base = f"{fedavg['test_accuracy']:.3f}" if fedavg else "-"
+        gap = (f"{e['AE-DPFL']['test_accuracy'] - fedavg['test_accuracy']:+.3f}"
+               if fedavg and "AE-DPFL" in e else "-")
+        lines.append(f"| {e['num_agents']} | {e['target']:g} | " + " | ".join(cells)
+                     + f" | {base} | {gap} |")
+    return lines
 
 
 def plot(rows: list[dict], best: list[dict], path: Path) -> None:
@@ -504,6 +543,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--name", default="results",
                         help="output file stem: NAME.json, NAME.md (and a plot; 'results' "
                              "writes accuracy_vs_epsilon.png, else NAME_accuracy_vs_epsilon.png)")
+    parser.add_argument("--abstain", nargs="+", default=None, metavar="TAU",
+                        help="AE-DPFL abstention thresholds to tune over ('none' = the paper's "
+                             "rule), e.g. --abstain none 0.5 0.7 0.9 (default: none only)")
     parser.add_argument("--no-ssl", action="store_true",
                         help="skip the semi-supervised-student (+SSL) rows")
     args = parser.parse_args(argv)
@@ -512,6 +554,10 @@ def main(argv=None) -> dict:
         grids = dataclasses.replace(grids, ssl=False)
     if args.agents:
         grids = dataclasses.replace(grids, agent_counts=tuple(args.agents))
+    if args.abstain:
+        taus = tuple(None if t.lower() == "none" else ae_dpfl.check_abstain_below(
+            "--abstain", float(t)) for t in args.abstain)
+        grids = dataclasses.replace(grids, ae_abstain=taus)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

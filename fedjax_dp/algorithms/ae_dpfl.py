@@ -3,7 +3,9 @@
 1. Every agent i trains a local model f_i on its own data D_i (all N at once: ``train_agents``,
    each from its own initialisation).
 2. The server draws Q queries x_1..x_Q from its unlabelled public data D_G (data-independent).
-3. Agent i's ballot for x_t is ``onehot(argmax f_i(x_t))``; it adds ``N(0, sigma^2/N I_C)``; the
+3. Agent i's ballot for x_t is ``onehot(argmax f_i(x_t))`` (or, with ``abstain_below = tau``,
+   that one-hot if ``max softmax f_i(x_t) >= tau`` and the zero vector otherwise: the agent
+   abstains where its own model is unsure; see :func:`ballot_fn`); it adds ``N(0, sigma^2/N I_C)``; the
    secure sum carries ``N(0, sigma^2 I_C)`` and only ``y_t = argmax`` is released
    (:func:`fedjax_dp.algorithms.voting.mpc_vote`). All agents' predictions on all queries are one
    compiled computation: under ``vmap`` over agents with shared queries, every agent's first
@@ -21,6 +23,11 @@ Privacy (Theorem 5). Gaussian mechanism on the vote sum, noise std ``sigma``, Q 
 * unit ``instance``, relation add/remove one training record of one agent: that agent's
   prediction may flip from one class to another, Delta = sqrt(2):
   ``SelfComposed(Gaussian(sigma/sqrt(2)), Q)``, RDP ``Q alpha / sigma^2``.
+
+Both sensitivities hold unchanged with abstention (``abstain_below``): every ballot is still
+either a one-hot vector or the zero vector, so removing an agent moves the sum by at most 1 in L2,
+and one changed record moves one agent's ballot between one-hot / another one-hot / zero, an L2
+change of at most sqrt(2). The ledger is therefore the same for every ``abstain_below``.
 
 Data-dependent (Theorem 7 / PATE 2018 Thm 6): since only the argmax is released, each query's RDP
 is bounded by GNMax's using the noise-free vote sums; reported under ``<unit>_data_dependent``
@@ -65,14 +72,29 @@ class Config(student_lib.StudentSettings):
     agent_chunk: int | None = None      # agents per chunk in the vote (None: all at once)
     query_chunk: int | None = None      # queries per chunk in the vote (None: all at once)
     data_dependent: bool = True         # also report the GNMax data-dependent epsilon
+    # abstention: an agent whose max softmax on a query is < this casts the zero ballot
+    # (None: never abstain, the paper's rule). Sensitivities unchanged (see ``ballot_fn``).
+    abstain_below: float | None = None
     local: LocalTrainConfig = LocalTrainConfig()
 
     def __post_init__(self):
         voting.check_vote_config(self)
+        check_abstain_below("algorithm.abstain_below", self.abstain_below)
         if not isinstance(self.local, LocalTrainConfig):
             raise ValueError("local must be a LocalTrainConfig")
         self.student  # validates the student_* fields
         self.semi_supervised
+
+
+def check_abstain_below(name: str, value) -> float | None:
+    """``None`` or a number in ``(0, 1]`` (NaN, booleans and strings rejected); returns a float."""
+    if value is None:
+        return None
+    ok = not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
+    if not (ok and 0.0 < float(value) <= 1.0):     # NaN fails the comparison
+        raise ValueError(f"{name} must be None (never abstain) or a number in (0, 1] (an agent "
+                         f"abstains where its max softmax is below it), got {value!r}")
+    return float(value)
 
 
 @dataclasses.dataclass
@@ -86,16 +108,39 @@ class Result:
     wall_time_s: float = 0.0
 
 
-@functools.lru_cache(maxsize=32)
-def ballot_fn(model: Model):
-    """``(agent params [a, ...], queries [q, ...]) -> one-hot predictions [a, q, C]``.
+def ballot_fn(model: Model, abstain_below: float | None = None):
+    """``(agent params [a, ...], queries [q, ...]) -> ballots [a, q, C]``.
+
+    ``abstain_below = None`` (the paper's rule): agent i's ballot on x is ``onehot(argmax f_i(x))``.
+    ``abstain_below = tau`` in ``(0, 1]``: the same one-hot if ``max softmax f_i(x) >= tau``, else
+    the zero vector (agent i abstains on x). Note ``max softmax >= 1/C`` always, so ``tau <= 1/C``
+    never abstains.
+
+    Sensitivity of the vote sum (per query) is unchanged by abstention, because every ballot is
+    one-hot or zero (L2 norm <= 1):
+
+    * agent level (add/remove one agent): the sum gains/loses that agent's ballot, L2 change
+      ``<= 1`` -> Delta = 1;
+    * instance level (add/remove one record of one agent): only that agent's model, hence only its
+      ballot, changes -- between ``e_c``, ``e_c'`` (c' != c) and ``0`` -- and
+      ``||e_c - e_c'|| = sqrt(2)``, ``||e_c - 0|| = 1``, so the L2 change is ``<= sqrt(2)`` ->
+      Delta = sqrt(2).
 
     ``vmap(model.logits, (0, None))``: the shared queries meet every agent's first-layer kernel in
-    one GEMM. Cached per model so the compiled vote is reused.
+    one GEMM. Cached per (model, abstain_below) so the compiled vote is reused.
     """
+    return _ballot_fn(model, check_abstain_below("abstain_below", abstain_below))
+
+
+@functools.lru_cache(maxsize=32)
+def _ballot_fn(model: Model, abstain_below: float | None):
     def ballots(params, queries):
         logits = jax.vmap(model.logits, in_axes=(0, None))(params, queries)   # [a, q, C]
-        return jax.nn.one_hot(jnp.argmax(logits, -1), model.num_classes, dtype=jnp.float32)
+        onehot = jax.nn.one_hot(jnp.argmax(logits, -1), model.num_classes, dtype=jnp.float32)
+        if abstain_below is None:
+            return onehot
+        confident = jnp.max(jax.nn.softmax(logits.astype(jnp.float32), -1), -1) >= abstain_below
+        return jnp.where(confident[..., None], onehot, 0.0)                   # zero: abstain
     return ballots
 
 
@@ -153,7 +198,7 @@ def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_pub
                                         config.local, shared_init=False,
                                         chunk_size=chunk_size)
     queries = jnp.asarray(x_public[qidx])                                           # [Q, ...]
-    fn = ballot_fn(model)
+    fn = ballot_fn(model, config.abstain_below)
     labels = voting.mpc_vote(rng.stream(key, "vote"), fn, agent_params, queries, config.sigma,
                              num_classes=model.num_classes, agent_chunk=config.agent_chunk,
                              query_chunk=config.query_chunk)
