@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import fedavg
+from fedjax_dp.algorithms import fedavg, knn_dpfl, voting
 from fedjax_dp.core import agent_mesh, agent_sum, for_each_agent, from_ragged, shard_agents
 from fedjax_dp.models import make_model
 from fedjax_dp.train import LocalTrainConfig, train_agents
@@ -59,6 +59,26 @@ def main():
     r_plain = fedavg.make_round(model, cfg, spec)(key, params, data)
     r_shard = fedavg.make_round(model, cfg, spec, mesh=mesh)(key, params, data)
     out["dp_fedavg_round"] = bool(close(r_plain, r_shard))
+
+    # the MPC vote with the agents split over 8 devices (11 agents: padded with invalid agents)
+    kx = [r.normal(size=(n, 6)).astype(np.float32) for n in sizes]
+    kdata = from_ragged(kx, ys)
+    queries = jnp.asarray(r.normal(size=(7, 6)), jnp.float32)
+    fn = knn_dpfl.ballot_fn(2, 3)
+    agents = (kdata.x, kdata.y, kdata.mask)
+    s_plain = voting.vote_sums(fn, agents, queries, num_classes=3)
+    s_shard = voting.vote_sums(fn, agents, queries, num_classes=3, mesh=mesh, agent_chunk=1)
+    l_plain = voting.mpc_vote(key, fn, agents, queries, 0.3, num_classes=3)
+    l_shard = voting.mpc_vote(key, fn, agents, queries, 0.3, num_classes=3, mesh=mesh)
+    # the noisy tallies themselves (inside the tallier boundary): each agent's noise is keyed by
+    # its global index, so the sharded sum carries exactly the same noise
+    tally = lambda m: jax.jit(lambda k, a, q: voting._tally(
+        k, a, q, 0.3, ballot_fn=fn, num_classes=3, agent_chunk=None, query_chunk=None,
+        noisy=True, mesh=m))(key, agents, queries)
+    out["knn_vote"] = bool(np.allclose(s_plain, s_shard, atol=1e-5)
+                           and np.array_equal(l_plain, l_shard)
+                           and np.allclose(tally(None), tally(mesh), atol=1e-5)
+                           and not np.allclose(tally(None), s_plain, atol=1e-2))
     print(json.dumps(out))
     return 0 if all(out.values()) else 1
 

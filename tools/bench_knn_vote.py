@@ -11,14 +11,18 @@ data (which itself grows with N: 0.15 GB at N = 1000, 1.5 GB at N = 10,000) is n
 process-wide ``ru_maxrss`` is reported too.
 
 Per configuration: the compiled function is built ahead of time (``jit(...).lower().compile()``,
-compile time reported separately) and then timed on ONE call (the N = 10,000 vote takes minutes
-on a 2-core CPU). Three functions are timed:
+compile time reported separately) and then timed as the best of ``--repeats`` calls (default 3;
+all calls listed in ``walls_s``). The functions timed:
 
 * ``distances``: the chunked distance GEMMs alone (``||b||^2 - 2 a.b``, reduced with a min so
   nothing is dead code): the ceiling of this approach;
 * ``clean``: the noise-free kNN vote sums (distances + top-k + label counts);
 * ``vote``: the full MPC vote (``voting.mpc_vote``: + every agent's noise per query, secure sum,
   argmax).
+
+``clean`` and ``vote`` use the default kNN method ``threshold`` (threshold search,
+:mod:`fedjax_dp.algorithms.knn_search`); ``clean_top_k`` is ``clean`` with the straightforward
+``lax.top_k`` method, timed in the same process for the ratio.
 
 Achieved GFLOP/s counts the distance GEMM only, ``2 Q d N n`` FLOPs, and is compared with a large
 float32 matmul measured in the same run (``bench_common.matmul_gflops``).
@@ -72,7 +76,10 @@ def child(args) -> dict:
 
     from fedjax_dp.algorithms import knn_dpfl, voting
 
+    from fedjax_dp.core import agent_mesh
+
     n_agents, n, q, d, c, k = args.agents, args.local_size, args.queries, args.features, 10, args.k
+    mesh = agent_mesh() if jax.device_count() > 1 else None
     chunk = args.agent_chunk or None
     kx, ky, kq = jax.random.split(jax.random.key(0), 3)
     x = jax.random.normal(kx, (n_agents, n, d), jnp.float32)                # [N, n, d]
@@ -93,16 +100,21 @@ def child(args) -> dict:
         return jnp.broadcast_to(jnp.min(dist.reshape(q, a, n), -1).T[..., None], (a, q, c))
 
     def plan(name):
+        if name == "clean_top_k":
+            return jax.jit(lambda key, ag, qs: voting._tally(
+                key, ag, qs, 0.0, ballot_fn=knn_dpfl.ballot_fn(k, c, "top_k"), num_classes=c,
+                agent_chunk=chunk, query_chunk=None, noisy=False, mesh=mesh))
         if name == "vote":
             return jax.jit(lambda key, ag, qs: voting._release(
                 key, ag, qs, jnp.float32(1.0), ballot_fn=fn, num_classes=c, agent_chunk=chunk,
-                query_chunk=None))
+                query_chunk=None, mesh=mesh))
         f = fn if name == "clean" else dist_only
         return jax.jit(lambda key, ag, qs: voting._tally(
             key, ag, qs, 0.0, ballot_fn=f, num_classes=c, agent_chunk=chunk, query_chunk=None,
-            noisy=False))
+            noisy=False, mesh=mesh))
 
     out = {"agents": n_agents, "local_size": n, "queries": q, "features": d, "k": k,
+           "devices": jax.device_count(),
            "classes": c, "agent_chunk": chunk, "data_mb": x.nbytes / 2 ** 20 * (1 + 2 / d),
            "rss_after_data_mb": rss_data}
     gemm_flops = 2.0 * q * d * n_agents * n
@@ -112,11 +124,14 @@ def child(args) -> dict:
         t0 = time.perf_counter()
         compiled = plan(name).lower(jax.random.key(1), agents, queries).compile()
         compile_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(jax.random.key(1), agents, queries))
-        wall = time.perf_counter() - t0
+        walls = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(jax.random.key(1), agents, queries))
+            walls.append(time.perf_counter() - t0)
+        wall = min(walls)
         peak = _peak_mb()
-        out[name] = {"wall_s": wall, "compile_s": compile_s,
+        out[name] = {"wall_s": wall, "walls_s": walls, "compile_s": compile_s,
                      "gemm_gflops": gemm_flops / wall / 1e9, "peak_rss_mb": peak,
                      "working_mb": peak - before, "peak_reset": reset}
         del compiled
@@ -132,10 +147,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--features", type=int, default=64)
     ap.add_argument("--k", type=int, default=30)
     ap.add_argument("--agent-chunk", type=int, default=0, help="0: no chunking")
-    ap.add_argument("--what", default="distances,clean,vote")
+    ap.add_argument("--what", default="distances,clean,vote,clean_top_k")
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per function (best)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--configs", default="1000:0,1000:50,10000:50",
-                    help="comma-separated AGENTS:AGENT_CHUNK runs (each in a fresh process)")
+    ap.add_argument("--configs", default="1000:0:1,1000:50:1,1000:0:2,10000:50:2",
+                    help="comma-separated AGENTS:AGENT_CHUNK[:DEVICES] runs, each in a fresh "
+                         "process; DEVICES > 1 forces that many CPU devices and splits the "
+                         "agents over them (voting's mesh=)")
     ap.add_argument("--out", default="results/bench/knn_vote.json")
     args = ap.parse_args(argv)
     if args.child:
@@ -146,15 +164,22 @@ def main(argv=None) -> dict:
     print(f"float32 matmul 2048^3: {mm:.1f} GFLOP/s", flush=True)
     runs = []
     for spec in args.configs.split(","):
-        agents, chunk = (int(v) for v in spec.split(":"))
+        parts = [int(v) for v in spec.split(":")]
+        agents, chunk, devices = parts[0], parts[1], (parts[2] if len(parts) > 2 else 1)
+        env = dict(os.environ)
+        if devices > 1:
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_"
+                                f"count={devices}").strip()
         cmd = [sys.executable, __file__, "--child", "--agents", str(agents),
                "--agent-chunk", str(chunk), "--local-size", str(args.local_size),
                "--queries", str(args.queries), "--features", str(args.features),
-               "--k", str(args.k), "--what", args.what]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+               "--k", str(args.k), "--what", args.what, "--repeats", str(args.repeats)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
         rec = json.loads(proc.stdout.strip().splitlines()[-1])
         for name in args.what.split(","):
             rec[name]["fraction_of_matmul"] = rec[name]["gemm_gflops"] / mm
+        if "clean" in rec and "clean_top_k" in rec:
+            rec["threshold_speedup_vs_top_k"] = rec["clean_top_k"]["wall_s"] / rec["clean"]["wall_s"]
         runs.append(rec)
         print(json.dumps(rec), flush=True)
     record = {"benchmark": "knn_vote", "matmul_gflops": mm, "runs": runs,

@@ -11,11 +11,16 @@
    (optionally self-trained on the rest of the public data, ``student_semi_supervised = true``:
    :mod:`fedjax_dp.algorithms.student`, post-processing, no privacy cost).
 
-Distances: ``||a - b||^2 = ||a||^2 - 2 a.b + ||b||^2``. The queries are shared by all agents, so
-``a.b`` for one chunk of agents is ONE GEMM ``[q, d] x [d, a n]``; ``||a||^2`` is constant per query
-and does not change any ranking, so it is left out. Top-k per (query, agent) is ``lax.top_k`` on
-the negated distances (ties: lower index first), with padded rows at distance ``+inf``. Every
-agent's records lie in one chunk, so the chunk's top-k is the agent's exact top-k.
+Distances: ``||a - b||^2 = ||a||^2 - 2 a.b + ||b||^2``; ``||a||^2`` is constant per query and does
+not change any ranking, so it is left out; padded rows are at ``+inf``. Two exact ways to find
+the k nearest (``method``), with identical ballots (ties: lower index first):
+
+* ``"threshold"`` (default, :mod:`fedjax_dp.algorithms.knn_search`): per cache-sized block of
+  agents x queries one GEMM for the scores, then the k-th smallest score per (agent, query) by a
+  few vectorised counting passes, and the label counts of the records at or below it -- no sort;
+* ``"top_k"``: one GEMM ``[q, d] x [d, a n]`` per chunk of agents and ``lax.top_k`` on the negated
+  distances (the straightforward reference; ~6x slower on a CPU, where top-k is a
+  single-threaded partial sort).
 
 **Normalisation by k.** The ballot is always divided by k, also for an agent with fewer than k
 records (its ballot then sums to ``n_i / k < 1``): normalising by ``min(k, n_i)`` would let one
@@ -47,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.algorithms import knn_search
 from fedjax_dp.algorithms import student as student_lib
 from fedjax_dp.algorithms import voting
 from fedjax_dp.algorithms.ae_dpfl import check_run_args, select_queries
@@ -146,15 +152,23 @@ def fit_feature_map(kind: str, key: jax.Array, x_public, dim: int) -> FeatureMap
 
 # --------------------------------------------------------------------------- ballots
 
+KNN_METHODS = ("threshold", "top_k")
+
+
 def knn_ballots(x: jax.Array, y: jax.Array, mask: jax.Array, queries: jax.Array, k: int,
-                num_classes: int) -> jax.Array:
+                num_classes: int, method: str = "threshold") -> jax.Array:
     """kNN ballots of a chunk of agents: ``[a, q, C]``, ``(1/k) sum_{j in kNN} onehot(y_j)``.
 
     ``x [a, n, d]`` (features), ``y [a, n]``, ``mask [a, n]`` (real rows), ``queries [q, d]``.
-    One GEMM ``[q, d] x [d, a n]`` gives every query-record inner product; padded rows get
-    distance ``+inf`` and are never chosen (an agent with fewer than k real rows votes with all of
-    them, still divided by k).
+    Padded rows are never chosen (an agent with fewer than k real rows votes with all of them,
+    still divided by k). ``method``: ``"threshold"`` (threshold search,
+    :func:`fedjax_dp.algorithms.knn_search.neighbour_label_counts`) or ``"top_k"``
+    (``lax.top_k``); both give the same neighbour sets.
     """
+    if method == "threshold":
+        return knn_search.neighbour_label_counts(x, y, mask, queries, k, num_classes) / k
+    if method != "top_k":
+        raise ValueError(f"method must be one of {KNN_METHODS}, got {method!r}")
     a, n, d = x.shape
     q = queries.shape[0]
     flat = x.reshape(a * n, d)                                            # [a n, d]
@@ -174,11 +188,13 @@ def knn_ballots(x: jax.Array, y: jax.Array, mask: jax.Array, queries: jax.Array,
 
 
 @functools.lru_cache(maxsize=64)
-def ballot_fn(k: int, num_classes: int):
+def ballot_fn(k: int, num_classes: int, method: str = "threshold"):
     """``((x, y, mask) [a, ...], queries [q, d]) -> [a, q, C]`` for :func:`voting.mpc_vote`."""
+    validation.check_choice("method", method, KNN_METHODS)
+
     def ballots(agents, queries):
         x, y, mask = agents
-        return knn_ballots(x, y, mask, queries, k, num_classes)
+        return knn_ballots(x, y, mask, queries, k, num_classes, method)
     return ballots
 
 

@@ -43,8 +43,10 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
 
 from fedjax_dp.core import validation
+from fedjax_dp.core.lift import AGENTS
 from fedjax_dp.privacy import PrivacyLedger, accounting
 from fedjax_dp.privacy.gnmax import PATE_ORDERS, gnmax_total_rdp
 
@@ -148,26 +150,29 @@ def _chunked(tree: Any, size: int, n: int) -> Any:
     return jax.tree.map(f, tree)
 
 
-def _tally(key, agents, queries, sigma, *, ballot_fn: BallotFn, num_classes: int,
-           agent_chunk: int | None, query_chunk: int | None, noisy: bool) -> jax.Array:
-    """Sum over agents of (ballot + own noise): ``[Q, C]``. Private to the tallier boundary."""
+def _local_tally(key, agents, ids, valid, queries, std, *, ballot_fn: BallotFn, num_classes: int,
+                 agent_chunk: int | None, query_chunk: int | None, noisy: bool) -> jax.Array:
+    """Sum over the given agents of (ballot + own noise): ``[Q, C]``.
+
+    ``ids [n]`` are the agents' *global* indices (they pick each agent's noise key), ``valid [n]``
+    marks real agents (padding contributes nothing).
+    """
     n = jax.tree.leaves(agents)[0].shape[0]
     q = queries.shape[0]
     ac = n if agent_chunk is None else min(agent_chunk, n)
     qc = q if query_chunk is None else min(query_chunk, q)
-    std = sigma / math.sqrt(n) if noisy else 0.0
-    a_chunks = _chunked((agents, jnp.arange(n), jnp.ones((n,), bool)), ac, n)
+    a_chunks = _chunked((agents, ids, valid), ac, n)
     q_chunks = _chunked((queries, jnp.arange(q)), qc, q)
 
     def per_query_chunk(qchunk):
         qx, qids = qchunk                                                 # [qc, ...], [qc]
 
         def body(acc, achunk):
-            data, aids, valid = achunk                                    # [ac, ...], [ac], [ac]
+            data, aids, ok = achunk                                       # [ac, ...], [ac], [ac]
             b = ballot_fn(data, qx).astype(jnp.float32)                   # [ac, qc, C]
             if noisy:
                 b = b + agent_query_noise(key, aids, qids, std, num_classes)
-            b = jnp.where(valid[:, None, None], b, 0.0)                   # padded agents: nothing
+            b = jnp.where(ok[:, None, None], b, 0.0)                      # padded agents: nothing
             return acc + jnp.sum(b, axis=0), None                         # secure sum
 
         acc, _ = jax.lax.scan(body, jnp.zeros((qc, num_classes), jnp.float32), a_chunks)
@@ -177,19 +182,54 @@ def _tally(key, agents, queries, sigma, *, ballot_fn: BallotFn, num_classes: int
     return tallies.reshape(-1, num_classes)[:q]
 
 
+def _tally(key, agents, queries, sigma, *, ballot_fn: BallotFn, num_classes: int,
+           agent_chunk: int | None, query_chunk: int | None, noisy: bool,
+           mesh: Mesh | None = None) -> jax.Array:
+    """Sum over agents of (ballot + own noise): ``[Q, C]``. Private to the tallier boundary.
+
+    With ``mesh`` (an ``agents`` axis, :func:`fedjax_dp.core.agent_mesh`) every device tallies
+    its slice of the agents (padded with invalid agents to a multiple of the device count) and
+    the partial tallies are summed across devices (``psum``): the same noise per agent and query
+    (keys use global agent indices), the same result up to float summation order.
+    """
+    n = jax.tree.leaves(agents)[0].shape[0]
+    std = sigma / math.sqrt(n) if noisy else 0.0
+    ids, valid = jnp.arange(n), jnp.ones((n,), bool)
+    kw = dict(ballot_fn=ballot_fn, num_classes=num_classes, agent_chunk=agent_chunk,
+              query_chunk=query_chunk, noisy=noisy)
+    if mesh is None:
+        return _local_tally(key, agents, ids, valid, queries, std, **kw)
+    pad = (-n) % mesh.shape[AGENTS]
+    if pad:
+        agents = jax.tree.map(lambda l: jnp.concatenate([l, jnp.zeros((pad,) + l.shape[1:],
+                                                                       l.dtype)]), agents)
+        ids = jnp.arange(n + pad)
+        valid = jnp.concatenate([valid, jnp.zeros((pad,), bool)])
+
+    def shard(key, agents, ids, valid, queries):
+        part = _local_tally(key, agents, ids, valid, queries, std, **kw)
+        return jax.lax.psum(part, AGENTS)                                  # cross-device sum
+
+    if key is None:
+        key = jax.random.key(0)                                            # unused (noisy=False)
+    return jax.shard_map(shard, mesh=mesh, in_specs=(P(), P(AGENTS), P(AGENTS), P(AGENTS), P()),
+                         out_specs=P(), check_vma=False)(key, agents, ids, valid, queries)
+
+
 @functools.partial(jax.jit, static_argnames=("ballot_fn", "num_classes", "agent_chunk",
-                                             "query_chunk"))
-def _release(key, agents, queries, sigma, *, ballot_fn, num_classes, agent_chunk, query_chunk):
+                                             "query_chunk", "mesh"))
+def _release(key, agents, queries, sigma, *, ballot_fn, num_classes, agent_chunk, query_chunk,
+             mesh=None):
     tally = _tally(key, agents, queries, sigma, ballot_fn=ballot_fn, num_classes=num_classes,
-                   agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=True)
+                   agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=True, mesh=mesh)
     return jnp.argmax(tally, axis=-1).astype(jnp.int32)                   # only this leaves
 
 
 @functools.partial(jax.jit, static_argnames=("ballot_fn", "num_classes", "agent_chunk",
-                                             "query_chunk"))
-def _clean(agents, queries, *, ballot_fn, num_classes, agent_chunk, query_chunk):
+                                             "query_chunk", "mesh"))
+def _clean(agents, queries, *, ballot_fn, num_classes, agent_chunk, query_chunk, mesh=None):
     return _tally(None, agents, queries, 0.0, ballot_fn=ballot_fn, num_classes=num_classes,
-                  agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=False)
+                  agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=False, mesh=mesh)
 
 
 def check_vote_config(config) -> None:
@@ -233,7 +273,7 @@ def _sizes(agents, queries) -> tuple[int, int]:
 
 def mpc_vote(key: jax.Array, ballot_fn: BallotFn, agents: Any, queries: jax.Array, sigma, *,
              num_classes: int, agent_chunk: int | None = None,
-             query_chunk: int | None = None) -> jax.Array:
+             query_chunk: int | None = None, mesh: Mesh | None = None) -> jax.Array:
     """The MPC noisy-argmax vote: released labels ``int32 [Q]`` and nothing else.
 
     ``agents``: a pytree with leading axis N (what ``ballot_fn`` needs per agent); ``queries``
@@ -241,17 +281,19 @@ def mpc_vote(key: jax.Array, ballot_fn: BallotFn, agents: Any, queries: jax.Arra
     once per model / k and reuse it, so the compiled vote is reused). Each agent adds
     ``N(0, sigma^2/N)`` to each ballot with its own key per query (:func:`agent_query_noise`),
     the shares are summed, and only ``argmax`` is returned. ``agent_chunk`` / ``query_chunk``
-    bound memory (None: all at once); results do not depend on them.
+    bound memory (None: all at once); ``mesh`` (:func:`fedjax_dp.core.agent_mesh`) splits the
+    agents over devices and sums the partial tallies across them; results do not depend on them.
     """
     n, q = _sizes(agents, queries)
     check_vote_args(sigma, n, q, num_classes, agent_chunk, query_chunk)
     return _release(key, agents, jnp.asarray(queries), jnp.float32(sigma), ballot_fn=ballot_fn,
                     num_classes=int(num_classes), agent_chunk=agent_chunk,
-                    query_chunk=query_chunk)
+                    query_chunk=query_chunk, mesh=mesh)
 
 
 def vote_sums(ballot_fn: BallotFn, agents: Any, queries: jax.Array, *, num_classes: int,
-              agent_chunk: int | None = None, query_chunk: int | None = None) -> np.ndarray:
+              agent_chunk: int | None = None, query_chunk: int | None = None,
+              mesh: Mesh | None = None) -> np.ndarray:
     """Noise-free vote sums ``[Q, C]`` (float64 on the host) -- for the privacy analysis ONLY.
 
     The data-dependent GNMax bound needs them; a deployment would compute that bound inside the
@@ -260,5 +302,5 @@ def vote_sums(ballot_fn: BallotFn, agents: Any, queries: jax.Array, *, num_class
     n, q = _sizes(agents, queries)
     check_vote_args(1.0, n, q, num_classes, agent_chunk, query_chunk)
     out = _clean(agents, jnp.asarray(queries), ballot_fn=ballot_fn, num_classes=int(num_classes),
-                 agent_chunk=agent_chunk, query_chunk=query_chunk)
+                 agent_chunk=agent_chunk, query_chunk=query_chunk, mesh=mesh)
     return np.asarray(out, dtype=np.float64)

@@ -1,0 +1,122 @@
+"""Threshold-search kNN label counts (knn_search) vs a plain loop and vs lax.top_k: exact sets,
+ties (lower index first), ragged / empty agents, block sizes, search paths, label packing."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_dp.algorithms import knn_search
+from fedjax_dp.core import from_ragged
+
+
+@functools.partial(jax.jit, static_argnames=("k", "num_classes", "agent_block", "query_block",
+                                             "search_steps", "walk_width"))
+def _counts(x, y, mask, queries, k, num_classes, agent_block=1, query_block=256,
+            search_steps=knn_search.SEARCH_STEPS, walk_width=knn_search.WALK_WIDTH):
+    return knn_search.neighbour_label_counts(x, y, mask, queries, k, num_classes,
+                                             agent_block=agent_block, query_block=query_block,
+                                             search_steps=search_steps, walk_width=walk_width)
+
+
+def _loop(xs, ys, queries, k, c):
+    """numpy loop over agents and queries: float32 scores as the kernel computes them, stable
+    argsort (lower index first on ties)."""
+    out = np.zeros((len(xs), len(queries), c), np.float32)
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        if len(x) == 0:
+            continue
+        x32 = np.asarray(x, np.float32)
+        for t, q in enumerate(np.asarray(queries, np.float32)):
+            d = np.sum((x32.astype(np.float64) - q) ** 2, axis=1)
+            for j in np.argsort(d, kind="stable")[:k]:
+                out[i, t, y[j]] += 1
+    return out
+
+
+def _data(seed, sizes, d=5, c=4, q=9):
+    rng = np.random.default_rng(seed)
+    xs = [rng.normal(size=(n, d)).astype(np.float32) for n in sizes]
+    ys = [rng.integers(0, c, n).astype(np.int32) for n in sizes]
+    queries = rng.normal(size=(q, d)).astype(np.float32)
+    return xs, ys, queries
+
+
+@pytest.mark.parametrize("k", [1, 4, 12])
+def test_counts_equal_a_loop_over_agents_and_queries(k):
+    xs, ys, queries = _data(0, [40, 17, 12, 3, 0])        # ragged, one with < k, one empty
+    data = from_ragged(xs, ys, allow_empty=True)
+    got = np.asarray(_counts(data.x, data.y, data.mask, jnp.asarray(queries), k=k, num_classes=4))
+    np.testing.assert_array_equal(got, _loop(xs, ys, queries, k, 4))
+    np.testing.assert_array_equal(got.sum(-1), np.minimum(k, [40, 17, 12, 3, 0])[:, None]
+                                  * np.ones((1, len(queries))))
+
+
+def test_equal_to_top_k_on_ties_lower_index_first():
+    """Duplicated records tie at the k-th distance: the chosen set is lax.top_k's (lower index
+    first), through the verified fallback."""
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=(6, 3)).astype(np.float32)
+    x = np.concatenate([base, base, base[:2]])             # 14 records, many exact duplicates
+    y = rng.integers(0, 3, len(x)).astype(np.int32)
+    queries = np.concatenate([base[:3], rng.normal(size=(4, 3)).astype(np.float32)])
+    for k in (2, 3, 5, 7):
+        got = np.asarray(_counts(jnp.asarray(x[None]), jnp.asarray(y[None]),
+                                 jnp.ones((1, len(x)), bool), jnp.asarray(queries), k=k,
+                                 num_classes=3))
+        s = knn_search._scores(jnp.asarray(x[None]), jnp.ones((1, len(x)), bool),
+                               jnp.asarray(queries))
+        ref = np.asarray(knn_search._topk_counts(s, jnp.asarray(y[None]), k, 3))
+        np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("agent_block,query_block", [(2, 4), (3, 256), (6, 5)])
+def test_block_sizes_do_not_change_the_counts(agent_block, query_block):
+    xs, ys, queries = _data(2, [30, 30, 25, 30, 28, 30], q=11)
+    data = from_ragged(xs, ys)
+    args = (data.x, data.y, data.mask, jnp.asarray(queries))
+    plain = _counts(*args, k=6, num_classes=4)
+    blocked = _counts(*args, k=6, num_classes=4, agent_block=agent_block, query_block=query_block)
+    np.testing.assert_array_equal(np.asarray(blocked), np.asarray(plain))
+
+
+def test_search_paths_agree_bisection_only_and_no_walk():
+    """Pure bisection (no model/secant guesses) and no walking give the same exact sets."""
+    xs, ys, queries = _data(3, [50, 50, 44], d=6, q=16)
+    data = from_ragged(xs, ys)
+    args = (data.x, data.y, data.mask, jnp.asarray(queries))
+    ref = _loop(xs, ys, queries, 7, 4)
+    for steps, width in [(0, 0), (0, 3), (20, 0), (8, 2)]:
+        got = _counts(*args, k=7, num_classes=4, search_steps=steps, walk_width=width)
+        np.testing.assert_array_equal(np.asarray(got), ref)
+
+
+def test_threshold_has_exactly_k_keys_below_and_few_passes():
+    rng = np.random.default_rng(4)
+    s = jnp.asarray(rng.normal(size=(2, 200, 64)).astype(np.float32) * 30 + 5)
+    keys = knn_search._to_key(s)
+    mean, sd = knn_search._score_moments(s)
+    for k in (1, 10, 199):
+        tau, passes = knn_search.kth_smallest_key(keys, k, jnp.array([200, 200]), mean, sd)
+        np.testing.assert_array_equal(np.sum(np.asarray(keys) <= np.asarray(tau)[:, None, :], 1),
+                                      k)
+        assert int(passes) <= 40                           # <= search_steps + 32 by design
+
+
+def test_key_map_is_order_preserving_and_invertible():
+    v = np.array([-np.inf, -3e38, -2.5, -1e-30, -0.0, 0.0, 1e-30, 1.0, 2.5, 3e38, np.inf],
+                 np.float32)
+    keys = np.asarray(knn_search._to_key(jnp.asarray(v)))
+    assert np.all(np.diff(keys.astype(np.int64)) >= 0)
+    assert np.all(np.diff(keys.astype(np.int64))[[i for i in range(len(v) - 1) if i != 4]] > 0)
+    back = np.asarray(knn_search._from_key(jnp.asarray(keys)))
+    np.testing.assert_array_equal(back.view(np.int32), v.view(np.int32))
+
+
+def test_label_packing_many_classes_and_large_k():
+    """k = n = 40 (6 bits a class) with 12 classes (several int32 words) unpacks exactly."""
+    xs, ys, queries = _data(5, [40, 40], c=12, q=3)
+    data = from_ragged(xs, ys)
+    got = _counts(data.x, data.y, data.mask, jnp.asarray(queries), k=40, num_classes=12)
+    np.testing.assert_array_equal(np.asarray(got), _loop(xs, ys, queries, 40, 12))
