@@ -123,6 +123,20 @@ def test_chunked_knn_vote_equals_plain():
         voting.mpc_vote(key, fn, agents, queries, 0.5, num_classes=C))
 
 
+def test_knn_methods_give_identical_vote_sums_and_config_checks_the_name():
+    xs, ys = _ragged(8, [7, 4, 6, 2])
+    data = from_ragged(xs, ys)
+    queries = jnp.asarray(np.random.default_rng(9).normal(size=(5, D)), jnp.float32)
+    agents = (data.x, data.y, data.mask)
+    sums = {m: voting.vote_sums(knn_dpfl.ballot_fn(2, C, m), agents, queries, num_classes=C)
+            for m in knn_dpfl.KNN_METHODS}
+    np.testing.assert_array_equal(sums["threshold"], sums["top_k"])
+    with pytest.raises(ValueError, match="algorithm.knn_method"):
+        knn_dpfl.Config(knn_method="sort")
+    with pytest.raises(ValueError, match="method"):
+        knn_dpfl.ballot_fn(2, C, "sort")
+
+
 def test_feature_maps_use_public_data_only():
     rng = np.random.default_rng(8)
     public = rng.normal(size=(40, 2, 3, 1)).astype(np.float32)

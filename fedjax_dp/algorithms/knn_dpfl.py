@@ -63,6 +63,7 @@ from fedjax_dp.train import LocalTrainConfig
 
 Params = Any
 FEATURE_MAPS = ("identity", "random_projection", "pca")
+KNN_METHODS = ("threshold", "top_k")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +76,7 @@ class Config(student_lib.StudentSettings):
     feature_map: str = "pca"             # identity | random_projection | pca (public data only)
     feature_dim: int = 64                # output dimension of random_projection / pca
     instance_sensitivity: str = "derived"   # derived: sqrt(2)/k; paper: sqrt(2/k)
+    knn_method: str = "threshold"        # threshold (fast exact search) | top_k (lax.top_k)
     student_steps: int = 500
     student_batch_size: int = 32
     student_learning_rate: float = 0.1
@@ -94,6 +96,7 @@ class Config(student_lib.StudentSettings):
         validation.check_int("algorithm.feature_dim", self.feature_dim, minimum=1)
         validation.check_choice("algorithm.instance_sensitivity", self.instance_sensitivity,
                                 ("derived", "paper"))
+        validation.check_choice("algorithm.knn_method", self.knn_method, KNN_METHODS)
         self.student
         self.semi_supervised
 
@@ -151,9 +154,6 @@ def fit_feature_map(kind: str, key: jax.Array, x_public, dim: int) -> FeatureMap
 
 
 # --------------------------------------------------------------------------- ballots
-
-KNN_METHODS = ("threshold", "top_k")
-
 
 def knn_ballots(x: jax.Array, y: jax.Array, mask: jax.Array, queries: jax.Array, k: int,
                 num_classes: int, method: str = "threshold") -> jax.Array:
@@ -241,7 +241,7 @@ def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_pub
                           config.feature_dim)
     feats = agent_features(phi, agents)
     queries = phi.apply(x_public[qidx], lead=1)                           # [Q, m]
-    fn = ballot_fn(config.k, c)
+    fn = ballot_fn(config.k, c, config.knn_method)
     labels = np.asarray(voting.mpc_vote(rng.stream(key, "vote"), fn, feats, queries,
                                         config.sigma, num_classes=c,
                                         agent_chunk=config.agent_chunk,
