@@ -71,6 +71,19 @@ def test_equal_to_top_k_on_ties_lower_index_first():
         np.testing.assert_array_equal(got, ref)
 
 
+def test_many_tied_records_across_the_kth_terminate_and_match_top_k():
+    """20 identical records straddle the k-th neighbour (k = 10): no threshold gives exactly k,
+    the search must stop (adjacent keys / pass cap) and the fallback give top-k's set."""
+    rng = np.random.default_rng(6)
+    x = np.concatenate([np.zeros((20, 3)), rng.normal(3.0, 1.0, size=(15, 3))]).astype(np.float32)
+    x = x[rng.permutation(len(x))]
+    y = rng.integers(0, 3, len(x)).astype(np.int32)
+    queries = np.array([[0.1, 0.0, 0.0], [3.0, 3.0, 3.0]], np.float32)
+    got = _counts(jnp.asarray(x[None]), jnp.asarray(y[None]), jnp.ones((1, len(x)), bool),
+                  jnp.asarray(queries), k=10, num_classes=3)
+    np.testing.assert_array_equal(np.asarray(got), _loop([x], [y], queries, 10, 3))
+
+
 @pytest.mark.parametrize("agent_block,query_block", [(2, 4), (3, 256), (6, 5)])
 def test_block_sizes_do_not_change_the_counts(agent_block, query_block):
     xs, ys, queries = _data(2, [30, 30, 25, 30, 28, 30], q=11)
