@@ -30,6 +30,10 @@ compare.
     .venv/bin/python tools/exp_voting_dpfl.py --parts agent instance --name results_ssl
     .venv/bin/python tools/exp_voting_dpfl.py --parts agent --abstain none 0.5 0.7 0.9 \
         --name results_abstain        # AE-DPFL also tuned over its abstention threshold
+    .venv/bin/python tools/exp_voting_dpfl.py --parts instance --agents 10 20 \
+        --knn-k-frac 0.05 0.1 0.2 --fedsgd-batch-points 32:10:10 32:25:10 32:50:10 \
+        --name results_instance_small_n   # fewer, larger agents: k also 5/10/20% of the local
+                                          # size n; DP-FedSGD also at p = 32/n, more steps
 """
 from __future__ import annotations
 
@@ -90,8 +94,16 @@ class Grids:
     # kNN-DPFL: k x Q (PCA-64 features fitted on the public data)
     knn_k: tuple[int, ...] = (1, 3, 5, 10)
     knn_queries: tuple[int, ...] = (50, 100, 200, 500)
+    # kNN-DPFL: extra k values as fractions of the (smallest) local size n, k = round(frac * n)
+    # (half up, at least 1, at most n), added to ``knn_k``; the paper uses k = 5% of n
+    # (``--knn-k-frac 0.05``: N = 10 -> n = 300, k = 15; N = 20 -> n = 150, k = 8). Default: none.
+    knn_k_fracs: tuple[float, ...] = ()
     # DP-FedSGD: (rounds, local steps E), logistic regression, record rate p = 1/3, C = 1
     fedsgd_points: tuple[tuple[int, int], ...] = ((10, 2), (25, 2), (50, 2))
+    # DP-FedSGD: extra points (expected batch B, rounds T, local steps E) with the record rate
+    # p = min(1, B / n) (n = the smallest local size; the same p for every agent), e.g.
+    # ``--fedsgd-batch-points 32:10:10 32:20:10``. Default: none.
+    fedsgd_batch_points: tuple[tuple[int, int, int], ...] = ()
     fedsgd_lr: float = 1.0
     # large N (AE-DPFL on synthetic data)
     large_n: tuple[int, ...] = (100, 300, 1000, 3000, 10_000, 100_000)
@@ -249,8 +261,10 @@ def run_dp_fedavg(rows, ds, agents, grids: Grids, delta: float, seed: int):
 def run_knn_dpfl(rows, ds, agents, grids: Grids, delta: float, seed: int):
     print("kNN-DPFL (instance level)", flush=True)
     model = make_model("mlp", ds.feature_shape, ds.num_classes, hidden=(200,))
+    ks = knn_k_values(grids, int(np.min(np.asarray(agents.counts))))
+    print(f"  k grid: {ks}", flush=True)
     for target in grids.targets:
-        for k in grids.knn_k:
+        for k in ks:
             for q in grids.knn_queries:
                 start = time.perf_counter()
                 probe = knn_dpfl.Config(k=k, num_queries=q)
@@ -288,12 +302,35 @@ def run_knn_dpfl(rows, ds, agents, grids: Grids, delta: float, seed: int):
                             wall_s=time.perf_counter() - t0)
 
 
+def knn_k_values(grids: Grids, local_size: int) -> list[int]:
+    """kNN-DPFL's k grid: ``knn_k`` plus ``round(frac * local_size)`` for ``knn_k_fracs``.
+
+    Rounded half up, clipped to [1, local_size]; values above the local size are dropped
+    (``knn_dpfl`` rejects k > the smallest local size).
+    """
+    extra = {min(local_size, max(1, int(np.floor(f * local_size + 0.5))))
+             for f in grids.knn_k_fracs}
+    return sorted(k for k in set(grids.knn_k) | extra if 1 <= k <= local_size)
+
+
+def fedsgd_grid(grids: Grids, local_size: int) -> list[tuple[float, int, int, int | None]]:
+    """DP-FedSGD's grid as (record rate p, rounds, local steps, expected batch B or None).
+
+    ``fedsgd_points`` at p = 1/3 (every agent samples a third of its records per step), then
+    ``fedsgd_batch_points`` at p = min(1, B / local_size).
+    """
+    points = [(1.0 / 3.0, rounds, steps, None) for rounds, steps in grids.fedsgd_points]
+    points += [(min(1.0, b / local_size), rounds, steps, b)
+               for b, rounds, steps in grids.fedsgd_batch_points]
+    return points
+
+
 def run_dp_fedsgd(rows, ds, agents, grids: Grids, delta: float, seed: int):
     print("DP-FedSGD (instance level)", flush=True)
     model = make_model("logistic", ds.feature_shape, ds.num_classes)
-    rate = 1.0 / 3.0                    # every agent samples a third of its records per step
+    points = fedsgd_grid(grids, int(np.min(np.asarray(agents.counts))))
     for target in grids.targets:
-        for rounds, steps in grids.fedsgd_points:
+        for rate, rounds, steps, batch in points:
             start = time.perf_counter()
             z = calibration.calibrate_sampled_gaussian(target, delta, rate, rounds * steps,
                                                        bracket=(0.0, 5000.0))
@@ -307,6 +344,7 @@ def run_dp_fedsgd(rows, ds, agents, grids: Grids, delta: float, seed: int):
             _record(rows, level="instance", method="DP-FedSGD", num_agents=agents.num_agents,
                     target=target, model="logistic",
                     rounds=rounds, local_steps=steps, record_sampling_rate=rate,
+                    **({} if batch is None else {"expected_batch": batch}),
                     noise_multiplier=z, epsilon=eps,
                     test_accuracy=accuracy(model, history.params, ds.x_test, ds.y_test),
                     wall_s=time.perf_counter() - start)
@@ -378,9 +416,9 @@ def best_per_target(rows: list[dict]) -> list[dict]:
 
 def _settings(r: dict) -> str:
     keys = ("k", "num_queries", "abstain_below", "sigma", "model", "rounds", "local_steps",
-            "noise_multiplier")
+            "record_sampling_rate", "noise_multiplier")
     names = {"num_queries": "Q", "noise_multiplier": "z", "local_steps": "E", "rounds": "T",
-             "abstain_below": "abstain"}
+             "abstain_below": "abstain", "record_sampling_rate": "p"}
     return ", ".join(f"{names.get(k, k)}={r[k]:.3g}" if isinstance(r[k], float) else
                      f"{names.get(k, k)}={r[k]}" for k in keys if k in r)
 
@@ -412,6 +450,7 @@ def markdown(rows: list[dict], best: list[dict], meta: dict) -> str:
                       if s in e else "-")
             line += f" {cell_s} | {({True: 'yes', False: '**no**'}.get(e.get('ssl_wins'), '-'))} |"
         lines.append(line)
+    lines += grid_lines(rows, meta)
     taus = {r.get("abstain_below") for r in rows if r["method"] == "AE-DPFL"}
     if taus - {None}:
         lines += abstain_table(rows, best, sorted(taus, key=lambda t: -1 if t is None else t))
@@ -436,6 +475,32 @@ def markdown(rows: list[dict], best: list[dict], meta: dict) -> str:
     lines += ["", f"All grid points: `{meta.get('name', 'results')}.json` (`rows`); plot: "
               f"`{meta.get('plot', 'accuracy_vs_epsilon.png')}`."]
     return "\n".join(lines) + "\n"
+
+
+def grid_lines(rows: list[dict], meta: dict) -> list[str]:
+    """The tuning grids of the instance-level methods, as run (per N), for the markdown."""
+    if not any(r["level"] == "instance" for r in rows):
+        return []
+    g = meta["grids"]
+    lines = ["", "Instance-level tuning grids (noise calibrated to the target at every point; "
+             "C = 1, server lr 1, every agent every round):", ""]
+    for n in sorted({r["num_agents"] for r in rows if r["level"] == "instance"}):
+        ks = sorted({r["k"] for r in rows if r["num_agents"] == n
+                     and r["method"] == "kNN-DPFL"})
+        fed = [r for r in rows if r["num_agents"] == n and r["method"] == "DP-FedSGD"]
+        pts = sorted({(r["record_sampling_rate"], r["rounds"], r["local_steps"],
+                       r.get("expected_batch")) for r in fed},
+                     key=lambda t: (t[3] is not None, t[0], t[1], t[2]))
+        local = 3000 // n if n else 0
+        fed_txt = ", ".join(f"(p={p:.3g}{'' if b is None else f' = {b}/n'}, T={t}, E={e})"
+                            for p, t, e, b in pts)
+        lines.append(f"- N = {n} (about {local} records per agent): kNN-DPFL k in "
+                     f"{{{', '.join(map(str, ks))}}} (fixed list {tuple(g['knn_k'])}"
+                     + (f" plus k = round(frac * n) for frac in {tuple(g['knn_k_fracs'])}"
+                        if g.get("knn_k_fracs") else "")
+                     + f") x Q in {{{', '.join(map(str, g['knn_queries']))}}}; DP-FedSGD "
+                     f"(logistic, lr {g['fedsgd_lr']:g}) {fed_txt}.")
+    return lines
 
 
 def abstain_table(rows: list[dict], best: list[dict], taus: list) -> list[str]:
@@ -546,6 +611,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--abstain", nargs="+", default=None, metavar="TAU",
                         help="AE-DPFL abstention thresholds to tune over ('none' = the paper's "
                              "rule), e.g. --abstain none 0.5 0.7 0.9 (default: none only)")
+    parser.add_argument("--targets", type=float, nargs="+", default=None,
+                        help="target epsilons (default: the grid's, 2 4 8)")
+    parser.add_argument("--knn-k-frac", type=float, nargs="+", default=None, metavar="FRAC",
+                        help="kNN-DPFL: also k = round(FRAC * local size), e.g. 0.05 (the "
+                             "paper's 5%%); added to the fixed k grid")
+    parser.add_argument("--fedsgd-batch-points", nargs="+", default=None, metavar="B:T:E",
+                        help="DP-FedSGD: extra grid points, expected batch B (record rate "
+                             "p = B / local size), T rounds, E local steps, e.g. 32:10:10")
     parser.add_argument("--no-ssl", action="store_true",
                         help="skip the semi-supervised-student (+SSL) rows")
     args = parser.parse_args(argv)
@@ -554,6 +627,21 @@ def main(argv=None) -> dict:
         grids = dataclasses.replace(grids, ssl=False)
     if args.agents:
         grids = dataclasses.replace(grids, agent_counts=tuple(args.agents))
+    if args.targets:
+        grids = dataclasses.replace(grids, targets=tuple(args.targets))
+    if args.knn_k_frac:
+        if any(not 0.0 < f <= 1.0 for f in args.knn_k_frac):
+            parser.error(f"--knn-k-frac values must be in (0, 1], got {args.knn_k_frac}")
+        grids = dataclasses.replace(grids, knn_k_fracs=tuple(args.knn_k_frac))
+    if args.fedsgd_batch_points:
+        try:
+            pts = tuple(tuple(int(v) for v in p.split(":")) for p in args.fedsgd_batch_points)
+        except ValueError:
+            pts = ()
+        if not pts or any(len(p) != 3 or min(p) < 1 for p in pts):
+            parser.error("--fedsgd-batch-points takes B:T:E triples of positive integers, got "
+                         f"{args.fedsgd_batch_points}")
+        grids = dataclasses.replace(grids, fedsgd_batch_points=pts)
     if args.abstain:
         taus = tuple(None if t.lower() == "none" else ae_dpfl.check_abstain_below(
             "--abstain", float(t)) for t in args.abstain)
