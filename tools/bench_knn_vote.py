@@ -150,7 +150,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--what", default="distances,clean,vote,clean_top_k")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per function (best)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--configs", default="1000:0:1,1000:50:1,1000:0:2,10000:50:2",
+    ap.add_argument("--configs", default="1000:0:1,1000:40:1,1000:40:2,10000:40:1",
                     help="comma-separated AGENTS:AGENT_CHUNK[:DEVICES] runs, each in a fresh "
                          "process; DEVICES > 1 forces that many CPU devices and splits the "
                          "agents over them (voting's mesh=)")

@@ -19,7 +19,7 @@ the k nearest (``method``), with identical ballots (ties: lower index first):
   agents x queries one GEMM for the scores, then the k-th smallest score per (agent, query) by a
   few vectorised counting passes, and the label counts of the records at or below it -- no sort;
 * ``"top_k"``: one GEMM ``[q, d] x [d, a n]`` per chunk of agents and ``lax.top_k`` on the negated
-  distances (the straightforward reference; ~6x slower on a CPU, where top-k is a
+  distances (the straightforward reference; 4-8x slower on a CPU, where top-k is a
   single-threaded partial sort).
 
 **Normalisation by k.** The ballot is always divided by k, also for an agent with fewer than k
