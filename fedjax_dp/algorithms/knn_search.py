@@ -19,7 +19,7 @@ histogram only needs the *set* of the k nearest, and that set is ``{j : s_j <= t
    lands exactly on ``c = k`` (the gap between the k-th and (k+1)-th record can be tiny), so once
    every row of the block is within ``walk_width`` records of the k-th, *walk passes* (one masked
    min) move the nearer bracket end to the next record, ``c(lo) += 1`` or ``c(hi) -= 1``, until
-   ``c = k`` at one end. Measured on 64-d data: ~7-8 passes per block of 4 x 256 rows.
+   ``c = k`` at one end. Measured on 64-d data: ~8 passes per block of 8 x 256 rows.
 3. **Counts and verification** (:func:`_block_counts`): the label counts of ``{key <= tau}``
    are sums of bit-packed one-hot codes (``ceil(log2(k + 1))`` bits a class, several classes per
    int32 word). If any row has not exactly ``min(k, n_i)`` chosen records -- a tie at the k-th
@@ -35,7 +35,7 @@ what kNN-DPFL's instance-level sensitivity ``sqrt(2)/k`` rests on
 
 Blocks of ``agent_block`` agents x ``query_block`` queries keep a block's keys in cache across
 the passes; blocks are visited by ``lax.map`` (no Python loop). On the 2-core CPU this path is
-~6x faster than ``lax.top_k`` for N = 1000 x 600 x 1000 x 64, k = 30 (tools/bench_knn_vote.py).
+~7-8x faster than ``lax.top_k`` for N = 1000 x 600 x 1000 x 64, k = 30 (tools/bench_knn_vote.py).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy.special import ndtri
 
-SEARCH_STEPS = 8          # count passes with model/secant guesses before plain bisection
+SEARCH_STEPS = 8          # count passes with model / regula-falsi guesses before bisection
 WALK_WIDTH = 3            # walk record by record once every row is this close to the k-th
 QUERY_BLOCK = 256         # queries per block: an [8, 600, 256] int32 block is 4.9 MB (L3)
 AGENT_BLOCK = 8           # agents per block: a [8 x 600, 64] x [64, 256] GEMM runs near peak
