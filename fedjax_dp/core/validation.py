@@ -94,6 +94,20 @@ def check_finite_array(name: str, array: Any) -> np.ndarray:
     return arr
 
 
+def check_per_order(name: str, values: Any, num_orders: int, mismatch: str) -> np.ndarray:
+    """A float64 vector with one entry ``>= 0`` (infinity allowed) per order of a grid.
+
+    ``mismatch`` is the message when the length differs (it names both quantities).
+    """
+    vec = np.asarray(values, dtype=np.float64).reshape(-1)
+    if vec.size != num_orders:
+        raise ValueError(mismatch)
+    if np.any(np.isnan(vec)) or np.any(vec < 0):
+        raise ValueError(f"{name} must be >= 0 at every order (infinity allowed), got "
+                         f"{vec.tolist()}")
+    return vec
+
+
 def check_labels(name: str, labels: Any, num_classes: int) -> np.ndarray:
     """Integer labels in ``[0, num_classes)``."""
     arr = np.asarray(labels)

@@ -131,13 +131,9 @@ def epsilon_from_rdp(orders: Sequence[float], rdp: Sequence[float], delta: float
     """
     delta = validation.check_open_unit("delta", delta)
     grid = _check_orders(orders)
-    vec = np.asarray(rdp, dtype=np.float64).reshape(-1)
-    if vec.shape != grid.shape:
-        raise ValueError(f"orders and rdp must have the same length, got {grid.size} and "
-                         f"{vec.size}")
-    if np.any(np.isnan(vec)) or np.any(vec < 0):
-        raise ValueError("rdp must be >= 0 at every order (infinity allowed), got "
-                         f"{vec.tolist()}")
+    vec = validation.check_per_order(
+        "rdp", rdp, grid.size, f"orders and rdp must have the same length, got {grid.size} and "
+        f"{np.size(rdp)}")
     eps, order = rdp_privacy_accountant.compute_epsilon(grid.tolist(), vec.tolist(), delta)
     return float(eps), float(order)
 

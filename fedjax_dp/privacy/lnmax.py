@@ -128,12 +128,10 @@ def moments_epsilon(total_log_moments, delta,
     """
     delta = validation.check_open_unit("delta", delta)
     ls = _orders(orders)
-    total = np.asarray(total_log_moments, dtype=np.float64).reshape(-1)
-    if total.shape != ls.shape:
-        raise ValueError(f"total_log_moments must have one entry per order ({ls.size}), "
-                         f"got {total.size}")
-    if np.any(np.isnan(total)) or np.any(total < 0):
-        raise ValueError("total_log_moments must be >= 0 at every order")
+    total = validation.check_per_order(
+        "total_log_moments", total_log_moments, ls.size,
+        f"total_log_moments must have one entry per order ({ls.size}), got "
+        f"{np.size(total_log_moments)}")
     return float(np.min((total + np.log(1.0 / delta)) / ls))
 
 
