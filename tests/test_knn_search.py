@@ -12,12 +12,14 @@ from fedjax_dp.core import from_ragged
 
 
 @functools.partial(jax.jit, static_argnames=("k", "num_classes", "agent_block", "query_block",
-                                             "search_steps", "walk_width"))
+                                             "search_steps", "walk_width", "compact"))
 def _counts(x, y, mask, queries, k, num_classes, agent_block=1, query_block=256,
-            search_steps=knn_search.SEARCH_STEPS, walk_width=knn_search.WALK_WIDTH):
+            search_steps=knn_search.SEARCH_STEPS, walk_width=knn_search.WALK_WIDTH,
+            compact=knn_search.COMPACT):
     return knn_search.neighbour_label_counts(x, y, mask, queries, k, num_classes,
                                              agent_block=agent_block, query_block=query_block,
-                                             search_steps=search_steps, walk_width=walk_width)
+                                             search_steps=search_steps, walk_width=walk_width,
+                                             compact=compact)
 
 
 def _loop(xs, ys, queries, k, c):
@@ -65,8 +67,8 @@ def test_equal_to_top_k_on_ties_lower_index_first():
         got = np.asarray(_counts(jnp.asarray(x[None]), jnp.asarray(y[None]),
                                  jnp.ones((1, len(x)), bool), jnp.asarray(queries), k=k,
                                  num_classes=3))
-        s = knn_search._scores(jnp.asarray(x[None]), jnp.ones((1, len(x)), bool),
-                               jnp.asarray(queries))
+        s = knn_search.scores(jnp.asarray(x[None]), jnp.ones((1, len(x)), bool),
+                              jnp.asarray(queries))
         ref = np.asarray(knn_search._topk_counts(s, jnp.asarray(y[None]), k, 3))
         np.testing.assert_array_equal(got, ref)
 
@@ -105,16 +107,58 @@ def test_search_paths_agree_bisection_only_and_no_walk():
         np.testing.assert_array_equal(np.asarray(got), ref)
 
 
-def test_threshold_has_exactly_k_keys_below_and_few_passes():
+@pytest.mark.parametrize("compact", [0, 4, 64])
+def test_threshold_has_exactly_k_keys_below_and_few_passes(compact):
+    """Exactly k scores at or below tau, with and without compacting the last active rows
+    (compact 64: 128 rows, a buffer of 2), and with badly wrong moments (only guesses)."""
     rng = np.random.default_rng(4)
     s = jnp.asarray(rng.normal(size=(2, 200, 64)).astype(np.float32) * 30 + 5)
-    keys = knn_search._to_key(s)
-    mean, sd = knn_search._score_moments(s)
+    good = (jnp.mean(s, axis=1), jnp.std(s, axis=1))
+    bad = (jnp.full((2, 64), -1e3), jnp.full((2, 64), 1e-3))
+    keys = np.asarray(knn_search._to_key(s))
     for k in (1, 10, 199):
-        tau, passes = knn_search.kth_smallest_key(keys, k, jnp.array([200, 200]), mean, sd)
-        np.testing.assert_array_equal(np.sum(np.asarray(keys) <= np.asarray(tau)[:, None, :], 1),
-                                      k)
-        assert int(passes) <= 40                           # <= search_steps + 32 by design
+        for mean, sd in (good, bad):
+            tau, passes = knn_search.kth_smallest_key(s, k, jnp.array([200, 200]), mean, sd,
+                                                      compact=compact)
+            np.testing.assert_array_equal(np.sum(keys <= np.asarray(tau)[:, None, :], 1), k)
+            assert int(passes) <= 45                      # search_steps + 34 + walk_width cap
+
+
+def test_compaction_does_not_change_the_counts():
+    """Blocks of 4 agents x 64 queries (256 rows): compacting at 1/4, 1/32 or never -- and at
+    1/256 (a one-row buffer) -- gives the loop's counts."""
+    xs, ys, queries = _data(7, [60, 60, 55, 60], d=8, q=64)
+    data = from_ragged(xs, ys)
+    args = (data.x, data.y, data.mask, jnp.asarray(queries))
+    ref = _loop(xs, ys, queries, 9, 4)
+    for compact in (0, 4, 32, 256):
+        got = _counts(*args, k=9, num_classes=4, agent_block=4, query_block=64, compact=compact)
+        np.testing.assert_array_equal(np.asarray(got), ref)
+
+
+def test_score_moments_from_record_statistics():
+    """mean / variance of s_j over an agent's real records, from per-agent statistics (exact
+    when the records' covariance is diagonal: independent features)."""
+    rng = np.random.default_rng(8)
+    x = (rng.normal(size=(2, 4000, 3)) * [1.0, 2.0, 0.5] + [0.3, -1.0, 2.0]).astype(np.float32)
+    mask = np.ones((2, 4000), bool)
+    mask[1, 3000:] = False                                  # padded records are ignored
+    q = rng.normal(size=(5, 3)).astype(np.float32)
+    xa = knn_search.augment_records(jnp.asarray(x), jnp.asarray(mask))
+    qa = knn_search.augment_queries(jnp.asarray(q))
+    mean, sd = knn_search._score_moments(knn_search._agent_stats(xa, jnp.asarray(mask)), qa)
+    for i in range(2):
+        xi = x[i][mask[i]].astype(np.float64)
+        s = np.sum(xi ** 2, 1)[:, None] - 2 * xi @ q.T.astype(np.float64)   # [n_i, q]
+        np.testing.assert_allclose(np.asarray(mean)[i], s.mean(0), rtol=0.05, atol=0.1)
+        np.testing.assert_allclose(np.asarray(sd)[i], s.std(0), rtol=0.1)
+
+
+def test_query_block_avoids_padding():
+    assert knn_search._query_block_size(1000, 256) == 200
+    assert knn_search._query_block_size(1024, 256) == 256
+    assert knn_search._query_block_size(9, 256) == 9
+    assert knn_search._query_block_size(997, 256) == 256     # prime: padded blocks
 
 
 def test_key_map_is_order_preserving_and_invertible():

@@ -7,20 +7,23 @@ histogram only needs the *set* of the k nearest, and that set is ``{j : s_j <= t
 ``tau`` is the k-th smallest score. So:
 
 1. **Scores** ``s[a, n, q] = ||b_j||^2 - 2 <b_j, x_t>`` (the squared distance minus ``||x_t||^2``,
-   which does not change the ranking for a fixed query): one GEMM ``[a n, d] x [d, q]`` per
-   block; padded records get ``+inf`` and are never chosen. Layout ``[a, n, q]`` keeps the record
-   axis major, so every count below is a reduction over a major axis, vectorised across queries.
-   Scores are compared as int32 keys (an order-preserving bit map of float32, :func:`_to_key`).
+   which does not change the ranking for a fixed query): ONE GEMM per block on augmented
+   operands, ``[b_j, ||b_j||^2] . [-2 x_t, 1]`` (no elementwise pass afterwards; padded records
+   have ``||b||^2 = +inf`` and are never chosen). Layout ``[a, n, q]`` keeps the record axis
+   major, so every count below is a reduction over a major axis, vectorised across queries.
 2. **Threshold** (:func:`kth_smallest_key`): per row (agent, query) a bracket of thresholds
-   ``lo < hi`` with exact counts ``c(lo) < k < c(hi)``, ``c(t) = #{j : key_j <= t}``. A *count
-   pass* evaluates ``c`` at one threshold per row: first the normal quantile
-   ``mean + Phi^{-1}((k - 1/2)/n) sd`` of the row (mean and sd from a strided sample of 64
-   records), then Newton / regula-falsi guesses, then bisection on the keys. Counting alone rarely
+   ``lo < hi`` with exact counts ``c(lo) < k < c(hi)``, ``c(t) = #{j : s_j <= t}``, kept as int32
+   keys (an order-preserving bit map of float32, :func:`_to_key`). A *count pass* evaluates ``c``
+   at one threshold per row: first the normal quantile ``mean + Phi^{-1}((k - 1/2)/n) sd`` of
+   the row (mean and sd from per-agent record statistics, :func:`_score_moments`: three tiny
+   GEMMs), then Newton / regula-falsi guesses, then bisection on the keys. Counting alone rarely
    lands exactly on ``c = k`` (the gap between the k-th and (k+1)-th record can be tiny), so once
    every row of the block is within ``walk_width`` records of the k-th, *walk passes* (one masked
    min) move the nearer bracket end to the next record, ``c(lo) += 1`` or ``c(hi) -= 1``, until
-   ``c = k`` at one end. Measured on 64-d data: ~8 passes per block of 8 x 256 rows.
-3. **Counts and verification** (:func:`_block_counts`): the label counts of ``{key <= tau}``
+   ``c = k`` at one end. Once at most 1/``compact`` of the block's rows are still searching,
+   their scores are gathered into a small buffer and the last passes run on it alone.
+   Measured on 64-d data: ~8 passes per block of 8 x 256 rows, the last 2-3 on the buffer.
+3. **Counts and verification** (:func:`_block_counts`): the label counts of ``{s <= tau}``
    are sums of bit-packed one-hot codes (``ceil(log2(k + 1))`` bits a class, several classes per
    int32 word). If any row has not exactly ``min(k, n_i)`` chosen records -- a tie at the k-th
    distance (duplicated records), where the walk's counting assumption fails -- the block is
@@ -35,7 +38,7 @@ what kNN-DPFL's instance-level sensitivity ``sqrt(2)/k`` rests on
 
 Blocks of ``agent_block`` agents x ``query_block`` queries keep a block's keys in cache across
 the passes; blocks are visited by ``lax.map`` (no Python loop). On the 2-core CPU this path is
-~7-8x faster than ``lax.top_k`` for N = 1000 x 600 x 1000 x 64, k = 30 (tools/bench_knn_vote.py).
+~8-9x faster than ``lax.top_k`` for N = 1000 x 600 x 1000 x 64, k = 30 (tools/bench_knn_vote.py).
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ WALK_WIDTH = 3            # walk record by record once every row is this close t
 QUERY_BLOCK = 256         # queries per block: an [8, 600, 256] int32 block is 4.9 MB (L3)
 AGENT_BLOCK = 8           # agents per block: a [8 x 600, 64] x [64, 256] GEMM runs near peak
 FIRST_COUNT_PASSES = 3    # count passes every block makes before the adaptive loop
+COMPACT = 32              # continue on a gathered buffer once <= 1/32 of a block's rows search
 _IMAX = 2 ** 31 - 1
 
 
@@ -65,15 +69,89 @@ def _from_key(k: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(k ^ ((k >> 31) & 0x7FFFFFFF), jnp.float32)
 
 
-def kth_smallest_key(keys: jax.Array, k: int, n_real: jax.Array, mean: jax.Array,
-                     sd: jax.Array, *, search_steps: int = SEARCH_STEPS,
-                     walk_width: int = WALK_WIDTH) -> tuple[jax.Array, jax.Array]:
-    """A threshold ``tau [a, q]`` with ``#{j : keys_j <= tau} = min(k, n_real)`` when no tie.
+def _active(k: int, lo_key, hi_key, c_lo, c_hi) -> jax.Array:
+    """Rows still searching. Adjacent keys with ``c(lo) < k < c(hi)`` are a tie at ``hi``: no
+    threshold separates it, the row stops (the caller's verification sends the block to top-k)."""
+    return (c_lo != k) & (c_hi > k) & (hi_key - lo_key != 1)
 
-    ``keys [a, n, q]`` int32 (:func:`_to_key` of the scores, reduced over axis 1; absent records
-    are ``key(+inf)``), ``n_real [a]`` finite entries per agent, ``mean``/``sd [a, q]`` of each
-    row's finite scores (only steer the first guesses). Keeps per row a bracket of thresholds
-    ``lo < hi`` with exact counts ``c(lo) < k < c(hi)`` and narrows it:
+
+def _passes(s: jax.Array, k: int, target, t0: jax.Array, dens: jax.Array, state, *,
+            search_steps: int, walk_width: int, max_passes: int, stop_at: int, first: int = 0):
+    """Count / walk passes over ``s [a, n, q]`` until at most ``stop_at`` rows are active.
+
+    ``state = (it, lo_key, hi_key, c_lo, c_hi)`` (``it`` scalar, the rest ``[a, q]`` int32);
+    ``t0``/``dens [a, q]`` the normal-model first guess and density. ``first`` count passes run
+    unconditionally first (no activity check or branch). Returns the new state.
+    """
+    count_dtype = jnp.int16 if s.shape[1] < 2 ** 15 else jnp.int32
+    big = _to_key(jnp.float32(jnp.finfo(jnp.float32).max))
+
+    def count_pass(it, lo_key, hi_key, c_lo, c_hi):
+        act = _active(k, lo_key, hi_key, c_lo, c_hi)
+        lo_v, hi_v = _from_key(lo_key), _from_key(hi_key)
+        cl, ch = c_lo.astype(jnp.float32), c_hi.astype(jnp.float32)
+        lo_inf = lo_v == -jnp.inf
+        regula = lo_v + (hi_v - lo_v) * ((target - cl) / (ch - cl))
+        newton = jnp.where(lo_inf, hi_v - (ch - target) / dens, lo_v + (target - cl) / dens)
+        guess = jnp.where(it == 0, t0, jnp.where(lo_inf | (hi_key == big), newton, regula))
+        g_key = _to_key(guess)
+        mid = (lo_key >> 1) + (hi_key >> 1) + (lo_key & hi_key & 1)           # floor average
+        use = (it < search_steps) & jnp.isfinite(guess) & (g_key > lo_key) & (g_key < hi_key)
+        t_key = jnp.where(use, g_key, mid)
+        # float compare against the threshold's float (same order as the keys, but -0.0 == 0.0:
+        # the verification covers that corner); int16 partial counts are ~1.4x faster
+        c = jnp.sum((s <= _from_key(t_key)[:, None, :]).astype(count_dtype), axis=1,
+                    dtype=count_dtype).astype(jnp.int32)
+        up, down = act & (c >= k), act & (c < k)
+        return (jnp.where(down, t_key, lo_key), jnp.where(up, t_key, hi_key),
+                jnp.where(down, c, c_lo), jnp.where(up, c, c_hi))
+
+    def walk_pass(lo_key, hi_key, c_lo, c_hi):
+        act = _active(k, lo_key, hi_key, c_lo, c_hi)
+        go_up = (k - c_lo) <= (c_hi - k)
+        # up: the smallest key > lo. down: the largest key <= hi, as the smallest ~key > ~hi - 1
+        # (~key = -key - 1 reverses the order; one xor with a per-row mask, one integer min:
+        # XLA's float min also handles NaN and is slower)
+        flip = jnp.where(go_up, 0, -1).astype(jnp.int32)
+        bound = jnp.where(go_up, lo_key, ~hi_key - 1)[:, None, :]
+        flipped = _to_key(s) ^ flip[:, None, :]
+        nxt = jnp.min(jnp.where(flipped > bound, flipped, _IMAX), axis=1)
+        up, down = act & go_up, act & ~go_up
+        return (jnp.where(up, nxt, lo_key), jnp.where(down, ~nxt - 1, hi_key),
+                jnp.where(up, c_lo + 1, c_lo), jnp.where(down, c_hi - 1, c_hi))
+
+    def cond(state):
+        it, lo_key, hi_key, c_lo, c_hi = state
+        n_active = jnp.sum(_active(k, lo_key, hi_key, c_lo, c_hi), dtype=jnp.int32)
+        return (n_active > stop_at) & (it < max_passes)
+
+    def body(state):
+        it, lo_key, hi_key, c_lo, c_hi = state
+        act = _active(k, lo_key, hi_key, c_lo, c_hi)
+        width = jnp.max(jnp.where(act, jnp.minimum(k - c_lo, c_hi - k), 0))
+        new = lax.cond(width <= walk_width,
+                       lambda st: walk_pass(*st),
+                       lambda st: count_pass(it, *st), (lo_key, hi_key, c_lo, c_hi))
+        return (it + 1,) + new
+
+    it, lo_key, hi_key, c_lo, c_hi = state
+    if first:
+        lo_key, hi_key, c_lo, c_hi = lax.fori_loop(
+            0, first, lambda i, st: count_pass(it + i, *st), (lo_key, hi_key, c_lo, c_hi))
+        it = it + first
+    return lax.while_loop(cond, body, (it, lo_key, hi_key, c_lo, c_hi))
+
+
+def kth_smallest_key(s: jax.Array, k: int, n_real: jax.Array, mean: jax.Array,
+                     sd: jax.Array, *, search_steps: int = SEARCH_STEPS,
+                     walk_width: int = WALK_WIDTH,
+                     compact: int = COMPACT) -> tuple[jax.Array, jax.Array]:
+    """A threshold key ``tau [a, q]`` with ``#{j : s_j <= tau} = min(k, n_real)`` when no tie.
+
+    ``s [a, n, q]`` float32 scores (reduced over axis 1; absent records ``+inf``), ``n_real [a]``
+    finite entries per agent, ``mean``/``sd [a, q]`` of each row's finite scores (only steer the
+    first guesses; any values give the same result). Keeps per row a bracket of threshold keys
+    (:func:`_to_key`) ``lo < hi`` with exact counts ``c(lo) < k < c(hi)`` and narrows it:
 
     * count pass at ``t`` (one compare-and-count over the block): first ``t`` = the normal
       quantile ``mean + Phi^-1((k - 1/2)/n) sd``; then regula falsi between the bracket ends in
@@ -83,16 +161,20 @@ def kth_smallest_key(keys: jax.Array, k: int, n_real: jax.Array, mean: jax.Array
       moves ``lo`` up to the next record (``c(lo) += 1``) or ``hi`` down below the previous one
       (``c(hi) -= 1``), whichever end is nearer.
 
+    **Compaction**: once at most ``rows / compact`` of the block's ``a q`` rows are active, those
+    rows' scores are gathered into a ``[1, n, rows / compact]`` buffer and the passes continue on
+    it alone (a pass there costs ``1 / compact`` of a full one); the results are scattered back.
+    ``compact = 0`` never compacts.
+
     A row is done when ``c(lo) = k`` or ``c(hi) = k`` (``tau`` = that end), when it has ``<= k``
     records (``tau = key(float32 max)``: all of them), or when ``lo`` and ``hi`` are adjacent keys
     (a tie at the k-th: no threshold separates it). Without ties a block needs at most
     ``search_steps + 32 + walk_width`` passes; the loop is capped just above that. The counts of
-    walk passes assume no tied keys; the caller verifies ``#{keys <= tau}`` and falls back to an
+    walk passes assume no tied scores; the caller verifies ``#{s <= tau}`` and falls back to an
     exact top-k if it is off, so ties and the cap never give a wrong set.
-    Returns ``(tau [a, q] int32, passes [])``.
+    Returns ``(tau [a, q] int32 keys, passes [])``.
     """
-    a, n, q = keys.shape
-    count_dtype = jnp.int16 if n < 2 ** 15 else jnp.int32
+    a, n, q = s.shape
     n_real = jnp.broadcast_to(n_real[:, None], (a, q)).astype(jnp.int32)
     nf = jnp.maximum(n_real, 1).astype(jnp.float32)
     lo_key = jnp.full((a, q), _to_key(jnp.float32(-jnp.inf)), jnp.int32)   # c(lo) = 0
@@ -102,69 +184,34 @@ def kth_smallest_key(keys: jax.Array, k: int, n_real: jax.Array, mean: jax.Array
     z = ndtri(jnp.clip(target / nf, 1e-6, 1 - 1e-6))
     t0 = mean + z * sd                                                       # normal quantile
     dens = nf * jnp.exp(-0.5 * z * z) / (math.sqrt(2 * math.pi) * jnp.maximum(sd, 1e-30))
-
-    def active(lo_key, hi_key, c_lo, c_hi):
-        # adjacent keys with c(lo) < k < c(hi): a tie at hi, no threshold separates it (the
-        # caller's verification sends the block to the exact top-k)
-        return (c_lo != k) & (c_hi > k) & (hi_key - lo_key != 1)
-
-    max_passes = search_steps + 34 + walk_width   # bound without ties; a guard with them
-
-    def cond(state):
-        it, lo_key, hi_key, c_lo, c_hi = state
-        return jnp.any(active(lo_key, hi_key, c_lo, c_hi)) & (it < max_passes)
-
-    def count_pass(it, lo_key, hi_key, c_lo, c_hi):
-        act = active(lo_key, hi_key, c_lo, c_hi)
-        lo_v, hi_v = _from_key(lo_key), _from_key(hi_key)
-        cl, ch = c_lo.astype(jnp.float32), c_hi.astype(jnp.float32)
-        lo_inf = lo_v == -jnp.inf
-        hi_big = hi_key == _to_key(jnp.float32(jnp.finfo(jnp.float32).max))
-        regula = lo_v + (hi_v - lo_v) * ((target - cl) / (ch - cl))
-        newton = jnp.where(lo_inf, hi_v - (ch - target) / dens, lo_v + (target - cl) / dens)
-        guess = jnp.where(it == 0, t0, jnp.where(lo_inf | hi_big, newton, regula))
-        g_key = _to_key(guess)
-        mid = (lo_key >> 1) + (hi_key >> 1) + (lo_key & hi_key & 1)           # floor average
-        use = (it < search_steps) & jnp.isfinite(guess) & (g_key > lo_key) & (g_key < hi_key)
-        t_key = jnp.where(use, g_key, mid)
-        # int16 partial counts (n < 2^15): XLA's CPU reduction writes the compare out first, and
-        # a narrower type makes the pass ~1.4x faster
-        c = jnp.sum((keys <= t_key[:, None, :]).astype(count_dtype), axis=1,
-                    dtype=count_dtype).astype(jnp.int32)
-        up, down = act & (c >= k), act & (c < k)
-        return (jnp.where(down, t_key, lo_key), jnp.where(up, t_key, hi_key),
-                jnp.where(down, c, c_lo), jnp.where(up, c, c_hi))
-
-    def walk_pass(lo_key, hi_key, c_lo, c_hi):
-        act = active(lo_key, hi_key, c_lo, c_hi)
-        go_up = (k - c_lo) <= (c_hi - k)
-        # up: the smallest key > lo. down: the largest key <= hi, as the smallest ~key > ~hi - 1
-        # (~key = -key - 1 reverses the order; one xor with a per-row mask, one masked min)
-        flip = jnp.where(go_up, 0, -1).astype(jnp.int32)
-        bound = jnp.where(go_up, lo_key, ~hi_key - 1)[:, None, :]
-        flipped = keys ^ flip[:, None, :]
-        nxt = jnp.min(jnp.where(flipped > bound, flipped, _IMAX), axis=1)
-        up, down = act & go_up, act & ~go_up
-        return (jnp.where(up, nxt, lo_key), jnp.where(down, ~nxt - 1, hi_key),
-                jnp.where(up, c_lo + 1, c_lo), jnp.where(down, c_hi - 1, c_hi))
-
-    def body(state):
-        it, lo_key, hi_key, c_lo, c_hi = state
-        act = active(lo_key, hi_key, c_lo, c_hi)
-        width = jnp.max(jnp.where(act, jnp.minimum(k - c_lo, c_hi - k), 0))
-        new = lax.cond(width <= walk_width,
-                       lambda s: walk_pass(*s),
-                       lambda s: count_pass(it, *s), (lo_key, hi_key, c_lo, c_hi))
-        return (it + 1,) + new
-
+    kw = dict(search_steps=search_steps, walk_width=walk_width,
+              max_passes=search_steps + 34 + walk_width)   # bound without ties; a guard with them
     # the first passes are count passes for every block: run them without the per-pass
-    # activity check and branch (XLA's per-op overhead is ~1/3 of a pass here)
-    first = 0 if k <= walk_width else min(FIRST_COUNT_PASSES, search_steps)   # small k: walk
-    lo_key, hi_key, c_lo, c_hi = lax.fori_loop(
-        0, first, lambda i, s: count_pass(i, *s), (lo_key, hi_key, c_lo, c_hi))
-    state = (jnp.int32(first), lo_key, hi_key, c_lo, c_hi)
-    it, lo_key, hi_key, c_lo, c_hi = lax.while_loop(cond, body, state)
-    return jnp.where(c_lo == k, lo_key, hi_key), it
+    # activity check and branch; small k walks from the start
+    first = 0 if k <= walk_width else min(FIRST_COUNT_PASSES, search_steps)
+    rows = a * q
+    cap = rows // compact if compact else 0
+    state = _passes(s, k, target, t0, dens, (jnp.int32(0), lo_key, hi_key, c_lo, c_hi),
+                    stop_at=cap, first=first, **kw)
+    it, lo_key, hi_key, c_lo, c_hi = state
+    tau = jnp.where(c_lo == k, lo_key, hi_key)
+    if not cap:
+        return tau, it
+    # gather the <= cap active rows (filler slots: an inactive copy of row 0) into [1, n, cap]
+    act = _active(k, lo_key, hi_key, c_lo, c_hi).reshape(rows)
+    idx = jnp.nonzero(act, size=cap, fill_value=rows)[0]                    # [cap]
+    real = idx < rows
+    src = jnp.where(real, idx, 0)
+
+    def pick(v):
+        return v.reshape(rows)[src][None, :]                                  # [1, cap]
+
+    sc = s[src // q, :, src % q].T[None]                                     # [1, n, cap]
+    sub = (it, pick(lo_key), pick(hi_key), jnp.where(real[None, :], pick(c_lo), k), pick(c_hi))
+    it, lo_c, hi_c, cl_c, _ = _passes(sc, k, target, pick(t0), pick(dens), sub, stop_at=0, **kw)
+    tau_c = jnp.where(cl_c == k, lo_c, hi_c)[0]
+    tau = tau.reshape(rows).at[idx].set(tau_c, mode="drop").reshape(a, q)
+    return tau, it
 
 
 def _label_codes(y: jax.Array, k: int, num_classes: int) -> tuple[jax.Array, int, int]:
@@ -190,31 +237,58 @@ def _unpack(sums: jax.Array, bits: int, per: int, num_classes: int) -> jax.Array
     return ((word >> ((c % per) * bits)) & ((1 << bits) - 1)).astype(jnp.float32)
 
 
-def _scores(x: jax.Array, mask: jax.Array, queries: jax.Array) -> jax.Array:
-    """``s [a, n, q] = ||b||^2 - 2 <b, x_t>``, ``+inf`` for padded records.
+def augment_records(x: jax.Array, mask: jax.Array) -> jax.Array:
+    """``[a, n, d + 1]``: each record ``b`` (zeros when padded) and ``||b||^2`` (``+inf`` when
+    padded), so that one GEMM with :func:`augment_queries` gives the scores."""
+    sq = jnp.where(mask, jnp.sum(x * x, axis=-1), jnp.inf)                    # [a, n]
+    return jnp.concatenate([jnp.where(mask[..., None], x, 0.0), sq[..., None]], axis=-1)
 
-    One GEMM ``[a n, d] x [d, q]`` for the whole block (not ``a`` batched small ones).
+
+def augment_queries(queries: jax.Array) -> jax.Array:
+    """``[q, d + 1]``: ``(-2 x_t, 1)``."""
+    return jnp.concatenate([-2.0 * queries, jnp.ones((queries.shape[0], 1), queries.dtype)], 1)
+
+
+def _scores(xa: jax.Array, qa: jax.Array) -> jax.Array:
+    """``s [a, n, q] = ||b_j||^2 - 2 <b_j, x_t>`` (``+inf`` for padded records): ONE GEMM
+    ``[a n, d + 1] x [d + 1, q]`` on the augmented records and queries, no elementwise pass."""
+    a, n, d1 = xa.shape
+    return (xa.reshape(a * n, d1) @ qa.T).reshape(a, n, -1)
+
+
+def scores(x: jax.Array, mask: jax.Array, queries: jax.Array) -> jax.Array:
+    """The scores the search ranks by, ``[a, n, q]``, from plain records ``x [a, n, d]``,
+    ``mask [a, n]`` and ``queries [q, d]``."""
+    return _scores(augment_records(x, mask), augment_queries(queries))
+
+
+def _agent_stats(xa: jax.Array, mask: jax.Array):
+    """Per agent, over its real records: ``E[b] [a, d]``, ``Var(b_d) [a, d]``, ``E[sq] [a]``,
+    ``Var(sq) [a]``, ``Cov(sq, b) [a, d]`` (``sq = ||b||^2``) -- once per agent block."""
+    b, m = xa[..., :-1], mask.astype(jnp.float32)
+    sq = jnp.where(mask, xa[..., -1], 0.0)
+    cnt = jnp.maximum(jnp.sum(m, axis=1), 1.0)                                # [a]
+    mb = jnp.sum(b * m[..., None], axis=1) / cnt[:, None]
+    bc = (b - mb[:, None, :]) * m[..., None]
+    msq = jnp.sum(sq, axis=1) / cnt
+    sqc = jnp.where(mask, sq - msq[:, None], 0.0)
+    return (mb, jnp.sum(bc * bc, axis=1) / cnt[:, None], msq, jnp.sum(sqc * sqc, axis=1) / cnt,
+            jnp.sum(sqc[..., None] * bc, axis=1) / cnt[:, None])
+
+
+def _score_moments(stats, qa: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Mean and sd ``[a, q]`` of ``s_j = sq_j - 2 <b_j, x_t>`` over each agent's records::
+
+        mean = E[sq] - 2 E[b].x,   var = Var(sq) - 4 Cov(sq, b).x + 4 x' Cov(b) x
+
+    with ``Cov(b)`` taken as diagonal (three tiny GEMMs, no pass over the scores). Only steers
+    the first threshold guesses of :func:`kth_smallest_key`: any value is correct.
     """
-    a, n, d = x.shape
-    sq = jnp.where(mask, jnp.sum(x * x, axis=-1), jnp.inf)                  # [a, n]
-    ab = (x.reshape(a * n, d) @ queries.T).reshape(a, n, -1)                 # [a, n, q]
-    return sq[..., None] - 2.0 * ab
-
-
-def _score_moments(s: jax.Array, sample: int = 64) -> tuple[jax.Array, jax.Array]:
-    """Mean and sd of each row's finite scores, estimated on every ``n // sample``-th record.
-
-    ``s [a, n, q]`` -> ``[a, q]`` each. Only steers the first threshold guess of
-    :func:`kth_smallest_key` (any value is correct, a good one saves passes); a strided subset
-    costs ``sample / n`` of a pass.
-    """
-    sub = s[:, :: max(1, s.shape[1] // sample), :]
-    fin = jnp.isfinite(sub)
-    cnt = jnp.maximum(jnp.sum(fin, axis=1), 1).astype(jnp.float32)
-    v = jnp.where(fin, sub, 0.0)
-    mean = jnp.sum(v, axis=1) / cnt
-    var = jnp.sum(jnp.where(fin, (sub - mean[:, None, :]) ** 2, 0.0), axis=1) / cnt
-    return mean, jnp.sqrt(var)
+    mb, vb, msq, vsq, csb = stats
+    x = -0.5 * qa[:, :-1]                                                     # [q, d]
+    mean = msq[:, None] - 2.0 * mb @ x.T
+    var = vsq[:, None] - 4.0 * csb @ x.T + 4.0 * vb @ (x * x).T
+    return mean, jnp.sqrt(jnp.maximum(var, 1e-30))
 
 
 def _topk_counts(s: jax.Array, y: jax.Array, k: int, num_classes: int) -> jax.Array:
@@ -227,17 +301,15 @@ def _topk_counts(s: jax.Array, y: jax.Array, k: int, num_classes: int) -> jax.Ar
     return jnp.sum(jax.nn.one_hot(lab, num_classes, dtype=jnp.float32) * real[..., None], axis=-2)
 
 
-def _block_counts(x, y, mask, queries, k: int, num_classes: int, search_steps: int,
-                  walk_width: int):
-    """``[a, q, C]`` neighbour label counts of one block (its keys stay in cache)."""
-    s = _scores(x, mask, queries)                                             # [a, n, q]
-    keys = _to_key(s)
-    n_real = jnp.sum(mask, axis=1, dtype=jnp.int32)                           # [a]
-    mean, sd = _score_moments(s)
-    tau, _ = kth_smallest_key(keys, k, n_real, mean, sd, search_steps=search_steps,
-                              walk_width=walk_width)
+def _block_counts(xa, y, n_real, stats, qa, k: int, num_classes: int, search_steps: int,
+                  walk_width: int, compact: int):
+    """``[a, q, C]`` neighbour label counts of one block (its scores stay in cache)."""
+    s = _scores(xa, qa)                                                       # [a, n, q]
+    mean, sd = _score_moments(stats, qa)
+    tau, _ = kth_smallest_key(s, k, n_real, mean, sd, search_steps=search_steps,
+                              walk_width=walk_width, compact=compact)
     codes, bits, per = _label_codes(y, k, num_classes)                        # [a, n, W]
-    chosen = keys <= tau[:, None, :]                                          # [a, n, q]
+    chosen = s <= _from_key(tau)[:, None, :]                                  # [a, n, q]
     sums = jnp.stack([jnp.sum(jnp.where(chosen, codes[:, :, w, None], 0), axis=1)
                       for w in range(codes.shape[-1])], axis=-1)              # [a, q, W]
     counts = _unpack(sums, bits, per, num_classes)                            # [a, q, C]
@@ -256,10 +328,20 @@ def _block_size(a: int, target: int) -> int:
     return target
 
 
+def _query_block_size(q: int, target: int) -> int:
+    """Queries per block: a multiple of 8 dividing ``q`` in ``[target/2, target]`` (no padded
+    queries; e.g. 200 for Q = 1000), else ``min(target, q)``."""
+    target = max(1, min(target, q))
+    for b in range(target - target % 8, target // 2 - 1, -8):
+        if b > 0 and q % b == 0:
+            return b
+    return target
+
+
 def neighbour_label_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries: jax.Array,
                            k: int, num_classes: int, *, agent_block: int = AGENT_BLOCK,
                            query_block: int = QUERY_BLOCK, search_steps: int = SEARCH_STEPS,
-                           walk_width: int = WALK_WIDTH) -> jax.Array:
+                           walk_width: int = WALK_WIDTH, compact: int = COMPACT) -> jax.Array:
     """Per agent and query, how many of the agent's k nearest records carry each label.
 
     ``x [a, n, d]``, ``y [a, n]`` int, ``mask [a, n]`` (real records), ``queries [q, d]`` ->
@@ -270,7 +352,7 @@ def neighbour_label_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries:
     a, n, d = x.shape
     q = queries.shape[0]
     ab = _block_size(a, int(agent_block))
-    qb = max(1, min(int(query_block), q))
+    qb = _query_block_size(q, int(query_block))
     apad, qpad = (-a) % ab, (-q) % qb
     if apad:       # padded agents have no real records: zero counts, sliced off below
         x = jnp.concatenate([x, jnp.zeros((apad, n, d), x.dtype)])
@@ -278,13 +360,17 @@ def neighbour_label_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries:
         mask = jnp.concatenate([mask, jnp.zeros((apad, n), bool)])
     if qpad:
         queries = jnp.concatenate([queries, jnp.zeros((qpad, d), queries.dtype)])
-    qblocks = queries.reshape(-1, qb, d)                                     # [q/qb, qb, d]
+    qblocks = augment_queries(queries).reshape(-1, qb, d + 1)               # [q/qb, qb, d+1]
 
     def per_agent_block(blk):
         xb, yb, mb = blk
+        xa = augment_records(xb, mb)                                          # [ab, n, d+1]
+        n_real = jnp.sum(mb, axis=1, dtype=jnp.int32)
+        stats = _agent_stats(xa, mb)
 
-        def per_query_block(qx):
-            return _block_counts(xb, yb, mb, qx, k, num_classes, search_steps, walk_width)
+        def per_query_block(qa):
+            return _block_counts(xa, yb, n_real, stats, qa, k, num_classes, search_steps,
+                                 walk_width, compact)
 
         out = lax.map(per_query_block, qblocks)                               # [q/qb, ab, qb, C]
         return jnp.transpose(out, (1, 0, 2, 3)).reshape(ab, -1, num_classes)
