@@ -75,10 +75,13 @@ def main():
     tally = lambda m: jax.jit(lambda k, a, q: voting._tally(
         k, a, q, 0.3, ballot_fn=fn, num_classes=3, agent_chunk=None, query_chunk=None,
         noisy=True, mesh=m))(key, agents, queries)
+    agg = lambda m: voting.mpc_vote(key, fn, agents, queries, 0.3, num_classes=3, mesh=m,
+                                    noise="aggregate")
     out["knn_vote"] = bool(np.allclose(s_plain, s_shard, atol=1e-5)
                            and np.array_equal(l_plain, l_shard)
                            and np.allclose(tally(None), tally(mesh), atol=1e-5)
-                           and not np.allclose(tally(None), s_plain, atol=1e-2))
+                           and not np.allclose(tally(None), s_plain, atol=1e-2)
+                           and np.array_equal(agg(None), agg(mesh)))
     print(json.dumps(out))
     return 0 if all(out.values()) else 1
 

@@ -94,7 +94,8 @@ def test_config_validation():
                           ({"student_learning_rate": -1.0}, "student_learning_rate"),
                           ({"student_optimizer": "lbfgs"}, "student_optimizer"),
                           ({"query_chunk": 0}, "query_chunk"),
-                          ({"data_dependent": "yes"}, "data_dependent")]:
+                          ({"data_dependent": "yes"}, "data_dependent"),
+                          ({"vote_noise": "per_query"}, "algorithm.vote_noise")]:
         with pytest.raises(ValueError, match=match):
             ae_dpfl.Config(**kwargs)
 

@@ -1,5 +1,6 @@
 """kNN-DPFL: kNN ballots vs brute force, padding, instance sensitivity by brute force, feature maps,
 accounting, config validation and the shipped config end to end (tiny)."""
+import dataclasses
 import math
 from pathlib import Path
 
@@ -200,6 +201,14 @@ def test_run_end_to_end_on_synthetic_beats_chance():
     assert res.labels.shape == (100,) and res.clean_vote_sums.shape == (100, 3)
     assert np.mean(res.labels == ds.y_public[res.query_indices]) > 0.8
     assert accuracy(model, res.params, ds.x_test, ds.y_test) > 0.7
+    # the aggregate noise draw: the same queries and clean sums, labels as accurate
+    agg = knn_dpfl.run(jax.random.key(0), data, model,
+                       dataclasses.replace(cfg, vote_noise="aggregate"), ds.x_public)
+    np.testing.assert_array_equal(agg.query_indices, res.query_indices)
+    np.testing.assert_array_equal(agg.clean_vote_sums, res.clean_vote_sums)
+    assert np.mean(agg.labels == ds.y_public[agg.query_indices]) > 0.8
+    with pytest.raises(ValueError, match="algorithm.vote_noise"):
+        knn_dpfl.Config(vote_noise="per_query")
     with pytest.raises(ValueError, match="num_queries"):
         knn_dpfl.run(jax.random.key(0), data, model,
                      knn_dpfl.Config(k=5, num_queries=121), ds.x_public)

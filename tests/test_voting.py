@@ -49,7 +49,7 @@ def test_vote_matches_a_loop_over_agents_and_queries(setup):
 
 
 _TALLY = jax.jit(voting._tally, static_argnames=("ballot_fn", "num_classes", "agent_chunk",
-                                                 "query_chunk", "noisy"))
+                                                 "query_chunk", "noisy", "noise"))
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +101,63 @@ def test_noise_is_independent_across_agents_and_queries_with_the_right_scale():
                  num_classes=c)
     np.testing.assert_array_equal(noise, again)
     assert abs(np.corrcoef(noise.ravel(), np.asarray(other).ravel())[0, 1]) < 0.02
+
+
+def test_aggregate_noise_vote_matches_a_loop_and_any_chunking(setup):
+    """noise="aggregate": argmax(clean sum + sigma N(0, I) from the virtual party's key per query),
+    the same labels for every chunking."""
+    agents, queries = setup
+    key, sigma = jax.random.key(5), 2.0
+    labels = voting.mpc_vote(key, _one_hot_ballots, agents, queries, sigma, num_classes=C,
+                             noise="aggregate")
+    clean = np.asarray(_one_hot_ballots(agents, queries)).sum(0)           # [Q, C]
+    party = jax.random.fold_in(key, jnp.uint32(2 ** 32 - 1))
+    ref = [int(np.argmax(clean[t] + sigma * np.asarray(
+        jax.random.normal(jax.random.fold_in(party, t), (C,))))) for t in range(Q)]
+    np.testing.assert_array_equal(np.asarray(labels), ref)
+    plain = _TALLY(key, agents, queries, sigma, ballot_fn=_one_hot_ballots, num_classes=C,
+                   agent_chunk=None, query_chunk=None, noisy=True, noise="aggregate")
+    for agent_chunk, query_chunk in [(1, None), (3, 4)]:
+        chunked = _TALLY(key, agents, queries, sigma, ballot_fn=_one_hot_ballots, num_classes=C,
+                         agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=True,
+                         noise="aggregate")
+        np.testing.assert_allclose(chunked, plain, rtol=1e-5, atol=1e-5)
+    # a prefix of the queries gets the same noise (query t's key does not depend on Q)
+    np.testing.assert_array_equal(
+        voting.aggregate_noise(key, jnp.arange(5), sigma, C),
+        voting.aggregate_noise(key, jnp.arange(Q), sigma, C)[:5])
+
+
+def _fixed_ballots(agents, queries):
+    """Agent i votes class 0 if i < 3 else class 1, on every query (N = 5: margin 1)."""
+    votes = (agents[0][:, 0] >= 3).astype(jnp.int32)                    # [a]
+    return jax.nn.one_hot(jnp.broadcast_to(votes[:, None], (votes.shape[0], queries.shape[0])), 2)
+
+
+def test_noise_modes_release_the_same_distribution():
+    """Per-agent shares and the aggregate draw: tally noise N(0, sigma^2 I) in both (std, no
+    correlation across classes or queries), and the released label is class 0 with probability
+    Phi(margin / (sigma sqrt 2)) in both (4 standard errors over 4000 queries)."""
+    agents = (jnp.arange(5.0)[:, None],)
+    queries = jnp.zeros((4000, 1))
+    sigma = 1.5
+    p0 = 0.5 * (1 + math.erf(1.0 / (sigma * math.sqrt(2)) / math.sqrt(2)))
+    se = math.sqrt(p0 * (1 - p0) / 4000)
+    clean = np.asarray(_fixed_ballots(agents, queries)).sum(0)             # [Q, 2]
+    for mode in voting.NOISE_MODES:
+        tally = np.asarray(_TALLY(jax.random.key(11), agents, queries, sigma,
+                                  ballot_fn=_fixed_ballots, num_classes=2, agent_chunk=None,
+                                  query_chunk=None, noisy=True, noise=mode))
+        noise = tally - clean
+        assert noise.std() == pytest.approx(sigma, rel=0.05), mode
+        assert abs(np.corrcoef(noise[:, 0], noise[:, 1])[0, 1]) < 4 / math.sqrt(4000), mode
+        assert abs(np.corrcoef(noise[:-1, 0], noise[1:, 0])[0, 1]) < 4 / math.sqrt(4000), mode
+        labels = np.asarray(voting.mpc_vote(jax.random.key(12), _fixed_ballots, agents, queries,
+                                            sigma, num_classes=2, noise=mode))
+        assert abs(np.mean(labels == 0) - p0) < 4 * se, mode
+    with pytest.raises(ValueError, match="noise"):
+        voting.mpc_vote(jax.random.key(0), _fixed_ballots, agents, queries, sigma,
+                        num_classes=2, noise="per_query")
 
 
 def test_released_vote_is_only_the_argmax_and_strong_consensus_survives_noise(setup):

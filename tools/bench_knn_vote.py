@@ -18,7 +18,9 @@ all calls listed in ``walls_s``). The functions timed:
   nothing is dead code): the ceiling of this approach;
 * ``clean``: the noise-free kNN vote sums (distances + top-k + label counts);
 * ``vote``: the full MPC vote (``voting.mpc_vote``: + every agent's noise per query, secure sum,
-  argmax).
+  argmax);
+* ``vote_aggregate``: the same vote with ``noise="aggregate"`` (the secure sum's noise drawn at
+  once per query: the same distribution of released labels, Q C draws instead of N Q C).
 
 ``clean`` and ``vote`` use the default kNN method ``threshold`` (threshold search,
 :mod:`fedjax_dp.algorithms.knn_search`); ``clean_top_k`` is ``clean`` with the straightforward
@@ -74,7 +76,7 @@ def child(args) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from fedjax_dp.algorithms import knn_dpfl, voting
+    from fedjax_dp.algorithms import knn_dpfl, knn_search, voting
 
     from fedjax_dp.core import agent_mesh
 
@@ -91,23 +93,23 @@ def child(args) -> dict:
     agents = (x, y, mask)
     fn = knn_dpfl.ballot_fn(k, c)
 
-    def dist_only(ag, qs):                     # the GEMM part of knn_ballots, kept alive by a min
-        xa, _, m = ag
-        a = xa.shape[0]
-        flat = xa.reshape(a * n, d)
-        dist = jnp.where(m.reshape(1, -1), jnp.sum(flat * flat, -1)[None] - 2.0 * qs @ flat.T,
-                         jnp.inf)
-        return jnp.broadcast_to(jnp.min(dist.reshape(q, a, n), -1).T[..., None], (a, q, c))
+    def dist_only(ag, qs):         # the scores GEMM of knn_search alone, kept alive by a min
+        xb, _, m = ag
+        a = xb.shape[0]
+        xa = knn_search.augment_records(xb, m).reshape(a * n, d + 1)
+        s = (xa @ knn_search.augment_queries(qs).T).reshape(a, n, q)
+        return jnp.broadcast_to(jnp.min(s, 1)[..., None], (a, q, c))
 
     def plan(name):
         if name == "clean_top_k":
             return jax.jit(lambda key, ag, qs: voting._tally(
                 key, ag, qs, 0.0, ballot_fn=knn_dpfl.ballot_fn(k, c, "top_k"), num_classes=c,
                 agent_chunk=chunk, query_chunk=None, noisy=False, mesh=mesh))
-        if name == "vote":
+        if name in ("vote", "vote_aggregate"):
+            noise = "aggregate" if name == "vote_aggregate" else "per_agent"
             return jax.jit(lambda key, ag, qs: voting._release(
                 key, ag, qs, jnp.float32(1.0), ballot_fn=fn, num_classes=c, agent_chunk=chunk,
-                query_chunk=None, mesh=mesh))
+                query_chunk=None, mesh=mesh, noise=noise))
         f = fn if name == "clean" else dist_only
         return jax.jit(lambda key, ag, qs: voting._tally(
             key, ag, qs, 0.0, ballot_fn=f, num_classes=c, agent_chunk=chunk, query_chunk=None,
@@ -147,7 +149,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--features", type=int, default=64)
     ap.add_argument("--k", type=int, default=30)
     ap.add_argument("--agent-chunk", type=int, default=0, help="0: no chunking")
-    ap.add_argument("--what", default="distances,clean,vote,clean_top_k")
+    ap.add_argument("--what", default="distances,clean,vote,vote_aggregate,clean_top_k")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per function (best)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--configs", default="1000:0:1,1000:40:1,1000:40:2,10000:40:1",

@@ -72,6 +72,9 @@ class Config(student_lib.StudentSettings):
     agent_chunk: int | None = None      # agents per chunk in the vote (None: all at once)
     query_chunk: int | None = None      # queries per chunk in the vote (None: all at once)
     data_dependent: bool = True         # also report the GNMax data-dependent epsilon
+    # the vote's noise: every agent's share ("per_agent") or the secure sum's at once
+    # ("aggregate": same distribution of the released labels; Q C draws instead of N Q C)
+    vote_noise: str = "per_agent"
     # abstention: an agent whose max softmax on a query is < this casts the zero ballot
     # (None: never abstain, the paper's rule). Sensitivities unchanged (see ``ballot_fn``).
     abstain_below: float | None = None
@@ -190,7 +193,7 @@ def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_pub
     x_public = check_run_args(agents, model, x_public)
     n = agents.num_agents
     voting.check_vote_args(config.sigma, n, config.num_queries, model.num_classes,
-                           config.agent_chunk, config.query_chunk)
+                           config.agent_chunk, config.query_chunk, config.vote_noise)
     qidx = select_queries(rng.stream(key, "queries"), len(x_public), config.num_queries)
     start = time.perf_counter()
     init = jax.vmap(model.init)(rng.split_per_agent(rng.stream(key, "init"), n))   # [N, ...]
@@ -201,7 +204,7 @@ def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_pub
     fn = ballot_fn(model, config.abstain_below)
     labels = voting.mpc_vote(rng.stream(key, "vote"), fn, agent_params, queries, config.sigma,
                              num_classes=model.num_classes, agent_chunk=config.agent_chunk,
-                             query_chunk=config.query_chunk)
+                             query_chunk=config.query_chunk, noise=config.vote_noise)
     clean = None
     if config.data_dependent:
         clean = voting.vote_sums(fn, agent_params, queries, num_classes=model.num_classes,

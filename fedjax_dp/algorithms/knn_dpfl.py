@@ -88,6 +88,9 @@ class Config(student_lib.StudentSettings):
     agent_chunk: int | None = None       # agents per chunk of the distance GEMM (None: all)
     query_chunk: int | None = None
     data_dependent: bool = True
+    # the vote's noise: every agent's share ("per_agent") or the secure sum's at once
+    # ("aggregate": same distribution of the released labels; Q C draws instead of N Q C)
+    vote_noise: str = "per_agent"
 
     def __post_init__(self):
         validation.check_int("algorithm.k", self.k, minimum=1)
@@ -234,7 +237,7 @@ def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_pub
     check_k(config.k, agents)
     c = model.num_classes
     voting.check_vote_args(config.sigma, agents.num_agents, config.num_queries, c,
-                           config.agent_chunk, config.query_chunk)
+                           config.agent_chunk, config.query_chunk, config.vote_noise)
     qidx = select_queries(rng.stream(key, "queries"), len(x_public), config.num_queries)
     start = time.perf_counter()
     phi = fit_feature_map(config.feature_map, rng.stream(key, "feature_map"), x_public,
@@ -245,7 +248,8 @@ def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_pub
     labels = np.asarray(voting.mpc_vote(rng.stream(key, "vote"), fn, feats, queries,
                                         config.sigma, num_classes=c,
                                         agent_chunk=config.agent_chunk,
-                                        query_chunk=config.query_chunk))
+                                        query_chunk=config.query_chunk,
+                                        noise=config.vote_noise))
     clean = None
     if config.data_dependent:
         clean = voting.vote_sums(fn, feats, queries, num_classes=c,
