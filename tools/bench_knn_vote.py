@@ -14,8 +14,9 @@ Per configuration: the compiled function is built ahead of time (``jit(...).lowe
 compile time reported separately) and then timed as the best of ``--repeats`` calls (default 3;
 all calls listed in ``walls_s``). The functions timed:
 
-* ``distances``: the chunked distance GEMMs alone (``||b||^2 - 2 a.b``, reduced with a min so
-  nothing is dead code): the ceiling of this approach;
+* ``distances``: the scores GEMMs alone, in the same blocks as the kNN search (``||b||^2 - 2 a.b``
+  as one augmented GEMM per block, reduced with a min so nothing is dead code): the ceiling of
+  this approach;
 * ``clean``: the noise-free kNN vote sums (distances + top-k + label counts);
 * ``vote``: the full MPC vote (``voting.mpc_vote``: + every agent's noise per query, secure sum,
   argmax);
@@ -93,12 +94,19 @@ def child(args) -> dict:
     agents = (x, y, mask)
     fn = knn_dpfl.ballot_fn(k, c)
 
-    def dist_only(ag, qs):         # the scores GEMM of knn_search alone, kept alive by a min
+    def dist_only(ag, qs):         # the scores GEMMs of knn_search alone (same blocks), + a min
         xb, _, m = ag
         a = xb.shape[0]
-        xa = knn_search.augment_records(xb, m).reshape(a * n, d + 1)
-        s = (xa @ knn_search.augment_queries(qs).T).reshape(a, n, q)
-        return jnp.broadcast_to(jnp.min(s, 1)[..., None], (a, q, c))
+        ab = knn_search._block_size(a, knn_search.AGENT_BLOCK)
+        qb = knn_search._query_block_size(q, knn_search.QUERY_BLOCK)
+        xa = knn_search.augment_records(xb, m)
+        xa = jnp.pad(xa, ((0, (-a) % ab), (0, 0), (0, 0))).reshape(-1, ab, n, d + 1)
+        qa = knn_search.augment_queries(qs)
+        qa = jnp.pad(qa, ((0, (-q) % qb), (0, 0))).reshape(-1, qb, d + 1)
+        mins = jax.lax.map(lambda xblk: jax.lax.map(
+            lambda qblk: jnp.min(knn_search._scores(xblk, qblk), axis=1), qa), xa)
+        mins = jnp.transpose(mins, (0, 2, 1, 3)).reshape(-1, qa.shape[0] * qb)[:a, :q]
+        return jnp.broadcast_to(mins[..., None], (a, q, c))
 
     def plan(name):
         if name == "clean_top_k":
