@@ -146,7 +146,8 @@ def test_score_moments_from_record_statistics():
     q = rng.normal(size=(5, 3)).astype(np.float32)
     xa = knn_search.augment_records(jnp.asarray(x), jnp.asarray(mask))
     qa = knn_search.augment_queries(jnp.asarray(q))
-    mean, sd = knn_search._score_moments(knn_search._agent_stats(xa, jnp.asarray(mask)), qa)
+    mean, sd = knn_search._score_moments(
+        knn_search._agent_stats(jnp.asarray(x), jnp.asarray(mask)), qa)
     for i in range(2):
         xi = x[i][mask[i]].astype(np.float64)
         s = np.sum(xi ** 2, 1)[:, None] - 2 * xi @ q.T.astype(np.float64)   # [n_i, q]

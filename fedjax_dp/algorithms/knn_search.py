@@ -238,14 +238,20 @@ def kth_smallest_key(s: jax.Array, k: int, n_real: jax.Array, mean: jax.Array,
     return tau, it
 
 
+def _code_layout(k: int) -> tuple[int, int]:
+    """``(bits, per)``: bits a class count takes (a count is at most ``k < 2^bits``) and classes
+    per int32 word (``floor(31 / bits)``)."""
+    bits = max(1, int(k).bit_length())
+    return bits, max(1, 31 // bits)
+
+
 def _label_codes(y: jax.Array, k: int, num_classes: int) -> tuple[jax.Array, int, int]:
     """Pack per-class counts into int32 words: ``codes [a, n, W]`` with ``bits`` bits a class.
 
-    A count is at most ``k`` (< 2^bits), so ``floor(31 / bits)`` classes share a word and a sum of
-    codes over the chosen records holds every class count without carries.
+    ``floor(31 / bits)`` classes share a word (:func:`_code_layout`), so a sum of codes over the
+    chosen records holds every class count without carries.
     """
-    bits = max(1, int(k).bit_length())
-    per = max(1, 31 // bits)
+    bits, per = _code_layout(k)
     words = -(-num_classes // per)
     word = y // per                                                           # [a, n]
     shift = (y % per) * bits
@@ -286,18 +292,23 @@ def scores(x: jax.Array, mask: jax.Array, queries: jax.Array) -> jax.Array:
     return _scores(augment_records(x, mask), augment_queries(queries))
 
 
-def _agent_stats(xa: jax.Array, mask: jax.Array):
-    """Per agent, over its real records: ``E[b] [a, d]``, ``Var(b_d) [a, d]``, ``E[sq] [a]``,
-    ``Var(sq) [a]``, ``Cov(sq, b) [a, d]`` (``sq = ||b||^2``) -- once per agent block."""
-    b, m = xa[..., :-1], mask.astype(jnp.float32)
-    sq = jnp.where(mask, xa[..., -1], 0.0)
-    cnt = jnp.maximum(jnp.sum(m, axis=1), 1.0)                                # [a]
-    mb = jnp.sum(b * m[..., None], axis=1) / cnt[:, None]
-    bc = (b - mb[:, None, :]) * m[..., None]
-    msq = jnp.sum(sq, axis=1) / cnt
-    sqc = jnp.where(mask, sq - msq[:, None], 0.0)
-    return (mb, jnp.sum(bc * bc, axis=1) / cnt[:, None], msq, jnp.sum(sqc * sqc, axis=1) / cnt,
-            jnp.sum(sqc[..., None] * bc, axis=1) / cnt[:, None])
+def _agent_stats(x: jax.Array, mask: jax.Array):
+    """Per agent, over its real records ``b`` of ``x [a, n, d]``: ``E[b] [a, d]``,
+    ``Var(b_d) [a, d]``, ``E[sq] [a]``, ``Var(sq) [a]``, ``Cov(sq, b) [a, d]`` (``sq = ||b||^2``)
+    as batched mat-vecs over the records, for all agents of a call at once (raw moments: they
+    only steer the first guesses)."""
+    m = mask.astype(jnp.float32)                                             # [a, n]
+    b = jnp.where(mask[..., None], x, 0.0)                                   # [a, n, d]
+    sq = jnp.sum(b * b, axis=-1)                                             # [a, n]
+    cnt = jnp.maximum(jnp.sum(m, axis=1), 1.0)                               # [a]
+    w = jnp.stack([m, sq], axis=1) / cnt[:, None, None]                      # [a, 2, n]
+    first = jnp.einsum("awn,and->awd", w, b)                                 # E[b], E[sq b]
+    mb, msqb = first[:, 0], first[:, 1]
+    eb2 = jnp.einsum("an,and->ad", w[:, 0], b * b)                           # E[b^2]
+    msq = jnp.sum(w[:, 1], axis=1)                                           # E[sq]
+    esq2 = jnp.sum(w[:, 1] * sq, axis=1)                                     # E[sq^2]
+    return (mb, jnp.maximum(eb2 - mb * mb, 0.0), msq, jnp.maximum(esq2 - msq * msq, 0.0),
+            msqb - msq[:, None] * mb)
 
 
 def _score_moments(stats, qa: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -325,14 +336,15 @@ def _topk_counts(s: jax.Array, y: jax.Array, k: int, num_classes: int) -> jax.Ar
     return jnp.sum(jax.nn.one_hot(lab, num_classes, dtype=jnp.float32) * real[..., None], axis=-2)
 
 
-def _block_counts(xa, y, n_real, stats, qa, k: int, num_classes: int, search_steps: int,
-                  walk_width: int, compact: int):
-    """``[a, q, C]`` neighbour label counts of one block (its scores stay in cache)."""
+def _block_counts(xa, y, codes, n_real, stats, qa, k: int, num_classes: int,
+                  search_steps: int, walk_width: int, compact: int):
+    """``[a, q, C]`` neighbour label counts of one block (its scores stay in cache).
+    ``codes [a, n, W]``: :func:`_label_codes` of ``y`` (per agent block)."""
     s = _scores(xa, qa)                                                       # [a, n, q]
     mean, sd = _score_moments(stats, qa)
     tau, _ = kth_smallest_key(s, k, n_real, mean, sd, search_steps=search_steps,
                               walk_width=walk_width, compact=compact)
-    codes, bits, per = _label_codes(y, k, num_classes)                        # [a, n, W]
+    bits, per = _code_layout(k)
     chosen = s <= _from_key(tau)[:, None, :]                                  # [a, n, q]
     # one reduction for all W words (~10% faster than one per word)
     sums = jnp.sum(jnp.where(chosen[:, :, None, :], codes[..., None], 0), axis=1)  # [a, W, q]
@@ -392,21 +404,22 @@ def neighbour_label_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries:
     if qpad:
         queries = jnp.concatenate([queries, jnp.zeros((qpad, d), queries.dtype)])
     qblocks = augment_queries(queries).reshape(-1, qb, d + 1)               # [q/qb, qb, d+1]
+    na = (a + apad) // ab
+    stats = jax.tree.map(lambda v: v.reshape((na, ab) + v.shape[1:]), _agent_stats(x, mask))
 
     def per_agent_block(blk):
-        xb, yb, mb = blk
+        xb, yb, mb, stats = blk
         xa = augment_records(xb, mb)                                          # [ab, n, d+1]
         n_real = jnp.sum(mb, axis=1, dtype=jnp.int32)
-        stats = _agent_stats(xa, mb)
+        codes = _label_codes(yb, k, num_classes)[0]                          # [ab, n, W]
 
         def per_query_block(qa):
-            return _block_counts(xa, yb, n_real, stats, qa, k, num_classes, search_steps,
-                                 walk_width, compact)
+            return _block_counts(xa, yb, codes, n_real, stats, qa, k, num_classes,
+                                 search_steps, walk_width, compact)
 
         out = lax.map(per_query_block, qblocks)                               # [q/qb, ab, qb, C]
         return jnp.transpose(out, (1, 0, 2, 3)).reshape(ab, -1, num_classes)
 
-    na = (a + apad) // ab
-    blocks = (x.reshape(na, ab, n, d), y.reshape(na, ab, n), mask.reshape(na, ab, n))
+    blocks = (x.reshape(na, ab, n, d), y.reshape(na, ab, n), mask.reshape(na, ab, n), stats)
     out = lax.map(per_agent_block, blocks)                                   # [na, ab, Qp, C]
     return out.reshape(na * ab, -1, num_classes)[:a, :q]
