@@ -25,3 +25,23 @@ def test_bench_local_training_smoke(tmp_path):
                 "vmap_gflops", "matmul_gflops", "chunked_s"):
         assert written[key] > 0
     assert record["agents"] == 6
+
+
+def test_bench_knn_vote_smoke(tmp_path):
+    """One tiny configuration in a child process: every timed function, matmul before and after,
+    the fractions against the faster of the two, memory above the data."""
+    bench = _load("bench_knn_vote")
+    out = tmp_path / "knn.json"
+    record = bench.main(["--configs", "24:8:1", "--queries", "16", "--local-size", "12",
+                         "--features", "4", "--k", "3", "--repeats", "1",
+                         "--what", "clean,vote,vote_aggregate,clean_top_k", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert len(written["matmul_gflops_all"]) == 2
+    run, = written["runs"]
+    assert run["matmul_gflops"] == max(written["matmul_gflops_all"])
+    for name in ("clean", "vote", "vote_aggregate", "clean_top_k"):
+        assert run[name]["wall_s"] > 0
+        assert run[name]["fraction_of_matmul"] == (run[name]["gemm_gflops"]
+                                                   / run["matmul_gflops"])
+        assert name in run["peak_rss_above_data_mb"]
+    assert run["threshold_speedup_vs_top_k"] > 0 and record["runs"] == written["runs"]
