@@ -39,7 +39,7 @@ what kNN-DPFL's instance-level sensitivity ``sqrt(2)/k`` rests on
 
 Blocks of ``agent_block`` agents x ``query_block`` queries keep a block's keys in cache across
 the passes; blocks are visited by ``lax.map`` (no Python loop). On the 2-core CPU this path is
-~8-9x faster than ``lax.top_k`` for N = 1000 x 600 x 1000 x 64, k = 30 (tools/bench_knn_vote.py).
+~8-12x faster than ``lax.top_k`` for N = 1000 x 600 x 1000 x 64, k = 30 (tools/bench_knn_vote.py).
 """
 from __future__ import annotations
 
