@@ -81,7 +81,10 @@ def main():
                            and np.array_equal(l_plain, l_shard)
                            and np.allclose(tally(None), tally(mesh), atol=1e-5)
                            and not np.allclose(tally(None), s_plain, atol=1e-2)
-                           and np.array_equal(agg(None), agg(mesh)))
+                           and np.array_equal(agg(None), agg(mesh))
+                           and np.array_equal(voting.mpc_vote_and_sums(
+                               key, fn, agents, queries, 0.3, num_classes=3, mesh=mesh)[0],
+                               agg(None)))
     print(json.dumps(out))
     return 0 if all(out.values()) else 1
 

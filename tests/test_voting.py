@@ -128,6 +128,34 @@ def test_aggregate_noise_vote_matches_a_loop_and_any_chunking(setup):
         voting.aggregate_noise(key, jnp.arange(Q), sigma, C)[:5])
 
 
+def test_one_pass_vote_and_sums_equal_the_separate_calls(setup):
+    """mpc_vote_and_sums / run_vote: the aggregate-noise labels and the clean sums from one
+    evaluation of the ballots equal mpc_vote(noise="aggregate") and vote_sums; run_vote without
+    the analysis returns no sums, with per-agent shares the labels of mpc_vote."""
+    agents, queries = setup
+    key = jax.random.key(21)
+    labels, sums = voting.mpc_vote_and_sums(key, _one_hot_ballots, agents, queries, 0.7,
+                                            num_classes=C, agent_chunk=3, query_chunk=4)
+    np.testing.assert_array_equal(labels, voting.mpc_vote(
+        key, _one_hot_ballots, agents, queries, 0.7, num_classes=C, noise="aggregate"))
+    np.testing.assert_array_equal(sums, voting.vote_sums(_one_hot_ballots, agents, queries,
+                                                         num_classes=C))
+    assert sums.dtype == np.float64
+    for noise in voting.NOISE_MODES:
+        ref = voting.mpc_vote(key, _one_hot_ballots, agents, queries, 0.7, num_classes=C,
+                              noise=noise)
+        got, clean = voting.run_vote(key, _one_hot_ballots, agents, queries, 0.7, num_classes=C,
+                                     noise=noise, data_dependent=True)
+        np.testing.assert_array_equal(got, ref)
+        np.testing.assert_array_equal(clean, sums)
+        got, clean = voting.run_vote(key, _one_hot_ballots, agents, queries, 0.7, num_classes=C,
+                                     noise=noise)
+        np.testing.assert_array_equal(got, ref)
+        assert clean is None
+    with pytest.raises(ValueError, match="sigma"):
+        voting.mpc_vote_and_sums(key, _one_hot_ballots, agents, queries, -1.0, num_classes=C)
+
+
 def _fixed_ballots(agents, queries):
     """Agent i votes class 0 if i < 3 else class 1, on every query (N = 5: margin 1)."""
     votes = (agents[0][:, 0] >= 3).astype(jnp.int32)                    # [a]

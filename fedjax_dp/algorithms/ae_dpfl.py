@@ -202,14 +202,11 @@ def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_pub
                                         chunk_size=chunk_size)
     queries = jnp.asarray(x_public[qidx])                                           # [Q, ...]
     fn = ballot_fn(model, config.abstain_below)
-    labels = voting.mpc_vote(rng.stream(key, "vote"), fn, agent_params, queries, config.sigma,
-                             num_classes=model.num_classes, agent_chunk=config.agent_chunk,
-                             query_chunk=config.query_chunk, noise=config.vote_noise)
-    clean = None
-    if config.data_dependent:
-        clean = voting.vote_sums(fn, agent_params, queries, num_classes=model.num_classes,
-                                 agent_chunk=config.agent_chunk, query_chunk=config.query_chunk)
-    labels = np.asarray(labels)
+    labels, clean = voting.run_vote(rng.stream(key, "vote"), fn, agent_params, queries,
+                                    config.sigma, num_classes=model.num_classes,
+                                    agent_chunk=config.agent_chunk,
+                                    query_chunk=config.query_chunk, noise=config.vote_noise,
+                                    data_dependent=config.data_dependent)
     student = student_lib.train_student(rng.stream(key, "student"), model, x_public, qidx,
                                         labels, config.student, config.semi_supervised)
     return Result(params=student, agent_params=agent_params, query_indices=qidx, labels=labels,

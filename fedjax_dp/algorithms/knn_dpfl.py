@@ -245,15 +245,10 @@ def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_pub
     feats = agent_features(phi, agents)
     queries = phi.apply(x_public[qidx], lead=1)                           # [Q, m]
     fn = ballot_fn(config.k, c, config.knn_method)
-    labels = np.asarray(voting.mpc_vote(rng.stream(key, "vote"), fn, feats, queries,
-                                        config.sigma, num_classes=c,
-                                        agent_chunk=config.agent_chunk,
-                                        query_chunk=config.query_chunk,
-                                        noise=config.vote_noise))
-    clean = None
-    if config.data_dependent:
-        clean = voting.vote_sums(fn, feats, queries, num_classes=c,
-                                 agent_chunk=config.agent_chunk, query_chunk=config.query_chunk)
+    labels, clean = voting.run_vote(rng.stream(key, "vote"), fn, feats, queries, config.sigma,
+                                    num_classes=c, agent_chunk=config.agent_chunk,
+                                    query_chunk=config.query_chunk, noise=config.vote_noise,
+                                    data_dependent=config.data_dependent)
     student = student_lib.train_student(rng.stream(key, "student"), model, x_public, qidx,
                                         labels, config.student, config.semi_supervised)
     return Result(params=student, feature_map=phi, query_indices=qidx, labels=labels,

@@ -61,7 +61,8 @@ from fedjax_dp.privacy import PrivacyLedger, accounting
 from fedjax_dp.privacy.gnmax import PATE_ORDERS, gnmax_total_rdp
 
 __all__ = ["RELATIONS", "NOISE_MODES", "BallotFn", "vote_sensitivity", "vote_event", "vote_ledger",
-           "agent_query_noise", "aggregate_noise", "mpc_vote", "vote_sums", "check_vote_args"]
+           "agent_query_noise", "aggregate_noise", "mpc_vote", "mpc_vote_and_sums", "run_vote",
+           "vote_sums", "check_vote_args"]
 
 #: How the vote's noise is simulated (see the module docstring): every agent's share, or the
 #: secure sum's total at once (same distribution of the released labels).
@@ -329,6 +330,57 @@ def mpc_vote(key: jax.Array, ballot_fn: BallotFn, agents: Any, queries: jax.Arra
     return _release(key, agents, jnp.asarray(queries), jnp.float32(sigma), ballot_fn=ballot_fn,
                     num_classes=int(num_classes), agent_chunk=agent_chunk,
                     query_chunk=query_chunk, mesh=mesh, noise=noise)
+
+
+@functools.partial(jax.jit, static_argnames=("ballot_fn", "num_classes", "agent_chunk",
+                                             "query_chunk", "mesh"))
+def _release_and_clean(key, agents, queries, sigma, *, ballot_fn, num_classes, agent_chunk,
+                       query_chunk, mesh=None):
+    clean = _tally(None, agents, queries, 0.0, ballot_fn=ballot_fn, num_classes=num_classes,
+                   agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=False, mesh=mesh)
+    noisy = clean + aggregate_noise(key, jnp.arange(queries.shape[0]), sigma, num_classes)
+    return jnp.argmax(noisy, axis=-1).astype(jnp.int32), clean
+
+
+def mpc_vote_and_sums(key: jax.Array, ballot_fn: BallotFn, agents: Any, queries: jax.Array,
+                      sigma, *, num_classes: int, agent_chunk: int | None = None,
+                      query_chunk: int | None = None,
+                      mesh: Mesh | None = None) -> tuple[jax.Array, np.ndarray]:
+    """``(mpc_vote(..., noise="aggregate"), vote_sums(...))`` from ONE evaluation of the ballots.
+
+    For a run that also reports the data-dependent epsilon: the released labels are exactly those
+    of :func:`mpc_vote` with ``noise="aggregate"`` and the same key, the sums exactly those of
+    :func:`vote_sums` (float64 on the host, for the privacy analysis ONLY, as there). Per-agent
+    noise shares would need the ballots twice (the shares never meet the clean sums).
+    """
+    n, q = _sizes(agents, queries)
+    check_vote_args(sigma, n, q, num_classes, agent_chunk, query_chunk, "aggregate")
+    labels, clean = _release_and_clean(key, agents, jnp.asarray(queries), jnp.float32(sigma),
+                                       ballot_fn=ballot_fn, num_classes=int(num_classes),
+                                       agent_chunk=agent_chunk, query_chunk=query_chunk,
+                                       mesh=mesh)
+    return labels, np.asarray(clean, dtype=np.float64)
+
+
+def run_vote(key: jax.Array, ballot_fn: BallotFn, agents: Any, queries: jax.Array, sigma, *,
+             num_classes: int, agent_chunk: int | None = None, query_chunk: int | None = None,
+             noise: str = "per_agent", data_dependent: bool = False,
+             mesh: Mesh | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """A run's vote: ``(released labels [Q], noise-free sums [Q, C] or None)``.
+
+    The sums (for the data-dependent analysis only) are computed when ``data_dependent``; with
+    ``noise="aggregate"`` both come from one evaluation of the ballots (:func:`mpc_vote_and_sums`),
+    with per-agent shares from two (:func:`mpc_vote`, :func:`vote_sums`). The labels are those of
+    :func:`mpc_vote` with the same key either way.
+    """
+    kw = dict(num_classes=num_classes, agent_chunk=agent_chunk, query_chunk=query_chunk,
+              mesh=mesh)
+    if data_dependent and noise == "aggregate":
+        labels, clean = mpc_vote_and_sums(key, ballot_fn, agents, queries, sigma, **kw)
+        return np.asarray(labels), clean
+    labels = np.asarray(mpc_vote(key, ballot_fn, agents, queries, sigma, noise=noise, **kw))
+    clean = vote_sums(ballot_fn, agents, queries, **kw) if data_dependent else None
+    return labels, clean
 
 
 def vote_sums(ballot_fn: BallotFn, agents: Any, queries: jax.Array, *, num_classes: int,
