@@ -88,6 +88,12 @@ def _passes(s: jax.Array, k: int, target, t0: jax.Array, dens: jax.Array, state,
     count_dtype = jnp.int16 if s.shape[1] < 2 ** 15 else jnp.int32
     big = _to_key(jnp.float32(jnp.finfo(jnp.float32).max))
 
+    def count(t):
+        # c(t) [a, q] for float thresholds t [a, q]: float compare (same order as the keys, but
+        # -0.0 == 0.0: the verification covers that corner); int16 partial counts are ~1.4x faster
+        return jnp.sum((s <= t[:, None, :]).astype(count_dtype), axis=1,
+                       dtype=count_dtype).astype(jnp.int32)
+
     def count_pass(it, lo_key, hi_key, c_lo, c_hi):
         act = _active(k, lo_key, hi_key, c_lo, c_hi)
         lo_v, hi_v = _from_key(lo_key), _from_key(hi_key)
@@ -100,10 +106,7 @@ def _passes(s: jax.Array, k: int, target, t0: jax.Array, dens: jax.Array, state,
         mid = (lo_key >> 1) + (hi_key >> 1) + (lo_key & hi_key & 1)           # floor average
         use = (it < search_steps) & jnp.isfinite(guess) & (g_key > lo_key) & (g_key < hi_key)
         t_key = jnp.where(use, g_key, mid)
-        # float compare against the threshold's float (same order as the keys, but -0.0 == 0.0:
-        # the verification covers that corner); int16 partial counts are ~1.4x faster
-        c = jnp.sum((s <= _from_key(t_key)[:, None, :]).astype(count_dtype), axis=1,
-                    dtype=count_dtype).astype(jnp.int32)
+        c = count(_from_key(t_key))
         up, down = act & (c >= k), act & (c < k)
         return (jnp.where(down, t_key, lo_key), jnp.where(up, t_key, hi_key),
                 jnp.where(down, c, c_lo), jnp.where(up, c, c_hi))
@@ -142,8 +145,7 @@ def _passes(s: jax.Array, k: int, target, t0: jax.Array, dens: jax.Array, state,
         # records (measured: one full pass fewer per block on 64-d Gaussian data, neutral on
         # PCA features of MNIST); lo / hi become the nearest points with c < k / c >= k
         t_a, t_b = t0 - FIRST_SPREAD / dens, t0 + FIRST_SPREAD / dens
-        c_a, c_b = (jnp.sum((s <= t[:, None, :]).astype(count_dtype), axis=1,
-                            dtype=count_dtype).astype(jnp.int32) for t in (t_a, t_b))
+        c_a, c_b = count(t_a), count(t_b)
         k_a, k_b = _to_key(t_a), _to_key(t_b)
         ok_a = jnp.isfinite(t_a) & (k_a > lo_key) & (k_a < hi_key)   # else: ignored
         ok_b = jnp.isfinite(t_b) & (k_b > lo_key) & (k_b < hi_key)

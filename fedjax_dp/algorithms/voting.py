@@ -13,12 +13,13 @@ noise-free count.
 Noise modes (``noise=``): ``"per_agent"`` (default) simulates every agent's share as above:
 ``N Q C`` normal draws, which can dominate the vote's cost (AE-DPFL's ballots are cheap; a kNN
 vote of 1000 agents x 1000 queries x 10 classes spends 0.15-0.2 s of ~0.8 s on its 10^7 draws
-on the 2-core CPU). ``"aggregate"``
-draws the secure sum's noise directly, ``sigma N(0, I_C)`` per query from
-``fold_in(fold_in(key, 2^32 - 1), t)`` (one virtual party: agent indices stay below 2^32 - 1):
-a sum of N independent ``N(0, sigma^2/N)`` shares IS ``N(0, sigma^2)``, so the released labels
-have exactly the same distribution and the same privacy guarantee; only the individual shares,
-which nobody sees, are not simulated. Both modes release only the argmax. **The tally never leaves this module**: :func:`mpc_vote` returns only the
+on the 2-core CPU). ``"aggregate"`` draws the secure sum's noise directly, ``sigma N(0, I_C)``
+per query from ``fold_in(fold_in(key, 2^32 - 1), t)`` (one virtual party: agent indices stay
+below 2^32 - 1): a sum of N independent ``N(0, sigma^2/N)`` shares IS ``N(0, sigma^2)``, so the
+released labels have exactly the same distribution and the same privacy guarantee; only the
+individual shares, which nobody sees, are not simulated. Both modes release only the argmax.
+
+**The tally never leaves this module**: :func:`mpc_vote` returns only the
 argmax index per query, which is what the talliers of MPC-vote (Dery et al. 2019) reveal and what
 licenses the data-dependent (GNMax) analysis. :func:`vote_sums` computes the noise-free sums for the
 privacy *analysis* only (a data-dependent epsilon, reported with ``data_dependent: true``); it is
@@ -166,6 +167,12 @@ def aggregate_noise(key: jax.Array, query_ids: jax.Array, sigma, num_classes: in
     return jnp.asarray(sigma, jnp.float32) * jax.vmap(one)(query_ids)
 
 
+def _add_aggregate_noise(key: jax.Array, clean: jax.Array, sigma) -> jax.Array:
+    """``clean [Q, C]`` noise-free sums + :func:`aggregate_noise` for queries ``0..Q-1``."""
+    q, c = clean.shape
+    return clean + aggregate_noise(key, jnp.arange(q), sigma, c)
+
+
 def _chunked(tree: Any, size: int, n: int) -> Any:
     """Pad the leading axis of every leaf to a multiple of ``size``; reshape to [n/size, size, ...]."""
     pad = (-n) % size
@@ -225,7 +232,7 @@ def _tally(key, agents, queries, sigma, *, ballot_fn: BallotFn, num_classes: int
     if noisy and noise == "aggregate":
         clean = _tally(None, agents, queries, 0.0, ballot_fn=ballot_fn, num_classes=num_classes,
                        agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=False, mesh=mesh)
-        return clean + aggregate_noise(key, jnp.arange(queries.shape[0]), sigma, num_classes)
+        return _add_aggregate_noise(key, clean, sigma)
     n = jax.tree.leaves(agents)[0].shape[0]
     std = sigma / math.sqrt(n) if noisy else 0.0
     ids, valid = jnp.arange(n), jnp.ones((n,), bool)
@@ -338,7 +345,7 @@ def _release_and_clean(key, agents, queries, sigma, *, ballot_fn, num_classes, a
                        query_chunk, mesh=None):
     clean = _tally(None, agents, queries, 0.0, ballot_fn=ballot_fn, num_classes=num_classes,
                    agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=False, mesh=mesh)
-    noisy = clean + aggregate_noise(key, jnp.arange(queries.shape[0]), sigma, num_classes)
+    noisy = _add_aggregate_noise(key, clean, sigma)
     return jnp.argmax(noisy, axis=-1).astype(jnp.int32), clean
 
 
