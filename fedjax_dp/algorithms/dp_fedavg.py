@@ -24,7 +24,7 @@ import dataclasses
 
 import jax
 
-from fedjax_dp.algorithms import fedavg
+from fedjax_dp.algorithms import api, fedavg
 from fedjax_dp.core import StackedData, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting
@@ -55,11 +55,25 @@ def round_spec(config: Config) -> fedavg.RoundSpec:
                             denominator=config.denominator)
 
 
+DESCRIPTION = "DP-FedAvg, agent-level DP (McMahan et al. 2018)"
+USES_LOCAL_TRAIN = True
+
+num_steps = fedavg.num_steps
+step = fedavg.step
+output = fedavg.output
+
+
+def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
+         runtime: api.Runtime = api.Runtime()) -> api.State:
+    """As :func:`fedavg.init` with the clipped, noised round of :func:`round_spec`."""
+    return fedavg.init_rounds(key, data, model, config.local, round_spec(config), runtime)
+
+
 def run(key: jax.Array, data: StackedData, model: Model, config: Config, **kwargs
         ) -> fedavg.History:
-    """DP-FedAvg over all stacked agents (keyword arguments as :func:`fedavg.run_rounds`)."""
-    return fedavg.run_rounds(key, data, model, config.local, round_spec(config), config.rounds,
-                             **kwargs)
+    """DP-FedAvg over all stacked agents (keyword arguments as :func:`fedavg.run_with`)."""
+    import sys
+    return fedavg.run_with(sys.modules[__name__], key, data, model, config, **kwargs)
 
 
 def dp_event(config: Config):
@@ -68,9 +82,13 @@ def dp_event(config: Config):
                                              config.rounds)
 
 
-def privacy_ledger(config: Config, num_agents: int) -> PrivacyLedger:
+def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
     """Agent-level guarantee of the whole run (independent of the data: no data-dependent part)."""
-    ledger = PrivacyLedger()
-    ledger.add_event("agent", dp_event(config), relation=RELATION,
-                     sensitivity=config.clip_norm)
-    return ledger
+    out = PrivacyLedger()
+    out.add_event("agent", dp_event(config), relation=RELATION, sensitivity=config.clip_norm)
+    return out
+
+
+def privacy_ledger(config: Config, num_agents: int | None = None) -> PrivacyLedger:
+    """Kept for callers of the pre-protocol API: :func:`ledger`."""
+    return ledger(config)

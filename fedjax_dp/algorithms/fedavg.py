@@ -12,17 +12,18 @@ sum; the number of participants varies per round without any Python list of agen
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
+from fedjax_dp.algorithms import api
 from fedjax_dp.core import StackedData, agent_sum, for_each_agent, validation
 from fedjax_dp.models import Model
-from fedjax_dp.privacy import mechanisms
+from fedjax_dp.privacy import PrivacyLedger, mechanisms
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
 from fedjax_dp.train.local import resolve_chunk_size
 
@@ -67,12 +68,14 @@ def sample_agents(key: jax.Array, num_agents: int, sampling_rate: float) -> jax.
     return jax.random.bernoulli(key, sampling_rate, (num_agents,)).astype(jnp.float32)
 
 
+@functools.lru_cache(maxsize=64)
 def make_round(model: Model, local: LocalTrainConfig, spec: RoundSpec, *,
                chunk_size: int | None = None, mesh=None) -> Callable:
     """A jitted ``round(key, params, data) -> (params, metrics)`` for the given spec.
 
     ``chunk_size``: agents per chunk for local training (identical results; see
-    :func:`fedjax_dp.train.local.resolve_chunk_size` for ``"auto"``, resolved in ``run_rounds``).
+    :func:`fedjax_dp.train.local.resolve_chunk_size` for ``"auto"``, resolved in ``init``).
+    Compiled once per (model, local config, spec, execution plan) and shared by every caller.
     """
     lifted = for_each_agent(make_local_update(model, local), (0, None, 0, 0, 0, 0),
                             chunk_size=chunk_size, mesh=mesh)
@@ -110,38 +113,18 @@ def make_round(model: Model, local: LocalTrainConfig, spec: RoundSpec, *,
 
 @dataclasses.dataclass
 class History:
-    """What a run produced: final params and one metrics dict per round (host floats)."""
+    """What :func:`run` produced: final params and one metrics dict per round (host floats)."""
 
     params: Params
     rounds: list[dict] = dataclasses.field(default_factory=list)
     wall_time_s: float = 0.0
 
 
-def run_rounds(key: jax.Array, data: StackedData, model: Model, local: LocalTrainConfig,
-               spec: RoundSpec, rounds: int, *, init_params: Params | None = None,
-               evaluate: Callable[[Params], dict] | None = None, eval_every: int = 0,
-               on_round: Callable[[int, dict], None] | None = None,
-               chunk_size: int | str | None = "auto", mesh=None) -> History:
-    """Run ``rounds`` rounds; round t uses ``fold_in(key, t)`` (no key is used twice).
-
-    ``on_round(t, metrics)`` is called after every round (progress display, checkpointing), so a
-    long run never loses the rounds already done.
-    """
-    check_trainable(data)
-    k_init, k_rounds = jax.random.split(key)
-    params = model.init(k_init) if init_params is None else init_params
-    chunk_size = resolve_chunk_size(chunk_size, params, data.num_agents)
-    round_fn = make_round(model, local, spec, chunk_size=chunk_size, mesh=mesh)
-    return drive_rounds(lambda t, p: round_fn(jax.random.fold_in(k_rounds, t), p, data),
-                        History(params=params), rounds, evaluate=evaluate,
-                        eval_every=eval_every, on_round=on_round)
-
-
 def drive_rounds(step: Callable[[int, Params], tuple[Params, dict]], history: History,
                  rounds: int, *, evaluate: Callable[[Params], dict] | None = None,
                  eval_every: int = 0, on_round: Callable[[int, dict], None] | None = None
                  ) -> History:
-    """The host loop over rounds shared by the round-based algorithms.
+    """The host loop over rounds of the pre-protocol API (DP-FedSGD until it is ported).
 
     ``step(t, params) -> (params, metrics)`` runs round t (0-based) from ``history.params``;
     metrics become host floats, ``evaluate`` runs every ``eval_every`` rounds and after the last,
@@ -162,13 +145,91 @@ def drive_rounds(step: Callable[[int, Params], tuple[Params, dict]], history: Hi
     return history
 
 
-def run(key: jax.Array, data: StackedData, model: Model, config: Config, **kwargs) -> History:
-    """FedAvg over all stacked agents (see :func:`run_rounds` for keyword arguments)."""
-    spec = RoundSpec(sampling_rate=config.sampling_rate, server_lr=config.server_lr)
-    return run_rounds(key, data, model, config.local, spec, config.rounds, **kwargs)
+# --------------------------------------------------------------------------- the protocol
+# (fedjax_dp.algorithms.api): FedAvg and DP-FedAvg share init / step / output and differ only in
+# their RoundSpec.
+
+DESCRIPTION = "FedAvg, non-private (McMahan et al. 2017)"
+USES_LOCAL_TRAIN = True
 
 
-def privacy_ledger(config: Config, num_agents: int):
+def round_spec(config: Config) -> RoundSpec:
+    return RoundSpec(sampling_rate=config.sampling_rate, server_lr=config.server_lr)
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """The static part of an averaging run's state."""
+
+    agents: StackedData
+    model: Model
+    round_fn: Callable
+
+
+def init_rounds(key: jax.Array, data: api.FederatedData, model: Model, local: LocalTrainConfig,
+                spec: RoundSpec, runtime: api.Runtime = api.Runtime()) -> api.State:
+    """State of a round-based averaging run: ``values = {"params": model.init(split(key)[0])}``."""
+    check_trainable(data.agents)
+    params = model.init(api.init_key(key))
+    chunk_size = resolve_chunk_size(runtime.chunk_size, params, data.num_agents)
+    round_fn = make_round(model, local, spec, chunk_size=chunk_size, mesh=runtime.mesh)
+    return api.State(step=0, values={"params": params},
+                     context=Context(agents=data.agents, model=model, round_fn=round_fn))
+
+
+def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
+         runtime: api.Runtime = api.Runtime()) -> api.State:
+    return init_rounds(key, data, model, config.local, round_spec(config), runtime)
+
+
+def num_steps(config: Config) -> int:
+    return config.rounds
+
+
+def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
+    """One round (:func:`make_round`) from ``state.values["params"]``."""
+    ctx: Context = state.context
+    params, metrics = ctx.round_fn(key, state.values["params"], ctx.agents)
+    return api.State(step=state.step + 1, values={"params": params}, context=ctx), metrics
+
+
+def output(state: api.State) -> api.Output:
+    return api.Output(model=state.context.model, params=state.values["params"])
+
+
+def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
     """FedAvg gives no privacy guarantee: an empty ledger."""
-    from fedjax_dp.privacy import PrivacyLedger
     return PrivacyLedger()
+
+
+def run_with(module, key: jax.Array, data: StackedData, model: Model, config, *,
+             init_params: Params | None = None,
+             evaluate: Callable[[Params], dict] | None = None, eval_every: int = 0,
+             on_round: Callable[[int, dict], None] | None = None,
+             chunk_size: int | str | None = "auto", mesh=None) -> History:
+    """Plain-Python entry point of an averaging module: :func:`api.run` from stacked agents.
+
+    Round t uses ``fold_in(split(key)[1], t)`` and the model starts from ``split(key)[0]`` (or
+    ``init_params``); ``on_round(t, metrics)`` is called after every round.
+    """
+    fed = api.FederatedData(agents=data, num_classes=model.num_classes)
+    runtime = api.Runtime(chunk_size=chunk_size, mesh=mesh)
+    state = module.init(key, fed, model, config, runtime)
+    if init_params is not None:
+        state = api.State(step=0, values={"params": init_params}, context=state.context)
+    wrapped = None if evaluate is None else (lambda out: evaluate(out.params))
+    result = api.run(module, key, fed, model, config, runtime=runtime, evaluate=wrapped,
+                     eval_every=eval_every, on_step=on_round, state=state)
+    return History(params=result.state.values["params"], rounds=result.history,
+                   wall_time_s=result.wall_time_s)
+
+
+def run(key: jax.Array, data: StackedData, model: Model, config: Config, **kwargs) -> History:
+    """FedAvg over all stacked agents (keyword arguments as :func:`run_with`)."""
+    import sys
+    return run_with(sys.modules[__name__], key, data, model, config, **kwargs)
+
+
+def privacy_ledger(config: Config, num_agents: int | None = None) -> PrivacyLedger:
+    """Kept for callers of the pre-protocol API: :func:`ledger`."""
+    return ledger(config)

@@ -50,6 +50,6 @@ def one_round(key: jax.Array, parties: StackedData, model: Model, local: LocalTr
     """Test accuracy after ONE round of FedAvg (``prox_mu = 0``) or FedProx (``prox_mu > 0``)."""
     validation.check_nonnegative("prox_mu", prox_mu)
     local = dataclasses.replace(local, prox_mu=prox_mu)
-    spec = fedavg.RoundSpec(sampling_rate=1.0, server_lr=1.0)
-    history = fedavg.run_rounds(key, parties, model, local, spec, 1, chunk_size=chunk_size)
+    config = fedavg.Config(rounds=1, sampling_rate=1.0, server_lr=1.0, local=local)
+    history = fedavg.run(key, parties, model, config, chunk_size=chunk_size)
     return accuracy(model, history.params, x_test, y_test)

@@ -40,7 +40,7 @@ def _cmd_list(args) -> int:
     from fedjax_dp.experiments import registry
     from fedjax_dp.models import MODELS
     listing = {
-        "algorithms": {k: v.description for k, v in registry.ALGORITHMS.items()},
+        "algorithms": {k: registry.description(v) for k, v in registry.ALGORITHMS.items()},
         "datasets": sorted(data.DATASETS),
         "partitions": sorted(data.PARTITIONS),
         "models": list(MODELS),

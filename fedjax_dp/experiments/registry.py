@@ -1,6 +1,8 @@
-"""The algorithms the experiment runner knows, each as a config class and an ``execute`` function.
+"""The algorithms the experiment runner knows: a map from names to algorithm modules.
 
-``execute(ctx) -> Outcome`` receives everything already built and validated (dataset, stacked
+Algorithms on the protocol of :mod:`fedjax_dp.algorithms.api` (``Config``, ``init``, ``step``,
+``num_steps``, ``ledger``, ``output``) are registered as the module itself. Entries not yet ported
+are :class:`AlgorithmEntry` adapters: ``execute(ctx) -> Outcome`` receives everything already built and validated (dataset, stacked
 agents, model, local-training config, the algorithm's own config) and returns the final model
 parameters, a per-round history and the privacy ledger. Every algorithm also runs from plain
 Python without this layer; this only adapts it to configs and the CLI.
@@ -62,23 +64,28 @@ def _evaluator(ctx: Context):
     return lambda params: {"test_accuracy": accuracy(ctx.model, params, x, y)}
 
 
-def _averaging(module) -> Callable[[Context], Outcome]:
-    def execute(ctx: Context) -> Outcome:
-        history = module.run(ctx.key, ctx.agents, ctx.model, ctx.config,
-                             evaluate=_evaluator(ctx), eval_every=ctx.eval_every,
-                             on_round=ctx.on_round, chunk_size=ctx.chunk_size)
-        return Outcome(params=history.params, history=history.rounds,
-                       ledger=module.privacy_ledger(ctx.config, ctx.agents.num_agents),
-                       model=ctx.model)
-    return execute
-
-
-ALGORITHMS: dict[str, AlgorithmEntry] = {
-    "fedavg": AlgorithmEntry("fedavg", fedavg.Config, _averaging(fedavg),
-                             "FedAvg, non-private (McMahan et al. 2017)"),
-    "dp_fedavg": AlgorithmEntry("dp_fedavg", dp_fedavg.Config, _averaging(dp_fedavg),
-                                "DP-FedAvg, agent-level DP (McMahan et al. 2018)"),
+# Algorithms on the protocol of fedjax_dp.algorithms.api: the registry holds the module itself.
+ALGORITHMS: dict[str, Any] = {
+    "fedavg": fedavg,
+    "dp_fedavg": dp_fedavg,
 }
+
+
+def is_protocol(entry) -> bool:
+    """True for a module on the init / step / ledger / output protocol (not a legacy entry)."""
+    return not isinstance(entry, AlgorithmEntry)
+
+
+def description(entry) -> str:
+    return entry.DESCRIPTION if is_protocol(entry) else entry.description
+
+
+def config_class(entry) -> type:
+    return entry.Config if is_protocol(entry) else entry.config_cls
+
+
+def uses_local_train(entry) -> bool:
+    return entry.USES_LOCAL_TRAIN if is_protocol(entry) else entry.uses_local_train
 
 
 # DP-FedSGD (instance level): its ledger needs the local sizes and each agent's participation.
@@ -179,7 +186,7 @@ ALGORITHMS["fedkt"] = AlgorithmEntry(
     "FedKT: one-shot two-tier knowledge transfer, L0/L1/L2 privacy, any classifier (Li et al. 2021)")
 
 
-def get(name: str) -> AlgorithmEntry:
+def get(name: str):
     if name not in ALGORITHMS:
         raise ValueError(f"algorithm.name must be one of {sorted(ALGORITHMS)}, got {name!r}")
     return ALGORITHMS[name]

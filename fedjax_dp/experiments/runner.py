@@ -18,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from fedjax_dp import data as data_lib
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.api import FederatedData
 from fedjax_dp.core import from_partition, rng
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import registry
@@ -45,7 +48,7 @@ class Plan:
     """Everything validated from a resolved config, before any data is loaded or trained on."""
 
     config: dict
-    entry: registry.AlgorithmEntry
+    entry: Any                                   # an algorithm module (or a legacy entry)
     algorithm_config: Any
     local: LocalTrainConfig
 
@@ -70,8 +73,9 @@ def plan(config: dict) -> Plan:
     algo = dict(config["algorithm"])
     entry = registry.get(algo.pop("name"))
     local = config_lib.build_dataclass(LocalTrainConfig, config["train"], "train")
-    extra = {"local": local} if entry.uses_local_train else {}
-    algorithm_config = config_lib.build_dataclass(entry.config_cls, algo, "algorithm", **extra)
+    extra = {"local": local} if registry.uses_local_train(entry) else {}
+    algorithm_config = config_lib.build_dataclass(registry.config_class(entry), algo, "algorithm",
+                                                  **extra)
     return Plan(config=config, entry=entry, algorithm_config=algorithm_config, local=local)
 
 
@@ -151,6 +155,7 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     model = make_model(config["model"]["name"], dataset.feature_shape, dataset.num_classes,
                        hidden=tuple(config["model"]["hidden"]))
     rounds_total = getattr(p.algorithm_config, "rounds", None)
+    name = config["algorithm"]["name"]
 
     def on_round(t: int, record: dict) -> None:
         if out is not None:
@@ -160,25 +165,44 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
             shown = " ".join(f"{k}={v:.4g}" for k, v in record.items()
                              if k != "round" and isinstance(v, float))
             total = f"/{rounds_total}" if rounds_total else ""
-            print(f"[{p.entry.name}] round {t}{total} {shown}", file=sys.stderr, flush=True)
+            print(f"[{name}] round {t}{total} {shown}", file=sys.stderr, flush=True)
 
     chunk = config["run"]["chunk_size"] or None          # 0 -> all agents at once
-    ctx = registry.Context(key=rng.stream(root, "algorithm"), dataset=dataset, agents=agents,
-                           model=model, local=p.local, config=p.algorithm_config,
-                           eval_every=config["run"]["eval_every"], chunk_size=chunk,
-                           on_round=on_round)
-    outcome = p.entry.execute(ctx)
-    if getattr(outcome, "predict", None) is not None:       # non-JAX final model (e.g. trees)
-        import numpy as np
-        test_acc = float(np.mean(np.asarray(outcome.predict(dataset.x_test)) == dataset.y_test))
+    key = rng.stream(root, "algorithm")
+    if registry.is_protocol(p.entry):
+        fed = FederatedData(agents=agents, num_classes=dataset.num_classes,
+                            x_public=dataset.x_public, y_public=dataset.y_public)
+        x_test, y_test = dataset.x_test, dataset.y_test
+
+        def evaluate(output):
+            return {"test_accuracy": float(np.mean(output.predict_labels(x_test) == y_test))}
+
+        done = api.run(p.entry, key, fed, model, p.algorithm_config,
+                       runtime=api.Runtime(chunk_size=chunk), evaluate=evaluate,
+                       eval_every=config["run"]["eval_every"], on_step=on_round)
+        output = p.entry.output(done.state)
+        test_acc = float(np.mean(output.predict_labels(x_test) == y_test))
+        ledgers = api.ledgers(p.entry, p.algorithm_config, done.state)
+        history = done.history
     else:
-        test_acc = accuracy(outcome.model, outcome.params, dataset.x_test, dataset.y_test)
+        ctx = registry.Context(key=key, dataset=dataset, agents=agents,
+                               model=model, local=p.local, config=p.algorithm_config,
+                               eval_every=config["run"]["eval_every"], chunk_size=chunk,
+                               on_round=on_round)
+        outcome = p.entry.execute(ctx)
+        if getattr(outcome, "predict", None) is not None:   # non-JAX final model (e.g. trees)
+            test_acc = float(np.mean(np.asarray(outcome.predict(dataset.x_test))
+                                     == dataset.y_test))
+        else:
+            test_acc = accuracy(outcome.model, outcome.params, dataset.x_test, dataset.y_test)
+        ledgers = (outcome.ledger, *getattr(outcome, "extra_ledgers", ()))
+        history = outcome.history
     delta = config["privacy"]["delta"]
-    privacy = outcome.ledger.report(delta, accountants=tuple(config["privacy"]["accountants"]))
-    for extra in getattr(outcome, "extra_ledgers", ()):     # reported beside, not composed
-        privacy += extra.report(delta, accountants=tuple(config["privacy"]["accountants"]))
+    privacy = []
+    for ledger in ledgers:                                  # reported side by side, not composed
+        privacy += ledger.report(delta, accountants=tuple(config["privacy"]["accountants"]))
     result = {
-        "algorithm": p.entry.name,
+        "algorithm": name,
         "dataset": dataset.name,
         "num_agents": agents.num_agents,
         "test_accuracy": test_acc,
@@ -188,7 +212,7 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
         "config": config,
         "versions": versions(),
         "devices": [str(dv) for dv in jax.devices()],
-        "history": outcome.history,
+        "history": history,
     }
     result = _jsonable(result)
     if out is not None:
@@ -196,5 +220,5 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     if show:
         eps = ", ".join(f"{g['unit']}: eps={g['epsilon']:.4g} ({g['accountant']})"
                         for g in privacy) or "no privacy guarantee"
-        print(f"[{p.entry.name}] test accuracy {test_acc:.4f}; {eps}", file=sys.stderr)
+        print(f"[{name}] test accuracy {test_acc:.4f}; {eps}", file=sys.stderr)
     return result

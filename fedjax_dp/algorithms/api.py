@@ -1,0 +1,215 @@
+"""One interface for every algorithm: ``init`` / ``step`` / ``ledger`` / ``output``.
+
+In the spirit of optax's ``GradientTransformation`` and fedjax's ``FederatedAlgorithm``, an
+algorithm is a module (or any object) exposing pure functions over explicit state::
+
+    Config                  frozen dataclass of the algorithm's own fields, validated on
+                            construction (a bad value raises one line naming the field)
+    DESCRIPTION: str        one line for ``fedjax-dp list``
+    USES_LOCAL_TRAIN: bool  the config's ``[train]`` table is passed as ``Config.local``
+
+    init(key, data: FederatedData, model: Model, config, runtime: Runtime) -> State
+    num_steps(config) -> int                     how many times ``step`` runs (rounds / phases)
+    step(state, key) -> (state, metrics)         one round, or one phase of a one-shot method
+    ledger(config, state) -> PrivacyLedger | tuple[PrivacyLedger, ...]
+    output(state) -> Output                      the final model, for evaluation
+
+so that a run can be stepped, checkpointed (``State.values`` is a pytree of arrays) and composed
+from outside. :func:`run` is the driver every algorithm shares; the experiment registry is a map
+from names to such modules.
+
+Keys. ``run(algorithm, key, ...)`` passes ``key`` itself to ``init`` and
+``fold_in(split(key)[1], t)`` to step t (:func:`step_key`); ``init`` may use ``split(key)[0]``
+(the round-based algorithms initialise the model with it) or derive named streams from ``key``
+(:func:`fedjax_dp.core.stream`), but never ``split(key)[1]``, which belongs to the steps. No key
+is used twice.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Protocol, Sequence
+
+import jax
+import numpy as np
+
+from fedjax_dp.core import StackedData, validation
+from fedjax_dp.models import Model
+from fedjax_dp.privacy import PrivacyLedger
+
+Params = Any
+
+__all__ = ["FederatedData", "Runtime", "State", "Output", "Algorithm", "Result", "step_key",
+           "init_key", "run", "ledgers"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FederatedData:
+    """Everything an algorithm may read about the task.
+
+    agents: the agents' private data, stacked ``x [N, n_max, ...]`` (see :class:`StackedData`).
+    x_public: ``[n_public, ...]`` the server's UNLABELLED data (queries of the voting methods,
+      FedKT's transfer set), or None. Its labels are never given to an algorithm.
+    num_classes: number of classes of the labels.
+    y_public: ``[n_public]`` labels of ``x_public`` for DIAGNOSTICS ONLY (e.g. how accurate a
+      vote was, reported in metrics): an algorithm must never train on, select with or release
+      anything computed from them.
+    """
+
+    agents: StackedData
+    num_classes: int
+    x_public: Any = None          # [n_public, *feature_shape] or None
+    y_public: Any = None          # [n_public] diagnostics only, or None
+
+    def __post_init__(self):
+        if not isinstance(self.agents, StackedData):
+            raise ValueError(f"data.agents must be a StackedData, got "
+                             f"{type(self.agents).__name__}")
+        validation.check_int("data.num_classes", self.num_classes, minimum=1)
+        if self.x_public is not None and tuple(np.shape(self.x_public)[1:]) != \
+                self.agents.feature_shape:
+            raise ValueError(f"data.x_public has feature shape {tuple(np.shape(self.x_public)[1:])}"
+                             f" but the agents' records have {self.agents.feature_shape}")
+
+    @property
+    def num_agents(self) -> int:
+        return self.agents.num_agents
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        return self.agents.feature_shape
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    """How to execute (never what is computed: every choice gives the same results).
+
+    chunk_size: agents per chunk (``"auto"``: cache-sized on the CPU, none on accelerators;
+      None: all agents at once; an int).
+    mesh: a ``jax.sharding.Mesh`` with an ``agents`` axis to shard the agent axis, or None.
+    backend: ``"vmap"`` or ``"loop"`` (a Python loop over agents: debugging and reference tests).
+    """
+
+    chunk_size: int | str | None = "auto"
+    mesh: Any = None
+    backend: str = "vmap"
+
+    def __post_init__(self):
+        if self.chunk_size not in ("auto", None):
+            validation.check_int("runtime.chunk_size", self.chunk_size, minimum=1)
+        validation.check_choice("runtime.backend", self.backend, ("vmap", "loop"))
+
+
+@dataclasses.dataclass
+class State:
+    """What an algorithm carries from one step to the next.
+
+    step: number of steps done.
+    values: pytree of arrays (parameters, server / optimiser state, counters): everything a
+      checkpoint must save to resume.
+    context: static part (data, model, config, compiled functions, host-side bookkeeping); rebuilt
+      by ``init``, never saved.
+    """
+
+    step: int
+    values: Any
+    context: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """The final model: ``model`` / ``params`` (a JAX model) or ``predict(x [M, ...]) -> [M]``
+    (e.g. a tree ensemble). ``model`` is always set (the model the run was configured with when
+    the final model is not a JAX model)."""
+
+    model: Model
+    params: Params = None
+    predict: Callable[[Any], Any] | None = None
+
+    def predict_labels(self, x) -> np.ndarray:
+        """Predicted classes ``[M]`` (host array) for ``x [M, ...]``."""
+        if self.predict is not None:
+            return np.asarray(self.predict(x))
+        from fedjax_dp.train import predict
+        return np.asarray(predict(self.model, self.params, jax.numpy.asarray(x)))
+
+
+class Algorithm(Protocol):
+    """The protocol (structural): modules satisfy it by defining these names."""
+
+    Config: type
+    DESCRIPTION: str
+    USES_LOCAL_TRAIN: bool
+
+    def init(self, key: jax.Array, data: FederatedData, model: Model, config: Any,
+             runtime: Runtime) -> State: ...
+
+    def num_steps(self, config: Any) -> int: ...
+
+    def step(self, state: State, key: jax.Array) -> tuple[State, dict]: ...
+
+    def ledger(self, config: Any, state: State) -> PrivacyLedger | tuple: ...
+
+    def output(self, state: State) -> Output: ...
+
+
+def init_key(key: jax.Array) -> jax.Array:
+    """The key a round-based algorithm initialises its model with: ``split(key)[0]``."""
+    return jax.random.split(key)[0]
+
+
+def step_key(key: jax.Array, t: int) -> jax.Array:
+    """The key of step ``t`` (0-based) of a run with root ``key``: ``fold_in(split(key)[1], t)``."""
+    return jax.random.fold_in(jax.random.split(key)[1], t)
+
+
+def ledgers(algorithm: Algorithm, config: Any, state: State) -> tuple[PrivacyLedger, ...]:
+    """``algorithm.ledger`` as a tuple (several ledgers are reported side by side, not composed)."""
+    out = algorithm.ledger(config, state)
+    return (out,) if isinstance(out, PrivacyLedger) else tuple(out)
+
+
+@dataclasses.dataclass
+class Result:
+    """A finished (or interrupted) run: the last state, one record per step, the wall time."""
+
+    state: State
+    history: list[dict]
+    wall_time_s: float = 0.0
+
+
+def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model, config: Any, *,
+        runtime: Runtime = Runtime(), evaluate: Callable[[Output], dict] | None = None,
+        eval_every: int = 0, on_step: Callable[[int, dict], None] | None = None,
+        state: State | None = None) -> Result:
+    """Drive ``algorithm`` from ``init`` (or from ``state``, to resume) to its last step.
+
+    Metrics become host floats; ``evaluate(output)`` runs every ``eval_every`` steps and after the
+    last; ``on_step(t + 1, record)`` sees every record as soon as it exists (progress display,
+    ``progress.jsonl``, checkpoints), so a long run never loses the steps already done.
+    """
+    if not isinstance(config, algorithm.Config):
+        raise ValueError(f"config must be a {algorithm.Config.__module__}.Config, got "
+                         f"{type(config).__name__}")
+    validation.check_int("eval_every", eval_every, minimum=0)
+    start = time.perf_counter()
+    if state is None:
+        state = algorithm.init(key, data, model, config, runtime)
+    total = algorithm.num_steps(config)
+    history: list[dict] = []
+    for t in range(state.step, total):
+        state, metrics = algorithm.step(state, step_key(key, t))
+        record = {"round": t + 1, **{k: _host(v) for k, v in metrics.items()}}
+        if evaluate is not None and eval_every and ((t + 1) % eval_every == 0 or t + 1 == total):
+            record.update(evaluate(algorithm.output(state)))
+        history.append(record)
+        if on_step is not None:
+            on_step(t + 1, record)
+    return Result(state=state, history=history, wall_time_s=time.perf_counter() - start)
+
+
+def _host(value):
+    """A metric as a host float (or int / str as given)."""
+    if isinstance(value, (int, str)) and not isinstance(value, bool):
+        return value
+    return float(value)
