@@ -257,8 +257,7 @@ def test_query_fraction_selects_the_noisy_tier(setup):
 def test_l1_accounting_matches_independent_computation(setup):
     res, *_ = run_small(setup, "L1", "mlp")
     cfg, g, s = res.config, res.config.gamma, 2
-    dd, di = fedkt.privacy_ledgers(cfg, server_votes=res.server_votes,
-                                   teacher_votes=res.teacher_votes, z=res.z)
+    dd, di = fedkt.ledger(cfg, res.state)
     z = int(res.z.max())
     k_ex = {0: 0.0, 1: 1.0, 2: 2.0}[z]                    # s = 2: 0, s/2, s
     for unit, k in (("party", s), ("example", k_ex)):
@@ -283,8 +282,7 @@ def test_l1_accounting_matches_independent_computation(setup):
 def test_l2_accounting_is_worst_party_of_its_queries(setup):
     res, *_ = run_small(setup, "L2", "mlp", gamma=0.3)
     g = 0.3
-    dd, di = fedkt.privacy_ledgers(res.config, server_votes=res.server_votes,
-                                   teacher_votes=res.teacher_votes, z=res.z)
+    dd, di = fedkt.ledger(res.config, res.state)
     n = res.teacher_votes.shape[0]
     for unit, k in (("example", 1.0), ("party", 3.0)):
         per_party = []
@@ -304,8 +302,7 @@ def test_l2_accounting_is_worst_party_of_its_queries(setup):
 
 def test_l0_has_no_ledger_entries(setup):
     res, *_ = run_small(setup, "L0", "logistic")
-    dd, di = fedkt.privacy_ledgers(res.config, server_votes=res.server_votes,
-                                   teacher_votes=res.teacher_votes, z=res.z)
+    dd, di = fedkt.ledger(res.config, res.state)
     assert len(dd) == 0 and len(di) == 0
 
 

@@ -59,8 +59,8 @@ def test_self_training_is_post_processing(problem, algorithm):
     np.testing.assert_array_equal(r0.query_indices, r1.query_indices)
     np.testing.assert_array_equal(r0.labels, r1.labels)
     np.testing.assert_array_equal(r0.clean_vote_sums, r1.clean_vote_sums)
-    l0 = mod.privacy_ledger(base, data.num_agents, r0.clean_vote_sums)
-    l1 = mod.privacy_ledger(ssl, data.num_agents, r1.clean_vote_sums)
+    l0 = mod.ledger(base, r0.state)
+    l1 = mod.ledger(ssl, r1.state)
     assert l0.to_json() == l1.to_json()
     for unit in ("agent", "instance", "agent_data_dependent", "instance_data_dependent"):
         assert l0.epsilon(unit, DELTA) == l1.epsilon(unit, DELTA)
