@@ -77,7 +77,7 @@ def main():
         k, a, q, 0.3, ballot_fn=fn, num_classes=3, agent_chunk=None, query_chunk=None,
         noisy=True, mesh=m))(key, agents, queries)
     agg = lambda m: vote.mpc_vote(key, fn, agents, queries, 0.3, num_classes=3, mesh=m,
-                                    noise="aggregate")
+                                  noise="aggregate")
     out["knn_vote"] = bool(np.allclose(s_plain, s_shard, atol=1e-5)
                            and np.array_equal(l_plain, l_shard)
                            and np.allclose(tally(None), tally(mesh), atol=1e-5)

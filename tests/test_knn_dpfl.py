@@ -120,7 +120,7 @@ def test_chunked_knn_vote_equals_plain():
     key = jax.random.key(0)
     np.testing.assert_array_equal(
         vote.mpc_vote(key, fn, agents, queries, 0.5, num_classes=C, agent_chunk=2,
-                        query_chunk=3),
+                      query_chunk=3),
         vote.mpc_vote(key, fn, agents, queries, 0.5, num_classes=C))
 
 

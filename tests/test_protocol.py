@@ -102,9 +102,9 @@ def test_protocol_conformance(problem, name):
     assert isinstance(config, module.Config)
     assert hasattr(config, "local") == module.USES_LOCAL_TRAIN
 
-    # by hand, with the keys api.run gives every step
-    key = jax.random.key(0)
-    state = module.init(key, data, model, config, api.Runtime(chunk_size=None))
+    # by hand, with the keys api.run gives every step, through a checkpoint after step 1
+    key, runtime = jax.random.key(0), api.Runtime(chunk_size=None)
+    state = module.init(key, data, model, config, runtime)
     assert state.step == 0
     total = module.num_steps(config)
     assert isinstance(total, int) and total >= 1
@@ -116,6 +116,10 @@ def test_protocol_conformance(problem, name):
             assert isinstance(v, str) or np.ndim(v) == 0, (k, v)
         for leaf in _leaves(state.values):              # a checkpoint saves only arrays
             assert isinstance(leaf, (np.ndarray, jax.Array)), type(leaf)
+        if t == 0:      # checkpoint: the values as host arrays; the context rebuilt by init
+            saved = jax.tree.map(np.asarray, state.values)
+            state = api.State(step=state.step, values=saved,
+                              context=module.init(key, data, model, config, runtime).context)
 
     # api.run (the same key) is the same run
     done = _api_run(problem, name)

@@ -48,7 +48,7 @@ def test_vote_matches_a_loop_over_agents_and_queries(setup):
 
 
 _TALLY = jax.jit(vote._tally, static_argnames=("ballot_fn", "num_classes", "agent_chunk",
-                                                 "query_chunk", "noisy", "noise"))
+                                               "query_chunk", "noisy", "noise"))
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +67,11 @@ def test_chunked_equals_plain(setup, plain_tally, agent_chunk, query_chunk):
     np.testing.assert_allclose(chunked, plain_tally, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(
         vote.mpc_vote(jax.random.key(9), _one_hot_ballots, agents, queries, 1.5,
-                        num_classes=C, agent_chunk=agent_chunk, query_chunk=query_chunk),
+                      num_classes=C, agent_chunk=agent_chunk, query_chunk=query_chunk),
         plain_tally.argmax(-1))
     np.testing.assert_allclose(
         vote.vote_sums(_one_hot_ballots, agents, queries, num_classes=C,
-                         agent_chunk=agent_chunk, query_chunk=query_chunk),
+                       agent_chunk=agent_chunk, query_chunk=query_chunk),
         np.asarray(_one_hot_ballots(agents, queries)).sum(0), atol=1e-6)
 
 
@@ -108,7 +108,7 @@ def test_aggregate_noise_vote_matches_a_loop_and_any_chunking(setup):
     agents, queries = setup
     key, sigma = jax.random.key(5), 2.0
     labels = vote.mpc_vote(key, _one_hot_ballots, agents, queries, sigma, num_classes=C,
-                             noise="aggregate")
+                           noise="aggregate")
     clean = np.asarray(_one_hot_ballots(agents, queries)).sum(0)           # [Q, C]
     party = jax.random.fold_in(key, jnp.uint32(2 ** 32 - 1))
     ref = [int(np.argmax(clean[t] + sigma * np.asarray(
@@ -134,21 +134,21 @@ def test_one_pass_vote_and_sums_equal_the_separate_calls(setup):
     agents, queries = setup
     key = jax.random.key(21)
     labels, sums = vote.mpc_vote_and_sums(key, _one_hot_ballots, agents, queries, 0.7,
-                                            num_classes=C, agent_chunk=3, query_chunk=4)
+                                          num_classes=C, agent_chunk=3, query_chunk=4)
     np.testing.assert_array_equal(labels, vote.mpc_vote(
         key, _one_hot_ballots, agents, queries, 0.7, num_classes=C, noise="aggregate"))
     np.testing.assert_array_equal(sums, vote.vote_sums(_one_hot_ballots, agents, queries,
-                                                         num_classes=C))
+                                                       num_classes=C))
     assert sums.dtype == np.float64
     for noise in vote.NOISE_MODES:
         ref = vote.mpc_vote(key, _one_hot_ballots, agents, queries, 0.7, num_classes=C,
-                              noise=noise)
+                            noise=noise)
         got, clean = vote.run_vote(key, _one_hot_ballots, agents, queries, 0.7, num_classes=C,
-                                     noise=noise, data_dependent=True)
+                                   noise=noise, data_dependent=True)
         np.testing.assert_array_equal(got, ref)
         np.testing.assert_array_equal(clean, sums)
         got, clean = vote.run_vote(key, _one_hot_ballots, agents, queries, 0.7, num_classes=C,
-                                     noise=noise)
+                                   noise=noise)
         np.testing.assert_array_equal(got, ref)
         assert clean is None
     with pytest.raises(ValueError, match="sigma"):
@@ -180,17 +180,17 @@ def test_noise_modes_release_the_same_distribution():
         assert abs(np.corrcoef(noise[:, 0], noise[:, 1])[0, 1]) < 4 / math.sqrt(4000), mode
         assert abs(np.corrcoef(noise[:-1, 0], noise[1:, 0])[0, 1]) < 4 / math.sqrt(4000), mode
         labels = np.asarray(vote.mpc_vote(jax.random.key(12), _fixed_ballots, agents, queries,
-                                            sigma, num_classes=2, noise=mode))
+                                          sigma, num_classes=2, noise=mode))
         assert abs(np.mean(labels == 0) - p0) < 4 * se, mode
     with pytest.raises(ValueError, match="noise"):
         vote.mpc_vote(jax.random.key(0), _fixed_ballots, agents, queries, sigma,
-                        num_classes=2, noise="per_query")
+                      num_classes=2, noise="per_query")
 
 
 def test_released_vote_is_only_the_argmax_and_strong_consensus_survives_noise(setup):
     agents, queries = setup
     out = vote.mpc_vote(jax.random.key(3), _one_hot_ballots, agents, queries, 1e-3,
-                          num_classes=C)
+                        num_classes=C)
     clean = vote.vote_sums(_one_hot_ballots, agents, queries, num_classes=C)
     assert out.shape == (Q,)                              # labels, nothing else
     # tiny noise: the released label is the clean winner wherever the winner is unique
@@ -207,7 +207,7 @@ def test_vote_argument_errors(setup):
         sigma = args.pop("sigma")
         with pytest.raises(ValueError, match=match):
             vote.mpc_vote(jax.random.key(0), _one_hot_ballots, agents, queries, sigma,
-                            num_classes=C, **args)
+                          num_classes=C, **args)
 
 
 def test_sensitivity_table():
@@ -247,7 +247,7 @@ def test_paper_check_value_and_data_dependent_entry():
     assert ledger.epsilon("agent", 1e-3) == pytest.approx(3.09, abs=0.01)
     votes = np.tile([80.0, 10, 5, 5], (50, 1))
     ledger = vote.vote_ledger(4.0, 50, {"agent": 1.0, "instance": math.sqrt(2)},
-                                clean_vote_sums=votes)
+                              clean_vote_sums=votes)
     rows = {(r["unit"], r["accountant"]): r for r in ledger.report(1e-5)}
     assert rows[("agent", "rdp")]["data_dependent"] is False
     dd = rows[("agent_data_dependent", "rdp")]

@@ -24,7 +24,7 @@ all calls listed in ``walls_s``). The functions timed:
   once per query: the same distribution of released labels, Q C draws instead of N Q C).
 
 ``clean`` and ``vote`` use the default kNN method ``threshold`` (threshold search,
-:mod:`fedjax_dp.algorithms.knn_search`); ``clean_top_k`` is ``clean`` with the straightforward
+:mod:`fedjax_dp.ops.knn_search`); ``clean_top_k`` is ``clean`` with the straightforward
 ``lax.top_k`` method, timed in the same process for the ratio.
 
 Achieved GFLOP/s counts the distance GEMM only, ``2 Q d N n`` FLOPs, and is compared with a large

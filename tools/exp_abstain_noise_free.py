@@ -68,7 +68,7 @@ def main(argv=None):
         for tau in THRESHOLDS:
             fn = ae_dpfl.ballot_fn(model, tau)
             clean = np.asarray(vote.vote_sums(fn, trained.params, x,
-                                                num_classes=ds.num_classes))       # [M, C]
+                                              num_classes=ds.num_classes))       # [M, C]
             top = np.sort(clean, -1)
             votes = clean.sum(-1)
             acc = float(np.mean((np.argmax(clean, -1) == y) & (votes > 0)))

@@ -163,11 +163,11 @@ class TrainedAgents:
         fn = ae_dpfl.ballot_fn(self.model, config.abstain_below)
         c = self.model.num_classes
         labels = np.asarray(vote.mpc_vote(rng.stream(self.key, "vote"), fn, self.params,
-                                            queries, config.sigma, num_classes=c,
-                                            agent_chunk=config.agent_chunk,
-                                            query_chunk=config.query_chunk))
+                                          queries, config.sigma, num_classes=c,
+                                          agent_chunk=config.agent_chunk,
+                                          query_chunk=config.query_chunk))
         clean = vote.vote_sums(fn, self.params, queries, num_classes=c,
-                                 agent_chunk=config.agent_chunk, query_chunk=config.query_chunk)
+                               agent_chunk=config.agent_chunk, query_chunk=config.query_chunk)
         student = ae_dpfl.train_student(rng.stream(self.key, "student"), self.model,
                                         x_public[qidx], labels, config.student)
         return student, qidx, labels, clean

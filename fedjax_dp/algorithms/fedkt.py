@@ -457,7 +457,7 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
         tpreds = ctx.learners["teachers"].predict(fitted(state, "teachers"), xq)
         tvotes = vote_counts(tpreds.reshape(n, s, t, -1), c)                   # [n, s, Qp, C]
         if cfg.level == "L2":
-            keys = jax.random.split(k["l2_noise"], n * s)                     # one per (party, part.)
+            keys = jax.random.split(k["l2_noise"], n * s)             # one per (party, partition)
             labels = noisy_labels(keys, tvotes.reshape(n * s, -1, c), cfg.gamma)
         else:
             labels = jnp.argmax(tvotes, -1).reshape(n * s, -1).astype(jnp.int32)   # [n*s, Qp]
