@@ -27,7 +27,7 @@ from fedjax_dp.core import from_partition, rng
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import registry
 from fedjax_dp.models import make_model
-from fedjax_dp.train import LocalTrainConfig, accuracy
+from fedjax_dp.train import LocalTrainConfig
 
 _PACKAGES = ("fedjax-dp", "jax", "jaxlib", "flax", "optax", "chex", "numpy", "scipy",
              "dp-accounting", "scikit-learn")
@@ -48,7 +48,7 @@ class Plan:
     """Everything validated from a resolved config, before any data is loaded or trained on."""
 
     config: dict
-    entry: Any                                   # an algorithm module (or a legacy entry)
+    entry: Any                                   # an algorithm module (fedjax_dp.algorithms.api)
     algorithm_config: Any
     local: LocalTrainConfig
 
@@ -73,9 +73,8 @@ def plan(config: dict) -> Plan:
     algo = dict(config["algorithm"])
     entry = registry.get(algo.pop("name"))
     local = config_lib.build_dataclass(LocalTrainConfig, config["train"], "train")
-    extra = {"local": local} if registry.uses_local_train(entry) else {}
-    algorithm_config = config_lib.build_dataclass(registry.config_class(entry), algo, "algorithm",
-                                                  **extra)
+    extra = {"local": local} if entry.USES_LOCAL_TRAIN else {}
+    algorithm_config = config_lib.build_dataclass(entry.Config, algo, "algorithm", **extra)
     return Plan(config=config, entry=entry, algorithm_config=algorithm_config, local=local)
 
 
@@ -154,7 +153,8 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     agents = from_partition(dataset.x_train, dataset.y_train, indices)
     model = make_model(config["model"]["name"], dataset.feature_shape, dataset.num_classes,
                        hidden=tuple(config["model"]["hidden"]))
-    rounds_total = getattr(p.algorithm_config, "rounds", None)
+    steps_total = p.entry.num_steps(p.algorithm_config)
+    phases = getattr(p.entry, "PHASES", None)             # one-shot: the steps are phases
     name = config["algorithm"]["name"]
 
     def on_round(t: int, record: dict) -> None:
@@ -164,39 +164,29 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
         if show:
             shown = " ".join(f"{k}={v:.4g}" for k, v in record.items()
                              if k != "round" and isinstance(v, float))
-            total = f"/{rounds_total}" if rounds_total else ""
-            print(f"[{name}] round {t}{total} {shown}", file=sys.stderr, flush=True)
+            what = f"phase {t}/{steps_total} {phases[t - 1]}" if phases else \
+                f"round {t}/{steps_total}"
+            print(f"[{name}] {what} {shown}", file=sys.stderr, flush=True)
 
     chunk = config["run"]["chunk_size"] or None          # 0 -> all agents at once
     key = rng.stream(root, "algorithm")
-    if registry.is_protocol(p.entry):
-        fed = FederatedData(agents=agents, num_classes=dataset.num_classes,
-                            x_public=dataset.x_public, y_public=dataset.y_public)
-        x_test, y_test = dataset.x_test, dataset.y_test
+    fed = FederatedData(agents=agents, num_classes=dataset.num_classes,
+                        x_public=dataset.x_public, y_public=dataset.y_public)
+    x_test, y_test = dataset.x_test, dataset.y_test
 
-        def evaluate(output):
-            return {"test_accuracy": float(np.mean(output.predict_labels(x_test) == y_test))}
+    def evaluate(output):
+        return {"test_accuracy": float(np.mean(output.predict_labels(x_test) == y_test))}
 
-        done = api.run(p.entry, key, fed, model, p.algorithm_config,
-                       runtime=api.Runtime(chunk_size=chunk), evaluate=evaluate,
-                       eval_every=config["run"]["eval_every"], on_step=on_round)
-        output = p.entry.output(done.state)
-        test_acc = float(np.mean(output.predict_labels(x_test) == y_test))
-        ledgers = api.ledgers(p.entry, p.algorithm_config, done.state)
-        history = done.history
-    else:
-        ctx = registry.Context(key=key, dataset=dataset, agents=agents,
-                               model=model, local=p.local, config=p.algorithm_config,
-                               eval_every=config["run"]["eval_every"], chunk_size=chunk,
-                               on_round=on_round)
-        outcome = p.entry.execute(ctx)
-        if getattr(outcome, "predict", None) is not None:   # non-JAX final model (e.g. trees)
-            test_acc = float(np.mean(np.asarray(outcome.predict(dataset.x_test))
-                                     == dataset.y_test))
-        else:
-            test_acc = accuracy(outcome.model, outcome.params, dataset.x_test, dataset.y_test)
-        ledgers = (outcome.ledger, *getattr(outcome, "extra_ledgers", ()))
-        history = outcome.history
+    # run.eval_every evaluates the model between rounds; a one-shot method's phases before the
+    # last have no model yet, so it is evaluated once, at the end
+    eval_every = 0 if phases else config["run"]["eval_every"]
+    done = api.run(p.entry, key, fed, model, p.algorithm_config,
+                   runtime=api.Runtime(chunk_size=chunk), evaluate=evaluate,
+                   eval_every=eval_every, on_step=on_round)
+    output = p.entry.output(done.state)
+    test_acc = float(np.mean(output.predict_labels(x_test) == y_test))
+    ledgers = api.ledgers(p.entry, p.algorithm_config, done.state)
+    history = done.history
     delta = config["privacy"]["delta"]
     privacy = []
     for ledger in ledgers:                                  # reported side by side, not composed
