@@ -1,5 +1,6 @@
 """ISRL-DP privacy: per-silo events, calibration, ledgers against direct dp-accounting
 computations, the paper's closed form as a bound, and bad input failing before any work."""
+import json
 import logging
 
 import dp_accounting
@@ -56,10 +57,8 @@ def test_ledger_is_dp_accounting_over_what_each_silo_released(algo, rates, count
         assert row["epsilon"] == pytest.approx(worst[row["accountant"]], rel=1e-6)
         assert row["data_dependent"] is False
     # the events name every kind of upload the worst silo sent
-    ev = rows[0]["events"][0]
-    names = [e["event"]["event"]["class_name"] for e in ev["events"]] if \
-        ev["class_name"] == "ComposedDpEvent" else [ev["event"]["event"]["class_name"]]
-    assert names == ["GaussianDpEvent"] * len(rates[0])
+    text = json.dumps(rows[0]["events"])
+    assert text.count('"GaussianDpEvent"') == len(rates[0])
 
 
 def test_worst_silos_drops_only_dominated_silos():
