@@ -87,22 +87,6 @@ def test_calibrated_noise_never_exceeds_the_papers_closed_form(n, k, rounds, eps
     assert z * clip / k <= calibration.paper_sigma(clip, rounds, n, eps, delta)
 
 
-def test_ledger_counts_from_a_run_match_participation():
-    """A real run: uploads per silo = rounds available x kinds (Local SGD: x K local steps)."""
-    from isrl_fixtures import FED, MODEL
-    algo = isrl.ISRL_LOCAL_SGD
-    cfg = algo.Config(rounds=3, num_available=2, batch_size=3, local_steps=2,
-                      noise_multiplier=1.0, report_objective=False)
-    res = api.run(algo, jax.random.key(5), FED, MODEL, cfg)
-    counts = np.asarray(res.state.values["uploads"])
-    assert counts.sum() == 3 * 2 * 2 and counts.max() <= 3 * 2
-    rates = res.state.context.rates
-    worst = max(_direct_epsilon(1.0, list(zip(r, c)), DELTA, "rdp")
-                for r, c in zip(rates.tolist(), counts.tolist()))
-    row, = algo.ledger(cfg, res.state).report(DELTA, ("rdp",))
-    assert row["epsilon"] == pytest.approx(worst, rel=1e-6)
-
-
 GOOD = dict(rounds=3)
 
 

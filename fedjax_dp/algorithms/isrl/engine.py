@@ -134,43 +134,52 @@ def loss_for(model) -> Callable:
     return cross_entropy(model)
 
 
-def _cond(backend: str, pred, true_fn, false_fn):
-    if backend == "loop":                     # not traced: a plain Python branch
-        return true_fn() if bool(pred) else false_fn()
-    return jax.lax.cond(pred, true_fn, false_fn)
+def silo_functions(loss_fn: Callable, spec: RoundSpec) -> dict[str, Callable]:
+    """The one-silo functions a round lifts over the silo axis (each pure, for ONE silo):
 
-
-@functools.lru_cache(maxsize=64)
-def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = None, mesh=None,
-               backend: str = "vmap") -> Callable:
-    """The round of ``spec`` with per-record loss ``loss_fn(params, x, y)``; jitted unless
-    ``backend='loop'`` (a Python loop over silos: the reference of the vectorised path)."""
-    lift = functools.partial(for_each_agent, chunk_size=chunk_size, mesh=mesh, backend=backend)
-    grad_up = lift(uploads.gradient_upload(loss_fn, spec.private),
-                   (0, None, 0, 0, 0, 0, 0, None, None))
-    diff_up = lift(uploads.difference_upload(loss_fn, spec.private),
-                   (0, None, None, 0, 0, 0, 0, 0, None, None, None))
-    m = float(spec.num_available)
+    gradient(key, params, x, y, mask, rate, denom, clip, z) -> (u, stats)      uploads eq. (1)
+    difference(key, params, ref, x, y, mask, rate, denom, clip, tau, z) -> (u, stats)   eq. (2)
+    local_sgd(key, params, x, y, mask, rate, denom, clip, z, lr) -> (params, stats): K local
+        noisy prox-SGD steps (step k uses ``split(key, K)[k]``)
+    loss(params, x, y, mask) -> mean loss over the silo's real records (f0's term)
+    """
+    gradient = uploads.gradient_upload(loss_fn, spec.private)
     prox = spec.prox
 
-    def silo_loss(params, x, y, mask):
-        losses = jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, x, y)        # [n_max]
-        w = mask.astype(losses.dtype)
-        return jnp.sum(w * losses) / jnp.maximum(jnp.sum(w), 1.0)
-
-    objective = lift(silo_loss, (None, 0, 0, 0))
-
     def local_sgd(key, params, x, y, mask, rate, denom, clip, z, lr):
-        one = uploads.gradient_upload(loss_fn, spec.private)
-
         def body(p, k):
-            u, st = one(k, p, x, y, mask, rate, denom, clip, z)
+            u, st = gradient(k, p, x, y, mask, rate, denom, clip, z)
             return estimators.prox_step(prox, p, u, lr), st
 
         p, st = jax.lax.scan(body, params, jax.random.split(key, spec.local_steps))
         return p, jax.tree.map(jnp.sum, st)
 
-    local_up = lift(local_sgd, (0, None, 0, 0, 0, 0, 0, None, None, None))
+    def loss(params, x, y, mask):
+        losses = jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, x, y)        # [n_max]
+        w = mask.astype(losses.dtype)
+        return jnp.sum(w * losses) / jnp.maximum(jnp.sum(w), 1.0)
+
+    return {"gradient": gradient, "difference": uploads.difference_upload(loss_fn, spec.private),
+            "local_sgd": local_sgd, "loss": loss}
+
+
+@functools.lru_cache(maxsize=64)
+def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = None, mesh=None,
+               backend: str = "vmap") -> Callable:
+    """The jitted round of ``spec`` with per-record loss ``loss_fn(params, x, y)``.
+
+    ``backend='loop'`` is the reference of the vectorised path: a Python loop over the silos calls
+    the one-silo functions one silo at a time (unrolled when the round is traced, so the loop
+    compiles once too; :func:`fedjax_dp.core.for_each_agent`).
+    """
+    lift = functools.partial(for_each_agent, chunk_size=chunk_size, mesh=mesh, backend=backend)
+    one = silo_functions(loss_fn, spec)
+    grad_up = lift(one["gradient"], (0, None, 0, 0, 0, 0, 0, None, None))
+    diff_up = lift(one["difference"], (0, None, None, 0, 0, 0, 0, 0, None, None, None))
+    local_up = lift(one["local_sgd"], (0, None, 0, 0, 0, 0, 0, None, None, None))
+    objective = lift(one["loss"], (None, 0, 0, 0))
+    m = float(spec.num_available)
+    prox = spec.prox
 
     def round_fn(key, values, data: SiloData):
         n = spec.num_silos
@@ -204,7 +213,7 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
         elif spec.method == "spider":
             refresh = estimators.is_refresh(t, spec.period)
             tau = estimators.difference_clip(w, values["prev_params"], clip, spec.smoothness)
-            u, st = _cond(backend, refresh, gradients(0), differences(values["prev_params"], tau))
+            u, st = jax.lax.cond(refresh, gradients(0), differences(values["prev_params"], tau))
             v = estimators.spider_update(values["v"], average(u), refresh)
             new_w = estimators.prox_step(prox, w, v, lr)
             new.update(prev_params=w, v=v)
@@ -213,7 +222,7 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
         elif spec.method == "svrg":
             snap = estimators.is_refresh(t, spec.period)
             tau = estimators.difference_clip(w, values["snapshot"], clip, spec.smoothness)
-            u, st = _cond(backend, snap, gradients(0), differences(values["snapshot"], tau))
+            u, st = jax.lax.cond(snap, gradients(0), differences(values["snapshot"], tau))
             g, v = estimators.svrg_update(values["snapshot_grad"], average(u), snap)
             new_w = estimators.prox_step(prox, w, v, lr)
             new.update(snapshot=jax.tree.map(lambda s, x: jnp.where(snap, x, s),
@@ -252,4 +261,4 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
             metrics.update(f0=f0, f1=f1, objective=f0 + f1)
         return new, metrics
 
-    return round_fn if backend == "loop" else jax.jit(round_fn)
+    return jax.jit(round_fn)

@@ -33,14 +33,14 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import optax
+from jax.flatten_util import ravel_pytree
 
 from fedjax_dp.algorithms.dp_fedsgd import sample_records
-from fedjax_dp.privacy import mechanisms
 from fedjax_dp.train import clipped_grad_sum, per_example_grads
 
 Params = Any
 
-__all__ = ["sample_records", "clip_rows", "gradient_upload", "difference_upload"]
+__all__ = ["sample_records", "clip_rows", "gaussian_noise", "gradient_upload", "difference_upload"]
 
 
 def clip_rows(grads: Params, clip) -> tuple[Params, jax.Array]:
@@ -55,10 +55,16 @@ def _weighted_sum(rows: Params, weights: jax.Array) -> Params:
     return jax.tree.map(lambda g: jnp.tensordot(weights.astype(g.dtype), g, axes=(0, 0)), rows)
 
 
+def gaussian_noise(key: jax.Array, tree: Params, std) -> Params:
+    """``N(0, std^2 I)`` over every coordinate of ``tree``, drawn as ONE flat vector from ``key``
+    (i.i.d. coordinates as with a draw per leaf; one PRNG call compiles several times faster)."""
+    flat, unravel = ravel_pytree(tree)
+    return unravel(std * jax.random.normal(key, flat.shape, flat.dtype))
+
+
 def _finish(key, summed, std, denom, private):
     if private:
-        noise = mechanisms.gaussian_noise(key, summed, std)
-        summed = jax.tree.map(jnp.add, summed, noise)
+        summed = jax.tree.map(jnp.add, summed, gaussian_noise(key, summed, std))
     return jax.tree.map(lambda s: s / denom, summed)
 
 
