@@ -186,6 +186,18 @@ ALGORITHMS["fedkt"] = AlgorithmEntry(
     "FedKT: one-shot two-tier knowledge transfer, L0/L1/L2 privacy, any classifier (Li et al. 2021)")
 
 
+# ISRL-DP family (Lowy, Ghafelebashi, Razaviyayn 2023): protocol objects of algorithms.isrl.
+from fedjax_dp.algorithms import isrl  # noqa: E402
+
+ALGORITHMS["isrl_mb_sgd"] = isrl.ISRL_MB_SGD
+ALGORITHMS["isrl_prox_svrg"] = isrl.ISRL_PROX_SVRG
+ALGORITHMS["isrl_prox_pl_svrg"] = isrl.ISRL_PROX_PL_SVRG
+ALGORITHMS["isrl_spider"] = isrl.ISRL_SPIDER
+ALGORITHMS["isrl_local_sgd"] = isrl.ISRL_LOCAL_SGD
+ALGORITHMS["mb_sgd"] = isrl.MB_SGD
+ALGORITHMS["local_sgd"] = isrl.LOCAL_SGD
+
+
 def get(name: str):
     if name not in ALGORITHMS:
         raise ValueError(f"algorithm.name must be one of {sorted(ALGORITHMS)}, got {name!r}")

@@ -74,6 +74,9 @@ def plan(config: dict) -> Plan:
     entry = registry.get(algo.pop("name"))
     local = config_lib.build_dataclass(LocalTrainConfig, config["train"], "train")
     extra = {"local": local} if registry.uses_local_train(entry) else {}
+    cls = registry.config_class(entry)
+    if "delta" in {f.name for f in dataclasses.fields(cls)} and "delta" not in algo:
+        algo["delta"] = config["privacy"]["delta"]      # a target delta defaults to [privacy]'s
     algorithm_config = config_lib.build_dataclass(registry.config_class(entry), algo, "algorithm",
                                                   **extra)
     return Plan(config=config, entry=entry, algorithm_config=algorithm_config, local=local)
