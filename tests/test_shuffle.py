@@ -323,3 +323,61 @@ def test_simulated_sums_follow_the_enumerated_distribution(samples):
         for (o,), p in exact.items():
             freq = counts[values == o].sum() / NUM_KEYS
             assert abs(freq - p) < 4.5 * math.sqrt(p * (1 - p) / NUM_KEYS) + 1e-3, (j, o)
+
+
+# ----------------------------------------------------------------------------- ledger
+
+REL = S.RELATIONS["add_remove"]
+
+
+def test_ledger_shuffle_entry_and_composition():
+    from fedjax_dp.privacy import PrivacyLedger
+    from fedjax_dp.privacy import accounting as A
+    delta = 1e-5
+    ev = S.make_event(CFG.replace(noise_trials=400), dimension=3, releases=4)
+    ledger = PrivacyLedger().add_shuffle("silo_record", ev, relation=REL, note="SDP MB-SGD")
+    alone = S.pld(ev).get_epsilon_for_delta(delta)
+    assert ledger.epsilon("silo_record", delta, "pld") == pytest.approx(alone, rel=1e-12)
+    with pytest.raises(ValueError, match="accountant"):
+        ledger.epsilon("silo_record", delta, "rdp")
+    with pytest.raises(ValueError, match="DpEvent"):
+        ledger.event("silo_record")
+    # Composed with a Gaussian event of the same unit: the PLDs compose.
+    ledger.add_event("silo_record", A.gaussian_event(3.0, 5), relation=REL)
+    direct = pld_lib.from_gaussian_mechanism(3.0 / math.sqrt(5),
+                                             value_discretization_interval=1e-4)
+    want = direct.compose(S.pld(ev)).get_epsilon_for_delta(delta)
+    got = ledger.epsilon("silo_record", delta, "pld")
+    assert got == pytest.approx(want, rel=1e-6)
+    assert got > max(alone, A.epsilon(A.gaussian_event(3.0, 5), delta, "pld"))
+    # A noiseless event makes the unit non-private.
+    worse = PrivacyLedger().add_shuffle("r", ev, relation=REL)
+    worse.add_event("r", A.gaussian_event(0.0), relation=REL)
+    assert worse.epsilon("r", delta, "pld") == math.inf
+
+
+def test_ledger_shuffle_report_parallel_and_json():
+    import json
+    from fedjax_dp.privacy import PrivacyLedger
+    from fedjax_dp.privacy import accounting as A
+    delta = 1e-5
+    members = [S.make_event(CFG.replace(noise_trials=n), 3, 4) for n in (800, 200, 800)]
+    ledger = PrivacyLedger().add_parallel("silo_record", members, relation=REL)
+    ledger.add_event("agent", A.gaussian_event(2.0), relation="add/remove one agent")
+    assert ledger.epsilon("silo_record", delta, "pld") == pytest.approx(
+        S.pld(members[1]).get_epsilon_for_delta(delta), rel=1e-12)
+    rows = ledger.report(delta)            # default ("rdp", "pld"): RDP skipped for shuffle
+    assert [(r["unit"], r["accountant"]) for r in rows] == [
+        ("silo_record", "pld"), ("agent", "rdp"), ("agent", "pld")]
+    row = rows[0]
+    assert row["parallel"][0]["worst_member"] == 1
+    assert row["parallel"][0]["distinct_members"][0]["members"] == [0, 2]
+    assert row["events"] == [members[1].to_json()]
+    assert S.BinomialSumEvent.from_json(row["events"][0]) == members[1]
+    text = json.dumps(ledger.to_json(), allow_nan=False)
+    again = PrivacyLedger.from_json(text)
+    assert again.entries == ledger.entries and again.report(delta) == rows
+    with pytest.raises(ValueError, match="pld"):
+        ledger.report(delta, accountants=("rdp",))
+    with pytest.raises(ValueError, match="BinomialSumEvent"):
+        PrivacyLedger().add_shuffle("x", A.gaussian_event(1.0), relation=REL)

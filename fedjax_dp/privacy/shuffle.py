@@ -96,6 +96,7 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from fedjax_dp.core import validation
+from fedjax_dp.privacy import accounting
 
 __all__ = [
     "NORMS", "RELATIONS", "METHODS", "ShuffleConfig", "BinomialSumEvent", "clip",
@@ -114,14 +115,17 @@ RELATIONS: dict[str, str] = {
 
 METHODS = ("connect_dots", "buckets")
 
-#: The PLD discretisation used with the other events of a ledger (same as the PLD accountant's).
-DEFAULT_PLD_DISCRETIZATION = 1e-4
+#: The PLD discretisation used with the other events of a ledger (the PLD accountant's).
+DEFAULT_PLD_DISCRETIZATION = accounting.DEFAULT_PLD_DISCRETIZATION
 
 #: The noise bits are Bernoulli(1/2): the symmetry the dominating-pair proof uses.
 NOISE_PROBABILITY = 0.5
 
 #: Finite-loss mass below which a composed PLD is replaced by "no privacy" (epsilon = inf).
 _NO_PRIVACY_MASS = 1e-10
+
+#: Outcomes whose (upper) mass is below e^this are moved to the infinity mass (pessimistic).
+_LOG_TINY = -69.0
 
 #: Noise counts up to this are drawn exactly, bit by bit (popcount of random words).
 _MAX_EXACT_BITS = 2 ** 16
@@ -375,8 +379,11 @@ def _connect_dots_pmf(log_p: np.ndarray, log_q: np.ndarray, tail_p: float,
     ``delta(e) = sum_{l(o) > e} (P(o) - e^e Q(o)) + P(l = inf)`` at the floor / ceil grid
     points of every finite loss ``l(o) = log P(o) - log Q(o)``.
     """
-    inf_mass = tail_p + float(np.exp(log_p[np.isneginf(log_q) & np.isfinite(log_p)]).sum())
-    fin = np.isfinite(log_p) & np.isfinite(log_q)
+    # Outcomes the lower pmf cannot produce, and upper outcomes of negligible mass (< e^-69),
+    # count as infinite loss (pessimistic; it keeps the loss range, hence the grid, short).
+    tiny = log_p < _LOG_TINY
+    inf_mass = tail_p + float(np.exp(log_p[(np.isneginf(log_q) | tiny)]).sum())
+    fin = np.isfinite(log_q) & ~tiny
     loss = log_p[fin] - log_q[fin]
     order = np.argsort(-loss)
     desc = loss[order]
@@ -412,7 +419,7 @@ def coordinate_pld(noise_trials: int, sensitivity: int, *,
         lower["outside_lower"] = math.log(pm["tail_lower"]) if pm["tail_lower"] > 0 else -math.inf
         return pld_lib.from_two_probability_mass_functions(
             lower, upper, pessimistic_estimate=True, value_discretization_interval=h,
-            symmetric=False)
+            log_mass_truncation_bound=_LOG_TINY, symmetric=False)
     remove = _connect_dots_pmf(lp, lq, pm["tail_upper"], h)
     add = _connect_dots_pmf(lq, lp, pm["tail_lower"], h)
     return pld_lib.PrivacyLossDistribution(remove, add)
@@ -424,10 +431,12 @@ def _check_event(event: Any) -> BinomialSumEvent:
     return event
 
 
+@functools.lru_cache(maxsize=64)
 def pld(event: BinomialSumEvent, *,
         value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
         method: str = "connect_dots") -> pld_lib.PrivacyLossDistribution:
-    """The event's PLD: :func:`coordinate_pld` self-composed ``dimension * count`` times."""
+    """The event's PLD: :func:`coordinate_pld` self-composed ``dimension * count`` times (cached;
+    PLDs are immutable)."""
     event = _check_event(event)
     one = coordinate_pld(event.noise_trials, event.sensitivity,
                          value_discretization_interval=value_discretization_interval,
