@@ -16,6 +16,7 @@ from fedjax_dp.privacy.lnmax import lnmax_log_moments, lnmax_q, moments_epsilon
 from fedjax_dp.privacy.mechanisms import (
     agent_vote_noise, clip_by_global_norm, gaussian_mechanism, gaussian_noise, laplace_mechanism,
     laplace_noise, noisy_argmax_laplace, noisy_argmax_vote)
+from fedjax_dp.privacy.shuffle import BinomialSumEvent, ShuffleConfig, shuffle_vector_sum
 
 __all__ = [
     "gnmax_epsilon", "gnmax_logq", "gnmax_rdp", "gnmax_total_rdp",
