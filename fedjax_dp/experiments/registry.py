@@ -196,6 +196,8 @@ ALGORITHMS["isrl_spider"] = isrl.ISRL_SPIDER
 ALGORITHMS["isrl_local_sgd"] = isrl.ISRL_LOCAL_SGD
 ALGORITHMS["mb_sgd"] = isrl.MB_SGD
 ALGORITHMS["local_sgd"] = isrl.LOCAL_SGD
+ALGORITHMS["sdp_mb_sgd"] = isrl.SDP_MB_SGD
+ALGORITHMS["sdp_spider"] = isrl.SDP_SPIDER
 
 
 def get(name: str):

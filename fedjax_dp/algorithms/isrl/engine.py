@@ -35,10 +35,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 
 from fedjax_dp.algorithms.isrl import availability, estimators, uploads
 from fedjax_dp.algorithms.isrl import prox as prox_lib
 from fedjax_dp.core import StackedData, agent_sum, for_each_agent
+from fedjax_dp.privacy import shuffle as shuffle_lib
 
 Params = Any
 
@@ -87,7 +89,9 @@ class RoundSpec:
 
     period: q (SPIDER phase length) or m (SVRG epoch length). restart_every: Prox-PL-SVRG restarts
     from a uniformly random iterate every this many rounds (0: never). smoothness: beta_hat of
-    the difference clip (None: 2C). private=False: no clipping, no noise.
+    the difference clip (None: 2C). private=False: no clipping, no noise. shuffle: a
+    :class:`fedjax_dp.privacy.shuffle.ShuffleConfig` replaces the silos' Gaussian uploads by the
+    shuffled vector sum of all available silos' per-record reports (SDP MB-SGD / SPIDER).
     """
 
     method: str
@@ -100,6 +104,7 @@ class RoundSpec:
     local_steps: int = 1
     smoothness: float | None = None
     report_objective: bool = True
+    shuffle: Any = None            # a privacy.shuffle.ShuffleConfig: the SDP variants
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -178,6 +183,13 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
     diff_up = lift(one["difference"], (0, None, None, 0, 0, 0, 0, 0, None, None, None))
     local_up = lift(one["local_sgd"], (0, None, 0, 0, 0, 0, 0, None, None, None))
     objective = lift(one["loss"], (None, 0, 0, 0))
+    if spec.shuffle is not None:
+        if spec.method not in ("mb_sgd", "spider"):
+            raise ValueError(f"shuffle applies to methods mb_sgd and spider, got {spec.method!r}")
+        grad_rep = lift(uploads.gradient_reports(loss_fn, spec.shuffle.clip_norm),
+                        (0, None, 0, 0, 0, 0))
+        diff_rep = lift(uploads.difference_reports(loss_fn),
+                        (0, None, None, 0, 0, 0, 0, None, None))
     m = float(spec.num_available)
     prox = spec.prox
 
@@ -191,30 +203,56 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
         w, t = values["params"], values["round"]
         a = data.agents
         rates, denoms = data.rates, data.denominators
+        unravel = ravel_pytree(w)[1]
 
         def average(tree):
             return jax.tree.map(lambda l: l / m, agent_sum(tree, avail))
 
         def gradients(col):
-            return lambda: grad_up(keys, w, a.x, a.y, a.mask, rates[:, col], denoms[:, col],
-                                   clip, z)
+            """(avg, stats): the server's average of the silos' gradient uploads."""
+            if spec.shuffle is not None:
+                return lambda: shuffled(*grad_rep(keys, w, a.x, a.y, a.mask, rates[:, col]),
+                                        denoms[:, col], 1.0)
+
+            def run():
+                u, st = grad_up(keys, w, a.x, a.y, a.mask, rates[:, col], denoms[:, col], clip, z)
+                return average(u), st
+            return run
 
         def differences(ref, tau):
-            return lambda: diff_up(keys, w, ref, a.x, a.y, a.mask, rates[:, 1], denoms[:, 1],
-                                   clip, tau, z)
+            if spec.shuffle is not None:
+                return lambda: shuffled(*diff_rep(keys, w, ref, a.x, a.y, a.mask, rates[:, 1],
+                                                  clip, tau), denoms[:, 1], tau / clip)
+
+            def run():
+                u, st = diff_up(keys, w, ref, a.x, a.y, a.mask, rates[:, 1], denoms[:, 1], clip,
+                                tau, z)
+                return average(u), st
+            return run
+
+        def shuffled(rows, weights, st, denom, scale):
+            """SDP: every available silo's sampled reports go through ONE shuffled vector sum
+            (the server sees only per-coordinate integer sums); decoded, rescaled by ``scale``
+            and divided by the expected number of reports ``sum_{i in S_r} p_i n_i``."""
+            flat = rows.reshape((-1, rows.shape[-1]))                            # [N n_max, d]
+            wts = (weights * avail[:, None]).reshape(-1)                         # [N n_max]
+            est = shuffle_lib.shuffle_vector_sum(jax.random.fold_in(k_extra, 1), flat, wts,
+                                                 spec.shuffle)   # [d]
+            total = est * scale / jnp.sum(avail * denom)
+            return unravel(total), st
 
         new = dict(values)
         metrics = {}
         if spec.method == "mb_sgd":
-            u, st = gradients(0)()
-            v = average(u)
+            v, st = gradients(0)()
             new_w = estimators.prox_step(prox, w, v, lr)
             inc = jnp.ones((1,), jnp.int32)
         elif spec.method == "spider":
             refresh = estimators.is_refresh(t, spec.period)
             tau = estimators.difference_clip(w, values["prev_params"], clip, spec.smoothness)
-            u, st = jax.lax.cond(refresh, gradients(0), differences(values["prev_params"], tau))
-            v = estimators.spider_update(values["v"], average(u), refresh)
+            avg, st = jax.lax.cond(refresh, gradients(0),
+                                   differences(values["prev_params"], tau))
+            v = estimators.spider_update(values["v"], avg, refresh)
             new_w = estimators.prox_step(prox, w, v, lr)
             new.update(prev_params=w, v=v)
             inc = jnp.stack([refresh, ~refresh]).astype(jnp.int32)
@@ -222,8 +260,8 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
         elif spec.method == "svrg":
             snap = estimators.is_refresh(t, spec.period)
             tau = estimators.difference_clip(w, values["snapshot"], clip, spec.smoothness)
-            u, st = jax.lax.cond(snap, gradients(0), differences(values["snapshot"], tau))
-            g, v = estimators.svrg_update(values["snapshot_grad"], average(u), snap)
+            avg, st = jax.lax.cond(snap, gradients(0), differences(values["snapshot"], tau))
+            g, v = estimators.svrg_update(values["snapshot_grad"], avg, snap)
             new_w = estimators.prox_step(prox, w, v, lr)
             new.update(snapshot=jax.tree.map(lambda s, x: jnp.where(snap, x, s),
                                              values["snapshot"], w), snapshot_grad=g)

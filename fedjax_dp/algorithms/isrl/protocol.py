@@ -184,15 +184,15 @@ class Algorithm:
         check_trainable(agents)
         n = agents.num_agents
         m = n if config.num_available is None else availability.check(config.num_available, n)
-        spec = engine.RoundSpec(method=self.method, num_silos=n, num_available=m,
-                                prox=config.make_prox(), private=self.private,
-                                report_objective=config.report_objective,
-                                **self.spec_fields(config))
         sdata = engine.silo_data(agents, self.batch_sizes(config))
         rates = np.asarray(engine.sampling_plan(np.asarray(agents.counts),
                                                 self.batch_sizes(config))[0])
-        z = self.noise_multiplier(config, rates)
         params = model.init(api.init_key(key))
+        z, extra = self.mechanism(config, rates, params)
+        spec = engine.RoundSpec(method=self.method, num_silos=n, num_available=m,
+                                prox=config.make_prox(), private=self.private,
+                                report_objective=config.report_objective,
+                                **self.spec_fields(config), **extra)
         chunk = resolve_chunk_size(runtime.chunk_size, params, agents)
         if self.method in ("spider", "svrg") and chunk is not None:
             chunk = max(1, chunk // 2)          # two per-record gradients per silo
@@ -203,6 +203,10 @@ class Algorithm:
         return api.State(step=0, values=values,
                          context=Context(data=sdata, model=model, spec=spec, round_fn=round_fn,
                                          noise_multiplier=z, rates=rates))
+
+    def mechanism(self, config, rates: np.ndarray, params) -> tuple[float, dict]:
+        """``(z, extra RoundSpec fields)``: the Gaussian noise multiplier (:meth:`noise_multiplier`)."""
+        return self.noise_multiplier(config, rates), {}
 
     def num_steps(self, config) -> int:
         return config.rounds

@@ -106,3 +106,46 @@ def difference_upload(loss_fn: Callable, private: bool) -> Callable:
         return u, {"batch_size": jnp.sum(w), "clipped": clipped}
 
     return upload
+
+
+# --------------------------------------------------------------------------- shuffle-DP reports
+
+def _flat_rows(rows: Params) -> jax.Array:
+    """``[B, ...]`` pytree rows -> ``[B, d]`` (each row the flattened parameter vector)."""
+    return jax.vmap(lambda r: ravel_pytree(r)[0])(rows)
+
+
+def gradient_reports(loss_fn: Callable, clip) -> Callable:
+    """SDP: ``reports(key, params, x, y, mask, rate) -> (rows [n_max, d], weights [n_max], stats)``.
+
+    One report per record: its per-record gradient (the shuffle protocol clips it to C in L2 over
+    the whole vector, :func:`fedjax_dp.privacy.shuffle.clip`); ``weights`` is the Poisson mask.
+    """
+
+    def reports(key, params, x, y, mask, rate):
+        w = sample_records(key, mask, rate)                                   # [n_max]
+        rows = _flat_rows(per_example_grads(loss_fn, params, x, y))          # [n_max, d]
+        norms = jnp.linalg.norm(rows, axis=1)
+        return rows, w, {"batch_size": jnp.sum(w), "clipped": jnp.sum(w * (norms > clip))}
+
+    return reports
+
+
+def difference_reports(loss_fn: Callable) -> Callable:
+    """SDP: ``reports(key, params, ref, x, y, mask, rate, clip, tau) -> (rows, weights, stats)``.
+
+    Rows ``(C / tau) clip_tau(clip_C(g(w, x)) - clip_C(g(w_ref, x)))`` (norm <= C, so the
+    shuffle protocol's clip at C is a no-op and one report moves each coordinate's sum by at most
+    K grid steps, as for a gradient report); the server multiplies the decoded sum by ``tau / C``
+    (post-processing: tau is public).
+    """
+
+    def reports(key, params, ref, x, y, mask, rate, clip, tau):
+        w = sample_records(key, mask, rate)
+        g_new, _ = clip_rows(per_example_grads(loss_fn, params, x, y), clip)
+        g_ref, _ = clip_rows(per_example_grads(loss_fn, ref, x, y), clip)
+        diff, norms = clip_rows(jax.tree.map(jnp.subtract, g_new, g_ref), tau)
+        rows = _flat_rows(diff) * (clip / jnp.maximum(tau, 1e-30))
+        return rows, w, {"batch_size": jnp.sum(w), "clipped": jnp.sum(w * (norms > tau))}
+
+    return reports
