@@ -17,6 +17,7 @@ from fedjax_dp.algorithms import (ae_dpfl, api, dp_fedavg, dp_fedsgd, fedavg, fe
                                   knn_dpfl)
 from fedjax_dp.core import from_ragged
 from fedjax_dp.data import synthetic
+from fedjax_dp.algorithms import isrl
 from fedjax_dp.experiments import registry
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import PrivacyLedger
@@ -45,6 +46,21 @@ TINY = {
     "fedkt": fedkt.Config(num_partitions=2, num_teachers=1, level="L1", gamma=0.5,
                           local=LOCAL),
 }
+#: The ISRL-DP family: fixed noise multipliers / noise trials (no calibration in this test).
+_ISRL = dict(rounds=3, learning_rate=0.1, batch_size=4, report_objective=False)
+_NOISE = dict(clip_norm=1.0, noise_multiplier=1.0)
+TINY.update({
+    "isrl_mb_sgd": isrl.ISRL_MB_SGD.Config(**_ISRL, **_NOISE),
+    "isrl_prox_svrg": isrl.ISRL_PROX_SVRG.Config(**_ISRL, **_NOISE, epoch_length=2),
+    "isrl_prox_pl_svrg": isrl.ISRL_PROX_PL_SVRG.Config(**_ISRL, **_NOISE, epoch_length=1,
+                                                       restart_every=2),
+    "isrl_spider": isrl.ISRL_SPIDER.Config(**_ISRL, **_NOISE, num_available=3),
+    "isrl_local_sgd": isrl.ISRL_LOCAL_SGD.Config(**_ISRL, **_NOISE, local_steps=2),
+    "mb_sgd": isrl.MB_SGD.Config(**_ISRL),
+    "local_sgd": isrl.LOCAL_SGD.Config(**_ISRL, local_steps=2),
+    "sdp_mb_sgd": isrl.SDP_MB_SGD.Config(**_ISRL, noise_trials=64),
+    "sdp_spider": isrl.SDP_SPIDER.Config(**_ISRL, noise_trials=64),
+})
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +146,9 @@ def test_protocol_conformance(problem, name):
     assert _ledger_json(module, config, done.state) == _ledger_json(module, config, state)
     ledgers = api.ledgers(module, config, state)
     assert all(isinstance(lg, PrivacyLedger) for lg in ledgers)
+    accountants = ("pld",) if name.startswith("sdp_") else ("rdp",)   # shuffle: PLD only
     for lg in ledgers:
-        for row in lg.report(DELTA, ("rdp",)):
+        for row in lg.report(DELTA, accountants):
             assert row["epsilon"] >= 0
     out, out_run = module.output(state), module.output(done.state)
     pred = out.predict_labels(ds.x_test)

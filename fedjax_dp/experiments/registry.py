@@ -1,27 +1,38 @@
 """The algorithms the experiment runner knows: a map from names to algorithm modules.
 
-Every entry is a module on the protocol of :mod:`fedjax_dp.algorithms.api` (``Config``,
-``DESCRIPTION``, ``USES_LOCAL_TRAIN``, ``init``, ``num_steps``, ``step``, ``ledger``, ``output``);
-the runner drives it with :func:`fedjax_dp.algorithms.api.run`. Every algorithm also runs from
-plain Python without this layer. Adding an algorithm is one line in :data:`ALGORITHMS`.
+Every entry is a module (or a protocol object, like the ISRL family's) on the protocol of
+:mod:`fedjax_dp.algorithms.api` (``Config``, ``DESCRIPTION``, ``USES_LOCAL_TRAIN``, ``init``,
+``num_steps``, ``step``, ``ledger``, ``output``); the runner drives it with
+:func:`fedjax_dp.algorithms.api.run`. Every algorithm also runs from plain Python without this
+layer. Adding an algorithm is one line in :data:`ALGORITHMS`.
 """
 from __future__ import annotations
 
-from types import ModuleType
+from typing import Any
 
-from fedjax_dp.algorithms import ae_dpfl, dp_fedavg, dp_fedsgd, fedavg, fedkt, knn_dpfl
+from fedjax_dp.algorithms import ae_dpfl, dp_fedavg, dp_fedsgd, fedavg, fedkt, isrl, knn_dpfl
 
-ALGORITHMS: dict[str, ModuleType] = {
+ALGORITHMS: dict[str, Any] = {
     "fedavg": fedavg,
     "dp_fedavg": dp_fedavg,
     "dp_fedsgd": dp_fedsgd,
     "ae_dpfl": ae_dpfl,
     "knn_dpfl": knn_dpfl,
     "fedkt": fedkt,
+    # ISRL-DP / shuffle-DP federated optimisation (Lowy, Ghafelebashi, Razaviyayn 2023)
+    "isrl_mb_sgd": isrl.ISRL_MB_SGD,
+    "isrl_prox_svrg": isrl.ISRL_PROX_SVRG,
+    "isrl_prox_pl_svrg": isrl.ISRL_PROX_PL_SVRG,
+    "isrl_spider": isrl.ISRL_SPIDER,
+    "isrl_local_sgd": isrl.ISRL_LOCAL_SGD,
+    "mb_sgd": isrl.MB_SGD,
+    "local_sgd": isrl.LOCAL_SGD,
+    "sdp_mb_sgd": isrl.SDP_MB_SGD,
+    "sdp_spider": isrl.SDP_SPIDER,
 }
 
 
-def get(name: str) -> ModuleType:
+def get(name: str):
     if name not in ALGORITHMS:
         raise ValueError(f"algorithm.name must be one of {sorted(ALGORITHMS)}, got {name!r}")
     return ALGORITHMS[name]

@@ -74,6 +74,9 @@ def plan(config: dict) -> Plan:
     entry = registry.get(algo.pop("name"))
     local = config_lib.build_dataclass(LocalTrainConfig, config["train"], "train")
     extra = {"local": local} if entry.USES_LOCAL_TRAIN else {}
+    algo_fields = {f.name for f in dataclasses.fields(entry.Config)}
+    if "delta" in algo_fields and "delta" not in algo:
+        algo["delta"] = config["privacy"]["delta"]      # a target delta defaults to [privacy]'s
     algorithm_config = config_lib.build_dataclass(entry.Config, algo, "algorithm", **extra)
     return Plan(config=config, entry=entry, algorithm_config=algorithm_config, local=local)
 
@@ -148,8 +151,14 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     root = rng.as_key(seed)
     d = config["data"]
     dataset = load_data(d)
+    options = dict(d["partition_options"])
+    if d["partition"] == "by_domain" and "domains" not in options:
+        if dataset.domain_train is None:
+            raise config_lib.ConfigError(f"data.partition = \"by_domain\" needs a dataset with "
+                                         f"training domains; {dataset.name!r} has none")
+        options["domains"] = dataset.domain_train           # e.g. mnist5k_oddeven's digit pairs
     indices = data_lib.partition(d["partition"], dataset.y_train, d["num_agents"],
-                                 rng.stream(root, "partition"), **d["partition_options"])
+                                 rng.stream(root, "partition"), **options)
     agents = from_partition(dataset.x_train, dataset.y_train, indices)
     model = make_model(config["model"]["name"], dataset.feature_shape, dataset.num_classes,
                        hidden=tuple(config["model"]["hidden"]))
