@@ -125,6 +125,21 @@ def load_data(d: dict) -> data_lib.Dataset:
                             domain_train=ds.domain_train)
 
 
+def partition_indices(d: dict, dataset: data_lib.Dataset, key) -> list:
+    """The agents' training-record indices for a resolved ``[data]`` table.
+
+    ``partition = "by_domain"`` uses the dataset's own training domains (e.g. mnist5k_oddeven's
+    (even, odd) digit pairs) unless ``partition_options.domains`` is given.
+    """
+    options = dict(d["partition_options"])
+    if d["partition"] == "by_domain" and "domains" not in options:
+        if dataset.domain_train is None:
+            raise config_lib.ConfigError(f"data.partition = \"by_domain\" needs a dataset with "
+                                         f"training domains; {dataset.name!r} has none")
+        options["domains"] = dataset.domain_train
+    return data_lib.partition(d["partition"], dataset.y_train, d["num_agents"], key, **options)
+
+
 def _jsonable(x):
     if isinstance(x, dict):
         return {k: _jsonable(v) for k, v in x.items()}
@@ -151,14 +166,7 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     root = rng.as_key(seed)
     d = config["data"]
     dataset = load_data(d)
-    options = dict(d["partition_options"])
-    if d["partition"] == "by_domain" and "domains" not in options:
-        if dataset.domain_train is None:
-            raise config_lib.ConfigError(f"data.partition = \"by_domain\" needs a dataset with "
-                                         f"training domains; {dataset.name!r} has none")
-        options["domains"] = dataset.domain_train           # e.g. mnist5k_oddeven's digit pairs
-    indices = data_lib.partition(d["partition"], dataset.y_train, d["num_agents"],
-                                 rng.stream(root, "partition"), **options)
+    indices = partition_indices(d, dataset, rng.stream(root, "partition"))
     agents = from_partition(dataset.x_train, dataset.y_train, indices)
     model = make_model(config["model"]["name"], dataset.feature_shape, dataset.num_classes,
                        hidden=tuple(config["model"]["hidden"]))
