@@ -18,8 +18,13 @@ NUM_KEYS = 4000
 
 @functools.lru_cache(maxsize=None)
 def _many(config):
-    """est, sums for NUM_KEYS keys at once (one compiled function per config)."""
-    return jax.jit(jax.vmap(lambda k, x, w: S._vector_sum(k, x, w, config), (0, None, None)))
+    """est, sums of NUM_KEYS (key, reports, weights) at once: silos / repetitions as a vmapped
+    axis (one compiled function per config, shared by the tests: one batch shape)."""
+    return jax.jit(jax.vmap(lambda k, x, w: S._vector_sum(k, x, w, config)))
+
+
+def _tile(a):
+    return jnp.broadcast_to(a, (NUM_KEYS,) + a.shape)
 
 
 def _reports():
@@ -75,7 +80,7 @@ def test_clip_norms():
 @pytest.fixture(scope="module")
 def samples():
     x, w = _reports()
-    return _many(CFG)(jax.random.split(jax.random.key(1), NUM_KEYS), x, w)
+    return _many(CFG)(jax.random.split(jax.random.key(1), NUM_KEYS), _tile(x), _tile(w))
 
 
 def test_unbiased_and_variance_formula(samples):
@@ -118,7 +123,7 @@ def test_release_is_a_function_of_the_sums_only():
 def test_keys_independent_and_reproducible(samples):
     x, w = _reports()
     est, _ = samples
-    again, _ = _many(CFG)(jax.random.split(jax.random.key(1), NUM_KEYS), x, w)
+    again, _ = _many(CFG)(jax.random.split(jax.random.key(1), NUM_KEYS), _tile(x), _tile(w))
     np.testing.assert_array_equal(est, again)
     e = np.asarray(est)
     # Consecutive keys, and coordinates within one release: uncorrelated (|r| < 4.5 / sqrt(n)).
@@ -132,10 +137,11 @@ def test_vectorised_matches_loop_and_vmap_over_silos():
     x, w = _reports()
     key = jax.random.key(3)
     est, sums = S.shuffle_vector_sum(key, x, w, CFG, return_sums=True)
-    # A plain loop over reports and coordinates with the same draws.
-    k_round, k_noise = jax.random.split(key)
+    # A plain loop over reports and coordinates with the same rounding draws; the noise is the
+    # release of all-zero weights under the same key (the noise key does not see the data).
+    k_round, _ = jax.random.split(key)
     u = np.asarray(jax.random.uniform(k_round, x.shape))
-    noise = np.asarray(S.binomial_noise(k_noise, CFG.noise_trials, x.shape[1]))
+    _, noise = S.shuffle_vector_sum(key, x, jnp.zeros(3, jnp.int32), CFG, return_sums=True)
     xc = np.asarray(S.clip(x, CFG))
     want = []
     for j in range(x.shape[1]):
@@ -146,12 +152,12 @@ def test_vectorised_matches_loop_and_vmap_over_silos():
                 total += math.floor(y) + int(u[i, j] < y - math.floor(y))
         want.append(total)
     np.testing.assert_array_equal(sums, want)
-    # vmap over silos (one key each) equals a loop over silos.
-    silo_x = jnp.stack([x, -x, 0.5 * x])
-    silo_w = jnp.stack([w, jnp.ones(3, jnp.int32), jnp.array([0, 1, 1])])
-    silo_keys = jax.random.split(key, 3)
-    out = jax.vmap(lambda k, a, b: S.shuffle_vector_sum(k, a, b, CFG))(silo_keys, silo_x, silo_w)
-    for s in range(3):
+    # vmap over silos (one key, reports and weights each) equals a loop over silos.
+    factors = jnp.linspace(-1.5, 1.5, NUM_KEYS)[:, None, None]
+    silo_x, silo_w = factors * _tile(x), _tile(w).at[1].set(jnp.array([0, 1, 1]))
+    silo_keys = jax.random.split(key, NUM_KEYS)
+    out, _ = _many(CFG)(silo_keys, silo_x, silo_w)
+    for s in (0, 1, NUM_KEYS - 1):
         np.testing.assert_array_equal(out[s], S.shuffle_vector_sum(silo_keys[s], silo_x[s],
                                                                    silo_w[s], CFG))
 
@@ -334,7 +340,7 @@ def test_ledger_shuffle_entry_and_composition():
     from fedjax_dp.privacy import PrivacyLedger
     from fedjax_dp.privacy import accounting as A
     delta = 1e-5
-    ev = S.make_event(CFG.replace(noise_trials=400), dimension=3, releases=4)
+    ev = S.make_event(CFG.replace(noise_trials=400), dimension=2, releases=2)
     ledger = PrivacyLedger().add_shuffle("silo_record", ev, relation=REL, note="SDP MB-SGD")
     alone = S.pld(ev).get_epsilon_for_delta(delta)
     assert ledger.epsilon("silo_record", delta, "pld") == pytest.approx(alone, rel=1e-12)
@@ -361,7 +367,7 @@ def test_ledger_shuffle_report_parallel_and_json():
     from fedjax_dp.privacy import PrivacyLedger
     from fedjax_dp.privacy import accounting as A
     delta = 1e-5
-    members = [S.make_event(CFG.replace(noise_trials=n), 3, 4) for n in (800, 200, 800)]
+    members = [S.make_event(CFG.replace(noise_trials=n), 2, 2) for n in (800, 200, 800)]
     ledger = PrivacyLedger().add_parallel("silo_record", members, relation=REL)
     ledger.add_event("agent", A.gaussian_event(2.0), relation="add/remove one agent")
     assert ledger.epsilon("silo_record", delta, "pld") == pytest.approx(
