@@ -162,6 +162,20 @@ def test_vectorised_matches_loop_and_vmap_over_silos():
                                                                    silo_w[s], CFG))
 
 
+def test_tree_sum_is_the_vector_sum_of_raveled_records():
+    x, w = _reports()                                        # [3, 4]: leaves of 1 + 3 entries
+    tree = {"b": x[:, :1].reshape(3), "w": x[:, 1:].reshape(3, 1, 3)}
+    key = jax.random.key(5)
+    out, sums = S.shuffle_tree_sum(key, tree, w, CFG, return_sums=True)
+    est, want_sums = S.shuffle_vector_sum(key, x, w, CFG, return_sums=True)
+    np.testing.assert_array_equal(sums, want_sums)
+    assert out["b"].shape == () and out["w"].shape == (1, 3)
+    np.testing.assert_array_equal(jnp.concatenate([out["b"][None], out["w"].reshape(-1)]), est)
+    assert S.tree_dimension(tree) == 4
+    with pytest.raises(ValueError, match="leading record axis"):
+        S.shuffle_tree_sum(key, {"a": x, "b": x[:2]}, w, CFG)
+
+
 @pytest.mark.parametrize("n", [37, 2 ** 24 * 2 + 5])   # exact bits; BTRS in 3 chunks
 def test_binomial_noise(n):
     draws = np.asarray(S.binomial_noise(jax.random.key(4), n, 2000))

@@ -100,7 +100,8 @@ from fedjax_dp.privacy import accounting
 
 __all__ = [
     "NORMS", "RELATIONS", "METHODS", "ShuffleConfig", "BinomialSumEvent", "clip",
-    "randomized_round", "binomial_noise", "shuffle_vector_sum", "decode", "estimate_variance",
+    "randomized_round", "binomial_noise", "shuffle_vector_sum", "shuffle_tree_sum",
+    "tree_dimension", "decode", "estimate_variance",
     "per_coordinate_sensitivity", "make_event", "coordinate_pmfs", "coordinate_pld", "pld",
     "epsilon", "delta_for_epsilon", "calibrate_noise_trials",
 ]
@@ -232,7 +233,9 @@ def _vector_sum(key: jax.Array, vectors: jax.Array, weights: jax.Array,
                 config: ShuffleConfig) -> tuple[jax.Array, jax.Array]:
     k_round, k_noise = jax.random.split(key)
     x = clip(vectors.astype(jnp.float32), config)                        # [n, d]
-    y = x * (config.granularity / config.clip_norm)                      # [n, d] in [-K, K]
+    k = config.granularity
+    # [n, d] in [-K, K]; the clip guards the sensitivity against float rounding of x K / C.
+    y = jnp.clip(x * (k / config.clip_norm), -k, k)
     ybar = randomized_round(k_round, y)                                  # [n, d] int32
     mask = (weights > 0).astype(jnp.int32)[:, None]                      # [n, 1]
     sums = (ybar * mask).sum(axis=0)                                     # [d]
@@ -270,6 +273,34 @@ def shuffle_vector_sum(key: jax.Array, vectors: jax.Array, weights: jax.Array,
     _check_weights(weights, vectors.shape[0])
     est, sums = _vector_sum(key, vectors, weights, config)
     return (est, sums) if return_sums else est
+
+
+def shuffle_tree_sum(key: jax.Array, tree: Any, weights: jax.Array, config: ShuffleConfig, *,
+                     return_sums: bool = False) -> Any:
+    """:func:`shuffle_vector_sum` of per-record pytrees (leaves ``[n, ...]``, e.g. per-record
+    gradients): each record's leaves are raveled into one vector of ``d = tree_dimension(tree)``
+    entries (so ``'l2'`` clips over the whole parameter vector), summed, and unraveled into a
+    pytree of the leaves' per-record shapes. With ``return_sums``: ``(tree, sums [d])``."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    if not leaves:
+        raise ValueError("tree must have at least one leaf")
+    n = leaves[0].shape[0]
+    if any(leaf.ndim == 0 or leaf.shape[0] != n for leaf in leaves):
+        raise ValueError(f"every leaf of tree must have the leading record axis n={n}, got "
+                         f"shapes {[tuple(leaf.shape) for leaf in leaves]}")
+    flat = jnp.concatenate([leaf.reshape(n, -1).astype(jnp.float32) for leaf in leaves],
+                           axis=1)                                        # [n, d]
+    est, sums = shuffle_vector_sum(key, flat, weights, config, return_sums=True)
+    sizes = [math.prod(leaf.shape[1:]) for leaf in leaves]
+    parts = jnp.split(est, np.cumsum(sizes)[:-1].tolist())
+    out = jax.tree_util.tree_unflatten(
+        treedef, [p.reshape(leaf.shape[1:]) for p, leaf in zip(parts, leaves)])
+    return (out, sums) if return_sums else out
+
+
+def tree_dimension(tree: Any) -> int:
+    """``d``: entries per record of a per-record pytree (leaves ``[n, ...]``), for accounting."""
+    return int(sum(math.prod(leaf.shape[1:]) for leaf in jax.tree_util.tree_leaves(tree)))
 
 
 def decode(sums: jax.Array, config: ShuffleConfig) -> jax.Array:
@@ -431,7 +462,7 @@ def _check_event(event: Any) -> BinomialSumEvent:
     return event
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)
 def pld(event: BinomialSumEvent, *,
         value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
         method: str = "connect_dots") -> pld_lib.PrivacyLossDistribution:
