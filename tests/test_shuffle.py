@@ -399,5 +399,12 @@ def test_ledger_shuffle_report_parallel_and_json():
     assert again.entries == ledger.entries and again.report(delta) == rows
     with pytest.raises(ValueError, match="pld"):
         ledger.report(delta, accountants=("rdp",))
+    # A sequential shuffle entry composes with the parallel one and survives JSON too.
+    both = ledger.merged(PrivacyLedger().add_shuffle("silo_record", members[0], relation=REL))
+    assert both.epsilon("silo_record", delta, "pld") == pytest.approx(
+        S.pld(members[1]).compose(S.pld(members[0])).get_epsilon_for_delta(delta), rel=1e-9)
+    again = PrivacyLedger.from_json(json.dumps(both.to_json()))
+    assert again.entries == both.entries
+    assert again.entries[-1].kind == "shuffle" and again.entries[-1].sensitivity == 2.0
     with pytest.raises(ValueError, match="BinomialSumEvent"):
         PrivacyLedger().add_shuffle("x", A.gaussian_event(1.0), relation=REL)

@@ -425,7 +425,8 @@ def _connect_dots_pmf(log_p: np.ndarray, log_q: np.ndarray, tail_p: float,
     eps = grid * interval
     above = np.searchsorted(-desc, -eps, side="left")       # #outcomes with loss > eps
     deltas = cum_p[above] - np.exp(eps) * cum_q[above] + inf_mass
-    deltas = np.clip(np.minimum.accumulate(np.clip(deltas, 0.0, 1.0)), inf_mass, 1.0)
+    # Float error only: make the curve non-increasing by raising values (never lowering them).
+    deltas = np.clip(np.maximum.accumulate(deltas[::-1])[::-1], inf_mass, 1.0)
     return pld_pmf.create_pmf_pessimistic_connect_dots(interval, grid, deltas)
 
 
