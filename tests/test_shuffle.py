@@ -408,3 +408,21 @@ def test_ledger_shuffle_report_parallel_and_json():
     assert again.entries[-1].kind == "shuffle" and again.entries[-1].sensitivity == 2.0
     with pytest.raises(ValueError, match="BinomialSumEvent"):
         PrivacyLedger().add_shuffle("x", A.gaussian_event(1.0), relation=REL)
+
+
+def test_pld_dominates_random_neighbours():
+    # Random tiny neighbouring pairs (random values, so the rounding is random and the changes
+    # of mixed sign), both relations, granularities and noise counts: never above the PLD.
+    rng = np.random.default_rng(0)
+    for trial in range(8):
+        cfg = S.ShuffleConfig(clip_norm=1.0, granularity=int(rng.integers(1, 4)),
+                              noise_trials=int(rng.integers(3, 9)), norm=("l2", "linf")[trial % 2])
+        base = rng.uniform(-1, 1, (2, 2)).tolist()
+        new = rng.uniform(-1, 1, 2).tolist()
+        relation = ("add_remove", "replace")[(trial // 2) % 2]
+        d_in, d_out = (base, base + [new]) if relation == "add_remove" else (base, [new] + base[1:])
+        p = _exact_output(_grid(d_out, cfg), cfg.noise_trials)
+        q = _exact_output(_grid(d_in, cfg), cfg.noise_trials)
+        for eps in EPS_GRID:
+            brute = max(_hockey(p, q, eps), _hockey(q, p, eps))
+            assert S.delta_for_epsilon(cfg, 2, 1, eps, relation=relation) >= brute - 1e-12
