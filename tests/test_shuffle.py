@@ -328,6 +328,8 @@ def test_event_json_round_trip():
     assert S.BinomialSumEvent.from_json(e.to_json()) == e
     with pytest.raises(ValueError, match="BinomialSumEvent"):
         S.BinomialSumEvent.from_json({"class_name": "GaussianDpEvent"})
+    with pytest.raises(ValueError, match="noise_probability"):
+        S.BinomialSumEvent.from_json({**e.to_json(), "noise_probability": 0.3})
 
 
 def test_simulated_sums_follow_the_enumerated_distribution(samples):

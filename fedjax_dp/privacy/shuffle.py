@@ -366,6 +366,9 @@ class BinomialSumEvent:
     def from_json(cls, data: Mapping) -> "BinomialSumEvent":
         if not isinstance(data, Mapping) or data.get("class_name") != cls.CLASS_NAME:
             raise ValueError(f"data must be a {cls.CLASS_NAME} JSON object, got {data!r}")
+        if data.get("noise_probability", NOISE_PROBABILITY) != NOISE_PROBABILITY:
+            raise ValueError(f"noise_probability must be {NOISE_PROBABILITY} (the only one this "
+                             f"analysis covers), got {data['noise_probability']!r}")
         return cls(noise_trials=data["noise_trials"], sensitivity=data["sensitivity"],
                    dimension=data["dimension"], count=data.get("count", 1))
 
