@@ -1,4 +1,4 @@
-"""Data for the ISRL-DP experiments: mnist5k odd/even (PCA, parity, 25 digit pairs), WBCD one class."""
+"""Data for the ISRL-DP experiments: mnist5k odd/even (PCA, parity, 25 digit pairs), WBCD."""
 import numpy as np
 import pytest
 import threadpoolctl

@@ -129,7 +129,7 @@ _NO_PRIVACY_MASS = 1e-10
 _LOG_TINY = -69.0
 
 #: Noise counts up to this are drawn exactly, bit by bit (popcount of random words).
-_MAX_EXACT_BITS = 2 ** 16
+_MAX_EXACT_BITS = 2 ** 12
 
 #: Largest binomial count drawn at once (float32 represents every integer up to 2^24 exactly).
 _MAX_TRIALS_PER_DRAW = 2 ** 24
@@ -207,7 +207,7 @@ def randomized_round(key: jax.Array, y: jax.Array) -> jax.Array:
 def binomial_noise(key: jax.Array, noise_trials: int, dim: int) -> jax.Array:
     """``B_j - floor(N / 2)`` for ``d`` independent ``B_j ~ Bin(N, 1/2)``: int32 ``[d]``.
 
-    ``N <= 2^16``: exact, as the number of ones among ``N`` random bits (popcount of ``ceil(N/32)``
+    ``N <= 2^12``: exact, as the number of ones among ``N`` random bits (popcount of ``ceil(N/32)``
     random uint32 words per coordinate). Larger ``N``: ``jax.random.binomial`` (BTRS) in static
     chunks of at most 2^24 trials (exact integers in float32), each centred by its own
     ``floor(n_c / 2)`` before summing, so any ``N`` fits int32 (``|result| ~ sqrt(N)``).
