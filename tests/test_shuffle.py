@@ -176,11 +176,10 @@ def test_tree_sum_is_the_vector_sum_of_raveled_records():
         S.shuffle_tree_sum(key, {"a": x, "b": x[:2]}, w, CFG)
 
 
-@pytest.mark.parametrize("n", [37, 2 ** 24 * 2 + 5])   # exact bits; BTRS in 3 chunks
+@pytest.mark.parametrize("n", [37, 2 ** 21 * 3 + 5])   # exact bits; BTRS in 7 chunks
 def test_binomial_noise(n):
     draws = np.asarray(S.binomial_noise(jax.random.key(4), n, 2000))
-    # Centred Bin(n, 1/2) - floor(n / 2): mean (n mod 2) / 2, std sqrt(n) / 2 (float32 alone
-    # could not even hold n / 2 exactly for the large n).
+    # Centred Bin(n, 1/2) - floor(n / 2): mean (n mod 2) / 2, std sqrt(n) / 2.
     sd = math.sqrt(n) / 2
     assert abs(draws.mean() - (n % 2) / 2) < 4.5 * sd / math.sqrt(2000)
     assert draws.std() == pytest.approx(sd, rel=0.1)
