@@ -176,8 +176,10 @@ def test_tree_sum_is_the_vector_sum_of_raveled_records():
         S.shuffle_tree_sum(key, {"a": x, "b": x[:2]}, w, CFG)
 
 
-@pytest.mark.parametrize("n", [37, 2 ** 21 * 3 + 5])   # exact bits; BTRS in 7 chunks
-def test_binomial_noise(n):
+@pytest.mark.parametrize("n, path", [(37, "bits"), (5001, "table"), (2 ** 21 * 3 + 5, "btrs")])
+def test_binomial_noise(n, path, monkeypatch):
+    if path == "btrs":                 # the fallback beyond the table, on a small count
+        monkeypatch.setattr(S, "_MAX_TABLE_TRIALS", 2 ** 12)
     draws = np.asarray(S.binomial_noise(jax.random.key(4), n, 2000))
     # Centred Bin(n, 1/2) - floor(n / 2): mean (n mod 2) / 2, std sqrt(n) / 2.
     sd = math.sqrt(n) / 2
@@ -185,6 +187,24 @@ def test_binomial_noise(n):
     assert draws.std() == pytest.approx(sd, rel=0.1)
     if n < 100:
         assert draws.min() >= -(n // 2) and draws.max() <= n - n // 2
+    if path == "table":                # the binary search under vmap equals one call per key
+        keys = jax.random.split(jax.random.key(5), 2)
+        batched = jax.vmap(lambda k: S.binomial_noise(k, n, 3))(keys)
+        for i in range(2):
+            np.testing.assert_array_equal(batched[i], S.binomial_noise(keys[i], n, 3))
+
+
+def test_cdf_table_is_the_binomial_pmf():
+    from scipy import stats
+    n = 5001
+    lo, f_hi, f_lo = S._cdf_table(n)
+    fixed = [int(h) * 2 ** 32 + int(l) for h, l in zip(f_hi, f_lo)]     # exact integers
+    probs = np.diff([0] + fixed) / 2.0 ** 64
+    want = stats.binom.pmf(np.arange(lo, lo + len(fixed)), n, 0.5)
+    np.testing.assert_allclose(probs, want, atol=1e-14)
+    assert fixed[-1] == 2 ** 64 - 1 and all(np.diff(fixed) >= 0)
+    # The window holds all but a negligible mass.
+    assert stats.binom.cdf(lo - 1, n, 0.5) < 1e-30
 
 
 # ----------------------------------------------------------------------------- brute force

@@ -131,7 +131,10 @@ _LOG_TINY = -69.0
 #: Noise counts up to this are drawn exactly, bit by bit (popcount of random words).
 _MAX_EXACT_BITS = 2 ** 12
 
-#: Largest binomial count drawn at once: jax.random.binomial (BTRS in float32) over-disperses as
+#: Noise counts up to this are drawn by inverting the exact cdf (a table of ~12 sqrt(N) entries).
+_MAX_TABLE_TRIALS = 2 ** 34
+
+#: Largest binomial count drawn at once (beyond the table): jax.random.binomial (BTRS in float32) over-disperses as
 #: the count grows (variance +0.4% at 2^20, +1.9% at 2^24 over 1M draws); chunks keep it small.
 _MAX_TRIALS_PER_DRAW = 2 ** 20
 
@@ -205,14 +208,41 @@ def randomized_round(key: jax.Array, y: jax.Array) -> jax.Array:
     return lower.astype(jnp.int32) + up.astype(jnp.int32)
 
 
+@functools.lru_cache(maxsize=8)
+def _cdf_table(n: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """``(lo, F_hi, F_lo)``: the Bin(n, 1/2) cdf on its window ``lo..hi`` as 64-bit fixed point.
+
+    ``F[k] = floor(2^64 P(B <= lo + k))`` split into two uint32 words (float64 cdf from scipy, so
+    exact to ~2^-53); the last entry is ``2^64 - 1``, so the mass above the window (< e^-70) and
+    any rounding go to the last outcome, the mass below it to the first.
+    """
+    from scipy import stats
+    half = math.sqrt(_WINDOW_Z * n)
+    lo, hi = max(0, math.floor(n / 2 - half)), min(n, math.ceil(n / 2 + half))
+    cdf = stats.binom.cdf(np.arange(lo, hi + 1), n, NOISE_PROBABILITY)   # [m] float64
+    scaled = cdf * 2.0 ** 32
+    f_hi = np.floor(scaled)
+    f_lo = np.floor((scaled - f_hi) * 2.0 ** 32)
+    top = 2.0 ** 32 - 1
+    full = f_hi > top                                   # cdf == 1.0 in float64: 2^64 - 1
+    f_hi[full], f_lo[full] = top, top
+    f_hi[-1] = f_lo[-1] = top
+    return lo, f_hi.astype(np.uint32), f_lo.astype(np.uint32)
+
+
 def binomial_noise(key: jax.Array, noise_trials: int, dim: int) -> jax.Array:
     """``B_j - floor(N / 2)`` for ``d`` independent ``B_j ~ Bin(N, 1/2)``: int32 ``[d]``.
 
-    ``N <= 2^12``: exact, as the number of ones among ``N`` random bits (popcount of ``ceil(N/32)``
-    random uint32 words per coordinate). Larger ``N``: ``jax.random.binomial`` (BTRS) in static
-    chunks of at most 2^20 trials (float32 BTRS is close to exact there: variance within ~0.4%),
-    each centred by its own ``floor(n_c / 2)`` before summing, so any ``N`` fits int32
-    (``|result| ~ sqrt(N)``). Cost grows like ``N / 2^20`` draws per coordinate.
+    * ``N <= 2^12``: exact, the number of ones among ``N`` random bits (popcount of
+      ``ceil(N / 32)`` random uint32 words per coordinate).
+    * ``N <= 2^34``: inversion of the exact cdf (float64, on the window of mass ``1 - e^-70``)
+      held as a 64-bit fixed-point table: a uniform 64-bit ``U`` (two uint32 words) is mapped to
+      the first ``k`` with ``F[k] > U`` by a vectorised binary search, so ``P(k)`` is the
+      table's ``F[k] - F[k-1]`` (off by <= 1e-12 per outcome at N = 3e8: scipy's cdf). Cost
+      ``O(d log m)``, ``m ~ 12 sqrt(N)`` table entries (a constant of the compiled program).
+    * Larger ``N``: ``jax.random.binomial`` (BTRS) in static chunks of at most 2^20 trials,
+      each centred before summing. Approximate: float32 BTRS over-disperses as the count grows
+      (variance +0.4% at 2^20, +1.9% at 2^24 over 1M draws).
     """
     noise_trials = int(noise_trials)
     if noise_trials <= _MAX_EXACT_BITS:
@@ -222,6 +252,18 @@ def binomial_noise(key: jax.Array, noise_trials: int, dim: int) -> jax.Array:
             bits = bits.at[-1].set(bits[-1] & jnp.uint32((1 << rest) - 1))
         ones = jax.lax.population_count(bits).astype(jnp.int32).sum(axis=0)  # [d]
         return ones - noise_trials // 2
+    if noise_trials <= _MAX_TABLE_TRIALS:
+        lo, f_hi, f_lo = _cdf_table(noise_trials)
+        table_hi, table_lo = jnp.asarray(f_hi), jnp.asarray(f_lo)            # [m]
+        u = jax.random.bits(key, (2, dim), jnp.uint32)                       # U = (u_hi, u_lo)
+        a = jnp.zeros(dim, jnp.int32)                   # answer (first k with F[k] > U) in [a, b]
+        b = jnp.full(dim, len(f_hi) - 1, jnp.int32)
+        for _ in range(int(np.ceil(np.log2(len(f_hi)))) + 1):
+            mid = (a + b) // 2
+            t_hi, t_lo = table_hi[mid], table_lo[mid]
+            above = (t_hi > u[0]) | ((t_hi == u[0]) & (t_lo > u[1]))
+            a, b = jnp.where(above, a, mid + 1), jnp.where(above, mid, b)
+        return a + jnp.int32(lo - noise_trials // 2)
     full, rest = divmod(noise_trials, _MAX_TRIALS_PER_DRAW)
     counts = [_MAX_TRIALS_PER_DRAW] * full + ([rest] if rest else [])
     n = jnp.asarray(counts, dtype=jnp.float32)[:, None]                  # [chunks, 1]
