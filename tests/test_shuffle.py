@@ -447,3 +447,54 @@ def test_pld_dominates_random_neighbours():
         for eps in EPS_GRID:
             brute = max(_hockey(p, q, eps), _hockey(q, p, eps))
             assert S.delta_for_epsilon(cfg, 2, 1, eps, relation=relation) >= brute - 1e-12
+
+
+def _mix(a, b, q):
+    out = {o: (1 - q) * p for o, p in a.items()}
+    for o, p in b.items():
+        out[o] = out.get(o, 0.0) + q * p
+    return out
+
+
+def _product(a, b):
+    return {(x, y): pa * pb for x, pa in a.items() for y, pb in b.items()}
+
+
+@pytest.mark.parametrize("tight", [True, False])
+def test_poisson_subsampled_pld_against_brute_force(tight):
+    # The added record takes part with probability q: M(D') = (1 - q) M(D) + q M(D + x).
+    q = 0.3
+    cfg = S.ShuffleConfig(clip_norm=1.0, granularity=2, noise_trials=6, norm="linf")
+    base = [[0.5, -0.5], [-1.0, 0.0]] if tight else [[0.3, -0.6], [-0.8, 0.1]]
+    new = [1.0, -1.0] if tight else [0.45, 0.7]
+    without = _exact_output(_grid(base, cfg), cfg.noise_trials)
+    with_x = _mix(without, _exact_output(_grid(base + [new], cfg), cfg.noise_trials), q)
+    for releases in (1, 2):
+        p, r = (with_x, without) if releases == 1 else (_product(with_x, with_x),
+                                                        _product(without, without))
+        ev = S.make_event(cfg, 2, releases, sampling_probability=q)
+        pld = S.pld(ev)
+        for eps in EPS_GRID:
+            brute = max(_hockey(p, r, eps), _hockey(r, p, eps))
+            got = pld.get_delta_for_epsilon(eps)
+            assert got >= brute - 1e-12, (releases, eps)
+            if tight:
+                assert got <= brute + 2e-3, (releases, eps, got, brute)
+        # Sampling helps: less delta than the same releases without it.
+        assert pld.get_delta_for_epsilon(0.5) < S.pld(S.make_event(cfg, 2, releases)
+                                                      ).get_delta_for_epsilon(0.5)
+
+
+def test_poisson_subsampled_gaussian_limit():
+    # Many noise bits: one release ~ a Gaussian mechanism of sensitivity K sqrt(d); Poisson
+    # subsampled and composed, it matches dp_accounting's subsampled Gaussian.
+    n, k, d, t, q = 40_000, 2, 20, 10, 0.1
+    got = S.pld(S.BinomialSumEvent(n, k, d, t, q)).get_epsilon_for_delta(1e-5)
+    sigma = math.sqrt(n) / 2 / (k * math.sqrt(d))
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), t)
+    assert got == pytest.approx(acc.get_epsilon(1e-5), rel=0.03)
+    with pytest.raises(ValueError, match="add_remove"):
+        S.make_event(CFG, 2, 1, relation="replace", sampling_probability=0.5)
+    e = S.make_event(CFG, 2, 3, sampling_probability=0.25)
+    assert S.BinomialSumEvent.from_json(e.to_json()) == e

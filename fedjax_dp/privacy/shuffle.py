@@ -62,7 +62,11 @@ Privacy (unit: one report = one record; relation: add/remove one report, or repl
 * **T releases** compose adaptively: the PLD composed ``d * T`` times
   (``self_compose``), as for any dominating pair (Zhu, Dong and Wang 2022, Thm. 10).
 * The weights (which reports are real / sampled) may be random but must not depend on the
-  neighbouring record's value beyond its presence; no amplification by subsampling is claimed.
+  neighbouring record's value beyond its presence. Amplification by subsampling is claimed only
+  when the event says so (``sampling_probability = q < 1``: each record independently in each
+  release with probability q, add/remove): one release's pair ``(P, Q)`` (d coordinates)
+  becomes ``((1-q) Q + q P, Q)`` / ``(Q, (1-q) Q + q P)`` before the T releases compose
+  (Zhu, Dong and Wang 2022, Thm. 11; computed from the pessimistic PLD of ``(P, Q)``).
 
 The PLD of ``(B + s, B)`` is built EXACTLY from the two binomial pmfs: outcomes with
 non-negligible mass are enumerated (a window of ``+- sqrt(35 N)`` around the mean, Hoeffding
@@ -378,12 +382,16 @@ class BinomialSumEvent:
 
     Each coordinate of each release is dominated by the pair ``(B + sensitivity, B)``,
     ``B ~ Bin(noise_trials, 1/2)`` (module docstring); the PLD is that pair's composed
-    ``dimension * count`` times. JSON: :meth:`to_json` / :meth:`from_json`.
+    ``dimension * count`` times. With ``sampling_probability = q < 1`` every record enters each
+    release independently with probability ``q`` (Poisson; add/remove only): each release's
+    pair is subsampled before the ``count`` releases compose (:func:`pld`).
+    JSON: :meth:`to_json` / :meth:`from_json`.
     """
     noise_trials: int
     sensitivity: int
     dimension: int
     count: int = 1
+    sampling_probability: float = 1.0
 
     CLASS_NAME = "BinomialSumEvent"
 
@@ -395,6 +403,8 @@ class BinomialSumEvent:
         object.__setattr__(self, "dimension", validation.check_int(
             "dimension", self.dimension, minimum=1))
         object.__setattr__(self, "count", validation.check_int("count", self.count, minimum=1))
+        object.__setattr__(self, "sampling_probability", validation.check_probability(
+            "sampling_probability", self.sampling_probability))
 
     @property
     def compositions(self) -> int:
@@ -404,7 +414,7 @@ class BinomialSumEvent:
         return {"class_name": self.CLASS_NAME, "module_name": __name__,
                 "noise_trials": self.noise_trials, "noise_probability": NOISE_PROBABILITY,
                 "sensitivity": self.sensitivity, "dimension": self.dimension,
-                "count": self.count}
+                "count": self.count, "sampling_probability": self.sampling_probability}
 
     @classmethod
     def from_json(cls, data: Mapping) -> "BinomialSumEvent":
@@ -414,15 +424,26 @@ class BinomialSumEvent:
             raise ValueError(f"noise_probability must be {NOISE_PROBABILITY} (the only one this "
                              f"analysis covers), got {data['noise_probability']!r}")
         return cls(noise_trials=data["noise_trials"], sensitivity=data["sensitivity"],
-                   dimension=data["dimension"], count=data.get("count", 1))
+                   dimension=data["dimension"], count=data.get("count", 1),
+                   sampling_probability=data.get("sampling_probability", 1.0))
 
 
 def make_event(config: ShuffleConfig, dimension: int, releases: int = 1,
-               relation: str = "add_remove") -> BinomialSumEvent:
-    """The event for ``releases`` adaptive releases of :func:`shuffle_vector_sum` on ``[n, d]``."""
+               relation: str = "add_remove", sampling_probability: float = 1.0
+               ) -> BinomialSumEvent:
+    """The event for ``releases`` adaptive releases of :func:`shuffle_vector_sum` on ``[n, d]``.
+
+    ``sampling_probability``: each record is a report of a release independently with this
+    probability (Poisson sampling, e.g. the weights of a silo's minibatch); amplification is
+    analysed for the add/remove relation only.
+    """
+    q = validation.check_probability("sampling_probability", sampling_probability)
+    if q < 1 and relation != "add_remove":
+        raise ValueError(f"sampling_probability < 1 needs relation='add_remove' (Poisson "
+                         f"subsampling is analysed for add/remove only), got {relation!r}")
     return BinomialSumEvent(noise_trials=config.noise_trials,
                             sensitivity=per_coordinate_sensitivity(config, relation),
-                            dimension=dimension, count=releases)
+                            dimension=dimension, count=releases, sampling_probability=q)
 
 
 def _log_binom(o: np.ndarray, n: int) -> np.ndarray:
@@ -514,24 +535,71 @@ def _check_event(event: Any) -> BinomialSumEvent:
 def pld(event: BinomialSumEvent, *,
         value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
         method: str = "connect_dots") -> pld_lib.PrivacyLossDistribution:
-    """The event's PLD: :func:`coordinate_pld` self-composed ``dimension * count`` times (cached;
-    PLDs are immutable)."""
+    """The event's PLD (cached; PLDs are immutable).
+
+    Without sampling: :func:`coordinate_pld` self-composed ``dimension * count`` times. With
+    Poisson sampling ``q < 1``: one release's PLD (``dimension`` compositions) is subsampled
+    (:func:`_subsampled`), then self-composed ``count`` times.
+    """
     event = _check_event(event)
+    h = value_discretization_interval
     one = coordinate_pld(event.noise_trials, event.sensitivity,
-                         value_discretization_interval=value_discretization_interval,
-                         method=method)
-    if event.compositions == 1:
-        return one
-    # Probability that a coordinate's loss is finite (B + s <= N); if the composition has
-    # practically none left, dp_accounting's composition breaks down (all mass truncated):
-    # every delta < 1 - 1e-10 then has epsilon = inf, and we say so with a degenerate PLD.
-    from scipy import stats
-    log_finite = float(stats.binom.logcdf(event.noise_trials - event.sensitivity,
-                                          event.noise_trials, NOISE_PROBABILITY))
-    if event.compositions * log_finite < math.log(_NO_PRIVACY_MASS):
-        return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
-            {0: _NO_PRIVACY_MASS}, 1.0 - _NO_PRIVACY_MASS, value_discretization_interval)
-    return one.self_compose(event.compositions)
+                         value_discretization_interval=h, method=method)
+    q = event.sampling_probability
+    per_release = event.dimension if q < 1 else event.compositions
+    if per_release == 1:
+        release = one
+    else:
+        # Probability that a coordinate's loss is finite (B + s <= N); if the composition has
+        # practically none left, dp_accounting's composition breaks down (all mass truncated):
+        # every delta < 1 - 1e-10 then has epsilon = inf, and we say so with a degenerate PLD.
+        from scipy import stats
+        log_finite = float(stats.binom.logcdf(event.noise_trials - event.sensitivity,
+                                              event.noise_trials, NOISE_PROBABILITY))
+        if per_release * log_finite < math.log(_NO_PRIVACY_MASS) and q == 1:
+            return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
+                {0: _NO_PRIVACY_MASS}, 1.0 - _NO_PRIVACY_MASS, h)
+        release = one.self_compose(per_release)
+    if q == 1:
+        return release
+    sub = _subsampled(release, q, h)
+    return sub if event.count == 1 else sub.self_compose(event.count)
+
+
+def _subsampled(release: pld_lib.PrivacyLossDistribution, q: float, h: float
+                ) -> pld_lib.PrivacyLossDistribution:
+    """Poisson subsampling (rate ``q``, add/remove) of a release with dominating pair (P, Q).
+
+    ``release``'s remove-direction PLD (pessimistic, so itself the PLD of a pair (P~, Q~) that
+    dominates (P, Q)) gives P~ on the loss grid ``L``, ``Q~(L) = P~(L) e^-L`` and
+    ``Q~(-inf) = 1 - sum_L Q~(L)``. Subsampling a dominated mechanism is dominated by
+    ``((1-q) Q~ + q P~, Q~)`` (remove) and ``(Q~, (1-q) Q~ + q P~)`` (add) (Zhu, Dong and Wang
+    2022, Thm. 11): losses ``log(1 - q + q e^L)`` and ``-log(1 - q + q e^L)``, with masses
+    ``P~(L) (q + (1-q) e^-L)`` and ``P~(L) e^-L``; ``Q~(-inf)`` sits at ``log(1-q)`` and
+    ``-log(1-q)``; ``P~(inf)`` stays infinite (remove, mass ``q P~(inf)``). Losses are rounded
+    up to the grid (pessimistic). Reads the dense pmf's arrays (dp_accounting has no public
+    accessor for them).
+    """
+    dense = release._pmf_remove.to_dense_pmf()                    # pylint: disable=protected-access
+    loss = (dense._lower_loss + np.arange(dense.size)) * dense._discretization  # [m]
+    p = np.asarray(dense._probs, dtype=np.float64)                # [m]
+    p_inf = float(dense._infinity_mass)
+    keep = p > 0
+    loss, p = loss[keep], p[keep]
+    q_fin = p * np.exp(-loss)                                     # Q~ on finite losses
+    q_neg_inf = max(0.0, 1.0 - float(q_fin.sum()))
+    log_mix = np.logaddexp(math.log1p(-q), math.log(q) + loss)    # log(1 - q + q e^L)
+
+    def rounded(values: np.ndarray, masses: np.ndarray) -> dict:
+        keys, where = np.unique(np.ceil(values / h).astype(np.int64), return_inverse=True)
+        return dict(zip(keys.tolist(), np.bincount(where, weights=masses).tolist()))
+
+    remove = rounded(np.append(log_mix, math.log1p(-q)),
+                     np.append(p * (q + (1 - q) * np.exp(-loss)), (1 - q) * q_neg_inf))
+    add = rounded(np.append(-log_mix, -math.log1p(-q)), np.append(q_fin, q_neg_inf))
+    return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
+        remove, q * p_inf, h, pessimistic_estimate=True,
+        rounded_probability_mass_function_add=add, infinity_mass_add=0.0, symmetric=False)
 
 
 def epsilon(config: ShuffleConfig, dimension: int, releases: int, delta: float, *,
@@ -558,9 +626,12 @@ def delta_for_epsilon(config: ShuffleConfig, dimension: int, releases: int, epsi
 def calibrate_noise_trials(target_epsilon: float, delta: float, *, granularity: int,
                            dimension: int, releases: int, relation: str = "add_remove",
                            max_trials: int = 2 ** 40, rtol: float = 0.0,
+                           sampling_probability: float = 1.0,
                            value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION
                            ) -> int:
-    """Smallest ``N`` with ``epsilon <= target_epsilon`` at ``delta`` (discrete search).
+    """Smallest ``N`` with ``epsilon <= target_epsilon`` at ``delta`` (discrete search), for
+    ``releases`` releases of ``dimension`` coordinates (Poisson-sampled at
+    ``sampling_probability``).
 
     Epsilon is non-increasing in ``N`` (``Bin(N + 1) = Bin(N) + `` an independent bit: a
     post-processing), so doubling brackets the answer and integer bisection finds it (stopped
@@ -575,12 +646,16 @@ def calibrate_noise_trials(target_epsilon: float, delta: float, *, granularity: 
     dimension = validation.check_int("dimension", dimension, minimum=1)
     releases = validation.check_int("releases", releases, minimum=1)
     validation.check_choice("relation", relation, tuple(RELATIONS))
+    q = validation.check_probability("sampling_probability", sampling_probability)
+    if q < 1 and relation != "add_remove":
+        raise ValueError(f"sampling_probability < 1 needs relation='add_remove', got "
+                         f"{relation!r}")
     max_trials = validation.check_int("max_trials", max_trials, minimum=1, maximum=2 ** 52)
     rtol = validation.check_nonnegative("rtol", rtol)
     s = k * (2 if relation == "replace" else 1)
 
     def eps_at(n: int) -> float:
-        return float(pld(BinomialSumEvent(n, s, dimension, releases),
+        return float(pld(BinomialSumEvent(n, s, dimension, releases, q),
                          value_discretization_interval=value_discretization_interval
                          ).get_epsilon_for_delta(delta))
 
