@@ -42,6 +42,7 @@ def _reports():
     (dict(clip_norm=1.0, granularity=0, noise_trials=8), "granularity"),
     (dict(clip_norm=1.0, granularity=1.5, noise_trials=8), "granularity"),
     (dict(clip_norm=1.0, granularity=2, noise_trials=0), "noise_trials"),
+    (dict(clip_norm=1.0, granularity=2, noise_trials=2 ** 41), "noise_trials"),
     (dict(clip_norm=1.0, granularity=2, noise_trials=8, norm="l1"), "norm"),
 ])
 def test_config_validation(kwargs, name):
@@ -176,22 +177,26 @@ def test_tree_sum_is_the_vector_sum_of_raveled_records():
         S.shuffle_tree_sum(key, {"a": x, "b": x[:2]}, w, CFG)
 
 
-@pytest.mark.parametrize("n, path", [(37, "bits"), (5001, "table"), (2 ** 21 * 3 + 5, "btrs")])
+@pytest.mark.parametrize("n, path", [(37, "bits"), (5001, "table"), (3 * 2 ** 13 + 4097, "chunks")])
 def test_binomial_noise(n, path, monkeypatch):
-    if path == "btrs":                 # the fallback beyond the table, on a small count
-        monkeypatch.setattr(S, "_MAX_TABLE_TRIALS", 2 ** 12)
-    draws = np.asarray(S.binomial_noise(jax.random.key(4), n, 2000))
+    if path == "chunks":               # 3 chunks of 2^13 trials (vmapped) + one of 4097
+        monkeypatch.setattr(S, "_MAX_TABLE_TRIALS", 2 ** 13)
+    # Two keys, vmapped and jitted (one compile): 2 x 1000 draws.
+    keys = jax.random.split(jax.random.key(4), 2)
+    draws = np.asarray(jax.jit(jax.vmap(lambda k: S.binomial_noise(k, n, 1000)))(keys))
     # Centred Bin(n, 1/2) - floor(n / 2): mean (n mod 2) / 2, std sqrt(n) / 2.
     sd = math.sqrt(n) / 2
     assert abs(draws.mean() - (n % 2) / 2) < 4.5 * sd / math.sqrt(2000)
     assert draws.std() == pytest.approx(sd, rel=0.1)
     if n < 100:
         assert draws.min() >= -(n // 2) and draws.max() <= n - n // 2
-    if path == "table":                # the binary search under vmap equals one call per key
-        keys = jax.random.split(jax.random.key(5), 2)
-        batched = jax.vmap(lambda k: S.binomial_noise(k, n, 3))(keys)
+    if path == "table":                # the vmapped binary search = numpy's search, per key
+        lo, f_hi, f_lo = S._cdf_table(n)
+        table = (f_hi.astype(np.uint64) << np.uint64(32)) | f_lo.astype(np.uint64)
         for i in range(2):
-            np.testing.assert_array_equal(batched[i], S.binomial_noise(keys[i], n, 3))
+            u = np.asarray(jax.random.bits(keys[i], (2, 1000), jnp.uint32)).astype(np.uint64)
+            k = np.searchsorted(table, (u[0] << np.uint64(32)) | u[1], side="right")
+            np.testing.assert_array_equal(draws[i], k + lo - n // 2)
 
 
 def test_cdf_table_is_the_binomial_pmf():

@@ -135,12 +135,11 @@ _LOG_TINY = -69.0
 #: Noise counts up to this are drawn exactly, bit by bit (popcount of random words).
 _MAX_EXACT_BITS = 2 ** 12
 
-#: Noise counts up to this are drawn by inverting the exact cdf (a table of ~12 sqrt(N) entries).
-_MAX_TABLE_TRIALS = 2 ** 34
+#: Largest count drawn from one cdf table (~12 sqrt(N) entries); larger N is a sum of chunks.
+_MAX_TABLE_TRIALS = 2 ** 30
 
-#: Largest binomial count drawn at once (beyond the table): jax.random.binomial (BTRS in float32) over-disperses as
-#: the count grows (variance +0.4% at 2^20, +1.9% at 2^24 over 1M draws); chunks keep it small.
-_MAX_TRIALS_PER_DRAW = 2 ** 20
+#: Largest N the simulator draws (at most 1024 chunks); accounting alone goes up to 2^52.
+MAX_NOISE_TRIALS = 2 ** 40
 
 #: Half-width of the enumerated window in units of sqrt(N): Hoeffding gives P(tail) <= e^{-2 Z}.
 _WINDOW_Z = 35.0
@@ -170,7 +169,7 @@ class ShuffleConfig:
         object.__setattr__(self, "granularity", validation.check_int(
             "granularity", self.granularity, minimum=1, maximum=2 ** 20))
         object.__setattr__(self, "noise_trials", validation.check_int(
-            "noise_trials", self.noise_trials, minimum=1, maximum=2 ** 52))
+            "noise_trials", self.noise_trials, minimum=1, maximum=MAX_NOISE_TRIALS))
         validation.check_choice("norm", self.norm, NORMS)
 
     @property
@@ -234,19 +233,37 @@ def _cdf_table(n: int) -> tuple[int, np.ndarray, np.ndarray]:
     return lo, f_hi.astype(np.uint32), f_lo.astype(np.uint32)
 
 
+def _table_draw(key: jax.Array, n: int, dim: int) -> jax.Array:
+    """``B - floor(n / 2)`` for ``dim`` draws of ``B ~ Bin(n, 1/2)`` by inverting the cdf table.
+
+    A uniform 64-bit ``U`` (two uint32 words) goes to the first ``k`` with ``F[k] > U``
+    (vectorised binary search on the fixed-point table of :func:`_cdf_table`), so
+    ``P(k) = (F[k] - F[k-1]) / 2^64``.
+    """
+    lo, f_hi, f_lo = _cdf_table(n)
+    table_hi, table_lo = jnp.asarray(f_hi), jnp.asarray(f_lo)                # [m]
+    u = jax.random.bits(key, (2, dim), jnp.uint32)                           # U = (u_hi, u_lo)
+    a = jnp.zeros(dim, jnp.int32)                       # the answer lies in [a, b]
+    b = jnp.full(dim, len(f_hi) - 1, jnp.int32)
+    for _ in range(int(np.ceil(np.log2(len(f_hi)))) + 1):
+        mid = (a + b) // 2
+        t_hi, t_lo = table_hi[mid], table_lo[mid]
+        above = (t_hi > u[0]) | ((t_hi == u[0]) & (t_lo > u[1]))
+        a, b = jnp.where(above, a, mid + 1), jnp.where(above, mid, b)
+    return a + jnp.int32(lo - n // 2)
+
+
 def binomial_noise(key: jax.Array, noise_trials: int, dim: int) -> jax.Array:
     """``B_j - floor(N / 2)`` for ``d`` independent ``B_j ~ Bin(N, 1/2)``: int32 ``[d]``.
 
     * ``N <= 2^12``: exact, the number of ones among ``N`` random bits (popcount of
       ``ceil(N / 32)`` random uint32 words per coordinate).
-    * ``N <= 2^34``: inversion of the exact cdf (float64, on the window of mass ``1 - e^-70``)
-      held as a 64-bit fixed-point table: a uniform 64-bit ``U`` (two uint32 words) is mapped to
-      the first ``k`` with ``F[k] > U`` by a vectorised binary search, so ``P(k)`` is the
-      table's ``F[k] - F[k-1]`` (off by <= 1e-12 per outcome at N = 3e8: scipy's cdf). Cost
-      ``O(d log m)``, ``m ~ 12 sqrt(N)`` table entries (a constant of the compiled program).
-    * Larger ``N``: ``jax.random.binomial`` (BTRS) in static chunks of at most 2^20 trials,
-      each centred before summing. Approximate: float32 BTRS over-disperses as the count grows
-      (variance +0.4% at 2^20, +1.9% at 2^24 over 1M draws).
+    * Larger ``N``: inversion of the exact cdf (float64, on the window of mass
+      ``1 - e^-70``) held as a 64-bit fixed-point table (:func:`_table_draw`); each outcome's
+      probability is off by at most ~1e-12 (scipy's cdf at ``N = 3e8``). ``N`` above 2^30 is
+      drawn as a sum of independent chunks of 2^30 trials (vmapped, one shared table) plus the
+      remainder, so tables stay below ~400k entries (constants of the compiled program). Cost
+      ``O(d log N)`` per chunk: ~4 ms per release at ``d = 3394``, ``N = 3e8`` on a CPU.
     """
     noise_trials = int(noise_trials)
     if noise_trials <= _MAX_EXACT_BITS:
@@ -256,24 +273,13 @@ def binomial_noise(key: jax.Array, noise_trials: int, dim: int) -> jax.Array:
             bits = bits.at[-1].set(bits[-1] & jnp.uint32((1 << rest) - 1))
         ones = jax.lax.population_count(bits).astype(jnp.int32).sum(axis=0)  # [d]
         return ones - noise_trials // 2
-    if noise_trials <= _MAX_TABLE_TRIALS:
-        lo, f_hi, f_lo = _cdf_table(noise_trials)
-        table_hi, table_lo = jnp.asarray(f_hi), jnp.asarray(f_lo)            # [m]
-        u = jax.random.bits(key, (2, dim), jnp.uint32)                       # U = (u_hi, u_lo)
-        a = jnp.zeros(dim, jnp.int32)                   # answer (first k with F[k] > U) in [a, b]
-        b = jnp.full(dim, len(f_hi) - 1, jnp.int32)
-        for _ in range(int(np.ceil(np.log2(len(f_hi)))) + 1):
-            mid = (a + b) // 2
-            t_hi, t_lo = table_hi[mid], table_lo[mid]
-            above = (t_hi > u[0]) | ((t_hi == u[0]) & (t_lo > u[1]))
-            a, b = jnp.where(above, a, mid + 1), jnp.where(above, mid, b)
-        return a + jnp.int32(lo - noise_trials // 2)
-    full, rest = divmod(noise_trials, _MAX_TRIALS_PER_DRAW)
-    counts = [_MAX_TRIALS_PER_DRAW] * full + ([rest] if rest else [])
-    n = jnp.asarray(counts, dtype=jnp.float32)[:, None]                  # [chunks, 1]
-    draws = jax.random.binomial(key, n, NOISE_PROBABILITY, shape=(len(counts), dim))
-    centre = jnp.asarray([c // 2 for c in counts], dtype=jnp.int32)[:, None]
-    return (draws.astype(jnp.int32) - centre).sum(axis=0)                # [d]
+    full, rest = divmod(noise_trials, _MAX_TABLE_TRIALS)
+    if full == 0:
+        return _table_draw(key, rest, dim)
+    k_full, k_rest = jax.random.split(key)
+    total = jax.vmap(lambda k: _table_draw(k, _MAX_TABLE_TRIALS, dim))(
+        jax.random.split(k_full, full)).sum(axis=0)                          # [d]
+    return total + (_table_draw(k_rest, rest, dim) if rest else 0)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -650,7 +656,8 @@ def calibrate_noise_trials(target_epsilon: float, delta: float, *, granularity: 
     if q < 1 and relation != "add_remove":
         raise ValueError(f"sampling_probability < 1 needs relation='add_remove', got "
                          f"{relation!r}")
-    max_trials = validation.check_int("max_trials", max_trials, minimum=1, maximum=2 ** 52)
+    max_trials = validation.check_int("max_trials", max_trials, minimum=1,
+                                      maximum=MAX_NOISE_TRIALS)
     rtol = validation.check_nonnegative("rtol", rtol)
     s = k * (2 if relation == "replace" else 1)
 
