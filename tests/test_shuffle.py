@@ -179,7 +179,7 @@ def test_tree_sum_is_the_vector_sum_of_raveled_records():
 
 @pytest.mark.parametrize("n, path", [(37, "bits"), (5001, "table"), (3 * 2 ** 13 + 4097, "chunks")])
 def test_binomial_noise(n, path, monkeypatch):
-    if path == "chunks":               # 3 chunks of 2^13 trials (vmapped) + one of 4097
+    if path == "chunks":               # 3 chunks of 2^13 trials (one table) + one of 4097
         monkeypatch.setattr(S, "_MAX_TABLE_TRIALS", 2 ** 13)
     # Two keys, vmapped and jitted (one compile): 2 x 1000 draws.
     keys = jax.random.split(jax.random.key(4), 2)

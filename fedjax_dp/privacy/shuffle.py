@@ -261,9 +261,10 @@ def binomial_noise(key: jax.Array, noise_trials: int, dim: int) -> jax.Array:
     * Larger ``N``: inversion of the exact cdf (float64, on the window of mass
       ``1 - e^-70``) held as a 64-bit fixed-point table (:func:`_table_draw`); each outcome's
       probability is off by at most ~1e-12 (scipy's cdf at ``N = 3e8``). ``N`` above 2^30 is
-      drawn as a sum of independent chunks of 2^30 trials (vmapped, one shared table) plus the
-      remainder, so tables stay below ~400k entries (constants of the compiled program). Cost
-      ``O(d log N)`` per chunk: ~4 ms per release at ``d = 3394``, ``N = 3e8`` on a CPU.
+      a sum of independent chunks of 2^30 trials (one draw of ``chunks * d`` from one table)
+      plus the remainder, so tables stay below ~400k entries (constants of the compiled
+      program). Cost ``O(d log N)`` per chunk: ~4 ms per release at ``d = 3394``,
+      ``N = 3e8`` on a CPU.
     """
     noise_trials = int(noise_trials)
     if noise_trials <= _MAX_EXACT_BITS:
@@ -277,9 +278,8 @@ def binomial_noise(key: jax.Array, noise_trials: int, dim: int) -> jax.Array:
     if full == 0:
         return _table_draw(key, rest, dim)
     k_full, k_rest = jax.random.split(key)
-    total = jax.vmap(lambda k: _table_draw(k, _MAX_TABLE_TRIALS, dim))(
-        jax.random.split(k_full, full)).sum(axis=0)                          # [d]
-    return total + (_table_draw(k_rest, rest, dim) if rest else 0)
+    total = _table_draw(k_full, _MAX_TABLE_TRIALS, full * dim).reshape(full, dim).sum(axis=0)
+    return total + (_table_draw(k_rest, rest, dim) if rest else 0)        # [d]
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
