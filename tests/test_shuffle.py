@@ -177,9 +177,17 @@ def test_tree_sum_is_the_vector_sum_of_raveled_records():
         S.shuffle_tree_sum(key, {"a": x, "b": x[:2]}, w, CFG)
 
 
-@pytest.mark.parametrize("n, path", [(37, "bits"), (5001, "table"), (3 * 2 ** 13 + 4097, "chunks")])
+def _numpy_table_draw(key, n, dim):
+    """Reference for the table path: numpy's sorted search on the same 64-bit uniforms."""
+    lo, f_hi, f_lo = S._cdf_table(n)
+    table = (f_hi.astype(np.uint64) << np.uint64(32)) | f_lo.astype(np.uint64)
+    u = np.asarray(jax.random.bits(key, (2, dim), jnp.uint32)).astype(np.uint64)
+    return np.searchsorted(table, (u[0] << np.uint64(32)) | u[1], side="right") + lo - n // 2
+
+
+@pytest.mark.parametrize("n, path", [(37, "bits"), (3 * 2 ** 13 + 4097, "table")])
 def test_binomial_noise(n, path, monkeypatch):
-    if path == "chunks":               # 3 chunks of 2^13 trials (one table) + one of 4097
+    if path == "table":                # 3 chunks of 2^13 trials (one table) + one of 4097
         monkeypatch.setattr(S, "_MAX_TABLE_TRIALS", 2 ** 13)
     # Two keys, vmapped and jitted (one compile): 2 x 1000 draws.
     keys = jax.random.split(jax.random.key(4), 2)
@@ -190,13 +198,12 @@ def test_binomial_noise(n, path, monkeypatch):
     assert draws.std() == pytest.approx(sd, rel=0.1)
     if n < 100:
         assert draws.min() >= -(n // 2) and draws.max() <= n - n // 2
-    if path == "table":                # the vmapped binary search = numpy's search, per key
-        lo, f_hi, f_lo = S._cdf_table(n)
-        table = (f_hi.astype(np.uint64) << np.uint64(32)) | f_lo.astype(np.uint64)
+    if path == "table":                # the vmapped binary searches = numpy's search, per key
         for i in range(2):
-            u = np.asarray(jax.random.bits(keys[i], (2, 1000), jnp.uint32)).astype(np.uint64)
-            k = np.searchsorted(table, (u[0] << np.uint64(32)) | u[1], side="right")
-            np.testing.assert_array_equal(draws[i], k + lo - n // 2)
+            k_full, k_rest = jax.random.split(keys[i])
+            want = (_numpy_table_draw(k_full, 2 ** 13, 3 * 1000).reshape(3, 1000).sum(0)
+                    + _numpy_table_draw(k_rest, 4097, 1000))
+            np.testing.assert_array_equal(draws[i], want)
 
 
 def test_cdf_table_is_the_binomial_pmf():
