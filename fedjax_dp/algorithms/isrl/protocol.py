@@ -235,7 +235,10 @@ class Algorithm:
                   for r, c in zip(ctx.rates.tolist(), counts.tolist())]
         keep = calibration.worst_silos(ctx.rates, counts)
         kinds = ", ".join(ctx.spec.kinds)
-        note = (f"{self.name}: each silo composes its own uploads ({kinds}; Poisson record "
+        sens = ("sensitivity C for gradient uploads, tau = min(2C, beta_hat ||w - w_ref||) <= 2C "
+                "for difference uploads (noise std z times it)" if self.method in
+                ("spider", "svrg") else "sensitivity C (noise std z C)")
+        note = (f"{self.name}: each silo composes its own uploads ({kinds}; {sens}; Poisson record "
                 f"sampling, noise multiplier {z:.6g}, no amplification from "
                 f"silo availability); worst silo by parallel composition; members = silos "
                 f"{keep.tolist()[:20]}{' ...' if len(keep) > 20 else ''} (the others are "
