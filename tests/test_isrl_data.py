@@ -1,6 +1,7 @@
-"""Data for the ISRL-DP experiments: mnist5k odd/even (PCA, parity, 25 digit pairs), WBCD one class."""
+"""Data for the ISRL-DP experiments: mnist5k odd/even (PCA, parity, 25 digit pairs), WBCD."""
 import numpy as np
 import pytest
+import threadpoolctl
 
 from fedjax_dp.data import (DATASETS, class_counts, mnist5k, mnist5k_oddeven, oddeven_pair_id,
                             partition, wbcd)
@@ -40,7 +41,8 @@ def test_pca_is_fitted_on_the_public_split_only(oddeven, raw):
     flat = lambda x: x.reshape(len(x), -1).astype(np.float64)
     pub = flat(raw.x_public)
     mean = pub.mean(0)
-    vals, vecs = np.linalg.eigh(np.cov(pub, rowvar=False))
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):   # small; avoid contention
+        vals, vecs = np.linalg.eigh(np.cov(pub, rowvar=False))
     top = vecs[:, np.argsort(vals)[::-1][:50]]                            # [784, 50]
     for split in ("train", "public", "test"):
         want = (flat(getattr(raw, f"x_{split}")) - mean) @ top           # [n, 50]

@@ -124,8 +124,8 @@ def mnist5k_oddeven(seed: int = 0, *, pca_dim: int = 50, standardize: bool = Fal
       3000); images flattened to 784 pixels in [0, 1].
     * PCA to ``pca_dim`` components (scikit-learn ``PCA(svd_solver='covariance_eigh')``)
       FITTED ON THE PUBLIC SPLIT ONLY (the server's unlabelled data: no training or test
-      record shapes the features), then applied to every split. ``standardize`` also divides each component by its
-      public-split standard deviation (after the public mean is removed by the PCA).
+      record shapes the features), then applied to every split. ``standardize`` also divides
+      each component by its public-split standard deviation (the PCA removed the public mean).
     * Label = parity: 0 for an even digit, 1 for an odd one (``num_classes = 2``).
     * ``domain_train[i]`` in ``0..24`` is the (even, odd) pair of training record ``i``
       (:func:`oddeven_pair_id`): the records of each even digit ``e`` are shuffled (from

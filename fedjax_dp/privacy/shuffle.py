@@ -62,7 +62,11 @@ Privacy (unit: one report = one record; relation: add/remove one report, or repl
 * **T releases** compose adaptively: the PLD composed ``d * T`` times
   (``self_compose``), as for any dominating pair (Zhu, Dong and Wang 2022, Thm. 10).
 * The weights (which reports are real / sampled) may be random but must not depend on the
-  neighbouring record's value beyond its presence; no amplification by subsampling is claimed.
+  neighbouring record's value beyond its presence. Amplification by subsampling is claimed only
+  when the event says so (``sampling_probability = q < 1``: each record independently in each
+  release with probability q, add/remove): one release's pair ``(P, Q)`` (d coordinates)
+  becomes ``((1-q) Q + q P, Q)`` / ``(Q, (1-q) Q + q P)`` before the T releases compose
+  (Zhu, Dong and Wang 2022, Thm. 11; computed from the pessimistic PLD of ``(P, Q)``).
 
 The PLD of ``(B + s, B)`` is built EXACTLY from the two binomial pmfs: outcomes with
 non-negligible mass are enumerated (a window of ``+- sqrt(35 N)`` around the mean, Hoeffding
@@ -100,7 +104,8 @@ from fedjax_dp.privacy import accounting
 
 __all__ = [
     "NORMS", "RELATIONS", "METHODS", "ShuffleConfig", "BinomialSumEvent", "clip",
-    "randomized_round", "binomial_noise", "shuffle_vector_sum", "decode", "estimate_variance",
+    "randomized_round", "binomial_noise", "shuffle_vector_sum", "shuffle_tree_sum",
+    "tree_dimension", "decode", "estimate_variance",
     "per_coordinate_sensitivity", "make_event", "coordinate_pmfs", "coordinate_pld", "pld",
     "epsilon", "delta_for_epsilon", "calibrate_noise_trials",
 ]
@@ -128,10 +133,14 @@ _NO_PRIVACY_MASS = 1e-10
 _LOG_TINY = -69.0
 
 #: Noise counts up to this are drawn exactly, bit by bit (popcount of random words).
-_MAX_EXACT_BITS = 2 ** 16
+_MAX_EXACT_BITS = 2 ** 12
 
-#: Largest binomial count drawn at once (float32 represents every integer up to 2^24 exactly).
-_MAX_TRIALS_PER_DRAW = 2 ** 24
+#: Noise counts up to this are drawn by inverting the exact cdf (a table of ~12 sqrt(N) entries).
+_MAX_TABLE_TRIALS = 2 ** 34
+
+#: Largest binomial count drawn at once (beyond the table): jax.random.binomial (BTRS in float32) over-disperses as
+#: the count grows (variance +0.4% at 2^20, +1.9% at 2^24 over 1M draws); chunks keep it small.
+_MAX_TRIALS_PER_DRAW = 2 ** 20
 
 #: Half-width of the enumerated window in units of sqrt(N): Hoeffding gives P(tail) <= e^{-2 Z}.
 _WINDOW_Z = 35.0
@@ -203,13 +212,41 @@ def randomized_round(key: jax.Array, y: jax.Array) -> jax.Array:
     return lower.astype(jnp.int32) + up.astype(jnp.int32)
 
 
+@functools.lru_cache(maxsize=8)
+def _cdf_table(n: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """``(lo, F_hi, F_lo)``: the Bin(n, 1/2) cdf on its window ``lo..hi`` as 64-bit fixed point.
+
+    ``F[k] = floor(2^64 P(B <= lo + k))`` split into two uint32 words (float64 cdf from scipy, so
+    exact to ~2^-53); the last entry is ``2^64 - 1``, so the mass above the window (< e^-70) and
+    any rounding go to the last outcome, the mass below it to the first.
+    """
+    from scipy import stats
+    half = math.sqrt(_WINDOW_Z * n)
+    lo, hi = max(0, math.floor(n / 2 - half)), min(n, math.ceil(n / 2 + half))
+    cdf = stats.binom.cdf(np.arange(lo, hi + 1), n, NOISE_PROBABILITY)   # [m] float64
+    scaled = cdf * 2.0 ** 32
+    f_hi = np.floor(scaled)
+    f_lo = np.floor((scaled - f_hi) * 2.0 ** 32)
+    top = 2.0 ** 32 - 1
+    full = f_hi > top                                   # cdf == 1.0 in float64: 2^64 - 1
+    f_hi[full], f_lo[full] = top, top
+    f_hi[-1] = f_lo[-1] = top
+    return lo, f_hi.astype(np.uint32), f_lo.astype(np.uint32)
+
+
 def binomial_noise(key: jax.Array, noise_trials: int, dim: int) -> jax.Array:
     """``B_j - floor(N / 2)`` for ``d`` independent ``B_j ~ Bin(N, 1/2)``: int32 ``[d]``.
 
-    ``N <= 2^16``: exact, as the number of ones among ``N`` random bits (popcount of ``ceil(N/32)``
-    random uint32 words per coordinate). Larger ``N``: ``jax.random.binomial`` (BTRS) in static
-    chunks of at most 2^24 trials (exact integers in float32), each centred by its own
-    ``floor(n_c / 2)`` before summing, so any ``N`` fits int32 (``|result| ~ sqrt(N)``).
+    * ``N <= 2^12``: exact, the number of ones among ``N`` random bits (popcount of
+      ``ceil(N / 32)`` random uint32 words per coordinate).
+    * ``N <= 2^34``: inversion of the exact cdf (float64, on the window of mass ``1 - e^-70``)
+      held as a 64-bit fixed-point table: a uniform 64-bit ``U`` (two uint32 words) is mapped to
+      the first ``k`` with ``F[k] > U`` by a vectorised binary search, so ``P(k)`` is the
+      table's ``F[k] - F[k-1]`` (off by <= 1e-12 per outcome at N = 3e8: scipy's cdf). Cost
+      ``O(d log m)``, ``m ~ 12 sqrt(N)`` table entries (a constant of the compiled program).
+    * Larger ``N``: ``jax.random.binomial`` (BTRS) in static chunks of at most 2^20 trials,
+      each centred before summing. Approximate: float32 BTRS over-disperses as the count grows
+      (variance +0.4% at 2^20, +1.9% at 2^24 over 1M draws).
     """
     noise_trials = int(noise_trials)
     if noise_trials <= _MAX_EXACT_BITS:
@@ -219,6 +256,18 @@ def binomial_noise(key: jax.Array, noise_trials: int, dim: int) -> jax.Array:
             bits = bits.at[-1].set(bits[-1] & jnp.uint32((1 << rest) - 1))
         ones = jax.lax.population_count(bits).astype(jnp.int32).sum(axis=0)  # [d]
         return ones - noise_trials // 2
+    if noise_trials <= _MAX_TABLE_TRIALS:
+        lo, f_hi, f_lo = _cdf_table(noise_trials)
+        table_hi, table_lo = jnp.asarray(f_hi), jnp.asarray(f_lo)            # [m]
+        u = jax.random.bits(key, (2, dim), jnp.uint32)                       # U = (u_hi, u_lo)
+        a = jnp.zeros(dim, jnp.int32)                   # answer (first k with F[k] > U) in [a, b]
+        b = jnp.full(dim, len(f_hi) - 1, jnp.int32)
+        for _ in range(int(np.ceil(np.log2(len(f_hi)))) + 1):
+            mid = (a + b) // 2
+            t_hi, t_lo = table_hi[mid], table_lo[mid]
+            above = (t_hi > u[0]) | ((t_hi == u[0]) & (t_lo > u[1]))
+            a, b = jnp.where(above, a, mid + 1), jnp.where(above, mid, b)
+        return a + jnp.int32(lo - noise_trials // 2)
     full, rest = divmod(noise_trials, _MAX_TRIALS_PER_DRAW)
     counts = [_MAX_TRIALS_PER_DRAW] * full + ([rest] if rest else [])
     n = jnp.asarray(counts, dtype=jnp.float32)[:, None]                  # [chunks, 1]
@@ -232,7 +281,9 @@ def _vector_sum(key: jax.Array, vectors: jax.Array, weights: jax.Array,
                 config: ShuffleConfig) -> tuple[jax.Array, jax.Array]:
     k_round, k_noise = jax.random.split(key)
     x = clip(vectors.astype(jnp.float32), config)                        # [n, d]
-    y = x * (config.granularity / config.clip_norm)                      # [n, d] in [-K, K]
+    k = config.granularity
+    # [n, d] in [-K, K]; the clip guards the sensitivity against float rounding of x K / C.
+    y = jnp.clip(x * (k / config.clip_norm), -k, k)
     ybar = randomized_round(k_round, y)                                  # [n, d] int32
     mask = (weights > 0).astype(jnp.int32)[:, None]                      # [n, 1]
     sums = (ybar * mask).sum(axis=0)                                     # [d]
@@ -272,6 +323,34 @@ def shuffle_vector_sum(key: jax.Array, vectors: jax.Array, weights: jax.Array,
     return (est, sums) if return_sums else est
 
 
+def shuffle_tree_sum(key: jax.Array, tree: Any, weights: jax.Array, config: ShuffleConfig, *,
+                     return_sums: bool = False) -> Any:
+    """:func:`shuffle_vector_sum` of per-record pytrees (leaves ``[n, ...]``, e.g. per-record
+    gradients): each record's leaves are raveled into one vector of ``d = tree_dimension(tree)``
+    entries (so ``'l2'`` clips over the whole parameter vector), summed, and unraveled into a
+    pytree of the leaves' per-record shapes. With ``return_sums``: ``(tree, sums [d])``."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    if not leaves:
+        raise ValueError("tree must have at least one leaf")
+    n = leaves[0].shape[0]
+    if any(leaf.ndim == 0 or leaf.shape[0] != n for leaf in leaves):
+        raise ValueError(f"every leaf of tree must have the leading record axis n={n}, got "
+                         f"shapes {[tuple(leaf.shape) for leaf in leaves]}")
+    flat = jnp.concatenate([leaf.reshape(n, -1).astype(jnp.float32) for leaf in leaves],
+                           axis=1)                                        # [n, d]
+    est, sums = shuffle_vector_sum(key, flat, weights, config, return_sums=True)
+    sizes = [math.prod(leaf.shape[1:]) for leaf in leaves]
+    parts = jnp.split(est, np.cumsum(sizes)[:-1].tolist())
+    out = jax.tree_util.tree_unflatten(
+        treedef, [p.reshape(leaf.shape[1:]) for p, leaf in zip(parts, leaves)])
+    return (out, sums) if return_sums else out
+
+
+def tree_dimension(tree: Any) -> int:
+    """``d``: entries per record of a per-record pytree (leaves ``[n, ...]``), for accounting."""
+    return int(sum(math.prod(leaf.shape[1:]) for leaf in jax.tree_util.tree_leaves(tree)))
+
+
 def decode(sums: jax.Array, config: ShuffleConfig) -> jax.Array:
     """Server side: ``(C / K) * (S - (N mod 2) / 2)``, float32 ``[d]`` (removes the noise mean)."""
     offset = 0.5 * (config.noise_trials % 2)
@@ -303,12 +382,16 @@ class BinomialSumEvent:
 
     Each coordinate of each release is dominated by the pair ``(B + sensitivity, B)``,
     ``B ~ Bin(noise_trials, 1/2)`` (module docstring); the PLD is that pair's composed
-    ``dimension * count`` times. JSON: :meth:`to_json` / :meth:`from_json`.
+    ``dimension * count`` times. With ``sampling_probability = q < 1`` every record enters each
+    release independently with probability ``q`` (Poisson; add/remove only): each release's
+    pair is subsampled before the ``count`` releases compose (:func:`pld`).
+    JSON: :meth:`to_json` / :meth:`from_json`.
     """
     noise_trials: int
     sensitivity: int
     dimension: int
     count: int = 1
+    sampling_probability: float = 1.0
 
     CLASS_NAME = "BinomialSumEvent"
 
@@ -320,6 +403,8 @@ class BinomialSumEvent:
         object.__setattr__(self, "dimension", validation.check_int(
             "dimension", self.dimension, minimum=1))
         object.__setattr__(self, "count", validation.check_int("count", self.count, minimum=1))
+        object.__setattr__(self, "sampling_probability", validation.check_probability(
+            "sampling_probability", self.sampling_probability))
 
     @property
     def compositions(self) -> int:
@@ -329,22 +414,36 @@ class BinomialSumEvent:
         return {"class_name": self.CLASS_NAME, "module_name": __name__,
                 "noise_trials": self.noise_trials, "noise_probability": NOISE_PROBABILITY,
                 "sensitivity": self.sensitivity, "dimension": self.dimension,
-                "count": self.count}
+                "count": self.count, "sampling_probability": self.sampling_probability}
 
     @classmethod
     def from_json(cls, data: Mapping) -> "BinomialSumEvent":
         if not isinstance(data, Mapping) or data.get("class_name") != cls.CLASS_NAME:
             raise ValueError(f"data must be a {cls.CLASS_NAME} JSON object, got {data!r}")
+        if data.get("noise_probability", NOISE_PROBABILITY) != NOISE_PROBABILITY:
+            raise ValueError(f"noise_probability must be {NOISE_PROBABILITY} (the only one this "
+                             f"analysis covers), got {data['noise_probability']!r}")
         return cls(noise_trials=data["noise_trials"], sensitivity=data["sensitivity"],
-                   dimension=data["dimension"], count=data.get("count", 1))
+                   dimension=data["dimension"], count=data.get("count", 1),
+                   sampling_probability=data.get("sampling_probability", 1.0))
 
 
 def make_event(config: ShuffleConfig, dimension: int, releases: int = 1,
-               relation: str = "add_remove") -> BinomialSumEvent:
-    """The event for ``releases`` adaptive releases of :func:`shuffle_vector_sum` on ``[n, d]``."""
+               relation: str = "add_remove", sampling_probability: float = 1.0
+               ) -> BinomialSumEvent:
+    """The event for ``releases`` adaptive releases of :func:`shuffle_vector_sum` on ``[n, d]``.
+
+    ``sampling_probability``: each record is a report of a release independently with this
+    probability (Poisson sampling, e.g. the weights of a silo's minibatch); amplification is
+    analysed for the add/remove relation only.
+    """
+    q = validation.check_probability("sampling_probability", sampling_probability)
+    if q < 1 and relation != "add_remove":
+        raise ValueError(f"sampling_probability < 1 needs relation='add_remove' (Poisson "
+                         f"subsampling is analysed for add/remove only), got {relation!r}")
     return BinomialSumEvent(noise_trials=config.noise_trials,
                             sensitivity=per_coordinate_sensitivity(config, relation),
-                            dimension=dimension, count=releases)
+                            dimension=dimension, count=releases, sampling_probability=q)
 
 
 def _log_binom(o: np.ndarray, n: int) -> np.ndarray:
@@ -394,7 +493,8 @@ def _connect_dots_pmf(log_p: np.ndarray, log_q: np.ndarray, tail_p: float,
     eps = grid * interval
     above = np.searchsorted(-desc, -eps, side="left")       # #outcomes with loss > eps
     deltas = cum_p[above] - np.exp(eps) * cum_q[above] + inf_mass
-    deltas = np.clip(np.minimum.accumulate(np.clip(deltas, 0.0, 1.0)), inf_mass, 1.0)
+    # Float error only: make the curve non-increasing by raising values (never lowering them).
+    deltas = np.clip(np.maximum.accumulate(deltas[::-1])[::-1], inf_mass, 1.0)
     return pld_pmf.create_pmf_pessimistic_connect_dots(interval, grid, deltas)
 
 
@@ -431,28 +531,75 @@ def _check_event(event: Any) -> BinomialSumEvent:
     return event
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)
 def pld(event: BinomialSumEvent, *,
         value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
         method: str = "connect_dots") -> pld_lib.PrivacyLossDistribution:
-    """The event's PLD: :func:`coordinate_pld` self-composed ``dimension * count`` times (cached;
-    PLDs are immutable)."""
+    """The event's PLD (cached; PLDs are immutable).
+
+    Without sampling: :func:`coordinate_pld` self-composed ``dimension * count`` times. With
+    Poisson sampling ``q < 1``: one release's PLD (``dimension`` compositions) is subsampled
+    (:func:`_subsampled`), then self-composed ``count`` times.
+    """
     event = _check_event(event)
+    h = value_discretization_interval
     one = coordinate_pld(event.noise_trials, event.sensitivity,
-                         value_discretization_interval=value_discretization_interval,
-                         method=method)
-    if event.compositions == 1:
-        return one
-    # Probability that a coordinate's loss is finite (B + s <= N); if the composition has
-    # practically none left, dp_accounting's composition breaks down (all mass truncated):
-    # every delta < 1 - 1e-10 then has epsilon = inf, and we say so with a degenerate PLD.
-    from scipy import stats
-    log_finite = float(stats.binom.logcdf(event.noise_trials - event.sensitivity,
-                                          event.noise_trials, NOISE_PROBABILITY))
-    if event.compositions * log_finite < math.log(_NO_PRIVACY_MASS):
-        return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
-            {0: _NO_PRIVACY_MASS}, 1.0 - _NO_PRIVACY_MASS, value_discretization_interval)
-    return one.self_compose(event.compositions)
+                         value_discretization_interval=h, method=method)
+    q = event.sampling_probability
+    per_release = event.dimension if q < 1 else event.compositions
+    if per_release == 1:
+        release = one
+    else:
+        # Probability that a coordinate's loss is finite (B + s <= N); if the composition has
+        # practically none left, dp_accounting's composition breaks down (all mass truncated):
+        # every delta < 1 - 1e-10 then has epsilon = inf, and we say so with a degenerate PLD.
+        from scipy import stats
+        log_finite = float(stats.binom.logcdf(event.noise_trials - event.sensitivity,
+                                              event.noise_trials, NOISE_PROBABILITY))
+        if per_release * log_finite < math.log(_NO_PRIVACY_MASS) and q == 1:
+            return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
+                {0: _NO_PRIVACY_MASS}, 1.0 - _NO_PRIVACY_MASS, h)
+        release = one.self_compose(per_release)
+    if q == 1:
+        return release
+    sub = _subsampled(release, q, h)
+    return sub if event.count == 1 else sub.self_compose(event.count)
+
+
+def _subsampled(release: pld_lib.PrivacyLossDistribution, q: float, h: float
+                ) -> pld_lib.PrivacyLossDistribution:
+    """Poisson subsampling (rate ``q``, add/remove) of a release with dominating pair (P, Q).
+
+    ``release``'s remove-direction PLD (pessimistic, so itself the PLD of a pair (P~, Q~) that
+    dominates (P, Q)) gives P~ on the loss grid ``L``, ``Q~(L) = P~(L) e^-L`` and
+    ``Q~(-inf) = 1 - sum_L Q~(L)``. Subsampling a dominated mechanism is dominated by
+    ``((1-q) Q~ + q P~, Q~)`` (remove) and ``(Q~, (1-q) Q~ + q P~)`` (add) (Zhu, Dong and Wang
+    2022, Thm. 11): losses ``log(1 - q + q e^L)`` and ``-log(1 - q + q e^L)``, with masses
+    ``P~(L) (q + (1-q) e^-L)`` and ``P~(L) e^-L``; ``Q~(-inf)`` sits at ``log(1-q)`` and
+    ``-log(1-q)``; ``P~(inf)`` stays infinite (remove, mass ``q P~(inf)``). Losses are rounded
+    up to the grid (pessimistic). Reads the dense pmf's arrays (dp_accounting has no public
+    accessor for them).
+    """
+    dense = release._pmf_remove.to_dense_pmf()                    # pylint: disable=protected-access
+    loss = (dense._lower_loss + np.arange(dense.size)) * dense._discretization  # [m]
+    p = np.asarray(dense._probs, dtype=np.float64)                # [m]
+    p_inf = float(dense._infinity_mass)
+    keep = p > 0
+    loss, p = loss[keep], p[keep]
+    q_fin = p * np.exp(-loss)                                     # Q~ on finite losses
+    q_neg_inf = max(0.0, 1.0 - float(q_fin.sum()))
+    log_mix = np.logaddexp(math.log1p(-q), math.log(q) + loss)    # log(1 - q + q e^L)
+
+    def rounded(values: np.ndarray, masses: np.ndarray) -> dict:
+        keys, where = np.unique(np.ceil(values / h).astype(np.int64), return_inverse=True)
+        return dict(zip(keys.tolist(), np.bincount(where, weights=masses).tolist()))
+
+    remove = rounded(np.append(log_mix, math.log1p(-q)),
+                     np.append(p * (q + (1 - q) * np.exp(-loss)), (1 - q) * q_neg_inf))
+    add = rounded(np.append(-log_mix, -math.log1p(-q)), np.append(q_fin, q_neg_inf))
+    return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
+        remove, q * p_inf, h, pessimistic_estimate=True,
+        rounded_probability_mass_function_add=add, infinity_mass_add=0.0, symmetric=False)
 
 
 def epsilon(config: ShuffleConfig, dimension: int, releases: int, delta: float, *,
@@ -479,9 +626,12 @@ def delta_for_epsilon(config: ShuffleConfig, dimension: int, releases: int, epsi
 def calibrate_noise_trials(target_epsilon: float, delta: float, *, granularity: int,
                            dimension: int, releases: int, relation: str = "add_remove",
                            max_trials: int = 2 ** 40, rtol: float = 0.0,
+                           sampling_probability: float = 1.0,
                            value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION
                            ) -> int:
-    """Smallest ``N`` with ``epsilon <= target_epsilon`` at ``delta`` (discrete search).
+    """Smallest ``N`` with ``epsilon <= target_epsilon`` at ``delta`` (discrete search), for
+    ``releases`` releases of ``dimension`` coordinates (Poisson-sampled at
+    ``sampling_probability``).
 
     Epsilon is non-increasing in ``N`` (``Bin(N + 1) = Bin(N) + `` an independent bit: a
     post-processing), so doubling brackets the answer and integer bisection finds it (stopped
@@ -496,12 +646,16 @@ def calibrate_noise_trials(target_epsilon: float, delta: float, *, granularity: 
     dimension = validation.check_int("dimension", dimension, minimum=1)
     releases = validation.check_int("releases", releases, minimum=1)
     validation.check_choice("relation", relation, tuple(RELATIONS))
+    q = validation.check_probability("sampling_probability", sampling_probability)
+    if q < 1 and relation != "add_remove":
+        raise ValueError(f"sampling_probability < 1 needs relation='add_remove', got "
+                         f"{relation!r}")
     max_trials = validation.check_int("max_trials", max_trials, minimum=1, maximum=2 ** 52)
     rtol = validation.check_nonnegative("rtol", rtol)
     s = k * (2 if relation == "replace" else 1)
 
     def eps_at(n: int) -> float:
-        return float(pld(BinomialSumEvent(n, s, dimension, releases),
+        return float(pld(BinomialSumEvent(n, s, dimension, releases, q),
                          value_discretization_interval=value_discretization_interval
                          ).get_epsilon_for_delta(delta))
 
