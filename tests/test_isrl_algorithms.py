@@ -261,7 +261,7 @@ def test_local_sgd_ledger_counts_k_steps_per_round_available():
 
 @pytest.mark.slow
 def test_silo_axis_sharded_over_four_devices_equals_one_device():
-    """A subprocess with 4 forced CPU devices (~20-55 s: marked slow, deselect with -m 'not slow')."""
+    """A subprocess with 4 forced CPU devices (20-55 s: marked slow; -m 'not slow' skips it)."""
     import json
     import os
     import subprocess

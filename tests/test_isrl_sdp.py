@@ -88,7 +88,8 @@ def test_sdp_calibrates_noise_trials_for_all_rounds(monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    (dict(granularity=0), "algorithm.granularity"), (dict(noise_trials=0), "algorithm.noise_trials"),
+    (dict(granularity=0), "algorithm.granularity"),
+    (dict(noise_trials=0), "algorithm.noise_trials"),
     (dict(target_epsilon=0.0), "algorithm.target_epsilon"), (dict(delta=1.5), "algorithm.delta"),
     (dict(phase_length=0), "algorithm.phase_length")])
 def test_sdp_bad_config(kwargs, name):

@@ -205,7 +205,8 @@ class Algorithm:
                                          noise_multiplier=z, rates=rates))
 
     def mechanism(self, config, rates: np.ndarray, params) -> tuple[float, dict]:
-        """``(z, extra RoundSpec fields)``: the Gaussian noise multiplier (:meth:`noise_multiplier`)."""
+        """``(z, extra RoundSpec fields)``: the Gaussian noise multiplier
+        (:meth:`noise_multiplier`), no extra fields."""
         return self.noise_multiplier(config, rates), {}
 
     def num_steps(self, config) -> int:
