@@ -257,3 +257,23 @@ def test_local_sgd_ledger_counts_k_steps_per_round_available():
         worst = max(worst, acc.get_epsilon(1e-5))
     row, = isrl.ISRL_LOCAL_SGD.ledger(cfg, res.state).report(1e-5, ("rdp",))
     assert row["epsilon"] == pytest.approx(worst, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_silo_axis_sharded_over_four_devices_equals_one_device():
+    """A subprocess with 4 forced CPU devices (20-55 s: marked slow; -m 'not slow' skips it)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                        " --xla_force_host_platform_device_count=4").strip()
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + \
+        env.get("PYTHONPATH", "")
+    script = Path(__file__).with_name("isrl_sharded_check.py")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"spider_sharded": True}

@@ -20,7 +20,8 @@ DELTA = 1e-5
 def _direct_epsilon(z, releases, delta, accountant):
     """dp-accounting itself: compose PoissonSampled(p, Gaussian(z)) c times per kind."""
     acc = (dp_accounting.rdp.RdpAccountant(list(accounting.DEFAULT_RDP_ORDERS))
-           if accountant == "rdp" else dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4))
+           if accountant == "rdp" else
+           dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4))
     for p, c in releases:
         if c:
             inner = dp_accounting.GaussianDpEvent(z)

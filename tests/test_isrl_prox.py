@@ -60,7 +60,8 @@ def test_l2_ball_projection_is_global_and_box_clips():
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    (dict(name="l0"), "algorithm.prox"), (dict(name="l1", strength=-1.0), "algorithm.prox_strength"),
+    (dict(name="l0"), "algorithm.prox"),
+    (dict(name="l1", strength=-1.0), "algorithm.prox_strength"),
     (dict(name="l2_ball", radius=0.0), "algorithm.prox_radius"),
     (dict(name="box", low=1.0, high=0.0), "algorithm.prox_low")])
 def test_bad_prox_fails_naming_the_parameter(kwargs, name):

@@ -43,28 +43,31 @@ def test_sdp_spider_on_a_fine_grid_follows_the_exact_estimator():
     assert np.asarray(values["uploads"]).tolist() == [[2, 4]] * 3
 
 
-def _fake_state(algo, counts, cfg, params):
+def _fake_state(algo, counts, rates, cfg, params):
     spec = engine.RoundSpec(method=algo.method, num_silos=len(counts), num_available=1,
                             shuffle=cfg)
     ctx = protocol.Context(data=None, model=None, spec=spec, round_fn=None, noise_multiplier=0.0,
-                           rates=np.ones((len(counts), len(counts[0]))))
+                           rates=np.asarray(rates, np.float64))
     return api.State(step=0, values={"uploads": np.asarray(counts), "params": params},
                      context=ctx)
 
 
-def test_sdp_ledger_is_the_exact_binomial_pld_of_the_worst_silo():
+def test_sdp_ledger_is_the_binomial_pld_of_the_worst_silo():
     cfg = shuffle.ShuffleConfig(clip_norm=1.0, granularity=4, noise_trials=4000)
     params = {"a": np.zeros((3, 2)), "b": np.zeros(4)}                    # d = 10
     counts = [[3, 1], [2, 2], [1, 0]]                                      # releases 4, 4, 1
+    rates = [[0.5, 0.25], [0.4, 0.4], [1.0, 1.0]]        # silo 1 dominated by silo 0
     algo = isrl.SDP_SPIDER
     conf = algo.Config(clip_norm=1.0, granularity=4, noise_trials=4000)
-    row, = algo.ledger(conf, _fake_state(algo, counts, cfg, params)).report(1e-5)
+    row, = algo.ledger(conf, _fake_state(algo, counts, rates, cfg, params)).report(1e-5)
     assert row["unit"] == "shuffle" and row["accountant"] == "pld"
     assert row["relation"] == shuffle.RELATIONS["add_remove"]
-    direct = shuffle.pld(shuffle.BinomialSumEvent(noise_trials=4000, sensitivity=4, dimension=10,
-                                                  count=4)).get_epsilon_for_delta(1e-5)
+    assert row["parallel"][0]["num_members"] == 2
+    direct = max(shuffle.pld(shuffle.BinomialSumEvent(
+        noise_trials=4000, sensitivity=4, dimension=10, count=c, sampling_probability=q)
+    ).get_epsilon_for_delta(1e-5) for c, q in ((4, 0.5), (1, 1.0)))
     assert row["epsilon"] == pytest.approx(direct, rel=1e-9)
-    assert row["events"][0]["count"] == 4 and row["events"][0]["dimension"] == 10
+    assert row["events"][0]["dimension"] == 10
 
 
 def test_sdp_calibrates_noise_trials_for_all_rounds(monkeypatch):
@@ -77,14 +80,16 @@ def test_sdp_calibrates_noise_trials_for_all_rounds(monkeypatch):
 
     monkeypatch.setattr(shuffle, "calibrate_noise_trials", fake)
     conf = isrl.SDP_MB_SGD.Config(rounds=3, target_epsilon=5.0, delta=1e-5, granularity=2)
-    _, extra = isrl.SDP_MB_SGD.mechanism(conf, np.ones((2, 1)),
+    _, extra = isrl.SDP_MB_SGD.mechanism(conf, np.array([[0.5], [1.0]]),
                                          {"w": np.zeros(7), "b": np.zeros((2, 3))})
-    assert seen == dict(target=5.0, delta=1e-5, granularity=2, dimension=13, releases=3)
+    assert seen == dict(target=5.0, delta=1e-5, granularity=2, dimension=13, releases=3,
+                        sampling_probability=1.0)
     assert extra["shuffle"] == shuffle.ShuffleConfig(1.0, 2, 1234)
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    (dict(granularity=0), "algorithm.granularity"), (dict(noise_trials=0), "algorithm.noise_trials"),
+    (dict(granularity=0), "algorithm.granularity"),
+    (dict(noise_trials=0), "algorithm.noise_trials"),
     (dict(target_epsilon=0.0), "algorithm.target_epsilon"), (dict(delta=1.5), "algorithm.delta"),
     (dict(phase_length=0), "algorithm.phase_length")])
 def test_sdp_bad_config(kwargs, name):

@@ -112,9 +112,15 @@ class RoundSpec:
 
 
 def hyper(learning_rate: float, clip_norm: float, noise_multiplier: float) -> dict:
-    """``values["hyper"]``: float32 scalars (vmap over them to sweep)."""
+    """``values["hyper"]``: float32 scalars (vmap over them to sweep).
+
+    The noise multiplier is rounded UP to float32 (the noise drawn is never below the calibrated
+    one; the ledger reads this value back)."""
+    z = np.float32(noise_multiplier)
+    if float(z) < noise_multiplier:
+        z = np.nextafter(z, np.float32(np.inf))
     return {"learning_rate": jnp.float32(learning_rate), "clip_norm": jnp.float32(clip_norm),
-            "noise_multiplier": jnp.float32(noise_multiplier)}
+            "noise_multiplier": jnp.asarray(z, jnp.float32)}
 
 
 def initial_values(spec: RoundSpec, params: Params, hyper_values: dict) -> dict:

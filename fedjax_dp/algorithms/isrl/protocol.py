@@ -205,7 +205,8 @@ class Algorithm:
                                          noise_multiplier=z, rates=rates))
 
     def mechanism(self, config, rates: np.ndarray, params) -> tuple[float, dict]:
-        """``(z, extra RoundSpec fields)``: the Gaussian noise multiplier (:meth:`noise_multiplier`)."""
+        """``(z, extra RoundSpec fields)``: the Gaussian noise multiplier
+        (:meth:`noise_multiplier`), no extra fields."""
         return self.noise_multiplier(config, rates), {}
 
     def num_steps(self, config) -> int:
@@ -228,12 +229,18 @@ class Algorithm:
             raise ValueError("state must be the run's state (its upload counts feed the ledger)")
         ctx: Context = state.context
         counts = np.asarray(state.values["uploads"], np.int64)                 # [N, U]
-        events = [calibration.silo_event(ctx.noise_multiplier, list(zip(r, c)))
+        hyper = state.values.get("hyper", {}) if isinstance(state.values, dict) else {}
+        z = float(np.asarray(hyper["noise_multiplier"])) if "noise_multiplier" in hyper \
+            else ctx.noise_multiplier        # the run's own z (a sweep member may carry another)
+        events = [calibration.silo_event(z, list(zip(r, c)))
                   for r, c in zip(ctx.rates.tolist(), counts.tolist())]
         keep = calibration.worst_silos(ctx.rates, counts)
         kinds = ", ".join(ctx.spec.kinds)
-        note = (f"{self.name}: each silo composes its own uploads ({kinds}; Poisson record "
-                f"sampling, noise multiplier {ctx.noise_multiplier:.6g}, no amplification from "
+        sens = ("sensitivity C for gradient uploads, tau = min(2C, beta_hat ||w - w_ref||) <= 2C "
+                "for difference uploads (noise std z times it)" if self.method in
+                ("spider", "svrg") else "sensitivity C (noise std z C)")
+        note = (f"{self.name}: each silo composes its own uploads ({kinds}; {sens}; Poisson record "
+                f"sampling, noise multiplier {z:.6g}, no amplification from "
                 f"silo availability); worst silo by parallel composition; members = silos "
                 f"{keep.tolist()[:20]}{' ...' if len(keep) > 20 else ''} (the others are "
                 f"dominated in rates and counts)")

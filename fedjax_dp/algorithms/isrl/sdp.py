@@ -13,12 +13,14 @@ the Gaussian variant does (``prox_{eta f1}(w - eta v)``).
 Privacy. A central guarantee after shuffling (the trusted shuffler hides who sent what): unit
 ``'shuffle'``, relation add/remove one report = one record of one silo. One release moves each
 coordinate's integer sum by at most K (``shuffle.per_coordinate_sensitivity``); a record of silo i
-is in the releases of the rounds silo i was available (no amplification by record or silo
-sampling is claimed), so silo i's records compose ``count_i`` releases of the d-coordinate
-binomial sum: ``shuffle.make_event(config, d, count_i)``, accounted by the exact PLD of the
-binomial pair (``BinomialSumEvent``; the PLD accountant only). The worst silo is the one with the
-most releases. ``noise_trials`` N is calibrated (``shuffle.calibrate_noise_trials``) for R
-releases, i.e. a silo available every round.
+can only be in the releases of the rounds silo i was available, and in each it is a report with
+probability p_i (the silo's own Poisson record sampling, secret; the largest of its rates over the
+upload kinds), so silo i's records compose ``count_i`` Poisson-subsampled releases of the
+d-coordinate binomial sum: ``shuffle.make_event(config, d, count_i, sampling_probability=p_i)``,
+accounted by the PLD of the binomial pair (``BinomialSumEvent``; the PLD accountant only). No
+amplification from silo availability. The worst silo is found by parallel composition over the
+silos not dominated in (p_i, count_i). ``noise_trials`` N is calibrated
+(``shuffle.calibrate_noise_trials``) for R releases at the largest p_i.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import math
 import jax
 import numpy as np
 
-from fedjax_dp.algorithms.isrl import protocol
+from fedjax_dp.algorithms.isrl import calibration, protocol
 from fedjax_dp.algorithms.isrl.protocol import Algorithm, check_smoothness
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import PrivacyLedger, shuffle
@@ -94,33 +96,41 @@ class ShuffleAlgorithm(Algorithm):
     """An SDP member: the shuffled vector sum replaces the Gaussian uploads."""
 
     def mechanism(self, config, rates: np.ndarray, params) -> tuple[float, dict]:
+        """Noise trials N: calibrated for R releases at the largest record rate of any silo."""
         trials = config.noise_trials
         if trials is None:
             trials = shuffle.calibrate_noise_trials(
                 config.target_epsilon, config.delta, granularity=config.granularity,
-                dimension=dimension(params), releases=config.rounds)
+                dimension=dimension(params), releases=config.rounds,
+                sampling_probability=float(np.max(rates)))
         cfg = shuffle.ShuffleConfig(clip_norm=float(config.clip_norm),
                                     granularity=int(config.granularity), noise_trials=int(trials))
         return 0.0, {"shuffle": cfg}
 
     def ledger(self, config, state) -> PrivacyLedger:
-        """The worst silo's releases (most rounds available) as one ``BinomialSumEvent``."""
+        """Each silo's releases as one ``BinomialSumEvent`` (count = rounds it was available,
+        sampling probability = its largest record rate); worst silo by parallel composition."""
         if state is None:
             raise ValueError("state must be the run's state (its release counts feed the ledger)")
-        cfg: shuffle.ShuffleConfig = state.context.spec.shuffle
+        ctx = state.context
+        cfg: shuffle.ShuffleConfig = ctx.spec.shuffle
         counts = np.asarray(state.values["uploads"], np.int64).sum(axis=1)     # [N] releases
-        worst = int(counts.max())
+        rates = np.max(np.asarray(ctx.rates, np.float64), axis=1)              # [N]
         d = dimension(state.values["params"])
+        keep = [i for i in calibration.worst_silos(rates[:, None], counts[:, None]).tolist()
+                if counts[i] > 0]
         note = (f"{self.name}: shuffled binomial vector sums (N = {cfg.noise_trials} noise "
                 f"trials, granularity K = {cfg.granularity}, C = {cfg.clip_norm:g}, d = {d}); "
-                f"silo {int(counts.argmax())} took part in the most releases ({worst}); no "
-                f"amplification from record or silo sampling")
+                f"silo i's records are Poisson-sampled with its largest record rate in each of "
+                f"the releases of the rounds it was available (no amplification from silo "
+                f"availability); members = silos {keep[:20]} (the others are dominated)")
         out = PrivacyLedger()
-        if worst == 0:
+        if not keep:
             import dp_accounting
             return out.add_event(UNIT, dp_accounting.NoOpDpEvent(), relation=RELATION, note=note)
-        return out.add_parallel(UNIT, [shuffle.make_event(cfg, d, worst)], relation=RELATION,
-                                note=note)
+        events = [shuffle.make_event(cfg, d, int(counts[i]),
+                                     sampling_probability=float(rates[i])) for i in keep]
+        return out.add_parallel(UNIT, events, relation=RELATION, note=note)
 
 
 SDP_MB_SGD = ShuffleAlgorithm(

@@ -5,7 +5,7 @@ Epoch length m. Round t (one upload per available silo):
     t mod m == 0:  w~ = w_t;  u_i = noisy mean clipped gradient at w~ over ~K1 records   (snapshot)
                    g~ = (1/M) sum_{i in S_t} u_i;   v_t = g~
     otherwise:     u_i = noisy mean over ~K2 records of
-                         clip_tau( clip_C(g(w_t, x)) - clip_C(g(w~, x)) )                 (difference)
+                         clip_tau( clip_C(g(w_t, x)) - clip_C(g(w~, x)) )          (difference)
                    v_t = g~ + (1/M) sum_{i in S_t} u_i
     w_{t+1} = prox_{eta f1}(w_t - eta v_t)
 

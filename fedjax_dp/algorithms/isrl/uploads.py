@@ -44,7 +44,9 @@ __all__ = ["sample_records", "clip_rows", "gaussian_noise", "gradient_upload", "
 
 
 def clip_rows(grads: Params, clip) -> tuple[Params, jax.Array]:
-    """Clip each row (leading axis B) of a pytree to global L2 norm ``clip``; ``(clipped, norms [B])``."""
+    """Clip each row (leading axis B) of a pytree to global L2 norm ``clip``.
+
+    Returns ``(clipped rows, norms [B] before clipping)``."""
     norms = jax.vmap(optax.tree.norm)(grads)                                 # [B]
     scale = jnp.minimum(1.0, clip / jnp.maximum(norms, 1e-12))               # [B]
     return jax.tree.map(lambda g: g * scale.reshape((-1,) + (1,) * (g.ndim - 1)).astype(g.dtype),
@@ -87,7 +89,8 @@ def gradient_upload(loss_fn: Callable, private: bool) -> Callable:
 
 
 def difference_upload(loss_fn: Callable, private: bool) -> Callable:
-    """``upload(key, params, ref, x, y, mask, rate, denom, clip, tau, z) -> (u, stats)``: eq. (2)."""
+    """Eq. (2): ``upload(key, params, ref, x, y, mask, rate, denom, clip, tau, z) -> (u, stats)``.
+    """
 
     def upload(key, params, ref, x, y, mask, rate, denom, clip, tau, z):
         k_batch, k_noise = jax.random.split(key)
