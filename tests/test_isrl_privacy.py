@@ -1,5 +1,6 @@
 """ISRL-DP privacy: per-silo events, calibration, ledgers against direct dp-accounting
 computations, the paper's closed form as a bound, and bad input failing before any work."""
+import dataclasses
 import json
 import logging
 
@@ -120,3 +121,24 @@ def test_more_available_than_silos_fails_before_work(monkeypatch):
     with pytest.raises(ValueError, match="algorithm.num_available"):
         isrl.ISRL_MB_SGD.init(jax.random.key(0), FED, MODEL, cfg)
     assert not called
+
+
+def test_noise_is_calibrated_per_silo_for_its_own_transcript():
+    """Each silo's z meets the target for its own rates (SPIDER: refresh and difference kinds,
+    R = 5, q = 2: 3 refresh + 2 difference uploads); smaller silos (larger rates) need more
+    noise; ``calibrate_per_silo = false`` gives every silo the largest z."""
+    algo = isrl.ISRL_SPIDER
+    rates = np.array([[0.5, 0.25], [0.2, 0.1], [0.5, 0.25]])
+    cfg = algo.Config(rounds=5, phase_length=2, target_epsilon=2.0, delta=DELTA)
+    z = algo.noise_multiplier(cfg, rates)
+    assert z.shape == (3,) and z[0] == z[2] and z[0] > z[1]
+    for zi, row in zip(z, rates):
+        releases = list(zip(row, (3, 2)))
+        assert _direct_epsilon(zi, releases, DELTA, "rdp") <= 2.0
+        assert _direct_epsilon(zi * 0.98, releases, DELTA, "rdp") > 2.0
+    shared = algo.noise_multiplier(dataclasses.replace(cfg, calibrate_per_silo=False), rates)
+    np.testing.assert_allclose(shared, z[0])
+    # the ledger of a run with these z: every silo at most the target, the worst ~ the target
+    state = _fake_state(algo, rates, [[3, 2]] * 3, z)
+    row, = algo.ledger(cfg, state).report(DELTA, ("rdp",))
+    assert 1.9 < row["epsilon"] <= 2.0

@@ -102,7 +102,7 @@ def run_grid(task: dict, name: str, algorithm_config, lrs, clips, seeds: int, ba
     fed = api.FederatedData(agents=task["agents"], num_classes=task["num_classes"])
     state = alg.init(jax.random.key(0), fed, model, algorithm_config, api.Runtime(chunk_size=None))
     ctx = state.context
-    z = float(ctx.noise_multiplier)
+    z = np.asarray(state.values["hyper"]["noise_multiplier"], np.float32)   # [N] rounded up
     lr_g, clip_g, seed_g = np.meshgrid(np.asarray(lrs, np.float32), np.asarray(clips, np.float32),
                                        np.arange(seeds), indexing="ij")
     lr_f, clip_f, seed_f = lr_g.ravel(), clip_g.ravel(), seed_g.ravel()
@@ -113,7 +113,8 @@ def run_grid(task: dict, name: str, algorithm_config, lrs, clips, seeds: int, ba
 
     runs = _compiled_runs(model, ctx.round_fn, ctx.spec, ctx.data, rounds, batch)
     val, test, uploads = runs(keys, jnp.asarray(lr_f), jnp.asarray(clip_f),
-                              jnp.full(lr_f.shape, z, jnp.float32), x_val, y_val, x_test, y_test)
+                              jnp.broadcast_to(z, lr_f.shape + z.shape), x_val, y_val, x_test,
+                              y_test)
     shape = lr_g.shape
     return (np.asarray(val).reshape(shape), np.asarray(test).reshape(shape),
             np.asarray(uploads).reshape(shape + np.asarray(uploads).shape[1:]), z, ctx)
@@ -123,10 +124,10 @@ _RUNS: dict = {}
 
 
 def _compiled_runs(model, round_fn, spec, data, rounds: int, batch: int):
-    """``runs(keys [B], lrs [B], clips [B], zs [B], x_val, y_val, x_test, y_test)``: all runs of
+    """``runs(keys [B], lrs [B], clips [B], zs [B, N], x_val, y_val, x_test, y_test)``: all runs of
     one round function, R rounds each (``lax.scan``), mapped over runs in vmapped chunks of
-    ``batch`` (``lax.map``). The noise multiplier is an argument, so every epsilon of an
-    algorithm shares one compilation."""
+    ``batch`` (``lax.map``). The per-silo noise multipliers are an argument, so every epsilon of
+    an algorithm shares one compilation."""
     cache_key = (model, round_fn, rounds, batch)
     if cache_key in _RUNS:
         return _RUNS[cache_key]
@@ -138,7 +139,8 @@ def _compiled_runs(model, round_fn, spec, data, rounds: int, batch: int):
         def one(args):
             key, lr, clip, z = args
             params = model.init(api.init_key(key))
-            values = engine.initial_values(spec, params, engine.hyper(lr, clip, z))
+            hyper = {"learning_rate": lr, "clip_norm": clip, "noise_multiplier": z}   # z [N]
+            values = engine.initial_values(spec, params, hyper)
 
             def body(v, t):
                 v, _ = round_fn(api.step_key(key, t), v, data)
@@ -204,7 +206,7 @@ def experiment(dataset: str, args) -> dict:
                                                   args.seeds, args.batch)
             i, j = select(val)
             eps_run = achieved_epsilon(name, cfg, ctx, uploads[i, j, 0], delta, "rdp")
-            rows.append({"epsilon": eps, "noise_multiplier": z,
+            rows.append({"epsilon": eps, "noise_multiplier": z.tolist(),
                          "achieved_epsilon_rdp_seed0": eps_run,
                          "learning_rate": args.lrs[i], "clip_norm": args.clips[j],
                          "val_accuracy": val[i, j].tolist(), "test_accuracy": test[i, j].tolist(),
@@ -212,7 +214,7 @@ def experiment(dataset: str, args) -> dict:
                          "test_error_std": float(test[i, j].std()),
                          "grid_val_mean": val.mean(-1).tolist(),
                          "seconds": time.perf_counter() - start})
-            print(f"[{dataset}] {name} eps={eps:g}: z={z:.3f}, test error "
+            print(f"[{dataset}] {name} eps={eps:g}: z={z.min():.3f}..{z.max():.3f}, test error "
                   f"{rows[-1]['test_error_mean']:.3f} +- {rows[-1]['test_error_std']:.3f} "
                   f"(lr {args.lrs[i]}, clip {args.clips[j]}; achieved eps {eps_run:.3f}), "
                   f"{rows[-1]['seconds']:.1f} s", flush=True)

@@ -14,11 +14,12 @@ with c_iu the number of uploads of kind u it sent. Silo availability is NOT used
 amplification (an observer sees who speaks); the silo's own record sampling is. The datasets of
 the silos are disjoint, so the run's guarantee is the worst silo's (parallel composition).
 
-Calibration (:func:`calibrate`): the smallest z such that (1) meets the target for the silo with
-the largest rate of each kind and the planned count of each kind (every round: the availability is
-random and known only afterwards), by ``dp_accounting`` through
-:func:`fedjax_dp.privacy.calibration.calibrate_noise_multiplier`. Every silo uses that z; a silo
-with smaller rates or fewer uploads has a smaller epsilon (epsilon grows with both).
+Calibration (:func:`calibrate`), per silo: the smallest z_i such that (1) with silo i's own rates
+and the planned count of each kind (every round: the availability is random and known only
+afterwards) meets the target, by ``dp_accounting`` through
+:func:`fedjax_dp.privacy.calibration.calibrate_noise_multiplier` (once per distinct set of rates).
+Silo i adds noise with multiplier z_i to all its uploads. (``calibrate_per_silo = false``: one z,
+calibrated for the largest rate of each kind, for every silo; never less private, more noise.)
 
 The paper's closed form (Abadi et al.'s moments bound; Lowy et al. Thm 2.1 proof / Appendix H)
 ``sigma^2 = 8 C^2 R log(2/delta) / (n^2 eps^2)`` for the std of a silo's mean gradient over K of n
@@ -78,15 +79,19 @@ def paper_sigma(clip_norm: float, rounds: int, num_records: int, epsilon: float,
                                                                               * epsilon)
 
 
-def worst_silos(rates: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Indices of the silos that can be the worst: not dominated in every (rate, count) pair.
+def worst_silos(rates: np.ndarray, counts: np.ndarray, noise_multipliers=None) -> np.ndarray:
+    """Indices of the silos that can be the worst: not dominated in every (rate, count, z).
 
-    ``rates``, ``counts``: ``[N, U]``. Epsilon of (1) grows with every rate and every count, so a
-    silo with all of them no larger than another's never has the larger epsilon. One silo per
-    distinct row.
+    ``rates``, ``counts``: ``[N, U]``; ``noise_multipliers``: ``[N]`` or None. Epsilon of (1)
+    grows with every rate and every count and shrinks with z, so a silo with all rates and counts
+    no larger and z no smaller than another's never has the larger epsilon. One silo per distinct
+    row.
     """
+    rates = np.asarray(rates, np.float64)
+    if noise_multipliers is not None:          # -z as one more "larger is worse" column
+        rates = np.concatenate([rates, -np.asarray(noise_multipliers, np.float64)[:, None]], 1)
     rows: dict[tuple, int] = {}
-    for i, row in enumerate(zip(map(tuple, np.asarray(rates, np.float64).tolist()),
+    for i, row in enumerate(zip(map(tuple, rates.tolist()),
                                 map(tuple, np.asarray(counts, np.int64).tolist()))):
         rows.setdefault(row, i)
     keys = list(rows)

@@ -111,14 +111,15 @@ class RoundSpec:
         return UPLOAD_KINDS[self.method]
 
 
-def hyper(learning_rate: float, clip_norm: float, noise_multiplier: float) -> dict:
-    """``values["hyper"]``: float32 scalars (vmap over them to sweep).
+def hyper(learning_rate: float, clip_norm: float, noise_multiplier) -> dict:
+    """``values["hyper"]``: float32 (vmap over them to sweep). ``noise_multiplier``: a scalar or
+    one z per silo ``[N]`` (:func:`initial_values` broadcasts it to ``[N]``).
 
-    The noise multiplier is rounded UP to float32 (the noise drawn is never below the calibrated
-    one; the ledger reads this value back)."""
-    z = np.float32(noise_multiplier)
-    if float(z) < noise_multiplier:
-        z = np.nextafter(z, np.float32(np.inf))
+    The noise multipliers are rounded UP to float32 (the noise drawn is never below the
+    calibrated one; the ledger reads these values back)."""
+    z64 = np.asarray(noise_multiplier, np.float64)
+    z = z64.astype(np.float32)
+    z = np.where(z.astype(np.float64) < z64, np.nextafter(z, np.float32(np.inf)), z)
     return {"learning_rate": jnp.float32(learning_rate), "clip_norm": jnp.float32(clip_norm),
             "noise_multiplier": jnp.asarray(z, jnp.float32)}
 
@@ -126,6 +127,9 @@ def hyper(learning_rate: float, clip_norm: float, noise_multiplier: float) -> di
 def initial_values(spec: RoundSpec, params: Params, hyper_values: dict) -> dict:
     """The state before round 0 (pure, so it can be vmapped over initial parameters)."""
     zeros = jax.tree.map(jnp.zeros_like, params)
+    hyper_values = dict(hyper_values)
+    hyper_values["noise_multiplier"] = jnp.broadcast_to(
+        hyper_values["noise_multiplier"], (spec.num_silos,))                   # [N]
     values = {"params": params, "round": jnp.zeros((), jnp.int32),
               "uploads": jnp.zeros((spec.num_silos, len(spec.kinds)), jnp.int32),
               "hyper": hyper_values}
@@ -185,9 +189,10 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
     """
     lift = functools.partial(for_each_agent, chunk_size=chunk_size, mesh=mesh, backend=backend)
     one = silo_functions(loss_fn, spec)
-    grad_up = lift(one["gradient"], (0, None, 0, 0, 0, 0, 0, None, None))
-    diff_up = lift(one["difference"], (0, None, None, 0, 0, 0, 0, 0, None, None, None))
-    local_up = lift(one["local_sgd"], (0, None, 0, 0, 0, 0, 0, None, None, None))
+    # z is per silo ([N]): each silo's noise is calibrated for its own transcript
+    grad_up = lift(one["gradient"], (0, None, 0, 0, 0, 0, 0, None, 0))
+    diff_up = lift(one["difference"], (0, None, None, 0, 0, 0, 0, 0, None, None, 0))
+    local_up = lift(one["local_sgd"], (0, None, 0, 0, 0, 0, 0, None, 0, None))
     objective = lift(one["loss"], (None, 0, 0, 0))
     if spec.shuffle is not None:
         if spec.method not in ("mb_sgd", "spider"):
@@ -205,7 +210,7 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
         avail = availability.available_mask(k_avail, n, spec.num_available)    # [N]
         keys = jax.random.split(k_silos, n)                                     # [N]
         h = values["hyper"]
-        lr, clip, z = h["learning_rate"], h["clip_norm"], h["noise_multiplier"]
+        lr, clip, z = h["learning_rate"], h["clip_norm"], h["noise_multiplier"]   # z [N]
         w, t = values["params"], values["round"]
         a = data.agents
         rates, denoms = data.rates, data.denominators

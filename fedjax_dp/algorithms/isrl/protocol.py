@@ -72,13 +72,16 @@ class PrivateConfig(Config):
     """ISRL-DP fields. clip_norm: C (per-record clip, global L2 norm). target_epsilon / delta:
     each silo's whole transcript is (eps, delta)-DP (delta defaults to ``[privacy].delta`` when
     run from a config file). noise_multiplier: skip calibration and use this z (std / sensitivity
-    of every upload). accountant: the dp-accounting accountant of the calibration."""
+    of every upload). accountant: the dp-accounting accountant of the calibration.
+    calibrate_per_silo: each silo gets the smallest z that meets the target for its own sampling
+    rates (default), or (false) every silo gets the z of the silo with the largest rates."""
 
     clip_norm: float = 1.0
     target_epsilon: float = 1.0
     delta: float = 1e-5
     noise_multiplier: float | None = None
     accountant: str = "rdp"
+    calibrate_per_silo: bool = True
 
     def __post_init__(self):
         super().__post_init__()
@@ -96,6 +99,9 @@ class PrivateConfig(Config):
                 raise ValueError(f"algorithm.noise_multiplier must be finite, got "
                                  f"{self.noise_multiplier}")
         validation.check_choice("algorithm.accountant", self.accountant, accounting.ACCOUNTANTS)
+        if not isinstance(self.calibrate_per_silo, bool):
+            raise ValueError(f"algorithm.calibrate_per_silo must be true or false, got "
+                             f"{self.calibrate_per_silo!r}")
 
 
 def check_smoothness(value) -> None:
@@ -113,7 +119,7 @@ class Context:
     model: Model
     spec: engine.RoundSpec
     round_fn: Any
-    noise_multiplier: float            # z of every upload (0 when non-private)
+    noise_multiplier: np.ndarray       # [N] z_i of silo i's uploads (0 when non-private)
     rates: np.ndarray                  # [N, U] float64, host copy of data.rates
 
 
@@ -161,15 +167,24 @@ class Algorithm:
         return (r,)
 
     # ----------------------------------------------------------------- protocol
-    def noise_multiplier(self, config, rates: np.ndarray) -> float:
-        """z: the config's, or calibrated for the worst silo (largest rate of each kind)."""
+    def noise_multiplier(self, config, rates: np.ndarray) -> np.ndarray:
+        """z ``[N]``: the config's, or calibrated per silo (one calibration per distinct row of
+        rates; ``calibrate_per_silo = false``: one z for the largest rate of each kind)."""
+        n = rates.shape[0]
         if not self.private:
-            return 0.0
+            return np.zeros(n)
         if config.noise_multiplier is not None:
-            return float(config.noise_multiplier)
-        releases = list(zip(np.max(rates, axis=0).tolist(), self.planned(config)))
-        return calibration.calibrate(config.target_epsilon, config.delta, releases,
-                                     config.accountant)
+            return np.full(n, float(config.noise_multiplier))
+        planned = self.planned(config)
+        if not config.calibrate_per_silo:
+            rows = np.broadcast_to(np.max(rates, axis=0), rates.shape)
+        else:
+            rows = rates
+        out = np.empty(n)
+        for i, row in enumerate(rows.tolist()):
+            out[i] = calibration.calibrate(config.target_epsilon, config.delta,
+                                           list(zip(row, planned)), config.accountant)
+        return out
 
     def init(self, key: jax.Array, data: api.FederatedData, model: Model, config,
              runtime: api.Runtime = api.Runtime(), *, loss_fn=None) -> api.State:
@@ -230,20 +245,21 @@ class Algorithm:
         ctx: Context = state.context
         counts = np.asarray(state.values["uploads"], np.int64)                 # [N, U]
         hyper = state.values.get("hyper", {}) if isinstance(state.values, dict) else {}
-        z = float(np.asarray(hyper["noise_multiplier"])) if "noise_multiplier" in hyper \
-            else ctx.noise_multiplier        # the run's own z (a sweep member may carry another)
-        events = [calibration.silo_event(z, list(zip(r, c)))
-                  for r, c in zip(ctx.rates.tolist(), counts.tolist())]
-        keep = calibration.worst_silos(ctx.rates, counts)
+        z = np.asarray(hyper["noise_multiplier"] if "noise_multiplier" in hyper
+                       else ctx.noise_multiplier, np.float64)   # the run's own z (per silo)
+        z = np.broadcast_to(z, (counts.shape[0],))
+        events = [calibration.silo_event(float(zi), list(zip(r, c)))
+                  for zi, r, c in zip(z.tolist(), ctx.rates.tolist(), counts.tolist())]
+        keep = calibration.worst_silos(ctx.rates, counts, z)
         kinds = ", ".join(ctx.spec.kinds)
         sens = ("sensitivity C for gradient uploads, tau = min(2C, beta_hat ||w - w_ref||) <= 2C "
                 "for difference uploads (noise std z times it)" if self.method in
                 ("spider", "svrg") else "sensitivity C (noise std z C)")
         note = (f"{self.name}: each silo composes its own uploads ({kinds}; {sens}; Poisson record "
-                f"sampling, noise multiplier {z:.6g}, no amplification from "
+                f"sampling, noise multipliers {z.min():.6g}..{z.max():.6g}, no amplification from "
                 f"silo availability); worst silo by parallel composition; members = silos "
                 f"{keep.tolist()[:20]}{' ...' if len(keep) > 20 else ''} (the others are "
-                f"dominated in rates and counts)")
+                f"dominated in rates, counts and noise)")
         return PrivacyLedger().add_parallel(calibration.UNIT, [events[i] for i in keep],
                                             relation=calibration.RELATION,
                                             sensitivity=config.clip_norm, note=note)
