@@ -180,6 +180,7 @@ def experiment(dataset: str, args) -> dict:
     n_max = int(np.max(np.asarray(base["agents"].counts)))
     delta = 1.0 / n_max ** 2
     out.update(delta=delta, num_silos=base["agents"].num_agents,
+               num_available=int(base["algorithm_config"].num_available),
                silo_sizes=np.asarray(base["agents"].counts).tolist(),
                num_validation=int(len(base["y_val"])), num_test=int(len(base["y_test"])))
     for name in NON_PRIVATE:
@@ -238,7 +239,8 @@ def table(results: list[dict], args) -> str:
              ""]
     for res in results:
         eps = args.epsilons
-        lines += [f"## {res['dataset']} ({res['num_silos']} silos, sizes {res['silo_sizes']}, "
+        lines += [f"## {res['dataset']} ({res['num_silos']} silos, M = {res['num_available']} "
+                  f"available per round, sizes {res['silo_sizes']}, "
                   f"delta {res['delta']:.2e})", "",
                   "| algorithm | " + " | ".join(f"eps {e:g}" for e in eps) + " |",
                   "|---|" + "---|" * len(eps)]
@@ -271,11 +273,39 @@ def plot(results: list[dict], path: Path) -> None:
         ax.set_xscale("log")
         ax.set_xlabel("epsilon per silo (delta = 1/n^2)")
         ax.set_ylabel("test error")
-        ax.set_title(f"{res['dataset']}: {res['num_silos']} silos")
+        ax.set_title(f"{res['dataset']}: {res['num_silos']} silos, M = {res['num_available']}")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def replot(out: Path) -> int:
+    """table.md and the plot again from ``out/results.json`` with the arguments it was made with
+    (``num_available`` read from the base configs where the file predates that field)."""
+    saved = json.loads((out / "results.json").read_text())
+    args = argparse.Namespace(**saved["args"])
+    sys.argv = [sys.argv[0]] + _argv_of(saved["args"])
+    for res in saved["results"]:
+        if "num_available" not in res:
+            cfg = config_lib.load(CONFIGS / f"{res['dataset']}_{PRIVATE[0]}.toml", args.set)
+            res["num_available"] = int(runner.plan(cfg).algorithm_config.num_available)
+    (out / "table.md").write_text(table(saved["results"], args))
+    plot(saved["results"], out / "test_error_vs_epsilon.png")
+    return 0
+
+
+def _argv_of(saved: dict) -> list[str]:
+    """The command line of a saved run (for the table's Command line)."""
+    argv = ["--out", saved["out"]]
+    defaults = {"datasets": ["wbcd", "mnist5k_oddeven"], "epsilons": list(EPSILONS), "seeds": 3,
+                "set": [], "quick": False}
+    for k, default in defaults.items():
+        if saved.get(k, default) != default:
+            v = saved[k]
+            argv += [f"--{k}"] + ([] if isinstance(v, bool) else
+                                  [str(x) for x in v] if isinstance(v, list) else [str(v)])
+    return argv
 
 
 def main(argv=None) -> int:
@@ -290,8 +320,12 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="2 step sizes, 2 clips (smoke runs)")
     p.add_argument("--configs", type=Path, default=None, help="folder of the base configs "
                    "(default: configs/isrl)")
+    p.add_argument("--replot", action="store_true", help="rebuild table.md and the plot from "
+                   "OUT/results.json (no runs)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
+    if args.replot:
+        return replot(args.out)
     # dp-accounting warns once per order that its series did not converge at the lowest RDP
     # orders (those orders are then excluded); hundreds of lines per calibration, no information
     absl_logging.set_verbosity(absl_logging.ERROR)
