@@ -186,6 +186,12 @@ ALGORITHMS["fedkt"] = AlgorithmEntry(
     "FedKT: one-shot two-tier knowledge transfer, L0/L1/L2 privacy, any classifier (Li et al. 2021)")
 
 
+# DP-FNAS (dp-fnas paper): federated DP DARTS search, then DP retraining (protocol module).
+from fedjax_dp.algorithms.fnas import dp_fnas as _dp_fnas  # noqa: E402
+
+ALGORITHMS["dp_fnas"] = _dp_fnas
+
+
 def get(name: str):
     if name not in ALGORITHMS:
         raise ValueError(f"algorithm.name must be one of {sorted(ALGORITHMS)}, got {name!r}")

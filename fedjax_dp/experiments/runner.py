@@ -169,6 +169,7 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
 
     chunk = config["run"]["chunk_size"] or None          # 0 -> all agents at once
     key = rng.stream(root, "algorithm")
+    extra_fields: dict = {}        # from an algorithm's optional artifacts(state, out, config)
     if registry.is_protocol(p.entry):
         fed = FederatedData(agents=agents, num_classes=dataset.num_classes,
                             x_public=dataset.x_public, y_public=dataset.y_public)
@@ -184,6 +185,9 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
         test_acc = float(np.mean(output.predict_labels(x_test) == y_test))
         ledgers = api.ledgers(p.entry, p.algorithm_config, done.state)
         history = done.history
+        hook = getattr(p.entry, "artifacts", None)     # optional: extra files and result fields
+        if hook is not None:
+            extra_fields = hook(done.state, out, config) or {}
     else:
         ctx = registry.Context(key=key, dataset=dataset, agents=agents,
                                model=model, local=p.local, config=p.algorithm_config,
@@ -214,6 +218,7 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
         "devices": [str(dv) for dv in jax.devices()],
         "history": history,
     }
+    result.update({k: v for k, v in extra_fields.items() if k not in result})
     result = _jsonable(result)
     if out is not None:
         (out / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
