@@ -236,38 +236,64 @@ def test_gdp_closed_form():
         1 / sigma ** 2) - 1)))
 
 
-def test_ledger_equals_direct_dp_accounting():
-    rates = [(0.2, 0.25, 0.1), (0.4, 0.5, 0.2)]          # party k: (train, val, retrain) rates
+def _sg(z, q, t):
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), t)
+
+
+def _direct(events, kind, delta):
+    from fedjax_dp.privacy import DEFAULT_RDP_ORDERS
+    acc = (dp_accounting.rdp.RdpAccountant(orders=list(DEFAULT_RDP_ORDERS)) if kind == "rdp"
+           else dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4))
+    for e in events:
+        acc.compose(e)
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("kind,rates", [
+    ("rdp", [(0.2, 0.25, 0.1), (0.4, 0.5, 0.2)]),        # party k: (train, val, retrain) rates
+    ("pld", [(0.4, 0.5, 0.2)])])
+def test_ledger_equals_direct_dp_accounting(kind, rates):
     members = [privacy.record_events(rate_train=tr, rate_val=va, rate_retrain=re, iterations=6,
                                      retrain_iterations=4, noise_weights=1.2, noise_arch=1.0,
                                      noise_second=1.5, noise_retrain=1.3)
                for tr, va, re in rates]
     books = privacy.ledgers(members)
-    assert len(books) == 3
+    assert len(books) == 1 + len(rates)
     delta = 1e-5
+    per_party = []
+    for k, (tr, va, re) in enumerate(rates):
+        train = _direct([_sg(1.2, tr, 6), _sg(1.5, tr, 6), _sg(1.3, re, 4)], kind, delta)
+        val = _direct([_sg(1.0, va, 6), _sg(1.3, re, 4)], kind, delta)
+        per_party.append(max(train, val))
+        assert books[1 + k].epsilon(f"instance (party {k})", delta, kind) == \
+            pytest.approx(per_party[-1], rel=1e-6)
+    assert books[0].epsilon("instance", delta, kind) == pytest.approx(max(per_party), rel=1e-6)
+    # first order: no second-order event on the training records
+    train_ev, _ = privacy.record_events(rate_train=0.2, rate_val=0.2, rate_retrain=0.1,
+                                        iterations=6, retrain_iterations=0, noise_weights=1.2,
+                                        noise_arch=1.0, noise_second=None, noise_retrain=1.3)
+    assert train_ev == _sg(1.2, 0.2, 6)
 
-    def direct(events, kind):
-        acc = (dp_accounting.rdp.RdpAccountant(
-            orders=list(__import__("fedjax_dp").privacy.DEFAULT_RDP_ORDERS)) if kind == "rdp"
-            else dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4))
-        for e in events:
-            acc.compose(e)
-        return acc.get_epsilon(delta)
 
-    def sg(z, q, t):
-        return dp_accounting.SelfComposedDpEvent(
-            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), t)
+def test_chunked_sampled_rows_equal_masked_sum():
+    x = jax.random.normal(jax.random.key(0), (21, 3))
+    y = jnp.zeros(21, jnp.int32)
+    mask = jnp.arange(21) < 19
+    mech = steps.Mechanism(clip=0.7, noise=0.0)
 
-    for kind in ("rdp", "pld"):
-        per_party = []
-        for k, (tr, va, re) in enumerate(rates):
-            train = direct([sg(1.2, tr, 6), sg(1.5, tr, 6), sg(1.3, re, 4)], kind)
-            val = direct([sg(1.0, va, 6), sg(1.3, re, 4)], kind)
-            per_party.append(max(train, val))
-            assert books[1 + k].epsilon(f"instance (party {k})", delta, kind) == \
-                pytest.approx(per_party[-1], rel=1e-6)
-        assert books[0].epsilon("instance", delta, kind) == pytest.approx(max(per_party),
-                                                                          rel=1e-6)
+    def per_example(xi, yi):
+        return {"a": xi * 2.0, "b": jnp.sum(xi) ** 2}, jnp.sum(xi)
+
+    key = jax.random.key(5)
+    got, metrics = jax.jit(lambda k: steps.noisy_mean(k, per_example, x, y, mask, 0.5, 2.0,
+                                                      mech, chunk=4))(key)
+    sampled = jax.random.bernoulli(jax.random.split(key)[0], 0.5, (21,)) & mask
+    vals, _ = jax.vmap(per_example)(x, y)
+    want, _ = steps.clip_and_sum(vals, sampled.astype(jnp.float32), 0.7)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b) / 2.0, rtol=1e-5, atol=1e-6)
+    assert float(metrics["batch"]) == float(jnp.sum(sampled)) > 4     # several chunks ran
 
 
 # --------------------------------------------------------------------------- bad input
@@ -277,7 +303,8 @@ def test_ledger_equals_direct_dp_accounting():
     ("primitives", ["sep_conv_3x3", "conv_7x7"], "algorithm.primitives"),
     ("clip_weights", 0.0, "algorithm.clip_weights"), ("clip_arch", -1.0, "algorithm.clip_arch"),
     ("noise_weights", -0.1, "algorithm.noise_weights"),
-    ("noise_arch", -1.0, "algorithm.noise_arch")])
+    ("noise_arch", -1.0, "algorithm.noise_arch"), ("cells", 0, "algorithm.cells"),
+    ("fixed_genotype", "{}", "algorithm.fixed_genotype")])
 def test_bad_config_names_the_parameter(field, value, name):
     with pytest.raises(ValueError, match=name.replace(".", r"\.")):
         dp_fnas.Config(**{field: value})

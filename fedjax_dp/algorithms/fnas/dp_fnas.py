@@ -92,6 +92,7 @@ class Config:
     retrain_cells: int = 0
     clip_retrain: float = 1.0
     noise_retrain: float = 1.0
+    fixed_genotype: str = ""
 
     def __post_init__(self):
         v = validation
@@ -124,11 +125,29 @@ class Config:
         v.check_int("algorithm.retrain_batch_size", self.retrain_batch_size, minimum=1)
         v.check_int("algorithm.retrain_channels", self.retrain_channels, minimum=0)
         v.check_int("algorithm.retrain_cells", self.retrain_cells, minimum=0)
+        if not isinstance(self.fixed_genotype, str):
+            raise ValueError(f"algorithm.fixed_genotype must be a genotype JSON string or \"\", "
+                             f"got {self.fixed_genotype!r}")
+        if self.fixed_genotype:
+            try:
+                g = darts.Genotype.from_json(self.fixed_genotype)
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"algorithm.fixed_genotype is not a valid genotype: {e}") from None
+            if g.nodes != self.nodes:
+                raise ValueError(f"algorithm.fixed_genotype has {g.nodes} nodes but "
+                                 f"algorithm.nodes is {self.nodes}")
+            if self.retrain_epochs < 1:
+                raise ValueError("algorithm.retrain_epochs must be >= 1 with a fixed_genotype")
+
+    @property
+    def search_steps(self) -> int:
+        """Search epochs run (0 when ``fixed_genotype`` skips the search)."""
+        return 0 if self.fixed_genotype else self.search_epochs
 
     @property
     def rounds(self) -> int:
         """Total protocol steps (search epochs + retrain epochs), for progress displays."""
-        return self.search_epochs + self.retrain_epochs
+        return self.search_steps + self.retrain_epochs
 
     @property
     def space(self) -> darts.SearchSpace:
@@ -252,7 +271,7 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     state = fns.init(api.init_key(key))
     timings = {"search": 0.0, "retrain": 0.0, "compile_search": 0.0, "compile_retrain": 0.0}
     step_fn = fns.step
-    if runtime.backend == "vmap":
+    if runtime.backend == "vmap" and config.search_steps:
         start = time.perf_counter()
         step_fn = fns.step.lower(state, jax.random.key(0), search_data).compile()
         timings["compile_search"] = time.perf_counter() - start
@@ -263,11 +282,13 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
 
 
 def num_steps(config: Config) -> int:
-    return config.search_epochs + config.retrain_epochs
+    return config.search_steps + config.retrain_epochs
 
 
 def genotype(state: api.State) -> darts.Genotype:
-    """The genotype derived from the current global alpha (DARTS rule)."""
+    """The genotype derived from the current global alpha (DARTS rule), or the fixed one."""
+    if state.context.config.fixed_genotype:
+        return darts.Genotype.from_json(state.context.config.fixed_genotype)
     return darts.derive_genotype(state.values["search"].alpha, state.context.config.space)
 
 
@@ -293,7 +314,7 @@ def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
     values = dict(state.values)
     start = time.perf_counter()
     records = []
-    if state.step < ctx.config.search_epochs:
+    if state.step < ctx.config.search_steps:
         s = values["search"]
         for i in range(ctx.search_iterations):
             s, m = ctx.search_step(s, jax.random.fold_in(k_iter, i), ctx.search_data)
@@ -341,7 +362,7 @@ def output(state: api.State) -> api.Output:
 def _record_events(config: Config, ctx: Context) -> list[tuple]:
     tr, va, re = (np.asarray(ctx.search_data.train.rate), np.asarray(ctx.search_data.val.rate),
                   np.asarray(ctx.retrain_data.rate))
-    t = ctx.search_iterations * config.search_epochs
+    t = ctx.search_iterations * config.search_steps
     t_re = ctx.retrain_iterations * config.retrain_epochs
     return [fnas_privacy.record_events(
         rate_train=float(tr[k]), rate_val=float(va[k]), rate_retrain=float(re[k]), iterations=t,
@@ -370,7 +391,7 @@ def paper_gdp(config: Config, state: api.State, delta: float) -> dict | None:
     return fnas_privacy.paper_gdp(
         rates_train=np.asarray(ctx.search_data.train.rate).tolist(),
         rates_val=np.asarray(ctx.search_data.val.rate).tolist(),
-        iterations=ctx.search_iterations * config.search_epochs,
+        iterations=ctx.search_iterations * config.search_steps,
         noise_weights=config.noise_weights, noise_arch=config.noise_arch, delta=delta)
 
 
@@ -383,7 +404,7 @@ def artifacts(state: api.State, out_dir: str | Path | None, run_config: dict) ->
              "search_time_s": ctx.timings["search"], "retrain_time_s": ctx.timings["retrain"],
              "compile_time_s": {"search": ctx.timings["compile_search"],
                                 "retrain": ctx.timings["compile_retrain"]},
-             "search_iterations": ctx.search_iterations * ctx.config.search_epochs,
+             "search_iterations": ctx.search_iterations * ctx.config.search_steps,
              "retrain_iterations": ctx.retrain_iterations * ctx.config.retrain_epochs,
              "paper_gdp": paper_gdp(ctx.config, state, run_config["privacy"]["delta"])}
     if out_dir is not None:
