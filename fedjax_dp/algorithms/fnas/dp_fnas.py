@@ -48,8 +48,8 @@ class Config:
 
     Search space: ``nodes`` (>= 1), ``channels`` (>= 1), ``cells`` (>= 1), ``primitives``
     (subset of the 8 DARTS primitives), ``stem_multiplier``.
-    Search: ``search_epochs``, ``batch_size`` B (expected Poisson batch per party and half:
-    rate ``min(1, B / n)``), ``order`` ('first' | 'second'), ``second_order_method``
+    Search: ``search_epochs``, ``batch_size`` B (expected Poisson batch of the smallest party's
+    half: rate ``min(1, B / min_k n_k)`` for all parties), ``order`` ('first' | 'second'), ``second_order_method``
     ('finite_difference' | 'jvp'), ``xi`` (virtual step), weight SGD ``w_lr`` (cosine to
     ``w_lr_min``), ``w_momentum``, ``w_weight_decay``; alpha Adam ``alpha_lr``, ``alpha_b1``,
     ``alpha_b2``, ``alpha_weight_decay``.
@@ -57,7 +57,8 @@ class Config:
     ``clip_weights``, R^H ``clip_arch``, R^C ``clip_second`` (> 0) and noise multipliers sigma
     ``noise_weights``, tau ``noise_arch``, ``noise_second`` (>= 0).
     Retraining: ``retrain_epochs``, ``retrain_batch_size``, ``retrain_lr``, ``retrain_channels``
-    / ``retrain_cells`` (0: as in the search), ``clip_retrain``, ``noise_retrain``.
+    / ``retrain_cells`` (0: as in the search), ``clip_retrain``, ``noise_retrain``;
+    ``fixed_genotype`` (a genotype's JSON): skip the search and retrain that genotype.
     """
 
     nodes: int = 4
@@ -193,7 +194,9 @@ def check_parties(counts: np.ndarray) -> None:
 
 
 def _party_data(xs: list, ys: list, batch_size: int) -> steps.PartyData:
-    """Stack ragged per-party arrays; Poisson rate ``min(1, B / n_k)``, denominator ``q_k n_k``."""
+    """Stack ragged per-party arrays. One Poisson rate for all parties, ``q = min(1, B / min_k
+    n_k)`` (the smallest party's expected batch is B), so every party's records take identical
+    mechanisms; each party divides by its own expected batch ``q n_k``."""
     counts = np.array([len(y) for y in ys], np.int64)
     n_max = int(counts.max())
     shape = xs[0].shape[1:]
@@ -202,7 +205,7 @@ def _party_data(xs: list, ys: list, batch_size: int) -> steps.PartyData:
     for k, (xk, yk) in enumerate(zip(xs, ys)):       # host-side construction, once per run
         x[k, :len(yk)], y[k, :len(yk)] = xk, yk
     mask = np.arange(n_max)[None, :] < counts[:, None]
-    rate = np.minimum(1.0, batch_size / counts)
+    rate = np.full(len(ys), min(1.0, batch_size / int(counts.min())))
     return steps.PartyData(x=jnp.asarray(x), y=jnp.asarray(y), mask=jnp.asarray(mask),
                            rate=jnp.asarray(rate, jnp.float32),
                            denom=jnp.asarray(rate * counts, jnp.float32))
@@ -373,7 +376,9 @@ def _record_events(config: Config, ctx: Context) -> list[tuple]:
 
 def ledger(config: Config, state: api.State) -> tuple[PrivacyLedger, ...]:
     """Instance-level guarantee of the whole planned run: the worst record of all parties, then
-    one ledger per party (see :mod:`fedjax_dp.algorithms.fnas.privacy`). Non-private: empty."""
+    one ledger per party when parties differ (see :mod:`fedjax_dp.algorithms.fnas.privacy`;
+    with the common sampling rate every party takes identical events and one ledger covers
+    each). Non-private: empty."""
     if not config.private:
         return (PrivacyLedger(),)
     note = ("parallel over (party, half): training-half records take the weight mechanism"

@@ -29,6 +29,7 @@ results, with its ``(epsilon, delta)`` from the exact GDP curve
 """
 from __future__ import annotations
 
+import json
 import math
 from typing import Sequence
 
@@ -66,8 +67,15 @@ def ledgers(members: Sequence[tuple], *, note: str = "") -> tuple[PrivacyLedger,
     """``(all parties, party 0, ..., party K-1)`` from one ``(train_event, val_event)`` per party.
 
     The first ledger (unit ``'instance'``) is the worst record over all parties and halves; ledger
-    ``1 + k`` (unit ``'instance (party k)'``) the worst record of party k.
+    ``1 + k`` (unit ``'instance (party k)'``) the worst record of party k. When every party has
+    the same events, each party's guarantee IS the first ledger's and only it is returned.
     """
+    keys = {json.dumps([accounting.event_to_json(e) for e in pair], sort_keys=True)
+            for pair in members}
+    if len(keys) == 1:
+        return (PrivacyLedger().add_parallel(UNIT, list(members[0]), relation=RELATION,
+                                             note=(note + "; " if note else "") +
+                                             f"identical for all {len(members)} parties"),)
     overall = PrivacyLedger().add_parallel(UNIT, [e for pair in members for e in pair],
                                            relation=RELATION, note=note)
     per_party = tuple(PrivacyLedger().add_parallel(f"{UNIT} (party {k})", list(pair),

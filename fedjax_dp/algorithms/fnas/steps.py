@@ -7,14 +7,15 @@ stacked agent axis, lifted with :func:`fedjax_dp.core.for_each_agent`) and is co
 
 One iteration t (party k, all parties in one vmapped computation):
 
-1. **Weight mechanism** (training half, Eq. 6). Poisson-sample the training records with rate
-   ``q_k = min(1, B / n_k^tr)``; per-example gradients ``g_i = grad_W l(W, alpha; x_i)``,
+1. **Weight mechanism** (training half, Eq. 6). Poisson-sample the training records with one
+   rate for all parties, ``q = min(1, B / min_j n_j^tr)`` (so every party's records take
+   identical mechanisms); per-example gradients ``g_i = grad_W l(W, alpha; x_i)``,
    clipped to R^G over the whole W pytree, summed, plus ``N(0, (sigma R^G)^2)``, divided by the
-   expected batch ``q_k n_k^tr``: ``G_k``. Server: ``G = mean_k G_k``; W is updated by the
+   expected batch ``q n_k^tr``: ``G_k``. Server: ``G = mean_k G_k``; W is updated by the
    server optimiser (SGD with momentum, weight decay, cosine schedule) on G (post-processing).
 2. **Virtual step** ``W' = W - xi G`` from the NOISED G (post-processing: no new access).
 3. **Architecture mechanism** (validation half, Eq. 5/7). Poisson-sample the validation records
-   with ``q_k = min(1, B / n_k^val)``; per example the joint vector
+   with ``q = min(1, B / min_j n_j^val)``; per example the joint vector
    ``[grad_alpha l(W', alpha; x_i), grad_W' l(W', alpha; x_i)]`` (first order: only the alpha
    part) is clipped to R^H as one vector, summed, plus ``N(0, (tau R^H)^2)`` on every coordinate,
    divided by the expected batch: ``(D_k, V_k)``.
