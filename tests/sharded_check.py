@@ -11,9 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import fedavg, knn_dpfl, voting
+from fedjax_dp.algorithms import fedavg, knn_dpfl
 from fedjax_dp.core import agent_mesh, agent_sum, for_each_agent, from_ragged, shard_agents
 from fedjax_dp.models import make_model
+from fedjax_dp.privacy import vote
 from fedjax_dp.train import LocalTrainConfig, train_agents
 
 
@@ -66,23 +67,23 @@ def main():
     queries = jnp.asarray(r.normal(size=(7, 6)), jnp.float32)
     fn = knn_dpfl.ballot_fn(2, 3)
     agents = (kdata.x, kdata.y, kdata.mask)
-    s_plain = voting.vote_sums(fn, agents, queries, num_classes=3)
-    s_shard = voting.vote_sums(fn, agents, queries, num_classes=3, mesh=mesh, agent_chunk=1)
-    l_plain = voting.mpc_vote(key, fn, agents, queries, 0.3, num_classes=3)
-    l_shard = voting.mpc_vote(key, fn, agents, queries, 0.3, num_classes=3, mesh=mesh)
+    s_plain = vote.vote_sums(fn, agents, queries, num_classes=3)
+    s_shard = vote.vote_sums(fn, agents, queries, num_classes=3, mesh=mesh, agent_chunk=1)
+    l_plain = vote.mpc_vote(key, fn, agents, queries, 0.3, num_classes=3)
+    l_shard = vote.mpc_vote(key, fn, agents, queries, 0.3, num_classes=3, mesh=mesh)
     # the noisy tallies themselves (inside the tallier boundary): each agent's noise is keyed by
     # its global index, so the sharded sum carries exactly the same noise
-    tally = lambda m: jax.jit(lambda k, a, q: voting._tally(
+    tally = lambda m: jax.jit(lambda k, a, q: vote._tally(
         k, a, q, 0.3, ballot_fn=fn, num_classes=3, agent_chunk=None, query_chunk=None,
         noisy=True, mesh=m))(key, agents, queries)
-    agg = lambda m: voting.mpc_vote(key, fn, agents, queries, 0.3, num_classes=3, mesh=m,
-                                    noise="aggregate")
+    agg = lambda m: vote.mpc_vote(key, fn, agents, queries, 0.3, num_classes=3, mesh=m,
+                                  noise="aggregate")
     out["knn_vote"] = bool(np.allclose(s_plain, s_shard, atol=1e-5)
                            and np.array_equal(l_plain, l_shard)
                            and np.allclose(tally(None), tally(mesh), atol=1e-5)
                            and not np.allclose(tally(None), s_plain, atol=1e-2)
                            and np.array_equal(agg(None), agg(mesh))
-                           and np.array_equal(voting.mpc_vote_and_sums(
+                           and np.array_equal(vote.mpc_vote_and_sums(
                                key, fn, agents, queries, 0.3, num_classes=3, mesh=mesh)[0],
                                agg(None)))
     print(json.dumps(out))

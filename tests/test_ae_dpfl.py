@@ -9,13 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import ae_dpfl, voting
+from fedjax_dp.algorithms import ae_dpfl
 from fedjax_dp.core import from_ragged, rng
 from fedjax_dp.data import synthetic
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 from fedjax_dp.models import make_model
-from fedjax_dp.privacy import accounting
+from fedjax_dp.privacy import accounting, vote
 from fedjax_dp.train import LocalTrainConfig, accuracy, train_agents
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +76,7 @@ def test_run_outputs_and_accuracy(problem):
 
 def test_ledger_units_and_data_dependent(problem):
     ds, data, model, cfg, res = problem
-    ledger = ae_dpfl.privacy_ledger(cfg, data.num_agents, res.clean_vote_sums)
+    ledger = ae_dpfl.ledger(cfg, res.state)
     delta = 1e-5
     for unit, z in (("agent", cfg.sigma), ("instance", cfg.sigma / math.sqrt(2))):
         acc = dp_accounting.rdp.RdpAccountant(list(accounting.DEFAULT_RDP_ORDERS))
@@ -85,7 +85,7 @@ def test_ledger_units_and_data_dependent(problem):
     rows = {(r["unit"], r["accountant"]): r for r in ledger.report(delta, ("rdp",))}
     assert rows[("agent_data_dependent", "rdp")]["data_dependent"] is True
     assert rows[("agent", "rdp")]["data_dependent"] is False
-    assert rows[("agent", "rdp")]["relation"] == voting.RELATIONS["agent"]
+    assert rows[("agent", "rdp")]["relation"] == vote.RELATIONS["agent"]
 
 
 def test_config_validation():
@@ -186,7 +186,7 @@ def test_abstention_sensitivities_brute_force(problem):
     conf, _ = _confidences(model, res.agent_params, queries)
     tau = float(np.median(conf))
     fn = ae_dpfl.ballot_fn(model, tau)
-    sums = lambda params: np.asarray(voting.vote_sums(fn, params, queries, num_classes=3))
+    sums = lambda params: np.asarray(vote.vote_sums(fn, params, queries, num_classes=3))
     full = sums(res.agent_params)
     n = data.num_agents
     for j in range(n):                                            # add/remove one agent
@@ -226,8 +226,8 @@ def test_abstention_run_and_ledger(problem):
     # the ledger does not depend on abstain_below: same Delta, same sigma, same Q
     delta = 1e-5
     for unit in ("agent", "instance"):
-        assert (ae_dpfl.privacy_ledger(acfg, data.num_agents).epsilon(unit, delta)
-                == ae_dpfl.privacy_ledger(cfg, data.num_agents).epsilon(unit, delta))
+        assert (ae_dpfl.ledger(acfg).epsilon(unit, delta)
+                == ae_dpfl.ledger(cfg).epsilon(unit, delta))
 
 
 @pytest.mark.parametrize("bad", [0, 0.0, -0.5, 1.0001, 2, float("nan"), float("inf"), True,

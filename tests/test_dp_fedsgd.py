@@ -204,7 +204,7 @@ def test_ledger_is_the_worst_agent_computed_directly():
     cfg = dp_fedsgd.Config(rounds=6, clip_norm=1.0, noise_multiplier=1.1,
                            local=LocalTrainConfig(steps=3, batch_size=15))
     counts = np.array([60, 30, 60, 45])                       # p = .25, .5, .25, .333
-    ledger = dp_fedsgd.privacy_ledger(cfg, counts)
+    ledger = dp_fedsgd.instance_ledger(cfg, counts)
     assert ledger.units() == ["instance"]
     assert "record" in ledger.relation("instance")
     want = _direct_epsilon(1.1, 0.5, 18, DELTA)               # smallest agent is the worst
@@ -216,7 +216,7 @@ def test_ledger_is_the_worst_agent_computed_directly():
     assert report["unit"] == "instance" and report["data_dependent"] is False
     # unequal participation: agent 1 (p .5) ran 1 round, agent 0 (p .25) all 6: max of both
     part = np.array([6, 1, 2, 6])
-    ledger = dp_fedsgd.privacy_ledger(cfg, counts, part)
+    ledger = dp_fedsgd.instance_ledger(cfg, counts, part)
     per_agent = [_direct_epsilon(1.1, p, 3 * t, DELTA)
                  for p, t in zip([0.25, 0.5, 0.25, 1 / 3], part)]
     assert ledger.epsilon("instance", DELTA) == pytest.approx(max(per_agent), rel=1e-9)
@@ -224,7 +224,7 @@ def test_ledger_is_the_worst_agent_computed_directly():
     # one rate for everyone, every round: a single distinct member
     same = dp_fedsgd.Config(rounds=6, noise_multiplier=1.1, record_sampling_rate=0.1,
                             local=LocalTrainConfig(steps=3))
-    assert dp_fedsgd.privacy_ledger(same, counts).epsilon("instance", DELTA) == pytest.approx(
+    assert dp_fedsgd.instance_ledger(same, counts).epsilon("instance", DELTA) == pytest.approx(
         _direct_epsilon(1.1, 0.1, 18, DELTA), rel=1e-9)
 
 
@@ -244,11 +244,11 @@ def test_config_errors(kwargs, match):
 def test_accounting_input_errors():
     cfg = dp_fedsgd.Config(rounds=3)
     with pytest.raises(ValueError, match="counts"):
-        dp_fedsgd.privacy_ledger(cfg, np.array([5, 0]))
+        dp_fedsgd.instance_ledger(cfg, np.array([5, 0]))
     with pytest.raises(ValueError, match="participation"):
-        dp_fedsgd.privacy_ledger(cfg, np.array([5, 6]), np.array([1, 4]))
+        dp_fedsgd.instance_ledger(cfg, np.array([5, 6]), np.array([1, 4]))
     with pytest.raises(ValueError, match="participation"):
-        dp_fedsgd.privacy_ledger(cfg, np.array([5, 6]), np.array([1]))
+        dp_fedsgd.instance_ledger(cfg, np.array([5, 6]), np.array([1]))
 
 
 def test_end_to_end_through_the_runner(tmp_path):

@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import knn_dpfl, voting
+from fedjax_dp.algorithms import knn_dpfl
 from fedjax_dp.core import from_ragged
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 from fedjax_dp.models import make_model
-from fedjax_dp.privacy import accounting
+from fedjax_dp.privacy import accounting, vote
 
 ROOT = Path(__file__).resolve().parents[1]
 C, D = 3, 4
@@ -90,10 +90,10 @@ def test_instance_sensitivity_brute_force():
     for nx, ny in neighbours:
         other = _ballots(nx, ny, queries, k).sum(0)
         worst = max(worst, float(np.max(np.linalg.norm(other - base, axis=1))))
-    derived = voting.vote_sensitivity("instance", "knn", k)
+    derived = vote.vote_sensitivity("instance", "neighbour_counts", k)
     assert worst <= derived + 1e-6
     assert worst == pytest.approx(derived, abs=1e-5)        # the bound is tight
-    assert voting.vote_sensitivity("instance", "knn", k, rule="paper") > derived
+    assert vote.vote_sensitivity("instance", "neighbour_counts", k, rule="paper") > derived
 
 
 def test_agent_sensitivity_brute_force():
@@ -112,16 +112,16 @@ def test_chunked_knn_vote_equals_plain():
     queries = jnp.asarray(np.random.default_rng(7).normal(size=(7, D)), jnp.float32)
     fn = knn_dpfl.ballot_fn(2, C)
     agents = (data.x, data.y, data.mask)
-    plain = voting.vote_sums(fn, agents, queries, num_classes=C)
-    chunked = voting.vote_sums(fn, agents, queries, num_classes=C, agent_chunk=2, query_chunk=3)
+    plain = vote.vote_sums(fn, agents, queries, num_classes=C)
+    chunked = vote.vote_sums(fn, agents, queries, num_classes=C, agent_chunk=2, query_chunk=3)
     np.testing.assert_allclose(chunked, plain, atol=1e-6)
     np.testing.assert_allclose(plain, _brute_force(xs, ys, np.asarray(queries), 2, C).sum(0),
                                atol=1e-5)
     key = jax.random.key(0)
     np.testing.assert_array_equal(
-        voting.mpc_vote(key, fn, agents, queries, 0.5, num_classes=C, agent_chunk=2,
-                        query_chunk=3),
-        voting.mpc_vote(key, fn, agents, queries, 0.5, num_classes=C))
+        vote.mpc_vote(key, fn, agents, queries, 0.5, num_classes=C, agent_chunk=2,
+                      query_chunk=3),
+        vote.mpc_vote(key, fn, agents, queries, 0.5, num_classes=C))
 
 
 def test_knn_methods_give_identical_vote_sums_and_config_checks_the_name():
@@ -129,7 +129,7 @@ def test_knn_methods_give_identical_vote_sums_and_config_checks_the_name():
     data = from_ragged(xs, ys)
     queries = jnp.asarray(np.random.default_rng(9).normal(size=(5, D)), jnp.float32)
     agents = (data.x, data.y, data.mask)
-    sums = {m: voting.vote_sums(knn_dpfl.ballot_fn(2, C, m), agents, queries, num_classes=C)
+    sums = {m: vote.vote_sums(knn_dpfl.ballot_fn(2, C, m), agents, queries, num_classes=C)
             for m in knn_dpfl.KNN_METHODS}
     np.testing.assert_array_equal(sums["threshold"], sums["top_k"])
     with pytest.raises(ValueError, match="algorithm.knn_method"):
@@ -178,13 +178,13 @@ def test_config_and_k_validation():
 
 def test_ledger_instance_and_agent_units_match_dp_accounting():
     cfg = knn_dpfl.Config(k=4, sigma=2.0, num_queries=50)
-    ledger = knn_dpfl.privacy_ledger(cfg, 10)
+    ledger = knn_dpfl.ledger(cfg)
     for unit, z in (("instance", 2.0 * 4 / math.sqrt(2)), ("agent", 2.0)):
         acc = dp_accounting.rdp.RdpAccountant(list(accounting.DEFAULT_RDP_ORDERS))
         acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), 50))
         assert ledger.epsilon(unit, 1e-5) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
-    paper = knn_dpfl.privacy_ledger(knn_dpfl.Config(k=4, sigma=2.0, num_queries=50,
-                                                    instance_sensitivity="paper"), 10)
+    paper = knn_dpfl.ledger(knn_dpfl.Config(k=4, sigma=2.0, num_queries=50,
+                                            instance_sensitivity="paper"))
     assert paper.epsilon("instance", 1e-5) > ledger.epsilon("instance", 1e-5)
 
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import knn_search
+from fedjax_dp.ops import knn_search
 from fedjax_dp.core import from_ragged
 
 

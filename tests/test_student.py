@@ -1,10 +1,12 @@
 """Semi-supervised (self-training) student of AE-DPFL / kNN-DPFL: post-processing, kept labels,
 gain over the supervised student on a tiny task, config validation."""
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import ae_dpfl, knn_dpfl
+from fedjax_dp.algorithms import ae_dpfl, api, knn_dpfl
 from fedjax_dp.algorithms import student as student_lib
 from fedjax_dp.core import from_ragged, rng
 from fedjax_dp.data import synthetic
@@ -59,12 +61,19 @@ def test_self_training_is_post_processing(problem, algorithm):
     np.testing.assert_array_equal(r0.query_indices, r1.query_indices)
     np.testing.assert_array_equal(r0.labels, r1.labels)
     np.testing.assert_array_equal(r0.clean_vote_sums, r1.clean_vote_sums)
-    l0 = mod.privacy_ledger(base, data.num_agents, r0.clean_vote_sums)
-    l1 = mod.privacy_ledger(ssl, data.num_agents, r1.clean_vote_sums)
+    l0 = mod.ledger(base, r0.state)
+    l1 = mod.ledger(ssl, r1.state)
     assert l0.to_json() == l1.to_json()
     for unit in ("agent", "instance", "agent_data_dependent", "instance_data_dependent"):
         assert l0.epsilon(unit, DELTA) == l1.epsilon(unit, DELTA)
     assert not _same_params(r0.params, r1.params)            # the student did change
+    # composed from outside: the self-trained student's phase stepped on the supervised run's
+    # released labels (a state just before the student phase, carrying the other config)
+    before = api.State(step=len(mod.PHASES) - 1,
+                       values={k: v for k, v in r0.state.values.items() if k != "params"},
+                       context=dataclasses.replace(r0.state.context, config=ssl))
+    composed, _ = mod.step(before, None)
+    assert _same_params(composed.values["params"], r1.params)
     # the supervised path is unchanged: run's student == the plain supervised student
     sup = student_lib.train_supervised(rng.stream(key, "student"), model,
                                        ds.x_public[r0.query_indices], r0.labels, base.student)

@@ -8,9 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import voting
 from fedjax_dp.experiments import cli
-from fedjax_dp.privacy import accounting
+from fedjax_dp.privacy import accounting, vote
 from fedjax_dp.privacy.gnmax import PATE_ORDERS, gnmax_epsilon
 
 N, Q, C = 7, 11, 4
@@ -34,7 +33,7 @@ def setup():
 def test_vote_matches_a_loop_over_agents_and_queries(setup):
     agents, queries = setup
     key, sigma = jax.random.key(5), 2.0
-    labels = voting.mpc_vote(key, _one_hot_ballots, agents, queries, sigma, num_classes=C)
+    labels = vote.mpc_vote(key, _one_hot_ballots, agents, queries, sigma, num_classes=C)
     ballots = np.asarray(_one_hot_ballots(agents, queries))              # [N, Q, C]
     std = sigma / math.sqrt(N)
     ref = []
@@ -48,8 +47,8 @@ def test_vote_matches_a_loop_over_agents_and_queries(setup):
     assert labels.dtype == jnp.int32 and labels.shape == (Q,)
 
 
-_TALLY = jax.jit(voting._tally, static_argnames=("ballot_fn", "num_classes", "agent_chunk",
-                                                 "query_chunk", "noisy", "noise"))
+_TALLY = jax.jit(vote._tally, static_argnames=("ballot_fn", "num_classes", "agent_chunk",
+                                               "query_chunk", "noisy", "noise"))
 
 
 @pytest.fixture(scope="module")
@@ -67,18 +66,18 @@ def test_chunked_equals_plain(setup, plain_tally, agent_chunk, query_chunk):
                      num_classes=C, agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=True)
     np.testing.assert_allclose(chunked, plain_tally, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(
-        voting.mpc_vote(jax.random.key(9), _one_hot_ballots, agents, queries, 1.5,
-                        num_classes=C, agent_chunk=agent_chunk, query_chunk=query_chunk),
+        vote.mpc_vote(jax.random.key(9), _one_hot_ballots, agents, queries, 1.5,
+                      num_classes=C, agent_chunk=agent_chunk, query_chunk=query_chunk),
         plain_tally.argmax(-1))
     np.testing.assert_allclose(
-        voting.vote_sums(_one_hot_ballots, agents, queries, num_classes=C,
-                         agent_chunk=agent_chunk, query_chunk=query_chunk),
+        vote.vote_sums(_one_hot_ballots, agents, queries, num_classes=C,
+                       agent_chunk=agent_chunk, query_chunk=query_chunk),
         np.asarray(_one_hot_ballots(agents, queries)).sum(0), atol=1e-6)
 
 
 def test_noise_is_independent_across_agents_and_queries_with_the_right_scale():
     n, q, c, sigma = 64, 48, 10, 3.0
-    draw = jax.jit(voting.agent_query_noise, static_argnames="num_classes")
+    draw = jax.jit(vote.agent_query_noise, static_argnames="num_classes")
     noise = np.asarray(draw(jax.random.key(1), jnp.arange(n), jnp.arange(q),
                             sigma / math.sqrt(n), num_classes=c))              # [n, q, c]
     m = q * c
@@ -108,8 +107,8 @@ def test_aggregate_noise_vote_matches_a_loop_and_any_chunking(setup):
     the same labels for every chunking."""
     agents, queries = setup
     key, sigma = jax.random.key(5), 2.0
-    labels = voting.mpc_vote(key, _one_hot_ballots, agents, queries, sigma, num_classes=C,
-                             noise="aggregate")
+    labels = vote.mpc_vote(key, _one_hot_ballots, agents, queries, sigma, num_classes=C,
+                           noise="aggregate")
     clean = np.asarray(_one_hot_ballots(agents, queries)).sum(0)           # [Q, C]
     party = jax.random.fold_in(key, jnp.uint32(2 ** 32 - 1))
     ref = [int(np.argmax(clean[t] + sigma * np.asarray(
@@ -124,8 +123,8 @@ def test_aggregate_noise_vote_matches_a_loop_and_any_chunking(setup):
         np.testing.assert_allclose(chunked, plain, rtol=1e-5, atol=1e-5)
     # a prefix of the queries gets the same noise (query t's key does not depend on Q)
     np.testing.assert_array_equal(
-        voting.aggregate_noise(key, jnp.arange(5), sigma, C),
-        voting.aggregate_noise(key, jnp.arange(Q), sigma, C)[:5])
+        vote.aggregate_noise(key, jnp.arange(5), sigma, C),
+        vote.aggregate_noise(key, jnp.arange(Q), sigma, C)[:5])
 
 
 def test_one_pass_vote_and_sums_equal_the_separate_calls(setup):
@@ -134,26 +133,26 @@ def test_one_pass_vote_and_sums_equal_the_separate_calls(setup):
     the analysis returns no sums, with per-agent shares the labels of mpc_vote."""
     agents, queries = setup
     key = jax.random.key(21)
-    labels, sums = voting.mpc_vote_and_sums(key, _one_hot_ballots, agents, queries, 0.7,
-                                            num_classes=C, agent_chunk=3, query_chunk=4)
-    np.testing.assert_array_equal(labels, voting.mpc_vote(
+    labels, sums = vote.mpc_vote_and_sums(key, _one_hot_ballots, agents, queries, 0.7,
+                                          num_classes=C, agent_chunk=3, query_chunk=4)
+    np.testing.assert_array_equal(labels, vote.mpc_vote(
         key, _one_hot_ballots, agents, queries, 0.7, num_classes=C, noise="aggregate"))
-    np.testing.assert_array_equal(sums, voting.vote_sums(_one_hot_ballots, agents, queries,
-                                                         num_classes=C))
+    np.testing.assert_array_equal(sums, vote.vote_sums(_one_hot_ballots, agents, queries,
+                                                       num_classes=C))
     assert sums.dtype == np.float64
-    for noise in voting.NOISE_MODES:
-        ref = voting.mpc_vote(key, _one_hot_ballots, agents, queries, 0.7, num_classes=C,
-                              noise=noise)
-        got, clean = voting.run_vote(key, _one_hot_ballots, agents, queries, 0.7, num_classes=C,
-                                     noise=noise, data_dependent=True)
+    for noise in vote.NOISE_MODES:
+        ref = vote.mpc_vote(key, _one_hot_ballots, agents, queries, 0.7, num_classes=C,
+                            noise=noise)
+        got, clean = vote.run_vote(key, _one_hot_ballots, agents, queries, 0.7, num_classes=C,
+                                   noise=noise, data_dependent=True)
         np.testing.assert_array_equal(got, ref)
         np.testing.assert_array_equal(clean, sums)
-        got, clean = voting.run_vote(key, _one_hot_ballots, agents, queries, 0.7, num_classes=C,
-                                     noise=noise)
+        got, clean = vote.run_vote(key, _one_hot_ballots, agents, queries, 0.7, num_classes=C,
+                                   noise=noise)
         np.testing.assert_array_equal(got, ref)
         assert clean is None
     with pytest.raises(ValueError, match="sigma"):
-        voting.mpc_vote_and_sums(key, _one_hot_ballots, agents, queries, -1.0, num_classes=C)
+        vote.mpc_vote_and_sums(key, _one_hot_ballots, agents, queries, -1.0, num_classes=C)
 
 
 def _fixed_ballots(agents, queries):
@@ -172,7 +171,7 @@ def test_noise_modes_release_the_same_distribution():
     p0 = 0.5 * (1 + math.erf(1.0 / (sigma * math.sqrt(2)) / math.sqrt(2)))
     se = math.sqrt(p0 * (1 - p0) / 4000)
     clean = np.asarray(_fixed_ballots(agents, queries)).sum(0)             # [Q, 2]
-    for mode in voting.NOISE_MODES:
+    for mode in vote.NOISE_MODES:
         tally = np.asarray(_TALLY(jax.random.key(11), agents, queries, sigma,
                                   ballot_fn=_fixed_ballots, num_classes=2, agent_chunk=None,
                                   query_chunk=None, noisy=True, noise=mode))
@@ -180,19 +179,19 @@ def test_noise_modes_release_the_same_distribution():
         assert noise.std() == pytest.approx(sigma, rel=0.05), mode
         assert abs(np.corrcoef(noise[:, 0], noise[:, 1])[0, 1]) < 4 / math.sqrt(4000), mode
         assert abs(np.corrcoef(noise[:-1, 0], noise[1:, 0])[0, 1]) < 4 / math.sqrt(4000), mode
-        labels = np.asarray(voting.mpc_vote(jax.random.key(12), _fixed_ballots, agents, queries,
-                                            sigma, num_classes=2, noise=mode))
+        labels = np.asarray(vote.mpc_vote(jax.random.key(12), _fixed_ballots, agents, queries,
+                                          sigma, num_classes=2, noise=mode))
         assert abs(np.mean(labels == 0) - p0) < 4 * se, mode
     with pytest.raises(ValueError, match="noise"):
-        voting.mpc_vote(jax.random.key(0), _fixed_ballots, agents, queries, sigma,
-                        num_classes=2, noise="per_query")
+        vote.mpc_vote(jax.random.key(0), _fixed_ballots, agents, queries, sigma,
+                      num_classes=2, noise="per_query")
 
 
 def test_released_vote_is_only_the_argmax_and_strong_consensus_survives_noise(setup):
     agents, queries = setup
-    out = voting.mpc_vote(jax.random.key(3), _one_hot_ballots, agents, queries, 1e-3,
-                          num_classes=C)
-    clean = voting.vote_sums(_one_hot_ballots, agents, queries, num_classes=C)
+    out = vote.mpc_vote(jax.random.key(3), _one_hot_ballots, agents, queries, 1e-3,
+                        num_classes=C)
+    clean = vote.vote_sums(_one_hot_ballots, agents, queries, num_classes=C)
     assert out.shape == (Q,)                              # labels, nothing else
     # tiny noise: the released label is the clean winner wherever the winner is unique
     unique = (np.sort(clean, 1)[:, -1] - np.sort(clean, 1)[:, -2]) > 0
@@ -207,28 +206,28 @@ def test_vote_argument_errors(setup):
         args = {"sigma": 1.0, **kwargs}
         sigma = args.pop("sigma")
         with pytest.raises(ValueError, match=match):
-            voting.mpc_vote(jax.random.key(0), _one_hot_ballots, agents, queries, sigma,
-                            num_classes=C, **args)
+            vote.mpc_vote(jax.random.key(0), _one_hot_ballots, agents, queries, sigma,
+                          num_classes=C, **args)
 
 
 def test_sensitivity_table():
-    assert voting.vote_sensitivity("agent", "ae") == 1.0
-    assert voting.vote_sensitivity("agent", "knn", 5) == 1.0
-    assert voting.vote_sensitivity("instance", "ae") == pytest.approx(math.sqrt(2))
-    assert voting.vote_sensitivity("instance", "knn", 5) == pytest.approx(math.sqrt(2) / 5)
-    assert voting.vote_sensitivity("instance", "knn", 5, rule="paper") == pytest.approx(
+    assert vote.vote_sensitivity("agent", "one_hot") == 1.0
+    assert vote.vote_sensitivity("agent", "neighbour_counts", 5) == 1.0
+    assert vote.vote_sensitivity("instance", "one_hot") == pytest.approx(math.sqrt(2))
+    assert vote.vote_sensitivity("instance", "neighbour_counts", 5) == pytest.approx(math.sqrt(2) / 5)
+    assert vote.vote_sensitivity("instance", "neighbour_counts", 5, rule="paper") == pytest.approx(
         math.sqrt(2 / 5))
     with pytest.raises(ValueError, match="k"):
-        voting.vote_sensitivity("instance", "knn")
+        vote.vote_sensitivity("instance", "neighbour_counts")
     with pytest.raises(ValueError, match="unit"):
-        voting.vote_sensitivity("party", "ae")
+        vote.vote_sensitivity("party", "one_hot")
 
 
 @pytest.mark.parametrize("sigma,q,sens", [(25.0, 500, 1.0), (10.0, 100, math.sqrt(2)),
                                           (3.0, 200, math.sqrt(2) / 4)])
 def test_ledger_matches_dp_accounting_directly(sigma, q, sens):
     delta = 1e-4
-    ledger = voting.vote_ledger(sigma, q, {"agent": sens})
+    ledger = vote.vote_ledger(sigma, q, {"agent": sens})
     event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma / sens), q)
     rdp = dp_accounting.rdp.RdpAccountant(list(accounting.DEFAULT_RDP_ORDERS))
     rdp.compose(event)
@@ -244,11 +243,11 @@ def test_ledger_matches_dp_accounting_directly(sigma, q, sens):
 
 
 def test_paper_check_value_and_data_dependent_entry():
-    ledger = voting.vote_ledger(25.0, 500, {"agent": 1.0})
+    ledger = vote.vote_ledger(25.0, 500, {"agent": 1.0})
     assert ledger.epsilon("agent", 1e-3) == pytest.approx(3.09, abs=0.01)
     votes = np.tile([80.0, 10, 5, 5], (50, 1))
-    ledger = voting.vote_ledger(4.0, 50, {"agent": 1.0, "instance": math.sqrt(2)},
-                                clean_vote_sums=votes)
+    ledger = vote.vote_ledger(4.0, 50, {"agent": 1.0, "instance": math.sqrt(2)},
+                              clean_vote_sums=votes)
     rows = {(r["unit"], r["accountant"]): r for r in ledger.report(1e-5)}
     assert rows[("agent", "rdp")]["data_dependent"] is False
     dd = rows[("agent_data_dependent", "rdp")]

@@ -18,13 +18,13 @@ all calls listed in ``walls_s``). The functions timed:
   as one augmented GEMM per block, reduced with a min so nothing is dead code): the ceiling of
   this approach;
 * ``clean``: the noise-free kNN vote sums (distances + top-k + label counts);
-* ``vote``: the full MPC vote (``voting.mpc_vote``: + every agent's noise per query, secure sum,
+* ``vote``: the full MPC vote (``vote.mpc_vote``: + every agent's noise per query, secure sum,
   argmax);
 * ``vote_aggregate``: the same vote with ``noise="aggregate"`` (the secure sum's noise drawn at
   once per query: the same distribution of released labels, Q C draws instead of N Q C).
 
 ``clean`` and ``vote`` use the default kNN method ``threshold`` (threshold search,
-:mod:`fedjax_dp.algorithms.knn_search`); ``clean_top_k`` is ``clean`` with the straightforward
+:mod:`fedjax_dp.ops.knn_search`); ``clean_top_k`` is ``clean`` with the straightforward
 ``lax.top_k`` method, timed in the same process for the ratio.
 
 Achieved GFLOP/s counts the distance GEMM only, ``2 Q d N n`` FLOPs, and is compared with a large
@@ -78,7 +78,9 @@ def child(args) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from fedjax_dp.algorithms import knn_dpfl, knn_search, voting
+    from fedjax_dp.algorithms import knn_dpfl
+    from fedjax_dp.ops import knn_search
+    from fedjax_dp.privacy import vote
 
     from fedjax_dp.core import agent_mesh
 
@@ -111,16 +113,16 @@ def child(args) -> dict:
 
     def plan(name):
         if name == "clean_top_k":
-            return jax.jit(lambda key, ag, qs: voting._tally(
+            return jax.jit(lambda key, ag, qs: vote._tally(
                 key, ag, qs, 0.0, ballot_fn=knn_dpfl.ballot_fn(k, c, "top_k"), num_classes=c,
                 agent_chunk=chunk, query_chunk=None, noisy=False, mesh=mesh))
         if name in ("vote", "vote_aggregate"):
             noise = "aggregate" if name == "vote_aggregate" else "per_agent"
-            return jax.jit(lambda key, ag, qs: voting._release(
+            return jax.jit(lambda key, ag, qs: vote._release(
                 key, ag, qs, jnp.float32(1.0), ballot_fn=fn, num_classes=c, agent_chunk=chunk,
                 query_chunk=None, mesh=mesh, noise=noise))
         f = fn if name == "clean" else dist_only
-        return jax.jit(lambda key, ag, qs: voting._tally(
+        return jax.jit(lambda key, ag, qs: vote._tally(
             key, ag, qs, 0.0, ballot_fn=f, num_classes=c, agent_chunk=chunk, query_chunk=None,
             noisy=False, mesh=mesh))
 

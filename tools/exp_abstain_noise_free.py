@@ -31,9 +31,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import exp_voting_dpfl as exp  # noqa: E402
-from fedjax_dp.algorithms import ae_dpfl, voting  # noqa: E402
+from fedjax_dp.algorithms import ae_dpfl  # noqa: E402
 from fedjax_dp.core import rng  # noqa: E402
 from fedjax_dp.models import make_model  # noqa: E402
+from fedjax_dp.privacy import vote  # noqa: E402
 from fedjax_dp.train import LocalTrainConfig  # noqa: E402
 
 THRESHOLDS = (None, 0.5, 0.7, 0.9, 0.95, 0.99)
@@ -66,14 +67,14 @@ def main(argv=None):
                   + " |", "|---|---|---|---|---|" + "---|" * len(TARGETS)]
         for tau in THRESHOLDS:
             fn = ae_dpfl.ballot_fn(model, tau)
-            clean = np.asarray(voting.vote_sums(fn, trained.params, x,
-                                                num_classes=ds.num_classes))       # [M, C]
+            clean = np.asarray(vote.vote_sums(fn, trained.params, x,
+                                              num_classes=ds.num_classes))       # [M, C]
             top = np.sort(clean, -1)
             votes = clean.sum(-1)
             acc = float(np.mean((np.argmax(clean, -1) == y) & (votes > 0)))
             noisy = []
             for t in TARGETS:
-                accs = [np.mean(np.asarray(voting.mpc_vote(
+                accs = [np.mean(np.asarray(vote.mpc_vote(
                     jax.random.key(100 + r), fn, trained.params, x, sigmas[t],
                     num_classes=ds.num_classes)) == y) for r in range(5)]
                 noisy.append(float(np.mean(accs)))

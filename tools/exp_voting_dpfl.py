@@ -56,11 +56,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from fedjax_dp import data as data_lib  # noqa: E402
-from fedjax_dp.algorithms import ae_dpfl, dp_fedavg, dp_fedsgd, knn_dpfl, voting  # noqa: E402
+from fedjax_dp.algorithms import ae_dpfl, dp_fedavg, dp_fedsgd, knn_dpfl, voting_dpfl  # noqa: E402
 from fedjax_dp.algorithms import student as student_lib  # noqa: E402
 from fedjax_dp.core import from_partition, rng  # noqa: E402
 from fedjax_dp.models import make_model  # noqa: E402
-from fedjax_dp.privacy import accounting, calibration  # noqa: E402
+from fedjax_dp.privacy import accounting, calibration, vote  # noqa: E402
 from fedjax_dp.train import LocalTrainConfig, accuracy, train_agents  # noqa: E402
 
 logging.getLogger("absl").setLevel(logging.ERROR)   # dp-accounting's fractional-order warnings
@@ -157,17 +157,17 @@ class TrainedAgents:
         self.train_s = time.perf_counter() - start
 
     def vote_and_student(self, config: ae_dpfl.Config, x_public):
-        qidx = ae_dpfl.select_queries(rng.stream(self.key, "queries"), len(x_public),
+        qidx = voting_dpfl.select_queries(rng.stream(self.key, "queries"), len(x_public),
                                       config.num_queries)
         queries = jnp.asarray(x_public[qidx])
         fn = ae_dpfl.ballot_fn(self.model, config.abstain_below)
         c = self.model.num_classes
-        labels = np.asarray(voting.mpc_vote(rng.stream(self.key, "vote"), fn, self.params,
-                                            queries, config.sigma, num_classes=c,
-                                            agent_chunk=config.agent_chunk,
-                                            query_chunk=config.query_chunk))
-        clean = voting.vote_sums(fn, self.params, queries, num_classes=c,
-                                 agent_chunk=config.agent_chunk, query_chunk=config.query_chunk)
+        labels = np.asarray(vote.mpc_vote(rng.stream(self.key, "vote"), fn, self.params,
+                                          queries, config.sigma, num_classes=c,
+                                          agent_chunk=config.agent_chunk,
+                                          query_chunk=config.query_chunk))
+        clean = vote.vote_sums(fn, self.params, queries, num_classes=c,
+                               agent_chunk=config.agent_chunk, query_chunk=config.query_chunk)
         student = ae_dpfl.train_student(rng.stream(self.key, "student"), self.model,
                                         x_public[qidx], labels, config.student)
         return student, qidx, labels, clean
@@ -209,7 +209,7 @@ def run_ae_dpfl(rows, ds, agents, grids: Grids, delta: float, seed: int, check: 
             if check:   # the reuse equals a full ae_dpfl.run with the same key
                 full = ae_dpfl.run(key, agents, model, cfg, ds.x_public)
                 np.testing.assert_array_equal(full.labels, labels)
-            ledger = ae_dpfl.privacy_ledger(cfg, agents.num_agents, clean)
+            ledger = ae_dpfl.vote_ledger(cfg, clean)
             eps, eps_dd = _voting_eps(ledger, "agent", delta)
             _record(rows, level="agent", method="AE-DPFL", num_agents=agents.num_agents,
                     target=target, num_queries=q, abstain_below=tau,
@@ -248,7 +248,7 @@ def run_dp_fedavg(rows, ds, agents, grids: Grids, delta: float, seed: int):
                                    local=LocalTrainConfig(steps=grids.fedavg_local_steps,
                                                           batch_size=16, learning_rate=0.1))
             history = dp_fedavg.run(rng.stream(seed, "dp_fedavg"), agents, model, cfg)
-            eps = dp_fedavg.privacy_ledger(cfg, agents.num_agents).epsilon("agent", delta)
+            eps = dp_fedavg.ledger(cfg).epsilon("agent", delta)
             _record(rows, level="agent", method="DP-FedAvg", num_agents=agents.num_agents,
                     target=target, model=model_name,
                     rounds=rounds, noise_multiplier=z, epsilon=eps,
@@ -274,7 +274,7 @@ def run_knn_dpfl(rows, ds, agents, grids: Grids, delta: float, seed: int):
                                       feature_dim=64, student_steps=grids.student_steps)
                 result = knn_dpfl.run(rng.stream(seed, "knn_dpfl"), agents, model, cfg,
                                       ds.x_public)
-                ledger = knn_dpfl.privacy_ledger(cfg, agents.num_agents, result.clean_vote_sums)
+                ledger = knn_dpfl.ledger(cfg, result.state)
                 eps, eps_dd = _voting_eps(ledger, "instance", delta)
                 _record(rows, level="instance", method="kNN-DPFL",
                         num_agents=agents.num_agents, target=target, k=k,
@@ -339,7 +339,7 @@ def run_dp_fedsgd(rows, ds, agents, grids: Grids, delta: float, seed: int):
                                    local=LocalTrainConfig(steps=steps,
                                                           learning_rate=grids.fedsgd_lr))
             history = dp_fedsgd.run(rng.stream(seed, "dp_fedsgd"), agents, model, cfg)
-            eps = dp_fedsgd.privacy_ledger(cfg, agents.counts, history.participation).epsilon(
+            eps = dp_fedsgd.ledger(cfg, history.state).epsilon(
                 "instance", delta)
             _record(rows, level="instance", method="DP-FedSGD", num_agents=agents.num_agents,
                     target=target, model="logistic",
@@ -375,7 +375,7 @@ def run_large_n(rows, grids: Grids, delta: float, seed: int):
             cfg = ae_dpfl.Config(sigma=sigma, num_queries=q, student_steps=300,
                                  agent_chunk=min(n, 5000), local=local)
             student, qidx, labels, clean = trained.vote_and_student(cfg, ds.x_public)
-            ledger = ae_dpfl.privacy_ledger(cfg, n, clean)
+            ledger = ae_dpfl.vote_ledger(cfg, clean)
             eps, eps_dd = _voting_eps(ledger, "agent", delta)
             _record(rows, level="agent_large_n", method="AE-DPFL", num_agents=n,
                     target=target, num_queries=q, sigma=sigma, epsilon=eps,

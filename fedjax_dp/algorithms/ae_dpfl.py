@@ -7,7 +7,7 @@
    that one-hot if ``max softmax f_i(x_t) >= tau`` and the zero vector otherwise: the agent
    abstains where its own model is unsure; see :func:`ballot_fn`); it adds ``N(0, sigma^2/N I_C)``; the
    secure sum carries ``N(0, sigma^2 I_C)`` and only ``y_t = argmax`` is released
-   (:func:`fedjax_dp.algorithms.voting.mpc_vote`). All agents' predictions on all queries are one
+   (:func:`fedjax_dp.privacy.vote.mpc_vote`). All agents' predictions on all queries are one
    compiled computation: under ``vmap`` over agents with shared queries, every agent's first
    layer is ``einsum('qd,ndh->nqh')``, i.e. one GEMM ``[Q, d] x [d, N h]``.
 4. The server trains the global ("student") model on ``(x_t, y_t)``, t = 1..Q (supervised, the
@@ -31,28 +31,39 @@ change of at most sqrt(2). The ledger is therefore the same for every ``abstain_
 
 Data-dependent (Theorem 7 / PATE 2018 Thm 6): since only the argmax is released, each query's RDP
 is bounded by GNMax's using the noise-free vote sums; reported under ``<unit>_data_dependent``
-with ``data_dependent: true``. Example: sigma = 25, Q = 500, agent level, delta = 1e-3 gives
-epsilon 3.09 (dp-accounting RDP; the paper's 3.6 uses an older RDP-to-DP conversion).
+with ``data_dependent: true``.
+
+Protocol (:mod:`fedjax_dp.algorithms.api`): ``init`` checks the inputs and draws the queries;
+three steps, the phases ``local_training`` (values ``agent_params [N, ...]``,
+``agent_losses [N]``), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and ``student``
+(``params``). Keys: named streams of the run key, as in :mod:`fedjax_dp.algorithms.voting_dpfl`
+(the same key gives the same run as the plain-Python :func:`run`, which drives the protocol).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import time
+import sys
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.algorithms import api, voting_dpfl
 from fedjax_dp.algorithms import student as student_lib
-from fedjax_dp.algorithms import voting
-from fedjax_dp.core import StackedData, rng, validation
+from fedjax_dp.core import StackedData, rng
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
-from fedjax_dp.train import LocalTrainConfig, check_trainable, train_agents
+from fedjax_dp.privacy import vote as vote_lib
+from fedjax_dp.train import LocalTrainConfig, train_agents
 
 Params = Any
+
+DESCRIPTION = ("AE-DPFL: MPC vote of all agents' models on public queries, agent/instance DP "
+               "(voting-dpfl)")
+USES_LOCAL_TRAIN = True
+PHASES = ("local_training", "vote", "student")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +92,7 @@ class Config(student_lib.StudentSettings):
     local: LocalTrainConfig = LocalTrainConfig()
 
     def __post_init__(self):
-        voting.check_vote_config(self)
+        voting_dpfl.check_vote_config(self)
         check_abstain_below("algorithm.abstain_below", self.abstain_below)
         if not isinstance(self.local, LocalTrainConfig):
             raise ValueError("local must be a LocalTrainConfig")
@@ -109,6 +120,7 @@ class Result:
     clean_vote_sums: np.ndarray | None   # [Q, C] noise-free sums (privacy analysis only)
     agent_losses: np.ndarray        # [N] mean local training loss
     wall_time_s: float = 0.0
+    state: api.State | None = None  # the protocol state the run ended in
 
 
 def ballot_fn(model: Model, abstain_below: float | None = None):
@@ -147,15 +159,6 @@ def _ballot_fn(model: Model, abstain_below: float | None):
     return ballots
 
 
-def select_queries(key: jax.Array, num_public: int, num_queries: int) -> np.ndarray:
-    """Q distinct indices of the public set, uniformly at random (independent of private data)."""
-    num_queries = validation.check_int("algorithm.num_queries", num_queries, minimum=1)
-    if num_queries > num_public:
-        raise ValueError(f"algorithm.num_queries must be <= the number of public records "
-                         f"({num_public}), got {num_queries}")
-    return np.sort(np.asarray(jax.random.permutation(key, num_public)[:num_queries]))
-
-
 def train_student(key: jax.Array, model: Model, x: np.ndarray, labels: np.ndarray,
                   config: LocalTrainConfig) -> Params:
     """Train the global model on the pseudo-labelled queries (a one-agent ``train_agents``).
@@ -166,62 +169,85 @@ def train_student(key: jax.Array, model: Model, x: np.ndarray, labels: np.ndarra
     return student_lib.train_supervised(key, model, x, labels, config)
 
 
-def check_run_args(agents: StackedData, model: Model, x_public) -> np.ndarray:
-    """Host-side checks shared by the voting algorithms; returns ``x_public`` as an array."""
-    if not isinstance(agents, StackedData):
-        raise ValueError(f"agents must be a StackedData, got {type(agents).__name__}")
-    check_trainable(agents)
-    x_public = validation.check_finite_array("x_public", x_public)
-    if tuple(x_public.shape[1:]) != agents.feature_shape:
-        raise ValueError(f"x_public must have feature shape {agents.feature_shape} (the agents'), "
-                         f"got {tuple(x_public.shape[1:])}")
-    if tuple(model.feature_shape) != agents.feature_shape:
-        raise ValueError(f"model feature shape {model.feature_shape} must equal the agents' "
-                         f"{agents.feature_shape}")
-    return x_public
+def sensitivities() -> dict[str, float]:
+    """``{'agent': 1, 'instance': sqrt(2)}`` (Theorem 5)."""
+    return {unit: vote_lib.vote_sensitivity(unit, "one_hot") for unit in ("agent", "instance")}
+
+
+def vote_ledger(config: Config, clean_vote_sums: np.ndarray | None = None) -> PrivacyLedger:
+    """Agent- and instance-level guarantees of Q votes (+ the data-dependent ones given the
+    noise-free sums ``[Q, C]``)."""
+    return vote_lib.vote_ledger(config.sigma, config.num_queries, sensitivities(),
+                                clean_vote_sums=clean_vote_sums, note="AE-DPFL")
+
+
+# --------------------------------------------------------------------------- the protocol
+
+def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
+         runtime: api.Runtime = api.Runtime()) -> api.State:
+    """Checks, key streams and the Q queries (:func:`voting_dpfl.init_context`); no training."""
+    if not isinstance(config, Config):
+        raise ValueError(f"config must be an ae_dpfl.Config, got {type(config).__name__}")
+    ctx = voting_dpfl.init_context(key, data, model, config, runtime)
+    return api.State(step=0, values={}, context=ctx)
+
+
+def num_steps(config: Config) -> int:
+    return len(PHASES)
+
+
+def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dict]:
+    """Run the next phase (``key`` unused: each phase has its named stream, see the module)."""
+    phase = voting_dpfl.check_step(state, PHASES)
+    ctx: voting_dpfl.Context = state.context
+    cfg, model = ctx.config, ctx.model
+    if phase == "local_training":
+        n = ctx.data.num_agents
+        init_params = _init_fn(model)(rng.split_per_agent(ctx.keys["init"], n))   # [N, ...]
+        agent_params, losses = train_agents(ctx.keys["train"], init_params, ctx.data.agents,
+                                            model, cfg.local, shared_init=False,
+                                            chunk_size=ctx.runtime.chunk_size)
+        losses = np.asarray(losses)
+        values = {"agent_params": agent_params, "agent_losses": losses}
+        metrics = {"mean_agent_loss": float(losses.mean())}
+    elif phase == "vote":
+        queries = jnp.asarray(ctx.x_public[ctx.query_indices])                      # [Q, ...]
+        values, metrics = voting_dpfl.vote_phase(state, ballot_fn(model, cfg.abstain_below),
+                                                 state.values["agent_params"], queries)
+    else:
+        values, metrics = voting_dpfl.student_phase(state)
+    return voting_dpfl.advance(state, values, phase, metrics)
+
+
+@functools.lru_cache(maxsize=32)
+def _init_fn(model: Model):
+    """``keys [N] -> params [N, ...]``: every agent's own initialisation."""
+    return jax.vmap(model.init)
+
+
+output = voting_dpfl.output
+
+
+def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
+    """:func:`vote_ledger` with the run's noise-free sums (data-independent part only without a
+    state, before the vote, or without ``config.data_dependent``)."""
+    return vote_ledger(config, voting_dpfl.clean_sums(state))
 
 
 def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_public, *,
         chunk_size: int | str | None = "auto") -> Result:
-    """AE-DPFL end to end: train all agents, vote on Q public queries, train the student.
-
-    ``x_public [n_public, *feature_shape]``: the server's unlabelled data (queries come from it).
-    Keys: named streams of ``key`` (init, train, queries, vote, student), never reused.
-    """
+    """AE-DPFL end to end (:func:`api.run`): train all agents, vote on Q public queries, train
+    the student. ``x_public [n_public, *feature_shape]``: the server's unlabelled data."""
     if not isinstance(config, Config):
         raise ValueError(f"config must be an ae_dpfl.Config, got {type(config).__name__}")
-    x_public = check_run_args(agents, model, x_public)
-    n = agents.num_agents
-    voting.check_vote_args(config.sigma, n, config.num_queries, model.num_classes,
-                           config.agent_chunk, config.query_chunk, config.vote_noise)
-    qidx = select_queries(rng.stream(key, "queries"), len(x_public), config.num_queries)
-    start = time.perf_counter()
-    init = jax.vmap(model.init)(rng.split_per_agent(rng.stream(key, "init"), n))   # [N, ...]
-    agent_params, losses = train_agents(rng.stream(key, "train"), init, agents, model,
-                                        config.local, shared_init=False,
-                                        chunk_size=chunk_size)
-    queries = jnp.asarray(x_public[qidx])                                           # [Q, ...]
-    fn = ballot_fn(model, config.abstain_below)
-    labels, clean = voting.run_vote(rng.stream(key, "vote"), fn, agent_params, queries,
-                                    config.sigma, num_classes=model.num_classes,
-                                    agent_chunk=config.agent_chunk,
-                                    query_chunk=config.query_chunk, noise=config.vote_noise,
-                                    data_dependent=config.data_dependent)
-    student = student_lib.train_student(rng.stream(key, "student"), model, x_public, qidx,
-                                        labels, config.student, config.semi_supervised)
-    return Result(params=student, agent_params=agent_params, query_indices=qidx, labels=labels,
-                  clean_vote_sums=clean, agent_losses=np.asarray(losses),
-                  wall_time_s=time.perf_counter() - start)
-
-
-def sensitivities() -> dict[str, float]:
-    """``{'agent': 1, 'instance': sqrt(2)}`` (Theorem 5)."""
-    return {unit: voting.vote_sensitivity(unit, "ae") for unit in ("agent", "instance")}
-
-
-def privacy_ledger(config: Config, num_agents: int,
-                   clean_vote_sums: np.ndarray | None = None) -> PrivacyLedger:
-    """Agent- and instance-level guarantees (+ data-dependent ones given the noise-free sums)."""
-    validation.check_int("num_agents", num_agents, minimum=1)
-    return voting.vote_ledger(config.sigma, config.num_queries, sensitivities(),
-                              clean_vote_sums=clean_vote_sums, note="AE-DPFL")
+    if not isinstance(agents, StackedData):
+        raise ValueError(f"agents must be a StackedData, got {type(agents).__name__}")
+    x_public = voting_dpfl.check_run_args(agents, model, x_public)
+    data = api.FederatedData(agents=agents, num_classes=model.num_classes, x_public=x_public)
+    done = api.run(sys.modules[__name__], key, data, model, config,
+                   runtime=api.Runtime(chunk_size=chunk_size))
+    v = done.state.values
+    return Result(params=v["params"], agent_params=v["agent_params"],
+                  query_indices=done.state.context.query_indices, labels=v["labels"],
+                  clean_vote_sums=v.get("clean_vote_sums"), agent_losses=v["agent_losses"],
+                  wall_time_s=done.wall_time_s, state=done.state)

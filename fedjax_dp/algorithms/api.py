@@ -14,6 +14,10 @@ algorithm is a module (or any object) exposing pure functions over explicit stat
     ledger(config, state) -> PrivacyLedger | tuple[PrivacyLedger, ...]
     output(state) -> Output                      the final model, for evaluation
 
+and, optionally, ``PHASES: tuple[str, ...]``: a one-shot method names its steps (``num_steps``
+of them); its ``output`` exists only after the last, so the runner evaluates it once, at the end
+(``run.eval_every`` applies to round-based algorithms), and shows progress by phase name.
+
 so that a run can be stepped, checkpointed (``State.values`` is a pytree of arrays) and composed
 from outside. :func:`run` is the driver every algorithm shares; the experiment registry is a map
 from names to such modules.

@@ -41,10 +41,17 @@ the sampling rate and the lot size are computed from the dataset size): p_i and 
 p_i n_i are fixed before the run and are the same on neighbouring datasets.
 
 No agent-level guarantee is claimed: one agent changes the average (2) without a bound.
+
+Protocol (:mod:`fedjax_dp.algorithms.api`): ``init`` draws the model from ``split(key)[0]`` and
+fixes p_i and p_i n_i; step t is round t with key ``fold_in(split(key)[1], t)``.
+``State.values = {"params", "participation"}``, the latter the number of rounds each agent took
+part in so far (``int32 [N]``), which :func:`ledger` reads to give T_i in (3).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import sys
 from typing import Any, Callable
 
 import jax
@@ -52,13 +59,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dp.algorithms import fedavg
+from fedjax_dp.algorithms import api, fedavg
 from fedjax_dp.core import StackedData, agent_sum, auto_chunk_size, for_each_agent, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, mechanisms
 from fedjax_dp.train import check_trainable, clipped_grad_sum, cross_entropy
 
 Params = Any
+
+DESCRIPTION = "DP-FedSGD, instance-level DP: DP-SGD in every agent (Truex et al. 2019)"
+USES_LOCAL_TRAIN = True
 
 UNIT = "instance"
 RELATION = "add/remove one record of one agent"
@@ -181,11 +191,17 @@ def make_local_dp_sgd(model: Model, config: Config) -> Callable:
 
 def make_round(model: Model, config: Config, *, chunk_size: int | None = None, mesh=None,
                backend: str = "vmap") -> Callable:
-    """A ``round(key, params, data, rates [N], denominators [N]) -> (params, metrics)``.
+    """A ``round(key, params, data, rates [N], denominators [N]) -> (params, metrics, sampled)``.
 
     Jitted (except with ``backend='loop'``, the per-agent reference). Keys: the round key splits
-    into an agent-sampling key and one training key per agent.
+    into an agent-sampling key and one training key per agent. ``sampled [N]`` is the round's
+    participation mask. Compiled once per (model, round fields of ``config``, execution plan).
     """
+    return _make_round(model, dataclasses.replace(config, rounds=1), chunk_size, mesh, backend)
+
+
+@functools.lru_cache(maxsize=32)
+def _make_round(model: Model, config: Config, chunk_size, mesh, backend: str) -> Callable:
     lifted = for_each_agent(make_local_dp_sgd(model, config), (0, None, 0, 0, 0, 0, 0),
                             chunk_size=chunk_size, mesh=mesh, backend=backend)
 
@@ -213,44 +229,6 @@ def resolve_chunk_size(chunk_size, params: Params, data: StackedData) -> int | N
         return chunk_size
     per_agent = sum(l.size * l.dtype.itemsize for l in jax.tree.leaves(params))
     return auto_chunk_size((data.max_size + 3) * per_agent, data.num_agents)
-
-
-@dataclasses.dataclass
-class History(fedavg.History):
-    """As :class:`fedavg.History`, plus the number of rounds each agent took part in ``[N]``."""
-
-    participation: np.ndarray | None = None
-
-
-def run(key: jax.Array, data: StackedData, model: Model, config: Config, *,
-        init_params: Params | None = None, evaluate: Callable[[Params], dict] | None = None,
-        eval_every: int = 0, on_round: Callable[[int, dict], None] | None = None,
-        chunk_size: int | str | None = "auto", mesh=None) -> History:
-    """DP-FedSGD over all stacked agents; round t uses ``fold_in(key, t)``.
-
-    Keyword arguments as :func:`fedavg.run_rounds`. ``History.participation`` feeds
-    :func:`privacy_ledger`.
-    """
-    if not isinstance(config, Config):
-        raise ValueError(f"config must be a dp_fedsgd.Config, got {type(config).__name__}")
-    check_trainable(data)
-    counts = np.asarray(data.counts)
-    rates = jnp.asarray(record_sampling_rates(config, counts), jnp.float32)
-    denominators = jnp.asarray(expected_batch_sizes(config, counts), jnp.float32)
-    k_init, k_rounds = jax.random.split(key)
-    params = model.init(k_init) if init_params is None else init_params
-    round_fn = make_round(model, config, chunk_size=resolve_chunk_size(chunk_size, params, data),
-                          mesh=mesh)
-    history = History(params=params, participation=np.zeros(data.num_agents, np.int64))
-
-    def step(t, p):
-        p, metrics, sampled = round_fn(jax.random.fold_in(k_rounds, t), p, data, rates,
-                                       denominators)
-        history.participation += np.asarray(sampled).astype(np.int64)
-        return p, metrics
-
-    return fedavg.drive_rounds(step, history, config.rounds, evaluate=evaluate,
-                               eval_every=eval_every, on_round=on_round)
 
 
 # --------------------------------------------------------------------------- privacy
@@ -290,13 +268,11 @@ def worst_agents(config: Config, counts, participation=None) -> np.ndarray:
     return np.asarray(sorted(keep), np.int64)
 
 
-def privacy_ledger(config: Config, counts, participation=None) -> PrivacyLedger:
-    """Instance-level guarantee of the run: parallel composition over agents (worst agent).
-
-    ``counts``: local sizes n_i ``[N]``; ``participation``: rounds each agent took part in
-    ``[N]`` (``History.participation``; None: every round, an upper bound). Only the agents that
-    can be the worst (:func:`worst_agents`) are recorded as members; their indices are in the
-    entry's note.
+def instance_ledger(config: Config, counts, participation=None) -> PrivacyLedger:
+    """Instance-level guarantee: parallel composition over agents (worst agent), from the local
+    sizes ``counts [N]`` and the rounds each agent took part in, ``participation [N]`` (None:
+    every round, an upper bound). Only the agents that can be the worst (:func:`worst_agents`)
+    are recorded as members; their indices are in the entry's note.
     """
     events = dp_events(config, counts, participation)
     keep = worst_agents(config, counts, participation)
@@ -305,3 +281,99 @@ def privacy_ledger(config: Config, counts, participation=None) -> PrivacyLedger:
             "(the others are dominated in sampling rate and steps)")
     return PrivacyLedger().add_parallel(UNIT, [events[i] for i in keep], relation=RELATION,
                                         sensitivity=config.clip_norm, note=note)
+
+
+# --------------------------------------------------------------------------- the protocol
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """The static part of a DP-FedSGD run's state."""
+
+    agents: StackedData
+    model: Model
+    round_fn: Callable
+    rates: jax.Array                   # [N] p_i
+    denominators: jax.Array            # [N] p_i n_i
+
+
+def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
+         runtime: api.Runtime = api.Runtime()) -> api.State:
+    """``values = {"params": model.init(split(key)[0]), "participation": zeros [N]}``."""
+    if not isinstance(config, Config):
+        raise ValueError(f"config must be a dp_fedsgd.Config, got {type(config).__name__}")
+    agents = data.agents
+    check_trainable(agents)
+    counts = np.asarray(agents.counts)
+    rates = jnp.asarray(record_sampling_rates(config, counts), jnp.float32)
+    denominators = jnp.asarray(expected_batch_sizes(config, counts), jnp.float32)
+    params = model.init(api.init_key(key))
+    chunk = resolve_chunk_size(runtime.chunk_size, params, agents)
+    round_fn = make_round(model, config, chunk_size=chunk, mesh=runtime.mesh,
+                          backend=runtime.backend)
+    ctx = Context(agents=agents, model=model, round_fn=round_fn, rates=rates,
+                  denominators=denominators)
+    values = {"params": params, "participation": jnp.zeros((agents.num_agents,), jnp.int32)}
+    return api.State(step=0, values=values, context=ctx)
+
+
+def num_steps(config: Config) -> int:
+    return config.rounds
+
+
+def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
+    """One round (:func:`make_round`); adds the round's participation mask to the counts."""
+    ctx: Context = state.context
+    params, metrics, sampled = ctx.round_fn(key, state.values["params"], ctx.agents, ctx.rates,
+                                            ctx.denominators)
+    participation = state.values["participation"] + jnp.asarray(sampled).astype(jnp.int32)
+    values = {"params": params, "participation": participation}
+    return api.State(step=state.step + 1, values=values, context=ctx), metrics
+
+
+def output(state: api.State) -> api.Output:
+    return api.Output(model=state.context.model, params=state.values["params"])
+
+
+def ledger(config: Config, state: api.State) -> PrivacyLedger:
+    """:func:`instance_ledger` of the run: local sizes from the data, T_i from
+    ``values["participation"]`` (the rounds done so far)."""
+    if state is None:
+        raise ValueError("dp_fedsgd.ledger needs the run's state (local sizes and participation)"
+                         "; without a run use instance_ledger(config, counts)")
+    part = np.asarray(state.values["participation"]).astype(np.int64)
+    return instance_ledger(config, np.asarray(state.context.agents.counts), part)
+
+
+@dataclasses.dataclass
+class History(fedavg.History):
+    """As :class:`fedavg.History`, plus the number of rounds each agent took part in ``[N]``."""
+
+    participation: np.ndarray | None = None
+    state: api.State | None = None
+
+
+def run(key: jax.Array, data: StackedData, model: Model, config: Config, *,
+        init_params: Params | None = None, evaluate: Callable[[Params], dict] | None = None,
+        eval_every: int = 0, on_round: Callable[[int, dict], None] | None = None,
+        chunk_size: int | str | None = "auto", mesh=None) -> History:
+    """DP-FedSGD over all stacked agents (:func:`api.run`); round t uses
+    ``fold_in(split(key)[1], t)``, the model starts from ``split(key)[0]`` (or ``init_params``).
+
+    ``evaluate(params)`` runs every ``eval_every`` rounds and after the last; ``on_round(t,
+    record)`` after every round. ``History.participation`` feeds :func:`instance_ledger`.
+    """
+    if not isinstance(config, Config):
+        raise ValueError(f"config must be a dp_fedsgd.Config, got {type(config).__name__}")
+    fed = api.FederatedData(agents=data, num_classes=model.num_classes)
+    runtime = api.Runtime(chunk_size=chunk_size, mesh=mesh)
+    state = init(key, fed, model, config, runtime)
+    if init_params is not None:
+        state = api.State(step=0, values={**state.values, "params": init_params},
+                          context=state.context)
+    wrapped = None if evaluate is None else (lambda out: evaluate(out.params))
+    done = api.run(sys.modules[__name__], key, fed, model, config, runtime=runtime,
+                   evaluate=wrapped, eval_every=eval_every, on_step=on_round, state=state)
+    values = done.state.values
+    return History(params=values["params"], rounds=done.history, wall_time_s=done.wall_time_s,
+                   participation=np.asarray(values["participation"]).astype(np.int64),
+                   state=done.state)

@@ -45,13 +45,22 @@ Privacy (Laplace noise of scale 1/gamma on every count; unit and neighbouring re
 Data-dependent moments per query: :mod:`fedjax_dp.privacy.lnmax` (recorded as RDP,
 ``alpha(l) = l * RDP(l + 1)``); data-independent: ``LaplaceDpEvent`` composition through
 dp-accounting (RDP and PLD). Both go in :class:`~fedjax_dp.privacy.PrivacyLedger` objects
-(:func:`privacy_ledgers`).
+(:func:`ledger` of a run, :func:`ledgers_from_votes` of given histograms).
+
+Protocol (:mod:`fedjax_dp.algorithms.api`): ``init`` checks the inputs and draws both tiers'
+queries; three steps (:data:`PHASES`): ``teachers``, ``students`` (values ``teacher_votes``,
+``party_labels``, ``z``) and ``final`` (``server_votes``, ``server_labels``, ``server_mask``),
+each fitted JAX model's parameters under its phase's name (tree ensembles, which are not arrays,
+in the context). Keys: named streams of the run key (``split``, ``teachers``, ``party_queries``,
+``l2_noise``, ``students``, ``server_queries``, ``l1_noise``, ``final``), as the plain-Python
+:func:`run` has always used, so the same key gives the same run; step keys are not used.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
+import sys
 import time
 from typing import Any
 
@@ -59,8 +68,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms import learners as learners_lib
 from fedjax_dp.core import StackedData, rng, validation
+from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, lnmax
 
 LEVELS = ("L0", "L1", "L2")
@@ -292,6 +303,7 @@ class Result:
     config: Config
     num_classes: int
     timings: dict
+    state: Any = None                # the protocol state the run ended in
 
     def predict(self, x) -> np.ndarray:
         """Final model's classes for ``x [M, ...]``."""
@@ -311,27 +323,60 @@ def _query_subset(key: jax.Array, num_public: int, fraction: float) -> np.ndarra
     return np.sort(np.asarray(jax.random.permutation(key, num_public)[:num]))
 
 
-def run(key: jax.Array, parties: StackedData, x_public, config: Config, *, num_classes: int,
-        teacher=None, student=None, final=None, model_name: str = "mlp", hidden=(200,),
-        chunk_size: int | str | None = "auto", fitted_teachers=None,
-        fitted_students=None) -> Result:
-    """FedKT Algorithm 1 over all parties at once (see the module docstring).
+# --------------------------------------------------------------------------- the protocol
 
-    Args:
-      key: root key; independent named streams for the splits, teachers, L2 noise, queries,
-        students, L1 noise and the final model (no key is used twice).
-      parties: the n parties' local data (``StackedData [n, n_max, ...]``).
-      x_public: the public unlabelled set ``[P, ...]`` (never its labels).
-      teacher, student, final: learners (default: :func:`make_learners` with ``model_name``).
-      fitted_teachers / fitted_students: reuse the ``teachers`` / ``students`` of an earlier
-        :class:`Result` with the same key, parties, public set, learners, s and t (they do not
-        depend on gamma, the level or the query fraction, except L2 students, which learn
-        noisy labels and cannot be reused). Sweeps over privacy settings use this.
+DESCRIPTION = ("FedKT: one-shot two-tier knowledge transfer, L0/L1/L2 privacy, any classifier "
+               "(Li et al. 2021)")
+USES_LOCAL_TRAIN = True
+#: The steps of a run: train all teachers; their votes (noisy at L2) and all students; the
+#: server's consistent vote (noisy at L1) and the final model.
+PHASES = ("teachers", "students", "final")
+STREAMS = ("split", "teachers", "party_queries", "l2_noise", "students", "server_queries",
+           "l1_noise", "final")
+_FITTED = ("teachers", "students", "final")
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """The static part of a FedKT run's state.
+
+    ``fitted`` holds the fitted models of non-JAX learners (tree ensembles are not arrays, so
+    they cannot be in ``State.values``; a JAX learner's parameters are in ``values``); ``reuse``
+    the teachers / students given to :func:`init` to skip their training.
+    """
+
+    data: api.FederatedData
+    model: Model
+    config: Config
+    learners: dict                   # {"teachers" / "students" / "final": learner}
+    keys: dict                       # {stream: key}
+    x_public: jax.Array              # [P, ...]
+    party_queries: np.ndarray        # [Qp]
+    server_queries: np.ndarray       # [Qs]
+    fitted: dict = dataclasses.field(default_factory=dict)
+    reuse: dict = dataclasses.field(default_factory=dict)
+
+
+def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
+         runtime: api.Runtime = api.Runtime(), *, teacher=None, student=None, final=None,
+         fitted_teachers=None, fitted_students=None) -> api.State:
+    """Checks (before any training), the named key streams and the queries of both tiers.
+
+    teacher, student, final: learners (default: :func:`make_learners` with ``model``).
+    fitted_teachers / fitted_students: reuse the ``teachers`` / ``students`` of an earlier run
+    with the same key, parties, public set, learners, s and t (they do not depend on gamma, the
+    level or the query fraction, except L2 students, which learn noisy labels and cannot be
+    reused). Sweeps over privacy settings use this.
     """
     if not isinstance(config, Config):
         raise ValueError(f"config must be a fedkt.Config, got {type(config).__name__}")
+    if not isinstance(data, api.FederatedData):
+        raise ValueError(f"data must be an api.FederatedData, got {type(data).__name__}")
+    parties, num_classes = data.agents, data.num_classes
     validation.check_int("num_classes", num_classes, minimum=2)
-    x_public = validation.check_finite_array("x_public", x_public)
+    if data.x_public is None:
+        raise ValueError("data.x_public must hold the public unlabelled set, got None")
+    x_public = validation.check_finite_array("x_public", data.x_public)
     if x_public.ndim < 2 or x_public.shape[0] == 0:
         raise ValueError(f"x_public must hold at least one public example [P, ...], got shape "
                          f"{x_public.shape}")
@@ -343,72 +388,196 @@ def run(key: jax.Array, parties: StackedData, x_public, config: Config, *, num_c
         raise ValueError("fitted_students cannot be reused at level L2 (students learn the "
                          "noisy labels of this run); pass fitted_students=None")
     if teacher is None or student is None or final is None:
+        t_, s_, f_ = make_learners(config, model=model, feature_shape=parties.feature_shape,
+                                   num_classes=num_classes, chunk_size=runtime.chunk_size,
+                                   backend=runtime.backend)
+        teacher, student, final = teacher or t_, student or s_, final or f_
+    keys = {name: rng.stream(rng.as_key(key), name) for name in STREAMS}
+    num_public = x_public.shape[0]
+    party_q = (_query_subset(keys["party_queries"], num_public, config.query_fraction)
+               if config.level == "L2" else np.arange(num_public))
+    server_q = (_query_subset(keys["server_queries"], num_public, config.query_fraction)
+                if config.level == "L1" else np.arange(num_public))
+    reuse = {name: f for name, f in (("teachers", fitted_teachers),
+                                     ("students", fitted_students)) if f is not None}
+    ctx = Context(data=data, model=model, config=config,
+                  learners={"teachers": teacher, "students": student, "final": final},
+                  keys=keys, x_public=jnp.asarray(x_public), party_queries=party_q,
+                  server_queries=server_q, reuse=reuse)
+    return api.State(step=0, values={}, context=ctx)
+
+
+def num_steps(config: Config) -> int:
+    return len(PHASES)
+
+
+def fitted(state: api.State, name: str):
+    """The fitted ``teachers`` / ``students`` / ``final`` of a run (after their phase)."""
+    validation.check_choice("name", name, _FITTED)
+    ctx: Context = state.context
+    if learners_lib.is_jax(ctx.learners[name]):
+        return state.values[name]
+    return ctx.fitted[name]
+
+
+def _with_fitted(state: api.State, values: dict, name: str, model) -> tuple[dict, Context]:
+    ctx: Context = state.context
+    if learners_lib.is_jax(ctx.learners[name]):
+        return {**values, name: model}, ctx
+    return values, dataclasses.replace(ctx, fitted={**ctx.fitted, name: model})
+
+
+def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dict]:
+    """Run the next phase (``key`` unused: each random draw has its named stream of the run key,
+    derived in :func:`init`, so a run equals the plain-Python :func:`run` with that key)."""
+    if not 0 <= state.step < len(PHASES):
+        raise ValueError(f"state.step must be in [0, {len(PHASES)}) (phases {list(PHASES)}), "
+                         f"got {state.step}")
+    phase = PHASES[state.step]
+    ctx: Context = state.context
+    cfg, k = ctx.config, ctx.keys
+    n, s, t = ctx.data.num_agents, cfg.num_partitions, cfg.num_teachers
+    c = ctx.data.num_classes
+    values = dict(state.values)
+    tic = time.perf_counter()
+    if phase == "teachers":
+        # Party side: all n*s*t teachers in one call (Algorithm 1 lines 3-4).
+        learner = ctx.learners["teachers"]
+        teachers = ctx.reuse.get("teachers")
+        if teachers is None:
+            tdata = teacher_data(k["split"], ctx.data.agents, s, t)              # [n*s*t, m, ...]
+            teachers = learner.fit(k["teachers"], tdata)
+        if learners_lib.is_jax(learner):
+            jax.block_until_ready(teachers)      # so the timing covers the training itself
+        values, ctx = _with_fitted(state, values, "teachers", teachers)
+        metrics = {"teachers_s": time.perf_counter() - tic}
+    elif phase == "students":
+        # Teachers' votes on the parties' queries (noisy at L2), then all n*s students.
+        xq = ctx.x_public[ctx.party_queries]
+        tpreds = ctx.learners["teachers"].predict(fitted(state, "teachers"), xq)
+        tvotes = vote_counts(tpreds.reshape(n, s, t, -1), c)                   # [n, s, Qp, C]
+        if cfg.level == "L2":
+            keys = jax.random.split(k["l2_noise"], n * s)             # one per (party, partition)
+            labels = noisy_labels(keys, tvotes.reshape(n * s, -1, c), cfg.gamma)
+        else:
+            labels = jnp.argmax(tvotes, -1).reshape(n * s, -1).astype(jnp.int32)   # [n*s, Qp]
+        tic = time.perf_counter()
+        students = ctx.reuse.get("students")
+        if students is None:
+            students = ctx.learners["students"].fit_shared(k["students"], xq, labels,
+                                                           jnp.ones(labels.shape, bool))
+        tv = np.asarray(tvotes)
+        values.update(teacher_votes=tv, party_labels=np.asarray(labels).reshape(n, s, -1),
+                      z=partitions_at_risk(tv, cfg.gap_threshold))
+        values, ctx = _with_fitted(state, values, "students", students)
+        metrics = {"students_s": time.perf_counter() - tic,
+                   "num_party_queries": int(len(ctx.party_queries))}
+    else:
+        # Server: consistent voting (noisy at L1), then the final model (Section 3.3).
+        xs = ctx.x_public[ctx.server_queries]
+        spreds = ctx.learners["students"].predict(fitted(state, "students"), xs)
+        svotes = consistent_vote(spreds.reshape(n, s, -1), c)                 # [Qs, C]
+        if cfg.level == "L1":
+            slabels = noisy_labels(k["l1_noise"][None], svotes[None], cfg.gamma)[0]
+            smask = jnp.ones(slabels.shape, bool)
+        else:
+            slabels = jnp.argmax(svotes, -1).astype(jnp.int32)
+            smask = jnp.sum(svotes, -1) > 0
+        if not bool(jnp.any(smask)):
+            raise ValueError("no public query received a consistent vote from any party, so the "
+                             "final model has nothing to learn; use more public data or parties")
+        tic = time.perf_counter()
+        final_fit = ctx.learners["final"].fit_shared(k["final"], xs, slabels[None], smask[None])
+        values.update(server_votes=np.asarray(svotes), server_labels=np.asarray(slabels),
+                      server_mask=np.asarray(smask))
+        values, ctx = _with_fitted(state, values, "final", final_fit)
+        metrics = {"final_s": time.perf_counter() - tic,
+                   "num_server_queries": int(len(ctx.server_queries)),
+                   "z": int(np.max(values["z"]))}
+        if ctx.data.y_public is not None:                  # diagnostics only
+            truth = np.asarray(ctx.data.y_public)[ctx.server_queries]
+            hit = (values["server_labels"] == truth)[values["server_mask"]]
+            metrics["server_label_accuracy"] = float(np.mean(hit))
+    return api.State(step=state.step + 1, values=values, context=ctx), {"phase": phase,
+                                                                       **metrics}
+
+
+def output(state: api.State) -> api.Output:
+    """The final model: ``model`` / ``params`` for a JAX learner, else ``predict`` (trees)."""
+    if state.step < len(PHASES):
+        raise ValueError(f"output needs the finished run (the final model is trained in the last "
+                         f"phase); state.step is {state.step}")
+    ctx: Context = state.context
+    learner, final_fit = ctx.learners["final"], fitted(state, "final")
+    if learners_lib.is_jax(learner):
+        return api.Output(model=learner.model, params=jax.tree.map(lambda l: l[0], final_fit))
+    return api.Output(model=ctx.model,
+                      predict=lambda x: np.asarray(learner.predict(final_fit, x))[0])
+
+
+def ledger(config: Config, state: api.State) -> tuple[PrivacyLedger, PrivacyLedger]:
+    """``(data_dependent, data_independent)`` (:func:`ledgers_from_votes` on the run's votes),
+    reported side by side, not composed."""
+    if config.level == "L0":
+        return PrivacyLedger(), PrivacyLedger()
+    v = {} if state is None else state.values
+    need = "server_votes" if config.level == "L1" else "teacher_votes"
+    if need not in v:
+        raise ValueError(f"the FedKT-{config.level} ledger needs the run's {need} (the state "
+                         f"after the {'final' if config.level == 'L1' else 'students'} phase)")
+    return ledgers_from_votes(config, server_votes=v.get("server_votes"),
+                              teacher_votes=v.get("teacher_votes"), z=v.get("z"))
+
+
+def run(key: jax.Array, parties: StackedData, x_public, config: Config, *, num_classes: int,
+        teacher=None, student=None, final=None, model_name: str = "mlp", hidden=(200,),
+        chunk_size: int | str | None = "auto", fitted_teachers=None,
+        fitted_students=None) -> Result:
+    """FedKT Algorithm 1 over all parties at once (:func:`api.run` over :data:`PHASES`).
+
+    Args:
+      key: root key; independent named streams for the splits, teachers, L2 noise, queries,
+        students, L1 noise and the final model (no key is used twice).
+      parties: the n parties' local data (``StackedData [n, n_max, ...]``).
+      x_public: the public unlabelled set ``[P, ...]`` (never its labels).
+      teacher, student, final: learners (default: :func:`make_learners` with the JAX model
+        ``model_name`` with ``hidden``).
+      fitted_teachers / fitted_students: as in :func:`init`.
+    """
+    if not isinstance(config, Config):
+        raise ValueError(f"config must be a fedkt.Config, got {type(config).__name__}")
+    validation.check_int("num_classes", num_classes, minimum=2)
+    x_public = validation.check_finite_array("x_public", x_public)
+    if x_public.ndim < 2 or x_public.shape[0] == 0:
+        raise ValueError(f"x_public must hold at least one public example [P, ...], got shape "
+                         f"{x_public.shape}")
+    if tuple(x_public.shape[1:]) != parties.feature_shape:
+        raise ValueError(f"x_public has feature shape {x_public.shape[1:]}, expected the "
+                         f"parties' {parties.feature_shape}")
+    if teacher is None or student is None or final is None:
         t_, s_, f_ = make_learners(config, model_name=model_name,
                                    feature_shape=parties.feature_shape, num_classes=num_classes,
                                    hidden=hidden, chunk_size=chunk_size)
         teacher, student, final = teacher or t_, student or s_, final or f_
-    n, s, t = parties.num_agents, config.num_partitions, config.num_teachers
-    key = rng.as_key(key)
-    k = {name: rng.stream(key, name) for name in
-         ("split", "teachers", "party_queries", "l2_noise", "students", "server_queries",
-          "l1_noise", "final")}
-    timings = {}
-    x_public = jnp.asarray(x_public)
-    num_public = x_public.shape[0]
-
-    # Party side: all n*s*t teachers in one call, then their votes.
-    tic = time.perf_counter()
-    if fitted_teachers is None:
-        tdata = teacher_data(k["split"], parties, s, t)                   # [n*s*t, m, ...]
-        teachers = teacher.fit(k["teachers"], tdata)
-    else:
-        teachers = fitted_teachers
-    if learners_lib.is_jax(teacher):
-        jax.block_until_ready(teachers)          # so the timing covers the training itself
-    timings["teachers_s"] = time.perf_counter() - tic
-    party_q = (_query_subset(k["party_queries"], num_public, config.query_fraction)
-               if config.level == "L2" else np.arange(num_public))
-    xq = x_public[party_q]
-    tpreds = teacher.predict(teachers, xq).reshape(n, s, t, -1)           # [n, s, t, Qp]
-    tvotes = vote_counts(tpreds, num_classes)                             # [n, s, Qp, C]
-    if config.level == "L2":
-        keys = jax.random.split(k["l2_noise"], n * s)                     # one per (party, part.)
-        labels = noisy_labels(keys, tvotes.reshape(n * s, -1, num_classes), config.gamma)
-    else:
-        labels = jnp.argmax(tvotes, -1).reshape(n * s, -1).astype(jnp.int32)   # [n*s, Qp]
-
-    # All n*s students in one call, on their partition's labels.
-    tic = time.perf_counter()
-    students = (student.fit_shared(k["students"], xq, labels, jnp.ones(labels.shape, bool))
-                if fitted_students is None else fitted_students)
-    timings["students_s"] = time.perf_counter() - tic
-
-    # Server: consistent voting (noisy at L1), then the final model.
-    server_q = (_query_subset(k["server_queries"], num_public, config.query_fraction)
-                if config.level == "L1" else np.arange(num_public))
-    xs = x_public[server_q]
-    spreds = student.predict(students, xs).reshape(n, s, -1)              # [n, s, Qs]
-    svotes = consistent_vote(spreds, num_classes)                         # [Qs, C]
-    if config.level == "L1":
-        slabels = noisy_labels(k["l1_noise"][None], svotes[None], config.gamma)[0]
-        smask = jnp.ones(slabels.shape, bool)
-    else:
-        slabels = jnp.argmax(svotes, -1).astype(jnp.int32)
-        smask = jnp.sum(svotes, -1) > 0
-    if not bool(jnp.any(smask)):
-        raise ValueError("no public query received a consistent vote from any party, so the "
-                         "final model has nothing to learn; use more public data or parties")
-    tic = time.perf_counter()
-    final_fit = final.fit_shared(k["final"], xs, slabels[None], smask[None])
-    timings["final_s"] = time.perf_counter() - tic
-    tv = np.asarray(tvotes)
-    return Result(final=final_fit, students=students, teachers=teachers, final_learner=final,
-                  party_queries=np.asarray(party_q), server_queries=np.asarray(server_q),
-                  teacher_votes=tv, party_labels=np.asarray(labels).reshape(n, s, -1),
-                  server_votes=np.asarray(svotes), server_labels=np.asarray(slabels),
-                  server_mask=np.asarray(smask),
-                  z=partitions_at_risk(tv, config.gap_threshold), config=config,
-                  num_classes=num_classes, timings=timings)
+    from fedjax_dp.models import make_model
+    model = make_model(model_name, parties.feature_shape, num_classes, hidden=tuple(hidden))
+    data = api.FederatedData(agents=parties, num_classes=num_classes, x_public=x_public)
+    runtime = api.Runtime(chunk_size=chunk_size)
+    state = init(key, data, model, config, runtime, teacher=teacher, student=student,
+                 final=final, fitted_teachers=fitted_teachers, fitted_students=fitted_students)
+    done = api.run(sys.modules[__name__], key, data, model, config, runtime=runtime,
+                   state=state)
+    st, v = done.state, done.state.values
+    ctx: Context = st.context
+    timings = {k: r[k] for r in done.history for k in ("teachers_s", "students_s", "final_s")
+               if k in r}
+    return Result(final=fitted(st, "final"), students=fitted(st, "students"),
+                  teachers=fitted(st, "teachers"), final_learner=ctx.learners["final"],
+                  party_queries=ctx.party_queries, server_queries=ctx.server_queries,
+                  teacher_votes=v["teacher_votes"], party_labels=v["party_labels"],
+                  server_votes=v["server_votes"], server_labels=v["server_labels"],
+                  server_mask=v["server_mask"], z=v["z"], config=config,
+                  num_classes=num_classes, timings=timings, state=st)
 
 
 # --------------------------------------------------------------------------- privacy
@@ -482,7 +651,7 @@ def data_independent_events(level: str, gamma: float, num_queries: int, *,
             for u, kk in ks.items()}
 
 
-def privacy_ledgers(config: Config, *, server_votes=None, teacher_votes=None, z=None,
+def ledgers_from_votes(config: Config, *, server_votes=None, teacher_votes=None, z=None,
                     num_server_queries: int | None = None, num_party_queries: int | None = None
                     ) -> tuple[PrivacyLedger, PrivacyLedger]:
     """``(data_dependent, data_independent)`` ledgers with units ``'party'`` and ``'example'``.
@@ -529,7 +698,7 @@ def privacy_summary(result: Result, delta: float) -> dict:
                           teacher_votes=result.teacher_votes, num_partitions=cfg.num_partitions,
                           num_teachers=cfg.num_teachers, z=int(result.z.max()),
                           orders=cfg.orders)
-    dd, di = privacy_ledgers(cfg, server_votes=result.server_votes,
+    dd, di = ledgers_from_votes(cfg, server_votes=result.server_votes,
                              teacher_votes=result.teacher_votes, z=result.z)
     out["noisy_queries"] = (len(result.server_queries) if cfg.level == "L1"
                             else len(result.party_queries))
@@ -569,7 +738,7 @@ def account(votes, *, level: str, gamma: float, delta: float, num_partitions: in
     moments = log_moments(level, gamma, num_partitions=num_partitions,
                           num_teachers=num_teachers, z=z, orders=cfg.orders,
                           example_rule=example_rule, **kw)
-    dd, di = privacy_ledgers(cfg, z=z, **kw)
+    dd, di = ledgers_from_votes(cfg, z=z, **kw)
     nq = v.shape[0] if level == "L1" else num_partitions * v.shape[-2]
     out = {"mechanism": "fedkt", "level": level, "gamma": gamma, "delta": delta,
            "num_partitions": num_partitions, "num_teachers": num_teachers,

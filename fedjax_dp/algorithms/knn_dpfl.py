@@ -7,7 +7,7 @@
    phi(D_i) (Euclidean; padded rows are never chosen) and votes
    ``b_i(x_t) = (1/k) sum_{j in kNN_i(x_t)} onehot(y_j)``.
 3. Noise, secure sum and release of the argmax only, as in AE-DPFL
-   (:func:`fedjax_dp.algorithms.voting.mpc_vote`); the student is trained on the Q released labels
+   (:func:`fedjax_dp.privacy.vote.mpc_vote`); the student is trained on the Q released labels
    (optionally self-trained on the rest of the public data, ``student_semi_supervised = true``:
    :mod:`fedjax_dp.algorithms.student`, post-processing, no privacy cost).
 
@@ -15,12 +15,11 @@ Distances: ``||a - b||^2 = ||a||^2 - 2 a.b + ||b||^2``; ``||a||^2`` is constant 
 not change any ranking, so it is left out; padded rows are at ``+inf``. Two exact ways to find
 the k nearest (``method``), with identical ballots (ties: lower index first):
 
-* ``"threshold"`` (default, :mod:`fedjax_dp.algorithms.knn_search`): per cache-sized block of
+* ``"threshold"`` (default, :mod:`fedjax_dp.ops.knn_search`): per cache-sized block of
   agents x queries one GEMM for the scores, then the k-th smallest score per (agent, query) by a
   few vectorised counting passes, and the label counts of the records at or below it -- no sort;
 * ``"top_k"``: one GEMM ``[q, d] x [d, a n]`` per chunk of agents and ``lax.top_k`` on the negated
-  distances (the straightforward reference; 4-8x slower on a CPU, where top-k is a
-  single-threaded partial sort).
+  distances (the straightforward reference; on a CPU top-k is a single-threaded partial sort).
 
 **Normalisation by k.** The ballot is always divided by k, also for an agent with fewer than k
 records (its ballot then sums to ``n_i / k < 1``): normalising by ``min(k, n_i)`` would let one
@@ -39,29 +38,41 @@ Privacy (Theorem 5 and appendix C.1), Gaussian mechanism on the vote sum, Q quer
   to reproduce its tables.
 * unit ``agent``, relation add/remove one agent's dataset: the ballot has L1 (hence L2) norm <= 1,
   Delta = 1.
+
+Protocol (:mod:`fedjax_dp.algorithms.api`): ``init`` checks the inputs, draws the queries and
+fits the feature map (public data only); two steps, the phases ``vote`` (values ``labels [Q]``,
+``clean_vote_sums [Q, C]``) and ``student`` (``params``). There is no local training, so the
+kNN search, the noise and the secure sum are one phase: splitting them would put the noise-free
+per-agent ballots in the state. Keys: named streams of the run key, as in
+:mod:`fedjax_dp.algorithms.voting_dpfl` (the same key gives the same run as the plain-Python
+:func:`run`, which drives the protocol).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
-import time
+import sys
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import knn_search
+from fedjax_dp.algorithms import api, voting_dpfl
 from fedjax_dp.algorithms import student as student_lib
-from fedjax_dp.algorithms import voting
-from fedjax_dp.algorithms.ae_dpfl import check_run_args, select_queries
-from fedjax_dp.core import StackedData, rng, validation
+from fedjax_dp.core import StackedData, validation
 from fedjax_dp.models import Model
+from fedjax_dp.ops import knn_search
 from fedjax_dp.privacy import PrivacyLedger
-from fedjax_dp.train import LocalTrainConfig
+from fedjax_dp.privacy import vote as vote_lib
 
 Params = Any
+
+DESCRIPTION = ("kNN-DPFL: MPC vote of every agent's k nearest neighbours, instance/agent DP "
+               "(voting-dpfl)")
+USES_LOCAL_TRAIN = False
+PHASES = ("vote", "student")
 FEATURE_MAPS = ("identity", "random_projection", "pca")
 KNN_METHODS = ("threshold", "top_k")
 
@@ -94,7 +105,7 @@ class Config(student_lib.StudentSettings):
 
     def __post_init__(self):
         validation.check_int("algorithm.k", self.k, minimum=1)
-        voting.check_vote_config(self)
+        voting_dpfl.check_vote_config(self)
         validation.check_choice("algorithm.feature_map", self.feature_map, FEATURE_MAPS)
         validation.check_int("algorithm.feature_dim", self.feature_dim, minimum=1)
         validation.check_choice("algorithm.instance_sensitivity", self.instance_sensitivity,
@@ -165,7 +176,7 @@ def knn_ballots(x: jax.Array, y: jax.Array, mask: jax.Array, queries: jax.Array,
     ``x [a, n, d]`` (features), ``y [a, n]``, ``mask [a, n]`` (real rows), ``queries [q, d]``.
     Padded rows are never chosen (an agent with fewer than k real rows votes with all of them,
     still divided by k). ``method``: ``"threshold"`` (threshold search,
-    :func:`fedjax_dp.algorithms.knn_search.neighbour_label_counts`) or ``"top_k"``
+    :func:`fedjax_dp.ops.knn_search.neighbour_label_counts`) or ``"top_k"``
     (``lax.top_k``); both give the same neighbour sets.
     """
     if method == "threshold":
@@ -192,7 +203,7 @@ def knn_ballots(x: jax.Array, y: jax.Array, mask: jax.Array, queries: jax.Array,
 
 @functools.lru_cache(maxsize=64)
 def ballot_fn(k: int, num_classes: int, method: str = "threshold"):
-    """``((x, y, mask) [a, ...], queries [q, d]) -> [a, q, C]`` for :func:`voting.mpc_vote`."""
+    """``((x, y, mask) [a, ...], queries [q, d]) -> [a, q, C]`` for :func:`vote_lib.mpc_vote`."""
     validation.check_choice("method", method, KNN_METHODS)
 
     def ballots(agents, queries):
@@ -216,6 +227,7 @@ class Result:
     labels: np.ndarray
     clean_vote_sums: np.ndarray | None
     wall_time_s: float = 0.0
+    state: api.State | None = None  # the protocol state the run ended in
 
 
 def check_k(k: int, data: StackedData) -> int:
@@ -229,43 +241,78 @@ def check_k(k: int, data: StackedData) -> int:
     return k
 
 
-def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_public) -> Result:
-    """kNN-DPFL end to end: feature map, kNN vote on Q public queries, student training."""
-    if not isinstance(config, Config):
-        raise ValueError(f"config must be a knn_dpfl.Config, got {type(config).__name__}")
-    x_public = check_run_args(agents, model, x_public)
-    check_k(config.k, agents)
-    c = model.num_classes
-    voting.check_vote_args(config.sigma, agents.num_agents, config.num_queries, c,
-                           config.agent_chunk, config.query_chunk, config.vote_noise)
-    qidx = select_queries(rng.stream(key, "queries"), len(x_public), config.num_queries)
-    start = time.perf_counter()
-    phi = fit_feature_map(config.feature_map, rng.stream(key, "feature_map"), x_public,
-                          config.feature_dim)
-    feats = agent_features(phi, agents)
-    queries = phi.apply(x_public[qidx], lead=1)                           # [Q, m]
-    fn = ballot_fn(config.k, c, config.knn_method)
-    labels, clean = voting.run_vote(rng.stream(key, "vote"), fn, feats, queries, config.sigma,
-                                    num_classes=c, agent_chunk=config.agent_chunk,
-                                    query_chunk=config.query_chunk, noise=config.vote_noise,
-                                    data_dependent=config.data_dependent)
-    student = student_lib.train_student(rng.stream(key, "student"), model, x_public, qidx,
-                                        labels, config.student, config.semi_supervised)
-    return Result(params=student, feature_map=phi, query_indices=qidx, labels=labels,
-                  clean_vote_sums=clean, wall_time_s=time.perf_counter() - start)
-
-
 def sensitivities(config: Config) -> dict[str, float]:
     """``{'agent': 1, 'instance': sqrt(2)/k}`` (or the paper's ``sqrt(2/k)``)."""
-    return {"agent": voting.vote_sensitivity("agent", "knn", config.k),
-            "instance": voting.vote_sensitivity("instance", "knn", config.k,
-                                                rule=config.instance_sensitivity)}
+    return {"agent": vote_lib.vote_sensitivity("agent", "neighbour_counts", config.k),
+            "instance": vote_lib.vote_sensitivity("instance", "neighbour_counts", config.k,
+                                                  rule=config.instance_sensitivity)}
 
 
-def privacy_ledger(config: Config, num_agents: int,
-                   clean_vote_sums: np.ndarray | None = None) -> PrivacyLedger:
-    """Instance- and agent-level guarantees (+ data-dependent ones given the noise-free sums)."""
-    validation.check_int("num_agents", num_agents, minimum=1)
+def vote_ledger(config: Config, clean_vote_sums: np.ndarray | None = None) -> PrivacyLedger:
+    """Instance- and agent-level guarantees of Q votes (+ the data-dependent ones given the
+    noise-free sums ``[Q, C]``)."""
     note = f"kNN-DPFL, k={config.k}, instance sensitivity rule '{config.instance_sensitivity}'"
-    return voting.vote_ledger(config.sigma, config.num_queries, sensitivities(config),
-                              clean_vote_sums=clean_vote_sums, note=note)
+    return vote_lib.vote_ledger(config.sigma, config.num_queries, sensitivities(config),
+                                clean_vote_sums=clean_vote_sums, note=note)
+
+
+# --------------------------------------------------------------------------- the protocol
+
+def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
+         runtime: api.Runtime = api.Runtime()) -> api.State:
+    """Checks (``k`` against the smallest agent), key streams, the Q queries and the feature
+    map fitted on the public data (stream ``feature_map``)."""
+    if not isinstance(config, Config):
+        raise ValueError(f"config must be a knn_dpfl.Config, got {type(config).__name__}")
+    ctx = voting_dpfl.init_context(key, data, model, config, runtime,
+                                   extra_checks=lambda d: check_k(config.k, d.agents))
+    phi = fit_feature_map(config.feature_map, ctx.keys["feature_map"], ctx.x_public,
+                          config.feature_dim)
+    return api.State(step=0, values={}, context=dataclasses.replace(ctx, extra=phi))
+
+
+def num_steps(config: Config) -> int:
+    return len(PHASES)
+
+
+def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dict]:
+    """Run the next phase (``key`` unused: each phase has its named stream, see the module)."""
+    phase = voting_dpfl.check_step(state, PHASES)
+    ctx: voting_dpfl.Context = state.context
+    cfg = ctx.config
+    if phase == "vote":
+        phi: FeatureMap = ctx.extra
+        feats = agent_features(phi, ctx.data.agents)
+        queries = phi.apply(ctx.x_public[ctx.query_indices], lead=1)              # [Q, m]
+        fn = ballot_fn(cfg.k, ctx.model.num_classes, cfg.knn_method)
+        values, metrics = voting_dpfl.vote_phase(state, fn, feats, queries)
+        metrics = {**metrics, "k": cfg.k}
+    else:
+        values, metrics = voting_dpfl.student_phase(state)
+    return voting_dpfl.advance(state, values, phase, metrics)
+
+
+output = voting_dpfl.output
+
+
+def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
+    """:func:`vote_ledger` with the run's noise-free sums (data-independent part only without a
+    state, before the vote, or without ``config.data_dependent``)."""
+    return vote_ledger(config, voting_dpfl.clean_sums(state))
+
+
+def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_public) -> Result:
+    """kNN-DPFL end to end (:func:`api.run`): feature map, kNN vote on Q public queries, student
+    training. ``x_public [n_public, *feature_shape]``: the server's unlabelled data."""
+    if not isinstance(config, Config):
+        raise ValueError(f"config must be a knn_dpfl.Config, got {type(config).__name__}")
+    if not isinstance(agents, StackedData):
+        raise ValueError(f"agents must be a StackedData, got {type(agents).__name__}")
+    x_public = voting_dpfl.check_run_args(agents, model, x_public)
+    data = api.FederatedData(agents=agents, num_classes=model.num_classes, x_public=x_public)
+    done = api.run(sys.modules[__name__], key, data, model, config)
+    v = done.state.values
+    return Result(params=v["params"], feature_map=done.state.context.extra,
+                  query_indices=done.state.context.query_indices, labels=v["labels"],
+                  clean_vote_sums=v.get("clean_vote_sums"), wall_time_s=done.wall_time_s,
+                  state=done.state)

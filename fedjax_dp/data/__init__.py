@@ -1,7 +1,8 @@
 """Datasets, file loaders and partitioners.
 
 * :class:`Dataset` - fixed train / public (server, unlabelled) / test splits.
-* Offline sources (no network): :func:`digits`, :func:`wbcd`, :func:`mnist5k`, :func:`synthetic`,
+* Offline sources (no network): :func:`digits`, :func:`wbcd`, :func:`mnist5k`,
+  :func:`mnist5k_oddeven` (PCA features, parity labels, 25 digit-pair domains), :func:`synthetic`,
   by name through :func:`load_dataset` / :data:`DATASETS`; :func:`resize_images`.
 * User files: :func:`load_npz`, :func:`load_idx`, :func:`load_libsvm`, :func:`load_csv`, then
   :func:`dataset_from_arrays`; TFDS (optional): :func:`load_tfds`.
@@ -13,13 +14,14 @@ from fedjax_dp.data.files import (dataset_from_arrays, load_csv, load_idx, load_
                                   read_idx, remap_labels)
 from fedjax_dp.data.partition import (PARTITIONS, by_domain, class_counts, dirichlet, iid,
                                       label_shards, one_class, partition)
-from fedjax_dp.data.sources import (DATASETS, digits, load_dataset, mnist5k, resize_images,
-                                    synthetic, wbcd)
+from fedjax_dp.data.sources import (DATASETS, digits, load_dataset, mnist5k, mnist5k_oddeven,
+                                    oddeven_pair_id, resize_images, synthetic, wbcd)
 from fedjax_dp.data.splits import split_indices
 from fedjax_dp.data.tfds_adapter import load_tfds
 
 __all__ = [
-    "Dataset", "DATASETS", "load_dataset", "digits", "wbcd", "mnist5k", "synthetic",
+    "Dataset", "DATASETS", "load_dataset", "digits", "wbcd", "mnist5k", "mnist5k_oddeven",
+    "oddeven_pair_id", "synthetic",
     "resize_images", "load_npz", "load_idx", "read_idx", "load_libsvm", "load_csv",
     "remap_labels", "dataset_from_arrays", "split_indices", "load_tfds", "PARTITIONS",
     "partition", "iid", "dirichlet", "label_shards", "one_class", "by_domain", "class_counts",

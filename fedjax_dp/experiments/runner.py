@@ -27,7 +27,7 @@ from fedjax_dp.core import from_partition, rng
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import registry
 from fedjax_dp.models import make_model
-from fedjax_dp.train import LocalTrainConfig, accuracy
+from fedjax_dp.train import LocalTrainConfig
 
 _PACKAGES = ("fedjax-dp", "jax", "jaxlib", "flax", "optax", "chex", "numpy", "scipy",
              "dp-accounting", "scikit-learn")
@@ -48,7 +48,7 @@ class Plan:
     """Everything validated from a resolved config, before any data is loaded or trained on."""
 
     config: dict
-    entry: Any                                   # an algorithm module (or a legacy entry)
+    entry: Any                                   # an algorithm module (fedjax_dp.algorithms.api)
     algorithm_config: Any
     local: LocalTrainConfig
 
@@ -73,9 +73,11 @@ def plan(config: dict) -> Plan:
     algo = dict(config["algorithm"])
     entry = registry.get(algo.pop("name"))
     local = config_lib.build_dataclass(LocalTrainConfig, config["train"], "train")
-    extra = {"local": local} if registry.uses_local_train(entry) else {}
-    algorithm_config = config_lib.build_dataclass(registry.config_class(entry), algo, "algorithm",
-                                                  **extra)
+    extra = {"local": local} if entry.USES_LOCAL_TRAIN else {}
+    algo_fields = {f.name for f in dataclasses.fields(entry.Config)}
+    if "delta" in algo_fields and "delta" not in algo:
+        algo["delta"] = config["privacy"]["delta"]      # a target delta defaults to [privacy]'s
+    algorithm_config = config_lib.build_dataclass(entry.Config, algo, "algorithm", **extra)
     return Plan(config=config, entry=entry, algorithm_config=algorithm_config, local=local)
 
 
@@ -123,6 +125,21 @@ def load_data(d: dict) -> data_lib.Dataset:
                             domain_train=ds.domain_train)
 
 
+def partition_indices(d: dict, dataset: data_lib.Dataset, key) -> list:
+    """The agents' training-record indices for a resolved ``[data]`` table.
+
+    ``partition = "by_domain"`` uses the dataset's own training domains (e.g. mnist5k_oddeven's
+    (even, odd) digit pairs) unless ``partition_options.domains`` is given.
+    """
+    options = dict(d["partition_options"])
+    if d["partition"] == "by_domain" and "domains" not in options:
+        if dataset.domain_train is None:
+            raise config_lib.ConfigError(f"data.partition = \"by_domain\" needs a dataset with "
+                                         f"training domains; {dataset.name!r} has none")
+        options["domains"] = dataset.domain_train
+    return data_lib.partition(d["partition"], dataset.y_train, d["num_agents"], key, **options)
+
+
 def _jsonable(x):
     if isinstance(x, dict):
         return {k: _jsonable(v) for k, v in x.items()}
@@ -149,12 +166,12 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     root = rng.as_key(seed)
     d = config["data"]
     dataset = load_data(d)
-    indices = data_lib.partition(d["partition"], dataset.y_train, d["num_agents"],
-                                 rng.stream(root, "partition"), **d["partition_options"])
+    indices = partition_indices(d, dataset, rng.stream(root, "partition"))
     agents = from_partition(dataset.x_train, dataset.y_train, indices)
     model = make_model(config["model"]["name"], dataset.feature_shape, dataset.num_classes,
                        hidden=tuple(config["model"]["hidden"]))
-    rounds_total = getattr(p.algorithm_config, "rounds", None)
+    steps_total = p.entry.num_steps(p.algorithm_config)
+    phases = getattr(p.entry, "PHASES", None)             # one-shot: the steps are phases
     name = config["algorithm"]["name"]
 
     def on_round(t: int, record: dict) -> None:
@@ -164,43 +181,31 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
         if show:
             shown = " ".join(f"{k}={v:.4g}" for k, v in record.items()
                              if k != "round" and isinstance(v, float))
-            total = f"/{rounds_total}" if rounds_total else ""
-            print(f"[{name}] round {t}{total} {shown}", file=sys.stderr, flush=True)
+            what = f"phase {t}/{steps_total} {phases[t - 1]}" if phases else \
+                f"round {t}/{steps_total}"
+            print(f"[{name}] {what} {shown}", file=sys.stderr, flush=True)
 
     chunk = config["run"]["chunk_size"] or None          # 0 -> all agents at once
     key = rng.stream(root, "algorithm")
-    extra_fields: dict = {}        # from an algorithm's optional artifacts(state, out, config)
-    if registry.is_protocol(p.entry):
-        fed = FederatedData(agents=agents, num_classes=dataset.num_classes,
-                            x_public=dataset.x_public, y_public=dataset.y_public)
-        x_test, y_test = dataset.x_test, dataset.y_test
+    fed = FederatedData(agents=agents, num_classes=dataset.num_classes,
+                        x_public=dataset.x_public, y_public=dataset.y_public)
+    x_test, y_test = dataset.x_test, dataset.y_test
 
-        def evaluate(output):
-            return {"test_accuracy": float(np.mean(output.predict_labels(x_test) == y_test))}
+    def evaluate(output):
+        return {"test_accuracy": float(np.mean(output.predict_labels(x_test) == y_test))}
 
-        done = api.run(p.entry, key, fed, model, p.algorithm_config,
-                       runtime=api.Runtime(chunk_size=chunk), evaluate=evaluate,
-                       eval_every=config["run"]["eval_every"], on_step=on_round)
-        output = p.entry.output(done.state)
-        test_acc = float(np.mean(output.predict_labels(x_test) == y_test))
-        ledgers = api.ledgers(p.entry, p.algorithm_config, done.state)
-        history = done.history
-        hook = getattr(p.entry, "artifacts", None)     # optional: extra files and result fields
-        if hook is not None:
-            extra_fields = hook(done.state, out, config) or {}
-    else:
-        ctx = registry.Context(key=key, dataset=dataset, agents=agents,
-                               model=model, local=p.local, config=p.algorithm_config,
-                               eval_every=config["run"]["eval_every"], chunk_size=chunk,
-                               on_round=on_round)
-        outcome = p.entry.execute(ctx)
-        if getattr(outcome, "predict", None) is not None:   # non-JAX final model (e.g. trees)
-            test_acc = float(np.mean(np.asarray(outcome.predict(dataset.x_test))
-                                     == dataset.y_test))
-        else:
-            test_acc = accuracy(outcome.model, outcome.params, dataset.x_test, dataset.y_test)
-        ledgers = (outcome.ledger, *getattr(outcome, "extra_ledgers", ()))
-        history = outcome.history
+    # run.eval_every evaluates the model between rounds; a one-shot method's phases before the
+    # last have no model yet, so it is evaluated once, at the end
+    eval_every = 0 if phases else config["run"]["eval_every"]
+    done = api.run(p.entry, key, fed, model, p.algorithm_config,
+                   runtime=api.Runtime(chunk_size=chunk), evaluate=evaluate,
+                   eval_every=eval_every, on_step=on_round)
+    output = p.entry.output(done.state)
+    test_acc = float(np.mean(output.predict_labels(x_test) == y_test))
+    ledgers = api.ledgers(p.entry, p.algorithm_config, done.state)
+    history = done.history
+    hook = getattr(p.entry, "artifacts", None)     # optional: extra files and result fields
+    extra_fields = (hook(done.state, out, config) or {}) if hook is not None else {}
     delta = config["privacy"]["delta"]
     privacy = []
     for ledger in ledgers:                                  # reported side by side, not composed

@@ -403,12 +403,22 @@ class SearchModel(NamedTuple):
 
 
 def _check_image(feature_shape, num_classes) -> tuple[int, ...]:
+    """The image shape ``(H, W, C)`` the network reads: an image ``[H, W, C]`` as it is, a
+    feature vector ``[D]`` as a ``1 x D x 1`` image (a row of pixels)."""
     shape = tuple(int(s) for s in feature_shape)
-    if len(shape) != 3 or any(s < 1 for s in shape):
-        raise ValueError(f"feature_shape must be an image shape [H, W, channels] of positive "
-                         f"sizes, got {shape}")
+    if len(shape) not in (1, 3) or any(s < 1 for s in shape):
+        raise ValueError(f"feature_shape must be an image shape [H, W, channels] or a feature "
+                         f"vector [D] of positive sizes, got {shape}")
     validation.check_int("num_classes", num_classes, minimum=2)
-    return shape
+    return (1, shape[0], 1) if len(shape) == 1 else shape
+
+
+def _on_image(fn: Callable, image: tuple[int, ...]) -> Callable:
+    """``fn(*args, x)`` with the example ``x [*feature_shape]`` reshaped to ``image``."""
+    def apply(*args):
+        *rest, x = args
+        return fn(*rest, jnp.reshape(x, image))
+    return apply
 
 
 def init_alphas(key: jax.Array, space: SearchSpace) -> dict:
@@ -422,7 +432,8 @@ def init_alphas(key: jax.Array, space: SearchSpace) -> dict:
 @functools.lru_cache(maxsize=32)
 def search_network(space: SearchSpace, feature_shape: Sequence[int], num_classes: int
                    ) -> SearchModel:
-    """The DARTS search network of ``space`` for images ``feature_shape = (H, W, C_in)``.
+    """The DARTS search network of ``space`` for images ``feature_shape = (H, W, C_in)`` (or
+    feature vectors ``(D,)``, read as ``1 x D x 1`` images).
 
     Cached: equal arguments give the same :class:`SearchModel` (so compiled functions keyed on it
     are shared).
@@ -433,8 +444,9 @@ def search_network(space: SearchSpace, feature_shape: Sequence[int], num_classes
     return SearchModel(
         init_weights=lambda key: _init_search_weights(key, space, shape[-1], num_classes),
         init_alphas=lambda key: init_alphas(key, space),
-        apply=functools.partial(_search_apply, space),
-        space=space, feature_shape=shape, num_classes=num_classes)
+        apply=_on_image(functools.partial(_search_apply, space), shape),
+        space=space, feature_shape=tuple(int(s) for s in feature_shape),
+        num_classes=num_classes)
 
 
 # --------------------------------------------------------------------------- genotypes
@@ -585,6 +597,7 @@ def fixed_network(genotype: Genotype, feature_shape: Sequence[int], num_classes:
     shape = _check_image(tuple(feature_shape), num_classes)
     return Model(init=lambda key: _init_fixed(key, genotype, shape[-1], num_classes, channels,
                                               cells, stem_multiplier),
-                 apply=functools.partial(_fixed_apply, genotype, channels, cells,
-                                         stem_multiplier),
-                 name="darts_fixed", feature_shape=shape, num_classes=num_classes)
+                 apply=_on_image(functools.partial(_fixed_apply, genotype, channels, cells,
+                                                   stem_multiplier), shape),
+                 name="darts_fixed", feature_shape=tuple(int(s) for s in feature_shape),
+                 num_classes=num_classes)

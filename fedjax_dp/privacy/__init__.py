@@ -1,8 +1,9 @@
-"""Privacy: noise mechanisms, dp-accounting wrappers, the privacy ledger and noise calibration.
+"""Privacy: noise mechanisms, dp-accounting wrappers, the privacy ledger and noise calibration;
+the shuffle-DP binomial vector sum and its exact PLD (:mod:`fedjax_dp.privacy.shuffle`).
 
 Builds on :mod:`fedjax_dp.core` only; it never trains and knows no algorithm.
 """
-from fedjax_dp.privacy import accounting, calibration, ledger, mechanisms
+from fedjax_dp.privacy import accounting, calibration, ledger, mechanisms, shuffle
 from fedjax_dp.privacy.accounting import (
     ACCOUNTANTS, DEFAULT_PLD_DISCRETIZATION, DEFAULT_RDP_ORDERS, composed_accountant,
     delta_for_epsilon, epsilon, epsilon_from_rdp, event_from_json, event_rdp, event_to_json,
@@ -15,10 +16,12 @@ from fedjax_dp.privacy.lnmax import lnmax_log_moments, lnmax_q, moments_epsilon
 from fedjax_dp.privacy.mechanisms import (
     agent_vote_noise, clip_by_global_norm, gaussian_mechanism, gaussian_noise, laplace_mechanism,
     laplace_noise, noisy_argmax_laplace, noisy_argmax_vote)
+from fedjax_dp.privacy.shuffle import BinomialSumEvent, ShuffleConfig, shuffle_vector_sum
 
 __all__ = [
     "gnmax_epsilon", "gnmax_logq", "gnmax_rdp", "gnmax_total_rdp",
-    "accounting", "calibration", "ledger", "mechanisms",
+    "accounting", "calibration", "ledger", "mechanisms", "shuffle",
+    "BinomialSumEvent", "ShuffleConfig", "shuffle_vector_sum",
     "ACCOUNTANTS", "DEFAULT_PLD_DISCRETIZATION", "DEFAULT_RDP_ORDERS", "composed_accountant",
     "delta_for_epsilon", "epsilon", "epsilon_from_rdp", "event_from_json", "event_rdp",
     "event_to_json", "gaussian_event", "laplace_event", "make_accountant",

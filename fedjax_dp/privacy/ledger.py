@@ -28,6 +28,12 @@ Every private algorithm returns a :class:`PrivacyLedger`. Each entry names
   - ``'rdp'`` (:meth:`PrivacyLedger.add_rdp`): a data-dependent per-order RDP vector (PATE-style
     analyses). Vectors of one unit add up on one fixed order grid; events of the same unit are
     converted to RDP on that grid and added too. Only the RDP accountant applies.
+  - ``'shuffle'`` (:meth:`PrivacyLedger.add_shuffle`): a
+    :class:`~fedjax_dp.privacy.shuffle.BinomialSumEvent` (releases of the shuffle-DP binomial
+    vector sum, which ``dp_accounting`` has no event for). Only the PLD accountant applies (the
+    binomial pair has infinite RDP): its exact PLD (:func:`fedjax_dp.privacy.shuffle.pld`) is
+    composed with the PLD of the unit's other events. Such events may also be members of a
+    ``'parallel'`` entry (worst member, as for DpEvents).
 
 Epsilon for a delta is always computed from these data by ``dp_accounting``.
 """
@@ -45,7 +51,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from fedjax_dp.core import validation
-from fedjax_dp.privacy import accounting
+from fedjax_dp.privacy import accounting, shuffle
 
 __all__ = ["UNITS", "LedgerEntry", "PrivacyLedger", "MAX_PARALLEL_COMBINATIONS"]
 
@@ -63,7 +69,10 @@ UNITS: dict[str, str] = {
 #: of one unit; more combinations than this is an error.
 MAX_PARALLEL_COMBINATIONS = 4096
 
-_KINDS = ("event", "parallel", "rdp")
+_KINDS = ("event", "parallel", "rdp", "shuffle")
+
+#: What a ledger accepts besides DpEvents: the shuffle mechanism's event (PLD accountant only).
+_SHUFFLE_EVENTS = (shuffle.BinomialSumEvent,)
 
 
 def _check_text(name: str, value: Any) -> str:
@@ -78,15 +87,38 @@ def _compose(events: Sequence[dp_event.DpEvent]) -> dp_event.DpEvent:
     return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(list(events))
 
 
-def _event_key(event: dp_event.DpEvent) -> str:
-    return json.dumps(accounting.event_to_json(event), sort_keys=True)
+def _is_shuffle(event: Any) -> bool:
+    return isinstance(event, _SHUFFLE_EVENTS)
+
+
+def _member_to_json(event: Any) -> dict:
+    """A DpEvent (``accounting.event_to_json``) or a shuffle event (its ``to_json``) as JSON."""
+    return event.to_json() if _is_shuffle(event) else accounting.event_to_json(event)
+
+
+def _member_from_json(data: Mapping) -> Any:
+    if isinstance(data, Mapping) and data.get("class_name") == shuffle.BinomialSumEvent.CLASS_NAME:
+        return shuffle.BinomialSumEvent.from_json(data)
+    return accounting.event_from_json(data)
+
+
+def _check_member(name: str, event: Any) -> Any:
+    if _is_shuffle(event):
+        return event
+    return accounting.check_event(name, event)
+
+
+def _event_key(event: Any) -> str:
+    return json.dumps(_member_to_json(event), sort_keys=True)
 
 
 @dataclasses.dataclass(frozen=True)
 class LedgerEntry:
-    """One record of the ledger (immutable). ``kind`` is ``'event'``, ``'parallel'`` or ``'rdp'``.
+    """One record of the ledger (immutable). ``kind``: ``'event'``, ``'parallel'``, ``'rdp'`` or
+    ``'shuffle'``.
 
-    ``event`` is set for ``'event'``, ``members`` (one event per member) for ``'parallel'``,
+    ``event`` is set for ``'event'`` (a DpEvent) and ``'shuffle'`` (a ``BinomialSumEvent``),
+    ``members`` (one DpEvent or ``BinomialSumEvent`` per member) for ``'parallel'``,
     ``orders`` and ``rdp`` for ``'rdp'`` (data-dependent). ``sensitivity`` is informational.
     """
     unit: str
@@ -105,6 +137,9 @@ class LedgerEntry:
         _check_text("relation", self.relation)
         if self.kind == "event" and self.event is None:
             raise ValueError("event must be a DpEvent for an entry of kind 'event', got None")
+        if self.kind == "shuffle" and not _is_shuffle(self.event):
+            raise ValueError("event must be a shuffle.BinomialSumEvent for an entry of kind "
+                             f"'shuffle', got {type(self.event).__name__}")
         if self.kind == "parallel" and not self.members:
             raise ValueError("members must be non-empty for an entry of kind 'parallel'")
         if self.kind == "rdp" and (not self.orders or len(self.orders) != len(self.rdp)):
@@ -117,10 +152,10 @@ class LedgerEntry:
 
     def to_json(self) -> dict:
         out: dict[str, Any] = {"unit": self.unit, "relation": self.relation, "kind": self.kind}
-        if self.kind == "event":
-            out["event"] = accounting.event_to_json(self.event)
+        if self.kind in ("event", "shuffle"):
+            out["event"] = _member_to_json(self.event)
         elif self.kind == "parallel":
-            out["members"] = [accounting.event_to_json(e) for e in self.members]
+            out["members"] = [_member_to_json(e) for e in self.members]
         else:
             out["orders"] = list(self.orders)
             out["rdp"] = list(self.rdp)
@@ -132,11 +167,32 @@ class LedgerEntry:
     def from_json(cls, data: Mapping) -> "LedgerEntry":
         kind = validation.check_choice("kind", data["kind"], _KINDS)
         return cls(unit=data["unit"], relation=data["relation"], kind=kind,
-                   event=accounting.event_from_json(data["event"]) if kind == "event" else None,
-                   members=tuple(accounting.event_from_json(e) for e in data.get("members", ())),
+                   event=(_member_from_json(data["event"]) if kind in ("event", "shuffle")
+                          else None),
+                   members=tuple(_member_from_json(e) for e in data.get("members", ())),
                    orders=tuple(float(a) for a in data.get("orders", ())),
                    rdp=tuple(float(r) for r in data.get("rdp", ())),
                    sensitivity=data.get("sensitivity"), note=data.get("note", ""))
+
+
+def _pld_epsilon(events: Sequence[Any], delta: float) -> float:
+    """PLD epsilon of DpEvents and shuffle events composed (one discretisation interval).
+
+    The DpEvents go through dp_accounting's PLD accountant; its PLD (the accountant's ``_pld``,
+    which dp_accounting exposes no other way) is composed with each shuffle event's exact PLD.
+    """
+    dp_events = [e for e in events if not _is_shuffle(e)]
+    shuffles = [e for e in events if _is_shuffle(e)]
+    total = None
+    if dp_events:
+        acc = accounting.composed_accountant(_compose(dp_events), "pld", None)
+        if getattr(acc, "_contains_non_dp_event", False):     # e.g. a noiseless Gaussian
+            return math.inf
+        total = acc._pld
+    for e in shuffles:
+        one = shuffle.pld(e, value_discretization_interval=accounting.DEFAULT_PLD_DISCRETIZATION)
+        total = one if total is None else total.compose(one)
+    return float(total.get_epsilon_for_delta(delta))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,15 +259,31 @@ class PrivacyLedger:
 
         Each unit's data lies in exactly one member (e.g. each party's records only in that
         party's model), so the guarantee is that of the worst member, found at report time
-        for the requested delta and accountant.
+        for the requested delta and accountant. Members may also be shuffle
+        ``BinomialSumEvent`` s (the unit is then evaluated by the PLD accountant only).
         """
         members = tuple(events_per_member)
         if not members:
             raise ValueError("events_per_member must hold at least one DpEvent, got none")
         for i, e in enumerate(members):
-            accounting.check_event(f"events_per_member[{i}]", e)
+            _check_member(f"events_per_member[{i}]", e)
         return self._append(LedgerEntry(kind="parallel", members=members,
                                         **self._common(unit, relation, sensitivity, note)))
+
+    def add_shuffle(self, unit: str, event: shuffle.BinomialSumEvent, *, relation: str,
+                    note: str = "") -> "PrivacyLedger":
+        """Record releases of the shuffle-DP binomial vector sum (``shuffle.make_event``).
+
+        Composes with the unit's other entries by PLD composition (the PLD accountant only; the
+        RDP accountant does not apply: the binomial pair has infinite Renyi divergence).
+        ``relation`` should be the one ``event.sensitivity`` was computed under
+        (``shuffle.RELATIONS``).
+        """
+        if not _is_shuffle(event):
+            raise ValueError(f"event must be a shuffle.BinomialSumEvent, got "
+                             f"{type(event).__name__}")
+        return self._append(LedgerEntry(kind="shuffle", event=event, **self._common(
+            unit, relation, float(event.sensitivity), note)))
 
     def add_rdp(self, unit: str, orders: Sequence[float], rdp: Sequence[float], *,
                 relation: str, note: str = "") -> "PrivacyLedger":
@@ -281,12 +353,16 @@ class PrivacyLedger:
         """The unit's composed ``DpEvent`` (a single event as is, several as ``ComposedDpEvent``).
 
         With parallel entries the worst member depends on the target: give ``delta`` (and the
-        accountant) to get the worst-case composition. Data-dependent units have no DpEvent.
+        accountant) to get the worst-case composition. Data-dependent units, and units with
+        shuffle (binomial sum) entries, have no DpEvent.
         """
         entries = self._entries_for(unit)
         if any(e.kind == "rdp" for e in entries):
             raise ValueError(f"unit {unit!r} has data-dependent RDP entries, which no DpEvent "
                              "describes; use rdp(unit) or epsilon(unit, delta)")
+        if self.has_shuffle(unit):
+            raise ValueError(f"unit {unit!r} has shuffle (binomial sum) entries, which no "
+                             "dp_accounting DpEvent describes; use epsilon(unit, delta, 'pld')")
         if any(e.kind == "parallel" for e in entries):
             if delta is None:
                 raise ValueError(f"unit {unit!r} has parallel entries: pass delta (and "
@@ -294,8 +370,15 @@ class PrivacyLedger:
             return _compose(self._evaluate(unit, delta, accountant).events)
         return _compose([e.event for e in entries])
 
+    def has_shuffle(self, unit: str) -> bool:
+        """Whether ``unit`` has shuffle (binomial sum) entries or parallel members (PLD only)."""
+        return any(e.kind == "shuffle" or (e.kind == "parallel" and any(map(_is_shuffle,
+                                                                             e.members)))
+                   for e in self._entries_for(unit))
+
     def epsilon(self, unit: str, delta: float, accountant: str = "rdp") -> float:
-        """Epsilon of ``unit`` at ``delta`` (``'rdp'`` or ``'pld'``; data-dependent: RDP only)."""
+        """Epsilon of ``unit`` at ``delta`` (``'rdp'`` or ``'pld'``; data-dependent: RDP only;
+        with shuffle entries: PLD only)."""
         return self._evaluate(unit, delta, accountant).epsilon
 
     def _evaluate(self, unit: str, delta: float, accountant: str) -> _Evaluation:
@@ -307,6 +390,15 @@ class PrivacyLedger:
             raise ValueError(
                 f"accountant must be 'rdp' for unit {unit!r}: it has data-dependent RDP "
                 f"entries, to which the {accountant!r} accountant does not apply")
+        with_shuffle = self.has_shuffle(unit)
+        if with_shuffle and accountant != "pld":
+            raise ValueError(
+                f"accountant must be 'pld' for unit {unit!r}: it has shuffle (binomial sum) "
+                f"entries, whose Renyi divergences are infinite (the {accountant!r} accountant "
+                "does not apply)")
+        if with_shuffle and dd:
+            raise ValueError(f"unit {unit!r} mixes data-dependent RDP and shuffle entries: no "
+                             "accountant applies to both")
         parallel = [e for e in entries if e.kind == "parallel"]
         # Distinct members of each parallel entry (identical members are evaluated once).
         choices = []
@@ -327,11 +419,13 @@ class PrivacyLedger:
             picks = iter(combo)
             events = []
             for e in entries:
-                if e.kind == "event":
+                if e.kind in ("event", "shuffle"):
                     events.append(e.event)
                 elif e.kind == "parallel":
                     events.append(e.members[next(picks)])
-            if dd:
+            if with_shuffle:
+                eps, order = _pld_epsilon(events, delta), None
+            elif dd:
                 total = dd_sum + (accounting.event_rdp(_compose(events), dd_orders)
                                   if events else 0.0)
                 eps, order = accounting.epsilon_from_rdp(dd_orders, total, delta)
@@ -355,8 +449,10 @@ class PrivacyLedger:
         ``{"orders": [...], "rdp": [...]}`` with its summed RDP vector), ``notes``, and where they
         apply ``rdp_order`` (the optimal order) and ``parallel`` (per parallel entry:
         ``num_members``, ``worst_member``, and ``distinct_members``, each
-        ``{"members": [indices], "event": ...}``). PLD is skipped for data-dependent units; a unit
-        none of the requested accountants applies to is an error. ``epsilon`` may be ``inf``.
+        ``{"members": [indices], "event": ...}``). PLD is skipped for data-dependent units, RDP for
+        units with shuffle entries (whose events appear as ``BinomialSumEvent`` JSON objects); a
+        unit none of the requested accountants applies to is an error. ``epsilon`` may be
+        ``inf``.
         """
         delta = validation.check_open_unit("delta", delta)
         if isinstance(accountants, str):
@@ -367,13 +463,17 @@ class PrivacyLedger:
         for unit in self.units():
             entries = self._entries_for(unit)
             dependent = self.data_dependent(unit)
-            usable = [a for a in accountants if not (dependent and a != "rdp")]
+            with_shuffle = self.has_shuffle(unit)
+            usable = [a for a in accountants if not (dependent and a != "rdp")
+                      and not (with_shuffle and a != "pld")]
             if not usable:
+                why, need = (("data-dependent RDP", "rdp") if not with_shuffle else
+                             ("shuffle entries", "pld"))
                 raise ValueError(f"accountants {list(accountants)} do not apply to unit "
-                                 f"{unit!r} (data-dependent RDP): include 'rdp'")
+                                 f"{unit!r} ({why}): include {need!r}")
             for acc in usable:
                 ev = self._evaluate(unit, delta, acc)
-                events: list[dict] = [accounting.event_to_json(e) for e in ev.events]
+                events: list[dict] = [_member_to_json(e) for e in ev.events]
                 if dependent:
                     orders, rdp = self.rdp(unit)
                     events.append({"orders": [float(a) for a in orders],
@@ -397,7 +497,7 @@ class PrivacyLedger:
         for i, m in enumerate(entry.members):
             key = _event_key(m)
             if key not in groups:
-                groups[key] = {"members": [], "event": accounting.event_to_json(m)}
+                groups[key] = {"members": [], "event": _member_to_json(m)}
             groups[key]["members"].append(i)
         return {"num_members": len(entry.members), "worst_member": int(worst),
                 "distinct_members": list(groups.values())}

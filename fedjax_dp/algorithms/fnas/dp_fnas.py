@@ -253,6 +253,22 @@ class Context:
     retrain: dict                          # lazily built: model, step
 
 
+_COMPILED: dict = {}
+
+
+def _compiled(fn, *args) -> tuple[Any, float]:
+    """``fn`` (a jitted function) compiled for the shapes of ``args``, and the seconds compiling
+    took (0 when an equal run already compiled it: runs with equal configs and shapes share it)."""
+    sig = (fn, jax.tree.structure(args),
+           tuple((np.shape(a), str(jnp.asarray(a).dtype) if not isinstance(a, jax.Array)
+                  else str(a.dtype)) for a in jax.tree.leaves(args)))
+    if sig in _COMPILED:
+        return _COMPILED[sig], 0.0
+    start = time.perf_counter()
+    _COMPILED[sig] = fn.lower(*args).compile()
+    return _COMPILED[sig], time.perf_counter() - start
+
+
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
     """Validate the parties, split their halves, initialise W and alpha, compile the search step.
@@ -275,9 +291,8 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     timings = {"search": 0.0, "retrain": 0.0, "compile_search": 0.0, "compile_retrain": 0.0}
     step_fn = fns.step
     if runtime.backend == "vmap" and config.search_steps:
-        start = time.perf_counter()
-        step_fn = fns.step.lower(state, jax.random.key(0), search_data).compile()
-        timings["compile_search"] = time.perf_counter() - start
+        step_fn, timings["compile_search"] = _compiled(fns.step, state, jax.random.key(0),
+                                                       search_data)
     ctx = Context(config=config, model=net, search_data=search_data, retrain_data=retrain_data,
                   search_step=step_fn, search_iterations=iters, retrain_iterations=retrain_iters,
                   runtime=runtime, timings=timings, retrain={})
@@ -328,18 +343,17 @@ def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
         ctx.timings["search"] += time.perf_counter() - start
         metrics["phase"] = 0
     else:
-        if "retrain" not in values:
+        if "step" not in ctx.retrain:     # first retraining step, or resumed from a checkpoint
             geno = genotype(state)
             feature_shape = ctx.search_data.train.x.shape[2:]
             fixed, fns = _retrain_fns(ctx, geno, feature_shape, ctx.model.num_classes)
-            r = fns.init(k_init)
+            if "retrain" not in values:
+                values["retrain"] = fns.init(k_init)
             step_fn = fns.step
             if ctx.runtime.backend == "vmap":
-                t0 = time.perf_counter()
-                step_fn = fns.step.lower(r, k_iter, ctx.retrain_data).compile()
-                ctx.timings["compile_retrain"] = time.perf_counter() - t0
+                step_fn, ctx.timings["compile_retrain"] = _compiled(
+                    fns.step, values["retrain"], k_iter, ctx.retrain_data)
             ctx.retrain.update(model=fixed, step=step_fn, genotype=geno)
-            values["retrain"] = r
         r = values["retrain"]
         for i in range(ctx.retrain_iterations):
             r, m = ctx.retrain["step"](r, jax.random.fold_in(k_iter, i), ctx.retrain_data)
@@ -357,7 +371,11 @@ def output(state: api.State) -> api.Output:
     """The retrained fixed network, or (before retraining) the search network with its alpha."""
     ctx: Context = state.context
     if "retrain" in state.values:
-        return api.Output(model=ctx.retrain["model"], params=state.values["retrain"].params)
+        model = ctx.retrain.get("model")
+        if model is None:                       # resumed from a checkpoint: rebuild (cached)
+            model, _ = _retrain_fns(ctx, genotype(state), ctx.search_data.train.x.shape[2:],
+                                    ctx.model.num_classes)
+        return api.Output(model=model, params=state.values["retrain"].params)
     s = state.values["search"]
     return api.Output(model=ctx.model.as_model(), params={"w": s.w, "alpha": s.alpha})
 

@@ -2,7 +2,7 @@
 
 kNN-DPFL needs, for every agent i and query t, the label histogram of the k records of agent i
 nearest to query t. ``jax.lax.top_k`` returns the k indices, but on CPU it is a single-threaded
-partial sort (~10-13 ns per element, 85% of the vote's time at N = 1000 x 600 x 1000). The
+partial sort over every record of every (agent, query) row. The
 histogram only needs the *set* of the k nearest, and that set is ``{j : s_j <= tau}`` where
 ``tau`` is the k-th smallest score. So:
 
@@ -23,7 +23,6 @@ histogram only needs the *set* of the k nearest, and that set is ``{j : s_j <= t
    min) move the nearer bracket end to the next record, ``c(lo) += 1`` or ``c(hi) -= 1``, until
    ``c = k`` at one end. Once at most 1/``compact`` of the block's rows are still searching,
    their scores are gathered into a small buffer and the last passes run on it alone.
-   Measured on 64-d data: ~8 passes per block of 8 x 128 rows, the last 2-3 on the buffer.
 3. **Counts and verification** (:func:`_block_counts`): the label counts of ``{s <= tau}``
    are sums of bit-packed one-hot codes (``ceil(log2(k + 1))`` bits a class, several classes per
    int32 word). If any row has not exactly ``min(k, n_i)`` chosen records -- a tie at the k-th
@@ -38,8 +37,8 @@ what kNN-DPFL's instance-level sensitivity ``sqrt(2)/k`` rests on
 (:mod:`fedjax_dp.algorithms.knn_dpfl`); the brute-force sensitivity test runs through this path.
 
 Blocks of ``agent_block`` agents x ``query_block`` queries keep a block's keys in cache across
-the passes; blocks are visited by ``lax.map`` (no Python loop). On the 2-core CPU this path is
-~8-12x faster than ``lax.top_k`` for N = 1000 x 600 x 1000 x 64, k = 30 (tools/bench_knn_vote.py).
+the passes; blocks are visited by ``lax.map`` (no Python loop). ``tools/bench_knn_vote.py``
+compares it with ``lax.top_k`` (figures in the README).
 """
 from __future__ import annotations
 
@@ -53,7 +52,7 @@ from jax.scipy.special import ndtri
 SEARCH_STEPS = 8          # count passes with model / regula-falsi guesses before bisection
 WALK_WIDTH = 3            # walk record by record once every row is this close to the k-th
 QUERY_BLOCK = 128         # queries per block: an [8, 600, 128] float32 block is 2.5 MB
-AGENT_BLOCK = 8           # agents per block: a [8 x 600, 65] x [65, 128] GEMM runs near peak
+AGENT_BLOCK = 8           # agents per block of the scores GEMM [8 n, d + 1] x [d + 1, 128]
 FIRST_COUNT_PASSES = 3    # count passes every block makes before the adaptive loop
 COMPACT = 32              # continue on a gathered buffer once <= 1/32 of a block's rows search
 FIRST_SPREAD = 6.0        # the first pass counts at the model quantile -+ this many records
@@ -90,7 +89,7 @@ def _passes(s: jax.Array, k: int, target, t0: jax.Array, dens: jax.Array, state,
 
     def count(t):
         # c(t) [a, q] for float thresholds t [a, q]: float compare (same order as the keys, but
-        # -0.0 == 0.0: the verification covers that corner); int16 partial counts are ~1.4x faster
+        # -0.0 == 0.0: the verification covers that corner); partial counts in int16 when they fit
         return jnp.sum((s <= t[:, None, :]).astype(count_dtype), axis=1,
                        dtype=count_dtype).astype(jnp.int32)
 
@@ -142,8 +141,7 @@ def _passes(s: jax.Array, k: int, target, t0: jax.Array, dens: jax.Array, state,
     def bracket_pass(lo_key, hi_key, c_lo, c_hi):
         # the first pass counts at two thresholds, t0 -+ FIRST_SPREAD records by the model
         # density: one read of the block usually brackets the k-th within ~2 x FIRST_SPREAD
-        # records (measured: one full pass fewer per block on 64-d Gaussian data, neutral on
-        # PCA features of MNIST); lo / hi become the nearest points with c < k / c >= k
+        # records; lo / hi become the nearest points with c < k / c >= k
         t_a, t_b = t0 - FIRST_SPREAD / dens, t0 + FIRST_SPREAD / dens
         c_a, c_b = count(t_a), count(t_b)
         k_a, k_b = _to_key(t_a), _to_key(t_b)
@@ -348,7 +346,7 @@ def _block_counts(xa, y, codes, n_real, stats, qa, k: int, num_classes: int,
                               walk_width=walk_width, compact=compact)
     bits, per = _code_layout(k)
     chosen = s <= _from_key(tau)[:, None, :]                                  # [a, n, q]
-    # one reduction for all W words (~10% faster than one per word)
+    # one reduction for all W words
     sums = jnp.sum(jnp.where(chosen[:, :, None, :], codes[..., None], 0), axis=1)  # [a, W, q]
     sums = jnp.swapaxes(sums, 1, 2)                                           # [a, q, W]
     counts = _unpack(sums, bits, per, num_classes)                            # [a, q, C]
@@ -371,9 +369,9 @@ def _query_block_size(q: int, target: int) -> int:
     """Queries per block: all ``q`` if ``q <= target``; else the multiple of 64 in
     ``[64, target]`` that pads ``q`` least (ties: the larger), else ``target``.
 
-    The scores GEMM ``[a n, d + 1] x [d + 1, qb]`` is ~1.4x faster per query when ``qb`` is a
-    multiple of 64 (measured on the 2-core CPU: 128 / 192 / 256 at 377-418 GFLOP/s, 100 / 200 at
-    225-291), which outweighs a few padded queries (Q = 1000: 8 blocks of 128, 24 padded).
+    The scores GEMM ``[a n, d + 1] x [d + 1, qb]`` runs faster per query when ``qb`` is a
+    multiple of 64 than at other sizes, which outweighs a few padded queries (Q = 1000: 8 blocks
+    of 128, 24 padded).
     """
     if q <= target:
         return max(1, q)

@@ -1,7 +1,9 @@
-"""The MPC vote shared by AE-DPFL and kNN-DPFL (voting-dpfl Algorithms 2-3, Theorems 5 and 7).
+"""The MPC noisy-argmax vote and its accounting (voting-dpfl Algorithms 2-3, Theorems 5 and 7).
 
-For Q public queries and N agents with ballots ``b_i(x_t)`` (length C: a one-hot prediction for
-AE-DPFL, neighbour label counts / k for kNN-DPFL)::
+The mechanism only: it never trains and knows no algorithm. For Q public queries and N agents
+with ballots ``b_i(x_t)`` of length C (``ballot="one_hot"``: a one-hot prediction, as AE-DPFL
+casts; ``ballot="neighbour_counts"``: the labels of k records counted and divided by k, as
+kNN-DPFL casts)::
 
     released label of query t = argmax_c  sum_i ( b_i(x_t)_c + z_{i,t,c} ),   z_{i,t} ~ N(0, sigma^2/N I_C)
 
@@ -11,9 +13,8 @@ work is chunked), so the secure sum carries ``N(0, sigma^2 I_C)`` and no party e
 noise-free count.
 
 Noise modes (``noise=``): ``"per_agent"`` (default) simulates every agent's share as above:
-``N Q C`` normal draws, which can dominate the vote's cost (AE-DPFL's ballots are cheap; a kNN
-vote of 1000 agents x 1000 queries x 10 classes spends 0.15-0.2 s of ~0.8 s on its 10^7 draws
-on the 2-core CPU). ``"aggregate"`` draws the secure sum's noise directly, ``sigma N(0, I_C)``
+``N Q C`` normal draws, which can dominate the vote's cost when the ballots are cheap.
+``"aggregate"`` draws the secure sum's noise directly, ``sigma N(0, I_C)``
 per query from ``fold_in(fold_in(key, 2^32 - 1), t)`` (one virtual party: agent indices stay
 below 2^32 - 1): a sum of N independent ``N(0, sigma^2/N)`` shares IS ``N(0, sigma^2)``, so the
 released labels have exactly the same distribution and the same privacy guarantee; only the
@@ -34,15 +35,15 @@ Accounting (Theorem 5): a Gaussian mechanism on the vote sum with L2 sensitivity
 noise std ``sigma`` per query, composed over the Q queries: ``GaussianDpEvent(sigma / Delta)``
 self-composed Q times, RDP ``Q alpha Delta^2 / (2 sigma^2)``. Sensitivities (:func:`vote_sensitivity`):
 
-=========  ==========  =====================  ========================================================
-unit       algorithm   Delta                  why
-=========  ==========  =====================  ========================================================
-agent      both        1                      add/remove one agent removes its ballot (L2 norm <= 1)
-instance   AE-DPFL     sqrt(2)                one record can change the agent's one-hot vote
-instance   kNN-DPFL    sqrt(2) / k            one record changes <= 1 neighbour of one agent: 1/k in
-                                              two coordinates (derived; ``rule="derived"``)
-instance   kNN-DPFL    sqrt(2 / k)            the paper's looser value (``rule="paper"``)
-=========  ==========  =====================  ========================================================
+=========  ================  ===========  ========================================================
+unit       ballot            Delta        why
+=========  ================  ===========  ========================================================
+agent      both              1            add/remove one agent removes its ballot (L2 norm <= 1)
+instance   one_hot           sqrt(2)      one record can change the agent's one-hot vote
+instance   neighbour_counts  sqrt(2) / k  one record changes <= 1 neighbour of one agent: 1/k in
+                                          two coordinates (derived; ``rule="derived"``)
+instance   neighbour_counts  sqrt(2 / k)  the voting-dpfl paper's looser value (``rule="paper"``)
+=========  ================  ===========  ========================================================
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ from fedjax_dp.privacy.gnmax import PATE_ORDERS, gnmax_total_rdp
 
 __all__ = ["RELATIONS", "NOISE_MODES", "BallotFn", "vote_sensitivity", "vote_event", "vote_ledger",
            "agent_query_noise", "aggregate_noise", "mpc_vote", "mpc_vote_and_sums", "run_vote",
-           "vote_sums", "check_vote_args"]
+           "vote_sums", "check_vote_args", "BALLOTS"]
 
 #: How the vote's noise is simulated (see the module docstring): every agent's share, or the
 #: secure sum's total at once (same distribution of the released labels).
@@ -76,29 +77,32 @@ RELATIONS: dict[str, str] = {
     "instance": "add/remove one training instance of one agent",
 }
 
+#: The ballot kinds :func:`vote_sensitivity` knows.
+BALLOTS = ("one_hot", "neighbour_counts")
+
 BallotFn = Callable[[Any, jax.Array], jax.Array]   # (agents chunk [a, ...], queries [q, ...]) -> [a, q, C]
 
 
 # --------------------------------------------------------------------------- accounting
 
-def vote_sensitivity(unit: str, algorithm: str = "ae", k: int | None = None,
+def vote_sensitivity(unit: str, ballot: str = "one_hot", k: int | None = None,
                      rule: str = "derived") -> float:
     """L2 sensitivity of the vote sum per query for ``unit`` (see the module table).
 
-    ``algorithm``: ``'ae'`` (one-hot ballots) or ``'knn'`` (label counts / k, needs ``k``).
-    ``rule``: ``'derived'`` (``sqrt(2)/k`` for kNN-DPFL instance level) or ``'paper'`` (the
-    paper's ``sqrt(2/k)``, kept only to reproduce its tables).
+    ``ballot``: ``'one_hot'`` or ``'neighbour_counts'`` (label counts of k records / k, needs
+    ``k``). ``rule``: ``'derived'`` (``sqrt(2)/k`` for neighbour counts at instance level) or
+    ``'paper'`` (the voting-dpfl paper's ``sqrt(2/k)``, kept only to reproduce its tables).
     """
     validation.check_choice("unit", unit, tuple(RELATIONS))
-    validation.check_choice("algorithm", algorithm, ("ae", "knn"))
+    validation.check_choice("ballot", ballot, BALLOTS)
     validation.check_choice("rule", rule, ("derived", "paper"))
-    if algorithm == "knn":
+    if ballot == "neighbour_counts":
         if k is None:
-            raise ValueError("k must be given (an integer >= 1) for algorithm 'knn'")
+            raise ValueError("k must be given (an integer >= 1) for ballot 'neighbour_counts'")
         k = validation.check_int("k", k, minimum=1)
     if unit == "agent":
         return 1.0
-    if algorithm == "ae":
+    if ballot == "one_hot":
         return math.sqrt(2.0)
     return math.sqrt(2.0) / k if rule == "derived" else math.sqrt(2.0 / k)
 
@@ -272,21 +276,6 @@ def _release(key, agents, queries, sigma, *, ballot_fn, num_classes, agent_chunk
 def _clean(agents, queries, *, ballot_fn, num_classes, agent_chunk, query_chunk, mesh=None):
     return _tally(None, agents, queries, 0.0, ballot_fn=ballot_fn, num_classes=num_classes,
                   agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=False, mesh=mesh)
-
-
-def check_vote_config(config) -> None:
-    """Validate the vote fields shared by the AE-DPFL and kNN-DPFL Configs (names the field)."""
-    s = validation.check_positive("algorithm.sigma", config.sigma)
-    if not math.isfinite(s):
-        raise ValueError(f"algorithm.sigma must be finite, got {config.sigma!r}")
-    validation.check_int("algorithm.num_queries", config.num_queries, minimum=1)
-    for name in ("agent_chunk", "query_chunk"):
-        if getattr(config, name) is not None:
-            validation.check_int(f"algorithm.{name}", getattr(config, name), minimum=1)
-    if not isinstance(config.data_dependent, bool):
-        raise ValueError(f"algorithm.data_dependent must be true or false, "
-                         f"got {config.data_dependent!r}")
-    validation.check_choice("algorithm.vote_noise", config.vote_noise, NOISE_MODES)
 
 
 def check_vote_args(sigma, num_agents: int, num_queries: int, num_classes: int,

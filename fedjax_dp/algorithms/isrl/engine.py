@@ -1,0 +1,313 @@
+"""The compiled round of every ISRL-DP method: one pure ``round(key, values, data)``.
+
+    round(key, values, data: SiloData) -> (values, metrics)
+
+``values`` is the whole mutable state (a pytree of arrays; see :func:`initial_values`), ``data``
+the silos' stacked records and their record-sampling plan. Static choices (method, M, prox, q, ...)
+live in :class:`RoundSpec` and are compiled in. Because the hyper-parameters a sweep tunes
+(step size, clip norm, noise multiplier) are arrays in ``values["hyper"]``, one compiled round runs
+many seeds / step sizes / clips at once::
+
+    batched = jax.vmap(round_fn, in_axes=(0, 0, None))       # keys [S], values [S, ...]
+    values = jax.vmap(lambda k, h: initial_values(spec, model.init(k), h, N))(keys, hypers)
+
+Round r (every method):
+
+    k_avail, k_silos, k_extra = split(key, 3)
+    S_r      = M silos uniformly at random (availability.available_mask(k_avail))        [N] mask
+    u_i      = silo i's upload (uploads.py), silo key = split(k_silos, N)[i]; computed for all N
+               silos in one vmapped (or chunked / sharded) call, only S_r's are used
+    avg      = (1/M) sum_{i in S_r} u_i                                                 secure sum
+    v_r      = estimator (estimators.py): avg (MB-SGD), SPIDER or SVRG update
+    w_{r+1}  = prox_{eta f1}(w_r - eta v_r)
+
+Local SGD instead runs K local noisy prox-SGD steps in every silo from w_r (each step an upload
+of eq. (1) of :mod:`uploads`, kept inside the silo) and averages the available silos' models.
+``values["uploads"][i, u]`` counts silo i's releases of kind u (what its ledger composes).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.flatten_util import ravel_pytree
+
+from fedjax_dp.algorithms.isrl import availability, estimators, uploads
+from fedjax_dp.algorithms.isrl import prox as prox_lib
+from fedjax_dp.core import StackedData, agent_sum, for_each_agent
+from fedjax_dp.privacy import shuffle as shuffle_lib
+
+Params = Any
+
+METHODS = ("mb_sgd", "spider", "svrg", "local_sgd")
+
+#: The kinds of upload of each method (columns of ``values["uploads"]`` and ``SiloData.rates``).
+UPLOAD_KINDS = {
+    "mb_sgd": ("gradient",),
+    "spider": ("refresh", "difference"),
+    "svrg": ("snapshot", "difference"),
+    "local_sgd": ("local_step",),
+}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SiloData:
+    """The silos' records and record-sampling plan (a pytree, leading axis N everywhere).
+
+    rates [N, U]: Poisson rate p_iu of silo i's records in an upload of kind u.
+    denominators [N, U]: the fixed expected batch size p_iu n_i each upload divides by.
+    """
+
+    agents: StackedData
+    rates: jax.Array
+    denominators: jax.Array
+
+
+def sampling_plan(counts, batch_sizes) -> tuple[np.ndarray, np.ndarray]:
+    """``(rates, denominators)`` ``[N, U]`` float64: ``p_iu = min(1, K_u / n_i)``, ``p_iu n_i``."""
+    n = np.asarray(counts, np.float64).reshape(-1, 1)                      # [N, 1]
+    k = np.asarray(batch_sizes, np.float64).reshape(1, -1)                 # [1, U]
+    rates = np.minimum(1.0, k / n)
+    return rates, rates * n
+
+
+def silo_data(agents: StackedData, batch_sizes) -> SiloData:
+    rates, denoms = sampling_plan(np.asarray(agents.counts), batch_sizes)
+    return SiloData(agents=agents, rates=jnp.asarray(rates, jnp.float32),
+                    denominators=jnp.asarray(denoms, jnp.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundSpec:
+    """Static description of a round (hashable: the compiled round is cached on it).
+
+    period: q (SPIDER phase length) or m (SVRG epoch length). restart_every: Prox-PL-SVRG restarts
+    from a uniformly random iterate every this many rounds (0: never). smoothness: beta_hat of
+    the difference clip (None: 2C). private=False: no clipping, no noise. shuffle: a
+    :class:`fedjax_dp.privacy.shuffle.ShuffleConfig` replaces the silos' Gaussian uploads by the
+    shuffled vector sum of all available silos' per-record reports (SDP MB-SGD / SPIDER).
+    """
+
+    method: str
+    num_silos: int
+    num_available: int
+    prox: prox_lib.Prox = prox_lib.Prox()
+    private: bool = True
+    period: int = 1
+    restart_every: int = 0
+    local_steps: int = 1
+    smoothness: float | None = None
+    report_objective: bool = True
+    shuffle: Any = None            # a privacy.shuffle.ShuffleConfig: the SDP variants
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return UPLOAD_KINDS[self.method]
+
+
+def hyper(learning_rate: float, clip_norm: float, noise_multiplier) -> dict:
+    """``values["hyper"]``: float32 (vmap over them to sweep). ``noise_multiplier``: a scalar or
+    one z per silo ``[N]`` (:func:`initial_values` broadcasts it to ``[N]``).
+
+    The noise multipliers are rounded UP to float32 (the noise drawn is never below the
+    calibrated one; the ledger reads these values back)."""
+    z64 = np.asarray(noise_multiplier, np.float64)
+    z = z64.astype(np.float32)
+    z = np.where(z.astype(np.float64) < z64, np.nextafter(z, np.float32(np.inf)), z)
+    return {"learning_rate": jnp.float32(learning_rate), "clip_norm": jnp.float32(clip_norm),
+            "noise_multiplier": jnp.asarray(z, jnp.float32)}
+
+
+def initial_values(spec: RoundSpec, params: Params, hyper_values: dict) -> dict:
+    """The state before round 0 (pure, so it can be vmapped over initial parameters)."""
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    hyper_values = dict(hyper_values)
+    hyper_values["noise_multiplier"] = jnp.broadcast_to(
+        hyper_values["noise_multiplier"], (spec.num_silos,))                   # [N]
+    values = {"params": params, "round": jnp.zeros((), jnp.int32),
+              "uploads": jnp.zeros((spec.num_silos, len(spec.kinds)), jnp.int32),
+              "hyper": hyper_values}
+    if spec.method == "spider":
+        values.update(prev_params=params, v=zeros)
+    if spec.method == "svrg":
+        values.update(snapshot=params, snapshot_grad=zeros)
+        if spec.restart_every:
+            values["candidate"] = params
+    return values
+
+
+@functools.lru_cache(maxsize=None)
+def loss_for(model) -> Callable:
+    """The per-record cross-entropy of ``model`` (one function object per model, for caching)."""
+    from fedjax_dp.train import cross_entropy
+    return cross_entropy(model)
+
+
+def silo_functions(loss_fn: Callable, spec: RoundSpec) -> dict[str, Callable]:
+    """The one-silo functions a round lifts over the silo axis (each pure, for ONE silo):
+
+    gradient(key, params, x, y, mask, rate, denom, clip, z) -> (u, stats)      uploads eq. (1)
+    difference(key, params, ref, x, y, mask, rate, denom, clip, tau, z) -> (u, stats)   eq. (2)
+    local_sgd(key, params, x, y, mask, rate, denom, clip, z, lr) -> (params, stats): K local
+        noisy prox-SGD steps (step k uses ``split(key, K)[k]``)
+    loss(params, x, y, mask) -> mean loss over the silo's real records (f0's term)
+    """
+    gradient = uploads.gradient_upload(loss_fn, spec.private)
+    prox = spec.prox
+
+    def local_sgd(key, params, x, y, mask, rate, denom, clip, z, lr):
+        def body(p, k):
+            u, st = gradient(k, p, x, y, mask, rate, denom, clip, z)
+            return estimators.prox_step(prox, p, u, lr), st
+
+        p, st = jax.lax.scan(body, params, jax.random.split(key, spec.local_steps))
+        return p, jax.tree.map(jnp.sum, st)
+
+    def loss(params, x, y, mask):
+        losses = jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, x, y)        # [n_max]
+        w = mask.astype(losses.dtype)
+        return jnp.sum(w * losses) / jnp.maximum(jnp.sum(w), 1.0)
+
+    return {"gradient": gradient, "difference": uploads.difference_upload(loss_fn, spec.private),
+            "local_sgd": local_sgd, "loss": loss}
+
+
+@functools.lru_cache(maxsize=64)
+def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = None, mesh=None,
+               backend: str = "vmap") -> Callable:
+    """The jitted round of ``spec`` with per-record loss ``loss_fn(params, x, y)``.
+
+    ``backend='loop'`` is the reference of the vectorised path: a Python loop over the silos calls
+    the one-silo functions one silo at a time (unrolled when the round is traced, so the loop
+    compiles once too; :func:`fedjax_dp.core.for_each_agent`).
+    """
+    lift = functools.partial(for_each_agent, chunk_size=chunk_size, mesh=mesh, backend=backend)
+    one = silo_functions(loss_fn, spec)
+    # z is per silo ([N]): each silo's noise is calibrated for its own transcript
+    grad_up = lift(one["gradient"], (0, None, 0, 0, 0, 0, 0, None, 0))
+    diff_up = lift(one["difference"], (0, None, None, 0, 0, 0, 0, 0, None, None, 0))
+    local_up = lift(one["local_sgd"], (0, None, 0, 0, 0, 0, 0, None, 0, None))
+    objective = lift(one["loss"], (None, 0, 0, 0))
+    if spec.shuffle is not None:
+        if spec.method not in ("mb_sgd", "spider"):
+            raise ValueError(f"shuffle applies to methods mb_sgd and spider, got {spec.method!r}")
+        grad_rep = lift(uploads.gradient_reports(loss_fn, spec.shuffle.clip_norm),
+                        (0, None, 0, 0, 0, 0))
+        diff_rep = lift(uploads.difference_reports(loss_fn),
+                        (0, None, None, 0, 0, 0, 0, None, None))
+    m = float(spec.num_available)
+    prox = spec.prox
+
+    def round_fn(key, values, data: SiloData):
+        n = spec.num_silos
+        k_avail, k_silos, k_extra = jax.random.split(key, 3)
+        avail = availability.available_mask(k_avail, n, spec.num_available)    # [N]
+        keys = jax.random.split(k_silos, n)                                     # [N]
+        h = values["hyper"]
+        lr, clip, z = h["learning_rate"], h["clip_norm"], h["noise_multiplier"]   # z [N]
+        w, t = values["params"], values["round"]
+        a = data.agents
+        rates, denoms = data.rates, data.denominators
+        unravel = ravel_pytree(w)[1]
+
+        def average(tree):
+            return jax.tree.map(lambda l: l / m, agent_sum(tree, avail))
+
+        def gradients(col):
+            """(avg, stats): the server's average of the silos' gradient uploads."""
+            if spec.shuffle is not None:
+                return lambda: shuffled(*grad_rep(keys, w, a.x, a.y, a.mask, rates[:, col]),
+                                        denoms[:, col], 1.0)
+
+            def run():
+                u, st = grad_up(keys, w, a.x, a.y, a.mask, rates[:, col], denoms[:, col], clip, z)
+                return average(u), st
+            return run
+
+        def differences(ref, tau):
+            if spec.shuffle is not None:
+                return lambda: shuffled(*diff_rep(keys, w, ref, a.x, a.y, a.mask, rates[:, 1],
+                                                  clip, tau), denoms[:, 1], tau / clip)
+
+            def run():
+                u, st = diff_up(keys, w, ref, a.x, a.y, a.mask, rates[:, 1], denoms[:, 1], clip,
+                                tau, z)
+                return average(u), st
+            return run
+
+        def shuffled(rows, weights, st, denom, scale):
+            """SDP: every available silo's sampled reports go through ONE shuffled vector sum
+            (the server sees only per-coordinate integer sums); decoded, rescaled by ``scale``
+            and divided by the expected number of reports ``sum_{i in S_r} p_i n_i``."""
+            flat = rows.reshape((-1, rows.shape[-1]))                            # [N n_max, d]
+            wts = (weights * avail[:, None]).reshape(-1)                         # [N n_max]
+            est = shuffle_lib.shuffle_vector_sum(jax.random.fold_in(k_extra, 1), flat, wts,
+                                                 spec.shuffle)   # [d]
+            total = est * scale / jnp.sum(avail * denom)
+            return unravel(total), st
+
+        new = dict(values)
+        metrics = {}
+        if spec.method == "mb_sgd":
+            v, st = gradients(0)()
+            new_w = estimators.prox_step(prox, w, v, lr)
+            inc = jnp.ones((1,), jnp.int32)
+        elif spec.method == "spider":
+            refresh = estimators.is_refresh(t, spec.period)
+            tau = estimators.difference_clip(w, values["prev_params"], clip, spec.smoothness)
+            avg, st = jax.lax.cond(refresh, gradients(0),
+                                   differences(values["prev_params"], tau))
+            v = estimators.spider_update(values["v"], avg, refresh)
+            new_w = estimators.prox_step(prox, w, v, lr)
+            new.update(prev_params=w, v=v)
+            inc = jnp.stack([refresh, ~refresh]).astype(jnp.int32)
+            metrics["difference_clip"] = jnp.where(refresh, jnp.nan, tau)
+        elif spec.method == "svrg":
+            snap = estimators.is_refresh(t, spec.period)
+            tau = estimators.difference_clip(w, values["snapshot"], clip, spec.smoothness)
+            avg, st = jax.lax.cond(snap, gradients(0), differences(values["snapshot"], tau))
+            g, v = estimators.svrg_update(values["snapshot_grad"], avg, snap)
+            new_w = estimators.prox_step(prox, w, v, lr)
+            new.update(snapshot=jax.tree.map(lambda s, x: jnp.where(snap, x, s),
+                                             values["snapshot"], w), snapshot_grad=g)
+            inc = jnp.stack([snap, ~snap]).astype(jnp.int32)
+            metrics["difference_clip"] = jnp.where(snap, jnp.nan, tau)
+            if spec.restart_every:
+                # Prox-PL-SVRG (Alg. 2): the output of each restart is a uniformly random iterate
+                # of it (reservoir sampling: iterate j of the restart replaces the kept one with
+                # probability 1 / (j + 1)); the next restart starts from it.
+                j = t % spec.restart_every
+                keep_new = jax.random.uniform(k_extra) * (j + 1) < 1.0
+                cand = jax.tree.map(lambda c, x: jnp.where(keep_new, x, c), values["candidate"],
+                                    new_w)
+                end = (t + 1) % spec.restart_every == 0
+                new_w = jax.tree.map(lambda c, x: jnp.where(end, c, x), cand, new_w)
+                new["candidate"] = cand
+        else:                                                               # local_sgd
+            local, st = local_up(keys, w, a.x, a.y, a.mask, rates[:, 0], denoms[:, 0], clip, z,
+                                 lr)
+            new_w = average(local)
+            inc = jnp.full((1,), spec.local_steps, jnp.int32)
+        new["params"] = new_w
+        new["round"] = t + 1
+        new["uploads"] = values["uploads"] + avail.astype(jnp.int32)[:, None] * inc[None, :]
+        num = jnp.sum(avail)
+        metrics["num_available"] = num
+        metrics["batch_size"] = jnp.sum(avail * st["batch_size"]) / (num * spec.local_steps)
+        if spec.private:
+            metrics["clipped_fraction"] = jnp.sum(avail * st["clipped"]) / jnp.maximum(
+                jnp.sum(avail * st["batch_size"]), 1.0)
+        metrics["update_norm"] = optax.tree.norm(jax.tree.map(jnp.subtract, new_w, w))
+        if spec.report_objective:
+            f0 = jnp.mean(objective(new_w, a.x, a.y, a.mask))
+            f1 = prox_lib.value(prox, new_w)
+            metrics.update(f0=f0, f1=f1, objective=f0 + f1)
+        return new, metrics
+
+    return jax.jit(round_fn)

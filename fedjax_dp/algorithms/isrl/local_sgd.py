@@ -1,0 +1,52 @@
+"""ISRL-DP Local SGD (FedAvg with private local steps) and non-private Local SGD.
+
+Round r: every available silo runs K local steps from w_r,
+
+    w^{k+1} = prox_{eta f1}( w^k - eta u(w^k) ),   k = 0..K-1,
+
+each u an upload-equivalent noisy clipped minibatch gradient (:func:`uploads.gradient_upload`,
+eq. (1)); the server averages the available silos' models, w_{r+1} = (1/M) sum_{i in S_r} w_i^K.
+The final local model depends on every local noisy gradient, so every local step is a release:
+a silo's ledger composes K * (rounds available) Poisson-sampled Gaussian mechanisms (the reference
+code ignored them). ``LOCAL_SGD`` is the same code with no clipping and no noise.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from fedjax_dp.algorithms.isrl.protocol import Algorithm, Config as _Base, PrivateConfig
+from fedjax_dp.core import validation
+
+
+def _check(config) -> None:
+    validation.check_int("algorithm.local_steps", config.local_steps, minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(PrivateConfig):
+    """ISRL-DP Local SGD. local_steps: K local noisy steps per round."""
+
+    local_steps: int = 5
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class NonPrivateConfig(_Base):
+    """Non-private Local SGD (FedAvg). local_steps: K local steps per round."""
+
+    local_steps: int = 5
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check(self)
+
+
+ISRL_LOCAL_SGD = Algorithm(
+    name="isrl_local_sgd", Config=Config, method="local_sgd", private=True,
+    DESCRIPTION="ISRL-DP Local SGD: K noisy local steps per round, all accounted (Lowy et al.)")
+LOCAL_SGD = Algorithm(
+    name="local_sgd", Config=NonPrivateConfig, method="local_sgd", private=False,
+    DESCRIPTION="Local SGD (FedAvg with prox local steps), non-private baseline (ISRL family)")

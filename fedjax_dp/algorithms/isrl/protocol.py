@@ -1,0 +1,265 @@
+"""The ISRL-DP family on the algorithm protocol (:mod:`fedjax_dp.algorithms.api`).
+
+Every registered algorithm of the family is an :class:`Algorithm` object (the protocol is
+structural: ``Config``, ``DESCRIPTION``, ``USES_LOCAL_TRAIN``, ``init``, ``num_steps``, ``step``,
+``ledger``, ``output``) around the shared compiled round of :mod:`engine`. The config classes
+hold every field of a run (they do not read the ``[train]`` table).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.dp_fedsgd import resolve_chunk_size
+from fedjax_dp.algorithms.isrl import availability, calibration, engine
+from fedjax_dp.algorithms.isrl import prox as prox_lib
+from fedjax_dp.core import validation
+from fedjax_dp.models import Model
+from fedjax_dp.privacy import PrivacyLedger, accounting
+from fedjax_dp.train import check_trainable
+
+
+# --------------------------------------------------------------------------- configs
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Fields of every method (the non-private baselines use exactly these).
+
+    rounds: R communication rounds. num_available: M silos available per round (None: all N;
+    1 <= M <= N is checked at ``init``, when N is known). learning_rate: eta. batch_size: K, the
+    expected number of records of each upload (Poisson rate ``min(1, K / n_i)`` in silo i).
+    prox / prox_strength / prox_radius / prox_low / prox_high: f1 (:mod:`prox`).
+    report_objective: report F = f0 + f1 at the new iterate every round (a diagnostic over all
+    records of all silos; not private).
+    """
+
+    rounds: int = 50
+    num_available: int | None = None
+    learning_rate: float = 0.1
+    batch_size: int = 16
+    prox: str = "none"
+    prox_strength: float = 0.0
+    prox_radius: float = 1.0
+    prox_low: float = -1.0
+    prox_high: float = 1.0
+    report_objective: bool = True
+
+    def __post_init__(self):
+        validation.check_int("algorithm.rounds", self.rounds, minimum=1)
+        if self.num_available is not None:
+            validation.check_int("algorithm.num_available", self.num_available, minimum=1)
+        validation.check_positive("algorithm.learning_rate", self.learning_rate)
+        if not math.isfinite(self.learning_rate):
+            raise ValueError(f"algorithm.learning_rate must be finite, got {self.learning_rate}")
+        validation.check_int("algorithm.batch_size", self.batch_size, minimum=1)
+        self.make_prox()
+        if not isinstance(self.report_objective, bool):
+            raise ValueError(f"algorithm.report_objective must be true or false, got "
+                             f"{self.report_objective!r}")
+
+    def make_prox(self) -> prox_lib.Prox:
+        return prox_lib.Prox(self.prox, self.prox_strength, self.prox_radius, self.prox_low,
+                             self.prox_high)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateConfig(Config):
+    """ISRL-DP fields. clip_norm: C (per-record clip, global L2 norm). target_epsilon / delta:
+    each silo's whole transcript is (eps, delta)-DP (delta defaults to ``[privacy].delta`` when
+    run from a config file). noise_multiplier: skip calibration and use this z (std / sensitivity
+    of every upload). accountant: the dp-accounting accountant of the calibration.
+    calibrate_per_silo: each silo gets the smallest z that meets the target for its own sampling
+    rates (default), or (false) every silo gets the z of the silo with the largest rates."""
+
+    clip_norm: float = 1.0
+    target_epsilon: float = 1.0
+    delta: float = 1e-5
+    noise_multiplier: float | None = None
+    accountant: str = "rdp"
+    calibrate_per_silo: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        validation.check_positive("algorithm.clip_norm", self.clip_norm)
+        if not math.isfinite(self.clip_norm):
+            raise ValueError(f"algorithm.clip_norm must be finite, got {self.clip_norm}")
+        validation.check_positive("algorithm.target_epsilon", self.target_epsilon)
+        if not math.isfinite(self.target_epsilon):
+            raise ValueError(f"algorithm.target_epsilon must be finite, got "
+                             f"{self.target_epsilon}")
+        validation.check_open_unit("algorithm.delta", self.delta)
+        if self.noise_multiplier is not None:
+            validation.check_nonnegative("algorithm.noise_multiplier", self.noise_multiplier)
+            if not math.isfinite(self.noise_multiplier):
+                raise ValueError(f"algorithm.noise_multiplier must be finite, got "
+                                 f"{self.noise_multiplier}")
+        validation.check_choice("algorithm.accountant", self.accountant, accounting.ACCOUNTANTS)
+        if not isinstance(self.calibrate_per_silo, bool):
+            raise ValueError(f"algorithm.calibrate_per_silo must be true or false, got "
+                             f"{self.calibrate_per_silo!r}")
+
+
+def check_smoothness(value) -> None:
+    if value is not None:
+        validation.check_positive("algorithm.smoothness", value)
+
+
+# --------------------------------------------------------------------------- the algorithm
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """Static part of a run's state."""
+
+    data: engine.SiloData
+    model: Model
+    spec: engine.RoundSpec
+    round_fn: Any
+    noise_multiplier: np.ndarray       # [N] z_i of silo i's uploads (0 when non-private)
+    rates: np.ndarray                  # [N, U] float64, host copy of data.rates
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """One member of the family: ``method`` of :data:`engine.METHODS`, private or not.
+
+    ``batch_sizes(config)`` gives K per upload kind, ``spec_fields(config)`` the method's static
+    round fields, ``planned(config)`` the number of uploads of each kind a silo available every
+    round sends (what the noise is calibrated for).
+    """
+
+    name: str
+    Config: type
+    DESCRIPTION: str
+    method: str
+    private: bool
+    USES_LOCAL_TRAIN: bool = False
+
+    # ----------------------------------------------------------------- per-method plans
+    def batch_sizes(self, config) -> tuple[int, ...]:
+        if self.method in ("spider", "svrg"):
+            k2 = config.diff_batch_size or config.batch_size
+            return (config.batch_size, k2)
+        return (config.batch_size,)
+
+    def spec_fields(self, config) -> dict:
+        if self.method == "spider":
+            return dict(period=config.phase_length, smoothness=config.smoothness)
+        if self.method == "svrg":
+            return dict(period=config.epoch_length, smoothness=config.smoothness,
+                        restart_every=getattr(config, "restart_every", 0))
+        if self.method == "local_sgd":
+            return dict(local_steps=config.local_steps)
+        return {}
+
+    def planned(self, config) -> tuple[int, ...]:
+        r = config.rounds
+        if self.method in ("spider", "svrg"):
+            period = config.phase_length if self.method == "spider" else config.epoch_length
+            refresh = -(-r // period)
+            return (refresh, r - refresh)
+        if self.method == "local_sgd":
+            return (r * config.local_steps,)
+        return (r,)
+
+    # ----------------------------------------------------------------- protocol
+    def noise_multiplier(self, config, rates: np.ndarray) -> np.ndarray:
+        """z ``[N]``: the config's, or calibrated per silo (one calibration per distinct row of
+        rates; ``calibrate_per_silo = false``: one z for the largest rate of each kind)."""
+        n = rates.shape[0]
+        if not self.private:
+            return np.zeros(n)
+        if config.noise_multiplier is not None:
+            return np.full(n, float(config.noise_multiplier))
+        planned = self.planned(config)
+        if not config.calibrate_per_silo:
+            rows = np.broadcast_to(np.max(rates, axis=0), rates.shape)
+        else:
+            rows = rates
+        out = np.empty(n)
+        for i, row in enumerate(rows.tolist()):
+            out[i] = calibration.calibrate(config.target_epsilon, config.delta,
+                                           list(zip(row, planned)), config.accountant)
+        return out
+
+    def init(self, key: jax.Array, data: api.FederatedData, model: Model, config,
+             runtime: api.Runtime = api.Runtime(), *, loss_fn=None) -> api.State:
+        """Validate against the data, calibrate the noise, compile the round (once per spec).
+
+        ``loss_fn(params, x, y)``: per-record loss (default: the model's cross-entropy).
+        """
+        if not isinstance(config, self.Config):
+            raise ValueError(f"config must be a {self.Config.__qualname__}, got "
+                             f"{type(config).__name__}")
+        agents = data.agents if isinstance(data, api.FederatedData) else data
+        check_trainable(agents)
+        n = agents.num_agents
+        m = n if config.num_available is None else availability.check(config.num_available, n)
+        sdata = engine.silo_data(agents, self.batch_sizes(config))
+        rates = np.asarray(engine.sampling_plan(np.asarray(agents.counts),
+                                                self.batch_sizes(config))[0])
+        params = model.init(api.init_key(key))
+        z, extra = self.mechanism(config, rates, params)
+        spec = engine.RoundSpec(method=self.method, num_silos=n, num_available=m,
+                                prox=config.make_prox(), private=self.private,
+                                report_objective=config.report_objective,
+                                **self.spec_fields(config), **extra)
+        chunk = resolve_chunk_size(runtime.chunk_size, params, agents)
+        if self.method in ("spider", "svrg") and chunk is not None:
+            chunk = max(1, chunk // 2)          # two per-record gradients per silo
+        round_fn = engine.make_round(loss_fn or engine.loss_for(model), spec, chunk_size=chunk,
+                                     mesh=runtime.mesh, backend=runtime.backend)
+        clip = config.clip_norm if self.private else math.inf
+        values = engine.initial_values(spec, params, engine.hyper(config.learning_rate, clip, z))
+        return api.State(step=0, values=values,
+                         context=Context(data=sdata, model=model, spec=spec, round_fn=round_fn,
+                                         noise_multiplier=z, rates=rates))
+
+    def mechanism(self, config, rates: np.ndarray, params) -> tuple[float, dict]:
+        """``(z, extra RoundSpec fields)``: the Gaussian noise multiplier
+        (:meth:`noise_multiplier`), no extra fields."""
+        return self.noise_multiplier(config, rates), {}
+
+    def num_steps(self, config) -> int:
+        return config.rounds
+
+    def step(self, state: api.State, key: jax.Array) -> tuple[api.State, dict]:
+        ctx: Context = state.context
+        values, metrics = ctx.round_fn(key, state.values, ctx.data)
+        return api.State(step=state.step + 1, values=values, context=ctx), metrics
+
+    def output(self, state: api.State) -> api.Output:
+        return api.Output(model=state.context.model, params=state.values["params"])
+
+    def ledger(self, config, state: api.State) -> PrivacyLedger:
+        """What each silo released (``state.values["uploads"]``), worst silo by parallel
+        composition; empty for the non-private baselines."""
+        if not self.private:
+            return PrivacyLedger()
+        if state is None:
+            raise ValueError("state must be the run's state (its upload counts feed the ledger)")
+        ctx: Context = state.context
+        counts = np.asarray(state.values["uploads"], np.int64)                 # [N, U]
+        hyper = state.values.get("hyper", {}) if isinstance(state.values, dict) else {}
+        z = np.asarray(hyper["noise_multiplier"] if "noise_multiplier" in hyper
+                       else ctx.noise_multiplier, np.float64)   # the run's own z (per silo)
+        z = np.broadcast_to(z, (counts.shape[0],))
+        events = [calibration.silo_event(float(zi), list(zip(r, c)))
+                  for zi, r, c in zip(z.tolist(), ctx.rates.tolist(), counts.tolist())]
+        keep = calibration.worst_silos(ctx.rates, counts, z)
+        kinds = ", ".join(ctx.spec.kinds)
+        sens = ("sensitivity C for gradient uploads, tau = min(2C, beta_hat ||w - w_ref||) <= 2C "
+                "for difference uploads (noise std z times it)" if self.method in
+                ("spider", "svrg") else "sensitivity C (noise std z C)")
+        note = (f"{self.name}: each silo composes its own uploads ({kinds}; {sens}; Poisson record "
+                f"sampling, noise multipliers {z.min():.6g}..{z.max():.6g}, no amplification from "
+                f"silo availability); worst silo by parallel composition; members = silos "
+                f"{keep.tolist()[:20]}{' ...' if len(keep) > 20 else ''} (the others are "
+                f"dominated in rates, counts and noise)")
+        return PrivacyLedger().add_parallel(calibration.UNIT, [events[i] for i in keep],
+                                            relation=calibration.RELATION,
+                                            sensitivity=config.clip_norm, note=note)

@@ -1,0 +1,154 @@
+"""What one silo sends: noisy means of clipped per-record gradients (or gradient differences).
+
+Written for ONE silo (``x [n_max, ...]``, ``y [n_max]``, ``mask [n_max]``) and lifted over the
+stacked silo axis with :func:`fedjax_dp.core.for_each_agent`.
+
+Record sampling. Each upload draws a Poisson minibatch: every real record independently with
+probability ``rate`` = p_i (padding never), and divides by the FIXED expected batch size
+``denom`` = p_i n_i (never the realised size, which would leak it).
+
+Gradient upload (MB-SGD, SPIDER refresh, SVRG snapshot, one Local-SGD step):
+
+    u_i = ( sum_j b_ij clip_C(g(w, x_ij)) + N(0, (z C)^2 I) ) / (p_i n_i)                     (1)
+
+Difference upload (SPIDER, paper Alg. 3 l. 9-10; SVRG, Alg. 1 l. 9-10), on the SAME records:
+
+    d_ij = clip_tau( clip_C(g(w, x_ij)) - clip_C(g(w_ref, x_ij)) )
+    u_i  = ( sum_j b_ij d_ij + N(0, (z tau)^2 I) ) / (p_i n_i)                                  (2)
+
+with tau <= 2C public (``tau = min(2C, beta_hat ||w - w_ref||)``; clip_C is the projection onto
+the C-ball, 1-Lipschitz, so ``||d_ij|| <= beta ||w - w_ref||`` when g is beta-Lipschitz in w and
+the outer clip is then a no-op).
+
+``clip_C`` is over the whole parameter vector (global L2 norm over all leaves;
+:func:`fedjax_dp.train.clipped_grad_sum`). Privacy of one upload (unit: one record of this silo,
+relation add/remove it): the sum in (1) moves by at most C, in (2) by at most tau; the noise std
+is z times that: a Poisson-sampled Gaussian mechanism with noise multiplier z and rate p_i.
+With ``private=False`` there is no clipping and no noise (the non-private baselines).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.flatten_util import ravel_pytree
+
+from fedjax_dp.algorithms.dp_fedsgd import sample_records
+from fedjax_dp.train import clipped_grad_sum, per_example_grads
+
+Params = Any
+
+__all__ = ["sample_records", "clip_rows", "gaussian_noise", "gradient_upload", "difference_upload"]
+
+
+def clip_rows(grads: Params, clip) -> tuple[Params, jax.Array]:
+    """Clip each row (leading axis B) of a pytree to global L2 norm ``clip``.
+
+    Returns ``(clipped rows, norms [B] before clipping)``."""
+    norms = jax.vmap(optax.tree.norm)(grads)                                 # [B]
+    scale = jnp.minimum(1.0, clip / jnp.maximum(norms, 1e-12))               # [B]
+    return jax.tree.map(lambda g: g * scale.reshape((-1,) + (1,) * (g.ndim - 1)).astype(g.dtype),
+                        grads), norms
+
+
+def _weighted_sum(rows: Params, weights: jax.Array) -> Params:
+    return jax.tree.map(lambda g: jnp.tensordot(weights.astype(g.dtype), g, axes=(0, 0)), rows)
+
+
+def gaussian_noise(key: jax.Array, tree: Params, std) -> Params:
+    """``N(0, std^2 I)`` over every coordinate of ``tree``, drawn as ONE flat vector from ``key``
+    (i.i.d. coordinates as with a draw per leaf; one PRNG call compiles several times faster)."""
+    flat, unravel = ravel_pytree(tree)
+    return unravel(std * jax.random.normal(key, flat.shape, flat.dtype))
+
+
+def _finish(key, summed, std, denom, private):
+    if private:
+        summed = jax.tree.map(jnp.add, summed, gaussian_noise(key, summed, std))
+    return jax.tree.map(lambda s: s / denom, summed)
+
+
+def gradient_upload(loss_fn: Callable, private: bool) -> Callable:
+    """``upload(key, params, x, y, mask, rate, denom, clip, z) -> (u [params], stats)``: eq. (1)."""
+
+    def upload(key, params, x, y, mask, rate, denom, clip, z):
+        k_batch, k_noise = jax.random.split(key)
+        w = sample_records(k_batch, mask, rate)                               # [n_max]
+        if private:
+            summed, norms = clipped_grad_sum(loss_fn, params, x, y, w, clip)
+            clipped = jnp.sum(w * (norms > clip))
+        else:
+            summed = _weighted_sum(per_example_grads(loss_fn, params, x, y), w)
+            clipped = jnp.zeros(())
+        u = _finish(k_noise, summed, z * clip, denom, private)
+        return u, {"batch_size": jnp.sum(w), "clipped": clipped}
+
+    return upload
+
+
+def difference_upload(loss_fn: Callable, private: bool) -> Callable:
+    """Eq. (2): ``upload(key, params, ref, x, y, mask, rate, denom, clip, tau, z) -> (u, stats)``.
+    """
+
+    def upload(key, params, ref, x, y, mask, rate, denom, clip, tau, z):
+        k_batch, k_noise = jax.random.split(key)
+        w = sample_records(k_batch, mask, rate)                               # [n_max]
+        g_new = per_example_grads(loss_fn, params, x, y)                     # [n_max, ...]
+        g_ref = per_example_grads(loss_fn, ref, x, y)
+        if private:
+            g_new, _ = clip_rows(g_new, clip)
+            g_ref, _ = clip_rows(g_ref, clip)
+            diff, norms = clip_rows(jax.tree.map(jnp.subtract, g_new, g_ref), tau)
+            clipped = jnp.sum(w * (norms > tau))
+        else:
+            diff = jax.tree.map(jnp.subtract, g_new, g_ref)
+            clipped = jnp.zeros(())
+        u = _finish(k_noise, _weighted_sum(diff, w), z * tau, denom, private)
+        return u, {"batch_size": jnp.sum(w), "clipped": clipped}
+
+    return upload
+
+
+# --------------------------------------------------------------------------- shuffle-DP reports
+
+def _flat_rows(rows: Params) -> jax.Array:
+    """``[B, ...]`` pytree rows -> ``[B, d]`` (each row the flattened parameter vector)."""
+    return jax.vmap(lambda r: ravel_pytree(r)[0])(rows)
+
+
+def gradient_reports(loss_fn: Callable, clip) -> Callable:
+    """SDP: ``reports(key, params, x, y, mask, rate) -> (rows [n_max, d], weights [n_max], stats)``.
+
+    One report per record: its per-record gradient (the shuffle protocol clips it to C in L2 over
+    the whole vector, :func:`fedjax_dp.privacy.shuffle.clip`); ``weights`` is the Poisson mask.
+    """
+
+    def reports(key, params, x, y, mask, rate):
+        w = sample_records(key, mask, rate)                                   # [n_max]
+        rows = _flat_rows(per_example_grads(loss_fn, params, x, y))          # [n_max, d]
+        norms = jnp.linalg.norm(rows, axis=1)
+        return rows, w, {"batch_size": jnp.sum(w), "clipped": jnp.sum(w * (norms > clip))}
+
+    return reports
+
+
+def difference_reports(loss_fn: Callable) -> Callable:
+    """SDP: ``reports(key, params, ref, x, y, mask, rate, clip, tau) -> (rows, weights, stats)``.
+
+    Rows ``(C / tau) clip_tau(clip_C(g(w, x)) - clip_C(g(w_ref, x)))`` (norm <= C, so the
+    shuffle protocol's clip at C is a no-op and one report moves each coordinate's sum by at most
+    K grid steps, as for a gradient report); the server multiplies the decoded sum by ``tau / C``
+    (post-processing: tau is public).
+    """
+
+    def reports(key, params, ref, x, y, mask, rate, clip, tau):
+        w = sample_records(key, mask, rate)
+        g_new, _ = clip_rows(per_example_grads(loss_fn, params, x, y), clip)
+        g_ref, _ = clip_rows(per_example_grads(loss_fn, ref, x, y), clip)
+        diff, norms = clip_rows(jax.tree.map(jnp.subtract, g_new, g_ref), tau)
+        rows = _flat_rows(diff) * (clip / jnp.maximum(tau, 1e-30))
+        return rows, w, {"batch_size": jnp.sum(w), "clipped": jnp.sum(w * (norms > tau))}
+
+    return reports

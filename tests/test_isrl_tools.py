@@ -1,0 +1,26 @@
+"""Smoke run of tools/bench_isrl.py at a tiny size (so it cannot rot)."""
+import importlib.util
+import json
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+def test_bench_isrl_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_isrl", TOOLS / "bench_isrl.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "bench.json"
+    record = bench.main(["--silos", "3", "--local-size", "4", "--features", "3", "--hidden",
+                         "2", "--batch-size", "2", "--repeats", "1", "--loop-max", "2",
+                         "--check-silos-max", "3", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert written["runs"] == record["runs"] and [r["silos"] for r in written["runs"]] == [3]
+    run, = written["runs"]
+    assert run["results_agree"] is True                 # vectorised == loop over silos
+    assert run["loop_extrapolated"] and run["loop_silos_timed"] == 2
+    for run in written["runs"]:
+        for k in ("vectorised_refresh_s", "vectorised_difference_s", "loop_refresh_s",
+                  "loop_difference_s"):
+            assert run[k] > 0
+        assert run["speedup_refresh"] == run["loop_refresh_s"] / run["vectorised_refresh_s"]

@@ -1,0 +1,153 @@
+"""Benchmark: one ISRL-DP FedProx-SPIDER round over N silos, vectorised vs a loop over silos.
+
+    python tools/bench_isrl.py --silos 25,1000,10000 --out results/isrl/bench_isrl.json
+
+For each N (synthetic data: N silos x ``--local-size`` records x ``--features``, MLP with one
+hidden layer), in one run:
+
+* ``vectorised``: the library's compiled SPIDER round (:func:`fedjax_dp.algorithms.isrl.engine.
+  make_round`: every silo's upload in one vmapped, cache-chunked call, the secure sum, the
+  estimator and the prox step), timed for a refresh round (per-record gradients at w_r) and a
+  difference round (per-record gradients at w_r and w_{r-1}).
+* ``loop``: a Python loop over silos calling the SAME one-silo upload functions
+  (:func:`engine.silo_functions`), each jitted once, summing the uploads on the device (the way a
+  client-loop simulator runs). Over more than ``--loop-max`` silos the loop is timed on the first
+  ``--loop-max`` silos and scaled linearly (``loop_extrapolated``: per-silo calls are independent
+  and identical in cost).
+
+Printed and written: wall times per round of each kind, the ratios loop / vectorised, and the
+environment. The two paths compute the same uploads (checked on the smallest N: the vectorised
+sum equals the loop's).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import best_time, block, environment, write_json  # noqa: E402
+
+from fedjax_dp.algorithms.dp_fedsgd import resolve_chunk_size
+from fedjax_dp.algorithms.isrl import engine
+from fedjax_dp.core import StackedData
+from fedjax_dp.models import make_model
+
+
+def _data(n: int, size: int, features: int, classes: int, seed: int) -> StackedData:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, size, features)).astype(np.float32)          # [N, n, f]
+    y = rng.integers(0, classes, size=(n, size)).astype(np.int32)         # [N, n]
+    return StackedData(x=jnp.asarray(x), y=jnp.asarray(y), mask=jnp.ones((n, size), bool),
+                       counts=jnp.full((n,), size, jnp.int32))
+
+
+def bench_one(n: int, args, model, loss_fn, params) -> dict:
+    agents = _data(n, args.local_size, args.features, args.classes, seed=n)
+    sdata = engine.silo_data(agents, (args.batch_size, args.batch_size))
+    spec = engine.RoundSpec(method="spider", num_silos=n, num_available=n, period=2,
+                            report_objective=False)
+    chunk = resolve_chunk_size("auto", params, agents)
+    chunk = None if chunk is None else max(1, chunk // 2)
+    round_fn = engine.make_round(loss_fn, spec, chunk_size=chunk)
+    values0 = engine.initial_values(spec, params, engine.hyper(0.1, 1.0, 1.0))
+    key = jax.random.key(0)
+    t0 = time.perf_counter()
+    values1, _ = block(round_fn(key, values0, sdata))                    # round 0: refresh
+    compile_s = time.perf_counter() - t0
+    refresh_s = best_time(lambda: round_fn(key, values0, sdata), args.repeats)
+    diff_s = best_time(lambda: round_fn(key, values1, sdata), args.repeats)   # round 1: diff
+
+    # the loop: same one-silo functions, jitted once, one call per silo, sums on the device
+    fns = engine.silo_functions(loss_fn, spec)
+    grad = jax.jit(fns["gradient"])
+    diff = jax.jit(fns["difference"])
+    keys = jax.random.split(key, n)
+    looped = min(n, args.loop_max)
+    p0, p1 = values0["params"], values1["params"]
+    rates, denoms = sdata.rates, sdata.denominators
+    tau = jnp.float32(2.0)
+
+    # per-silo arguments sliced once, outside the timing (a client loop holds them per client)
+    silo_args = [(keys[i], agents.x[i], agents.y[i], agents.mask[i], rates[i, 0], denoms[i, 0],
+                  rates[i, 1], denoms[i, 1]) for i in range(looped)]
+    add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
+
+    def loop(kind):
+        total = None
+        for k, x, y, m, r0, d0, r1, d1 in silo_args:
+            if kind == "refresh":
+                u, _ = grad(k, p0, x, y, m, r0, d0, 1.0, 1.0)
+            else:
+                u, _ = diff(k, p1, p0, x, y, m, r1, d1, 1.0, tau, 1.0)
+            total = u if total is None else add(total, u)
+        return total
+
+    scale = n / looped
+    loop_refresh_s = best_time(lambda: loop("refresh"), args.loop_repeats) * scale
+    loop_diff_s = best_time(lambda: loop("difference"), args.loop_repeats) * scale
+    record = {"silos": n, "chunk_size": chunk, "compile_s": compile_s,
+              "vectorised_refresh_s": refresh_s, "vectorised_difference_s": diff_s,
+              "loop_refresh_s": loop_refresh_s, "loop_difference_s": loop_diff_s,
+              "loop_silos_timed": looped, "loop_extrapolated": looped < n,
+              "speedup_refresh": loop_refresh_s / refresh_s,
+              "speedup_difference": loop_diff_s / diff_s}
+    if n <= args.check_silos_max:
+        # same uploads: the vectorised sum == the loop's sum over the silos the loop ran
+        lifted = jax.jit(jax.vmap(fns["gradient"], in_axes=(0, None, 0, 0, 0, 0, 0, None, None)))
+        u, _ = lifted(keys, p0, agents.x, agents.y, agents.mask, rates[:, 0], denoms[:, 0], 1.0,
+                      1.0)
+        vec_sum = jax.tree.map(lambda l: l[:looped].sum(0), u)
+        record["results_agree"] = bool(all(
+            np.allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+            for a, b in zip(jax.tree.leaves(vec_sum), jax.tree.leaves(loop("refresh")))))
+    return record
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--silos", default="25,1000,10000", help="comma-separated N values")
+    ap.add_argument("--local-size", type=int, default=16, help="records per silo")
+    ap.add_argument("--features", type=int, default=10)
+    ap.add_argument("--hidden", type=int, default=16)
+    ap.add_argument("--classes", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=8, help="K1 = K2 expected records")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--loop-repeats", type=int, default=1)
+    ap.add_argument("--loop-max", type=int, default=1000,
+                    help="time the loop on at most this many silos and scale linearly")
+    ap.add_argument("--check-silos-max", type=int, default=25,
+                    help="check vectorised == loop sums for N up to this")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args(argv)
+    silos = [int(s) for s in args.silos.split(",") if s]
+    model = make_model("mlp", (args.features,), args.classes, hidden=(args.hidden,))
+    loss_fn = engine.loss_for(model)
+    params = model.init(jax.random.key(0))
+    runs = []
+    for n in silos:
+        rec = bench_one(n, args, model, loss_fn, params)
+        runs.append(rec)
+        print(f"N={n:>6}: vectorised refresh {rec['vectorised_refresh_s'] * 1e3:8.2f} ms, "
+              f"difference {rec['vectorised_difference_s'] * 1e3:8.2f} ms | loop refresh "
+              f"{rec['loop_refresh_s'] * 1e3:9.1f} ms, difference "
+              f"{rec['loop_difference_s'] * 1e3:9.1f} ms"
+              f"{' (extrapolated)' if rec['loop_extrapolated'] else ''} | speed-up "
+              f"{rec['speedup_refresh']:.1f}x / {rec['speedup_difference']:.1f}x", flush=True)
+    record = {"benchmark": "isrl_spider_round", "model": f"mlp {args.features}-{args.hidden}-"
+              f"{args.classes}", "num_params": int(sum(np.size(l) for l in
+                                                        jax.tree.leaves(params))),
+              "local_size": args.local_size, "batch_size": args.batch_size,
+              "environment": environment(), "runs": runs}
+    if args.out:
+        write_json(args.out, record)
+    return record
+
+
+if __name__ == "__main__":
+    main()
