@@ -320,7 +320,7 @@ def make_search(model: SearchModel, h: SearchHyper, *, chunk_size: int | None = 
 
     if backend == "loop":
         return SearchFns(init, step, gradients)
-    return SearchFns(jax.jit(init), jax.jit(step), jax.jit(gradients))
+    return SearchFns(init, jax.jit(step), jax.jit(gradients))
 
 
 class RetrainFns(NamedTuple):
@@ -382,6 +382,4 @@ def make_retrain(model, h: RetrainHyper, *, chunk_size: int | None = None,
         return (RetrainState(optax.apply_updates(state.params, up), opt, state.t + 1),
                 {"retrain_loss": jnp.mean(m["loss"]), "clipped_retrain": jnp.mean(m["clipped"])})
 
-    if backend == "loop":
-        return RetrainFns(init, step)
-    return RetrainFns(jax.jit(init), jax.jit(step))
+    return RetrainFns(init, step if backend == "loop" else jax.jit(step))
