@@ -25,8 +25,11 @@ from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 from fedjax_dp.models import darts
 
+#: The default (quick) sizes: compile time dominates on a CPU (~2 min per search program of
+#: this size on the loaded 2-core machine), and every K, privacy setting and noise level is a
+#: program of its own.
 QUICK = {"nodes": 2, "channels": 4, "cells": 3, "stem_multiplier": 1,
-         "primitives": ["none", "max_pool_3x3", "skip_connect", "sep_conv_3x3", "dil_conv_3x3"],
+         "primitives": ["none", "max_pool_3x3", "skip_connect", "sep_conv_3x3"],
          "search_epochs": 4, "batch_size": 64, "retrain_epochs": 6, "retrain_batch_size": 64}
 
 
@@ -74,20 +77,17 @@ def main(argv=None) -> dict:
     record = {"algorithm": dict(base["algorithm"]), "dataset": base["data"]["dataset"],
               "table1": [], "table2": [], "random_vs_searched": {}}
 
+    def save():                       # after every run: partial results survive a stop
+        (out_dir / "results.json").write_text(json.dumps(record, indent=2))
+        (out_dir / "table.md").write_text(_table(record))
+
     for private in (True, False):                                   # Table 1
         for k in args.parties:
             r = _run(base, data__num_agents=k, algorithm__private=private)
             record["table1"].append({"parties": k, "private": private, **r})
+            save()
     searched = next(r for r in record["table1"] if r["parties"] == 4 and r["private"]) \
         if 4 in args.parties else None
-    for noise in args.noises:                                       # Table 2
-        if noise == base["algorithm"]["noise_weights"] and searched is not None:
-            r = searched
-        else:
-            r = _run(base, data__num_agents=4, algorithm__noise_weights=noise,
-                     algorithm__noise_arch=noise)
-        record["table2"].append({"noise": noise, "error": 1.0 - r["test_accuracy"],
-                                 "epsilon_pld": r["epsilon_pld"]})
     if searched is not None:                                        # searched vs random
         nodes = base["algorithm"]["nodes"]
         prims = base["algorithm"].get("primitives", list(darts.PRIMITIVES))
@@ -99,11 +99,21 @@ def main(argv=None) -> dict:
                          algorithm__fixed_genotype=json.dumps(geno))
                 rows[name].append({"seed": seed, "genotype": geno,
                                    "test_accuracy": r["test_accuracy"]})
-        for name, rs in rows.items():
-            accs = [r["test_accuracy"] for r in rs]
-            record["random_vs_searched"][name] = {
-                "runs": rs, "mean": statistics.mean(accs),
-                "std": statistics.stdev(accs) if len(accs) > 1 else 0.0}
+            for name, rs in rows.items():
+                accs = [r["test_accuracy"] for r in rs]
+                record["random_vs_searched"][name] = {
+                    "runs": rs, "mean": statistics.mean(accs),
+                    "std": statistics.stdev(accs) if len(accs) > 1 else 0.0}
+            save()
+    for noise in args.noises:                                       # Table 2
+        if noise == base["algorithm"]["noise_weights"] and searched is not None:
+            r = searched
+        else:
+            r = _run(base, data__num_agents=4, algorithm__noise_weights=noise,
+                     algorithm__noise_arch=noise)
+        record["table2"].append({"noise": noise, "error": 1.0 - r["test_accuracy"],
+                                 "epsilon_pld": r["epsilon_pld"]})
+        save()
     (out_dir / "results.json").write_text(json.dumps(record, indent=2))
     (out_dir / "table.md").write_text(_table(record))
     _plot(record, out_dir / "plot.png")
