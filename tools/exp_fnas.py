@@ -70,8 +70,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--parties", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--noises", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0])
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="override algorithm fields of the base config (JSON values)")
     args = ap.parse_args(argv)
     base = _base(args)
+    for item in args.set:
+        key, value = item.split("=", 1)
+        base["algorithm"][key] = json.loads(value)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"algorithm": dict(base["algorithm"]), "dataset": base["data"]["dataset"],
