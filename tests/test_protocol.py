@@ -18,6 +18,7 @@ from fedjax_dp.algorithms import (ae_dpfl, api, dp_fedavg, dp_fedsgd, fedavg, fe
 from fedjax_dp.core import from_ragged
 from fedjax_dp.data import synthetic
 from fedjax_dp.algorithms import isrl
+from fedjax_dp.algorithms.fnas import dp_fnas
 from fedjax_dp.experiments import registry
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import PrivacyLedger
@@ -61,6 +62,11 @@ TINY.update({
     "sdp_mb_sgd": isrl.SDP_MB_SGD.Config(**_ISRL, noise_trials=64),
     "sdp_spider": isrl.SDP_SPIDER.Config(**_ISRL, noise_trials=64),
 })
+#: DP-FNAS: the smallest search space (the features read as a 1 x D x 1 image), one search and
+#: one retraining epoch
+TINY["dp_fnas"] = dp_fnas.Config(nodes=1, channels=2, cells=1, stem_multiplier=1,
+                                 primitives=("skip_connect", "max_pool_3x3"), search_epochs=1,
+                                 batch_size=4, retrain_epochs=1, retrain_batch_size=4)
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,11 @@ ALGORITHMS: dict[str, Any] = {
     "sdp_spider": isrl.SDP_SPIDER,
 }
 
+# DP-FNAS (dp-fnas paper): federated DP DARTS search, then DP retraining.
+from fedjax_dp.algorithms.fnas import dp_fnas as _dp_fnas  # noqa: E402
+
+ALGORITHMS["dp_fnas"] = _dp_fnas
+
 
 def get(name: str):
     if name not in ALGORITHMS:

@@ -204,6 +204,8 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     test_acc = float(np.mean(output.predict_labels(x_test) == y_test))
     ledgers = api.ledgers(p.entry, p.algorithm_config, done.state)
     history = done.history
+    hook = getattr(p.entry, "artifacts", None)     # optional: extra files and result fields
+    extra_fields = (hook(done.state, out, config) or {}) if hook is not None else {}
     delta = config["privacy"]["delta"]
     privacy = []
     for ledger in ledgers:                                  # reported side by side, not composed
@@ -221,6 +223,7 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
         "devices": [str(dv) for dv in jax.devices()],
         "history": history,
     }
+    result.update({k: v for k, v in extra_fields.items() if k not in result})
     result = _jsonable(result)
     if out is not None:
         (out / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))

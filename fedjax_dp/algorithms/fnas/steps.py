@@ -1,0 +1,385 @@
+"""DP-FNAS search and retraining as pure update functions (dp-fnas paper, Algorithm 1, Eq. 3-7).
+
+``make_search(model, hyper)`` returns an ``init`` / ``step`` pair over an explicit
+:class:`SearchState` (one global W and one global alpha on the server, their optimiser states);
+``step(state, key, data)`` is one search iteration for all K parties at once (the parties are the
+stacked agent axis, lifted with :func:`fedjax_dp.core.for_each_agent`) and is compiled once.
+
+One iteration t (party k, all parties in one vmapped computation):
+
+1. **Weight mechanism** (training half, Eq. 6). Poisson-sample the training records with one
+   rate for all parties, ``q = min(1, B / min_j n_j^tr)`` (so every party's records take
+   identical mechanisms); per-example gradients ``g_i = grad_W l(W, alpha; x_i)``,
+   clipped to R^G over the whole W pytree, summed, plus ``N(0, (sigma R^G)^2)``, divided by the
+   expected batch ``q n_k^tr``: ``G_k``. Server: ``G = mean_k G_k``; W is updated by the
+   server optimiser (SGD with momentum, weight decay, cosine schedule) on G (post-processing).
+2. **Virtual step** ``W' = W - xi G`` from the NOISED G (post-processing: no new access).
+3. **Architecture mechanism** (validation half, Eq. 5/7). Poisson-sample the validation records
+   with ``q = min(1, B / min_j n_j^val)``; per example the joint vector
+   ``[grad_alpha l(W', alpha; x_i), grad_W' l(W', alpha; x_i)]`` (first order: only the alpha
+   part) is clipped to R^H as one vector, summed, plus ``N(0, (tau R^H)^2)`` on every coordinate,
+   divided by the expected batch: ``(D_k, V_k)``.
+4. **Second-order mechanism** (training half again, second order only). ``v = mean_k V_k`` (the
+   noised gradient of the mean validation loss at W'), ``eps = 0.01 / ||v||``. A FRESH Poisson
+   sample of the training records; per example the mixed term
+   ``c_i = (grad_alpha l(W + eps v; x_i) - grad_alpha l(W - eps v; x_i)) / (2 eps)``
+   (``'finite_difference'``, DARTS) or exactly ``c_i = d/dW grad_alpha l(W; x_i) . v`` (``'jvp'``),
+   clipped to R^C, summed, plus ``N(0, (sigma_c R^C)^2)``, divided by the expected batch: ``C_k``.
+   This term reads training data, so it is a mechanism of its own, accounted on the training
+   records (see :mod:`fedjax_dp.algorithms.fnas.privacy`).
+5. ``H_k = D_k - xi C_k`` (first order: ``H_k = D_k``); server: alpha updated by Adam on
+   ``H = mean_k H_k`` (DARTS: lr 3e-4, betas (0.5, 0.999), weight decay 1e-3).
+
+Without noise and clipping, with every record sampled (``q = 1``) and the ``'jvp'`` mixed term,
+H is exactly ``grad_alpha F(alpha)`` of the unrolled objective
+``F(alpha) = mean_k L_val,k(W - xi grad_W mean_j L_trn,j(W, alpha), alpha)`` (tested).
+
+Keys: per iteration one key per draw kind (weights, architecture, second order), split per party,
+then per party into a sampling key and a noise key: no key is used twice.
+
+Retraining (``make_retrain``): the same weight mechanism on the fixed network over ALL records of
+every party (DP federated SGD), with its own sampling rate, clip norm and noise.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.flatten_util import ravel_pytree
+
+from fedjax_dp.core import for_each_agent
+from fedjax_dp.models.darts import SearchModel
+from fedjax_dp.privacy import mechanisms
+
+Params = Any
+
+
+class PartyData(NamedTuple):
+    """One split of the K parties' records, padded: ``x [K, n, ...]``, ``y [K, n]``,
+    ``mask [K, n]`` (real rows), ``rate [K]`` Poisson sampling rate, ``denom [K]`` the expected
+    batch ``rate * count`` every sum is divided by."""
+
+    x: jax.Array
+    y: jax.Array
+    mask: jax.Array
+    rate: jax.Array
+    denom: jax.Array
+
+
+class SearchData(NamedTuple):
+    """The parties' training halves (weights, second order) and validation halves (alpha)."""
+
+    train: PartyData
+    val: PartyData
+
+
+class SearchState(NamedTuple):
+    """Server state: global weights W, global alpha, their optimiser states, iterations done."""
+
+    w: Params
+    alpha: dict
+    w_opt: Any
+    a_opt: Any
+    t: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Mechanism:
+    """Clip norm and noise multiplier of one Gaussian mechanism (``private=False``: neither)."""
+
+    clip: float
+    noise: float
+    private: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchHyper:
+    """Static hyperparameters of the search step (hashable: the compiled step is cached on it)."""
+
+    weights: Mechanism
+    arch: Mechanism
+    second: Mechanism
+    order: str = "first"                    # 'first' | 'second'
+    second_order_method: str = "finite_difference"   # | 'jvp'
+    xi: float = 0.025                       # virtual step size (DARTS: the weight lr)
+    w_lr: float = 0.025
+    w_lr_min: float = 0.001
+    w_momentum: float = 0.9
+    w_weight_decay: float = 3e-4
+    total_iterations: int = 1               # length of the cosine schedule
+    alpha_lr: float = 3e-4
+    alpha_b1: float = 0.5
+    alpha_b2: float = 0.999
+    alpha_weight_decay: float = 1e-3
+
+
+def cross_entropy(logits: jax.Array, y: jax.Array) -> jax.Array:
+    """``-log softmax(logits)[y]`` for one example."""
+    return -jax.nn.log_softmax(logits)[y]
+
+
+def clip_and_sum(per_example: Params, weights: jax.Array, clip: float) -> tuple[Params, jax.Array]:
+    """``sum_b w_b v_b min(1, clip / ||v_b||)`` with the global L2 norm over the whole pytree.
+
+    ``per_example``: pytree with leading axis B; ``weights [B]`` (0/1 sampled mask). Each term has
+    norm <= clip, so adding or removing one record changes the sum by at most ``clip`` in L2.
+    Returns (sum, norms [B]).
+    """
+    norms = jax.vmap(optax.tree.norm)(per_example)                              # [B]
+    scale = weights * jnp.minimum(1.0, clip / jnp.maximum(norms, 1e-12))        # [B]
+    total = jax.tree.map(lambda g: jnp.tensordot(scale.astype(g.dtype), g, axes=(0, 0)),
+                         per_example)
+    return total, norms
+
+
+#: Rows per chunk of the per-example loop in :func:`noisy_mean`.
+CHUNK = 8
+
+
+def noisy_mean(key: jax.Array, per_example_fn: Callable, x: jax.Array, y: jax.Array,
+               mask: jax.Array, rate: jax.Array, denom: jax.Array, mech: Mechanism,
+               chunk: int = CHUNK):
+    """The Gaussian mechanism of one party on one split (Algorithm 1, "Gaussian mechanism").
+
+    Unit: one record of this split; relation: add/remove one record. Poisson sampling with
+    ``rate`` (a mask: ``bernoulli(rate) & mask``); ``per_example_fn(x_i, y_i) -> (pytree, loss)``;
+    each pytree clipped to ``mech.clip`` (global L2 norm), summed: sensitivity ``mech.clip``;
+    plus ``N(0, (mech.noise * mech.clip)^2)`` per coordinate; divided by the FIXED expected
+    batch ``denom`` (the realised batch size is not released). Event:
+    ``PoissonSampled(rate, Gaussian(mech.noise))``. Non-private: no clipping, no noise.
+
+    Only sampled rows are computed: they are moved to the front (stable order) and processed
+    ``chunk`` rows at a time by a ``while_loop`` that stops after the last sampled row; under
+    ``vmap`` over parties the loop runs to the largest party's sample. The result equals the
+    masked sum over all rows (cost ~ the sample, not the party's data).
+
+    Returns (noisy mean pytree, metrics dict of scalars).
+    """
+    k_sample, k_noise = jax.random.split(key)
+    sampled = jax.random.bernoulli(k_sample, rate, mask.shape) & mask            # [n]
+    order = jnp.argsort(~sampled, stable=True)                                  # sampled first
+    n = mask.shape[0]
+    n_pad = -(-n // chunk) * chunk
+    pad = [(0, n_pad - n)]
+    xs = jnp.pad(x[order], pad + [(0, 0)] * (x.ndim - 1))
+    ys = jnp.pad(y[order], pad)
+    ws = jnp.pad(sampled[order].astype(jnp.float32), pad)
+    count = jnp.sum(sampled)
+    clip = mech.clip if mech.private else jnp.inf
+    shapes = jax.eval_shape(per_example_fn, x[0], y[0])[0]
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    def body(carry):
+        j, total, loss, clipped = carry
+        rows = jax.lax.dynamic_slice_in_dim
+        xc, yc, wc = (rows(xs, j * chunk, chunk), rows(ys, j * chunk, chunk),
+                      rows(ws, j * chunk, chunk))
+        values, losses = jax.vmap(per_example_fn)(xc, yc)                       # [c, ...], [c]
+        part, norms = clip_and_sum(values, wc, clip)
+        return (j + 1, jax.tree.map(jnp.add, total, part), loss + jnp.sum(wc * losses),
+                clipped + jnp.sum(wc * (norms > clip)))
+
+    init = (jnp.zeros((), jnp.int32), zeros, jnp.zeros(()), jnp.zeros(()))
+    _, total, loss, clipped = jax.lax.while_loop(lambda c: c[0] * chunk < count, body, init)
+    if mech.private and mech.noise > 0:
+        # one draw for the whole pytree (one random-bits kernel instead of one per leaf: the
+        # per-leaf draws dominated compile time); i.i.d. N(0, (noise clip)^2) per coordinate
+        flat, unravel = ravel_pytree(total)
+        total = unravel(flat + mechanisms.gaussian_noise(k_noise, flat.shape,
+                                                         mech.noise * mech.clip))
+    batch = jnp.maximum(count.astype(jnp.float32), 1.0)
+    metrics = {"loss": loss / batch, "clipped": clipped / batch,
+               "batch": count.astype(jnp.float32)}
+    return jax.tree.map(lambda t: t / denom, total), metrics
+
+
+def _tree_mean0(tree):
+    return jax.tree.map(lambda l: jnp.mean(l, axis=0), tree)
+
+
+def _axpy(a, x, y):
+    """``y + a x`` over pytrees."""
+    return jax.tree.map(lambda xi, yi: yi + a * xi, x, y)
+
+
+def weight_optimizer(h: SearchHyper) -> optax.GradientTransformation:
+    """DARTS' weight optimiser: SGD, momentum, weight decay, cosine lr ``w_lr -> w_lr_min``."""
+    schedule = optax.cosine_decay_schedule(h.w_lr, max(h.total_iterations, 1),
+                                           alpha=h.w_lr_min / h.w_lr)
+    return optax.chain(optax.add_decayed_weights(h.w_weight_decay),
+                       optax.sgd(schedule, momentum=h.w_momentum))
+
+
+def alpha_optimizer(h: SearchHyper) -> optax.GradientTransformation:
+    """DARTS' architecture optimiser: Adam (b1 0.5, b2 0.999) with L2 weight decay."""
+    return optax.chain(optax.add_decayed_weights(h.alpha_weight_decay),
+                       optax.adam(h.alpha_lr, b1=h.alpha_b1, b2=h.alpha_b2))
+
+
+class SearchFns(NamedTuple):
+    """init(key) -> SearchState; step(state, key, data) -> (state, metrics);
+    gradients(state, key, data) -> (G, H, metrics), the server's noised gradients that ``step``
+    feeds to the optimisers."""
+
+    init: Callable
+    step: Callable
+    gradients: Callable
+
+
+@functools.lru_cache(maxsize=32)
+def make_search(model: SearchModel, h: SearchHyper, *, chunk_size: int | None = None,
+                backend: str = "vmap") -> SearchFns:
+    """``init`` / ``step`` (and ``gradients``) of the DP-FNAS search (cached on the arguments).
+
+    One ``step`` is one iteration of Algorithm 1 for all parties, jitted (``backend='loop'``: the
+    party functions run one party at a time, jitted each, for reference tests).
+    """
+    w_tx, a_tx = weight_optimizer(h), alpha_optimizer(h)
+
+    def loss(w, alpha, x, y):
+        return cross_entropy(model.apply(w, alpha, x), y)
+
+    grad_w = jax.value_and_grad(loss, argnums=0)
+    grad_wa = jax.value_and_grad(loss, argnums=(0, 1))
+
+    def party_weights(key, w, alpha, x, y, mask, rate, denom):
+        def per_example(xi, yi):
+            value, g = grad_w(w, alpha, xi, yi)
+            return g, value
+        return noisy_mean(key, per_example, x, y, mask, rate, denom, h.weights)
+
+    def party_arch(key, w_virtual, alpha, x, y, mask, rate, denom):
+        def per_example(xi, yi):
+            if h.order == "first":
+                value, g_alpha = jax.value_and_grad(loss, argnums=1)(w_virtual, alpha, xi, yi)
+                return (g_alpha, None), value
+            value, (g_w, g_alpha) = grad_wa(w_virtual, alpha, xi, yi)
+            return (g_alpha, g_w), value
+        return noisy_mean(key, per_example, x, y, mask, rate, denom, h.arch)
+
+    def party_second(key, w, alpha, v, eps, x, y, mask, rate, denom):
+        grad_alpha = jax.grad(loss, argnums=1)
+
+        def per_example(xi, yi):
+            if h.second_order_method == "jvp":
+                _, c = jax.jvp(lambda ww: grad_alpha(ww, alpha, xi, yi), (w,), (v,))
+            else:
+                plus = grad_alpha(_axpy(eps, v, w), alpha, xi, yi)
+                minus = grad_alpha(_axpy(-eps, v, w), alpha, xi, yi)
+                c = jax.tree.map(lambda p, m: (p - m) / (2 * eps), plus, minus)
+            return c, jnp.zeros(())
+        return noisy_mean(key, per_example, x, y, mask, rate, denom, h.second)
+
+    lift = functools.partial(for_each_agent, chunk_size=chunk_size, backend=backend)
+    weights_all = lift(party_weights, (0, None, None, 0, 0, 0, 0, 0))
+    arch_all = lift(party_arch, (0, None, None, 0, 0, 0, 0, 0))
+    second_all = lift(party_second, (0, None, None, None, None, 0, 0, 0, 0, 0))
+
+    def init(key: jax.Array) -> SearchState:
+        kw, ka = jax.random.split(key)
+        w, alpha = model.init_weights(kw), model.init_alphas(ka)
+        return SearchState(w=w, alpha=alpha, w_opt=w_tx.init(w), a_opt=a_tx.init(alpha),
+                           t=jnp.zeros((), jnp.int32))
+
+    def gradients(state: SearchState, key: jax.Array, data: SearchData):
+        """(G, H, metrics): the released server gradients of W and alpha of one iteration."""
+        tr, va = data.train, data.val
+        k = tr.x.shape[0]
+        k_w, k_a, k_c = jax.random.split(key, 3)
+        g_k, m_w = weights_all(jax.random.split(k_w, k), state.w, state.alpha,
+                               tr.x, tr.y, tr.mask, tr.rate, tr.denom)           # [K, ...]
+        g = _tree_mean0(g_k)                                                    # server mean
+        w_virtual = _axpy(-h.xi, g, state.w)                                    # W' = W - xi G
+        (d_k, v_k), m_a = arch_all(jax.random.split(k_a, k), w_virtual, state.alpha,
+                                   va.x, va.y, va.mask, va.rate, va.denom)
+        hess = _tree_mean0(d_k)
+        metrics = {"train_loss": jnp.mean(m_w["loss"]), "val_loss": jnp.mean(m_a["loss"]),
+                   "clipped_w": jnp.mean(m_w["clipped"]), "clipped_alpha": jnp.mean(m_a["clipped"]),
+                   "batch_train": jnp.mean(m_w["batch"]), "batch_val": jnp.mean(m_a["batch"])}
+        if h.order == "second":
+            v = _tree_mean0(v_k)                                                # noised dW'
+            eps = 0.01 / jnp.maximum(optax.tree.norm(v), 1e-12)
+            c_k, m_c = second_all(jax.random.split(k_c, k), state.w, state.alpha, v, eps,
+                                  tr.x, tr.y, tr.mask, tr.rate, tr.denom)
+            hess = _axpy(-h.xi, _tree_mean0(c_k), hess)                        # H = D - xi C
+            metrics["clipped_second"] = jnp.mean(m_c["clipped"])
+        return g, hess, metrics
+
+    def step(state: SearchState, key: jax.Array, data: SearchData):
+        g, hess, metrics = gradients(state, key, data)
+        w_up, w_opt = w_tx.update(g, state.w_opt, state.w)
+        a_up, a_opt = a_tx.update(hess, state.a_opt, state.alpha)
+        new = SearchState(w=optax.apply_updates(state.w, w_up),
+                          alpha=optax.apply_updates(state.alpha, a_up),
+                          w_opt=w_opt, a_opt=a_opt, t=state.t + 1)
+        return new, metrics
+
+    if backend == "loop":
+        return SearchFns(init, step, gradients)
+    return SearchFns(init, jax.jit(step), jax.jit(gradients))
+
+
+class RetrainFns(NamedTuple):
+    init: Callable
+    step: Callable
+
+
+class RetrainState(NamedTuple):
+    params: Params
+    opt: Any
+    t: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrainHyper:
+    """Retraining of the fixed network: DP federated SGD over all records of every party."""
+
+    mech: Mechanism
+    lr: float = 0.05
+    lr_min: float = 0.0
+    momentum: float = 0.9
+    weight_decay: float = 3e-4
+    total_iterations: int = 1
+
+
+@functools.lru_cache(maxsize=32)
+def make_retrain(model, h: RetrainHyper, *, chunk_size: int | None = None,
+                 backend: str = "vmap") -> RetrainFns:
+    """``init`` / ``step`` of retraining ``model`` (a :class:`~fedjax_dp.models.Model`) from scratch.
+
+    step(state, key, data: PartyData) -> (state, metrics): every party's noisy mean clipped
+    gradient over a Poisson sample of its records (:func:`noisy_mean`), averaged over parties,
+    one SGD-with-momentum step (cosine lr, weight decay) on the server.
+    """
+    schedule = optax.cosine_decay_schedule(h.lr, max(h.total_iterations, 1),
+                                           alpha=h.lr_min / h.lr)
+    tx = optax.chain(optax.add_decayed_weights(h.weight_decay),
+                     optax.sgd(schedule, momentum=h.momentum))
+    grad = jax.value_and_grad(lambda p, x, y: cross_entropy(model.apply(p, x), y))
+
+    def party(key, params, x, y, mask, rate, denom):
+        def per_example(xi, yi):
+            value, g = grad(params, xi, yi)
+            return g, value
+        return noisy_mean(key, per_example, x, y, mask, rate, denom, h.mech)
+
+    all_parties = for_each_agent(party, (0, None, 0, 0, 0, 0, 0), chunk_size=chunk_size,
+                                 backend=backend)
+
+    def init(key):
+        params = model.init(key)
+        return RetrainState(params=params, opt=tx.init(params), t=jnp.zeros((), jnp.int32))
+
+    def step(state: RetrainState, key: jax.Array, data: PartyData):
+        k = data.x.shape[0]
+        g_k, m = all_parties(jax.random.split(key, k), state.params, data.x, data.y, data.mask,
+                             data.rate, data.denom)
+        up, opt = tx.update(_tree_mean0(g_k), state.opt, state.params)
+        return (RetrainState(optax.apply_updates(state.params, up), opt, state.t + 1),
+                {"retrain_loss": jnp.mean(m["loss"]), "clipped_retrain": jnp.mean(m["clipped"])})
+
+    return RetrainFns(init, step if backend == "loop" else jax.jit(step))
