@@ -299,6 +299,31 @@ def test_chunked_sampled_rows_equal_masked_sum():
     assert float(metrics["batch"]) == float(jnp.sum(sampled)) > 4     # several chunks ran
 
 
+
+def test_one_party_path_equals_the_vmapped_one():
+    """``_over_parties`` calls the party function directly when K = 1 (a size-1 vmapped program
+    crashes XLA's CPU runtime): same values as ``vmap`` (keys, mapped and broadcast arguments,
+    noisy_mean's sampled-rows loop)."""
+    parties = 1
+    x = jax.random.normal(jax.random.key(1), (parties, 9, 3))
+    y = jnp.zeros((parties, 9), jnp.int32)
+    mask = jnp.ones((parties, 9), bool)
+    mech = steps.Mechanism(clip=0.7, noise=1.0)
+
+    def party(key, scale, xk, yk, mk):
+        return steps.noisy_mean(key, lambda xi, yi: ({"a": xi * scale}, jnp.sum(xi)), xk, yk,
+                                mk, 0.5, 2.0, mech, chunk=4)
+
+    keys = jax.random.split(jax.random.key(2), parties)
+    axes = (0, None, 0, 0, 0)
+    got = jax.jit(steps._over_parties(party, axes, chunk_size=None, backend="vmap"))(
+        keys, 2.0, x, y, mask)
+    want = jax.jit(jax.vmap(party, axes))(keys, 2.0, x, y, mask)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert a.shape == b.shape and a.shape[0] == parties
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
 # --------------------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("field,value,name", [

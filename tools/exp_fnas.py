@@ -72,6 +72,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="override algorithm fields of the base config (JSON values)")
+    ap.add_argument("--resume", action="store_true", help="keep the runs already in "
+                    "OUT/results.json (same base config) and run only the missing ones")
     args = ap.parse_args(argv)
     base = _base(args)
     for item in args.set:
@@ -81,6 +83,15 @@ def main(argv=None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"algorithm": dict(base["algorithm"]), "dataset": base["data"]["dataset"],
               "table1": [], "table2": [], "random_vs_searched": {}}
+    if args.resume and (out_dir / "results.json").exists():
+        saved = json.loads((out_dir / "results.json").read_text())
+        same = json.loads(json.dumps(record["algorithm"]))
+        if saved["algorithm"] != same or saved["dataset"] != record["dataset"]:
+            raise SystemExit(f"--resume: {out_dir / 'results.json'} was made with another base "
+                             "config")
+        record = saved
+    done1 = {(r["parties"], r["private"]) for r in record["table1"]}
+    done2 = {r["noise"] for r in record["table2"]}
 
     def save():                       # after every run: partial results survive a stop
         (out_dir / "results.json").write_text(json.dumps(record, indent=2))
@@ -88,12 +99,17 @@ def main(argv=None) -> dict:
 
     for private in (True, False):                                   # Table 1
         for k in args.parties:
+            if (k, private) in done1:
+                continue
             r = _run(base, data__num_agents=k, algorithm__private=private)
             record["table1"].append({"parties": k, "private": private, **r})
+            record["table1"].sort(key=lambda r: (not r["private"], r["parties"]))
             save()
     searched = next(r for r in record["table1"] if r["parties"] == 4 and r["private"]) \
         if 4 in args.parties else None
-    if searched is not None:                                        # searched vs random
+    if searched is not None and not all(                            # searched vs random
+            len(record["random_vs_searched"].get(n, {}).get("runs", [])) >= args.seeds
+            for n in ("searched", "random")):
         nodes = base["algorithm"]["nodes"]
         prims = base["algorithm"].get("primitives", list(darts.PRIMITIVES))
         rows = {"searched": [], "random": []}
@@ -111,6 +127,8 @@ def main(argv=None) -> dict:
                     "std": statistics.stdev(accs) if len(accs) > 1 else 0.0}
             save()
     for noise in args.noises:                                       # Table 2
+        if noise in done2:
+            continue
         if noise == base["algorithm"]["noise_weights"] and searched is not None:
             r = searched
         else:

@@ -220,6 +220,25 @@ def alpha_optimizer(h: SearchHyper) -> optax.GradientTransformation:
                        optax.adam(h.alpha_lr, b1=h.alpha_b1, b2=h.alpha_b2))
 
 
+def _over_parties(fn: Callable, in_axes: tuple, *, chunk_size: int | None,
+                  backend: str) -> Callable:
+    """``for_each_agent(fn, in_axes)`` over the party axis, except that ONE party (K = 1) calls
+    ``fn`` on party 0 and restores the axis: the vmapped program with a party axis of size 1
+    (a batched ``while_loop`` of size 1 in :func:`noisy_mean`) crashes XLA's CPU runtime with a
+    segmentation fault in jax 0.10.2, and a single party gains nothing from ``vmap``. Same
+    values either way (tested)."""
+    lifted = for_each_agent(fn, in_axes, chunk_size=chunk_size, backend=backend)
+
+    def call(*args):
+        if backend == "vmap" and jax.tree.leaves(args[0])[0].shape[0] == 1:
+            one = fn(*[jax.tree.map(lambda l: l[0], a) if ax == 0 else a
+                       for a, ax in zip(args, in_axes)])
+            return jax.tree.map(lambda l: l[None], one)
+        return lifted(*args)
+
+    return call
+
+
 class SearchFns(NamedTuple):
     """init(key) -> SearchState; step(state, key, data) -> (state, metrics);
     gradients(state, key, data) -> (G, H, metrics), the server's noised gradients that ``step``
@@ -274,7 +293,7 @@ def make_search(model: SearchModel, h: SearchHyper, *, chunk_size: int | None = 
             return c, jnp.zeros(())
         return noisy_mean(key, per_example, x, y, mask, rate, denom, h.second)
 
-    lift = functools.partial(for_each_agent, chunk_size=chunk_size, backend=backend)
+    lift = functools.partial(_over_parties, chunk_size=chunk_size, backend=backend)
     weights_all = lift(party_weights, (0, None, None, 0, 0, 0, 0, 0))
     arch_all = lift(party_arch, (0, None, None, 0, 0, 0, 0, 0))
     second_all = lift(party_second, (0, None, None, None, None, 0, 0, 0, 0, 0))
@@ -367,8 +386,8 @@ def make_retrain(model, h: RetrainHyper, *, chunk_size: int | None = None,
             return g, value
         return noisy_mean(key, per_example, x, y, mask, rate, denom, h.mech)
 
-    all_parties = for_each_agent(party, (0, None, 0, 0, 0, 0, 0), chunk_size=chunk_size,
-                                 backend=backend)
+    all_parties = _over_parties(party, (0, None, 0, 0, 0, 0, 0), chunk_size=chunk_size,
+                                backend=backend)
 
     def init(key):
         params = model.init(key)
