@@ -91,7 +91,10 @@ def test_sdp_calibrates_noise_trials_for_all_rounds(monkeypatch):
     (dict(granularity=0), "algorithm.granularity"),
     (dict(noise_trials=0), "algorithm.noise_trials"),
     (dict(target_epsilon=0.0), "algorithm.target_epsilon"), (dict(delta=1.5), "algorithm.delta"),
-    (dict(phase_length=0), "algorithm.phase_length")])
+    (dict(phase_length=0), "algorithm.phase_length"),
+    (dict(diff_batch_size=0), "algorithm.diff_batch_size"),
+    (dict(smoothness=0.0), "algorithm.smoothness"),
+    (dict(clip_norm=float("inf")), "algorithm.clip_norm")])
 def test_sdp_bad_config(kwargs, name):
     with pytest.raises(ValueError, match=name):
         sdp.SpiderConfig(**kwargs)

@@ -85,14 +85,7 @@ class PrivateConfig(Config):
 
     def __post_init__(self):
         super().__post_init__()
-        validation.check_positive("algorithm.clip_norm", self.clip_norm)
-        if not math.isfinite(self.clip_norm):
-            raise ValueError(f"algorithm.clip_norm must be finite, got {self.clip_norm}")
-        validation.check_positive("algorithm.target_epsilon", self.target_epsilon)
-        if not math.isfinite(self.target_epsilon):
-            raise ValueError(f"algorithm.target_epsilon must be finite, got "
-                             f"{self.target_epsilon}")
-        validation.check_open_unit("algorithm.delta", self.delta)
+        check_budget(self.clip_norm, self.target_epsilon, self.delta)
         if self.noise_multiplier is not None:
             validation.check_nonnegative("algorithm.noise_multiplier", self.noise_multiplier)
             if not math.isfinite(self.noise_multiplier):
@@ -104,9 +97,28 @@ class PrivateConfig(Config):
                              f"{self.calibrate_per_silo!r}")
 
 
+def check_budget(clip_norm, target_epsilon, delta) -> None:
+    """C > 0 and finite, target epsilon > 0 and finite, delta in (0, 1) (every private member,
+    Gaussian or shuffled)."""
+    for name, value in (("clip_norm", clip_norm), ("target_epsilon", target_epsilon)):
+        validation.check_positive(f"algorithm.{name}", value)
+        if not math.isfinite(value):
+            raise ValueError(f"algorithm.{name} must be finite, got {value}")
+    validation.check_open_unit("algorithm.delta", delta)
+
+
 def check_smoothness(value) -> None:
     if value is not None:
         validation.check_positive("algorithm.smoothness", value)
+
+
+def check_spider(config) -> None:
+    """SPIDER's own fields (ISRL-DP and SDP): phase_length q >= 1, diff_batch_size K2 >= 1 or
+    None, smoothness beta_hat > 0 or None."""
+    validation.check_int("algorithm.phase_length", config.phase_length, minimum=1)
+    if config.diff_batch_size is not None:
+        validation.check_int("algorithm.diff_batch_size", config.diff_batch_size, minimum=1)
+    check_smoothness(config.smoothness)
 
 
 # --------------------------------------------------------------------------- the algorithm

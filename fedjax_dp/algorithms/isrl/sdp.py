@@ -25,13 +25,12 @@ silos not dominated in (p_i, count_i). ``noise_trials`` N is calibrated
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import numpy as np
 
 from fedjax_dp.algorithms.isrl import calibration, protocol
-from fedjax_dp.algorithms.isrl.protocol import Algorithm, check_smoothness
+from fedjax_dp.algorithms.isrl.protocol import Algorithm
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import PrivacyLedger, shuffle
 
@@ -54,14 +53,7 @@ class Config(protocol.Config):
 
     def __post_init__(self):
         super().__post_init__()
-        validation.check_positive("algorithm.clip_norm", self.clip_norm)
-        if not math.isfinite(self.clip_norm):
-            raise ValueError(f"algorithm.clip_norm must be finite, got {self.clip_norm}")
-        validation.check_positive("algorithm.target_epsilon", self.target_epsilon)
-        if not math.isfinite(self.target_epsilon):
-            raise ValueError(f"algorithm.target_epsilon must be finite, got "
-                             f"{self.target_epsilon}")
-        validation.check_open_unit("algorithm.delta", self.delta)
+        protocol.check_budget(self.clip_norm, self.target_epsilon, self.delta)
         validation.check_int("algorithm.granularity", self.granularity, minimum=1,
                              maximum=2 ** 20)
         if self.noise_trials is not None:
@@ -80,10 +72,7 @@ class SpiderConfig(Config):
 
     def __post_init__(self):
         super().__post_init__()
-        validation.check_int("algorithm.phase_length", self.phase_length, minimum=1)
-        if self.diff_batch_size is not None:
-            validation.check_int("algorithm.diff_batch_size", self.diff_batch_size, minimum=1)
-        check_smoothness(self.smoothness)
+        protocol.check_spider(self)
 
 
 def dimension(params) -> int:

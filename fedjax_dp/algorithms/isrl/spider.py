@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fedjax_dp.algorithms.isrl.protocol import Algorithm, PrivateConfig, check_smoothness
-from fedjax_dp.core import validation
+from fedjax_dp.algorithms.isrl.protocol import Algorithm, PrivateConfig, check_spider
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +37,7 @@ class Config(PrivateConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        validation.check_int("algorithm.phase_length", self.phase_length, minimum=1)
-        if self.diff_batch_size is not None:
-            validation.check_int("algorithm.diff_batch_size", self.diff_batch_size, minimum=1)
-        check_smoothness(self.smoothness)
+        check_spider(self)
 
 
 ISRL_SPIDER = Algorithm(
