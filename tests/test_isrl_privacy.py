@@ -123,15 +123,19 @@ def test_more_available_than_silos_fails_before_work(monkeypatch):
     assert not called
 
 
-def test_noise_is_calibrated_per_silo_for_its_own_transcript():
+def test_noise_is_calibrated_per_silo_for_its_own_transcript(monkeypatch):
     """Each silo's z meets the target for its own rates (SPIDER: refresh and difference kinds,
     R = 5, q = 2: 3 refresh + 2 difference uploads); smaller silos (larger rates) need more
-    noise; ``calibrate_per_silo = false`` gives every silo the largest z."""
+    noise; ``calibrate_per_silo = false`` gives every silo the largest z; one calibration per
+    distinct row of rates."""
     algo = isrl.ISRL_SPIDER
     rates = np.array([[0.5, 0.25], [0.2, 0.1], [0.5, 0.25]])
     cfg = algo.Config(rounds=5, phase_length=2, target_epsilon=2.0, delta=DELTA)
+    calls = []
+    real = calibration.calibrate
+    monkeypatch.setattr(calibration, "calibrate", lambda *a: calls.append(a) or real(*a))
     z = algo.noise_multiplier(cfg, rates)
-    assert z.shape == (3,) and z[0] == z[2] and z[0] > z[1]
+    assert z.shape == (3,) and z[0] == z[2] and z[0] > z[1] and len(calls) == 2
     for zi, row in zip(z, rates):
         releases = list(zip(row, (3, 2)))
         assert _direct_epsilon(zi, releases, DELTA, "rdp") <= 2.0

@@ -192,11 +192,13 @@ class Algorithm:
             rows = np.broadcast_to(np.max(rates, axis=0), rates.shape)
         else:
             rows = rates
-        out = np.empty(n)
-        for i, row in enumerate(rows.tolist()):
-            out[i] = calibration.calibrate(config.target_epsilon, config.delta,
-                                           list(zip(row, planned)), config.accountant)
-        return out
+        # one calibration per DISTINCT row of rates (host side, once per run; equal-size silos
+        # share one), then every silo reads its row's z
+        distinct, inverse = np.unique(np.asarray(rows, np.float64), axis=0, return_inverse=True)
+        z = np.array([calibration.calibrate(config.target_epsilon, config.delta,
+                                            list(zip(row, planned)), config.accountant)
+                      for row in distinct.tolist()])
+        return z[np.reshape(inverse, -1)]
 
     def init(self, key: jax.Array, data: api.FederatedData, model: Model, config,
              runtime: api.Runtime = api.Runtime(), *, loss_fn=None) -> api.State:
