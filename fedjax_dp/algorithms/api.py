@@ -14,7 +14,9 @@ algorithm is a module (or any object) exposing pure functions over explicit stat
     ledger(config, state) -> PrivacyLedger | tuple[PrivacyLedger, ...]
     output(state) -> Output                      the final model, for evaluation
 
-and, optionally, ``PHASES: tuple[str, ...]``: a one-shot method names its steps (``num_steps``
+and, optionally, ``prefetch(state, key)``: called with step t+1's key right after step t is
+dispatched, so an algorithm can prepare the next round's cohort while the current one computes;
+and ``PHASES: tuple[str, ...]``: a one-shot method names its steps (``num_steps``
 of them); its ``output`` exists only after the last, so the runner evaluates it once, at the end
 (``run.eval_every`` applies to round-based algorithms), and shows progress by phase name.
 
@@ -38,6 +40,7 @@ import jax
 import numpy as np
 
 from fedjax_dp.core import StackedData, validation
+from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
 
@@ -92,16 +95,23 @@ class Runtime:
       None: all agents at once; an int).
     mesh: a ``jax.sharding.Mesh`` with an ``agents`` axis to shard the agent axis, or None.
     backend: ``"vmap"`` or ``"loop"`` (a Python loop over agents: debugging and reference tests).
+    cohort: ``"gather"`` (round-based algorithms train only the round's sampled agents, gathered
+      into a padded buffer: the round costs the cohort) or ``"masked"`` (every agent trains and
+      a mask selects the participants: the reference the gathered rounds are tested against).
+    progress: where long steps report progress (:mod:`fedjax_dp.core.progress`; silent by default).
     """
 
     chunk_size: int | str | None = "auto"
     mesh: Any = None
     backend: str = "vmap"
+    cohort: str = "gather"
+    progress: Any = progress_lib.SILENT
 
     def __post_init__(self):
         if self.chunk_size not in ("auto", None):
             validation.check_int("runtime.chunk_size", self.chunk_size, minimum=1)
         validation.check_choice("runtime.backend", self.backend, ("vmap", "loop"))
+        validation.check_choice("runtime.cohort", self.cohort, ("gather", "masked"))
 
 
 @dataclasses.dataclass
@@ -201,8 +211,11 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
         state = algorithm.init(key, data, model, config, runtime)
     total = algorithm.num_steps(config)
     history: list[dict] = []
+    prefetch = getattr(algorithm, "prefetch", None)
     for t in range(state.step, total):
         state, metrics = algorithm.step(state, step_key(key, t))
+        if prefetch is not None and t + 1 < total:     # overlaps the dispatched step's compute
+            prefetch(state, step_key(key, t + 1))
         record = {"round": t + 1, **{k: _host(v) for k, v in metrics.items()}}
         if evaluate is not None and eval_every and ((t + 1) % eval_every == 0 or t + 1 == total):
             record.update(evaluate(algorithm.output(state)))

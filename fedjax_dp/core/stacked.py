@@ -11,6 +11,11 @@ Real records always come first and padding last, so "draw a uniformly random rea
 ``randint(0, counts[i])`` and "is this row real" is ``mask``. Padded rows hold zeros and must never
 contribute to a loss, a vote or a neighbour search: every consumer multiplies by or selects on
 ``mask``.
+
+Where the arrays live. The leaves are device arrays (``from_ragged``: small populations, gathered
+on the device) or host numpy arrays, possibly memory-mapped ``.npy`` files (``on_host``,
+``from_arrays``, ``load_stacked``): then only a round's cohort, or one chunk of agents, is copied to
+the device at a time (:mod:`fedjax_dp.core.cohort`), so N is bounded by host memory or disk.
 """
 from __future__ import annotations
 
@@ -56,9 +61,93 @@ class StackedData:
         return np.asarray(self.x[i, :n]), np.asarray(self.y[i, :n])
 
     def take(self, agent_indices) -> "StackedData":
-        """The sub-population of the given agents (gather on the agent axis)."""
+        """The sub-population of the given agents (gather on the agent axis; stays on the host
+        for host-resident data)."""
+        if is_on_host(self):
+            idx = np.asarray(agent_indices)
+            return jax.tree.map(lambda a: np.take(a, idx, axis=0), self)
         idx = jnp.asarray(agent_indices)
         return jax.tree.map(lambda a: a[idx], self)
+
+    def on_host(self) -> "StackedData":
+        """The same agents as host numpy arrays (device-resident data is copied once)."""
+        return jax.tree.map(np.asarray, self)
+
+    def on_device(self) -> "StackedData":
+        """The same agents as device arrays."""
+        return jax.tree.map(jnp.asarray, self)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the four arrays."""
+        return int(sum(np.dtype(a.dtype).itemsize * int(np.prod(a.shape))
+                       for a in jax.tree.leaves(self)))
+
+
+def is_on_host(data: StackedData) -> bool:
+    """True when the agents' arrays are numpy (or memory-mapped) host arrays, not device arrays."""
+    return isinstance(data.x, np.ndarray)
+
+
+def from_arrays(x, y, counts, *, check: bool = True) -> StackedData:
+    """Host-resident stacked data from already padded arrays (no copy; memory maps allowed).
+
+    Args:
+      x: ``[N, n_max, *feature_shape]`` float records, real rows first in every agent.
+      y: ``[N, n_max]`` integer labels.
+      counts: ``[N]`` number of real records per agent, in ``[0, n_max]``.
+      check: validate shapes, counts and (in chunks, so a memory map is never read whole at once)
+        that the features are finite.
+    """
+    counts = np.asarray(counts)
+    if check:
+        if np.ndim(x) < 2:
+            raise ValueError(f"x must have shape [N, n_max, ...], got {np.shape(x)}")
+        n, n_max = x.shape[:2]
+        if n == 0:
+            raise ValueError("x must hold at least one agent, got N = 0")
+        if tuple(np.shape(y)) != (n, n_max):
+            raise ValueError(f"y must have shape [{n}, {n_max}] to match x, got {np.shape(y)}")
+        if counts.shape != (n,):
+            raise ValueError(f"counts must have shape [{n}], got {counts.shape}")
+        if counts.dtype.kind not in "iu":
+            raise ValueError(f"counts must be integers, got dtype {counts.dtype}")
+        if counts.size and (counts.min() < 0 or counts.max() > n_max):
+            raise ValueError(f"counts must be in [0, {n_max}] (the padded length), got values in "
+                             f"[{counts.min()}, {counts.max()}]")
+        if np.dtype(y.dtype).kind not in "iu":
+            raise ValueError(f"y must hold integer labels, got dtype {y.dtype}")
+        step = max(1, (64 << 20) // max(1, x[:1].nbytes))
+        for start in range(0, n, step):
+            if not np.isfinite(x[start:start + step]).all():
+                raise ValueError(f"x has NaN or infinite features (agents {start}.."
+                                 f"{min(n, start + step) - 1}); features must be finite")
+    n_max = x.shape[1]
+    mask = np.arange(n_max)[None, :] < counts[:, None]
+    return StackedData(x=x, y=y, mask=mask, counts=counts.astype(np.int32))
+
+
+def save_stacked(path, data: StackedData) -> None:
+    """Write ``x.npy``, ``y.npy``, ``counts.npy`` into the folder ``path`` (for :func:`load_stacked`)."""
+    from pathlib import Path
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("x", "y", "counts"):
+        np.save(out / f"{name}.npy", np.asarray(getattr(data, name)))
+
+
+def load_stacked(path, *, mmap: bool = True) -> StackedData:
+    """Host-resident agents from a folder written by :func:`save_stacked` (memory-mapped by
+    default: rows are read from disk only when a cohort or chunk gathers them)."""
+    from pathlib import Path
+    folder = Path(path)
+    missing = [n for n in ("x", "y", "counts") if not (folder / f"{n}.npy").is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder} must hold x.npy, y.npy and counts.npy "
+                                f"(save_stacked); missing {missing}")
+    mode = "r" if mmap else None
+    x, y, counts = (np.load(folder / f"{n}.npy", mmap_mode=mode) for n in ("x", "y", "counts"))
+    return from_arrays(x, y, np.asarray(counts))
 
 
 def from_ragged(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], *,

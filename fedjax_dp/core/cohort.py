@@ -1,0 +1,299 @@
+"""Rounds that cost the cohort, not the population: sample, gather, pad to a bucket, prefetch.
+
+A round-based algorithm with agent sampling trains only the round's participants. Host-side::
+
+    ids     = sample_cohort(k_sample, N, sampling)             sorted agent indices, |ids| = M
+    passes  = plan.passes(M)                                    bucket sizes B_1, ..., B_p
+    cohort  = gather(data, ids_padded)                          [B, n_max, ...] per pass
+    (ids [B] int32, valid [B] bool)                             padding rows repeat a real agent
+                                                                and are excluded by ``valid``
+
+Sampling (:func:`sample_cohort`) is exact: Poisson sampling with rate q is drawn as
+``M ~ Binomial(N, q)`` followed by a uniformly random M-subset, which has the same distribution
+as N independent Bernoulli(q) coins (every subset S has probability q^|S| (1-q)^(N-|S|)) at
+O(M) cost instead of O(N). Fixed-size sampling draws a uniformly random C-subset. Both are drawn
+with a numpy Generator derived from the round's sampling key (:func:`fedjax_dp.core.numpy_rng`),
+so the same key gives the same cohort on every path (gathered, masked, sharded, streamed).
+
+Buckets (:class:`CohortPlan`) keep compilations few: a *pass* holds at most ``pass_size``
+agents (``C`` for fixed-size sampling; ``ceil(qN + 2 sqrt(qN(1-q)))`` for Poisson, rounded up to
+the alignment), and a pass with fewer agents is padded to the smallest of the buckets
+``pass_size / 2^j`` (j = 0, 1, 2) that holds it. A Poisson draw larger than ``pass_size`` is never
+truncated: it runs as several passes whose sums are added (so the privacy analysis, which
+assumes every sampled agent contributes, stays exact). At most three shapes are compiled.
+
+Host-resident data. :class:`fedjax_dp.core.StackedData` may hold numpy arrays (or memory-mapped
+``.npy`` files, :func:`fedjax_dp.core.stacked.load_stacked`) instead of device arrays; then only
+the cohort is copied to the device each round, and :class:`CohortFeeder` prepares the next
+round's cohort in a background thread while the current round computes (double buffering).
+Device-resident data is gathered on the device instead.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp.core import validation
+from fedjax_dp.core.rng import numpy_rng
+from fedjax_dp.core.stacked import StackedData, is_on_host
+
+SAMPLINGS = ("poisson", "fixed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How a round's participants are drawn.
+
+    kind: ``"poisson"`` (each agent independently with probability ``rate``) or ``"fixed"`` (a
+      uniformly random subset of exactly ``size`` agents).
+    """
+
+    kind: str = "poisson"
+    rate: float = 1.0
+    size: int = 0
+
+    def __post_init__(self):
+        validation.check_choice("sampling", self.kind, SAMPLINGS)
+        if self.kind == "poisson":
+            validation.check_probability("sampling_rate", self.rate, allow_zero=True)
+        else:
+            validation.check_int("cohort_size", self.size, minimum=1)
+
+    def check(self, num_agents: int) -> None:
+        """Fixed-size sampling needs ``cohort_size <= N`` (raised before any work)."""
+        if self.kind == "fixed" and self.size > num_agents:
+            raise ValueError(f"algorithm.cohort_size must be in [1, {num_agents}] (the number of "
+                             f"agents), got {self.size}")
+
+    def expected(self, num_agents: int) -> float:
+        """Expected cohort size (qN or C)."""
+        return self.rate * num_agents if self.kind == "poisson" else float(self.size)
+
+
+def sample_cohort(key: jax.Array, num_agents: int, sampling: Sampling) -> np.ndarray:
+    """Sorted int64 indices of the round's participants (host array, O(cohort) work).
+
+    Poisson: ``M ~ Binomial(N, q)``, then a uniform M-subset (the law of N independent
+    Bernoulli(q) coins). Fixed: a uniform C-subset.
+    """
+    rng = numpy_rng(key)
+    if sampling.kind == "poisson":
+        m = int(rng.binomial(num_agents, sampling.rate))
+    else:
+        m = int(sampling.size)
+    if m == num_agents:
+        return np.arange(num_agents, dtype=np.int64)
+    return np.sort(rng.choice(num_agents, size=m, replace=False)).astype(np.int64)
+
+
+def sample_mask(key: jax.Array, num_agents: int, sampling: Sampling) -> np.ndarray:
+    """The cohort of :func:`sample_cohort` as a float32 mask ``[N]`` (the masked reference path)."""
+    mask = np.zeros((num_agents,), np.float32)
+    mask[sample_cohort(key, num_agents, sampling)] = 1.0
+    return mask
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return int(-(-int(value) // multiple) * multiple)
+
+
+@dataclasses.dataclass(frozen=True)
+class CohortPlan:
+    """Bucket sizes of the padded cohort buffers (see the module docstring).
+
+    pass_size: most agents one compiled pass trains (a multiple of ``align``).
+    buckets: the sizes a pass may be padded to, ascending; the last is ``pass_size``.
+    """
+
+    pass_size: int
+    buckets: tuple[int, ...]
+
+    @classmethod
+    def for_sampling(cls, sampling: Sampling, num_agents: int, *, align: int = 1,
+                     pass_size: int | None = None) -> "CohortPlan":
+        """The plan for ``sampling`` over N agents; ``align``: every bucket a multiple of it
+        (the number of devices the cohort is sharded over)."""
+        validation.check_int("align", align, minimum=1)
+        if pass_size is None:
+            if sampling.kind == "fixed":
+                pass_size = sampling.size
+            else:
+                mean = sampling.rate * num_agents
+                pass_size = math.ceil(mean + 2.0 * math.sqrt(mean * (1.0 - sampling.rate)))
+            pass_size = min(max(1, pass_size), num_agents)
+        validation.check_int("pass_size", pass_size, minimum=1)
+        pass_size = _round_up(pass_size, align)
+        if sampling.kind == "fixed":
+            buckets = (pass_size,)
+        else:
+            buckets = tuple(sorted({_round_up(max(1, math.ceil(pass_size / 2 ** j)), align)
+                                    for j in range(3)}))
+        return cls(pass_size=pass_size, buckets=buckets)
+
+    def bucket(self, m: int) -> int:
+        """The smallest bucket holding ``m <= pass_size`` agents."""
+        for b in self.buckets:
+            if m <= b:
+                return b
+        raise ValueError(f"a pass holds at most {self.pass_size} agents, got {m}")
+
+    def passes(self, m: int) -> list[tuple[int, int]]:
+        """``[(start, bucket), ...]``: the cohort's rows ``[start, start + bucket)`` per pass.
+
+        Every sampled agent is in exactly one pass; the last pass is padded to its bucket.
+        """
+        out = []
+        start = 0
+        while m - start > self.pass_size:
+            out.append((start, self.pass_size))
+            start += self.pass_size
+        out.append((start, self.bucket(max(m - start, 0))))
+        return out
+
+
+@dataclasses.dataclass
+class CohortPass:
+    """One padded pass of a round's cohort (device arrays, ready for the compiled round).
+
+    ids [B] int32: agent indices (padding repeats a real agent, or agent 0 for an empty cohort).
+    valid [B] bool: True for the pass's real participants.
+    data: the gathered agents ``[B, ...]`` (host-resident data), or None (device-resident data:
+      the compiled round gathers ``ids`` from the population itself).
+    """
+
+    ids: jax.Array
+    valid: jax.Array
+    data: StackedData | None
+
+
+@dataclasses.dataclass
+class Cohort:
+    """A round's participants: their indices (host) and the passes that train them."""
+
+    indices: np.ndarray            # [M] sorted int64
+    passes: list[CohortPass]
+
+    @property
+    def size(self) -> int:
+        return int(self.indices.shape[0])
+
+
+def _pad_ids(indices: np.ndarray, start: int, bucket: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids [bucket] int32, valid [bucket] bool)`` for rows ``[start, start + bucket)``."""
+    chunk = indices[start:start + bucket]
+    valid = np.zeros((bucket,), bool)
+    valid[:len(chunk)] = True
+    fill = chunk[-1] if len(chunk) else (indices[-1] if len(indices) else 0)
+    ids = np.full((bucket,), fill, np.int64)
+    ids[:len(chunk)] = chunk
+    return ids.astype(np.int32), valid
+
+
+def gather_host(data: StackedData, ids: np.ndarray) -> StackedData:
+    """Rows ``ids`` of host-resident (numpy / memory-mapped) stacked data, as numpy arrays."""
+    return jax.tree.map(lambda a: np.take(a, ids, axis=0), data)
+
+
+class CohortFeeder:
+    """Prepares rounds' cohorts: sample, plan passes, gather (host data) and transfer.
+
+    ``get(k_sample)`` returns the round's :class:`Cohort`; ``prefetch(k_sample)`` starts preparing
+    a later round's cohort in a background thread (double buffering: host gather and transfer
+    overlap the current round's compute). Results are identical with or without prefetching.
+    ``shapes_used`` records the bucket sizes seen (each one compilation of the round).
+    """
+
+    def __init__(self, data: StackedData, sampling: Sampling, plan: CohortPlan, *,
+                 sharding: Any = None):
+        self.data = data
+        self.num_agents = data.num_agents
+        self.sampling = sampling
+        self.plan = plan
+        self.on_host = is_on_host(data)
+        self.sharding = sharding
+        self.shapes_used: set[int] = set()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: dict[bytes, concurrent.futures.Future] = {}
+
+    @staticmethod
+    def _tag(key: jax.Array) -> bytes:
+        return np.asarray(jax.random.key_data(key)).tobytes()
+
+    def _put(self, tree):
+        return jax.device_put(tree, self.sharding) if self.sharding is not None else \
+            jax.device_put(tree)
+
+    def prepare(self, key: jax.Array) -> Cohort:
+        indices = sample_cohort(key, self.num_agents, self.sampling)
+        passes = []
+        for start, bucket in self.plan.passes(len(indices)):
+            ids, valid = _pad_ids(indices, start, bucket)
+            chunk = gather_host(self.data, ids) if self.on_host else None
+            ids_d, valid_d, chunk_d = self._put((ids, valid, chunk))
+            passes.append(CohortPass(ids=ids_d, valid=valid_d, data=chunk_d))
+        return Cohort(indices=indices, passes=passes)
+
+    def prefetch(self, key: jax.Array) -> None:
+        """Start preparing the cohort of ``key`` in the background (no-op if already started)."""
+        tag = self._tag(key)
+        if tag in self._pending:
+            return
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cohort")
+        self._pending[tag] = self._pool.submit(self.prepare, key)
+
+    def get(self, key: jax.Array) -> Cohort:
+        future = self._pending.pop(self._tag(key), None)
+        cohort = future.result() if future is not None else self.prepare(key)
+        self.shapes_used.update(int(p.ids.shape[0]) for p in cohort.passes)
+        return cohort
+
+
+def population_pass(data: StackedData, mask) -> CohortPass:
+    """Every agent as one pass with ``valid = mask`` (the masked all-agent reference round)."""
+    n = data.num_agents
+    return CohortPass(ids=jnp.arange(n, dtype=jnp.int32), valid=jnp.asarray(mask) > 0,
+                      data=data)
+
+
+def take_rows(population: StackedData, ids: jax.Array) -> StackedData:
+    """Inside a compiled round: the agents ``ids`` of device-resident data (a gather)."""
+    return jax.tree.map(lambda a: jnp.take(a, ids, axis=0), population)
+
+
+def masked_sum(tree: Any, valid: jax.Array) -> Any:
+    """``sum_b [valid_b] tree_b`` over the leading axis; padding rows are selected away (a NaN in
+    a padding row cannot leak into the sum, unlike a multiply by 0)."""
+    def one(leaf):
+        v = valid.reshape(valid.shape + (1,) * (leaf.ndim - 1))
+        return jnp.sum(jnp.where(v, leaf, jnp.zeros((), leaf.dtype)), axis=0)
+    return jax.tree.map(one, tree)
+
+
+def cohort_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
+    """One key per agent of the pass: ``fold_in(key, id)`` (agent i's key does not depend on
+    which other agents were sampled, nor on the pass it lands in)."""
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
+
+
+def all_gather_source(cohort_pass: CohortPass, population: StackedData | None
+                      ) -> tuple[StackedData, jax.Array | None]:
+    """``(source, rows)`` for a compiled round: the gathered pass, or the population + rows."""
+    if cohort_pass.data is not None:
+        return cohort_pass.data, None
+    return population, cohort_pass.ids
+
+
+def run_passes(cohort: Cohort, pass_fn: Callable, combine: Callable):
+    """Run ``pass_fn(cohort_pass)`` on every pass and add the results with ``combine``."""
+    total = None
+    for p in cohort.passes:          # usually one pass; more only when a draw exceeds its bucket
+        out = pass_fn(p)
+        total = out if total is None else combine(total, out)
+    return total

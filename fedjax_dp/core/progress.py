@@ -1,0 +1,79 @@
+"""Progress of long computations (rounds, agent chunks, query blocks): a tiny reporting interface.
+
+Algorithms report through the :class:`Progress` they are given (``api.Runtime.progress``); the
+default, :data:`SILENT`, does nothing, so library code never prints. The command line passes
+:func:`bar` (a tqdm bar with rate and ETA on a terminal; nothing under ``--quiet``, when standard
+error is not a terminal, or when the ``CI`` environment variable is set)::
+
+    with runtime.progress.task("local training", total=num_chunks, unit="chunk") as task:
+        for chunk in ...:
+            ...
+            task.update(1)
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Iterator
+
+
+class Task:
+    """One progress bar: ``update(n)`` after each unit of work, ``set(**metrics)`` to show values."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set(self, **values) -> None:
+        pass
+
+
+class Progress:
+    """Reports nothing (the library default)."""
+
+    enabled = False
+
+    @contextlib.contextmanager
+    def task(self, name: str, total: int | None = None, unit: str = "it") -> Iterator[Task]:
+        yield Task()
+
+
+SILENT = Progress()
+
+
+class _TqdmTask(Task):
+    def __init__(self, bar):
+        self._bar = bar
+
+    def update(self, n: int = 1) -> None:
+        self._bar.update(n)
+
+    def set(self, **values) -> None:
+        self._bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v)
+                               for k, v in values.items()}, refresh=False)
+
+
+class TqdmProgress(Progress):
+    """A tqdm bar per task on standard error (rate and ETA)."""
+
+    enabled = True
+
+    @contextlib.contextmanager
+    def task(self, name: str, total: int | None = None, unit: str = "it") -> Iterator[Task]:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=total, desc=name, unit=unit, file=sys.stderr, leave=False,
+                   dynamic_ncols=True)
+        try:
+            yield _TqdmTask(bar)
+        finally:
+            bar.close()
+
+
+def interactive() -> bool:
+    """True on a terminal outside CI: where a live bar helps rather than floods a log."""
+    return bool(sys.stderr.isatty()) and not os.environ.get("CI")
+
+
+def bar(enabled: bool = True) -> Progress:
+    """A tqdm progress reporter when ``enabled`` and :func:`interactive`, else :data:`SILENT`."""
+    return TqdmProgress() if enabled and interactive() else SILENT
