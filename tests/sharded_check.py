@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.algorithms import fedavg, knn_dpfl
+from fedjax_dp.core.cohort import Sampling
 from fedjax_dp.core import agent_mesh, agent_sum, for_each_agent, from_ragged, shard_agents
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import vote
@@ -55,11 +56,18 @@ def main():
     p_shard, l_shard = train_agents(key, params, data, model, cfg, mesh=mesh)
     out["train_agents"] = bool(close(p_plain, p_shard) and close(l_plain, l_shard))
 
-    spec = fedavg.RoundSpec(sampling_rate=0.5, server_lr=1.0, clip_norm=0.5, noise_std=0.1,
-                            denominator="expected")
-    r_plain = fedavg.make_round(model, cfg, spec)(key, params, data)
-    r_shard = fedavg.make_round(model, cfg, spec, mesh=mesh)(key, params, data)
+    spec = fedavg.RoundSpec(sampling=Sampling("poisson", rate=0.5), server_lr=1.0,
+                            clip_norm=0.5, noise_std=0.1, denominator="expected")
+    r_plain = fedavg.RoundRunner(model, cfg, spec, data, cohort="masked")(key, params)
+    r_shard = fedavg.RoundRunner(model, cfg, spec, data, mesh=mesh, cohort="masked")(key, params)
     out["dp_fedavg_round"] = bool(close(r_plain, r_shard))
+    # the gathered cohort sharded over the 8 devices (buckets padded to multiples of 8), from
+    # device- and from host-resident agents, equals the single-device masked round
+    sharded = fedavg.RoundRunner(model, cfg, spec, data, mesh=mesh)
+    streamed = fedavg.RoundRunner(model, cfg, spec, data.on_host(), mesh=mesh)
+    out["gathered_round_sharded"] = bool(close(sharded(key, params), r_plain)
+                                         and close(streamed(key, params), r_plain)
+                                         and all(b % 8 == 0 for b in sharded.plan.buckets))
 
     # the MPC vote with the agents split over 8 devices (11 agents: padded with invalid agents)
     kx = [r.normal(size=(n, 6)).astype(np.float32) for n in sizes]

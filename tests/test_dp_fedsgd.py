@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from fedjax_dp.algorithms import dp_fedsgd
-from fedjax_dp.core import for_each_agent, from_ragged
+from fedjax_dp.core import cohort, for_each_agent, from_ragged
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 from fedjax_dp.models import Model, make_model
@@ -39,12 +39,13 @@ def _plan(cfg, data):
 def _reference_round(key, params, data, model, cfg):
     """The round the slow way: loops over agents, steps and records (numpy clipping, plain SGD)."""
     n = data.num_agents
-    k_sample, k_train = jax.random.split(key)
-    sampled = np.asarray(jax.random.bernoulli(k_sample, cfg.sampling_rate, (n,)))
+    k_sample, k_train, _ = jax.random.split(key, 3)
+    sampled = cohort.sample_mask(k_sample, n, cfg.participation) > 0
     rates, denoms = _plan(cfg, data)
     loss = jax.jit(jax.grad(cross_entropy(model)))
     total = jax.tree.map(jnp.zeros_like, params)
-    for i, agent_key in enumerate(jax.random.split(k_train, n)):
+    for i in range(n):
+        agent_key = jax.random.fold_in(k_train, i)
         p = params
         for step_key in jax.random.split(agent_key, cfg.local.steps):
             k_batch, k_noise = jax.random.split(step_key)
@@ -71,29 +72,30 @@ def _close(a, b):
 
 @pytest.fixture(scope="module")
 def plain_round(setup):
-    _, model, _, cfg = setup
-    return dp_fedsgd.make_round(model, cfg)          # compiled once, shared
+    data, model, _, cfg = setup
+    return dp_fedsgd.make_round(model, cfg, data, *_plan(cfg, data))   # compiled once, shared
 
 
 def test_round_equals_per_agent_per_record_loop(setup, plain_round):
     data, model, params, cfg = setup
-    rates, denoms = _plan(cfg, data)
     key = jax.random.key(7)
-    got, metrics, sampled = plain_round(key, params, data, rates, denoms)
+    got, metrics = plain_round(key, params)
     want, want_sampled = _reference_round(key, params, data, model, cfg)
-    np.testing.assert_array_equal(np.asarray(sampled), want_sampled.astype(np.float32))
+    np.testing.assert_array_equal(plain_round.last_indices, np.flatnonzero(want_sampled))
     assert 0 < want_sampled.sum() < data.num_agents        # the mask really selects
     assert metrics["num_sampled"] == want_sampled.sum()
     _close(got, want)
 
 
-def test_chunked_round_equals_plain(setup, plain_round):
+def test_chunked_and_masked_rounds_equal_the_gathered_one(setup, plain_round):
     data, model, params, cfg = setup
     rates, denoms = _plan(cfg, data)
     key = jax.random.key(3)
-    plain = plain_round(key, params, data, rates, denoms)
-    chunked = dp_fedsgd.make_round(model, cfg, chunk_size=2)(key, params, data, rates, denoms)
-    _close(plain, chunked)
+    gathered = plain_round(key, params)
+    chunked = dp_fedsgd.make_round(model, cfg, data, rates, denoms, chunk_size=2)(key, params)
+    masked = dp_fedsgd.make_round(model, cfg, data, rates, denoms, cohort="masked")(key, params)
+    _close(gathered, chunked)
+    _close(gathered, masked)
 
 
 def test_record_sampling_rates_and_denominators():
@@ -158,9 +160,9 @@ def test_noise_std_and_independence_across_agents_steps_and_rounds(setup):
     corr = np.corrcoef(moves)
     assert np.max(np.abs(corr[~np.eye(n, dtype=bool)])) < 6 / np.sqrt(dim)
 
-    round_fn = dp_fedsgd.make_round(model, cfg)
-    a, _, _ = round_fn(jax.random.key(2), params, data, rates, denoms)
-    b, _, _ = round_fn(jax.random.key(3), params, data, rates, denoms)
+    round_fn = dp_fedsgd.make_round(model, cfg, data, rates, denoms)
+    a, _ = round_fn(jax.random.key(2), params)
+    b, _ = round_fn(jax.random.key(3), params)
     want = lr * z * clip * np.sqrt(steps) * np.sqrt(np.sum(1 / np.asarray(denoms) ** 2)) / n
     assert np.std(a["w"]) == pytest.approx(want, rel=0.06)                    # mean of N agents
     assert abs(np.corrcoef(a["w"], b["w"])[0, 1]) < 6 / np.sqrt(dim)

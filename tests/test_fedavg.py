@@ -6,7 +6,7 @@ import optax
 import pytest
 
 from fedjax_dp.algorithms import dp_fedavg, fedavg
-from fedjax_dp.core import from_ragged
+from fedjax_dp.core import cohort, from_ragged
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import accounting
 from fedjax_dp.train import LocalTrainConfig, make_local_update
@@ -24,48 +24,103 @@ def setup():
     return from_ragged(xs, ys), model, model.init(jax.random.key(0))
 
 
+def _poisson(q):
+    return cohort.Sampling("poisson", rate=q)
+
+
+def _runner(model, spec, data, local=LOCAL, **kwargs):
+    return fedavg.RoundRunner(model, local, spec, data, **kwargs)
+
+
 def _reference_round(key, params, data, model, spec):
-    """The round written the slow way: a Python loop over agents (test oracle)."""
+    """The round written the slow way: a Python loop over the sampled agents (test oracle)."""
     n = data.num_agents
     k_sample, k_train, k_noise = jax.random.split(key, 3)
-    sampled = np.asarray(jax.random.bernoulli(k_sample, spec.sampling_rate, (n,)))
+    sampled = cohort.sample_cohort(k_sample, n, spec.sampling)
     update = jax.jit(make_local_update(model, LOCAL))
-    keys = jax.random.split(k_train, n)
     total = jax.tree.map(jnp.zeros_like, params)
-    for i in range(n):
-        if not sampled[i]:
-            continue
-        local, _ = update(keys[i], params, data.x[i], data.y[i], data.mask[i], data.counts[i])
+    for i in sampled:
+        local, _ = update(jax.random.fold_in(k_train, int(i)), params, data.x[i], data.y[i],
+                          data.mask[i], data.counts[i])
         delta = jax.tree.map(lambda a, b: a - b, local, params)
         if spec.clip_norm is not None:
             norm = float(optax.tree.norm(delta))
             delta = jax.tree.map(lambda d: d * min(1.0, spec.clip_norm / norm), delta)
         total = jax.tree.map(jnp.add, total, delta)
-    denom = spec.sampling_rate * n if spec.denominator == "expected" else max(sampled.sum(), 1)
+    denom = spec.sampling.expected(n) if spec.denominator == "expected" else max(len(sampled), 1)
     return jax.tree.map(lambda p, t: p + spec.server_lr * t / denom, params, total), sampled
 
 
+def _close(a, b, tol=1e-5):
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=tol, atol=tol), a, b)
+
+
+@pytest.mark.parametrize("mode", ["gather", "masked"])
 @pytest.mark.parametrize("spec", [
-    fedavg.RoundSpec(sampling_rate=1.0, server_lr=1.0),
-    fedavg.RoundSpec(sampling_rate=0.5, server_lr=0.7, clip_norm=0.05, denominator="expected"),
+    fedavg.RoundSpec(sampling=_poisson(1.0), server_lr=1.0),
+    fedavg.RoundSpec(sampling=_poisson(0.5), server_lr=0.7, clip_norm=0.05,
+                     denominator="expected"),
 ])
-def test_round_equals_per_agent_loop(setup, spec):
+def test_round_equals_per_agent_loop(setup, spec, mode):
     data, model, params = setup
     key = jax.random.key(11)
-    got, metrics = fedavg.make_round(model, LOCAL, spec)(key, params, data)
+    got, metrics = _runner(model, spec, data, cohort=mode)(key, params)
     want, sampled = _reference_round(key, params, data, model, spec)
-    assert metrics["num_sampled"] == sampled.sum()
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
+    assert metrics["num_sampled"] == len(sampled)
+    _close(got, want)
+
+
+NOISY = fedavg.RoundSpec(sampling=_poisson(0.5), server_lr=1.0, clip_norm=0.1, noise_std=0.01,
+                         denominator="expected")
+
+
+def test_gathered_round_equals_masked_round_for_every_key(setup):
+    """Same key, same participants, same agent keys: the cohort buffer changes nothing; a pass
+    size of 2 forces several passes (a draw larger than its bucket is split, never truncated)."""
+    data, model, params = setup
+    masked = _runner(model, NOISY, data, cohort="masked")
+    split = _runner(model, NOISY, data, pass_size=2)
+    host = _runner(model, NOISY, data.on_host())
+    for t in (0, 3):
+        key = jax.random.key(100 + t)
+        want = masked(key, params)
+        for runner in (split, host):
+            _close(runner(key, params), want)
+            np.testing.assert_array_equal(runner.last_indices, masked.last_indices)
+    assert max(split.compiled_pass_sizes) == 2 and len(split.compiled_pass_sizes) <= 2
+    assert set(host.compiled_pass_sizes) <= set(host.plan.buckets)
+
+
+def test_prefetched_cohort_equals_fresh_one(setup):
+    data, model, params = setup
+    runner = _runner(model, NOISY, data.on_host())
+    key = jax.random.key(7)
+    want = runner(key, params)
+    runner.prefetch(key)
+    assert len(runner.feeder._pending) == 1
+    _close(runner(key, params), want)
+    assert not runner.feeder._pending
 
 
 def test_chunked_round_equals_plain(setup):
     data, model, params = setup
-    spec = fedavg.RoundSpec(sampling_rate=0.5, server_lr=1.0, clip_norm=0.1, noise_std=0.01,
-                            denominator="expected")
     key = jax.random.key(3)
-    a = fedavg.make_round(model, LOCAL, spec)(key, params, data)
-    b = fedavg.make_round(model, LOCAL, spec, chunk_size=4)(key, params, data)
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), a, b)
+    a = _runner(model, NOISY, data, cohort="masked")(key, params)
+    b = _runner(model, NOISY, data, chunk_size=4)(key, params)
+    _close(a, b)
+
+
+def test_fixed_size_round_equals_loop(setup):
+    data, model, params = setup
+    spec = fedavg.RoundSpec(sampling=cohort.Sampling("fixed", size=4), server_lr=1.0,
+                            clip_norm=0.05, denominator="expected")
+    key = jax.random.key(4)
+    runner = _runner(model, spec, data.on_host())
+    got, metrics = runner(key, params)
+    want, sampled = _reference_round(key, params, data, model, spec)
+    assert len(sampled) == 4 and metrics["num_sampled"] == 4
+    assert runner.compiled_pass_sizes == (4,)
+    _close(got, want)
 
 
 def test_dp_noise_std_and_independence(setup):
@@ -76,10 +131,10 @@ def test_dp_noise_std_and_independence(setup):
     sigma, clip, q = 2.0, 0.5, 0.5
     cfg = dp_fedavg.Config(rounds=1, sampling_rate=q, clip_norm=clip, noise_multiplier=sigma,
                            local=LocalTrainConfig(steps=0))
-    round_fn = fedavg.make_round(model, cfg.local, dp_fedavg.round_spec(cfg))
+    round_fn = _runner(model, dp_fedavg.round_spec(cfg), data, local=cfg.local)
     steps = []
     for t in range(20):
-        new, _ = round_fn(jax.random.fold_in(jax.random.key(5), t), params, data)
+        new, _ = round_fn(jax.random.fold_in(jax.random.key(5), t), params)
         steps.append(np.concatenate([np.ravel(a - b) for a, b in
                                      zip(jax.tree.leaves(new), jax.tree.leaves(params))]))
     steps = np.stack(steps)                                   # [rounds, num_params]
@@ -93,20 +148,51 @@ def test_dp_noise_std_and_independence(setup):
 def test_clipping_bounds_each_agent_contribution(setup):
     data, model, params = setup
     clip = 1e-3
-    spec = fedavg.RoundSpec(sampling_rate=1.0, server_lr=1.0, clip_norm=clip,
+    spec = fedavg.RoundSpec(sampling=_poisson(1.0), server_lr=1.0, clip_norm=clip,
                             denominator="expected")
-    new, metrics = fedavg.make_round(model, LocalTrainConfig(steps=5, learning_rate=1.0), spec)(
-        jax.random.key(0), params, data)
+    new, metrics = _runner(model, spec, data, local=LocalTrainConfig(steps=5, learning_rate=1.0))(
+        jax.random.key(0), params)
     step = optax.tree.norm(jax.tree.map(lambda a, b: a - b, new, params))
     assert float(step) <= clip + 1e-7                         # average of vectors of norm <= S
     assert float(metrics["mean_update_norm"]) > 10 * clip     # unclipped updates were larger
 
 
-def test_poisson_sampling_rate():
-    masks = jax.vmap(lambda k: fedavg.sample_agents(k, 50, 0.2))(
-        jax.random.split(jax.random.key(0), 200))
-    assert float(masks.mean()) == pytest.approx(0.2, abs=0.01)
-    assert len({tuple(np.asarray(m)) for m in masks}) == 200   # fresh draw every round
+def test_poisson_sampling_has_the_law_of_independent_coins():
+    """Binomial(N, q) then a uniform subset == N independent Bernoulli(q) coins: per-agent
+    inclusion rate q, pair inclusion q^2, count mean qN and variance qN(1-q); fresh each round."""
+    n, q, rounds = 40, 0.3, 4000
+    keys = jax.random.split(jax.random.key(0), rounds)
+    masks = np.stack([cohort.sample_mask(k, n, _poisson(q)) for k in keys])    # [R, N]
+    se = np.sqrt(q * (1 - q) / rounds)
+    assert np.all(np.abs(masks.mean(0) - q) < 5 * se)
+    pair = (masks[:, :, None] * masks[:, None, :]).mean(0)[~np.eye(n, dtype=bool)]
+    assert abs(pair.mean() - q * q) < 0.005 and np.all(np.abs(pair - q * q) < 0.05)
+    counts = masks.sum(1)
+    assert counts.mean() == pytest.approx(q * n, rel=0.02)
+    assert counts.var() == pytest.approx(q * (1 - q) * n, rel=0.1)
+    assert len({m.tobytes() for m in masks[:200]}) == 200
+
+
+def test_fixed_size_sampling_is_uniform():
+    n, c, rounds = 12, 5, 3000
+    keys = jax.random.split(jax.random.key(1), rounds)
+    masks = np.stack([cohort.sample_mask(k, n, cohort.Sampling("fixed", size=c)) for k in keys])
+    assert np.all(masks.sum(1) == c)
+    se = np.sqrt((c / n) * (1 - c / n) / rounds)
+    assert np.all(np.abs(masks.mean(0) - c / n) < 5 * se)
+
+
+@pytest.mark.parametrize("rate,n,align", [(0.01, 1000, 1), (0.3, 50, 8), (1.0, 20, 1)])
+def test_cohort_plan_covers_every_draw(rate, n, align):
+    plan = cohort.CohortPlan.for_sampling(_poisson(rate), n, align=align)
+    assert len(plan.buckets) <= 3 and all(b % align == 0 for b in plan.buckets)
+    for m in range(0, n + 1):
+        passes = plan.passes(m)
+        rows = sum(b for _, b in passes)
+        assert rows >= m and passes[0][0] == 0
+        starts = [s for s, _ in passes]
+        assert starts == sorted(starts) and all(b in plan.buckets for _, b in passes)
+        assert sum(min(b, max(0, m - s)) for s, b in passes) == m     # every agent, once
 
 
 def test_runs_learn_and_report_history(setup):
@@ -147,7 +233,38 @@ def test_dp_fedavg_ledger_equals_dp_accounting():
     (dict(sampling_rate=1.5), "algorithm.sampling_rate"),
     (dict(rounds=0), "algorithm.rounds"),
     (dict(denominator="median"), "algorithm.denominator"),
+    (dict(sampling="uniform"), "algorithm.sampling"),
+    (dict(sampling="fixed", cohort_size=0), "algorithm.cohort_size"),
 ])
 def test_dp_fedavg_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         dp_fedavg.Config(**kwargs)
+
+
+def test_cohort_size_above_the_population_is_refused(setup):
+    data, model, _ = setup
+    from fedjax_dp.algorithms import api
+    cfg = dp_fedavg.Config(rounds=1, sampling="fixed", cohort_size=data.num_agents + 1)
+    with pytest.raises(ValueError, match=r"algorithm.cohort_size must be in \[1, 6\]"):
+        dp_fedavg.init(jax.random.key(0), api.FederatedData(agents=data, num_classes=3), model,
+                       cfg)
+
+
+def test_fixed_size_ledger_equals_dp_accounting_replace_one(setup):
+    """C of N without replacement: replace-one relation, sensitivity 2S, Gaussian(sigma / 2)."""
+    import dp_accounting
+    from fedjax_dp.algorithms import api
+    data, model, _ = setup
+    cfg = dp_fedavg.Config(rounds=10, sampling="fixed", cohort_size=3, noise_multiplier=1.5)
+    state = dp_fedavg.init(jax.random.key(0), api.FederatedData(agents=data, num_classes=3),
+                           model, cfg)
+    ledger = dp_fedavg.ledger(cfg, state)
+    acc = dp_accounting.rdp.RdpAccountant(
+        list(accounting.DEFAULT_RDP_ORDERS),
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
+        6, 3, dp_accounting.GaussianDpEvent(0.75)), 10))
+    rows = ledger.report(1e-5)                       # PLD does not apply: RDP only, no error
+    assert [r["accountant"] for r in rows] == ["rdp"]
+    assert rows[0]["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
+    assert "replace one" in rows[0]["relation"]

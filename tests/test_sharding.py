@@ -17,4 +17,4 @@ def test_eight_cpu_devices_equal_one_device():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     checks = json.loads(proc.stdout.strip().splitlines()[-1])
     assert checks == {"lift": True, "placed_on_8": True, "agent_sum": True, "train_agents": True,
-                      "dp_fedavg_round": True, "knn_vote": True}
+                      "dp_fedavg_round": True, "gathered_round_sharded": True, "knn_vote": True}

@@ -2,14 +2,23 @@
 
 Round t:
 
-    m_t          Poisson sampling of agents with probability q (a mask over the agent axis)
+    S_t          Poisson sampling of agents with probability q (or a uniform C-subset)
     Delta_i      = clip(LocalSGD_E(theta_t; D_i) - theta_t, S)   (global L2 norm <= S)
-    theta_{t+1}  = theta_t + eta_s * (sum_i m_t[i] Delta_i + N(0, sigma^2 S^2 I)) / (q N)
+    theta_{t+1}  = theta_t + eta_s * (sum_{i in S_t} Delta_i + N(0, sigma^2 S^2 I)) / (q N)
 
 Privacy. Unit: one agent. Neighbouring relation: add or remove one agent's entire local dataset.
 The sum of clipped updates has L2 sensitivity S; the noise std is sigma*S, i.e. noise multiplier
 sigma; agents are Poisson-subsampled with rate q; T rounds compose. The dp-accounting event is
 ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), T)``.
+
+Fixed-size sampling (``sampling = "fixed"``, a uniformly random subset of exactly C of the N
+agents each round; the peers' workload, divided by C): sampling without replacement is analysed
+for the *replace-one* relation (replace one agent's dataset by another's; Wang, Balle and
+Kasiviswanathan 2019), under which the clipped sum has L2 sensitivity 2S, so the noise std sigma*S
+is a Gaussian with noise multiplier sigma/2 relative to the sensitivity. Event:
+``SelfComposed(SampledWithoutReplacement(N, C, Gaussian(sigma / 2)), T)``, relation "replace one
+agent's entire local dataset" (RDP accountant; dp-accounting's PLD accountant does not support
+sampling without replacement).
 
 The division is by the *fixed* expected cohort size q*N (McMahan 2018's fixed-denominator
 estimator): dividing by the realised count m_t (the paper's Algorithm 1 line 6, kept by name as
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import dp_accounting
 import jax
 
 from fedjax_dp.algorithms import api, fedavg
@@ -30,6 +40,7 @@ from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting
 
 RELATION = "add/remove one agent's entire local dataset"
+RELATION_FIXED = "replace one agent's entire local dataset"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +60,7 @@ class Config(fedavg.Config):
 
 
 def round_spec(config: Config) -> fedavg.RoundSpec:
-    return fedavg.RoundSpec(sampling_rate=config.sampling_rate, server_lr=config.server_lr,
+    return fedavg.RoundSpec(sampling=config.participation, server_lr=config.server_lr,
                             clip_norm=config.clip_norm,
                             noise_std=config.noise_multiplier * config.clip_norm,
                             denominator=config.denominator)
@@ -60,6 +71,7 @@ USES_LOCAL_TRAIN = True
 
 num_steps = fedavg.num_steps
 step = fedavg.step
+prefetch = fedavg.prefetch
 output = fedavg.output
 
 
@@ -76,16 +88,32 @@ def run(key: jax.Array, data: StackedData, model: Model, config: Config, **kwarg
     return fedavg.run_with(sys.modules[__name__], key, data, model, config, **kwargs)
 
 
-def dp_event(config: Config):
-    """``SelfComposed(PoissonSampled(q, Gaussian(sigma)), T)`` (sensitivity S, noise sigma*S)."""
+def dp_event(config: Config, num_agents: int | None = None):
+    """Poisson: ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), T)`` (sensitivity S under
+    add/remove, noise sigma*S). Fixed size C of N: ``SelfComposed(SampledWithoutReplacement(N, C,
+    Gaussian(sigma / 2)), T)`` (sensitivity 2S under replace-one)."""
+    if config.sampling == "fixed":
+        if num_agents is None:
+            raise ValueError("num_agents is needed to account fixed-size sampling (C of N)")
+        return dp_accounting.SelfComposedDpEvent(
+            dp_accounting.SampledWithoutReplacementDpEvent(
+                int(num_agents), int(config.cohort_size),
+                dp_accounting.GaussianDpEvent(config.noise_multiplier / 2.0)), config.rounds)
     return accounting.sampled_gaussian_event(config.noise_multiplier, config.sampling_rate,
                                              config.rounds)
 
 
 def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
-    """Agent-level guarantee of the whole run (independent of the data: no data-dependent part)."""
+    """Agent-level guarantee of the whole run (independent of the data: no data-dependent part).
+
+    Fixed-size sampling needs the number of agents N: from ``state`` (the run's agents)."""
     out = PrivacyLedger()
-    out.add_event("agent", dp_event(config), relation=RELATION, sensitivity=config.clip_norm)
+    if config.sampling == "fixed":
+        n = None if state is None else state.context.agents.num_agents
+        out.add_event("agent", dp_event(config, n), relation=RELATION_FIXED,
+                      sensitivity=2 * config.clip_norm)
+    else:
+        out.add_event("agent", dp_event(config), relation=RELATION, sensitivity=config.clip_norm)
     return out
 
 

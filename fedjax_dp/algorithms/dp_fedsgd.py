@@ -2,15 +2,19 @@
 
 The voting-dpfl paper's instance-level gradient baseline (spec "Baselines"). Round t:
 
-    m_t           Poisson sampling of agents with rate q (a mask [N]; q = 1: every agent)
-    theta_i^0     = theta_t                                             for every agent (one vmap)
+    S_t           Poisson sampling of agents with rate q (q = 1: every agent), or a uniform
+                  subset of exactly C agents (``sampling = "fixed"``)
+    theta_i^0     = theta_t                                      for every i in S_t (one vmap)
     for s = 1..E  (E = local.steps DP-SGD steps of agent i, on its own records only):
         b_i^s     ~ Bernoulli(p_i) per real record (a mask over the padded rows; padding never)
         g_i^s     = ( sum_j b_ij^s clip(grad l(theta_i^{s-1}; x_ij, y_ij), C)
                       + N(0, (z C)^2 I) ) / (p_i n_i)                                     (1)
         theta_i^s = OptStep(theta_i^{s-1}, g_i^s)        (optax; plain SGD: - eta g_i^s)
     Delta_i       = theta_i^E - theta_t
-    theta_{t+1}   = theta_t + eta_s * sum_i m_t[i] Delta_i / max(1, sum_i m_t[i])          (2)
+    theta_{t+1}   = theta_t + eta_s * sum_{i in S_t} Delta_i / max(1, |S_t|)                (2)
+
+Only the sampled agents train: the round gathers them into a padded cohort buffer
+(:class:`fedjax_dp.algorithms.fedavg.RoundRunner`, shared with FedAvg), so it costs the cohort.
 
 ``clip(g, C) = g min(1, C / ||g||_2)`` with the global L2 norm over all parameters
 (:func:`fedjax_dp.train.clipped_grad_sum`), so one record moves the clipped sum by at most C.
@@ -51,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import sys
 from typing import Any, Callable
 
@@ -60,7 +65,7 @@ import numpy as np
 import optax
 
 from fedjax_dp.algorithms import api, fedavg
-from fedjax_dp.core import StackedData, agent_sum, auto_chunk_size, for_each_agent, validation
+from fedjax_dp.core import StackedData, auto_chunk_size, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, mechanisms
 from fedjax_dp.train import check_trainable, clipped_grad_sum, cross_entropy
@@ -189,46 +194,49 @@ def make_local_dp_sgd(model: Model, config: Config) -> Callable:
 
 # --------------------------------------------------------------------------- all agents
 
-def make_round(model: Model, config: Config, *, chunk_size: int | None = None, mesh=None,
-               backend: str = "vmap") -> Callable:
-    """A ``round(key, params, data, rates [N], denominators [N]) -> (params, metrics, sampled)``.
-
-    Jitted (except with ``backend='loop'``, the per-agent reference). Keys: the round key splits
-    into an agent-sampling key and one training key per agent. ``sampled [N]`` is the round's
-    participation mask. Compiled once per (model, round fields of ``config``, execution plan).
-    """
-    return _make_round(model, dataclasses.replace(config, rounds=1), chunk_size, mesh, backend)
-
-
 @functools.lru_cache(maxsize=32)
-def _make_round(model: Model, config: Config, chunk_size, mesh, backend: str) -> Callable:
-    lifted = for_each_agent(make_local_dp_sgd(model, config), (0, None, 0, 0, 0, 0, 0),
-                            chunk_size=chunk_size, mesh=mesh, backend=backend)
+def agent_update(model: Model, config: Config) -> Callable:
+    """The cohort round's agent update (:func:`fedjax_dp.algorithms.fedavg.make_round_parts`):
+    ``(key, params, x, y, mask, count, extras) -> (params, metrics)`` with ``extras = {"rate":
+    p_i, "denominator": p_i n_i}``. Cached per (model, round fields of ``config``)."""
+    local = make_local_dp_sgd(model, config)
 
-    def round_fn(key, params, data: StackedData, rates, denominators):
-        n = data.x.shape[0]
-        k_sample, k_train = jax.random.split(key)
-        sampled = fedavg.sample_agents(k_sample, n, config.sampling_rate)          # [N]
-        local_params, metrics = lifted(jax.random.split(k_train, n), params, data.x, data.y,
-                                       data.mask, rates, denominators)
-        deltas = jax.tree.map(lambda l, g: l - g[None], local_params, params)     # [N, ...]
-        num = jnp.sum(sampled)
-        denom = jnp.maximum(num, 1.0)
-        total = agent_sum(deltas, sampled)
-        new_params = jax.tree.map(lambda g, s: g + config.server_lr * s / denom, params, total)
-        out = {"num_sampled": num, **{k: jnp.sum(sampled * v) / denom for k, v in metrics.items()}}
-        return new_params, out, sampled
+    def agent(key, params, x, y, mask, count, extras):
+        return local(key, params, x, y, mask, extras["rate"], extras["denominator"])
 
-    return round_fn if backend == "loop" else jax.jit(round_fn)
+    return agent
 
 
-def resolve_chunk_size(chunk_size, params: Params, data: StackedData) -> int | None:
+def round_spec(config: Config) -> fedavg.RoundSpec:
+    """Server side of (2): no server clipping or noise, the mean over the realised cohort."""
+    return fedavg.RoundSpec(sampling=config.participation, server_lr=config.server_lr,
+                            denominator="sampled")
+
+
+def make_round(model: Model, config: Config, data: StackedData, rates, denominators, *,
+               chunk_size: int | None = None, mesh=None, cohort: str = "gather",
+               pass_size: int | None = None) -> fedavg.RoundRunner:
+    """The round as a :class:`fedavg.RoundRunner`: ``runner(key, params) -> (params, metrics)``,
+    ``runner.last_indices`` the agents that took part. Only the sampled agents train
+    (``cohort="gather"``; ``"masked"`` trains all and masks, the reference). Agent i trains with
+    ``fold_in(k_train, i)``; compiled once per (model, round fields of ``config``, plan)."""
+    one_round = dataclasses.replace(config, rounds=1)
+    return fedavg.RoundRunner(model, config.local, round_spec(config), data,
+                              chunk_size=chunk_size, mesh=mesh, cohort=cohort,
+                              pass_size=pass_size, agent_update=agent_update(model, one_round),
+                              extras={"rate": rates, "denominator": denominators})
+
+
+def resolve_chunk_size(chunk_size, params: Params, data: StackedData,
+                       num_trained: int | None = None) -> int | None:
     """``"auto"``: chunk agents so that one chunk's per-example gradients (``n_max`` copies of the
-    parameters per agent, plus 3 for params, gradient and update) fit the CPU cache budget."""
+    parameters per agent, plus 3 for params, gradient and update) fit the CPU cache budget.
+    ``num_trained``: agents trained per round (default: all)."""
     if chunk_size != "auto":
         return chunk_size
     per_agent = sum(l.size * l.dtype.itemsize for l in jax.tree.leaves(params))
-    return auto_chunk_size((data.max_size + 3) * per_agent, data.num_agents)
+    n = data.num_agents if num_trained is None else num_trained
+    return auto_chunk_size((data.max_size + 3) * per_agent, n)
 
 
 # --------------------------------------------------------------------------- privacy
@@ -291,7 +299,7 @@ class Context:
 
     agents: StackedData
     model: Model
-    round_fn: Callable
+    round_fn: fedavg.RoundRunner
     rates: jax.Array                   # [N] p_i
     denominators: jax.Array            # [N] p_i n_i
 
@@ -307,9 +315,11 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     rates = jnp.asarray(record_sampling_rates(config, counts), jnp.float32)
     denominators = jnp.asarray(expected_batch_sizes(config, counts), jnp.float32)
     params = model.init(api.init_key(key))
-    chunk = resolve_chunk_size(runtime.chunk_size, params, agents)
-    round_fn = make_round(model, config, chunk_size=chunk, mesh=runtime.mesh,
-                          backend=runtime.backend)
+    config.participation.check(agents.num_agents)
+    expected = max(1, math.ceil(config.participation.expected(agents.num_agents)))
+    chunk = resolve_chunk_size(runtime.chunk_size, params, agents, expected)
+    round_fn = make_round(model, config, agents, rates, denominators, chunk_size=chunk,
+                          mesh=runtime.mesh, cohort=runtime.cohort)
     ctx = Context(agents=agents, model=model, round_fn=round_fn, rates=rates,
                   denominators=denominators)
     values = {"params": params, "participation": jnp.zeros((agents.num_agents,), jnp.int32)}
@@ -321,13 +331,18 @@ def num_steps(config: Config) -> int:
 
 
 def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
-    """One round (:func:`make_round`); adds the round's participation mask to the counts."""
+    """One round (:func:`make_round`); adds one to the participants' counts."""
     ctx: Context = state.context
-    params, metrics, sampled = ctx.round_fn(key, state.values["params"], ctx.agents, ctx.rates,
-                                            ctx.denominators)
-    participation = state.values["participation"] + jnp.asarray(sampled).astype(jnp.int32)
+    params, metrics = ctx.round_fn(key, state.values["params"])
+    took_part = jnp.asarray(ctx.round_fn.last_indices, jnp.int32)
+    participation = state.values["participation"].at[took_part].add(1)
     values = {"params": params, "participation": participation}
     return api.State(step=state.step + 1, values=values, context=ctx), metrics
+
+
+def prefetch(state: api.State, key: jax.Array) -> None:
+    """Start gathering round ``key``'s cohort while the current round computes."""
+    state.context.round_fn.prefetch(key)
 
 
 def output(state: api.State) -> api.Output:

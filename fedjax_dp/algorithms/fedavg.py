@@ -2,17 +2,22 @@
 
 One round t (voting-dpfl paper, Algorithm 1 without lines 3-4 of NoisyUpdate):
 
-    m_t ~ Poisson sampling: agent i participates with probability q, independently (a mask [N])
-    Delta_i = LocalSGD_E(theta_t; D_i) - theta_t                    for every agent (one vmap)
-    theta_{t+1} = theta_t + eta_s * sum_i m_t[i] Delta_i / max(1, sum_i m_t[i])
+    S_t ~ sampling: Poisson (agent i participates with probability q, independently) or a
+          uniformly random subset of exactly C agents (``sampling = "fixed"``)
+    Delta_i = LocalSGD_E(theta_t; D_i) - theta_t                    for i in S_t (one vmap)
+    theta_{t+1} = theta_t + eta_s * sum_{i in S_t} Delta_i / max(1, |S_t|)
 
-All N agents compute their update in one vectorised call and the participation mask selects the
-sum; the number of participants varies per round without any Python list of agents.
+A round costs the cohort, not the population (:class:`RoundRunner`): the participants are drawn
+on the host (:func:`fedjax_dp.core.cohort.sample_cohort`), gathered into a padded buffer of one of
+a few bucket sizes and trained in one vectorised call; only their sum reaches the server. Agent i
+trains with ``fold_in(k_train, i)``, so the gathered round equals the reference round that trains
+all N agents and masks the unsampled ones (``runtime.cohort = "masked"``), which the tests check.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from typing import Any, Callable
 
@@ -21,7 +26,11 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dp.algorithms import api
-from fedjax_dp.core import StackedData, agent_sum, for_each_agent, validation
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from fedjax_dp.core import AGENTS, StackedData, for_each_agent, is_on_host, validation
+from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, mechanisms
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
@@ -32,83 +41,205 @@ Params = Any
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """FedAvg: ``rounds`` rounds, Poisson agent sampling rate ``sampling_rate`` (q)."""
+    """FedAvg: ``rounds`` rounds; each round's participants are drawn by ``sampling``:
+    ``"poisson"`` (every agent independently with rate ``sampling_rate`` q) or ``"fixed"`` (a
+    uniformly random subset of exactly ``cohort_size`` agents)."""
 
     rounds: int = 20
     sampling_rate: float = 1.0
     server_lr: float = 1.0
     local: LocalTrainConfig = LocalTrainConfig()
+    sampling: str = "poisson"
+    cohort_size: int = 0
 
     def __post_init__(self):
         validation.check_int("algorithm.rounds", self.rounds, minimum=1)
         validation.check_probability("algorithm.sampling_rate", self.sampling_rate)
         validation.check_positive("algorithm.server_lr", self.server_lr)
+        validation.check_choice("algorithm.sampling", self.sampling, cohort_lib.SAMPLINGS)
+        if self.sampling == "fixed":
+            validation.check_int("algorithm.cohort_size", self.cohort_size, minimum=1)
+
+    @property
+    def participation(self) -> cohort_lib.Sampling:
+        return cohort_lib.Sampling(self.sampling, rate=self.sampling_rate,
+                                   size=self.cohort_size)
 
 
 @dataclasses.dataclass(frozen=True)
 class RoundSpec:
     """What one federated-averaging round does with the agents' updates.
 
+    sampling: how the round's participants are drawn (:class:`fedjax_dp.core.cohort.Sampling`).
     clip_norm: clip each agent's update to this global L2 norm (None: no clipping).
     noise_std: std of the Gaussian noise added once to the *sum* of updates.
     denominator: ``'sampled'`` divides the sum by the realised number of participants
-      (FedAvg; the voting-dpfl paper's Algorithm 1), ``'expected'`` by the fixed q*N
+      (FedAvg; the voting-dpfl paper's Algorithm 1), ``'expected'`` by the fixed q*N or C
       (McMahan et al. 2018's fixed-denominator estimator, needed for DP-FedAvg's guarantee).
     """
 
-    sampling_rate: float
+    sampling: cohort_lib.Sampling
     server_lr: float
     clip_norm: float | None = None
     noise_std: float = 0.0
     denominator: str = "sampled"
 
 
-def sample_agents(key: jax.Array, num_agents: int, sampling_rate: float) -> jax.Array:
-    """Poisson sampling mask [N] in {0., 1.}: each agent independently with probability q."""
-    return jax.random.bernoulli(key, sampling_rate, (num_agents,)).astype(jnp.float32)
+def sample_agents(key: jax.Array, num_agents: int, sampling: cohort_lib.Sampling) -> np.ndarray:
+    """The round's participation mask ``[N]`` float32 in {0, 1} (host): the same draw as the
+    gathered round's cohort (:func:`fedjax_dp.core.cohort.sample_cohort`)."""
+    return cohort_lib.sample_mask(key, num_agents, sampling)
+
+
+def round_keys(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(k_sample, k_train, k_noise) = split(key, 3)``; agent i trains with
+    ``fold_in(k_train, i)`` whichever agents are sampled with it."""
+    k_sample, k_train, k_noise = jax.random.split(key, 3)
+    return k_sample, k_train, k_noise
 
 
 @functools.lru_cache(maxsize=64)
-def make_round(model: Model, local: LocalTrainConfig, spec: RoundSpec, *,
-               chunk_size: int | None = None, mesh=None) -> Callable:
-    """A jitted ``round(key, params, data) -> (params, metrics)`` for the given spec.
+def local_sgd_update(model: Model, local: LocalTrainConfig) -> Callable:
+    """FedAvg's agent update: ``(key, params, x, y, mask, count, extras) -> (params, metrics)``,
+    E local optax steps (:func:`fedjax_dp.train.make_local_update`); ``extras`` unused."""
+    update = make_local_update(model, local)
 
-    ``chunk_size``: agents per chunk for local training (identical results; see
-    :func:`fedjax_dp.train.local.resolve_chunk_size` for ``"auto"``, resolved in ``init``).
-    Compiled once per (model, local config, spec, execution plan) and shared by every caller.
+    def agent(key, params, x, y, mask, count, extras):
+        new, loss = update(key, params, x, y, mask, count)
+        return new, {"train_loss": loss}
+
+    return agent
+
+
+@functools.lru_cache(maxsize=64)
+def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *,
+                     chunk_size: int | None = None, mesh=None) -> tuple[Callable, Callable,
+                                                                        Callable]:
+    """The compiled pieces of a round: ``(train_sum, server, fused)``.
+
+    ``agent_update(key, params, x, y, mask, count, extras) -> (params, metrics)`` is one agent's
+    local work (:func:`local_sgd_update`; DP-FedSGD's local DP-SGD); ``extras`` is a pytree of
+    per-agent values ``[N]`` (e.g. sampling rates) gathered with the agents.
+
+    ``train_sum(k_train, params, source, rows, ids, valid, extras) -> sums``: the agents ``ids
+    [B]`` (their records ``source`` if ``rows`` is None, else ``source[rows]`` gathered on the
+    device) run ``agent_update`` with key ``fold_in(k_train, id)``; their updates are clipped and
+    summed over the rows with ``valid [B]``::
+
+        sums = (sum_b valid_b Delta_b, {metric: sum_b valid_b metric_b}, M)
+
+    ``server(k_noise, params, sums) -> (params, metrics)``: noise on the sum, divide, apply.
+    ``fused``: both in one compiled call (the one-pass round). Compiled once per (update, spec,
+    N, execution plan) and shared by every caller; each distinct pass size B is one compilation.
     """
-    lifted = for_each_agent(make_local_update(model, local), (0, None, 0, 0, 0, 0),
-                            chunk_size=chunk_size, mesh=mesh)
+    lifted = for_each_agent(agent_update, (0, None, 0, 0, 0, 0, 0), chunk_size=chunk_size,
+                            mesh=mesh)
 
-    def round_fn(key: jax.Array, params: Params, data: StackedData):
-        n = data.x.shape[0]
-        k_sample, k_train, k_noise = jax.random.split(key, 3)
-        sampled = sample_agents(k_sample, n, spec.sampling_rate)                  # [N]
-        local_params, losses = lifted(jax.random.split(k_train, n), params,
-                                      data.x, data.y, data.mask, data.counts)
-        deltas = jax.tree.map(lambda l, g: l - g[None], local_params, params)     # [N, ...]
-        norms = jax.vmap(optax.tree.norm)(deltas)                                # [N]
+    def train_sum(k_train, params, source: StackedData, rows, ids, valid, extras):
+        agents = source if rows is None else cohort_lib.take_rows(source, rows)
+        keys = cohort_lib.cohort_keys(k_train, ids)                             # [B]
+        mine = jax.tree.map(lambda e: jnp.take(e, ids, axis=0), extras)
+        local_params, metrics = lifted(keys, params, agents.x, agents.y, agents.mask,
+                                       agents.counts, mine)
+        deltas = jax.tree.map(lambda l, g: l - g[None], local_params, params)     # [B, ...]
+        metrics = {**metrics, "mean_update_norm": jax.vmap(optax.tree.norm)(deltas)}
         if spec.clip_norm is not None:
             deltas = jax.vmap(lambda d: mechanisms.clip_by_global_norm(d, spec.clip_norm)[0]
                               )(deltas)
-        total = agent_sum(deltas, sampled)                                        # secure sum
+        return (cohort_lib.masked_sum(deltas, valid),                            # secure sum
+                cohort_lib.masked_sum(metrics, valid), jnp.sum(valid.astype(jnp.float32)))
+
+    def server(k_noise, params, sums):
+        total, metric_sums, num_sampled = sums
         if spec.noise_std > 0:
             total = jax.tree.map(jnp.add, total,
                                  mechanisms.gaussian_noise(k_noise, total, spec.noise_std))
-        num_sampled = jnp.sum(sampled)
         if spec.denominator == "expected":
-            denom = spec.sampling_rate * n
+            denom = spec.sampling.expected(num_agents)
         else:
             denom = jnp.maximum(num_sampled, 1.0)
         new_params = jax.tree.map(lambda g, s: g + spec.server_lr * s / denom, params, total)
-        metrics = {
-            "num_sampled": num_sampled,
-            "train_loss": jnp.sum(sampled * losses) / jnp.maximum(num_sampled, 1.0),
-            "mean_update_norm": jnp.sum(sampled * norms) / jnp.maximum(num_sampled, 1.0),
-        }
+        seen = jnp.maximum(num_sampled, 1.0)
+        metrics = {"num_sampled": num_sampled,
+                   **{k: v / seen for k, v in metric_sums.items()}}    # means over the cohort
         return new_params, metrics
 
-    return jax.jit(round_fn)
+    def fused(k_train, k_noise, params, source, rows, ids, valid, extras):
+        return server(k_noise, params, train_sum(k_train, params, source, rows, ids, valid,
+                                                 extras))
+
+    return jax.jit(train_sum), jax.jit(server), jax.jit(fused)
+
+
+def _add(a, b):
+    return jax.tree.map(jnp.add, a, b)
+
+
+class RoundRunner:
+    """Runs rounds on the gathered cohort (``cohort="gather"``) or on every agent with a
+    participation mask (``"masked"``, the reference); both give the same result for a key.
+
+    Gathered: the cohort (:func:`fedjax_dp.core.cohort.sample_cohort`) is padded into passes of
+    a few bucket sizes (:class:`~fedjax_dp.core.cohort.CohortPlan`); device-resident agents are
+    gathered inside the compiled round, host-resident ones on the host by a
+    :class:`~fedjax_dp.core.cohort.CohortFeeder` that prefetches the next round's cohort.
+    """
+
+    def __init__(self, model: Model, local: LocalTrainConfig, spec: RoundSpec,
+                 agents: StackedData, *, chunk_size: int | None = None, mesh=None,
+                 cohort: str = "gather", pass_size: int | None = None,
+                 agent_update: Callable | None = None, extras: Any = None):
+        """``agent_update``: one agent's work (default :func:`local_sgd_update` of ``model`` and
+        ``local``); ``extras``: per-agent arrays ``[N]`` it reads (kept on the device)."""
+        validation.check_choice("runtime.cohort", cohort, ("gather", "masked"))
+        n = agents.num_agents
+        spec.sampling.check(n)
+        self.agents, self.spec, self.mode, self.mesh = agents, spec, cohort, mesh
+        self.num_agents = n
+        self.extras = jax.tree.map(jnp.asarray, {} if extras is None else extras)
+        update = local_sgd_update(model, local) if agent_update is None else agent_update
+        self.parts = make_round_parts(update, spec, n, chunk_size=chunk_size, mesh=mesh)
+        align = 1 if mesh is None else mesh.shape[AGENTS]
+        self.plan = cohort_lib.CohortPlan.for_sampling(spec.sampling, n, align=align,
+                                                       pass_size=pass_size)
+        sharding = None if mesh is None else NamedSharding(mesh, P(AGENTS))
+        self.feeder = cohort_lib.CohortFeeder(agents, spec.sampling, self.plan,
+                                              sharding=sharding)
+        self.last_indices: np.ndarray | None = None
+
+    @property
+    def compiled_pass_sizes(self) -> tuple[int, ...]:
+        """The pass (bucket) sizes run so far: one compilation each."""
+        return tuple(sorted(self.feeder.shapes_used))
+
+    def prefetch(self, key: jax.Array) -> None:
+        """Prepare round ``key``'s cohort in the background (host-resident agents only)."""
+        if self.mode == "gather" and self.feeder.on_host:
+            self.feeder.prefetch(round_keys(key)[0])
+
+    def __call__(self, key: jax.Array, params: Params) -> tuple[Params, dict]:
+        k_sample, k_train, k_noise = round_keys(key)
+        train_sum, server, fused = self.parts
+        if self.mode == "masked":
+            if is_on_host(self.agents):
+                raise ValueError("runtime.cohort='masked' trains every agent at once and needs "
+                                 "device-resident agents; use cohort='gather' for host data")
+            mask = sample_agents(k_sample, self.num_agents, self.spec.sampling)
+            self.last_indices = np.flatnonzero(mask)
+            p = cohort_lib.population_pass(self.agents, mask)
+            return fused(k_train, k_noise, params, self.agents, None, p.ids, p.valid,
+                         self.extras)
+        cohort = self.feeder.get(k_sample)
+        self.last_indices = cohort.indices
+
+        def one_pass(p: cohort_lib.CohortPass, fn, *head):
+            source, rows = (p.data, None) if p.data is not None else (self.agents, p.ids)
+            return fn(*head, params, source, rows, p.ids, p.valid, self.extras)
+
+        if len(cohort.passes) == 1:
+            return one_pass(cohort.passes[0], fused, k_train, k_noise)
+        sums = cohort_lib.run_passes(cohort, lambda p: one_pass(p, train_sum, k_train), _add)
+        return server(k_noise, params, sums)
 
 
 @dataclasses.dataclass
@@ -154,7 +285,7 @@ USES_LOCAL_TRAIN = True
 
 
 def round_spec(config: Config) -> RoundSpec:
-    return RoundSpec(sampling_rate=config.sampling_rate, server_lr=config.server_lr)
+    return RoundSpec(sampling=config.participation, server_lr=config.server_lr)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,16 +294,19 @@ class Context:
 
     agents: StackedData
     model: Model
-    round_fn: Callable
+    round_fn: RoundRunner
 
 
 def init_rounds(key: jax.Array, data: api.FederatedData, model: Model, local: LocalTrainConfig,
                 spec: RoundSpec, runtime: api.Runtime = api.Runtime()) -> api.State:
     """State of a round-based averaging run: ``values = {"params": model.init(split(key)[0])}``."""
     check_trainable(data.agents)
+    spec.sampling.check(data.num_agents)
     params = model.init(api.init_key(key))
-    chunk_size = resolve_chunk_size(runtime.chunk_size, params, data.num_agents)
-    round_fn = make_round(model, local, spec, chunk_size=chunk_size, mesh=runtime.mesh)
+    expected = max(1, math.ceil(spec.sampling.expected(data.num_agents)))
+    chunk_size = resolve_chunk_size(runtime.chunk_size, params, expected)
+    round_fn = RoundRunner(model, local, spec, data.agents, chunk_size=chunk_size,
+                           mesh=runtime.mesh, cohort=runtime.cohort)
     return api.State(step=0, values={"params": params},
                      context=Context(agents=data.agents, model=model, round_fn=round_fn))
 
@@ -187,10 +321,15 @@ def num_steps(config: Config) -> int:
 
 
 def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
-    """One round (:func:`make_round`) from ``state.values["params"]``."""
+    """One round (:class:`RoundRunner`) from ``state.values["params"]``."""
     ctx: Context = state.context
-    params, metrics = ctx.round_fn(key, state.values["params"], ctx.agents)
+    params, metrics = ctx.round_fn(key, state.values["params"])
     return api.State(step=state.step + 1, values={"params": params}, context=ctx), metrics
+
+
+def prefetch(state: api.State, key: jax.Array) -> None:
+    """Start gathering round ``key``'s cohort while the current round computes."""
+    state.context.round_fn.prefetch(key)
 
 
 def output(state: api.State) -> api.Output:

@@ -282,14 +282,6 @@ def cohort_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
 
 
-def all_gather_source(cohort_pass: CohortPass, population: StackedData | None
-                      ) -> tuple[StackedData, jax.Array | None]:
-    """``(source, rows)`` for a compiled round: the gathered pass, or the population + rows."""
-    if cohort_pass.data is not None:
-        return cohort_pass.data, None
-    return population, cohort_pass.ids
-
-
 def run_passes(cohort: Cohort, pass_fn: Callable, combine: Callable):
     """Run ``pass_fn(cohort_pass)`` on every pass and add the results with ``combine``."""
     total = None

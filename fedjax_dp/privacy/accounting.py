@@ -13,7 +13,10 @@ and an accountant turns the event into ``(epsilon, delta)``. Two accountants:
 All accountants run under ``dp_accounting``'s default ``ADD_OR_REMOVE_ONE`` relation. The
 Gaussian and Laplace events are stated in terms of the sensitivity under *the caller's* relation
 (``noise_multiplier = std / sensitivity``), so a replace-one relation is expressed by its
-(larger) sensitivity; Poisson subsampling is analysed for add/remove only.
+(larger) sensitivity; Poisson subsampling is analysed for add/remove only. The one exception:
+an event containing ``SampledWithoutReplacementDpEvent`` (fixed-size sampling) is analysed by the
+RDP accountant under ``REPLACE_ONE`` (Wang et al. 2019; the only relation dp-accounting supports
+for it, :func:`uses_replace_one`); the PLD accountant does not support it.
 """
 from __future__ import annotations
 
@@ -87,6 +90,17 @@ def check_event(name: str, event: Any) -> dp_event.DpEvent:
     return event
 
 
+def uses_replace_one(event: dp_event.DpEvent) -> bool:
+    """True if ``event`` contains fixed-size sampling (``SampledWithoutReplacementDpEvent``),
+    which dp-accounting analyses under the replace-one relation only."""
+    if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
+        return True
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return any(uses_replace_one(e) for e in event.events)
+    inner = getattr(event, "event", None)
+    return isinstance(inner, dp_event.DpEvent) and uses_replace_one(inner)
+
+
 def composed_accountant(event: dp_event.DpEvent, accountant: str = "rdp",
                         orders: Sequence[float] | None = None
                         ) -> dp_accounting.PrivacyAccountant:
@@ -96,6 +110,10 @@ def composed_accountant(event: dp_event.DpEvent, accountant: str = "rdp",
     """
     check_event("event", event)
     acc = make_accountant(accountant, orders)
+    if accountant == "rdp" and uses_replace_one(event):
+        acc = dp_accounting.rdp.RdpAccountant(
+            orders=_check_orders(DEFAULT_RDP_ORDERS if orders is None else orders).tolist(),
+            neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
     if not acc.supports(event):
         raise ValueError(f"the {accountant!r} accountant does not support "
                          f"{type(event).__name__} (event: {event})")

@@ -376,6 +376,12 @@ class PrivacyLedger:
                                                                              e.members)))
                    for e in self._entries_for(unit))
 
+    def replace_one(self, unit: str) -> bool:
+        """Whether ``unit`` has fixed-size (without-replacement) sampling events, which only the
+        RDP accountant analyses (under replace-one; :func:`accounting.uses_replace_one`)."""
+        return any(e.kind == "event" and accounting.uses_replace_one(e.event)
+                   for e in self._entries_for(unit))
+
     def epsilon(self, unit: str, delta: float, accountant: str = "rdp") -> float:
         """Epsilon of ``unit`` at ``delta`` (``'rdp'`` or ``'pld'``; data-dependent: RDP only;
         with shuffle entries: PLD only)."""
@@ -464,11 +470,13 @@ class PrivacyLedger:
             entries = self._entries_for(unit)
             dependent = self.data_dependent(unit)
             with_shuffle = self.has_shuffle(unit)
-            usable = [a for a in accountants if not (dependent and a != "rdp")
+            rdp_only = dependent or self.replace_one(unit)
+            usable = [a for a in accountants if not (rdp_only and a != "rdp")
                       and not (with_shuffle and a != "pld")]
             if not usable:
-                why, need = (("data-dependent RDP", "rdp") if not with_shuffle else
-                             ("shuffle entries", "pld"))
+                why, need = (("shuffle entries", "pld") if with_shuffle else
+                             ("data-dependent RDP", "rdp") if dependent else
+                             ("sampling without replacement", "rdp"))
                 raise ValueError(f"accountants {list(accountants)} do not apply to unit "
                                  f"{unit!r} ({why}): include {need!r}")
             for acc in usable:
