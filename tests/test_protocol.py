@@ -253,21 +253,9 @@ def _epsilons(ledger, units):
     return [ledger.epsilon(u, DELTA) for u in units]
 
 
-def test_dp_fedsgd_port_gives_the_same_params_participation_and_epsilon(problem, legacy):
-    _, data, model = problem
-    old, cfg = legacy["dp_fedsgd"], TINY["dp_fedsgd"]
-    was = old.run(jax.random.key(0), data.agents, model, _legacy_config(old, cfg),
-                  chunk_size=None)
-    now = _api_run(problem, "dp_fedsgd").state
-    _assert_trees_equal(now.values["params"], was.params)
-    np.testing.assert_array_equal(now.values["participation"], was.participation)
-    assert 0 < was.participation.sum() < data.num_agents * cfg.rounds      # sampling varied
-    want = old.privacy_ledger(_legacy_config(old, cfg), data.agents.counts, was.participation)
-    assert dp_fedsgd.ledger(cfg, now).to_json() == want.to_json()
-    # the plain-Python wrapper is the same run
-    again = dp_fedsgd.run(jax.random.key(0), data.agents, model, cfg, chunk_size=None)
-    _assert_trees_equal(again.params, was.params)
-    assert [r["train_loss"] for r in again.rounds] == [r["train_loss"] for r in was.rounds]
+# DP-FedSGD is no longer compared with its pre-protocol code: its rounds now sample the cohort on
+# the host and key agent i by fold_in(k_train, i) (the gathered cohort round shared with FedAvg),
+# a deliberate change of the random streams; tests/test_dp_fedsgd.py checks it against loops.
 
 
 @pytest.mark.parametrize("name", ["ae_dpfl", "knn_dpfl"])

@@ -335,7 +335,7 @@ def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
     ctx: Context = state.context
     params, metrics = ctx.round_fn(key, state.values["params"])
     took_part = jnp.asarray(ctx.round_fn.last_indices, jnp.int32)
-    participation = state.values["participation"].at[took_part].add(1)
+    participation = jnp.asarray(state.values["participation"]).at[took_part].add(1)
     values = {"params": params, "participation": participation}
     return api.State(step=state.step + 1, values=values, context=ctx), metrics
 

@@ -91,9 +91,10 @@ def sample_agents(key: jax.Array, num_agents: int, sampling: cohort_lib.Sampling
     return cohort_lib.sample_mask(key, num_agents, sampling)
 
 
+@jax.jit
 def round_keys(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(k_sample, k_train, k_noise) = split(key, 3)``; agent i trains with
-    ``fold_in(k_train, i)`` whichever agents are sampled with it."""
+    ``fold_in(k_train, i)`` whichever agents are sampled with it. (Jitted: one dispatch.)"""
     k_sample, k_train, k_noise = jax.random.split(key, 3)
     return k_sample, k_train, k_noise
 

@@ -249,7 +249,7 @@ class CohortFeeder:
         self._pending[tag] = self._pool.submit(self.prepare, key)
 
     def get(self, key: jax.Array) -> Cohort:
-        future = self._pending.pop(self._tag(key), None)
+        future = self._pending.pop(self._tag(key), None) if self._pending else None
         cohort = future.result() if future is not None else self.prepare(key)
         self.shapes_used.update(int(p.ids.shape[0]) for p in cohort.passes)
         return cohort

@@ -24,6 +24,7 @@ from fedjax_dp import data as data_lib
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.api import FederatedData
 from fedjax_dp.core import from_partition, rng
+from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import registry
 from fedjax_dp.models import make_model
@@ -174,11 +175,18 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     phases = getattr(p.entry, "PHASES", None)             # one-shot: the steps are phases
     name = config["algorithm"]["name"]
 
+    reporter = progress_lib.bar(show)         # a live bar on a terminal, silent otherwise
+    bar_task = None
+
     def on_round(t: int, record: dict) -> None:
         if out is not None:
             with open(out / "progress.jsonl", "a") as f:
                 f.write(json.dumps(_jsonable(record)) + "\n")
-        if show:
+        if bar_task is not None:
+            bar_task.set(**{k: v for k, v in record.items()
+                            if k != "round" and isinstance(v, float)})
+            bar_task.update(1)
+        elif show:
             shown = " ".join(f"{k}={v:.4g}" for k, v in record.items()
                              if k != "round" and isinstance(v, float))
             what = f"phase {t}/{steps_total} {phases[t - 1]}" if phases else \
@@ -197,9 +205,12 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     # run.eval_every evaluates the model between rounds; a one-shot method's phases before the
     # last have no model yet, so it is evaluated once, at the end
     eval_every = 0 if phases else config["run"]["eval_every"]
-    done = api.run(p.entry, key, fed, model, p.algorithm_config,
-                   runtime=api.Runtime(chunk_size=chunk), evaluate=evaluate,
-                   eval_every=eval_every, on_step=on_round)
+    with reporter.task(name, total=steps_total, unit="phase" if phases else "round") as bar_task:
+        if not reporter.enabled:
+            bar_task = None
+        done = api.run(p.entry, key, fed, model, p.algorithm_config,
+                       runtime=api.Runtime(chunk_size=chunk, progress=reporter),
+                       evaluate=evaluate, eval_every=eval_every, on_step=on_round)
     output = p.entry.output(done.state)
     test_acc = float(np.mean(output.predict_labels(x_test) == y_test))
     ledgers = api.ledgers(p.entry, p.algorithm_config, done.state)

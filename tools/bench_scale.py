@@ -1,0 +1,253 @@
+"""Scale benchmark: rounds that cost the cohort, and populations up to a million agents.
+
+Parts (each writes into one JSON record, ``results/scale/bench_scale.json`` by default):
+
+* ``peers``: the fixed DP-FedAvg workload of ``../shared/peers`` (1,000 clients x 64 examples,
+  MLP 64-100-10, 4 local SGD steps of batch 16, clip 1, noise 1, a uniformly random cohort of
+  exactly C clients, divided by C) at C = 10 / 100 / 1,000, seconds per round (median of 5 after
+  2 warm-up rounds): this library's gathered round (``sampling = "fixed"``), its masked all-agent
+  round (what every round cost before), and the plain-JAX reference ``jax_ref.py --engine map
+  --chunk 10`` run in a subprocess of the same run. fedjax 0.0.17's figure is quoted from the
+  peers' README (not re-measured: fedjax is not installed here).
+* ``population``: DP-FedAvg (Poisson sampling, expected cohort 1,000) over N = 1e3 ... 1e6
+  synthetic host-resident agents (16 records x 32 features, MLP 32-64-10), each N in a fresh
+  subprocess: seconds per round (median), compilations (bucket sizes), and peak RSS next to the
+  agents' data size.
+* ``oneshot``: AE-DPFL and kNN-DPFL end to end (``tools/bench_scale_oneshot.py``), if present.
+
+Run: ``.venv/bin/python tools/bench_scale.py [--parts peers,population,oneshot] [--agents
+1000,10000,100000,1000000]``; ``--plot`` redraws the figure from the JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+FEDJAX_PEER_S = {"10": 0.013, "100": 0.107, "1000": 0.99}   # ../shared/peers/README.md
+
+
+def _peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20   # KiB on Linux
+
+
+def _time_rounds(step, state, rounds: int, warmup: int) -> tuple[list[float], object]:
+    import jax
+    from fedjax_dp.algorithms import api
+    key = jax.random.key(0)
+    times = []
+    for t in range(warmup + rounds):
+        start = time.perf_counter()
+        state, metrics = step(state, api.step_key(key, t))
+        jax.block_until_ready((state.values, metrics))
+        if t >= warmup:
+            times.append(time.perf_counter() - start)
+    return times, state
+
+
+# --------------------------------------------------------------------------- peers workload
+
+def _peers_ref(peers: Path, cohorts: str, rounds: int) -> dict:
+    """``jax_ref.py --engine map --chunk 10`` in a subprocess: its per-cohort medians."""
+    env = dict(os.environ, PEERS_RAW_DIR=str(ROOT / "runs" / "peers_raw"))
+    proc = subprocess.run([sys.executable, str(peers / "jax_ref.py"), "--engine", "map",
+                           "--chunk", "10", "--rounds", str(rounds), "--cohorts", cohorts],
+                          capture_output=True, text=True, env=env, check=True)
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    res = json.loads(line[len("RESULT "):])
+    return {str(c): v["median_s"] for c, v in res["cohorts"].items()}
+
+
+def peers_part(peers: Path, cohorts: list[int], rounds: int, warmup: int) -> dict:
+    import jax
+    sys.path.insert(0, str(peers))
+    import workload as W
+    from fedjax_dp.algorithms import api, dp_fedavg
+    from fedjax_dp.core import from_arrays
+    from fedjax_dp.models import make_model
+    from fedjax_dp.train import LocalTrainConfig
+
+    x, y = W.make_data()
+    counts = np.full((W.NUM_CLIENTS,), W.EXAMPLES_PER_CLIENT, np.int32)
+    host = from_arrays(x, y.astype(np.int32), counts)
+    data = api.FederatedData(agents=host.on_device(), num_classes=W.NUM_CLASSES)
+    model = make_model("mlp", (W.DIM,), W.NUM_CLASSES, hidden=(W.HIDDEN,))
+    local = LocalTrainConfig(steps=W.LOCAL_STEPS, batch_size=W.BATCH, learning_rate=W.CLIENT_LR)
+    out = {"ours_gathered_s": {}, "ours_masked_s": {}, "compiled_pass_sizes": {}}
+    for c in cohorts:
+        cfg = dp_fedavg.Config(rounds=warmup + rounds, sampling="fixed", cohort_size=c,
+                               clip_norm=W.CLIP, noise_multiplier=W.NOISE_MULTIPLIER,
+                               server_lr=W.SERVER_LR, local=local)
+        for mode in ("gather", "masked"):
+            state = dp_fedavg.init(jax.random.key(1), data, model, cfg,
+                                   api.Runtime(cohort=mode))
+            times, state = _time_rounds(dp_fedavg.step, state, rounds, warmup)
+            out["ours_gathered_s" if mode == "gather" else "ours_masked_s"][str(c)] = \
+                statistics.median(times)
+            if mode == "gather":
+                out["compiled_pass_sizes"][str(c)] = list(state.context.round_fn
+                                                          .compiled_pass_sizes)
+        print(f"peers C={c}: gathered {out['ours_gathered_s'][str(c)]:.4f} s, masked "
+              f"{out['ours_masked_s'][str(c)]:.4f} s", flush=True)
+    out["jax_ref_map10_s"] = _peers_ref(peers, ",".join(map(str, cohorts)), rounds)
+    out["fedjax_0.0.17_s_quoted"] = FEDJAX_PEER_S
+    ours, ref = out["ours_gathered_s"], out["jax_ref_map10_s"]
+    out["ratio_vs_jax_ref"] = {c: ours[c] / ref[c] for c in ours}
+    out["ratio_vs_fedjax"] = {c: FEDJAX_PEER_S[c] / ours[c] for c in ours if c in FEDJAX_PEER_S}
+    small, large = str(min(cohorts)), str(max(cohorts))
+    out["smallest_over_largest_cohort"] = ours[small] / ours[large]
+    print(json.dumps({k: out[k] for k in ("ratio_vs_jax_ref", "ratio_vs_fedjax",
+                                          "smallest_over_largest_cohort")}), flush=True)
+    return out
+
+
+# --------------------------------------------------------------------------- population sweep
+
+def population_worker(num_agents: int, cohort: int, rounds: int, warmup: int,
+                      records: int, features: int, hidden: int) -> dict:
+    """One N in this (fresh) process: host-resident synthetic agents, DP-FedAvg rounds."""
+    import jax
+    from fedjax_dp.algorithms import api, dp_fedavg
+    from fedjax_dp.core import from_arrays
+    from fedjax_dp.models import make_model
+    from fedjax_dp.train import LocalTrainConfig
+
+    rss0 = _peak_rss_gb()
+    rng = np.random.default_rng(0)
+    means = rng.standard_normal((10, features), dtype=np.float32)
+    y = rng.integers(0, 10, size=(num_agents, records), dtype=np.int32)
+    x = rng.standard_normal((num_agents, records, features), dtype=np.float32)
+    x += means[y]
+    agents = from_arrays(x, y, np.full((num_agents,), records, np.int32))
+    data = api.FederatedData(agents=agents, num_classes=10)
+    model = make_model("mlp", (features,), 10, hidden=(hidden,))
+    cfg = dp_fedavg.Config(rounds=warmup + rounds, sampling_rate=min(1.0, cohort / num_agents),
+                           clip_norm=1.0, noise_multiplier=1.0,
+                           local=LocalTrainConfig(steps=4, batch_size=16, learning_rate=0.1))
+    t0 = time.perf_counter()
+    state = dp_fedavg.init(jax.random.key(0), data, model, cfg)
+    key = jax.random.key(0)
+    times = []
+    for t in range(warmup + rounds):
+        start = time.perf_counter()
+        state, metrics = dp_fedavg.step(state, api.step_key(key, t))
+        if t + 1 < warmup + rounds:
+            dp_fedavg.prefetch(state, api.step_key(key, t + 1))
+        jax.block_until_ready((state.values, metrics))
+        if t >= warmup:
+            times.append(time.perf_counter() - start)
+    return {"num_agents": num_agents, "expected_cohort": cohort,
+            "round_s_median": statistics.median(times), "round_s_all": times,
+            "total_s": time.perf_counter() - t0,
+            "compiled_pass_sizes": list(state.context.round_fn.compiled_pass_sizes),
+            "buckets": list(state.context.round_fn.plan.buckets),
+            "data_gb": agents.nbytes / 2 ** 30, "peak_rss_gb": _peak_rss_gb(),
+            "rss_before_data_gb": rss0}
+
+
+def population_part(agents_list: list[int], args) -> list[dict]:
+    rows = []
+    for n in agents_list:
+        cmd = [sys.executable, __file__, "--worker", str(n), "--cohort", str(args.cohort),
+               "--rounds", str(args.rounds), "--warmup", str(args.warmup)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            rows.append({"num_agents": n, "error": proc.stderr.strip().splitlines()[-1:]})
+            print(f"N={n}: FAILED {rows[-1]['error']}", flush=True)
+            continue
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        r = rows[-1]
+        print(f"N={n}: {r['round_s_median']:.4f} s/round, peak RSS {r['peak_rss_gb']:.2f} GB "
+              f"(data {r['data_gb']:.2f} GB), passes {r['compiled_pass_sizes']}", flush=True)
+    return rows
+
+
+# --------------------------------------------------------------------------- plot
+
+def plot(record: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    pop = [r for r in record.get("population", []) if "error" not in r]
+    if pop:
+        n = [r["num_agents"] for r in pop]
+        a.loglog(n, [r["round_s_median"] for r in pop], "o-", label="DP-FedAvg round (cohort 1,000)")
+        b.loglog(n, [r["peak_rss_gb"] for r in pop], "o-", label="DP-FedAvg peak RSS")
+        b.loglog(n, [r["data_gb"] for r in pop], "k--", label="agents' data")
+    for name, rows in (record.get("oneshot") or {}).items():
+        rows = [r for r in rows if "error" not in r] if isinstance(rows, list) else []
+        if rows:
+            n = [r["num_agents"] for r in rows]
+            a.loglog(n, [r["wall_s"] for r in rows], "s-", label=f"{name} end to end")
+            b.loglog(n, [r["peak_rss_gb"] for r in rows], "s-", label=f"{name} peak RSS")
+    a.set_xlabel("agents N")
+    a.set_ylabel("seconds")
+    a.set_title("time vs population")
+    b.set_xlabel("agents N")
+    b.set_ylabel("GB")
+    b.set_title("peak memory vs population")
+    for ax in (a, b):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--parts", default="peers,population,oneshot")
+    ap.add_argument("--agents", default="1000,10000,100000,1000000")
+    ap.add_argument("--oneshot-agents", default="1000,10000,100000,1000000")
+    ap.add_argument("--cohorts", default="10,100,1000")
+    ap.add_argument("--cohort", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--peers", default=str(ROOT.parent / "shared" / "peers"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "scale" / "bench_scale.json"))
+    ap.add_argument("--plot", action="store_true", help="only redraw the figure from --out")
+    ap.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(population_worker(args.worker, args.cohort, args.rounds, args.warmup,
+                                           records=16, features=32, hidden=64)))
+        return
+    out = Path(args.out)
+    png = out.with_suffix(".png")
+    if args.plot:
+        plot(json.loads(out.read_text()), png)
+        return
+    from bench_common import environment, matmul_gflops, write_json
+    record = json.loads(out.read_text()) if out.exists() else {}
+    record["environment"] = environment()
+    record["matmul_gflops"] = matmul_gflops()
+    parts = args.parts.split(",")
+    if "peers" in parts:
+        record["peers"] = peers_part(Path(args.peers), [int(c) for c in args.cohorts.split(",")],
+                                     args.rounds, args.warmup)
+        write_json(out, record)
+    if "population" in parts:
+        record["population"] = population_part([int(n) for n in args.agents.split(",")], args)
+        write_json(out, record)
+    if "oneshot" in parts and (ROOT / "tools" / "bench_scale_oneshot.py").exists():
+        import bench_scale_oneshot
+        record["oneshot"] = bench_scale_oneshot.run(
+            [int(n) for n in args.oneshot_agents.split(",")])
+        write_json(out, record)
+    write_json(out, record)
+    plot(record, png)
+
+
+if __name__ == "__main__":
+    main()
