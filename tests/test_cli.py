@@ -59,6 +59,41 @@ def test_run_dp_fedavg_result_contract_and_epsilon(tmp_path, capsys):
     assert printed["test_accuracy"] == result["test_accuracy"]
 
 
+def test_host_resident_agents_give_the_same_run(tmp_path, capsys):
+    """``run.agents_on = "host"``: only each round's cohort is copied to the device; the run,
+    its history and its guarantee are those of the device-resident run."""
+    results = []
+    for where in ("device", "host"):
+        argv = ["run", str(DP_CONFIG), "--out", str(tmp_path / where), "--quiet",
+                "--set", f"run.agents_on={where}"]
+        for s in SMALL:
+            argv += ["--set", s]
+        code, _, err = _run(capsys, argv)
+        assert code == 0, err
+        results.append(json.loads((tmp_path / where / "result.json").read_text()))
+    dev, host = results
+    assert host["test_accuracy"] == dev["test_accuracy"]
+    assert [r["train_loss"] for r in host["history"]] == [r["train_loss"] for r in dev["history"]]
+    assert [g["epsilon"] for g in host["privacy"]] == [g["epsilon"] for g in dev["privacy"]]
+
+
+def test_progress_bar_reports_rate_and_eta_on_a_terminal(monkeypatch, capsys):
+    from fedjax_dp.core import progress
+    monkeypatch.setattr(progress, "interactive", lambda: True)
+    monkeypatch.delenv("CI", raising=False)
+    reporter = progress.bar(True)
+    assert reporter.enabled and not progress.bar(False).enabled
+    reporter = progress.TqdmProgress(mininterval=0)          # redraw on every update
+    with reporter.task("rounds", total=4, unit="round") as task:
+        for _ in range(4):
+            task.set(train_loss=0.5)
+            task.update(1)
+    err = capsys.readouterr().err
+    assert "4/4" in err and "round/s" in err and "train_loss=0.5" in err
+    monkeypatch.setattr(progress, "interactive", lambda: False)    # CI, pipes, --quiet: silent
+    assert progress.bar(True) is progress.SILENT
+
+
 def test_list(capsys):
     code, out, _ = _run(capsys, ["list", "--json"])
     listing = json.loads(out)
@@ -103,6 +138,9 @@ def test_account_gaussian_known_value(capsys):
     (["run", str(DP_CONFIG), "--set", "privacy.delta=0"], "privacy.delta"),
     (["run", str(DP_CONFIG), "--set", "train.learning_rate=-0.1"], "train.learning_rate"),
     (["run", str(DP_CONFIG), "--set", "datta.num_agents=3"], "datta"),
+    (["run", str(DP_CONFIG), "--set", "run.agents_on=gpu"], "run.agents_on"),
+    (["run", str(DP_CONFIG), "--set", "algorithm.sampling=fixed",
+      "--set", "algorithm.cohort_size=0"], "algorithm.cohort_size"),
     (["run", "no/such/config.toml"], "does not exist"),
 ])
 def test_bad_input_fails_fast_naming_the_parameter(tmp_path, capsys, argv, match):

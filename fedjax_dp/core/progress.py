@@ -58,11 +58,14 @@ class TqdmProgress(Progress):
 
     enabled = True
 
+    def __init__(self, mininterval: float = 0.1):
+        self.mininterval = mininterval          # seconds between redraws
+
     @contextlib.contextmanager
     def task(self, name: str, total: int | None = None, unit: str = "it") -> Iterator[Task]:
         from tqdm.auto import tqdm
         bar = tqdm(total=total, desc=name, unit=unit, file=sys.stderr, leave=False,
-                   dynamic_ncols=True)
+                   dynamic_ncols=True, mininterval=self.mininterval)
         try:
             yield _TqdmTask(bar)
         finally:

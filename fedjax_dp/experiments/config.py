@@ -9,7 +9,8 @@ A config has these tables (see ``configs/``)::
     [train]      local training: steps, batch_size, learning_rate, optimizer, weight_decay
     [algorithm]  name and the algorithm's own fields (rounds, sampling_rate, clip_norm, ...)
     [privacy]    delta, accountants
-    [run]        eval_every, chunk_size, progress
+    [run]        eval_every, chunk_size, progress, agents_on ("device" | "host": where the
+                 agents' records live; "host" copies only each round's cohort / chunk over)
 
 Unknown keys are errors that name the key, so a typo never silently falls back to a default.
 """
@@ -35,7 +36,7 @@ DEFAULTS: dict[str, Any] = {
               "weight_decay": 0.0, "prox_mu": 0.0},
     "algorithm": {"name": "fedavg"},
     "privacy": {"delta": 1e-5, "accountants": ["rdp", "pld"]},
-    "run": {"eval_every": 0, "chunk_size": "auto", "progress": True},
+    "run": {"eval_every": 0, "chunk_size": "auto", "progress": True, "agents_on": "device"},
 }
 
 # Tables whose keys are free-form (passed through to a dataset, partitioner or algorithm).
@@ -103,6 +104,7 @@ def resolve(raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> dict:
         raise ConfigError(f"data.server_dataset must be a dataset name or \"\" (the agents' "
                           f"dataset), got {resolved['data']['server_dataset']!r}")
     validation.check_int("run.eval_every", resolved["run"]["eval_every"], minimum=0)
+    validation.check_choice("run.agents_on", resolved["run"]["agents_on"], ("device", "host"))
     if resolved["run"]["chunk_size"] != "auto":   # "auto" (cache-sized), 0 (none) or agents/chunk
         validation.check_int("run.chunk_size", resolved["run"]["chunk_size"], minimum=0)
     return resolved

@@ -169,6 +169,8 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     dataset = load_data(d)
     indices = partition_indices(d, dataset, rng.stream(root, "partition"))
     agents = from_partition(dataset.x_train, dataset.y_train, indices)
+    if config["run"]["agents_on"] == "host":          # only cohorts / chunks go to the device
+        agents = agents.on_host()
     model = make_model(config["model"]["name"], dataset.feature_shape, dataset.num_classes,
                        hidden=tuple(config["model"]["hidden"]))
     steps_total = p.entry.num_steps(p.algorithm_config)
