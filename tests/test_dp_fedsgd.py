@@ -1,5 +1,7 @@
 """DP-FedSGD: the vmapped round against per-agent / per-record loops, Poisson masks, clipping,
 noise (std and independence), instance-level accounting (worst agent) and the runner."""
+import dataclasses
+
 import dp_accounting
 import jax
 import jax.numpy as jnp
@@ -277,3 +279,25 @@ def test_end_to_end_through_the_runner(tmp_path):
     assert guarantee["epsilon"] <= _direct_epsilon(0.8, 0.25, 24, DELTA) + 1e-9
     assert guarantee["epsilon"] > 0
     assert (tmp_path / "result.json").exists()
+
+
+def test_execution_choices_leave_params_participation_and_ledger_unchanged(setup):
+    """Gathered (device / host-resident agents) and masked all-agent rounds of a whole run: the
+    same parameters, the same participation counts T_i and so the same instance-level ledger."""
+    from fedjax_dp.algorithms import api
+    data, model, _, cfg = setup
+    cfg = dataclasses.replace(cfg, rounds=3)
+    runs = {}
+    for name, agents, mode in (("gather", data, "gather"), ("host", data.on_host(), "gather"),
+                               ("masked", data, "masked")):
+        fed = api.FederatedData(agents=agents, num_classes=3)
+        runs[name] = api.run(dp_fedsgd, jax.random.key(0), fed, model, cfg,
+                             runtime=api.Runtime(chunk_size=None, cohort=mode)).state
+    want = runs["masked"]
+    assert 0 < int(np.sum(want.values["participation"])) < 3 * data.num_agents
+    for name in ("gather", "host"):
+        got = runs[name]
+        _close(got.values["params"], want.values["params"])
+        np.testing.assert_array_equal(got.values["participation"],
+                                      want.values["participation"])
+        assert dp_fedsgd.ledger(cfg, got).to_json() == dp_fedsgd.ledger(cfg, want).to_json()

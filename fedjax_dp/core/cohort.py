@@ -225,17 +225,30 @@ class CohortFeeder:
     def _tag(key: jax.Array) -> bytes:
         return np.asarray(jax.random.key_data(key)).tobytes()
 
-    def _put(self, tree):
-        return jax.device_put(tree, self.sharding) if self.sharding is not None else \
-            jax.device_put(tree)
+    def _sharded(self, rows: np.ndarray, source: np.ndarray) -> jax.Array:
+        """``source[rows]`` as a global array with the agent axis split over the mesh: every
+        process gathers and transfers only the rows of its own devices' shards (the same
+        program runs unchanged on several hosts under ``jax.distributed``)."""
+        shape = (len(rows),) + tuple(source.shape[1:])
+
+        def shard(index):
+            return np.take(source, rows[index[0]], axis=0)[(slice(None),) + tuple(index[1:])]
+
+        return jax.make_array_from_callback(shape, self.sharding, shard)
 
     def prepare(self, key: jax.Array) -> Cohort:
         indices = sample_cohort(key, self.num_agents, self.sampling)
         passes = []
         for start, bucket in self.plan.passes(len(indices)):
             ids, valid = _pad_ids(indices, start, bucket)
-            chunk = gather_host(self.data, ids) if self.on_host else None
-            ids_d, valid_d, chunk_d = self._put((ids, valid, chunk))
+            if self.sharding is not None:
+                positions = np.arange(bucket)
+                ids_d, valid_d = self._sharded(positions, ids), self._sharded(positions, valid)
+                chunk_d = jax.tree.map(lambda a: self._sharded(ids, a), self.data) \
+                    if self.on_host else None
+            else:
+                chunk = gather_host(self.data, ids) if self.on_host else None
+                ids_d, valid_d, chunk_d = jax.device_put((ids, valid, chunk))
             passes.append(CohortPass(ids=ids_d, valid=valid_d, data=chunk_d))
         return Cohort(indices=indices, passes=passes)
 
