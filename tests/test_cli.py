@@ -75,6 +75,10 @@ def test_host_resident_agents_give_the_same_run(tmp_path, capsys):
     assert host["test_accuracy"] == dev["test_accuracy"]
     assert [r["train_loss"] for r in host["history"]] == [r["train_loss"] for r in dev["history"]]
     assert [g["epsilon"] for g in host["privacy"]] == [g["epsilon"] for g in dev["privacy"]]
+    cohort = host["cohort"]                # the compilations are counted and reported
+    assert cohort["execution"] == "gather" and 1 <= len(cohort["buckets"]) <= 3
+    assert 1 <= len(cohort["compiled_pass_sizes"]) and \
+        set(cohort["compiled_pass_sizes"]) <= set(cohort["buckets"])
 
 
 def test_progress_bar_reports_rate_and_eta_on_a_terminal(monkeypatch, capsys):

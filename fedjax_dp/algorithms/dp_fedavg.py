@@ -72,6 +72,7 @@ USES_LOCAL_TRAIN = True
 num_steps = fedavg.num_steps
 step = fedavg.step
 prefetch = fedavg.prefetch
+artifacts = fedavg.artifacts
 output = fedavg.output
 
 

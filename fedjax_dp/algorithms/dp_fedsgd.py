@@ -340,6 +340,9 @@ def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
     return api.State(step=state.step + 1, values=values, context=ctx), metrics
 
 
+artifacts = fedavg.artifacts
+
+
 def prefetch(state: api.State, key: jax.Array) -> None:
     """Start gathering round ``key``'s cohort while the current round computes."""
     state.context.round_fn.prefetch(key)

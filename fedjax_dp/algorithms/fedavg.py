@@ -337,6 +337,15 @@ def output(state: api.State) -> api.Output:
     return api.Output(model=state.context.model, params=state.values["params"])
 
 
+def artifacts(state: api.State, out_dir=None, run_config: dict | None = None) -> dict:
+    """Extra ``result.json`` fields: how the rounds ran (``cohort``: execution, bucket sizes
+    planned, pass sizes compiled and run)."""
+    runner: RoundRunner = state.context.round_fn
+    return {"cohort": {"execution": runner.mode, "pass_size": runner.plan.pass_size,
+                       "buckets": list(runner.plan.buckets),
+                       "compiled_pass_sizes": list(runner.compiled_pass_sizes)}}
+
+
 def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
     """FedAvg gives no privacy guarantee: an empty ledger."""
     return PrivacyLedger()
