@@ -7,7 +7,7 @@ over agents leave a chunk. :func:`chunks` cuts the agent axis into chunks of ``s
 * host-resident data (numpy or memory-mapped arrays, :func:`fedjax_dp.core.is_on_host`): rows
   ``[start, start + size)`` are read on the host and copied to the device; the next chunk is read
   and copied in a background thread while the caller's compiled call on the current one runs
-  (double buffering, ``prefetch=True``);
+  (double buffering, ``prefetch``, on by default: :data:`PREFETCH`);
 * device-resident data: the same rows are sliced on the device.
 
 Every chunk has the same shape ``[size, ...]`` (the last one is padded with empty agents and a
@@ -25,6 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.core import StackedData, is_on_host, validation
+
+#: Double-buffer host chunks by default (a switch for benchmarks; results never depend on it).
+PREFETCH = True
 
 #: Agents per chunk for host-resident data when the config says None (device data: all at once).
 DEFAULT_HOST_CHUNK = 4096
@@ -101,13 +104,14 @@ def _make(data: StackedData, index: int, start: int, size: int, extra: tuple) ->
                  agents=StackedData(*leaves), valid=valid, extra=ex)
 
 
-def chunks(data: StackedData, size: int, *, extra: tuple = (), prefetch: bool = True
+def chunks(data: StackedData, size: int, *, extra: tuple = (), prefetch: bool | None = None
            ) -> Iterator[Chunk]:
     """The agents in chunks of ``size`` (see the module); ``extra``: per-agent host arrays
     (leading axis N) sliced and padded with zeros alongside. With ``prefetch`` and host data the
     next chunk is prepared in a background thread while the caller works on the current one."""
     n = data.num_agents
     starts = range(0, n, size)
+    prefetch = PREFETCH if prefetch is None else prefetch
     if not (prefetch and is_on_host(data)) or len(starts) == 1:
         for i, s in enumerate(starts):
             yield _make(data, i, s, size, extra)
