@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import ae_dpfl, agent_stream, api, knn_dpfl, voting_dpfl
+from fedjax_dp.algorithms import ae_dpfl, agent_stream, api, fedkt, knn_dpfl, voting_dpfl
 from fedjax_dp.core import from_arrays, from_ragged, load_stacked, save_stacked
 from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.models import make_model
@@ -109,6 +109,24 @@ def test_knn_dpfl_host_streamed_equals_device_resident(problem, where, chunk):
     np.testing.assert_allclose(ref.state.values["clean_vote_sums"], want)
 
 
+def test_fedkt_host_resident_equals_device_resident(problem, tmp_path):
+    host, device, x_public, model = problem
+    cfg = fedkt.Config(num_partitions=2, num_teachers=1, level="L1", gamma=0.5,
+                       local=LocalTrainConfig(steps=2, batch_size=4))
+    save_stacked(tmp_path / "parties", host)
+    runs = []
+    for agents in (device, load_stacked(tmp_path / "parties")):      # memory-mapped host data
+        data = api.FederatedData(agents=agents, num_classes=C, x_public=x_public)
+        runs.append(api.run(fedkt, jax.random.key(1), data, model, cfg,
+                            runtime=api.Runtime(chunk_size=None)).state)
+    for field in ("teacher_votes", "party_labels", "server_votes", "server_labels", "z"):
+        np.testing.assert_array_equal(runs[0].values[field], runs[1].values[field])
+    (dd0, di0), (dd1, di1) = (fedkt.ledger(cfg, r) for r in runs)
+    for a, b in ((dd0, dd1), (di0, di1)):
+        assert [a.epsilon(u, DELTA) for u in ("party", "example")] == \
+            [b.epsilon(u, DELTA) for u in ("party", "example")]
+
+
 def test_memory_mapped_population_end_to_end(problem, tmp_path):
     host, device, x_public, model = problem
     save_stacked(tmp_path / "agents", host)
@@ -202,7 +220,7 @@ def test_bad_input_raises_before_any_work(problem):
         ae_dpfl.init(jax.random.key(0), data, model, AE)
     x[2, 1, 0] = np.nan
     bad = from_arrays(x, y, counts, check=False)                    # skipped its own check
-    for module, cfg in ((ae_dpfl, AE), (knn_dpfl, KNN)):
+    for module, cfg in ((ae_dpfl, AE), (knn_dpfl, KNN), (fedkt, fedkt.Config(num_teachers=1))):
         data = api.FederatedData(agents=bad, num_classes=C, x_public=x_public)
         with pytest.raises(ValueError, match="NaN"):
             module.init(jax.random.key(0), data, model, cfg)

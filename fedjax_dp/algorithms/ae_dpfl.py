@@ -1,7 +1,7 @@
 """AE-DPFL (voting-dpfl Algorithm 2): private aggregation of all agents' predictions by MPC vote.
 
-1. Every agent i trains a local model f_i on its own data D_i (all N at once: ``train_agents``,
-   each from its own initialisation).
+1. Every agent i trains a local model f_i on its own data D_i, each from its own initialisation,
+   in chunks of ``agent_chunk`` agents streamed to the device (see "Scale" below).
 2. The server draws Q queries x_1..x_Q from its unlabelled public data D_G (data-independent).
 3. Agent i's ballot for x_t is ``onehot(argmax f_i(x_t))`` (or, with ``abstain_below = tau``,
    that one-hot if ``max softmax f_i(x_t) >= tau`` and the zero vector otherwise: the agent
@@ -34,10 +34,28 @@ is bounded by GNMax's using the noise-free vote sums; reported under ``<unit>_da
 with ``data_dependent: true``.
 
 Protocol (:mod:`fedjax_dp.algorithms.api`): ``init`` checks the inputs and draws the queries;
-three steps, the phases ``local_training`` (values ``agent_params [N, ...]``,
-``agent_losses [N]``), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and ``student``
-(``params``). Keys: named streams of the run key, as in :mod:`fedjax_dp.algorithms.voting_dpfl`
-(the same key gives the same run as the plain-Python :func:`run`, which drives the protocol).
+three steps, the phases ``local_training`` (values ``agent_ballots [N, Q]`` int8: agent i's voted
+class on query t, -1 where it abstains; ``agent_losses [N]``; and ``agent_params [N, ...]`` for
+device-resident agents only), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and
+``student`` (``params``). Keys: named streams of the run key, as in
+:mod:`fedjax_dp.algorithms.voting_dpfl` (the same key gives the same run as the plain-Python
+:func:`run`, which drives the protocol).
+
+Scale (host-resident agents, :func:`fedjax_dp.core.from_arrays` / ``load_stacked``). The local
+training phase never holds all N agents' models: chunk c of ``agent_chunk`` agents (default: all
+N for device-resident data, :data:`~fedjax_dp.algorithms.agent_stream.DEFAULT_HOST_CHUNK` for
+host data; the last chunk padded so one compilation serves all) is copied to the device (the next
+chunk is read meanwhile, :mod:`fedjax_dp.algorithms.agent_stream`), initialised, trained and made
+to vote on the Q queries in compiled, vmapped calls, and only its ballots (one byte per agent and
+query) and losses come back; its parameters are dropped (kept only for device-resident agents,
+for analysis and the sharded vote with ``runtime.mesh``). Agent i always trains with
+``split(init, N)[i]`` / ``split(train, N)[i]``, whatever the chunk. The ``vote`` phase streams
+the stored ballots (:func:`fedjax_dp.algorithms.voting_dpfl.streamed_vote_phase`): integer
+counts (exact) plus the agents' noise shares added in agent order, so the released labels, the
+clean sums and the ledger are identical for host- and device-resident agents and for every
+``agent_chunk`` (tested). Memory: one chunk's data, parameters and activations plus ``N Q``
+bytes of ballots. Progress: ``runtime.progress`` tasks ``local training`` and ``vote`` (per
+chunk) and ``student``.
 """
 from __future__ import annotations
 
@@ -80,8 +98,10 @@ class Config(student_lib.StudentSettings):
     student_semi_supervised: bool = False   # False: supervised on the Q queries (paper)
     student_self_training_rounds: int = 2   # pseudo-labelling rounds after the supervised one
     student_confidence: float = 0.8         # keep a pseudo-label if max softmax >= this
-    agent_chunk: int | None = None      # agents per chunk in the vote (None: all at once)
-    query_chunk: int | None = None      # queries per chunk in the vote (None: all at once)
+    # agents per streamed chunk (training, ballots, vote); None: all at once for device-resident
+    # agents, agent_stream.DEFAULT_HOST_CHUNK for host-resident ones. Results do not depend on it.
+    agent_chunk: int | None = None
+    query_chunk: int | None = None      # queries per block of the ballots (None: all at once)
     data_dependent: bool = True         # also report the GNMax data-dependent epsilon
     # the vote's noise: every agent's share ("per_agent") or the secure sum's at once
     # ("aggregate": same distribution of the released labels; Q C draws instead of N Q C)

@@ -11,6 +11,15 @@ the protocol, so the same key gives the same labels, student and ledger; the ste
 checkpointed after the (expensive) local training or vote, or composed from outside (another
 student on the same released labels).
 
+The vote. Without ``runtime.mesh`` both algorithms vote through :func:`streamed_vote_phase`: the
+agents' ballots arrive chunk by chunk (from host memory, a memory map, or device slices) and
+are added to a :class:`Tally` -- exact integer counts, and the agents' noise shares
+``N(0, sigma^2/N I_C)`` (each from ``fold_in(fold_in(vote, i), t)``, as
+:func:`fedjax_dp.privacy.vote.agent_query_noise`) summed one agent at a time in agent order --
+so the released labels and the clean sums are bitwise the same for every chunking and for host-
+or device-resident data. Only the argmax leaves (:func:`tally_release`). With ``runtime.mesh``
+the sharded :func:`fedjax_dp.privacy.vote.run_vote` is used (device-resident agents).
+
 ``State.values`` collects the phases' arrays: ``labels [Q]`` (released by the vote),
 ``clean_vote_sums [Q, C]`` (noise-free, for the data-dependent privacy analysis ONLY; present when
 ``config.data_dependent``) and ``params`` (the student).
