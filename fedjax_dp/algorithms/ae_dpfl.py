@@ -42,9 +42,9 @@ device-resident agents only), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]
 :func:`run`, which drives the protocol).
 
 Scale (host-resident agents, :func:`fedjax_dp.core.from_arrays` / ``load_stacked``). The local
-training phase never holds all N agents' models: chunk c of ``agent_chunk`` agents (default: all
-N for device-resident data, :data:`~fedjax_dp.algorithms.agent_stream.DEFAULT_HOST_CHUNK` for
-host data; the last chunk padded so one compilation serves all) is copied to the device (the next
+training phase never holds all N agents' models: chunk c of ``agent_chunk`` agents (default
+:data:`~fedjax_dp.algorithms.agent_stream.DEFAULT_CHUNK` = 4096, or all N if fewer; the last chunk
+padded so one compilation serves all) is copied to the device (the next
 chunk is read meanwhile, :mod:`fedjax_dp.algorithms.agent_stream`), initialised, trained and made
 to vote on the Q queries in compiled, vmapped calls, and only its ballots (one byte per agent and
 query) and losses come back; its parameters are dropped (kept only for device-resident agents,
@@ -98,8 +98,8 @@ class Config(student_lib.StudentSettings):
     student_semi_supervised: bool = False   # False: supervised on the Q queries (paper)
     student_self_training_rounds: int = 2   # pseudo-labelling rounds after the supervised one
     student_confidence: float = 0.8         # keep a pseudo-label if max softmax >= this
-    # agents per streamed chunk (training, ballots, vote); None: all at once for device-resident
-    # agents, agent_stream.DEFAULT_HOST_CHUNK for host-resident ones. Results do not depend on it.
+    # agents per streamed chunk (training, ballots, vote); None: agent_stream.DEFAULT_CHUNK
+    # (4096, or all N if fewer). Results do not depend on it.
     agent_chunk: int | None = None
     query_chunk: int | None = None      # queries per block of the ballots (None: all at once)
     data_dependent: bool = True         # also report the GNMax data-dependent epsilon

@@ -29,8 +29,8 @@ from fedjax_dp.core import StackedData, is_on_host, validation
 #: Double-buffer host chunks by default (a switch for benchmarks; results never depend on it).
 PREFETCH = True
 
-#: Agents per chunk for host-resident data when the config says None (device data: all at once).
-DEFAULT_HOST_CHUNK = 4096
+#: Agents per chunk when the config says None (fewer agents: all at once).
+DEFAULT_CHUNK = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +46,10 @@ class Chunk:
 
 
 def resolve_size(chunk: int | None, data: StackedData) -> int:
-    """Agents per chunk: ``chunk`` (at most N), or all N for device data / ``DEFAULT_HOST_CHUNK``
-    for host data when ``chunk`` is None."""
+    """Agents per chunk: ``chunk`` or, when None, :data:`DEFAULT_CHUNK`; at most N."""
     n = data.num_agents
     if chunk is None:
-        return n if not is_on_host(data) else min(n, DEFAULT_HOST_CHUNK)
+        return min(n, DEFAULT_CHUNK)
     return min(validation.check_int("agent_chunk", chunk, minimum=1), n)
 
 

@@ -47,9 +47,9 @@ per-agent ballots in the state. Keys: named streams of the run key, as in
 :mod:`fedjax_dp.algorithms.voting_dpfl` (the same key gives the same run as the plain-Python
 :func:`run`, which drives the protocol).
 
-Scale. The vote streams the agents in chunks of ``agent_chunk`` (default: all N for
-device-resident data, :data:`~fedjax_dp.algorithms.agent_stream.DEFAULT_HOST_CHUNK` for host data,
-e.g. a memory-mapped ``load_stacked`` population): per chunk one compiled call maps the features,
+Scale. The vote streams the agents in chunks of ``agent_chunk`` (default
+:data:`~fedjax_dp.algorithms.agent_stream.DEFAULT_CHUNK` = 4096, or all N if fewer; host data
+may be a memory-mapped ``load_stacked`` population): per chunk one compiled call maps the features,
 searches the neighbours and returns integer label counts ``[S, Q, C]``, which are added to the
 exact tally with the agents' noise shares
 (:func:`fedjax_dp.algorithms.voting_dpfl.streamed_vote_phase`); the labels, the clean sums
@@ -106,8 +106,8 @@ class Config(student_lib.StudentSettings):
     student_semi_supervised: bool = False   # False: supervised on the Q queries (paper)
     student_self_training_rounds: int = 2
     student_confidence: float = 0.8
-    # agents per streamed chunk of the vote; None: all at once for device-resident agents,
-    # agent_stream.DEFAULT_HOST_CHUNK for host-resident ones. Results do not depend on it.
+    # agents per streamed chunk of the vote; None: agent_stream.DEFAULT_CHUNK (4096, or all N
+    # if fewer). Results do not depend on it.
     agent_chunk: int | None = None
     query_chunk: int | None = None       # used by the sharded vote (runtime.mesh) only
     data_dependent: bool = True
