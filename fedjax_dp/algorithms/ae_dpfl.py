@@ -368,8 +368,9 @@ def _ballot_index_fn(model: Model, abstain_below: float | None, query_chunk: int
 
 @functools.lru_cache(maxsize=32)
 def _init_fn(model: Model):
-    """``keys [N] -> params [N, ...]``: every agent's own initialisation."""
-    return jax.vmap(model.init)
+    """``keys [N] -> params [N, ...]``: every agent's own initialisation (compiled once per
+    chunk shape)."""
+    return jax.jit(jax.vmap(model.init))
 
 
 output = voting_dpfl.output
