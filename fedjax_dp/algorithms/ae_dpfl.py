@@ -53,7 +53,9 @@ for analysis and the sharded vote with ``runtime.mesh``). Agent i always trains 
 the stored ballots (:func:`fedjax_dp.algorithms.voting_dpfl.streamed_vote_phase`): integer
 counts (exact) plus the agents' noise shares added in agent order, so the released labels, the
 clean sums and the ledger are identical for host- and device-resident agents and for every
-``agent_chunk`` (tested). Memory: one chunk's data, parameters and activations plus ``N Q``
+``agent_chunk`` (tested). ``agent_ballots`` are private (each agent's own noise-free vote, as
+its parameters were): the simulation keeps them between phases where a deployment keeps each on
+its agent; only the vote's argmax is released. Memory: one chunk's data, parameters and activations plus ``N Q``
 bytes of ballots. Progress: ``runtime.progress`` tasks ``local training`` and ``vote`` (per
 chunk) and ``student``.
 """
