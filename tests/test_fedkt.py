@@ -77,6 +77,22 @@ def _run_small(setup, level, model, seed, **kw):
                      student=s, final=f), parties, xp, t, s
 
 
+def test_host_resident_parties_give_the_same_run(setup, tmp_path):
+    """Memory-mapped host parties (load_stacked) give the device-resident run: same votes,
+    labels, z and ledgers (same key; compiled functions shared with run_small)."""
+    from fedjax_dp.core import load_stacked, save_stacked
+    ref, parties, xp, t, s = run_small(setup, "L1", "mlp")
+    save_stacked(tmp_path / "parties", parties)
+    host = load_stacked(tmp_path / "parties")
+    assert isinstance(host.x, np.memmap)
+    got = fedkt.run(jax.random.key(0), host, xp, ref.config, num_classes=C, teacher=t,
+                    student=s, final=s)
+    for field in ("teacher_votes", "party_labels", "server_votes", "server_labels", "z"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(ref, field), err_msg=field)
+    for a, b in zip(fedkt.ledger(ref.config, ref.state), fedkt.ledger(got.config, got.state)):
+        assert a.to_json() == b.to_json()
+
+
 # ----------------------------------------------------------------------------- splits
 
 def test_teacher_split_is_a_disjoint_cover_and_partitions_differ(setup):

@@ -1,7 +1,7 @@
 """AE-DPFL (voting-dpfl Algorithm 2): private aggregation of all agents' predictions by MPC vote.
 
-1. Every agent i trains a local model f_i on its own data D_i (all N at once: ``train_agents``,
-   each from its own initialisation).
+1. Every agent i trains a local model f_i on its own data D_i, each from its own initialisation,
+   in chunks of ``agent_chunk`` agents streamed to the device (see "Scale" below).
 2. The server draws Q queries x_1..x_Q from its unlabelled public data D_G (data-independent).
 3. Agent i's ballot for x_t is ``onehot(argmax f_i(x_t))`` (or, with ``abstain_below = tau``,
    that one-hot if ``max softmax f_i(x_t) >= tau`` and the zero vector otherwise: the agent
@@ -34,10 +34,30 @@ is bounded by GNMax's using the noise-free vote sums; reported under ``<unit>_da
 with ``data_dependent: true``.
 
 Protocol (:mod:`fedjax_dp.algorithms.api`): ``init`` checks the inputs and draws the queries;
-three steps, the phases ``local_training`` (values ``agent_params [N, ...]``,
-``agent_losses [N]``), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and ``student``
-(``params``). Keys: named streams of the run key, as in :mod:`fedjax_dp.algorithms.voting_dpfl`
-(the same key gives the same run as the plain-Python :func:`run`, which drives the protocol).
+three steps, the phases ``local_training`` (values ``agent_ballots [N, Q]`` int8: agent i's voted
+class on query t, -1 where it abstains; ``agent_losses [N]``; and ``agent_params [N, ...]`` for
+device-resident agents only), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and
+``student`` (``params``). Keys: named streams of the run key, as in
+:mod:`fedjax_dp.algorithms.voting_dpfl` (the same key gives the same run as the plain-Python
+:func:`run`, which drives the protocol).
+
+Scale (host-resident agents, :func:`fedjax_dp.core.from_arrays` / ``load_stacked``). The local
+training phase never holds all N agents' models: chunk c of ``agent_chunk`` agents (default
+:data:`~fedjax_dp.algorithms.agent_stream.DEFAULT_CHUNK` = 4096, or all N if fewer; the last chunk
+padded so one compilation serves all) is copied to the device (the next
+chunk is read meanwhile, :mod:`fedjax_dp.algorithms.agent_stream`), initialised, trained and made
+to vote on the Q queries in compiled, vmapped calls, and only its ballots (one byte per agent and
+query) and losses come back; its parameters are dropped (kept only for device-resident agents,
+for analysis and the sharded vote with ``runtime.mesh``). Agent i always trains with
+``split(init, N)[i]`` / ``split(train, N)[i]``, whatever the chunk. The ``vote`` phase streams
+the stored ballots (:func:`fedjax_dp.algorithms.voting_dpfl.streamed_vote_phase`): integer
+counts (exact) plus the agents' noise shares added in agent order, so the released labels, the
+clean sums and the ledger are identical for host- and device-resident agents and for every
+``agent_chunk`` (tested). ``agent_ballots`` are private (each agent's own noise-free vote, as
+its parameters were): the simulation keeps them between phases where a deployment keeps each on
+its agent; only the vote's argmax is released. Memory: one chunk's data, parameters and activations plus ``N Q``
+bytes of ballots. Progress: ``runtime.progress`` tasks ``local training`` and ``vote`` (per
+chunk) and ``student``.
 """
 from __future__ import annotations
 
@@ -50,13 +70,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import api, voting_dpfl
+from fedjax_dp.algorithms import agent_stream, api, voting_dpfl
 from fedjax_dp.algorithms import student as student_lib
-from fedjax_dp.core import StackedData, rng
+from fedjax_dp.core import StackedData, auto_chunk_size, for_each_agent, is_on_host, rng
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
 from fedjax_dp.privacy import vote as vote_lib
-from fedjax_dp.train import LocalTrainConfig, train_agents
+from fedjax_dp.train import LocalTrainConfig, make_local_update
 
 Params = Any
 
@@ -80,8 +100,10 @@ class Config(student_lib.StudentSettings):
     student_semi_supervised: bool = False   # False: supervised on the Q queries (paper)
     student_self_training_rounds: int = 2   # pseudo-labelling rounds after the supervised one
     student_confidence: float = 0.8         # keep a pseudo-label if max softmax >= this
-    agent_chunk: int | None = None      # agents per chunk in the vote (None: all at once)
-    query_chunk: int | None = None      # queries per chunk in the vote (None: all at once)
+    # agents per streamed chunk (training, ballots, vote); None: agent_stream.DEFAULT_CHUNK
+    # (4096, or all N if fewer). Results do not depend on it.
+    agent_chunk: int | None = None
+    query_chunk: int | None = None      # queries per block of the ballots (None: all at once)
     data_dependent: bool = True         # also report the GNMax data-dependent epsilon
     # the vote's noise: every agent's share ("per_agent") or the secure sum's at once
     # ("aggregate": same distribution of the released labels; Q C draws instead of N Q C)
@@ -114,7 +136,8 @@ def check_abstain_below(name: str, value) -> float | None:
 @dataclasses.dataclass
 class Result:
     params: Params                  # the student (global) model
-    agent_params: Params            # [N, ...] local models
+    agent_params: Params            # [N, ...] local models (device-resident agents; else None)
+    agent_ballots: np.ndarray       # [N, Q] each agent's voted class per query (-1: abstain)
     query_indices: np.ndarray       # [Q] indices into the public set
     labels: np.ndarray              # [Q] released labels
     clean_vote_sums: np.ndarray | None   # [Q, C] noise-free sums (privacy analysis only)
@@ -202,27 +225,154 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
     ctx: voting_dpfl.Context = state.context
     cfg, model = ctx.config, ctx.model
     if phase == "local_training":
-        n = ctx.data.num_agents
-        init_params = _init_fn(model)(rng.split_per_agent(ctx.keys["init"], n))   # [N, ...]
-        agent_params, losses = train_agents(ctx.keys["train"], init_params, ctx.data.agents,
-                                            model, cfg.local, shared_init=False,
-                                            chunk_size=ctx.runtime.chunk_size)
-        losses = np.asarray(losses)
-        values = {"agent_params": agent_params, "agent_losses": losses}
-        metrics = {"mean_agent_loss": float(losses.mean())}
-    elif phase == "vote":
+        values, metrics = _local_training(state)
+    elif phase == "vote" and ctx.runtime.mesh is not None:
+        # sharded vote over the kept parameters (device-resident agents only)
+        if "agent_params" not in state.values:
+            raise ValueError("runtime.mesh needs device-resident agents (their parameters are "
+                             "kept only then); host-resident agents are streamed instead")
         queries = jnp.asarray(ctx.x_public[ctx.query_indices])                      # [Q, ...]
         values, metrics = voting_dpfl.vote_phase(state, ballot_fn(model, cfg.abstain_below),
                                                  state.values["agent_params"], queries)
+    elif phase == "vote":
+        ballots = state.values["agent_ballots"]                                     # [N, Q]
+        size = agent_stream.resolve_size(cfg.agent_chunk, ctx.data.agents)
+        n = len(ballots)
+        values, metrics = voting_dpfl.streamed_vote_phase(
+            state, _ballot_blocks(ballots, size), agent_stream.num_chunks(n, size))
     else:
         values, metrics = voting_dpfl.student_phase(state)
     return voting_dpfl.advance(state, values, phase, metrics)
 
 
+def ballot_dtype(num_classes: int):
+    """The compact integer type of a stored ballot (class index, -1 = abstain)."""
+    return np.int8 if num_classes <= 127 else np.int16 if num_classes <= 32767 else np.int32
+
+
+def _local_training(state: api.State) -> tuple[dict, dict]:
+    """Train the agents chunk by chunk and keep each agent's ballot per query (not its model).
+
+    Chunk c (agents ``[c S, (c + 1) S)``, padded to S) is copied to the device (host data; the
+    next one is read meanwhile), every agent starts from ``model.init(split(init, N)[i])`` and
+    trains with ``split(train, N)[i]`` (the keys of :func:`fedjax_dp.train.train_agents` on all
+    N at once), and casts its ballot on the Q queries: the class index of
+    ``onehot(argmax f_i(x_t))`` or -1 for the zero ballot (abstention), stored as
+    ``agent_ballots [N, Q]`` in :func:`ballot_dtype`. Device-resident agents also keep
+    ``agent_params [N, ...]`` (small populations: for analysis and the sharded vote).
+    """
+    ctx: voting_dpfl.Context = state.context
+    cfg, model, data = ctx.config, ctx.model, ctx.data.agents
+    n, q = data.num_agents, len(ctx.query_indices)
+    size = agent_stream.resolve_size(cfg.agent_chunk, data)
+    keep_params = not is_on_host(data)
+    kdata = [np.asarray(jax.random.key_data(rng.split_per_agent(ctx.keys[s], n)))
+             for s in ("init", "train")]                                            # [N, 2]
+    impl = jax.random.key_impl(ctx.keys["init"])
+    queries = jnp.asarray(ctx.x_public[ctx.query_indices])                          # [Q, ...]
+    inner = _inner_chunk(ctx.runtime.chunk_size, model, size)
+    train = _train_fn(model, cfg.local, inner)
+    vote = _ballot_index_fn(model, cfg.abstain_below, cfg.query_chunk,
+                            np.dtype(ballot_dtype(model.num_classes)).name)
+    ballots = np.empty((n, q), ballot_dtype(model.num_classes))                     # [N, Q]
+    losses = np.empty((n,), np.float32)                                             # [N]
+    kept = []
+    total = agent_stream.num_chunks(n, size)
+
+    def collect(pending):
+        chunk, idx, loss = pending
+        stop = chunk.start + chunk.num_real
+        ballots[chunk.start:stop] = np.asarray(idx)[:chunk.num_real]
+        losses[chunk.start:stop] = np.asarray(loss)[:chunk.num_real]
+
+    pending = None
+    with ctx.runtime.progress.task("local training", total=total, unit="chunk") as task:
+        for chunk in agent_stream.chunks(data, size, extra=tuple(kdata)):
+            init_keys, train_keys = (jax.random.wrap_key_data(k, impl=impl) for k in chunk.extra)
+            a = chunk.agents
+            params0 = _init_fn(model)(init_keys)                                     # [S, ...]
+            params, loss = train(train_keys, params0, a.x, a.y, a.mask, a.counts)
+            idx = vote(params, queries)                                             # [S, Q]
+            if keep_params:
+                kept.append(params)
+            if pending is not None:          # fetch the previous chunk while this one computes
+                collect(pending)
+                task.update(1)
+            pending = (chunk, idx, loss)
+        if pending is not None:
+            collect(pending)
+            task.update(1)
+    values = {"agent_ballots": ballots, "agent_losses": losses}
+    if keep_params:
+        values["agent_params"] = (kept[0] if len(kept) == 1 and size == n else jax.tree.map(
+            lambda *ls: jnp.concatenate(ls)[:n], *kept))
+    abstained = float(np.mean(ballots < 0)) if cfg.abstain_below is not None else 0.0
+    return values, {"mean_agent_loss": float(losses.mean()), "abstain_rate": abstained,
+                    "agent_chunk": size}
+
+
+def _ballot_blocks(ballots: np.ndarray, size: int):
+    """``(ballots [S, Q], agent ids [S], valid [S])`` per chunk of the stored ballots."""
+    n = len(ballots)
+    for start in range(0, n, size):
+        stop = min(n, start + size)
+        block = ballots[start:stop]
+        if stop - start < size:
+            block = np.concatenate([block, np.full((size - (stop - start),) + block.shape[1:],
+                                                   -1, block.dtype)])
+        yield (jax.device_put(block), jnp.arange(start, start + size),
+               jnp.arange(size) < stop - start)
+
+
+def _inner_chunk(chunk_size, model: Model, size: int) -> int | None:
+    """``runtime.chunk_size`` within a streamed chunk (``"auto"``: cache-sized on the CPU)."""
+    if chunk_size != "auto":
+        return None if chunk_size is None else min(int(chunk_size), size)
+    shapes = jax.eval_shape(model.init, jax.random.key(0))
+    per_agent = sum(int(np.prod(l.shape)) * np.dtype(l.dtype).itemsize
+                    for l in jax.tree.leaves(shapes))
+    return auto_chunk_size(3 * per_agent, size)
+
+
+@functools.lru_cache(maxsize=32)
+def _train_fn(model: Model, local: LocalTrainConfig, inner: int | None):
+    """``(keys [S], params [S, ...], x, y, mask, counts) -> (params, mean loss [S])``, compiled
+    once per (model, local config, inner chunk); the same lifted update as ``train_agents``."""
+    update = make_local_update(model, local)
+    return jax.jit(for_each_agent(update, 0, chunk_size=inner))
+
+
+@functools.lru_cache(maxsize=32)
+def _ballot_index_fn(model: Model, abstain_below: float | None, query_chunk: int | None,
+                     dtype: str):
+    """``(params [S, ...], queries [Q, ...]) -> int [S, Q]``: each agent's voted class (-1 =
+    abstain), :func:`ballot_fn` in blocks of ``query_chunk`` queries (None: all at once)."""
+    cast = _ballot_fn(model, abstain_below)
+
+    def index(params, queries):
+        b = cast(params, queries)                                               # [S, q, C]
+        return jnp.where(jnp.sum(b, -1) > 0, jnp.argmax(b, -1), -1).astype(dtype)
+
+    def fn(params, queries):
+        q = queries.shape[0]
+        qc = q if query_chunk is None else min(query_chunk, q)
+        if qc == q:
+            return index(params, queries)
+        pad = (-q) % qc
+        padded = jnp.concatenate([queries, jnp.zeros((pad,) + queries.shape[1:],
+                                                     queries.dtype)])
+        blocks = jax.lax.map(lambda qb: index(params, qb),
+                             padded.reshape((-1, qc) + queries.shape[1:]))     # [B, S, qc]
+        return jnp.moveaxis(blocks, 0, 1).reshape(blocks.shape[1], -1)[:, :q]
+
+    return jax.jit(fn)
+
+
 @functools.lru_cache(maxsize=32)
 def _init_fn(model: Model):
-    """``keys [N] -> params [N, ...]``: every agent's own initialisation."""
-    return jax.vmap(model.init)
+    """``keys [N] -> params [N, ...]``: every agent's own initialisation (compiled once per
+    chunk shape)."""
+    return jax.jit(jax.vmap(model.init))
 
 
 output = voting_dpfl.output
@@ -247,7 +397,8 @@ def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_pub
     done = api.run(sys.modules[__name__], key, data, model, config,
                    runtime=api.Runtime(chunk_size=chunk_size))
     v = done.state.values
-    return Result(params=v["params"], agent_params=v["agent_params"],
+    return Result(params=v["params"], agent_params=v.get("agent_params"),
+                  agent_ballots=v["agent_ballots"],
                   query_indices=done.state.context.query_indices, labels=v["labels"],
                   clean_vote_sums=v.get("clean_vote_sums"), agent_losses=v["agent_losses"],
                   wall_time_s=done.wall_time_s, state=done.state)

@@ -47,6 +47,12 @@ Data-dependent moments per query: :mod:`fedjax_dp.privacy.lnmax` (recorded as RD
 dp-accounting (RDP and PLD). Both go in :class:`~fedjax_dp.privacy.PrivacyLedger` objects
 (:func:`ledger` of a run, :func:`ledgers_from_votes` of given histograms).
 
+Host-resident parties (:func:`fedjax_dp.core.from_arrays`, ``load_stacked``) are accepted: ``init``
+checks them (finite features, read in slices) and copies them to the device once; the run is then
+identical to the device-resident one (tested). FedKT is NOT streamed in chunks of parties (unlike
+AE-DPFL / kNN-DPFL): its parties are few (tens to hundreds), and its memory is set by the
+n s t teachers' and n s students' parameters, which the phases keep (see below).
+
 Protocol (:mod:`fedjax_dp.algorithms.api`): ``init`` checks the inputs and draws both tiers'
 queries; three steps (:data:`PHASES`): ``teachers``, ``students`` (values ``teacher_votes``,
 ``party_labels``, ``z``) and ``final`` (``server_votes``, ``server_labels``, ``server_mask``),
@@ -68,9 +74,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms import agent_stream, api
 from fedjax_dp.algorithms import learners as learners_lib
-from fedjax_dp.core import StackedData, rng, validation
+from fedjax_dp.core import StackedData, is_on_host, rng, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, lnmax
 
@@ -384,6 +390,12 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
         raise ValueError(f"x_public has feature shape {x_public.shape[1:]}, expected the "
                          f"parties' {parties.feature_shape}")
     check_party_sizes(parties.counts, config.num_teachers)
+    agent_stream.check_agents(parties, what="to train")   # host data: finite features
+    if is_on_host(parties):
+        # not streamed: a party's records feed its s * t teachers, and all n * s * t teachers
+        # and n * s students are trained at once; parties are few, so one copy to the device
+        parties = parties.on_device()
+        data = dataclasses.replace(data, agents=parties)
     if fitted_students is not None and config.level == "L2":
         raise ValueError("fitted_students cannot be reused at level L2 (students learn the "
                          "noisy labels of this run); pass fitted_students=None")

@@ -46,6 +46,16 @@ kNN search, the noise and the secure sum are one phase: splitting them would put
 per-agent ballots in the state. Keys: named streams of the run key, as in
 :mod:`fedjax_dp.algorithms.voting_dpfl` (the same key gives the same run as the plain-Python
 :func:`run`, which drives the protocol).
+
+Scale. The vote streams the agents in chunks of ``agent_chunk`` (default
+:data:`~fedjax_dp.algorithms.agent_stream.DEFAULT_CHUNK` = 4096, or all N if fewer; host data
+may be a memory-mapped ``load_stacked`` population): per chunk one compiled call maps the features,
+searches the neighbours and returns integer label counts ``[S, Q, C]``, which are added to the
+exact tally with the agents' noise shares
+(:func:`fedjax_dp.algorithms.voting_dpfl.streamed_vote_phase`); the labels, the clean sums
+(``counts / k``) and the ledger do not depend on the chunking or on where the data lives.
+``runtime.mesh`` (device-resident agents only) keeps the sharded vote of
+:func:`fedjax_dp.privacy.vote.run_vote`.
 """
 from __future__ import annotations
 
@@ -59,9 +69,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import api, voting_dpfl
+from fedjax_dp.algorithms import agent_stream, api, voting_dpfl
 from fedjax_dp.algorithms import student as student_lib
-from fedjax_dp.core import StackedData, validation
+from fedjax_dp.core import StackedData, is_on_host, validation
 from fedjax_dp.models import Model
 from fedjax_dp.ops import knn_search
 from fedjax_dp.privacy import PrivacyLedger
@@ -96,8 +106,10 @@ class Config(student_lib.StudentSettings):
     student_semi_supervised: bool = False   # False: supervised on the Q queries (paper)
     student_self_training_rounds: int = 2
     student_confidence: float = 0.8
-    agent_chunk: int | None = None       # agents per chunk of the distance GEMM (None: all)
-    query_chunk: int | None = None
+    # agents per streamed chunk of the vote; None: agent_stream.DEFAULT_CHUNK (4096, or all N
+    # if fewer). Results do not depend on it.
+    agent_chunk: int | None = None
+    query_chunk: int | None = None       # used by the sharded vote (runtime.mesh) only
     data_dependent: bool = True
     # the vote's noise: every agent's share ("per_agent") or the secure sum's at once
     # ("aggregate": same distribution of the released labels; Q C draws instead of N Q C)
@@ -179,8 +191,15 @@ def knn_ballots(x: jax.Array, y: jax.Array, mask: jax.Array, queries: jax.Array,
     :func:`fedjax_dp.ops.knn_search.neighbour_label_counts`) or ``"top_k"``
     (``lax.top_k``); both give the same neighbour sets.
     """
+    return knn_counts(x, y, mask, queries, k, num_classes, method) / k
+
+
+def knn_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries: jax.Array, k: int,
+               num_classes: int, method: str = "threshold") -> jax.Array:
+    """``k`` times :func:`knn_ballots`: how many of each agent's k nearest records carry each
+    label, ``[a, q, C]`` float32 holding small integers."""
     if method == "threshold":
-        return knn_search.neighbour_label_counts(x, y, mask, queries, k, num_classes) / k
+        return knn_search.neighbour_label_counts(x, y, mask, queries, k, num_classes)
     if method != "top_k":
         raise ValueError(f"method must be one of {KNN_METHODS}, got {method!r}")
     a, n, d = x.shape
@@ -198,7 +217,7 @@ def knn_ballots(x: jax.Array, y: jax.Array, mask: jax.Array, queries: jax.Array,
     real = jnp.take_along_axis(mb, idx, axis=-1).astype(jnp.float32)      # [q, a, kk]
     counts = jnp.sum(jax.nn.one_hot(lab, num_classes, dtype=jnp.float32) * real[..., None],
                      axis=-2)                                             # [q, a, C]
-    return jnp.transpose(counts, (1, 0, 2)) / k                           # [a, q, C]
+    return jnp.transpose(counts, (1, 0, 2))                               # [a, q, C]
 
 
 @functools.lru_cache(maxsize=64)
@@ -280,16 +299,51 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
     phase = voting_dpfl.check_step(state, PHASES)
     ctx: voting_dpfl.Context = state.context
     cfg = ctx.config
-    if phase == "vote":
-        phi: FeatureMap = ctx.extra
+    phi: FeatureMap = ctx.extra
+    if phase == "vote" and ctx.runtime.mesh is not None:
+        # sharded vote: device-resident agents, partial tallies summed across devices
+        if is_on_host(ctx.data.agents):
+            raise ValueError("runtime.mesh needs device-resident agents; host-resident agents "
+                             "are streamed instead (leave runtime.mesh unset)")
         feats = agent_features(phi, ctx.data.agents)
         queries = phi.apply(ctx.x_public[ctx.query_indices], lead=1)              # [Q, m]
         fn = ballot_fn(cfg.k, ctx.model.num_classes, cfg.knn_method)
         values, metrics = voting_dpfl.vote_phase(state, fn, feats, queries)
         metrics = {**metrics, "k": cfg.k}
+    elif phase == "vote":
+        data = ctx.data.agents
+        size = agent_stream.resolve_size(cfg.agent_chunk, data)
+        queries = phi.apply(ctx.x_public[ctx.query_indices], lead=1)              # [Q, m]
+        values, metrics = voting_dpfl.streamed_vote_phase(
+            state, _count_blocks(phi, data, queries, size, cfg.k, ctx.model.num_classes,
+                                 cfg.knn_method),
+            agent_stream.num_chunks(data.num_agents, size), divisor=float(cfg.k))
+        metrics = {**metrics, "k": cfg.k, "agent_chunk": size}
     else:
         values, metrics = voting_dpfl.student_phase(state)
     return voting_dpfl.advance(state, values, phase, metrics)
+
+
+def _count_blocks(phi: FeatureMap, data: StackedData, queries: jax.Array, size: int, k: int,
+                  num_classes: int, method: str):
+    """``(label counts [S, Q, C] int32, agent ids [S], valid [S])`` per streamed chunk: the
+    feature map and the kNN search of one chunk of agents in one compiled call."""
+    fn = _chunk_counts_fn(k, num_classes, method)
+    mean = None if phi.mean is None else jnp.asarray(phi.mean, jnp.float32)
+    matrix = None if phi.matrix is None else jnp.asarray(phi.matrix, jnp.float32)
+    for chunk in agent_stream.chunks(data, size):
+        a = chunk.agents
+        counts = fn(mean, matrix, a.x, a.y, a.mask, queries)
+        yield counts, jnp.arange(chunk.start, chunk.start + size), chunk.valid
+
+
+@functools.lru_cache(maxsize=64)
+def _chunk_counts_fn(k: int, num_classes: int, method: str):
+    def fn(mean, matrix, x, y, mask, queries):
+        feats = FeatureMap("chunk", mean, matrix).apply(x, lead=2)              # [S, n, m]
+        counts = knn_counts(feats, y, mask, queries, k, num_classes, method)     # [S, Q, C]
+        return jnp.round(counts).astype(jnp.int32)
+    return jax.jit(fn)
 
 
 output = voting_dpfl.output

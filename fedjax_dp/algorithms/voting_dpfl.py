@@ -11,6 +11,15 @@ the protocol, so the same key gives the same labels, student and ledger; the ste
 checkpointed after the (expensive) local training or vote, or composed from outside (another
 student on the same released labels).
 
+The vote. Without ``runtime.mesh`` both algorithms vote through :func:`streamed_vote_phase`: the
+agents' ballots arrive chunk by chunk (from host memory, a memory map, or device slices) and
+are added to a :class:`Tally` -- exact integer counts, and the agents' noise shares
+``N(0, sigma^2/N I_C)`` (each from ``fold_in(fold_in(vote, i), t)``, as
+:func:`fedjax_dp.privacy.vote.agent_query_noise`) summed one agent at a time in agent order --
+so the released labels and the clean sums are bitwise the same for every chunking and for host-
+or device-resident data. Only the argmax leaves (:func:`tally_release`). With ``runtime.mesh``
+the sharded :func:`fedjax_dp.privacy.vote.run_vote` is used (device-resident agents).
+
 ``State.values`` collects the phases' arrays: ``labels [Q]`` (released by the vote),
 ``clean_vote_sums [Q, C]`` (noise-free, for the data-dependent privacy analysis ONLY; present when
 ``config.data_dependent``) and ``params`` (the student).
@@ -18,13 +27,15 @@ student on the same released labels).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms import agent_stream, api
 from fedjax_dp.algorithms import student as student_lib
 from fedjax_dp.core import StackedData, rng, validation
 from fedjax_dp.models import Model
@@ -100,6 +111,7 @@ def init_context(key: jax.Array, data: api.FederatedData, model: Model, config,
     if not isinstance(data, api.FederatedData):
         raise ValueError(f"data must be an api.FederatedData, got {type(data).__name__}")
     x_public = check_run_args(data.agents, model, data.x_public)
+    agent_stream.check_agents(data.agents)          # host data: finite features, read in slices
     if extra_checks is not None:
         extra_checks(data)
     vote_lib.check_vote_args(config.sigma, data.num_agents, config.num_queries,
@@ -129,11 +141,107 @@ def vote_phase(state: api.State, ballot_fn: vote_lib.BallotFn, agents: Any, quer
     values = {**state.values, "labels": np.asarray(labels)}
     if clean is not None:
         values["clean_vote_sums"] = clean
+    return values, _vote_metrics(ctx, np.asarray(labels))
+
+
+# --------------------------------------------------------------------------- the streamed vote
+
+class Tally(NamedTuple):
+    """The secure sum of a streamed vote, accumulated chunk by chunk (never released).
+
+    ``counts [Q, C]`` int32: the noise-free ballot counts (exact integers: the sum does not depend
+    on how the agents are chunked). ``noise [Q, C]`` float32: the sum of the agents' noise shares
+    (``vote_noise = "per_agent"``), added one agent at a time in agent order (a ``lax.scan``), so
+    the float32 rounding is the same for every chunking and for host- or device-resident data.
+    """
+
+    counts: jax.Array
+    noise: jax.Array
+
+
+def tally_init(num_queries: int, num_classes: int) -> Tally:
+    return Tally(jnp.zeros((num_queries, num_classes), jnp.int32),
+                 jnp.zeros((num_queries, num_classes), jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("num_classes", "per_agent"))
+def tally_add(tally: Tally, key: jax.Array, ballots: jax.Array, agent_ids: jax.Array,
+              valid: jax.Array, std, *, num_classes: int, per_agent: bool) -> Tally:
+    """Add a chunk of agents' ballots (and, ``per_agent``, their noise shares) to ``tally``.
+
+    ``ballots``: ``[a, Q]`` class indices (AE-DPFL; -1 = abstain, the zero ballot) or ``[a, Q, C]``
+    integer label counts (kNN-DPFL, the ballot times k). ``agent_ids [a]`` global indices (they
+    pick each agent's noise key, :func:`fedjax_dp.privacy.vote.agent_query_noise`),
+    ``valid [a]`` False for padding (contributes nothing).
+    """
+    if ballots.ndim == 2:
+        ballots = jax.nn.one_hot(ballots.astype(jnp.int32), num_classes, dtype=jnp.int32)
+    ballots = jnp.where(valid[:, None, None], ballots.astype(jnp.int32), 0)       # [a, Q, C]
+    counts = tally.counts + jnp.sum(ballots, axis=0)
+    noise = tally.noise
+    if per_agent:
+        q = ballots.shape[1]
+        z = vote_lib.agent_query_noise(key, agent_ids, jnp.arange(q), std, num_classes)
+        z = jnp.where(valid[:, None, None], z, 0.0)                               # [a, Q, C]
+        noise, _ = jax.lax.scan(lambda acc, zi: (acc + zi, None), noise, z)      # agent order
+    return Tally(counts, noise)
+
+
+@functools.partial(jax.jit, static_argnames=("noise",))
+def tally_release(tally: Tally, key: jax.Array, sigma, divisor, *, noise: str) -> jax.Array:
+    """``argmax_c counts / divisor + noise``: the released labels ``int32 [Q]`` and nothing else.
+
+    ``divisor``: 1 (one-hot ballots) or k (kNN label counts). ``noise="aggregate"``: the secure
+    sum's noise drawn at once (:func:`fedjax_dp.privacy.vote.aggregate_noise`, same key and
+    query indices as :func:`fedjax_dp.privacy.vote.mpc_vote`).
+    """
+    clean = tally.counts.astype(jnp.float32) / divisor
+    q, c = clean.shape
+    if noise == "aggregate":
+        noisy = clean + vote_lib.aggregate_noise(key, jnp.arange(q), sigma, c)
+    else:
+        noisy = clean + tally.noise
+    return jnp.argmax(noisy, axis=-1).astype(jnp.int32)
+
+
+def streamed_vote_phase(state: api.State, blocks: Iterable[tuple], total: int, *,
+                        divisor: float = 1.0) -> tuple[dict, dict]:
+    """The MPC vote over ballots that arrive in chunks: ``(values, metrics)`` as :func:`vote_phase`.
+
+    ``blocks`` yields ``(ballots, agent_ids [a], valid [a])`` per chunk of agents (see
+    :func:`tally_add`); ``total`` is the number of chunks (progress). Each agent's noise share is
+    ``N(0, sigma^2/N I_C)`` per query, from its own key (``per_agent``), or the sum's noise is
+    drawn at once (``aggregate``); only the argmax leaves (:func:`tally_release`). The labels, the
+    clean sums ``counts / divisor`` (float64, analysis only) and hence the ledger do not depend
+    on the chunking nor on where the agents' data lives.
+    """
+    ctx: Context = state.context
+    cfg = ctx.config
+    n, c = ctx.data.num_agents, ctx.model.num_classes
+    q = len(ctx.query_indices)
+    per_agent = cfg.vote_noise == "per_agent"
+    std = jnp.float32(cfg.sigma / math.sqrt(n))
+    key = ctx.keys["vote"]
+    tally = tally_init(q, c)
+    with ctx.runtime.progress.task("vote", total=total, unit="chunk") as task:
+        for ballots, ids, valid in blocks:
+            tally = tally_add(tally, key, ballots, ids, valid, std, num_classes=c,
+                              per_agent=per_agent)
+            task.update(1)
+    labels = np.asarray(tally_release(tally, key, jnp.float32(cfg.sigma), jnp.float32(divisor),
+                                      noise=cfg.vote_noise))
+    values = {**state.values, "labels": labels}
+    if cfg.data_dependent:
+        values["clean_vote_sums"] = np.asarray(tally.counts, np.float64) / divisor
+    return values, _vote_metrics(ctx, labels)
+
+
+def _vote_metrics(ctx: Context, labels: np.ndarray) -> dict:
     metrics: dict = {"num_queries": int(len(labels))}
     if ctx.data.y_public is not None:                      # diagnostics only
         truth = np.asarray(ctx.data.y_public)[ctx.query_indices]
         metrics["vote_accuracy"] = float(np.mean(np.asarray(labels) == truth))
-    return values, metrics
+    return metrics
 
 
 def student_phase(state: api.State) -> tuple[dict, dict]:
@@ -141,9 +249,11 @@ def student_phase(state: api.State) -> tuple[dict, dict]:
     public data; post-processing of the release, :mod:`fedjax_dp.algorithms.student`)."""
     ctx: Context = state.context
     cfg = ctx.config
-    params = student_lib.train_student(ctx.keys["student"], ctx.model, ctx.x_public,
-                                       ctx.query_indices, state.values["labels"], cfg.student,
-                                       cfg.semi_supervised)
+    with ctx.runtime.progress.task("student", total=1, unit="model") as task:
+        params = student_lib.train_student(ctx.keys["student"], ctx.model, ctx.x_public,
+                                           ctx.query_indices, state.values["labels"],
+                                           cfg.student, cfg.semi_supervised)
+        task.update(1)
     return {**state.values, "params": params}, {}
 
 

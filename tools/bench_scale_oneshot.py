@@ -1,0 +1,172 @@
+"""Scale benchmark of the one-shot voting algorithms on host-resident agents streamed in chunks.
+
+AE-DPFL and kNN-DPFL end to end (local training, vote, student) on synthetic agents generated
+with numpy directly into host memory (``records`` x ``features`` float32 per agent, 10 classes,
+every agent full), a public set of ``public`` points and Q = ``queries`` queries. Each
+(algorithm, N) runs in a fresh subprocess, which reports its wall time (data generation apart)
+and its peak resident set size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) beside the size
+of the agents' data. Usage::
+
+    PYTHONPATH=. .venv/bin/python tools/bench_scale_oneshot.py            # 1e3 .. 1e6
+    PYTHONPATH=. .venv/bin/python tools/bench_scale_oneshot.py --agents 1000 10000 --out /tmp/s.json
+
+``run(agents_list, ...)`` is the importable entry point (returns the JSON record).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ALGORITHMS = ("ae_dpfl", "knn_dpfl")
+
+
+def make_agents(num_agents: int, records: int, features: int, classes: int, seed: int,
+                block: int = 1 << 15):
+    """Host arrays ``x [N, records, features] float32``, ``y [N, records] int32`` (class means
+    plus unit Gaussian noise), generated in blocks of agents so no float64 copy of the whole
+    population ever exists; and the class means (the public / test points share them)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    means = rng.normal(size=(classes, features)).astype(np.float32) * 0.4
+    x = np.empty((num_agents, records, features), np.float32)
+    y = rng.integers(0, classes, size=(num_agents, records)).astype(np.int32)
+    for s in range(0, num_agents, block):
+        e = min(num_agents, s + block)
+        x[s:e] = rng.standard_normal((e - s, records, features), dtype=np.float32)
+        x[s:e] += means[y[s:e]]
+    return x, y, means
+
+
+def _points(means, num: int, seed: int):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, len(means), num).astype(np.int32)
+    return (means[y] + rng.standard_normal((num, means.shape[1]), dtype=np.float32)), y
+
+
+def child(args) -> dict:
+    """One (algorithm, N) measurement in this process."""
+    import resource
+
+    import jax
+    import numpy as np
+
+    from fedjax_dp.algorithms import agent_stream, ae_dpfl, api, knn_dpfl
+    from fedjax_dp.core import from_arrays
+    from fedjax_dp.models import make_model
+    from fedjax_dp.train import LocalTrainConfig, accuracy
+
+    agent_stream.PREFETCH = not args.no_prefetch
+    tic = time.perf_counter()
+    x, y, means = make_agents(args.agents, args.records, args.features, args.classes, seed=0)
+    agents = from_arrays(x, y, np.full(args.agents, args.records, np.int32), check=False)
+    x_public, y_public = _points(means, args.public, seed=1)
+    x_test, y_test = _points(means, 2000, seed=2)
+    gen_s = time.perf_counter() - tic
+    model = make_model("mlp", (args.features,), args.classes, hidden=(args.hidden,))
+    data = api.FederatedData(agents=agents, num_classes=args.classes, x_public=x_public,
+                             y_public=y_public)
+    common = dict(sigma=args.sigma, num_queries=args.queries, student_steps=200,
+                  student_batch_size=32, agent_chunk=args.chunk, vote_noise=args.vote_noise)
+    if args.algorithm == "ae_dpfl":
+        module = ae_dpfl
+        cfg = ae_dpfl.Config(local=LocalTrainConfig(steps=args.steps, batch_size=8,
+                                                    learning_rate=0.1), **common)
+    else:
+        module = knn_dpfl
+        cfg = knn_dpfl.Config(k=args.k, feature_map="pca", feature_dim=16, **common)
+    tic = time.perf_counter()
+    done = api.run(module, jax.random.key(0), data, model, cfg,
+                   runtime=api.Runtime(chunk_size=None))
+    run_s = time.perf_counter() - tic
+    out = module.output(done.state)
+    phases = {r["phase"]: r for r in done.history}
+    return {"algorithm": args.algorithm, "num_agents": args.agents, "wall_s": run_s,
+            "generate_s": gen_s,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "data_bytes": int(agents.nbytes), "agent_chunk": args.chunk,
+            "vote_noise": args.vote_noise, "prefetch": not args.no_prefetch,
+            "vote_accuracy": phases["vote"].get("vote_accuracy"),
+            "test_accuracy": float(accuracy(out.model, out.params, x_test, y_test))}
+
+
+def run(agents_list, records: int = 16, features: int = 32, *, algorithms=ALGORITHMS,
+        classes: int = 10, public: int = 2000, queries: int = 200, hidden: int = 32,
+        steps: int = 5, k: int = 3, sigma: float = 20.0, chunk: int = 4096,
+        vote_noise: str = "aggregate", prefetch: bool = True, timeout: float = 3600) -> dict:
+    """Every (algorithm, N) in a fresh subprocess; returns ``{"config": ..., "rows": [...]}``."""
+    rows = []
+    for algorithm in algorithms:
+        for n in agents_list:
+            cmd = [sys.executable, __file__, "--child", "--algorithm", algorithm,
+                   "--agents", str(n), "--records", str(records), "--features", str(features),
+                   "--classes", str(classes), "--public", str(public), "--queries", str(queries),
+                   "--hidden", str(hidden), "--steps", str(steps), "--k", str(k),
+                   "--sigma", str(sigma), "--chunk", str(chunk), "--vote-noise", vote_noise]
+            if not prefetch:
+                cmd.append("--no-prefetch")
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+            if proc.returncode != 0:
+                rows.append({"algorithm": algorithm, "num_agents": n,
+                             "error": proc.stderr[-2000:]})
+            else:
+                rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            r = rows[-1]
+            if "error" in r:
+                print(f"{algorithm} N={n}: FAILED\n{r['error']}", file=sys.stderr, flush=True)
+            else:
+                print(f"{algorithm} N={n}: {r['wall_s']:.1f} s, peak RSS "
+                      f"{r['peak_rss_bytes'] / 2**30:.2f} GiB, data "
+                      f"{r['data_bytes'] / 2**30:.2f} GiB "
+                      f"({r['peak_rss_bytes'] / r['data_bytes']:.2f}x), test acc "
+                      f"{r['test_accuracy']:.3f}", file=sys.stderr, flush=True)
+    config = dict(records=records, features=features, classes=classes, public=public,
+                  queries=queries, hidden=hidden, local_steps=steps, k=k, sigma=sigma,
+                  agent_chunk=chunk, vote_noise=vote_noise, prefetch=prefetch,
+                  cpu_count=os.cpu_count())
+    return {"config": config, "rows": rows}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--algorithm", default="ae_dpfl", choices=ALGORITHMS)
+    ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
+    ap.add_argument("--agents", type=int, nargs="+", default=[1000, 10_000, 100_000, 1_000_000])
+    ap.add_argument("--records", type=int, default=16)
+    ap.add_argument("--features", type=int, default=32)
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--public", type=int, default=2000)
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--sigma", type=float, default=20.0)
+    ap.add_argument("--chunk", type=int, default=4096)
+    ap.add_argument("--vote-noise", default="aggregate", choices=("aggregate", "per_agent"))
+    ap.add_argument("--no-prefetch", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "results" / "scale" / "oneshot.json"))
+    args = ap.parse_args(argv)
+    if args.child:
+        args.agents = args.agents[0]
+        print(json.dumps(child(args)), flush=True)
+        return
+    record = run(args.agents, args.records, args.features, algorithms=args.algorithms,
+                 classes=args.classes, public=args.public, queries=args.queries,
+                 hidden=args.hidden, steps=args.steps, k=args.k, sigma=args.sigma,
+                 chunk=args.chunk, vote_noise=args.vote_noise, prefetch=not args.no_prefetch)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
