@@ -13,7 +13,7 @@ Parts (each writes into one JSON record, ``results/scale/bench_scale.json`` by d
   synthetic host-resident agents (16 records x 32 features, MLP 32-64-10), each N in a fresh
   subprocess: seconds per round (median), compilations (bucket sizes), and peak RSS next to the
   agents' data size.
-* ``oneshot``: AE-DPFL and kNN-DPFL end to end (``tools/bench_scale_oneshot.py``), if present.
+* ``oneshot``: AE-DPFL and kNN-DPFL end to end (``tools/bench_scale_oneshot.py``).
 
 Run: ``.venv/bin/python tools/bench_scale.py [--parts peers,population,oneshot] [--agents
 1000,10000,100000,1000000]``; ``--plot`` redraws the figure from the JSON.
@@ -186,17 +186,19 @@ def plot(record: dict, path: Path) -> None:
         a.loglog(n, [r["round_s_median"] for r in pop], "o-", label="DP-FedAvg round (cohort 1,000)")
         b.loglog(n, [r["peak_rss_gb"] for r in pop], "o-", label="DP-FedAvg peak RSS")
         b.loglog(n, [r["data_gb"] for r in pop], "k--", label="agents' data")
-    for name, rows in (record.get("oneshot") or {}).items():
-        rows = [r for r in rows if "error" not in r] if isinstance(rows, list) else []
-        if rows:
-            n = [r["num_agents"] for r in rows]
-            a.loglog(n, [r["wall_s"] for r in rows], "s-", label=f"{name} end to end")
-            b.loglog(n, [r["peak_rss_gb"] for r in rows], "s-", label=f"{name} peak RSS")
+    oneshot = [r for r in (record.get("oneshot") or {}).get("rows", []) if "error" not in r]
+    for name in sorted({r["algorithm"] for r in oneshot}):
+        rows = sorted((r for r in oneshot if r["algorithm"] == name),
+                      key=lambda r: r["num_agents"])
+        n = [r["num_agents"] for r in rows]
+        a.loglog(n, [r["wall_s"] for r in rows], "s-", label=f"{name} end to end")
+        b.loglog(n, [r["peak_rss_bytes"] / 2 ** 30 for r in rows], "s-",
+                 label=f"{name} peak RSS")
     a.set_xlabel("agents N")
     a.set_ylabel("seconds")
     a.set_title("time vs population")
     b.set_xlabel("agents N")
-    b.set_ylabel("GB")
+    b.set_ylabel("GiB")
     b.set_title("peak memory vs population")
     for ax in (a, b):
         ax.grid(True, which="both", alpha=0.3)
@@ -241,7 +243,7 @@ def main() -> None:
     if "population" in parts:
         record["population"] = population_part([int(n) for n in args.agents.split(",")], args)
         write_json(out, record)
-    if "oneshot" in parts and (ROOT / "tools" / "bench_scale_oneshot.py").exists():
+    if "oneshot" in parts:
         import bench_scale_oneshot
         record["oneshot"] = bench_scale_oneshot.run(
             [int(n) for n in args.oneshot_agents.split(",")])
