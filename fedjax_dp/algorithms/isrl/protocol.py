@@ -226,7 +226,8 @@ class Algorithm:
         if self.method in ("spider", "svrg") and chunk is not None:
             chunk = max(1, chunk // 2)          # two per-record gradients per silo
         round_fn = engine.make_round(loss_fn or engine.loss_for(model), spec, chunk_size=chunk,
-                                     mesh=runtime.mesh, backend=runtime.backend)
+                                     mesh=runtime.mesh, backend=runtime.backend,
+                                     cohort=runtime.cohort)
         clip = config.clip_norm if self.private else math.inf
         values = engine.initial_values(spec, params, engine.hyper(config.learning_rate, clip, z))
         return api.State(step=0, values=values,
