@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.algorithms import api, isrl
-from fedjax_dp.algorithms.isrl import engine, protocol, sdp
+from fedjax_dp.algorithms.isrl import engine, protocol, sdp, uploads
 from fedjax_dp.core import StackedData
 from fedjax_dp.privacy import shuffle
 
@@ -41,6 +41,21 @@ def test_sdp_spider_on_a_fine_grid_follows_the_exact_estimator():
         w_prev, w = w, w - lr * v
         np.testing.assert_allclose(np.asarray(values["params"]["w"]), w, atol=3e-3)
     assert np.asarray(values["uploads"]).tolist() == [[2, 4]] * 3
+
+
+def test_reports_encoded_in_the_silo_are_the_shuffled_vector_sum():
+    """A silo's encoded reports (:func:`uploads.encode_reports`, its own rounding key) plus the
+    server's binomial noise and decoding == ``shuffle_vector_sum`` with those two keys, bit for
+    bit; weights 0 (unsampled / padding) drop a report."""
+    rng = np.random.default_rng(1)
+    rows = jnp.asarray(rng.normal(size=(6, 9)) * 0.7, jnp.float32)
+    w = jnp.asarray([1, 0, 1, 1, 0, 1], jnp.float32)
+    cfg = shuffle.ShuffleConfig(clip_norm=1.0, granularity=8, noise_trials=50)
+    key = jax.random.key(3)
+    k_round, k_noise = jax.random.split(key)
+    est = uploads.shuffled_estimate(k_noise, uploads.encode_reports(k_round, rows, w, cfg), cfg)
+    np.testing.assert_array_equal(np.asarray(est),
+                                  np.asarray(shuffle.shuffle_vector_sum(key, rows, w, cfg)))
 
 
 def _fake_state(algo, counts, rates, cfg, params):
