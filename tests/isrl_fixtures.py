@@ -32,8 +32,6 @@ CASES = {
     "isrl_mb_sgd": dict(_SMALL, noise_multiplier=0.5),
     "isrl_prox_pl_svrg": dict(_SMALL, noise_multiplier=0.5, epoch_length=1, restart_every=2),
     "local_sgd": dict(_SMALL, local_steps=2),
-    "sdp_spider": dict(_SMALL, num_available=3, noise_trials=64, granularity=8, phase_length=2,
-                       smoothness=3.0),
 }
 
 
