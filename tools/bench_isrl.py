@@ -31,6 +31,7 @@ ratios masked / gathered and whether the two rounds' new parameters agree.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -151,6 +152,7 @@ def bench_cohort(n: int, m: int, args, loss_fn, params) -> dict:
 def main_cohort(args, model, loss_fn, params) -> dict:
     silos = [int(s) for s in args.silos.split(",") if s]
     available = [int(s) for s in args.available.split(",") if s]
+    load_before = os.getloadavg()[0]
     runs = []
     for n in silos:
         for m in available:
@@ -167,7 +169,9 @@ def main_cohort(args, model, loss_fn, params) -> dict:
               f"{args.hidden}-{args.classes}", "num_params": int(sum(
                   np.size(l) for l in jax.tree.leaves(params))),
               "local_size": args.local_size, "batch_size": args.batch_size,
-              "environment": environment(), "runs": runs}
+              "environment": environment(),
+              "load_average_1m": [load_before, os.getloadavg()[0]],   # before / after: contention
+              "runs": runs}
     if args.out:
         write_json(args.out, record)
     return record
