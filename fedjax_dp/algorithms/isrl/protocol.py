@@ -205,6 +205,8 @@ class Algorithm:
         """Validate against the data, calibrate the noise, compile the round (once per spec).
 
         ``loss_fn(params, x, y)``: per-record loss (default: the model's cross-entropy).
+        ``runtime.cohort``: ``"gather"`` (a round computes the M available silos' uploads only)
+        or ``"masked"`` (all N silos compute, a mask keeps M: the reference); same results.
         """
         if not isinstance(config, self.Config):
             raise ValueError(f"config must be a {self.Config.__qualname__}, got "
