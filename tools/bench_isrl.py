@@ -23,7 +23,7 @@ environment. The two paths compute the same uploads (checked on the smallest N: 
 sum equals the loop's).
 
 ``--cohort``: for each N and each M of ``--available`` (M available silos per round), the
-library's SPIDER round with ``cohort="gather"`` (the M available silos' rows gathered inside the
+library's SPIDER (``--method``) round with ``cohort="gather"`` (the M available silos' rows gathered inside the
 compiled round: M uploads) and ``cohort="masked"`` (all N silos compute, a mask keeps M), both
 with the library's chunking rule, timed for a refresh and a difference round; written with the
 ratios masked / gathered and whether the two rounds' new parameters agree.
@@ -120,16 +120,21 @@ def bench_one(n: int, args, model, loss_fn, params) -> dict:
 
 
 def bench_cohort(n: int, m: int, args, loss_fn, params) -> dict:
-    """One SPIDER round over N silos with M available: gathered vs masked (same key, same data)."""
+    """One round (``--method``: SPIDER or MB-SGD) over N silos with M available: gathered vs
+    masked (same key, same data). MB-SGD's second round is a gradient round again."""
     agents = _data(n, args.local_size, args.features, args.classes, seed=n)
-    sdata = engine.silo_data(agents, (args.batch_size, args.batch_size))
-    spec = engine.RoundSpec(method="spider", num_silos=n, num_available=m, period=2,
-                            report_objective=False)
+    kinds = len(engine.UPLOAD_KINDS[args.method])
+    sdata = engine.silo_data(agents, (args.batch_size,) * kinds)
+    spec = engine.RoundSpec(method=args.method, num_silos=n, num_available=m,
+                            period=2 if args.method == "spider" else 1, report_objective=False)
     chunk = resolve_chunk_size("auto", params, agents)          # as protocol.init: from N
     chunk = None if chunk is None else max(1, chunk // 2)
     values0 = engine.initial_values(spec, params, engine.hyper(0.1, 1.0, 1.0))
     key = jax.random.key(0)
-    record = {"silos": n, "available": m, "chunk_size": chunk}
+    record = {"silos": n, "available": m, "chunk_size": chunk,
+              # what the "refresh" / "difference" timings are: rounds 0 and 1 of the method
+              "round_kinds": ["refresh", "difference"] if args.method == "spider" else
+              ["gradient", "gradient"]}
     new = {}
     for cohort in engine.COHORTS:
         round_fn = engine.make_round(loss_fn, spec, chunk_size=chunk, cohort=cohort)
@@ -165,7 +170,7 @@ def main_cohort(args, model, loss_fn, params) -> dict:
                   f"{rec['masked_refresh_s'] * 1e3:8.2f} ms, difference "
                   f"{rec['masked_difference_s'] * 1e3:8.2f} ms | masked / gathered "
                   f"{rec['ratio_refresh']:.1f}x / {rec['ratio_difference']:.1f}x", flush=True)
-    record = {"benchmark": "isrl_spider_round_cohort", "model": f"mlp {args.features}-"
+    record = {"benchmark": f"isrl_{args.method}_round_cohort", "model": f"mlp {args.features}-"
               f"{args.hidden}-{args.classes}", "num_params": int(sum(
                   np.size(l) for l in jax.tree.leaves(params))),
               "local_size": args.local_size, "batch_size": args.batch_size,
@@ -195,6 +200,8 @@ def main(argv=None) -> dict:
                     help="time the gathered round (M available silos) vs the masked round")
     ap.add_argument("--available", default="10,100",
                     help="with --cohort: comma-separated M values (available silos per round)")
+    ap.add_argument("--method", default="spider", choices=("spider", "mb_sgd"),
+                    help="with --cohort: the round timed")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     silos = [int(s) for s in args.silos.split(",") if s]
