@@ -1,7 +1,10 @@
-"""Run under XLA_FLAGS=--xla_force_host_platform_device_count=4 (test_isrl_algorithms.py).
+"""Run under XLA_FLAGS=--xla_force_host_platform_device_count=8 (test_isrl_algorithms.py).
 
-An ISRL-DP SPIDER run (refresh and difference rounds, M of N silos) with the silo axis sharded
-over 4 CPU devices (6 silos: padded) equals the single-device run; prints one JSON line.
+ISRL-DP SPIDER (refresh and difference rounds, M = 3 of N = 6 silos) and SDP SPIDER with the silo
+axis sharded over 8 CPU devices: the gathered round's M = 3 cohort rows and the masked round's
+N = 6 rows are padded to 8 inside ``for_each_agent`` and the padding rows are dropped before
+every sum, so each sharded run equals the single-device run, and the sharded gathered run equals
+the single-device masked reference. Prints one JSON line.
 """
 import json
 import sys
@@ -15,22 +18,41 @@ from fedjax_dp.core import agent_mesh, from_ragged  # noqa: E402
 from fedjax_dp.models import make_model  # noqa: E402
 
 
+def _same(a, b) -> bool:
+    return all(np.allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6) for x, y in
+               zip(jax.tree.leaves(a.state.values), jax.tree.leaves(b.state.values)))
+
+
 def main():
-    assert jax.device_count() == 4, jax.devices()
+    assert jax.device_count() == 8, jax.devices()
     rng = np.random.default_rng(0)
     xs = [rng.normal(size=(n, 5)).astype(np.float32) for n in (12, 9, 15, 10, 8, 11)]
     ys = [(x[:, 0] > 0).astype(np.int32) for x in xs]
     fed = api.FederatedData(agents=from_ragged(xs, ys), num_classes=2)
     model = make_model("mlp", (5,), 2, hidden=(4,))
-    algo = isrl.ISRL_SPIDER
-    cfg = algo.Config(rounds=3, num_available=4, batch_size=4, noise_multiplier=0.7,
-                      smoothness=3.0, report_objective=False)
-    plain = api.run(algo, jax.random.key(0), fed, model, cfg, runtime=api.Runtime(chunk_size=None))
-    sharded = api.run(algo, jax.random.key(0), fed, model, cfg,
-                      runtime=api.Runtime(chunk_size=None, mesh=agent_mesh()))
-    same = all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6) for a, b in
-               zip(jax.tree.leaves(plain.state.values), jax.tree.leaves(sharded.state.values)))
-    print(json.dumps({"spider_sharded": bool(same)}))
+    common = dict(rounds=3, num_available=3, batch_size=4, smoothness=3.0,
+                  report_objective=False)
+    cases = {"spider": (isrl.ISRL_SPIDER, dict(common, noise_multiplier=0.7)),
+             "sdp_spider": (isrl.SDP_SPIDER, dict(common, noise_trials=64, granularity=8))}
+    out = {}
+    for name, (algo, fields) in cases.items():
+        cfg = algo.Config(**fields)
+        # SPIDER: all four (mesh, cohort) runs; SDP SPIDER: sharded gathered vs plain masked
+        todo = ([(False, "gather"), (True, "gather"), (False, "masked"), (True, "masked")]
+                if name == "spider" else [(True, "gather"), (False, "masked")])
+        runs = {(mesh, cohort): api.run(
+            algo, jax.random.key(0), fed, model, cfg,
+            runtime=api.Runtime(chunk_size=None, cohort=cohort,
+                                mesh=agent_mesh() if mesh else None))
+            for mesh, cohort in todo}
+        if name == "spider":
+            out[f"{name}_sharded_gathered"] = _same(runs[False, "gather"], runs[True, "gather"])
+            out[f"{name}_sharded_masked"] = _same(runs[False, "masked"], runs[True, "masked"])
+        out[f"{name}_sharded_gathered_equals_masked"] = _same(runs[True, "gather"],
+                                                              runs[False, "masked"])
+        out[f"{name}_uploads"] = int(np.asarray(runs[True, "gather"].state.values["uploads"])
+                                     .sum())
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

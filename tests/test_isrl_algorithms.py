@@ -1,7 +1,6 @@
 """ISRL family algorithms: vectorised == loop over silos, chunked == plain, same seed ==
 identical, noise independent across silos and rounds, clipping over the whole parameter vector,
 estimator bookkeeping against hand computations, and the round vmapped over seeds."""
-import functools
 import logging
 
 import jax
@@ -12,26 +11,14 @@ import pytest
 from fedjax_dp.algorithms import api, isrl
 from fedjax_dp.algorithms.isrl import engine, uploads
 from fedjax_dp.core import StackedData
-from isrl_fixtures import FED, MODEL
+from isrl_fixtures import CASES, FED, MODEL, run_case
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 
-CASES = {
-    "isrl_spider": dict(rounds=3, num_available=3, batch_size=4, diff_batch_size=6,
-                        phase_length=2, smoothness=3.0, noise_multiplier=0.7,
-                        learning_rate=0.3, prox="l2_ball", prox_radius=2.0),
-    "isrl_local_sgd": dict(rounds=2, num_available=3, batch_size=4, local_steps=2,
-                           noise_multiplier=0.7, learning_rate=0.3, prox="l1",
-                           prox_strength=0.01),
-}
-
-
-@functools.lru_cache(maxsize=None)
-def _run(name, seed=0, chunk_size=None, backend="vmap"):
-    algo = isrl.ALGORITHMS[name]
-    cfg = algo.Config(**CASES[name])
-    rt = api.Runtime(chunk_size=chunk_size, backend=backend)
-    return api.run(algo, jax.random.key(seed), FED, MODEL, cfg, runtime=rt)
+#: the two members checked most closely (chunked, seeds, loop); the others run in
+#: test_other_members_run_and_report and every member in test_isrl_cohort.py
+CASES = {name: CASES[name] for name in ("isrl_spider", "isrl_local_sgd")}
+_run = run_case
 
 
 def _leaves(result):
@@ -220,22 +207,16 @@ def test_variance_reduced_estimators_against_hand_computation(method, smoothness
 
 @pytest.mark.parametrize("name", ["isrl_mb_sgd", "isrl_prox_pl_svrg", "local_sgd"])
 def test_other_members_run_and_report(name):
-    """The members not run above (3 rounds): finite objective, a ledger only when private.
+    """The members not run above (3 rounds, M = 2): finite objective, a ledger only when private.
     (Non-private MB-SGD runs in the lasso test; Prox-SVRG is Prox-PL-SVRG without restarts.)"""
+    from isrl_fixtures import config
     algo = isrl.ALGORITHMS[name]
-    kw = dict(rounds=3, batch_size=4, learning_rate=0.3, num_available=2)
-    if algo.private:
-        kw["noise_multiplier"] = 0.5
-    if name == "isrl_prox_pl_svrg":
-        kw.update(epoch_length=1, restart_every=2)
-    if "local" in name:
-        kw["local_steps"] = 2
-    cfg = algo.Config(**kw)
-    res = api.run(algo, jax.random.key(3), FED, MODEL, cfg)
+    cfg = config(name)
+    res = run_case(name, seed=3)
     assert np.isfinite(res.history[-1]["objective"])
     assert len(algo.ledger(cfg, res.state)) == int(algo.private)
     counts = np.asarray(res.state.values["uploads"])
-    assert counts.sum() == 3 * 2 * kw.get("local_steps", 1)
+    assert counts.sum() == 3 * 2 * getattr(cfg, "local_steps", 1)
     if name == "isrl_prox_pl_svrg":      # after the first restart w is one of its 2 iterates
         assert np.isfinite(np.asarray(jax.tree.leaves(res.state.values["candidate"])[0])).all()
 
@@ -260,8 +241,10 @@ def test_local_sgd_ledger_counts_k_steps_per_round_available():
 
 
 @pytest.mark.slow
-def test_silo_axis_sharded_over_four_devices_equals_one_device():
-    """A subprocess with 4 forced CPU devices (20-55 s: marked slow; -m 'not slow' skips it)."""
+def test_silo_axis_sharded_over_eight_devices_equals_one_device():
+    """A subprocess with 8 forced CPU devices (30-90 s: marked slow; -m 'not slow' skips it):
+    SPIDER and SDP SPIDER, gathered (M = 3 rows padded to 8) == masked (N = 6 padded to 8) ==
+    one device."""
     import json
     import os
     import subprocess
@@ -269,11 +252,15 @@ def test_silo_axis_sharded_over_four_devices_equals_one_device():
     from pathlib import Path
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                        " --xla_force_host_platform_device_count=4").strip()
+                        " --xla_force_host_platform_device_count=8").strip()
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + \
         env.get("PYTHONPATH", "")
     script = Path(__file__).with_name("isrl_sharded_check.py")
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"spider_sharded": True}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    checks = ["spider_sharded_gathered", "spider_sharded_masked",
+              "spider_sharded_gathered_equals_masked", "sdp_spider_sharded_gathered_equals_masked"]
+    assert all(out[c] is True for c in checks), out
+    assert out["spider_uploads"] == out["sdp_spider_uploads"] == 3 * 3   # R x M, one upload each

@@ -1,5 +1,6 @@
-"""Shuffle-DP variants: the shuffled path reproduces SPIDER's updates on a fine grid (gradient
-and rescaled difference reports), and the ledger is the exact binomial PLD of the worst silo."""
+"""Shuffle-DP variants: the shuffled path (gathered and masked rounds) reproduces SPIDER's updates
+on a fine grid (gradient and rescaled difference reports), the silo-side encoding is the shuffled
+vector sum, and the ledger is the exact binomial PLD of the worst silo."""
 import logging
 
 import jax
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.algorithms import api, isrl
-from fedjax_dp.algorithms.isrl import engine, protocol, sdp
+from fedjax_dp.algorithms.isrl import availability, engine, protocol, sdp, uploads
 from fedjax_dp.core import StackedData
 from fedjax_dp.privacy import shuffle
 
@@ -20,27 +21,60 @@ def _quadratic(params, x, y):
 
 
 def test_sdp_spider_on_a_fine_grid_follows_the_exact_estimator():
-    """z-free check of the SDP plumbing: grid step C / K = 6e-4 and one noise trial, so the
-    shuffled sums are the exact sums up to rounding; SPIDER with beta_hat = 0.5 then follows the
-    hand computation v_r = v_{r-1} + 0.5 (w_r - w_{r-1}) (differences rescaled by tau / C)."""
+    """z-free check of the SDP plumbing, M = 2 of N = 3 silos: grid step C / K = 6e-4 and one
+    noise trial, so the shuffled sums are the exact sums up to rounding; SPIDER with
+    beta_hat = 0.5 then follows the hand computation (refresh: v_r = w_r - mean of the available
+    silos' records; otherwise v_r = v_{r-1} + 0.5 (w_r - w_{r-1}), differences rescaled by
+    tau / C). The gathered round (default) follows it, and equals the masked reference round
+    (same keys: the integer sums are identical)."""
     rng = np.random.default_rng(4)
     x = rng.normal(size=(3, 5, 6)).astype(np.float32)
     data = StackedData(x=jnp.asarray(x), y=jnp.zeros((3, 5)), mask=jnp.ones((3, 5), bool),
                        counts=jnp.full((3,), 5, jnp.int32))
     sdata = engine.silo_data(data, (5, 5))
     cfg = shuffle.ShuffleConfig(clip_norm=10.0, granularity=2 ** 14, noise_trials=1)
-    spec = engine.RoundSpec(method="spider", num_silos=3, num_available=3, period=3,
+    spec = engine.RoundSpec(method="spider", num_silos=3, num_available=2, period=3,
                             smoothness=0.5, report_objective=False, shuffle=cfg)
-    round_fn = jax.jit(engine.make_round(_quadratic, spec))
-    lr, w, xbar = 0.3, np.zeros(6), x.mean(axis=(0, 1))
-    values = engine.initial_values(spec, {"w": jnp.zeros(6)}, engine.hyper(lr, 10.0, 0.0))
+    rounds = {c: engine.make_round(_quadratic, spec, cohort=c) for c in engine.COHORTS}
+    lr, w = 0.3, np.zeros(6)
+    values = {c: engine.initial_values(spec, {"w": jnp.zeros(6)}, engine.hyper(lr, 10.0, 0.0))
+              for c in engine.COHORTS}
     v = w_prev = None
     for t in range(6):
-        values, metrics = round_fn(jax.random.key(t), values, sdata)
-        v = (w - xbar) if t % 3 == 0 else v + 0.5 * (w - w_prev)
+        key = jax.random.key(t)
+        for c in engine.COHORTS:
+            values[c], _ = rounds[c](key, values[c], sdata)
+        ids = np.asarray(availability.available_ids(jax.random.split(key, 3)[0], 3, 2))
+        v = (w - x[ids].mean(axis=(0, 1))) if t % 3 == 0 else v + 0.5 * (w - w_prev)
         w_prev, w = w, w - lr * v
-        np.testing.assert_allclose(np.asarray(values["params"]["w"]), w, atol=3e-3)
-    assert np.asarray(values["uploads"]).tolist() == [[2, 4]] * 3
+        np.testing.assert_allclose(np.asarray(values["gather"]["params"]["w"]), w, atol=3e-3)
+        np.testing.assert_allclose(np.asarray(values["masked"]["params"]["w"]),
+                                   np.asarray(values["gather"]["params"]["w"]), rtol=1e-5,
+                                   atol=1e-6)
+    counts = np.asarray(values["gather"]["uploads"])
+    np.testing.assert_array_equal(counts, np.asarray(values["masked"]["uploads"]))
+    assert counts.sum(axis=0).tolist() == [2 * 2, 4 * 2]     # (refresh, difference) x M
+
+
+def test_reports_encoded_in_the_silo_are_the_shuffled_vector_sum():
+    """A silo's encoded reports (:func:`uploads.encode_reports`, its own rounding key) plus the
+    server's binomial noise and decoding == ``shuffle_vector_sum`` with those two keys, bit for
+    bit; weights 0 (unsampled / padding) drop a report."""
+    rng = np.random.default_rng(1)
+    rows = jnp.asarray(rng.normal(size=(6, 9)) * 0.7, jnp.float32)
+    w = jnp.asarray([1, 0, 1, 1, 0, 1], jnp.float32)
+    cfg = shuffle.ShuffleConfig(clip_norm=1.0, granularity=8, noise_trials=50)
+    key = jax.random.key(3)
+    k_round, k_noise = jax.random.split(key)
+
+    @jax.jit
+    def both(rows, w):
+        est = uploads.shuffled_estimate(k_noise, uploads.encode_reports(k_round, rows, w, cfg),
+                                        cfg)
+        return est, shuffle.shuffle_vector_sum(key, rows, w, cfg)
+
+    est, ref = both(rows, w)
+    np.testing.assert_array_equal(np.asarray(est), np.asarray(ref))
 
 
 def _fake_state(algo, counts, rates, cfg, params):

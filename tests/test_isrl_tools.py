@@ -24,3 +24,20 @@ def test_bench_isrl_smoke(tmp_path):
                   "loop_difference_s"):
             assert run[k] > 0
         assert run["speedup_refresh"] == run["loop_refresh_s"] / run["vectorised_refresh_s"]
+
+
+def test_bench_isrl_cohort_smoke(tmp_path):
+    """``--cohort``: gathered vs masked round at a tiny size (MB-SGD: the cheapest round to
+    compile); the two rounds agree."""
+    spec = importlib.util.spec_from_file_location("bench_isrl", TOOLS / "bench_isrl.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "cohort.json"
+    record = bench.main(["--cohort", "--method", "mb_sgd", "--silos", "4", "--available", "2,9", "--local-size", "4",
+                         "--features", "3", "--hidden", "2", "--batch-size", "2", "--repeats",
+                         "1", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert written["runs"] == record["runs"]
+    run, = written["runs"]                                  # M = 9 > N = 4 is skipped
+    assert (run["silos"], run["available"]) == (4, 2) and run["results_agree"] is True
+    assert run["ratio_refresh"] == run["masked_refresh_s"] / run["gather_refresh_s"] > 0

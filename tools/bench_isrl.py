@@ -1,6 +1,9 @@
-"""Benchmark: one ISRL-DP FedProx-SPIDER round over N silos, vectorised vs a loop over silos.
+"""Benchmark: one ISRL-DP FedProx-SPIDER round over N silos, vectorised vs a loop over silos,
+and (``--cohort``) the gathered round (M available silos) vs the masked all-silo round.
 
     python tools/bench_isrl.py --silos 25,1000,10000 --out results/isrl/bench_isrl.json
+    python tools/bench_isrl.py --cohort --silos 1000,10000 --available 10,100 \
+        --out results/isrl/bench_cohort.json
 
 For each N (synthetic data: N silos x ``--local-size`` records x ``--features``, MLP with one
 hidden layer), in one run:
@@ -18,10 +21,17 @@ hidden layer), in one run:
 Printed and written: wall times per round of each kind, the ratios loop / vectorised, and the
 environment. The two paths compute the same uploads (checked on the smallest N: the vectorised
 sum equals the loop's).
+
+``--cohort``: for each N and each M of ``--available`` (M available silos per round), the
+library's SPIDER (``--method``) round with ``cohort="gather"`` (the M available silos' rows gathered inside the
+compiled round: M uploads) and ``cohort="masked"`` (all N silos compute, a mask keeps M), both
+with the library's chunking rule, timed for a refresh and a difference round; written with the
+ratios masked / gathered and whether the two rounds' new parameters agree.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -109,6 +119,69 @@ def bench_one(n: int, args, model, loss_fn, params) -> dict:
     return record
 
 
+def bench_cohort(n: int, m: int, args, loss_fn, params) -> dict:
+    """One round (``--method``: SPIDER or MB-SGD) over N silos with M available: gathered vs
+    masked (same key, same data). MB-SGD's second round is a gradient round again."""
+    agents = _data(n, args.local_size, args.features, args.classes, seed=n)
+    kinds = len(engine.UPLOAD_KINDS[args.method])
+    sdata = engine.silo_data(agents, (args.batch_size,) * kinds)
+    spec = engine.RoundSpec(method=args.method, num_silos=n, num_available=m,
+                            period=2 if args.method == "spider" else 1, report_objective=False)
+    chunk = resolve_chunk_size("auto", params, agents)          # as protocol.init: from N
+    chunk = None if chunk is None else max(1, chunk // 2)
+    values0 = engine.initial_values(spec, params, engine.hyper(0.1, 1.0, 1.0))
+    key = jax.random.key(0)
+    record = {"silos": n, "available": m, "chunk_size": chunk,
+              # what the "refresh" / "difference" timings are: rounds 0 and 1 of the method
+              "round_kinds": ["refresh", "difference"] if args.method == "spider" else
+              ["gradient", "gradient"]}
+    new = {}
+    for cohort in engine.COHORTS:
+        round_fn = engine.make_round(loss_fn, spec, chunk_size=chunk, cohort=cohort)
+        t0 = time.perf_counter()
+        values1, _ = block(round_fn(key, values0, sdata))                # round 0: refresh
+        record[f"{cohort}_compile_s"] = time.perf_counter() - t0
+        record[f"{cohort}_refresh_s"] = best_time(lambda: round_fn(key, values0, sdata),
+                                                  args.repeats)
+        record[f"{cohort}_difference_s"] = best_time(lambda: round_fn(key, values1, sdata),
+                                                     args.repeats)          # round 1: difference
+        new[cohort] = block(round_fn(key, values1, sdata))[0]
+    for kind in ("refresh", "difference"):
+        record[f"ratio_{kind}"] = record[f"masked_{kind}_s"] / record[f"gather_{kind}_s"]
+    record["results_agree"] = bool(all(
+        np.allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+        for a, b in zip(jax.tree.leaves(new["gather"]), jax.tree.leaves(new["masked"]))))
+    return record
+
+
+def main_cohort(args, model, loss_fn, params) -> dict:
+    silos = [int(s) for s in args.silos.split(",") if s]
+    available = [int(s) for s in args.available.split(",") if s]
+    load_before = os.getloadavg()[0]
+    runs = []
+    for n in silos:
+        for m in available:
+            if m > n:
+                continue
+            rec = bench_cohort(n, m, args, loss_fn, params)
+            runs.append(rec)
+            print(f"N={n:>6} M={m:>4}: gathered refresh {rec['gather_refresh_s'] * 1e3:8.2f} ms, "
+                  f"difference {rec['gather_difference_s'] * 1e3:8.2f} ms | masked refresh "
+                  f"{rec['masked_refresh_s'] * 1e3:8.2f} ms, difference "
+                  f"{rec['masked_difference_s'] * 1e3:8.2f} ms | masked / gathered "
+                  f"{rec['ratio_refresh']:.1f}x / {rec['ratio_difference']:.1f}x", flush=True)
+    record = {"benchmark": f"isrl_{args.method}_round_cohort", "model": f"mlp {args.features}-"
+              f"{args.hidden}-{args.classes}", "num_params": int(sum(
+                  np.size(l) for l in jax.tree.leaves(params))),
+              "local_size": args.local_size, "batch_size": args.batch_size,
+              "environment": environment(),
+              "load_average_1m": [load_before, os.getloadavg()[0]],   # before / after: contention
+              "runs": runs}
+    if args.out:
+        write_json(args.out, record)
+    return record
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--silos", default="25,1000,10000", help="comma-separated N values")
@@ -123,12 +196,20 @@ def main(argv=None) -> dict:
                     help="time the loop on at most this many silos and scale linearly")
     ap.add_argument("--check-silos-max", type=int, default=25,
                     help="check vectorised == loop sums for N up to this")
+    ap.add_argument("--cohort", action="store_true",
+                    help="time the gathered round (M available silos) vs the masked round")
+    ap.add_argument("--available", default="10,100",
+                    help="with --cohort: comma-separated M values (available silos per round)")
+    ap.add_argument("--method", default="spider", choices=("spider", "mb_sgd"),
+                    help="with --cohort: the round timed")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     silos = [int(s) for s in args.silos.split(",") if s]
     model = make_model("mlp", (args.features,), args.classes, hidden=(args.hidden,))
     loss_fn = engine.loss_for(model)
     params = model.init(jax.random.key(0))
+    if args.cohort:
+        return main_cohort(args, model, loss_fn, params)
     runs = []
     for n in silos:
         rec = bench_one(n, args, model, loss_fn, params)

@@ -14,15 +14,32 @@ many seeds / step sizes / clips at once::
 Round r (every method):
 
     k_avail, k_silos, k_extra = split(key, 3)
-    S_r      = M silos uniformly at random (availability.available_mask(k_avail))        [N] mask
-    u_i      = silo i's upload (uploads.py), silo key = split(k_silos, N)[i]; computed for all N
-               silos in one vmapped (or chunked / sharded) call, only S_r's are used
+    S_r      = M silos uniformly at random: ids [M] (availability.available_ids(k_avail))
+    gather   the cohort's rows of every per-silo array into [M, ...] buffers: records x, y, mask,
+             sampling plan (rates, denominators), noise multipliers z, silo keys
+             (silo i's key is split(k_silos, N)[i], whichever silos are gathered with it)
+    u_i      = silo i's upload (uploads.py) for the M gathered silos, in one vmapped (or chunked /
+             sharded) call
     avg      = (1/M) sum_{i in S_r} u_i                                                 secure sum
     v_r      = estimator (estimators.py): avg (MB-SGD), SPIDER or SVRG update
     w_{r+1}  = prox_{eta f1}(w_r - eta v_r)
+    scatter  uploads[ids] += this round's releases per kind
 
-Local SGD instead runs K local noisy prox-SGD steps in every silo from w_r (each step an upload
-of eq. (1) of :mod:`uploads`, kept inside the silo) and averages the available silos' models.
+Local SGD instead runs K local noisy prox-SGD steps in every available silo from w_r (each step an
+upload of eq. (1) of :mod:`uploads`, kept inside the silo) and averages the M local models.
+
+Cost per round. M is static, so the gather is a fixed-shape gather inside the compiled round (it
+scans and vmaps over seeds like any array op; no host round trip): a round computes M uploads,
+not N. What stays O(N) is cheap bookkeeping: N uniform scores and their sort (the availability
+draw), the N silo keys, the scatter into the ``[N, U]`` upload counters, and -- only with
+``report_objective`` -- the objective diagnostic, a forward pass over every silo's records. The
+estimators' state (SPIDER's v and previous iterate, SVRG's snapshot and its gradient) is the
+server's, not the silos', so nothing else is gathered or scattered.
+
+``make_round(..., cohort="masked")`` is the reference execution: all N silos compute their upload
+(same keys) and a mask keeps the M available ones; it equals the gathered round up to float
+summation order (tested for every method).
+
 ``values["uploads"][i, u]`` counts silo i's releases of kind u (what its ledger composes).
 """
 from __future__ import annotations
@@ -40,7 +57,7 @@ from jax.flatten_util import ravel_pytree
 from fedjax_dp.algorithms.isrl import availability, estimators, uploads
 from fedjax_dp.algorithms.isrl import prox as prox_lib
 from fedjax_dp.core import StackedData, agent_sum, for_each_agent
-from fedjax_dp.privacy import shuffle as shuffle_lib
+from fedjax_dp.core.cohort import masked_sum, take_rows
 
 Params = Any
 
@@ -178,15 +195,26 @@ def silo_functions(loss_fn: Callable, spec: RoundSpec) -> dict[str, Callable]:
             "local_sgd": local_sgd, "loss": loss}
 
 
+COHORTS = ("gather", "masked")
+
+
 @functools.lru_cache(maxsize=64)
 def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = None, mesh=None,
-               backend: str = "vmap") -> Callable:
+               backend: str = "vmap", cohort: str = "gather") -> Callable:
     """The jitted round of ``spec`` with per-record loss ``loss_fn(params, x, y)``.
 
-    ``backend='loop'`` is the reference of the vectorised path: a Python loop over the silos calls
-    the one-silo functions one silo at a time (unrolled when the round is traced, so the loop
-    compiles once too; :func:`fedjax_dp.core.for_each_agent`).
+    ``cohort='gather'`` (default): the round gathers the M available silos' rows (records,
+    sampling plan, z, keys) into ``[M, ...]`` buffers and computes M uploads; ``'masked'``: every
+    one of the N silos computes its upload and a mask keeps the M available ones (the reference
+    the gathered round is tested against: same key, same silos, same silo keys, same result up to
+    float summation order). ``backend='loop'`` is the reference of the vectorised path: a Python
+    loop over the silos calls the one-silo functions one silo at a time (unrolled when the round
+    is traced, so the loop compiles once too; :func:`fedjax_dp.core.for_each_agent`). With a
+    ``mesh`` the silo axis (M or N rows) is padded to a multiple of the devices inside
+    ``for_each_agent``, and the padding rows are dropped before any sum.
     """
+    if cohort not in COHORTS:
+        raise ValueError(f"runtime.cohort must be one of {COHORTS}, got {cohort!r}")
     lift = functools.partial(for_each_agent, chunk_size=chunk_size, mesh=mesh, backend=backend)
     one = silo_functions(loss_fn, spec)
     # z is per silo ([N]): each silo's noise is calibrated for its own transcript
@@ -197,27 +225,37 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
     if spec.shuffle is not None:
         if spec.method not in ("mb_sgd", "spider"):
             raise ValueError(f"shuffle applies to methods mb_sgd and spider, got {spec.method!r}")
-        grad_rep = lift(uploads.gradient_reports(loss_fn, spec.shuffle.clip_norm),
-                        (0, None, 0, 0, 0, 0))
-        diff_rep = lift(uploads.difference_reports(loss_fn),
+        grad_rep = lift(uploads.gradient_reports(loss_fn, spec.shuffle), (0, None, 0, 0, 0, 0))
+        diff_rep = lift(uploads.difference_reports(loss_fn, spec.shuffle),
                         (0, None, None, 0, 0, 0, 0, None, None))
     m = float(spec.num_available)
     prox = spec.prox
+    gather = cohort == "gather"
 
     def round_fn(key, values, data: SiloData):
         n = spec.num_silos
         k_avail, k_silos, k_extra = jax.random.split(key, 3)
-        avail = availability.available_mask(k_avail, n, spec.num_available)    # [N]
-        keys = jax.random.split(k_silos, n)                                     # [N]
+        silo_keys = jax.random.split(k_silos, n)            # [N]: silo i's key is silo_keys[i]
         h = values["hyper"]
-        lr, clip, z = h["learning_rate"], h["clip_norm"], h["noise_multiplier"]   # z [N]
+        lr, clip = h["learning_rate"], h["clip_norm"]
         w, t = values["params"], values["round"]
-        a = data.agents
-        rates, denoms = data.rates, data.denominators
+        if gather:
+            # the cohort: rows ids [M] of every per-silo array (a static-shape gather)
+            ids = availability.available_ids(k_avail, n, spec.num_available)     # [M]
+            rows = functools.partial(take_rows, ids=ids)
+            total = agent_sum                                                      # over M rows
+        else:
+            avail = availability.available_mask(k_avail, n, spec.num_available)  # [N]
+            rows = lambda tree: tree                                              # noqa: E731
+            total = functools.partial(masked_sum, valid=avail > 0)
+        keys = rows(silo_keys)                                                     # [M] or [N]
+        a = rows(data.agents)
+        rates, denoms = rows(data.rates), rows(data.denominators)
+        z = rows(h["noise_multiplier"])                                            # z [M] or [N]
         unravel = ravel_pytree(w)[1]
 
         def average(tree):
-            return jax.tree.map(lambda l: l / m, agent_sum(tree, avail))
+            return jax.tree.map(lambda l: l / m, total(tree))
 
         def gradients(col):
             """(avg, stats): the server's average of the silos' gradient uploads."""
@@ -241,16 +279,14 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
                 return average(u), st
             return run
 
-        def shuffled(rows, weights, st, denom, scale):
-            """SDP: every available silo's sampled reports go through ONE shuffled vector sum
-            (the server sees only per-coordinate integer sums); decoded, rescaled by ``scale``
-            and divided by the expected number of reports ``sum_{i in S_r} p_i n_i``."""
-            flat = rows.reshape((-1, rows.shape[-1]))                            # [N n_max, d]
-            wts = (weights * avail[:, None]).reshape(-1)                         # [N n_max]
-            est = shuffle_lib.shuffle_vector_sum(jax.random.fold_in(k_extra, 1), flat, wts,
-                                                 spec.shuffle)   # [d]
-            total = est * scale / jnp.sum(avail * denom)
-            return unravel(total), st
+        def shuffled(sums, st, denom, scale):
+            """SDP: the available silos' encoded reports (integer sums ``[., d]``, each silo's
+            computed in the silo with its own key) go through ONE shuffled vector sum (the server
+            sees only the per-coordinate integer sums plus binomial noise); decoded, rescaled by
+            ``scale`` and divided by the expected number of reports ``sum_{i in S_r} p_i n_i``."""
+            est = uploads.shuffled_estimate(jax.random.fold_in(k_extra, 1), total(sums),
+                                            spec.shuffle)                        # [d]
+            return unravel(est * scale / total(denom)), st
 
         new = dict(values)
         metrics = {}
@@ -296,16 +332,21 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
             inc = jnp.full((1,), spec.local_steps, jnp.int32)
         new["params"] = new_w
         new["round"] = t + 1
-        new["uploads"] = values["uploads"] + avail.astype(jnp.int32)[:, None] * inc[None, :]
-        num = jnp.sum(avail)
+        if gather:       # scatter back: only the M available silos' counters move (ids distinct)
+            new["uploads"] = values["uploads"].at[ids].add(inc[None, :])
+        else:
+            new["uploads"] = values["uploads"] + avail.astype(jnp.int32)[:, None] * inc[None, :]
+        num = jnp.float32(m) if gather else jnp.sum(avail)
         metrics["num_available"] = num
-        metrics["batch_size"] = jnp.sum(avail * st["batch_size"]) / (num * spec.local_steps)
+        st = total(st)
+        metrics["batch_size"] = st["batch_size"] / (num * spec.local_steps)
         if spec.private:
-            metrics["clipped_fraction"] = jnp.sum(avail * st["clipped"]) / jnp.maximum(
-                jnp.sum(avail * st["batch_size"]), 1.0)
+            metrics["clipped_fraction"] = st["clipped"] / jnp.maximum(st["batch_size"], 1.0)
         metrics["update_norm"] = optax.tree.norm(jax.tree.map(jnp.subtract, new_w, w))
         if spec.report_objective:
-            f0 = jnp.mean(objective(new_w, a.x, a.y, a.mask))
+            # a diagnostic over ALL silos' records (a forward pass of every silo, no gradients)
+            full = data.agents
+            f0 = jnp.mean(objective(new_w, full.x, full.y, full.mask))
             f1 = prox_lib.value(prox, new_w)
             metrics.update(f0=f0, f1=f1, objective=f0 + f1)
         return new, metrics

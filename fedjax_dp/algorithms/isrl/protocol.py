@@ -205,6 +205,8 @@ class Algorithm:
         """Validate against the data, calibrate the noise, compile the round (once per spec).
 
         ``loss_fn(params, x, y)``: per-record loss (default: the model's cross-entropy).
+        ``runtime.cohort``: ``"gather"`` (a round computes the M available silos' uploads only)
+        or ``"masked"`` (all N silos compute, a mask keeps M: the reference); same results.
         """
         if not isinstance(config, self.Config):
             raise ValueError(f"config must be a {self.Config.__qualname__}, got "
@@ -226,7 +228,8 @@ class Algorithm:
         if self.method in ("spider", "svrg") and chunk is not None:
             chunk = max(1, chunk // 2)          # two per-record gradients per silo
         round_fn = engine.make_round(loss_fn or engine.loss_for(model), spec, chunk_size=chunk,
-                                     mesh=runtime.mesh, backend=runtime.backend)
+                                     mesh=runtime.mesh, backend=runtime.backend,
+                                     cohort=runtime.cohort)
         clip = config.clip_norm if self.private else math.inf
         values = engine.initial_values(spec, params, engine.hyper(config.learning_rate, clip, z))
         return api.State(step=0, values=values,

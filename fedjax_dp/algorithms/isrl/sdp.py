@@ -4,11 +4,13 @@ summation protocol of Cheu et al. 2021 instead of Gaussian noise).
 Round r: every available silo turns each sampled record into one report -- its per-record
 gradient (MB-SGD, SPIDER refresh), or ``(C / tau) clip_tau(clip_C(g(w_r)) - clip_C(g(w_{r-1})))``
 (SPIDER difference, norm <= C) -- and ALL available silos' reports go through one shuffled vector
-sum (:func:`fedjax_dp.privacy.shuffle.shuffle_vector_sum`: L2 clip to C, randomised rounding to
-the grid (C / K) Z, binomial noise Bin(N, 1/2) per coordinate; the server sees only the
-per-coordinate integer sums, simulated exactly). The server decodes the sum, rescales a difference
-sum by tau / C, divides by the expected number of reports ``sum_{i in S_r} p_i n_i`` and steps as
-the Gaussian variant does (``prox_{eta f1}(w - eta v)``).
+sum (the protocol of :func:`fedjax_dp.privacy.shuffle.shuffle_vector_sum`: L2 clip to C,
+randomised rounding to the grid (C / K) Z, binomial noise Bin(N, 1/2) per coordinate; the server
+sees only the per-coordinate integer sums, simulated exactly). The clip and the rounding (the
+local randomiser) run in the silo with the silo's own key (:func:`uploads.encode_reports`), the
+binomial noise once on the sum (:func:`uploads.shuffled_estimate`). The server decodes the sum,
+rescales a difference sum by tau / C, divides by the expected number of reports
+``sum_{i in S_r} p_i n_i`` and steps as the Gaussian variant does (``prox_{eta f1}(w - eta v)``).
 
 Privacy. A central guarantee after shuffling (the trusted shuffler hides who sent what): unit
 ``'shuffle'``, relation add/remove one report = one record of one silo. One release moves each

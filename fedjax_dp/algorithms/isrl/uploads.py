@@ -36,11 +36,13 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from fedjax_dp.algorithms.dp_fedsgd import sample_records
+from fedjax_dp.privacy import shuffle as shuffle_lib
 from fedjax_dp.train import clipped_grad_sum, per_example_grads
 
 Params = Any
 
-__all__ = ["sample_records", "clip_rows", "gaussian_noise", "gradient_upload", "difference_upload"]
+__all__ = ["sample_records", "clip_rows", "gaussian_noise", "gradient_upload", "difference_upload",
+           "encode_reports", "shuffled_estimate", "gradient_reports", "difference_reports"]
 
 
 def clip_rows(grads: Params, clip) -> tuple[Params, jax.Array]:
@@ -112,43 +114,78 @@ def difference_upload(loss_fn: Callable, private: bool) -> Callable:
 
 
 # --------------------------------------------------------------------------- shuffle-DP reports
+#
+# The shuffle protocol's local randomiser runs in the silo: each sampled record's report is
+# clipped, scaled to the grid and randomly rounded with the SILO's key, and the silo hands its
+# integer reports to the shuffler. The server sees only the per-coordinate sums over all reports
+# of all available silos plus the binomial noise (:mod:`fedjax_dp.privacy.shuffle`), so the silo
+# may as well pass the sum of its own integer reports: the sums are exact (int32), hence the same
+# whichever silos are computed together (the gathered and the masked round agree bit for bit).
 
 def _flat_rows(rows: Params) -> jax.Array:
     """``[B, ...]`` pytree rows -> ``[B, d]`` (each row the flattened parameter vector)."""
     return jax.vmap(lambda r: ravel_pytree(r)[0])(rows)
 
 
-def gradient_reports(loss_fn: Callable, clip) -> Callable:
-    """SDP: ``reports(key, params, x, y, mask, rate) -> (rows [n_max, d], weights [n_max], stats)``.
+def encode_reports(key: jax.Array, rows: jax.Array, weights: jax.Array, config) -> jax.Array:
+    """One silo's part of the shuffled vector sum: ``sum_j w_j ybar_j`` int32 ``[d]``.
 
-    One report per record: its per-record gradient (the shuffle protocol clips it to C in L2 over
-    the whole vector, :func:`fedjax_dp.privacy.shuffle.clip`); ``weights`` is the Poisson mask.
+    ``ybar_j = round_rand(K clip(x_j) / C)`` (``x_j = rows[j]``, clip to C in ``config.norm``,
+    unbiased randomised rounding to the integers, one uniform per entry from ``key``): the steps
+    of :func:`fedjax_dp.privacy.shuffle.shuffle_vector_sum` before the binomial noise, which the
+    server-side sum adds once (:func:`shuffled_estimate`). ``weights [n_max]`` 0/1 (the Poisson
+    sample; padding rows are 0)."""
+    k = config.granularity
+    x = shuffle_lib.clip(rows.astype(jnp.float32), config)                  # [n_max, d]
+    y = jnp.clip(x * (k / config.clip_norm), -k, k)
+    ybar = shuffle_lib.randomized_round(key, y)                             # [n_max, d] int32
+    return jnp.sum(ybar * (weights > 0).astype(jnp.int32)[:, None], axis=0)  # [d]
+
+
+def shuffled_estimate(key: jax.Array, sums: jax.Array, config) -> jax.Array:
+    """Server: ``decode(S + B - floor(N / 2))`` ``[d]`` float32 for the integer sums ``S`` of all
+    reports (``B ~ Bin(N, 1/2)`` per coordinate, ``N`` = ``config.noise_trials``)."""
+    noisy = sums + shuffle_lib.binomial_noise(key, config.noise_trials, sums.shape[-1])
+    return shuffle_lib.decode(noisy, config)
+
+
+def gradient_reports(loss_fn: Callable, config) -> Callable:
+    """SDP: ``reports(key, params, x, y, mask, rate) -> (sums [d] int32, stats)``.
+
+    One report per sampled record: its per-record gradient, encoded in the silo
+    (:func:`encode_reports`: clip to C = ``config.clip_norm`` in L2 over the whole vector, grid
+    C / K, randomised rounding). ``key`` splits into the Poisson-sampling and the rounding key.
     """
+    clip = config.clip_norm
 
     def reports(key, params, x, y, mask, rate):
-        w = sample_records(key, mask, rate)                                   # [n_max]
+        k_batch, k_round = jax.random.split(key)
+        w = sample_records(k_batch, mask, rate)                               # [n_max]
         rows = _flat_rows(per_example_grads(loss_fn, params, x, y))          # [n_max, d]
         norms = jnp.linalg.norm(rows, axis=1)
-        return rows, w, {"batch_size": jnp.sum(w), "clipped": jnp.sum(w * (norms > clip))}
+        return encode_reports(k_round, rows, w, config), {
+            "batch_size": jnp.sum(w), "clipped": jnp.sum(w * (norms > clip))}
 
     return reports
 
 
-def difference_reports(loss_fn: Callable) -> Callable:
-    """SDP: ``reports(key, params, ref, x, y, mask, rate, clip, tau) -> (rows, weights, stats)``.
+def difference_reports(loss_fn: Callable, config) -> Callable:
+    """SDP: ``reports(key, params, ref, x, y, mask, rate, clip, tau) -> (sums [d] int32, stats)``.
 
     Rows ``(C / tau) clip_tau(clip_C(g(w, x)) - clip_C(g(w_ref, x)))`` (norm <= C, so the
-    shuffle protocol's clip at C is a no-op and one report moves each coordinate's sum by at most
-    K grid steps, as for a gradient report); the server multiplies the decoded sum by ``tau / C``
-    (post-processing: tau is public).
+    protocol's clip at C is a no-op and one report moves each coordinate's sum by at most K grid
+    steps, as for a gradient report), encoded as in :func:`gradient_reports`; the server
+    multiplies the decoded sum by ``tau / C`` (post-processing: tau is public).
     """
 
     def reports(key, params, ref, x, y, mask, rate, clip, tau):
-        w = sample_records(key, mask, rate)
+        k_batch, k_round = jax.random.split(key)
+        w = sample_records(k_batch, mask, rate)
         g_new, _ = clip_rows(per_example_grads(loss_fn, params, x, y), clip)
         g_ref, _ = clip_rows(per_example_grads(loss_fn, ref, x, y), clip)
         diff, norms = clip_rows(jax.tree.map(jnp.subtract, g_new, g_ref), tau)
         rows = _flat_rows(diff) * (clip / jnp.maximum(tau, 1e-30))
-        return rows, w, {"batch_size": jnp.sum(w), "clipped": jnp.sum(w * (norms > tau))}
+        return encode_reports(k_round, rows, w, config), {
+            "batch_size": jnp.sum(w), "clipped": jnp.sum(w * (norms > tau))}
 
     return reports
