@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -32,7 +33,8 @@ from bench_common import best_time, block, environment, matmul_gflops, write_jso
 from fedjax_dp.core import from_ragged
 from fedjax_dp.data import synthetic
 from fedjax_dp.models import forward_flops, make_model
-from fedjax_dp.train import LocalTrainConfig, make_local_step, make_local_update, train_agents
+from fedjax_dp.train import (LocalTrainConfig, batch_indices, make_local_step, make_local_update,
+                             train_agents)
 from fedjax_dp.train.local import resolve_chunk_size
 
 
@@ -81,8 +83,8 @@ def main(argv=None) -> dict:
         out = []
         for k, x, y, mk, c in agent_rows:
             p, s = params, opt.init(params)
-            for sk in jax.random.split(k, args.steps):
-                p, s, _ = step(p, s, sk, x, y, mk, c)
+            for idx in batch_indices(k, c, args.steps, cfg.batch_size):
+                p, s, _ = step(p, s, idx, x, y, mk, c)
             out.append(p)
         return out
 
@@ -90,7 +92,8 @@ def main(argv=None) -> dict:
     t = time.perf_counter()
     block(loop_agent())
     t_loop_agent = time.perf_counter() - t
-    block(step(params, opt.init(params), keys[0], *agent_rows[0][1:]))
+    block(step(params, opt.init(params), jnp.zeros((cfg.batch_size,), jnp.int32),
+               *agent_rows[0][1:]))
     t = time.perf_counter()
     ls = block(loop_step())
     t_loop_step = time.perf_counter() - t

@@ -5,8 +5,8 @@
     local_update(key, params, x [n_max, ...], y [n_max], count []) -> (params, mean_loss)
 
 running ``steps`` optax steps on minibatches drawn uniformly (with replacement) from the agent's
-*real* records: indices are drawn in ``[0, count)`` and every drawn row is additionally weighted by
-its mask, so padded rows never contribute. ``train_agents`` lifts it over the stacked agent axis
+*real* records: indices are drawn in ``[0, count)`` (all steps' at once, :func:`batch_indices`)
+and every drawn row is additionally weighted by its mask, so padded rows never contribute. ``train_agents`` lifts it over the stacked agent axis
 with :func:`fedjax_dp.core.for_each_agent` (vmap, chunks of agents, or devices).
 """
 from __future__ import annotations
@@ -81,21 +81,30 @@ def sample_batch(key: jax.Array, x: jax.Array, y: jax.Array, mask: jax.Array, co
     return x[idx], y[idx], mask[idx].astype(jnp.float32)
 
 
+def batch_indices(key: jax.Array, count: jax.Array, steps: int, batch_size: int) -> jax.Array:
+    """``[steps, batch_size]`` int32 row indices, uniform with replacement over ``[0, count)``:
+    every minibatch of an agent's local training drawn in one call (hoisted out of the step
+    loop: one random-number kernel per agent instead of a split and a draw per step, ~10% of a
+    small MLP's local training on the CPU)."""
+    return jax.random.randint(key, (steps, batch_size), 0, jnp.maximum(count, 1))
+
+
 def make_local_step(model: Model, config: LocalTrainConfig):
-    """One optimiser step of one agent: ``step(params, opt_state, key, x, y, mask, count)``.
+    """One optimiser step of one agent: ``step(params, opt_state, idx, x, y, mask, count)``.
 
     With ``config.prox_mu > 0`` and an ``anchor`` (optional last argument) the step also follows
     the FedProx proximal term ``mu/2 ||params - anchor||^2`` (Li et al. 2020, eq. 2); the
     returned loss is the data loss.
 
     Returns ``(step, optimizer)``; ``step`` gives ``(params, opt_state, loss)``. The minibatch is
-    drawn from the agent's real records with ``key`` (see :func:`sample_batch`).
+    the rows ``idx [batch_size]`` of the agent's records (a row of :func:`batch_indices`), each
+    weighted by its mask.
     """
     opt = config.make_optimizer()
     grad_fn = jax.value_and_grad(minibatch_loss(model))
 
-    def step(params, opt_state, key, x, y, mask, count, anchor=None):
-        xb, yb, wb = sample_batch(key, x, y, mask, count, config.batch_size)
+    def step(params, opt_state, idx, x, y, mask, count, anchor=None):
+        xb, yb, wb = x[idx], y[idx], mask[idx].astype(jnp.float32)
         loss, g = grad_fn(params, xb, yb, wb)
         if config.prox_mu and anchor is not None:   # FedProx: grad of mu/2 ||p - anchor||^2
             g = jax.tree.map(lambda gi, p, a: gi + config.prox_mu * (p - a), g, params, anchor)
@@ -108,8 +117,9 @@ def make_local_step(model: Model, config: LocalTrainConfig):
 def make_local_update(model: Model, config: LocalTrainConfig):
     """One agent's local training (pure; lift with ``for_each_agent`` / ``train_agents``).
 
-    Step t uses ``split(key, steps)[t]`` for its minibatch. With ``config.prox_mu > 0`` the
-    proximal term is anchored at the starting ``params`` (FedProx local training).
+    Step t trains on the rows ``batch_indices(key, count, steps, batch_size)[t]``. With
+    ``config.prox_mu > 0`` the proximal term is anchored at the starting ``params`` (FedProx
+    local training).
     """
     step, opt = make_local_step(model, config)
 
@@ -118,13 +128,13 @@ def make_local_update(model: Model, config: LocalTrainConfig):
     def local_update(key, params, x, y, mask, count):
         start = params if anchored else None
 
-        def body(carry, step_key):
+        def body(carry, idx):
             p, s = carry
-            p, s, loss = step(p, s, step_key, x, y, mask, count, start)
+            p, s, loss = step(p, s, idx, x, y, mask, count, start)
             return (p, s), loss
 
-        keys = jax.random.split(key, config.steps)
-        (params, _), losses = jax.lax.scan(body, (params, opt.init(params)), keys)
+        rows = batch_indices(key, count, config.steps, config.batch_size)   # [steps, B]
+        (params, _), losses = jax.lax.scan(body, (params, opt.init(params)), rows)
         return params, jnp.mean(losses) if config.steps else jnp.zeros(())
 
     return local_update
