@@ -284,3 +284,33 @@ def test_merged_and_json_round_trip():
 def test_ledger_bad_inputs(call, name):
     with pytest.raises(ValueError, match=name):
         call(PrivacyLedger())
+
+
+def test_dp_accounting_low_order_warnings_are_summarised_once(caplog):
+    """dp-accounting warns per low RDP order on every run; the library drops those warnings and
+    logs one INFO line per distinct (q, sigma) instead. Epsilon is unchanged."""
+    import logging
+
+    import dp_accounting
+    from fedjax_dp.privacy import accounting
+    event = accounting.sampled_gaussian_event(1.37, 0.3, 30)
+    with caplog.at_level(logging.INFO):
+        direct = dp_accounting.rdp.RdpAccountant(list(accounting.DEFAULT_RDP_ORDERS))
+        direct.compose(event)                              # the warnings exist upstream
+        upstream = [r for r in caplog.records if "failed to converge" in r.getMessage()]
+        assert upstream
+        caplog.clear()
+        eps = [accounting.epsilon(event, 1e-5) for _ in range(3)]
+    assert not [r for r in caplog.records if "failed to converge" in r.getMessage()]
+    summaries = [r for r in caplog.records if r.name == "fedjax_dp.privacy"]
+    assert len(summaries) == 1 and "sigma=1.37" in summaries[0].getMessage()
+    assert eps == [direct.get_epsilon(1e-5)] * 3
+
+
+def test_printed_guarantees_say_when_they_are_data_dependent():
+    from fedjax_dp.experiments.runner import guarantee_line
+    row = {"unit": "party", "epsilon": 1.23456, "delta": 1e-5, "accountant": "rdp"}
+    assert guarantee_line({**row, "data_dependent": True}) == \
+        "party: eps=1.235 at delta=1e-05 (rdp, data-dependent)"
+    assert guarantee_line({**row, "data_dependent": False}) == \
+        "party: eps=1.235 at delta=1e-05 (rdp)"

@@ -153,6 +153,13 @@ def _jsonable(x):
     return x
 
 
+def guarantee_line(g: dict) -> str:
+    """One printed guarantee: unit, epsilon at delta, accountant, and whether it depends on the
+    data (a data-dependent epsilon is itself not private to release)."""
+    kind = ", data-dependent" if g.get("data_dependent") else ""
+    return f"{g['unit']}: eps={g['epsilon']:.4g} at delta={g['delta']:.3g} ({g['accountant']}{kind})"
+
+
 def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | None = None
         ) -> dict:
     """Run a resolved config; return the result record (also written to ``out_dir``)."""
@@ -241,7 +248,6 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     if out is not None:
         (out / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
     if show:
-        eps = ", ".join(f"{g['unit']}: eps={g['epsilon']:.4g} ({g['accountant']})"
-                        for g in privacy) or "no privacy guarantee"
+        eps = ", ".join(guarantee_line(g) for g in privacy) or "no privacy guarantee"
         print(f"[{name}] test accuracy {test_acc:.4f}; {eps}", file=sys.stderr)
     return result

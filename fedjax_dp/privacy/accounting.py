@@ -20,8 +20,10 @@ for it, :func:`uses_replace_one`); the PLD accountant does not support it.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -117,8 +119,50 @@ def composed_accountant(event: dp_event.DpEvent, accountant: str = "rdp",
     if not acc.supports(event):
         raise ValueError(f"the {accountant!r} accountant does not support "
                          f"{type(event).__name__} (event: {event})")
-    acc.compose(event)
+    with _summarised_convergence_warnings():
+        acc.compose(event)
     return acc
+
+
+_EXCLUDED_ORDERS: set[str] = set()
+_LOG = logging.getLogger("fedjax_dp.privacy")
+
+
+class _ConvergenceFilter(logging.Filter):
+    """Drops dp-accounting's per-order "failed to converge ... Excluding this order" warnings
+    (printed at low fractional RDP orders of a subsampled Gaussian, on every run) and collects
+    them, so they are summarised once per distinct (q, sigma) at INFO level instead. Excluding
+    an order is safe: epsilon is a minimum over the remaining orders, still an upper bound."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "failed to converge" in message:
+            self.seen.append(message)
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def _summarised_convergence_warnings():
+    absl_logger = logging.getLogger("absl")
+    flt = _ConvergenceFilter()
+    absl_logger.addFilter(flt)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(flt)
+        if flt.seen:
+            params = sorted({m.split(" with ", 1)[-1].split(", alpha=")[0] for m in flt.seen})
+            for p in params:
+                if p not in _EXCLUDED_ORDERS:
+                    _EXCLUDED_ORDERS.add(p)
+                    _LOG.info("dp-accounting could not evaluate some low RDP orders (%s); they "
+                              "are excluded and epsilon uses the others (still an upper bound)",
+                              p)
 
 
 def epsilon(event: dp_event.DpEvent, delta: float, accountant: str = "rdp", *,
