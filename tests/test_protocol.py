@@ -19,7 +19,7 @@ from fedjax_dp.core import from_ragged
 from fedjax_dp.data import synthetic
 from fedjax_dp.algorithms import isrl
 from fedjax_dp.algorithms.fnas import dp_fnas
-from fedjax_dp.experiments import registry
+from fedjax_dp.experiments import checkpoint, registry
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import PrivacyLedger
 from fedjax_dp.train import LocalTrainConfig
@@ -102,6 +102,7 @@ def _leaves(tree):
 def _assert_trees_equal(a, b):
     assert jax.tree.structure(a) == jax.tree.structure(b)
     for x, y in zip(_leaves(a), _leaves(b)):
+        assert np.asarray(x).dtype == np.asarray(y).dtype
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
@@ -115,7 +116,7 @@ def test_every_registered_algorithm_has_a_tiny_config():
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
-def test_protocol_conformance(problem, name):
+def test_protocol_conformance(problem, name, tmp_path):
     ds, data, model = problem
     module, config = registry.get(name), TINY[name]
     for attr in ("Config", "DESCRIPTION", "USES_LOCAL_TRAIN", "init", "num_steps", "step",
@@ -125,7 +126,7 @@ def test_protocol_conformance(problem, name):
     assert isinstance(config, module.Config)
     assert hasattr(config, "local") == module.USES_LOCAL_TRAIN
 
-    # by hand, with the keys api.run gives every step, through a checkpoint after step 1
+    # by hand, with the keys api.run gives every step, through an orbax checkpoint after step 1
     key, runtime = jax.random.key(0), api.Runtime(chunk_size=None)
     state = module.init(key, data, model, config, runtime)
     assert state.step == 0
@@ -139,10 +140,14 @@ def test_protocol_conformance(problem, name):
             assert isinstance(v, str) or np.ndim(v) == 0, (k, v)
         for leaf in _leaves(state.values):              # a checkpoint saves only arrays
             assert isinstance(leaf, (np.ndarray, jax.Array)), type(leaf)
-        if t == 0:      # checkpoint: the values as host arrays; the context rebuilt by init
-            saved = jax.tree.map(np.asarray, state.values)
-            state = api.State(step=state.step, values=saved,
-                              context=module.init(key, data, model, config, runtime).context)
+        if t == 0:      # checkpoint: the values on disk; the context rebuilt by init
+            run_config = {"algorithm": {"name": name}}
+            path = checkpoint.save(tmp_path, state, config=run_config, history=[], ledgers=[])
+            fresh = module.init(key, data, model, config, runtime)
+            restored, _ = checkpoint.restore(path, fresh, run_config)
+            assert restored.step == state.step
+            _assert_trees_equal(restored.values, state.values)   # structure, dtypes, values
+            state = restored
 
     # api.run (the same key) is the same run
     done = _api_run(problem, name)

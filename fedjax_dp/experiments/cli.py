@@ -1,6 +1,7 @@
 """``fedjax-dp`` command line: ``run``, ``list``, ``account``.
 
     fedjax-dp run CONFIG [--set key=value ...] [--out DIR] [--quiet]
+    fedjax-dp run --resume DIR [--set run.key=value ...]
     fedjax-dp list [--json]
     fedjax-dp account sampled-gaussian --noise-multiplier Z --sampling-rate Q --steps T --delta D
     fedjax-dp account gaussian --noise-multiplier Z --count K --delta D
@@ -23,10 +24,25 @@ ACCOUNTANTS = ("rdp", "pld")
 def _cmd_run(args) -> int:
     from fedjax_dp.experiments import config as config_lib
     from fedjax_dp.experiments import runner
-    config = config_lib.load(args.config, args.set or [])
+    if args.resume:
+        out = Path(args.resume)
+        if args.out and Path(args.out) != out:
+            raise ValueError("--out must be omitted (or equal --resume DIR) when resuming")
+        stored = out / "config.json"
+        if args.config is None:              # the run's own config (plus execution overrides)
+            if not stored.is_file():
+                raise ValueError(f"--resume {str(out)!r} holds no run (no config.json)")
+            config = config_lib.resolve(json.loads(stored.read_text()), args.set or [])
+        else:
+            config = config_lib.load(args.config, args.set or [])
+    else:
+        if args.config is None:
+            raise ValueError("CONFIG is required (a TOML file under configs/), unless "
+                             "--resume DIR continues an earlier run")
+        config = config_lib.load(args.config, args.set or [])
+        out = Path(args.out) if args.out else runner.fresh_out("runs", Path(args.config).stem)
     runner.plan(config)          # fail on a bad config before loading data or compiling
-    out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    result = runner.run(config, out, progress=not args.quiet)
+    result = runner.run(config, out, progress=not args.quiet, resume=bool(args.resume))
     print(json.dumps({"result": str(out / "result.json"),
                       "test_accuracy": result["test_accuracy"],
                       "privacy": [{k: g[k] for k in ("unit", "epsilon", "delta", "accountant",
@@ -118,10 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one experiment from a config file")
-    run.add_argument("config", help="TOML config (see configs/)")
+    run.add_argument("config", nargs="?", help="TOML config (see configs/)")
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a config value, e.g. --set algorithm.rounds=5")
-    run.add_argument("--out", help="output folder for result.json (default runs/<config name>)")
+    run.add_argument("--out", help="output folder (default: a new runs/<config name>/<time>); "
+                     "a folder that holds a run is refused")
+    run.add_argument("--resume", metavar="DIR",
+                     help="continue the run in DIR from its last checkpoint (CONFIG optional)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
     run.set_defaults(func=_cmd_run)
 

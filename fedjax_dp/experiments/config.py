@@ -10,7 +10,8 @@ A config has these tables (see ``configs/``)::
     [algorithm]  name and the algorithm's own fields (rounds, sampling_rate, clip_norm, ...)
     [privacy]    delta, accountants
     [run]        eval_every, chunk_size, progress, agents_on ("device" | "host": where the
-                 agents' records live; "host" copies only each round's cohort / chunk over)
+                 agents' records live; "host" copies only each round's cohort / chunk over),
+                 checkpoint_every (rounds between checkpoints of a round-based run; 0: none)
 
 Unknown keys are errors that name the key, so a typo never silently falls back to a default.
 """
@@ -36,7 +37,8 @@ DEFAULTS: dict[str, Any] = {
               "weight_decay": 0.0, "prox_mu": 0.0},
     "algorithm": {"name": "fedavg"},
     "privacy": {"delta": 1e-5, "accountants": ["rdp", "pld"]},
-    "run": {"eval_every": 0, "chunk_size": "auto", "progress": True, "agents_on": "device"},
+    "run": {"eval_every": 0, "chunk_size": "auto", "progress": True, "agents_on": "device",
+            "checkpoint_every": 10},
 }
 
 # Tables whose keys are free-form (passed through to a dataset, partitioner or algorithm).
@@ -104,6 +106,10 @@ def resolve(raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> dict:
         raise ConfigError(f"data.server_dataset must be a dataset name or \"\" (the agents' "
                           f"dataset), got {resolved['data']['server_dataset']!r}")
     validation.check_int("run.eval_every", resolved["run"]["eval_every"], minimum=0)
+    validation.check_int("run.checkpoint_every", resolved["run"]["checkpoint_every"], minimum=0)
+    if not isinstance(resolved["run"]["progress"], bool):
+        raise ConfigError(f"run.progress must be true or false, got "
+                          f"{resolved['run']['progress']!r}")
     validation.check_choice("run.agents_on", resolved["run"]["agents_on"], ("device", "host"))
     if resolved["run"]["chunk_size"] != "auto":   # "auto" (cache-sized), 0 (none) or agents/chunk
         validation.check_int("run.chunk_size", resolved["run"]["chunk_size"], minimum=0)

@@ -1,9 +1,14 @@
 """Run one experiment from a resolved config and write ``result.json``.
 
-Order of work: validate everything (config tables, dataset and partition names, algorithm fields)
--> load data -> partition -> stack -> train -> evaluate -> account -> write. Each finished round is
-appended to ``progress.jsonl`` in the output folder as it completes, so an interrupted run keeps
-what it computed.
+Order of work: validate everything (config tables, dataset and partition names, algorithm fields,
+the output folder) -> load data -> partition -> stack -> train -> evaluate -> account -> write.
+
+The output folder of a run holds ``config.json`` (the resolved config, written first),
+``progress.jsonl`` (one line per finished round, appended as it completes), ``checkpoints/``
+(every ``run.checkpoint_every`` rounds of a round-based algorithm,
+:mod:`fedjax_dp.experiments.checkpoint`) and, at the end, ``result.json``. A folder that already
+holds a run is never written over: :func:`run` refuses it, and ``resume=True`` continues the run it
+holds from its last checkpoint (the same parameters, history and ledger as an uninterrupted run).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.api import FederatedData
 from fedjax_dp.core import from_partition, rng
 from fedjax_dp.core import progress as progress_lib
+from fedjax_dp.experiments import checkpoint as checkpoint_lib
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import registry
 from fedjax_dp.models import make_model
@@ -160,14 +166,83 @@ def guarantee_line(g: dict) -> str:
     return f"{g['unit']}: eps={g['epsilon']:.4g} at delta={g['delta']:.3g} ({g['accountant']}{kind})"
 
 
-def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | None = None
-        ) -> dict:
-    """Run a resolved config; return the result record (also written to ``out_dir``)."""
+#: files that mark a folder as holding a run
+RUN_FILES = ("config.json", "progress.jsonl", "result.json", checkpoint_lib.FOLDER)
+
+
+def holds_run(out: Path) -> list[str]:
+    """The run files already in ``out`` (empty: free to use)."""
+    return [name for name in RUN_FILES if (out / name).exists()]
+
+
+def prepare_out(out: Path, *, resume: bool = False) -> None:
+    """Check the output folder before any work: writable, and (unless resuming) holding no run.
+
+    Raises ``ValueError`` naming ``--out`` (a run's results are never overwritten)."""
+    if out.exists() and not out.is_dir():
+        raise config_lib.ConfigError(f"--out {str(out)!r} is a file, not a folder")
+    if resume:
+        if not (out / "config.json").is_file():
+            raise config_lib.ConfigError(f"--resume {str(out)!r} holds no run (no config.json)")
+        if (out / "result.json").exists():
+            raise config_lib.ConfigError(f"--resume {str(out)!r}: that run has finished "
+                                         f"(result.json exists); nothing to resume")
+    else:
+        found = holds_run(out) if out.is_dir() else []
+        if found:
+            raise config_lib.ConfigError(
+                f"--out {str(out)!r} already holds a run ({', '.join(found)}); choose a new "
+                f"folder (or omit --out for a fresh one), or continue it with --resume")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write_test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise config_lib.ConfigError(f"--out {str(out)!r} is not a writable folder "
+                                     f"({e.strerror or e})") from None
+
+
+def fresh_out(base: str | Path, name: str) -> Path:
+    """A new folder ``base/name/<UTC time>[-k]`` for a run without ``--out`` (never an earlier
+    run's)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    root = Path(base) / name
+    out, k = root / stamp, 1
+    while out.exists():
+        out, k = root / f"{stamp}-{k}", k + 1
+    return out
+
+
+def _append_progress(out: Path, record: dict) -> None:
+    with open(out / "progress.jsonl", "a") as f:
+        f.write(json.dumps(_jsonable(record)) + "\n")
+
+
+def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | None = None,
+        resume: bool = False) -> dict:
+    """Run a resolved config; return the result record (also written to ``out_dir``).
+
+    ``resume=True``: continue the run held in ``out_dir`` (same config, except the execution keys
+    :data:`checkpoint.EXECUTION_KEYS`) from its last checkpoint; without one it starts over.
+    """
     p = plan(config)
     show = config["run"]["progress"] if progress is None else progress
     out = Path(out_dir) if out_dir is not None else None
+    if resume and out is None:
+        raise config_lib.ConfigError("resume needs the run's folder (--resume DIR)")
+    restart = None                               # the checkpoint a resumed run starts from
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+        prepare_out(out, resume=resume)
+        if resume:
+            restart = checkpoint_lib.latest(out)
+            if restart is not None:
+                checkpoint_lib.check_config(restart, config)
+            elif checkpoint_lib.fingerprint(json.loads((out / "config.json").read_text())) != \
+                    checkpoint_lib.fingerprint(config):
+                raise checkpoint_lib.CheckpointError(
+                    f"--resume {str(out)!r} holds a run of a different config")
+        (out / "config.json").write_text(json.dumps(_jsonable(config), indent=2))
         (out / "progress.jsonl").write_text("")
     start = time.perf_counter()
     seed = config["seed"]
@@ -187,10 +262,19 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     reporter = progress_lib.bar(show)         # a live bar on a terminal, silent otherwise
     bar_task = None
 
+    every = config["run"]["checkpoint_every"] if not phases else 0   # round-based runs only
+    history_so_far: list[dict] = []
+    latest_state: list = []                      # the state after the last finished step
+
     def on_round(t: int, record: dict) -> None:
+        history_so_far.append(_jsonable(record))
         if out is not None:
-            with open(out / "progress.jsonl", "a") as f:
-                f.write(json.dumps(_jsonable(record)) + "\n")
+            _append_progress(out, record)
+            if every and t % every == 0 and t < steps_total and latest_state:
+                state = latest_state[0]
+                checkpoint_lib.save(out, state, config=config, history=history_so_far,
+                                    ledgers=[lg.to_json() for lg in
+                                             api.ledgers(p.entry, p.algorithm_config, state)])
         if bar_task is not None:
             bar_task.set(**{k: v for k, v in record.items()
                             if k != "round" and isinstance(v, float)})
@@ -217,13 +301,23 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     with reporter.task(name, total=steps_total, unit="phase" if phases else "round") as bar_task:
         if not reporter.enabled:
             bar_task = None
-        done = api.run(p.entry, key, fed, model, p.algorithm_config,
-                       runtime=api.Runtime(chunk_size=chunk, progress=reporter),
-                       evaluate=evaluate, eval_every=eval_every, on_step=on_round)
+        runtime = api.Runtime(chunk_size=chunk, progress=reporter)
+        start_state = None
+        if restart is not None:
+            fresh = p.entry.init(key, fed, model, p.algorithm_config, runtime)
+            start_state, meta = checkpoint_lib.restore(restart, fresh, config)
+            history_so_far.extend(meta["history"])
+            for record in meta["history"]:
+                _append_progress(out, record)
+            if bar_task is not None:
+                bar_task.update(start_state.step)
+        done = api.run(_Tracking(p.entry, latest_state), key, fed, model, p.algorithm_config,
+                       runtime=runtime, evaluate=evaluate, eval_every=eval_every,
+                       on_step=on_round, state=start_state)
     output = p.entry.output(done.state)
     test_acc = float(np.mean(output.predict_labels(x_test) == y_test))
     ledgers = api.ledgers(p.entry, p.algorithm_config, done.state)
-    history = done.history
+    history = history_so_far
     hook = getattr(p.entry, "artifacts", None)     # optional: extra files and result fields
     extra_fields = (hook(done.state, out, config) or {}) if hook is not None else {}
     delta = config["privacy"]["delta"]
@@ -251,3 +345,19 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
         eps = ", ".join(guarantee_line(g) for g in privacy) or "no privacy guarantee"
         print(f"[{name}] test accuracy {test_acc:.4f}; {eps}", file=sys.stderr)
     return result
+
+
+class _Tracking:
+    """``algorithm`` whose ``step`` also keeps the latest state in ``cell[0]`` (for checkpoints
+    taken in ``on_step``, which sees only the record)."""
+
+    def __init__(self, algorithm, cell: list):
+        self._algorithm, self._cell = algorithm, cell
+
+    def __getattr__(self, name):
+        return getattr(self._algorithm, name)
+
+    def step(self, state, key):
+        state, metrics = self._algorithm.step(state, key)
+        self._cell[:] = [state]
+        return state, metrics

@@ -10,6 +10,7 @@ one params pytree with a leading agent axis (``jax.vmap(model.init)(keys)``).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -97,17 +98,30 @@ MODELS = ("logistic", "mlp", "cnn")
 
 def make_model(name: str, feature_shape: Sequence[int], num_classes: int, *,
                hidden: Sequence[int] = (200,)) -> Model:
-    """Build a registered model by name (``logistic``, ``mlp``, ``cnn``)."""
+    """Build a registered model by name (``logistic``, ``mlp``, ``cnn``).
+
+    The same arguments give the same :class:`Model` object, so every compiled function keyed on
+    the model (local training, rounds, votes, evaluation) is compiled once per process, however
+    many runs build it."""
     validation.check_choice("model.name", name, MODELS)
     validation.check_int("num_classes", num_classes, minimum=2)
     feature_shape = tuple(int(s) for s in feature_shape)
     if not feature_shape or any(s < 1 for s in feature_shape):
         raise ValueError(f"feature_shape must be a non-empty tuple of positive sizes, "
                          f"got {feature_shape}")
+    if name == "mlp":
+        hidden = tuple(validation.check_int("model.hidden[]", h, minimum=1) for h in hidden)
+    else:
+        hidden = ()
+    return _make_model(name, feature_shape, int(num_classes), hidden)
+
+
+@functools.lru_cache(maxsize=128)
+def _make_model(name: str, feature_shape: tuple[int, ...], num_classes: int,
+                hidden: tuple[int, ...]) -> Model:
     if name == "logistic":
         module = Logistic(num_classes)
     elif name == "mlp":
-        hidden = tuple(validation.check_int("model.hidden[]", h, minimum=1) for h in hidden)
         module = MLP(num_classes, hidden)
     else:
         if len(feature_shape) != 3:
