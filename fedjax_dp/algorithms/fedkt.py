@@ -4,13 +4,13 @@ Paper Algorithm 1, with n parties, s partitions per party, t teachers per partit
 unlabelled set D_aux at the server, u classes, privacy level L0 / L1 / L2 and Laplace parameter
 gamma:
 
-Party side, every party i and partition j (all at once):
+Party side, every party i and partition j (in chunks of P parties, see "Scale"):
 
     D^i = D^i_{j,1} u ... u D^i_{j,t}        a fresh random re-split of the party's data per j
-    T^i_{j,k} = train(D^i_{j,k})              ALL n*s*t teachers in ONE compiled call
+    T^i_{j,k} = train(D^i_{j,k})              a chunk's P*s*t teachers in ONE compiled call
     v_m(x) = #{k : T^i_{j,k}(x) = m}          teacher votes on the queried public points
     y^i_j(x) = argmax_m v_m(x)                (L2: argmax_m v_m(x) + Lap(1/gamma), Thm 3)
-    U^i_j = train(D_aux, y^i_j)               ALL n*s students in one compiled call
+    U^i_j = train(D_aux, y^i_j)               a chunk's P*s students in one compiled call
 
 Server side (consistent voting, Section 3.3):
 
@@ -47,19 +47,43 @@ Data-dependent moments per query: :mod:`fedjax_dp.privacy.lnmax` (recorded as RD
 dp-accounting (RDP and PLD). Both go in :class:`~fedjax_dp.privacy.PrivacyLedger` objects
 (:func:`ledger` of a run, :func:`ledgers_from_votes` of given histograms).
 
-Host-resident parties (:func:`fedjax_dp.core.from_arrays`, ``load_stacked``) are accepted: ``init``
-checks them (finite features, read in slices) and copies them to the device once; the run is then
-identical to the device-resident one (tested). FedKT is NOT streamed in chunks of parties (unlike
-AE-DPFL / kNN-DPFL): its parties are few (tens to hundreds), and its memory is set by the
-n s t teachers' and n s students' parameters, which the phases keep (see below).
+Scale: the parties are streamed in chunks (``algorithm.party_chunk`` = P parties; None: about
+:data:`~fedjax_dp.algorithms.agent_stream.DEFAULT_CHUNK` teachers' worth, at most n). Parties
+may be host-resident (:func:`fedjax_dp.core.from_arrays`, a memory-mapped ``load_stacked``):
+``init`` checks them (every party with >= t records, finite features read in slices) and leaves
+them on the host. The ``teachers`` phase copies one chunk of P parties to the device at a time
+(the next chunk is read meanwhile, :mod:`fedjax_dp.algorithms.agent_stream`; the last chunk is
+padded with empty parties, so one compilation serves all chunks), cuts its s*t teacher subsets,
+trains its P*s*t teachers in one compiled call, counts their votes on the parties' queries and
+drops them. The ``students`` phase forms the party labels of P parties from the stored votes
+(never the private data), trains their P*s students in one call, keeps their predictions on the
+server's queries and drops them. Memory: O(P s t params + n s (Qp C + Qp + Qs)) bytes, the last
+term compact integers (:func:`int_dtype`). Keys do not depend on the chunking: partition j of
+party i re-splits with ``split(split, n s)[i s + j]``, teacher (i, j, k) has index
+``(i s + j) t + k`` of :func:`learners.model_keys` ``(teachers, n s t)``, student (i, j) and its
+L2 noise index ``i s + j`` of ``model_keys(students, n s)`` / ``split(l2_noise, n s)``: exactly
+the keys the unchunked run has always drawn, so every chunking and host- or device-resident data
+give the same run (tested; same key, same numbers as before streaming). JAX teachers and students
+are kept (``fitted``) only when the run is not streamed (device-resident parties in one chunk).
+Tree learners (not JAX, fitted in a host loop) are not streamed: their phases take all n parties
+as one chunk and keep the fitted trees.
 
 Protocol (:mod:`fedjax_dp.algorithms.api`): ``init`` checks the inputs and draws both tiers'
-queries; three steps (:data:`PHASES`): ``teachers``, ``students`` (values ``teacher_votes``,
-``party_labels``, ``z``) and ``final`` (``server_votes``, ``server_labels``, ``server_mask``),
-each fitted JAX model's parameters under its phase's name (tree ensembles, which are not arrays,
-in the context). Keys: named streams of the run key (``split``, ``teachers``, ``party_queries``,
-``l2_noise``, ``students``, ``server_queries``, ``l1_noise``, ``final``), as the plain-Python
-:func:`run` has always used, so the same key gives the same run; step keys are not used.
+queries; three steps (:data:`PHASES`), whose ``State.values`` are:
+
+* ``teachers``: ``teacher_votes [n, s, Qp, C]`` (noiseless counts, int8 for t <= 127) and
+  ``z [n]``; plus ``teachers`` (the parameters ``[n s t, ...]``) when not streamed;
+* ``students``: ``party_labels [n, s, Qp]`` (what the students learnt; noisy at L2) and
+  ``student_preds [n, s, Qs]`` (their classes on the server's queries); plus ``students`` when
+  not streamed;
+* ``final``: ``server_votes [Qs, C]`` (the consistent vote, summed over chunks of parties: exact
+  integers), ``server_labels``, ``server_mask`` and ``final`` (the final model's parameters).
+
+Tree ensembles, which are not arrays, live in the context. Keys: named streams of the run key
+(``split``, ``teachers``, ``party_queries``, ``l2_noise``, ``students``, ``server_queries``,
+``l1_noise``, ``final``), as the plain-Python :func:`run` has always used, so the same key gives
+the same run; step keys are not used. Progress: ``runtime.progress`` tasks ``teachers`` and
+``students``, one update per chunk.
 """
 from __future__ import annotations
 
@@ -568,7 +592,8 @@ def _teachers_phase(state: api.State) -> tuple[dict, Context, dict]:
     with ctx.runtime.progress.task("teachers", total=agent_stream.num_chunks(n, size),
                                    unit="chunk") as task:
         for chunk in agent_stream.chunks(parties, size, extra=tuple(extra)):
-            tdata = _teacher_data_keyed(_wrap(chunk.extra[0], impl), chunk.agents, s, t)
+            if reuse is None:
+                tdata = _teacher_data_keyed(_wrap(chunk.extra[0], impl), chunk.agents, s, t)
             if reuse is not None:
                 teachers = reuse
             elif jax_fit:
