@@ -831,8 +831,8 @@ def run(key: jax.Array, parties: StackedData, x_public, config: Config, *, num_c
                   teachers=kept["teachers"], final_learner=ctx.learners["final"],
                   party_queries=ctx.party_queries, server_queries=ctx.server_queries,
                   teacher_votes=v["teacher_votes"], party_labels=v["party_labels"],
-                  student_preds=v["student_preds"], server_votes=v["server_votes"], server_labels=v["server_labels"],
-                  server_mask=v["server_mask"], z=v["z"], config=config,
+                  student_preds=v["student_preds"], server_votes=v["server_votes"],
+                  server_labels=v["server_labels"], server_mask=v["server_mask"], z=v["z"], config=config,
                   num_classes=num_classes, timings=timings, state=st)
 
 
