@@ -1,6 +1,8 @@
-"""FedKT (Algorithm 1): teacher splits, one-call training vs a loop, consistent voting vs a loop
+"""FedKT (Algorithm 1): parties streamed in chunks (chunked == unchunked, memory-mapped host ==
+device, at L1 and L2), teacher splits, one-call training vs a loop, consistent voting vs a loop
 for every model type, noise independence, L1/L2 accounting vs independent computation,
 reproducibility, errors, configs end to end, tree learners, baselines."""
+import contextlib
 import dataclasses
 from pathlib import Path
 
@@ -11,8 +13,9 @@ import numpy as np
 import pytest
 
 from fedjax_dp import data
-from fedjax_dp.algorithms import fedkt, fedkt_baselines, learners
+from fedjax_dp.algorithms import api, fedkt, fedkt_baselines, learners
 from fedjax_dp.core import from_ragged
+from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 from fedjax_dp.models import make_model
@@ -77,20 +80,151 @@ def _run_small(setup, level, model, seed, **kw):
                      student=s, final=f), parties, xp, t, s
 
 
-def test_host_resident_parties_give_the_same_run(setup, tmp_path):
-    """Memory-mapped host parties (load_stacked) give the device-resident run: same votes,
-    labels, z and ledgers (same key; compiled functions shared with run_small)."""
+# ----------------------------------------------------------------------------- streaming
+
+@pytest.fixture(scope="module")
+def mapped(setup, tmp_path_factory):
+    """The parties of ``setup`` as a memory-mapped host population (load_stacked)."""
     from fedjax_dp.core import load_stacked, save_stacked
-    ref, parties, xp, t, s = run_small(setup, "L1", "mlp")
-    save_stacked(tmp_path / "parties", parties)
-    host = load_stacked(tmp_path / "parties")
-    assert isinstance(host.x, np.memmap)
-    got = fedkt.run(jax.random.key(0), host, xp, ref.config, num_classes=C, teacher=t,
-                    student=s, final=s)
-    for field in ("teacher_votes", "party_labels", "server_votes", "server_labels", "z"):
+    path = tmp_path_factory.mktemp("fedkt_parties") / "parties"
+    save_stacked(path, setup["flat"])
+    parties = load_stacked(path, mmap=True)
+    assert isinstance(parties.x, np.memmap)
+    return parties
+
+
+class _Recorder(progress_lib.Progress):
+    enabled = True
+
+    def __init__(self):
+        self.tasks = []
+
+    @contextlib.contextmanager
+    def task(self, name, total=None, unit="it"):
+        rec = {"name": name, "total": total, "unit": unit, "done": 0}
+        self.tasks.append(rec)
+
+        class _T(progress_lib.Task):
+            def update(self, n=1):
+                rec["done"] += n
+        yield _T()
+
+
+_STREAMED = {}
+
+
+def run_streamed(setup, mapped, level, where, chunk):
+    """The reference run of ``level`` again with ``party_chunk=chunk`` on host (memory-mapped)
+    or device parties, through api.run with a progress recorder (memoised; chunks of 2 of the
+    3 parties: 2 and a padded 1)."""
+    memo = (level, where, chunk)
+    if memo not in _STREAMED:
+        ref = _stream_ref(setup, level)[0]
+        t = setup["lrn"]["mlp"]
+        parties = {"host": mapped, "device": setup["flat"]}[where]
+        cfg = dataclasses.replace(ref.config, party_chunk=chunk)
+        d = api.FederatedData(agents=parties, num_classes=C, x_public=setup["ds"].x_public)
+        rec = _Recorder()
+        runtime = api.Runtime(progress=rec)
+        state = fedkt.init(jax.random.key(0), d, t.model, cfg, runtime, teacher=t, student=t,
+                           final=t)
+        done = api.run(fedkt, jax.random.key(0), d, t.model, cfg, runtime=runtime, state=state)
+        _STREAMED[memo] = (done.state, rec)
+    return _STREAMED[memo]
+
+
+def _stream_ref(setup, level):
+    """The unchunked device-resident reference: run_small's L1 run (shared with the accounting
+    tests); at L2 every public point queried, so that every shape but the noise's is one the
+    L1 and L0 runs compiled already."""
+    if level == "L1":
+        return run_small(setup, "L1", "mlp")
+    return run_small(setup, "L2", "mlp", query_fraction=1.0)
+
+
+STREAM_FIELDS = ("teacher_votes", "z", "party_labels", "student_preds", "server_votes",
+                 "server_labels", "server_mask")
+
+
+@pytest.mark.parametrize("level", ["L1", "L2"])
+@pytest.mark.parametrize("where,chunk", [("host", 2), ("device", 2), ("host", None)])
+def test_streamed_runs_equal_the_unchunked_device_run(setup, mapped, level, where, chunk):
+    """Same key: the same teacher votes, party labels (the L2 noise keyed by the global party
+    index), student predictions, server votes and labels, ledgers and final model whatever the
+    chunk size (2: a full chunk and a padded one) and wherever the parties live (a memory map)."""
+    ref = _stream_ref(setup, level)[0].state                       # device, one chunk of all 3
+    got, _ = run_streamed(setup, mapped, level, where, chunk)
+    for field in STREAM_FIELDS:
+        np.testing.assert_array_equal(got.values[field], ref.values[field], err_msg=field)
+    for a, b in zip(fedkt.ledger(ref.context.config, ref), fedkt.ledger(got.context.config, got)):
+        assert a.to_json() == b.to_json() and len(a) > 0
+        for unit in ("party", "example"):
+            assert a.epsilon(unit, 1e-5) == b.epsilon(unit, 1e-5)
+    jax.tree.map(np.testing.assert_array_equal, fedkt.fitted(got, "final"),
+                 fedkt.fitted(ref, "final"))
+    x, y = setup["ds"].x_test, setup["ds"].y_test
+    assert np.mean(fedkt.output(got).predict_labels(x) == y) == \
+        np.mean(fedkt.output(ref).predict_labels(x) == y)
+    assert got.values["teacher_votes"].dtype == np.int8              # compact counts (<= t)
+    # a streamed run keeps the votes and predictions, not the teachers' / students' parameters
+    assert fedkt.streamed(got) and not fedkt.streamed(ref)
+    for name in ("teachers", "students"):
+        with pytest.raises(ValueError, match="not kept"):
+            fedkt.fitted(got, name)
+
+
+def test_stored_predictions_match_the_kept_students(setup):
+    """student_preds (what the final phase reads instead of the students) are the kept
+    students' classes on the server queries, one student at a time."""
+    res, parties, xp, t, s = run_small(setup, "L1", "mlp")
+    xs = xp[res.server_queries]
+    for a in range(parties.num_agents * 2):
+        want = np.asarray(s.predict(s.take(res.students, a), xs))[0]
+        np.testing.assert_array_equal(res.student_preds[a // 2, a % 2], want)
+
+
+def test_progress_is_reported_per_chunk(setup, mapped):
+    _, rec = run_streamed(setup, mapped, "L1", "host", 2)
+    by = {t["name"]: t for t in rec.tasks}
+    for name in ("teachers", "students"):
+        assert by[name]["total"] == by[name]["done"] == 2              # ceil(3 / 2)
+        assert by[name]["unit"] == "chunk"
+
+
+def test_chunked_server_vote_matches_loop():
+    preds = np.array(jax.random.randint(jax.random.key(0), (5, 3, 40), 0, 3), np.int8)
+    preds[0, :, :10] = 1                                                   # some agreement
+    want = loop_consistent_vote(preds, 3)
+    for size in (2, 5):                                     # chunks 2, 2, padded 1; one chunk
+        np.testing.assert_array_equal(fedkt.server_votes(preds, 3, size), want)
+
+
+def test_per_model_keys_slice_like_the_whole_run(setup):
+    """fit_keyed on a slice of model_keys trains the same models as fit on all: the teacher of
+    global index a gets the same keys in every chunk (shapes of the runs above: 18 and 12)."""
+    td = fedkt.teacher_data(jax.random.key(3), setup["flat"], 2, 3)          # [18, ...]
+    lrn = setup["lrn"]["mlp"]
+    ik, tk = learners.model_keys(jax.random.key(2), td.num_agents)
+    whole = lrn.fit(jax.random.key(2), td)
+    part = lrn.fit_keyed(ik[6:], tk[6:], jax.tree.map(lambda a: a[6:], td))   # parties 1, 2
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a[6:], b), whole, part)
+
+
+def test_tree_learners_on_host_parties_equal_device(setup, mapped):
+    """Tree learners are not streamed (all parties in one chunk, a host loop): host == device."""
+    ref, parties, xp, t, s = run_small(setup, "L0", "trees")
+    cfg = dataclasses.replace(ref.config, party_chunk=2)
+    got = fedkt.run(jax.random.key(0), mapped, xp, cfg, num_classes=C, teacher=t, student=s,
+                    final=s)
+    for field in STREAM_FIELDS:
         np.testing.assert_array_equal(getattr(got, field), getattr(ref, field), err_msg=field)
-    for a, b in zip(fedkt.ledger(ref.config, ref.state), fedkt.ledger(got.config, got.state)):
-        assert a.to_json() == b.to_json()
+    assert len(got.teachers) == parties.num_agents * 2 * 3             # trees are kept
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
+def test_bad_party_chunk_is_rejected(bad):
+    with pytest.raises(ValueError, match=r"algorithm\.party_chunk"):
+        fedkt.Config(party_chunk=bad)
 
 
 # ----------------------------------------------------------------------------- splits

@@ -1,6 +1,8 @@
-"""Scale benchmark of the one-shot voting algorithms on host-resident agents streamed in chunks.
+"""Scale benchmark of the one-shot algorithms on host-resident agents streamed in chunks.
 
-AE-DPFL and kNN-DPFL end to end (local training, vote, student) on synthetic agents generated
+AE-DPFL and kNN-DPFL end to end (local training, vote, student), and FedKT (``--algorithms
+fedkt``: teachers, students, final model; s x t teachers per party, ``--party-chunk`` parties per
+chunk, level L1 on a ``--query-fraction`` of the public set) on synthetic agents generated
 with numpy directly into host memory (``records`` x ``features`` float32 per agent, 10 classes,
 every agent full), a public set of ``public`` points and Q = ``queries`` queries. Each
 (algorithm, N) runs in a fresh subprocess, which reports its wall time (data generation apart)
@@ -9,6 +11,9 @@ of the agents' data. Usage::
 
     PYTHONPATH=. .venv/bin/python tools/bench_scale_oneshot.py            # 1e3 .. 1e6
     PYTHONPATH=. .venv/bin/python tools/bench_scale_oneshot.py --agents 1000 10000 --out /tmp/s.json
+    PYTHONPATH=. .venv/bin/python tools/bench_scale_oneshot.py --algorithms fedkt \
+        --agents 100 1000 10000 --records 64 --public 500 --steps 10 \
+        --out results/scale/oneshot_fedkt.json
 
 ``run(agents_list, ...)`` is the importable entry point (returns the JSON record).
 """
@@ -24,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = ("ae_dpfl", "knn_dpfl")
+CHOICES = ALGORITHMS + ("fedkt",)
 
 
 def make_agents(num_agents: int, records: int, features: int, classes: int, seed: int,
@@ -74,6 +80,8 @@ def child(args) -> dict:
                              y_public=y_public)
     common = dict(sigma=args.sigma, num_queries=args.queries, student_steps=200,
                   student_batch_size=32, agent_chunk=args.chunk, vote_noise=args.vote_noise)
+    if args.algorithm == "fedkt":
+        return _child_fedkt(args, agents, data, model, x_test, y_test, gen_s)
     if args.algorithm == "ae_dpfl":
         module = ae_dpfl
         cfg = ae_dpfl.Config(local=LocalTrainConfig(steps=args.steps, batch_size=8,
@@ -96,11 +104,52 @@ def child(args) -> dict:
             "test_accuracy": float(accuracy(out.model, out.params, x_test, y_test))}
 
 
+def _child_fedkt(args, agents, data, model, x_test, y_test, gen_s) -> dict:
+    """One FedKT measurement: L1, s x t teachers per party, ``party_chunk`` parties per chunk."""
+    import resource
+
+    import jax
+    import numpy as np
+
+    from fedjax_dp.algorithms import api, fedkt
+    from fedjax_dp.train import LocalTrainConfig
+
+    local = LocalTrainConfig(steps=args.steps, batch_size=16, learning_rate=1e-2,
+                             optimizer="adam")
+    cfg = fedkt.Config(num_partitions=args.partitions, num_teachers=args.teachers, level="L1",
+                       gamma=args.gamma, query_fraction=args.query_fraction,
+                       student_steps=args.student_steps, final_steps=args.student_steps,
+                       party_chunk=args.party_chunk or None, local=local)
+    marks = [time.perf_counter()]
+    done = api.run(fedkt, jax.random.key(0), data, model, cfg,
+                   runtime=api.Runtime(chunk_size=None),
+                   on_step=lambda t, record: marks.append(time.perf_counter()))
+    run_s = marks[-1] - marks[0]
+    out = fedkt.output(done.state)
+    phases = {r["phase"]: r for r in done.history}
+    v = done.state.values
+    kept = sum(a.nbytes for a in (v["teacher_votes"], v["party_labels"], v["student_preds"]))
+    return {"algorithm": "fedkt", "num_agents": args.agents, "wall_s": run_s,
+            "generate_s": gen_s,
+            "phase_s": {p: marks[i + 1] - marks[i] for i, p in enumerate(fedkt.PHASES)},
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "data_bytes": int(agents.nbytes), "kept_votes_bytes": int(kept),
+            "party_chunk": phases["teachers"]["party_chunk"],
+            "teachers": args.agents * args.partitions * args.teachers,
+            "prefetch": not args.no_prefetch,
+            "server_label_accuracy": phases["final"].get("server_label_accuracy"),
+            "test_accuracy": float(np.mean(out.predict_labels(x_test) == y_test))}
+
+
 def run(agents_list, records: int = 16, features: int = 32, *, algorithms=ALGORITHMS,
         classes: int = 10, public: int = 2000, queries: int = 200, hidden: int = 32,
         steps: int = 5, k: int = 3, sigma: float = 20.0, chunk: int = 4096,
-        vote_noise: str = "aggregate", prefetch: bool = True, timeout: float = 3600) -> dict:
-    """Every (algorithm, N) in a fresh subprocess; returns ``{"config": ..., "rows": [...]}``."""
+        vote_noise: str = "aggregate", prefetch: bool = True, timeout: float = 3600,
+        partitions: int = 2, teachers: int = 3, gamma: float = 0.5,
+        query_fraction: float = 0.2, student_steps: int = 50, party_chunk: int = 0) -> dict:
+    """Every (algorithm, N) in a fresh subprocess; returns ``{"config": ..., "rows": [...]}``.
+    FedKT reads ``partitions`` (s), ``teachers`` (t), ``gamma``, ``query_fraction``,
+    ``student_steps`` (students and final model) and ``party_chunk`` (0: the default)."""
     rows = []
     for algorithm in algorithms:
         for n in agents_list:
@@ -108,7 +157,10 @@ def run(agents_list, records: int = 16, features: int = 32, *, algorithms=ALGORI
                    "--agents", str(n), "--records", str(records), "--features", str(features),
                    "--classes", str(classes), "--public", str(public), "--queries", str(queries),
                    "--hidden", str(hidden), "--steps", str(steps), "--k", str(k),
-                   "--sigma", str(sigma), "--chunk", str(chunk), "--vote-noise", vote_noise]
+                   "--sigma", str(sigma), "--chunk", str(chunk), "--vote-noise", vote_noise,
+                   "--partitions", str(partitions), "--teachers", str(teachers),
+                   "--gamma", str(gamma), "--query-fraction", str(query_fraction),
+                   "--student-steps", str(student_steps), "--party-chunk", str(party_chunk)]
             if not prefetch:
                 cmd.append("--no-prefetch")
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -131,14 +183,19 @@ def run(agents_list, records: int = 16, features: int = 32, *, algorithms=ALGORI
                   queries=queries, hidden=hidden, local_steps=steps, k=k, sigma=sigma,
                   agent_chunk=chunk, vote_noise=vote_noise, prefetch=prefetch,
                   cpu_count=os.cpu_count())
+    if "fedkt" in algorithms:
+        config["fedkt"] = dict(level="L1", partitions=partitions, teachers=teachers,
+                               gamma=gamma, query_fraction=query_fraction,
+                               student_steps=student_steps, party_chunk=party_chunk or None,
+                               teacher_batch_size=16, optimizer="adam")
     return {"config": config, "rows": rows}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--algorithm", default="ae_dpfl", choices=ALGORITHMS)
-    ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
+    ap.add_argument("--algorithm", default="ae_dpfl", choices=CHOICES)
+    ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=CHOICES)
     ap.add_argument("--agents", type=int, nargs="+", default=[1000, 10_000, 100_000, 1_000_000])
     ap.add_argument("--records", type=int, default=16)
     ap.add_argument("--features", type=int, default=32)
@@ -152,6 +209,13 @@ def main(argv=None):
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--vote-noise", default="aggregate", choices=("aggregate", "per_agent"))
     ap.add_argument("--no-prefetch", action="store_true")
+    ap.add_argument("--partitions", type=int, default=2, help="FedKT s")
+    ap.add_argument("--teachers", type=int, default=3, help="FedKT t")
+    ap.add_argument("--gamma", type=float, default=0.5, help="FedKT Laplace parameter (L1)")
+    ap.add_argument("--query-fraction", type=float, default=0.2)
+    ap.add_argument("--student-steps", type=int, default=50, help="FedKT students / final")
+    ap.add_argument("--party-chunk", type=int, default=0, help="FedKT parties per chunk "
+                    "(0: the default, about 4096 teachers' worth)")
     ap.add_argument("--out", default=str(ROOT / "results" / "scale" / "oneshot.json"))
     args = ap.parse_args(argv)
     if args.child:
@@ -161,7 +225,10 @@ def main(argv=None):
     record = run(args.agents, args.records, args.features, algorithms=args.algorithms,
                  classes=args.classes, public=args.public, queries=args.queries,
                  hidden=args.hidden, steps=args.steps, k=args.k, sigma=args.sigma,
-                 chunk=args.chunk, vote_noise=args.vote_noise, prefetch=not args.no_prefetch)
+                 chunk=args.chunk, vote_noise=args.vote_noise, prefetch=not args.no_prefetch,
+                 partitions=args.partitions, teachers=args.teachers, gamma=args.gamma,
+                 query_fraction=args.query_fraction, student_steps=args.student_steps,
+                 party_chunk=args.party_chunk)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")

@@ -4,13 +4,13 @@ Paper Algorithm 1, with n parties, s partitions per party, t teachers per partit
 unlabelled set D_aux at the server, u classes, privacy level L0 / L1 / L2 and Laplace parameter
 gamma:
 
-Party side, every party i and partition j (all at once):
+Party side, every party i and partition j (in chunks of P parties, see "Scale"):
 
     D^i = D^i_{j,1} u ... u D^i_{j,t}        a fresh random re-split of the party's data per j
-    T^i_{j,k} = train(D^i_{j,k})              ALL n*s*t teachers in ONE compiled call
+    T^i_{j,k} = train(D^i_{j,k})              a chunk's P*s*t teachers in ONE compiled call
     v_m(x) = #{k : T^i_{j,k}(x) = m}          teacher votes on the queried public points
     y^i_j(x) = argmax_m v_m(x)                (L2: argmax_m v_m(x) + Lap(1/gamma), Thm 3)
-    U^i_j = train(D_aux, y^i_j)               ALL n*s students in one compiled call
+    U^i_j = train(D_aux, y^i_j)               a chunk's P*s students in one compiled call
 
 Server side (consistent voting, Section 3.3):
 
@@ -47,19 +47,43 @@ Data-dependent moments per query: :mod:`fedjax_dp.privacy.lnmax` (recorded as RD
 dp-accounting (RDP and PLD). Both go in :class:`~fedjax_dp.privacy.PrivacyLedger` objects
 (:func:`ledger` of a run, :func:`ledgers_from_votes` of given histograms).
 
-Host-resident parties (:func:`fedjax_dp.core.from_arrays`, ``load_stacked``) are accepted: ``init``
-checks them (finite features, read in slices) and copies them to the device once; the run is then
-identical to the device-resident one (tested). FedKT is NOT streamed in chunks of parties (unlike
-AE-DPFL / kNN-DPFL): its parties are few (tens to hundreds), and its memory is set by the
-n s t teachers' and n s students' parameters, which the phases keep (see below).
+Scale: the parties are streamed in chunks (``algorithm.party_chunk`` = P parties; None: about
+:data:`~fedjax_dp.algorithms.agent_stream.DEFAULT_CHUNK` teachers' worth, at most n). Parties
+may be host-resident (:func:`fedjax_dp.core.from_arrays`, a memory-mapped ``load_stacked``):
+``init`` checks them (every party with >= t records, finite features read in slices) and leaves
+them on the host. The ``teachers`` phase copies one chunk of P parties to the device at a time
+(the next chunk is read meanwhile, :mod:`fedjax_dp.algorithms.agent_stream`; the last chunk is
+padded with empty parties, so one compilation serves all chunks), cuts its s*t teacher subsets,
+trains its P*s*t teachers in one compiled call, counts their votes on the parties' queries and
+drops them. The ``students`` phase forms the party labels of P parties from the stored votes
+(never the private data), trains their P*s students in one call, keeps their predictions on the
+server's queries and drops them. Memory: O(P s t params + n s (Qp C + Qp + Qs)) bytes, the last
+term compact integers (:func:`int_dtype`). Keys do not depend on the chunking: partition j of
+party i re-splits with ``split(split, n s)[i s + j]``, teacher (i, j, k) has index
+``(i s + j) t + k`` of :func:`learners.model_keys` ``(teachers, n s t)``, student (i, j) and its
+L2 noise index ``i s + j`` of ``model_keys(students, n s)`` / ``split(l2_noise, n s)``: exactly
+the keys the unchunked run has always drawn, so every chunking and host- or device-resident data
+give the same run (tested; same key, same numbers as before streaming). JAX teachers and students
+are kept (``fitted``) only when the run is not streamed (device-resident parties in one chunk).
+Tree learners (not JAX, fitted in a host loop) are not streamed: their phases take all n parties
+as one chunk and keep the fitted trees.
 
 Protocol (:mod:`fedjax_dp.algorithms.api`): ``init`` checks the inputs and draws both tiers'
-queries; three steps (:data:`PHASES`): ``teachers``, ``students`` (values ``teacher_votes``,
-``party_labels``, ``z``) and ``final`` (``server_votes``, ``server_labels``, ``server_mask``),
-each fitted JAX model's parameters under its phase's name (tree ensembles, which are not arrays,
-in the context). Keys: named streams of the run key (``split``, ``teachers``, ``party_queries``,
-``l2_noise``, ``students``, ``server_queries``, ``l1_noise``, ``final``), as the plain-Python
-:func:`run` has always used, so the same key gives the same run; step keys are not used.
+queries; three steps (:data:`PHASES`), whose ``State.values`` are:
+
+* ``teachers``: ``teacher_votes [n, s, Qp, C]`` (noiseless counts, int8 for t <= 127) and
+  ``z [n]``; plus ``teachers`` (the parameters ``[n s t, ...]``) when not streamed;
+* ``students``: ``party_labels [n, s, Qp]`` (what the students learnt; noisy at L2) and
+  ``student_preds [n, s, Qs]`` (their classes on the server's queries); plus ``students`` when
+  not streamed;
+* ``final``: ``server_votes [Qs, C]`` (the consistent vote, summed over chunks of parties: exact
+  integers), ``server_labels``, ``server_mask`` and ``final`` (the final model's parameters).
+
+Tree ensembles, which are not arrays, live in the context. Keys: named streams of the run key
+(``split``, ``teachers``, ``party_queries``, ``l2_noise``, ``students``, ``server_queries``,
+``l1_noise``, ``final``), as the plain-Python :func:`run` has always used, so the same key gives
+the same run; step keys are not used. Progress: ``runtime.progress`` tasks ``teachers`` and
+``students``, one update per chunk.
 """
 from __future__ import annotations
 
@@ -98,6 +122,10 @@ class Config:
     moment_orders: moments accountant orders l = 1..moment_orders (reference code: 8).
     gap_threshold: a student may change with one record if a query it learnt had a top-2
       teacher gap <= this (2 is correct under index tie-breaking; 1 is the paper's).
+    party_chunk: parties per streamed chunk P (JAX learners): each chunk's s*t teachers and s
+      students are trained, vote / predict and are dropped (see the module's "Scale"); None:
+      :func:`party_chunk_size` (``DEFAULT_CHUNK // (s t)`` parties, at most n). Results do not
+      depend on it.
     """
 
     num_partitions: int = 2
@@ -113,6 +141,7 @@ class Config:
     tree_estimators: int = 100
     moment_orders: int = 8
     gap_threshold: int = 2
+    party_chunk: int | None = None   # parties per streamed chunk (None: ~4096 teachers' worth)
     local: Any = None                # LocalTrainConfig for the teachers (the [train] table)
 
     def __post_init__(self):
@@ -132,6 +161,8 @@ class Config:
         validation.check_int("algorithm.tree_estimators", self.tree_estimators, minimum=1)
         validation.check_int("algorithm.moment_orders", self.moment_orders, minimum=1)
         validation.check_int("algorithm.gap_threshold", self.gap_threshold, minimum=0)
+        if self.party_chunk is not None:
+            validation.check_int("algorithm.party_chunk", self.party_chunk, minimum=1)
         if self.local is None:
             from fedjax_dp.train import LocalTrainConfig
             object.__setattr__(self, "local", LocalTrainConfig())
@@ -209,9 +240,23 @@ def teacher_data(key: jax.Array, parties: StackedData, num_partitions: int,
     return _teacher_data(key, parties, num_partitions, num_teachers)
 
 
+def split_keys(key: jax.Array, num_parties: int, num_partitions: int) -> jax.Array:
+    """``[n, s]``: the key of partition j of party i is ``split(key, n * s)[i * s + j]``."""
+    return jax.random.split(key, num_parties * num_partitions).reshape(num_parties,
+                                                                       num_partitions)
+
+
 def _teacher_data_impl(key, parties: StackedData, num_partitions: int, num_teachers: int):
+    keys = split_keys(key, parties.num_agents, num_partitions)
+    return _teacher_data_keyed_impl(keys, parties, num_partitions, num_teachers)
+
+
+def _teacher_data_keyed_impl(keys, parties: StackedData, num_partitions: int,
+                             num_teachers: int):
+    """:func:`teacher_data` with the per-(party, partition) keys given (``keys [n, s]``): a chunk
+    of parties with its slice of the keys gets the same subsets as the whole population. A
+    party without records (padding) gives t empty subsets."""
     n, n_max = parties.num_agents, parties.max_size
-    keys = jax.random.split(key, n * num_partitions).reshape(n, num_partitions)
     split = jax.vmap(jax.vmap(teacher_split, (0, None, None, None)), (0, 0, None, None))
     rows, sizes = split(keys, parties.counts, n_max, num_teachers)       # [n, s, t, m], [n, s, t]
     m = rows.shape[-1]
@@ -224,6 +269,7 @@ def _teacher_data_impl(key, parties: StackedData, num_partitions: int, num_teach
 
 
 _teacher_data = jax.jit(_teacher_data_impl, static_argnums=(2, 3))
+_teacher_data_keyed = jax.jit(_teacher_data_keyed_impl, static_argnums=(2, 3))
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -295,13 +341,14 @@ class Result:
     """What a FedKT run produced (host/JAX arrays; learners' fitted objects)."""
 
     final: Any                       # fitted final model (stacked with one model)
-    students: Any                    # fitted students [n * s]
-    teachers: Any                    # fitted teachers [n * s * t]
+    students: Any                    # fitted students [n * s] (None: streamed, not kept)
+    teachers: Any                    # fitted teachers [n * s * t] (None: streamed, not kept)
     final_learner: Any
     party_queries: np.ndarray        # [Qp] public indices the parties label
     server_queries: np.ndarray       # [Qs] public indices the server labels
     teacher_votes: np.ndarray        # [n, s, Qp, C] noiseless teacher histograms
     party_labels: np.ndarray         # [n, s, Qp] labels the students learnt (noisy at L2)
+    student_preds: np.ndarray        # [n, s, Qs] the students' classes on the server queries
     server_votes: np.ndarray         # [Qs, C] noiseless consistent-voting histogram
     server_labels: np.ndarray        # [Qs] labels the final model learnt (noisy at L1)
     server_mask: np.ndarray          # [Qs] queries kept for the final model
@@ -334,8 +381,9 @@ def _query_subset(key: jax.Array, num_public: int, fraction: float) -> np.ndarra
 DESCRIPTION = ("FedKT: one-shot two-tier knowledge transfer, L0/L1/L2 privacy, any classifier "
                "(Li et al. 2021)")
 USES_LOCAL_TRAIN = True
-#: The steps of a run: train all teachers; their votes (noisy at L2) and all students; the
-#: server's consistent vote (noisy at L1) and the final model.
+#: The steps of a run: train the teachers and count their votes; the party labels (noisy at L2),
+#: the students and their predictions on the server's queries; the server's consistent vote
+#: (noisy at L1) and the final model.
 PHASES = ("teachers", "students", "final")
 STREAMS = ("split", "teachers", "party_queries", "l2_noise", "students", "server_queries",
            "l1_noise", "final")
@@ -347,8 +395,9 @@ class Context:
     """The static part of a FedKT run's state.
 
     ``fitted`` holds the fitted models of non-JAX learners (tree ensembles are not arrays, so
-    they cannot be in ``State.values``; a JAX learner's parameters are in ``values``); ``reuse``
-    the teachers / students given to :func:`init` to skip their training.
+    they cannot be in ``State.values``; a JAX learner's parameters are in ``values`` when kept,
+    see :func:`fitted`); ``reuse`` the teachers / students given to :func:`init` to skip their
+    training.
     """
 
     data: api.FederatedData
@@ -361,6 +410,7 @@ class Context:
     server_queries: np.ndarray       # [Qs]
     fitted: dict = dataclasses.field(default_factory=dict)
     reuse: dict = dataclasses.field(default_factory=dict)
+    runtime: api.Runtime = api.Runtime()
 
 
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
@@ -372,7 +422,8 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     fitted_teachers / fitted_students: reuse the ``teachers`` / ``students`` of an earlier run
     with the same key, parties, public set, learners, s and t (they do not depend on gamma, the
     level or the query fraction, except L2 students, which learn noisy labels and cannot be
-    reused). Sweeps over privacy settings use this.
+    reused). Sweeps over privacy settings use this. Host-resident parties stay on the host: the
+    phases copy them to the device one chunk at a time.
     """
     if not isinstance(config, Config):
         raise ValueError(f"config must be a fedkt.Config, got {type(config).__name__}")
@@ -391,11 +442,6 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
                          f"parties' {parties.feature_shape}")
     check_party_sizes(parties.counts, config.num_teachers)
     agent_stream.check_agents(parties, what="to train")   # host data: finite features
-    if is_on_host(parties):
-        # not streamed: a party's records feed its s * t teachers, and all n * s * t teachers
-        # and n * s students are trained at once; parties are few, so one copy to the device
-        parties = parties.on_device()
-        data = dataclasses.replace(data, agents=parties)
     if fitted_students is not None and config.level == "L2":
         raise ValueError("fitted_students cannot be reused at level L2 (students learn the "
                          "noisy labels of this run); pass fitted_students=None")
@@ -415,7 +461,7 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     ctx = Context(data=data, model=model, config=config,
                   learners={"teachers": teacher, "students": student, "final": final},
                   keys=keys, x_public=jnp.asarray(x_public), party_queries=party_q,
-                  server_queries=server_q, reuse=reuse)
+                  server_queries=server_q, reuse=reuse, runtime=runtime)
     return api.State(step=0, values={}, context=ctx)
 
 
@@ -423,20 +469,236 @@ def num_steps(config: Config) -> int:
     return len(PHASES)
 
 
+def party_chunk_size(config: Config, num_parties: int) -> int:
+    """Parties per streamed chunk P: ``config.party_chunk``, or when None
+    ``max(1, DEFAULT_CHUNK // (s t))`` (about :data:`agent_stream.DEFAULT_CHUNK` teachers per
+    chunk, as AE-DPFL trains that many agents); at most n."""
+    if config.party_chunk is not None:
+        return min(validation.check_int("algorithm.party_chunk", config.party_chunk,
+                                        minimum=1), num_parties)
+    per_party = config.num_partitions * config.num_teachers
+    return min(num_parties, max(1, agent_stream.DEFAULT_CHUNK // per_party))
+
+
+def streamed(state: api.State) -> bool:
+    """Whether the run streams its parties (JAX learners: host-resident parties, or more than
+    one chunk), so that the teachers' and students' parameters are not kept (:func:`fitted`)."""
+    ctx: Context = state.context
+    n = ctx.data.num_agents
+    return is_on_host(ctx.data.agents) or party_chunk_size(ctx.config, n) < n
+
+
 def fitted(state: api.State, name: str):
-    """The fitted ``teachers`` / ``students`` / ``final`` of a run (after their phase)."""
+    """The fitted ``teachers`` / ``students`` / ``final`` of a run (after their phase).
+
+    JAX teachers and students are kept only when the run is not streamed (device-resident
+    parties in one chunk, :func:`streamed`): a streamed run keeps their votes and predictions
+    instead (an error says so). Tree learners are always kept (not streamed).
+    """
     validation.check_choice("name", name, _FITTED)
     ctx: Context = state.context
-    if learners_lib.is_jax(ctx.learners[name]):
-        return state.values[name]
-    return ctx.fitted[name]
+    if state.step <= _FITTED.index(name):
+        raise ValueError(f"the {name} are fitted in phase {_FITTED.index(name)} "
+                         f"({PHASES[_FITTED.index(name)]!r}); state.step is {state.step}")
+    if not learners_lib.is_jax(ctx.learners[name]):
+        return ctx.fitted[name]
+    if name not in state.values:
+        n = ctx.data.num_agents
+        where = ("the parties are host-resident" if is_on_host(ctx.data.agents) else
+                 f"party_chunk={party_chunk_size(ctx.config, n)} < {n} parties")
+        raise ValueError(
+            f"the {name}' parameters are not kept: this run streams its parties in chunks "
+            f"({where}), and each chunk's {name} are dropped once they have voted / predicted "
+            f"(State.values keeps teacher_votes and student_preds); use device-resident parties "
+            f"in one chunk (algorithm.party_chunk >= {n}) to keep them")
+    return state.values[name]
 
 
-def _with_fitted(state: api.State, values: dict, name: str, model) -> tuple[dict, Context]:
-    ctx: Context = state.context
+def _with_fitted(ctx: Context, values: dict, name: str, model, keep: bool
+                 ) -> tuple[dict, Context]:
     if learners_lib.is_jax(ctx.learners[name]):
-        return {**values, name: model}, ctx
+        return ({**values, name: model} if keep else values), ctx
     return values, dataclasses.replace(ctx, fitted={**ctx.fitted, name: model})
+
+
+def int_dtype(max_value: int):
+    """The smallest signed integer type holding ``[-1, max_value]`` (compact stored counts and
+    class indices; -1 pads)."""
+    return np.int8 if max_value <= 127 else np.int16 if max_value <= 32767 else np.int32
+
+
+def _key_data(keys: jax.Array) -> np.ndarray:
+    return np.asarray(jax.random.key_data(keys))
+
+
+def _wrap(data: jax.Array, impl) -> jax.Array:
+    return jax.random.wrap_key_data(data, impl=impl)
+
+
+def _pad(a: np.ndarray, size: int, fill) -> np.ndarray:
+    if len(a) == size:
+        return a
+    return np.concatenate([a, np.full((size - len(a),) + a.shape[1:], fill, a.dtype)])
+
+
+def _host_chunks(arrays, size: int, fill=0):
+    """``(start, num_real, padded device arrays [size, ...])`` per chunk of the leading axis of
+    host ``arrays`` (``fill`` pads the last chunk: one shape, one compilation)."""
+    n = len(arrays[0])
+    for start in range(0, n, size):
+        stop = min(n, start + size)
+        yield start, stop - start, jax.device_put(
+            [_pad(np.asarray(a[start:stop]), size, fill) for a in arrays])
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _chunk_votes(preds: jax.Array, shape: tuple, num_classes: int) -> jax.Array:
+    """``preds [P s t, Q]`` -> ``[P, s, Q, C]`` teacher vote counts (int32)."""
+    return vote_counts(preds.reshape(shape + (-1,)), num_classes)
+
+
+def _teachers_phase(state: api.State) -> tuple[dict, Context, dict]:
+    """Train the teachers and keep their votes ``teacher_votes [n, s, Qp, C]`` and ``z [n]``.
+
+    Chunk of P parties (host data: copied to the device, the next one read meanwhile): its s*t
+    teacher subsets per party (partition j of party i keyed ``split(split, n s)[i s + j]``), its
+    P s t teachers trained in one call (teacher (i, j, k) with the keys of index
+    ``(i s + j) t + k`` of :func:`learners.model_keys` of the ``teachers`` stream over all
+    n s t), their votes on the parties' queries; then the teachers are dropped (kept only
+    unstreamed). Tree teachers: one chunk of all n parties (host loop).
+    """
+    ctx: Context = state.context
+    cfg, k, parties = ctx.config, ctx.keys, ctx.data.agents
+    n, s, t, c = parties.num_agents, cfg.num_partitions, cfg.num_teachers, ctx.data.num_classes
+    learner, reuse = ctx.learners["teachers"], ctx.reuse.get("teachers")
+    jax_fit = learners_lib.is_jax(learner) and reuse is None
+    size = party_chunk_size(cfg, n) if jax_fit else n
+    keep = not (jax_fit and streamed(state))
+    xq = ctx.x_public[ctx.party_queries]                                        # [Qp, ...]
+    impl = jax.random.key_impl(k["split"])
+    extra = [_key_data(split_keys(k["split"], n, s))]                           # [n, s, 2]
+    if jax_fit:
+        extra += [_key_data(kk).reshape(n, s * t, -1)
+                  for kk in learners_lib.model_keys(k["teachers"], n * s * t)]  # [n, s t, 2]
+    votes = np.empty((n, s, len(ctx.party_queries), c), int_dtype(t))          # [n, s, Qp, C]
+    kept = []
+
+    def collect(pending):
+        chunk, v = pending
+        votes[chunk.start:chunk.start + chunk.num_real] = np.asarray(v)[:chunk.num_real]
+        task.update(1)
+
+    pending = None
+    with ctx.runtime.progress.task("teachers", total=agent_stream.num_chunks(n, size),
+                                   unit="chunk") as task:
+        for chunk in agent_stream.chunks(parties, size, extra=tuple(extra)):
+            if reuse is None:
+                tdata = _teacher_data_keyed(_wrap(chunk.extra[0], impl), chunk.agents, s, t)
+            if reuse is not None:
+                teachers = reuse
+            elif jax_fit:
+                ik, tk = (_wrap(e, impl).reshape(-1) for e in chunk.extra[1:])    # [P s t]
+                teachers = learner.fit_keyed(ik, tk, tdata)
+            else:
+                teachers = learner.fit(k["teachers"], tdata)          # trees: all n at once
+            v = _chunk_votes(learner.predict(teachers, xq), (size, s, t), c)       # [P,s,Qp,C]
+            if keep:
+                kept.append(teachers)
+            if pending is not None:          # fetch the previous chunk while this one computes
+                collect(pending)
+            pending = (chunk, v)
+        if pending is not None:
+            collect(pending)
+    values = {**state.values, "teacher_votes": votes,
+              "z": partitions_at_risk(votes, cfg.gap_threshold)}
+    values, ctx = _with_fitted(ctx, values, "teachers", kept[0] if kept else None, keep)
+    return values, ctx, {"party_chunk": size}
+
+
+def _students_phase(state: api.State) -> tuple[dict, Context, dict]:
+    """The party labels (noisy at L2), the students, and their predictions on the server's
+    queries ``student_preds [n, s, Qs]`` (what the final phase needs), chunk by chunk.
+
+    Chunk of P parties: the labels ``y^i_j = argmax_m v_m (+ Lap(1/gamma) at L2, key
+    split(l2_noise, n s)[i s + j])`` of its P s partitions from the stored ``teacher_votes``, its
+    P s students (keys of index ``i s + j`` of :func:`learners.model_keys` of the ``students``
+    stream over all n s) trained on them in one call, their predictions on the server queries;
+    then the students are dropped (kept only unstreamed). The parties' private data is not read.
+    """
+    ctx: Context = state.context
+    cfg, k = ctx.config, ctx.keys
+    n, s, c = ctx.data.num_agents, cfg.num_partitions, ctx.data.num_classes
+    learner, reuse = ctx.learners["students"], ctx.reuse.get("students")
+    jax_fit = learners_lib.is_jax(learner) and reuse is None
+    size = party_chunk_size(cfg, n) if jax_fit else n
+    keep = not (jax_fit and streamed(state))
+    xq = ctx.x_public[ctx.party_queries]                                        # [Qp, ...]
+    xs = ctx.x_public[ctx.server_queries]                                       # [Qs, ...]
+    impl = jax.random.key_impl(k["l2_noise"])
+    arrays = [state.values["teacher_votes"],                                    # [n, s, Qp, C]
+              _key_data(split_keys(k["l2_noise"], n, s))]                       # [n, s, 2]
+    if jax_fit:
+        arrays += [_key_data(kk).reshape(n, s, -1)
+                   for kk in learners_lib.model_keys(k["students"], n * s)]     # [n, s, 2]
+    dtype = int_dtype(c)
+    labels_all = np.empty((n, s, len(ctx.party_queries)), dtype)                # [n, s, Qp]
+    preds_all = np.empty((n, s, len(ctx.server_queries)), dtype)                # [n, s, Qs]
+    kept = []
+    tic = time.perf_counter()
+
+    def collect(pending):
+        start, num, labels, preds = pending
+        labels_all[start:start + num] = np.asarray(labels).reshape(size, s, -1)[:num]
+        preds_all[start:start + num] = np.asarray(preds).reshape(size, s, -1)[:num]
+        task.update(1)
+
+    pending = None
+    with ctx.runtime.progress.task("students", total=agent_stream.num_chunks(n, size),
+                                   unit="chunk") as task:
+        for start, num, block in _host_chunks(arrays, size):
+            tv = block[0].reshape(size * s, -1, c)                              # [P s, Qp, C]
+            if cfg.level == "L2":
+                labels = noisy_labels(_wrap(block[1], impl).reshape(-1), tv, cfg.gamma)
+            else:
+                labels = _argmax_labels(tv)                                     # [P s, Qp]
+            if reuse is not None:
+                students = reuse
+            elif jax_fit:
+                ik, tk = (_wrap(b, impl).reshape(-1) for b in block[2:])          # [P s]
+                students = learner.fit_shared_keyed(ik, tk, xq, labels,
+                                                    jnp.ones(labels.shape, bool))
+            else:
+                students = learner.fit_shared(k["students"], xq, labels,
+                                              jnp.ones(labels.shape, bool))    # trees: all n
+            preds = learner.predict(students, xs)                               # [P s, Qs]
+            if keep:
+                kept.append(students)
+            if pending is not None:
+                collect(pending)
+            pending = (start, num, labels, preds)
+        if pending is not None:
+            collect(pending)
+    values = {**state.values, "party_labels": labels_all, "student_preds": preds_all}
+    values, ctx = _with_fitted(ctx, values, "students", kept[0] if kept else None, keep)
+    return values, ctx, {"students_s": time.perf_counter() - tic,
+                         "num_party_queries": int(len(ctx.party_queries))}
+
+
+@jax.jit
+def _argmax_labels(votes: jax.Array) -> jax.Array:
+    """Noiseless party labels ``argmax_m v_m``: ``[G, Q, C] -> int32 [G, Q]``."""
+    return jnp.argmax(votes, -1).astype(jnp.int32)
+
+
+def server_votes(student_preds: np.ndarray, num_classes: int, size: int) -> np.ndarray:
+    """The consistent-voting histogram ``[Qs, C]`` (int32) of ``student_preds [n, s, Qs]``,
+    summed over chunks of ``size`` parties (padding predicts -1: no vote); exact integers, so
+    the same for every ``size``."""
+    total = None
+    for _, _, (block,) in _host_chunks([student_preds], size, fill=-1):
+        v = consistent_vote(block, num_classes)                                 # [Qs, C]
+        total = v if total is None else total + v
+    return np.asarray(total)
 
 
 def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dict]:
@@ -446,72 +708,51 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
         raise ValueError(f"state.step must be in [0, {len(PHASES)}) (phases {list(PHASES)}), "
                          f"got {state.step}")
     phase = PHASES[state.step]
-    ctx: Context = state.context
-    cfg, k = ctx.config, ctx.keys
-    n, s, t = ctx.data.num_agents, cfg.num_partitions, cfg.num_teachers
-    c = ctx.data.num_classes
-    values = dict(state.values)
     tic = time.perf_counter()
     if phase == "teachers":
-        # Party side: all n*s*t teachers in one call (Algorithm 1 lines 3-4).
-        learner = ctx.learners["teachers"]
-        teachers = ctx.reuse.get("teachers")
-        if teachers is None:
-            tdata = teacher_data(k["split"], ctx.data.agents, s, t)              # [n*s*t, m, ...]
-            teachers = learner.fit(k["teachers"], tdata)
-        if learners_lib.is_jax(learner):
-            jax.block_until_ready(teachers)      # so the timing covers the training itself
-        values, ctx = _with_fitted(state, values, "teachers", teachers)
-        metrics = {"teachers_s": time.perf_counter() - tic}
+        # Party side (Algorithm 1 lines 3-4): teachers and their votes, chunk by chunk.
+        values, ctx, metrics = _teachers_phase(state)
+        metrics = {"teachers_s": time.perf_counter() - tic, **metrics}
     elif phase == "students":
-        # Teachers' votes on the parties' queries (noisy at L2), then all n*s students.
-        xq = ctx.x_public[ctx.party_queries]
-        tpreds = ctx.learners["teachers"].predict(fitted(state, "teachers"), xq)
-        tvotes = vote_counts(tpreds.reshape(n, s, t, -1), c)                   # [n, s, Qp, C]
-        if cfg.level == "L2":
-            keys = jax.random.split(k["l2_noise"], n * s)             # one per (party, partition)
-            labels = noisy_labels(keys, tvotes.reshape(n * s, -1, c), cfg.gamma)
-        else:
-            labels = jnp.argmax(tvotes, -1).reshape(n * s, -1).astype(jnp.int32)   # [n*s, Qp]
-        tic = time.perf_counter()
-        students = ctx.reuse.get("students")
-        if students is None:
-            students = ctx.learners["students"].fit_shared(k["students"], xq, labels,
-                                                           jnp.ones(labels.shape, bool))
-        tv = np.asarray(tvotes)
-        values.update(teacher_votes=tv, party_labels=np.asarray(labels).reshape(n, s, -1),
-                      z=partitions_at_risk(tv, cfg.gap_threshold))
-        values, ctx = _with_fitted(state, values, "students", students)
-        metrics = {"students_s": time.perf_counter() - tic,
-                   "num_party_queries": int(len(ctx.party_queries))}
+        # Party labels (noisy at L2), students and their predictions on the server queries.
+        values, ctx, metrics = _students_phase(state)
     else:
-        # Server: consistent voting (noisy at L1), then the final model (Section 3.3).
-        xs = ctx.x_public[ctx.server_queries]
-        spreds = ctx.learners["students"].predict(fitted(state, "students"), xs)
-        svotes = consistent_vote(spreds.reshape(n, s, -1), c)                 # [Qs, C]
-        if cfg.level == "L1":
-            slabels = noisy_labels(k["l1_noise"][None], svotes[None], cfg.gamma)[0]
-            smask = jnp.ones(slabels.shape, bool)
-        else:
-            slabels = jnp.argmax(svotes, -1).astype(jnp.int32)
-            smask = jnp.sum(svotes, -1) > 0
-        if not bool(jnp.any(smask)):
-            raise ValueError("no public query received a consistent vote from any party, so the "
-                             "final model has nothing to learn; use more public data or parties")
-        tic = time.perf_counter()
-        final_fit = ctx.learners["final"].fit_shared(k["final"], xs, slabels[None], smask[None])
-        values.update(server_votes=np.asarray(svotes), server_labels=np.asarray(slabels),
-                      server_mask=np.asarray(smask))
-        values, ctx = _with_fitted(state, values, "final", final_fit)
-        metrics = {"final_s": time.perf_counter() - tic,
-                   "num_server_queries": int(len(ctx.server_queries)),
-                   "z": int(np.max(values["z"]))}
-        if ctx.data.y_public is not None:                  # diagnostics only
-            truth = np.asarray(ctx.data.y_public)[ctx.server_queries]
-            hit = (values["server_labels"] == truth)[values["server_mask"]]
-            metrics["server_label_accuracy"] = float(np.mean(hit))
+        values, ctx, metrics = _final_phase(state)
     return api.State(step=state.step + 1, values=values, context=ctx), {"phase": phase,
                                                                        **metrics}
+
+
+def _final_phase(state: api.State) -> tuple[dict, Context, dict]:
+    """Server: consistent voting on the stored student predictions (noisy at L1), then the final
+    model (Section 3.3)."""
+    ctx: Context = state.context
+    cfg, k = ctx.config, ctx.keys
+    n, c = ctx.data.num_agents, ctx.data.num_classes
+    xs = ctx.x_public[ctx.server_queries]
+    svotes = jnp.asarray(server_votes(state.values["student_preds"], c,
+                                      party_chunk_size(cfg, n)))                # [Qs, C]
+    if cfg.level == "L1":
+        slabels = noisy_labels(k["l1_noise"][None], svotes[None], cfg.gamma)[0]
+        smask = jnp.ones(slabels.shape, bool)
+    else:
+        slabels = jnp.argmax(svotes, -1).astype(jnp.int32)
+        smask = jnp.sum(svotes, -1) > 0
+    if not bool(jnp.any(smask)):
+        raise ValueError("no public query received a consistent vote from any party, so the "
+                         "final model has nothing to learn; use more public data or parties")
+    tic = time.perf_counter()
+    final_fit = ctx.learners["final"].fit_shared(k["final"], xs, slabels[None], smask[None])
+    values = {**state.values, "server_votes": np.asarray(svotes),
+              "server_labels": np.asarray(slabels), "server_mask": np.asarray(smask)}
+    values, ctx = _with_fitted(ctx, values, "final", final_fit, True)
+    metrics = {"final_s": time.perf_counter() - tic,
+               "num_server_queries": int(len(ctx.server_queries)),
+               "z": int(np.max(values["z"]))}
+    if ctx.data.y_public is not None:                  # diagnostics only
+        truth = np.asarray(ctx.data.y_public)[ctx.server_queries]
+        hit = (values["server_labels"] == truth)[values["server_mask"]]
+        metrics["server_label_accuracy"] = float(np.mean(hit))
+    return values, ctx, metrics
 
 
 def output(state: api.State) -> api.Output:
@@ -536,7 +777,7 @@ def ledger(config: Config, state: api.State) -> tuple[PrivacyLedger, PrivacyLedg
     need = "server_votes" if config.level == "L1" else "teacher_votes"
     if need not in v:
         raise ValueError(f"the FedKT-{config.level} ledger needs the run's {need} (the state "
-                         f"after the {'final' if config.level == 'L1' else 'students'} phase)")
+                         f"after the {'final' if config.level == 'L1' else 'teachers'} phase)")
     return ledgers_from_votes(config, server_votes=v.get("server_votes"),
                               teacher_votes=v.get("teacher_votes"), z=v.get("z"))
 
@@ -545,7 +786,8 @@ def run(key: jax.Array, parties: StackedData, x_public, config: Config, *, num_c
         teacher=None, student=None, final=None, model_name: str = "mlp", hidden=(200,),
         chunk_size: int | str | None = "auto", fitted_teachers=None,
         fitted_students=None) -> Result:
-    """FedKT Algorithm 1 over all parties at once (:func:`api.run` over :data:`PHASES`).
+    """FedKT Algorithm 1 (:func:`api.run` over :data:`PHASES`; parties in chunks of
+    ``config.party_chunk``).
 
     Args:
       key: root key; independent named streams for the splits, teachers, L2 noise, queries,
@@ -583,12 +825,14 @@ def run(key: jax.Array, parties: StackedData, x_public, config: Config, *, num_c
     ctx: Context = st.context
     timings = {k: r[k] for r in done.history for k in ("teachers_s", "students_s", "final_s")
                if k in r}
-    return Result(final=fitted(st, "final"), students=fitted(st, "students"),
-                  teachers=fitted(st, "teachers"), final_learner=ctx.learners["final"],
+    kept = {name: None if learners_lib.is_jax(ctx.learners[name]) and name not in v
+            else fitted(st, name) for name in _FITTED}                  # streamed: not kept
+    return Result(final=kept["final"], students=kept["students"],
+                  teachers=kept["teachers"], final_learner=ctx.learners["final"],
                   party_queries=ctx.party_queries, server_queries=ctx.server_queries,
                   teacher_votes=v["teacher_votes"], party_labels=v["party_labels"],
-                  server_votes=v["server_votes"], server_labels=v["server_labels"],
-                  server_mask=v["server_mask"], z=v["z"], config=config,
+                  student_preds=v["student_preds"], server_votes=v["server_votes"],
+                  server_labels=v["server_labels"], server_mask=v["server_mask"], z=v["z"], config=config,
                   num_classes=num_classes, timings=timings, state=st)
 
 

@@ -28,8 +28,8 @@ import numpy as np
 
 from fedjax_dp.core import StackedData, for_each_agent, numpy_rng, validation
 from fedjax_dp.models import Model
-from fedjax_dp.train import LocalTrainConfig, make_local_update, train_agents
-from fedjax_dp.train.local import resolve_chunk_size
+from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
+from fedjax_dp.train.local import _lifted_update, resolve_chunk_size
 
 JAX_MODELS = ("logistic", "mlp", "cnn")
 TREE_MODELS = ("decision_tree", "random_forest", "gradient_boosting", "xgboost")
@@ -64,25 +64,35 @@ class JaxLearner:
 
     def fit(self, key: jax.Array, data: StackedData):
         """Model a trains on agent a's records of ``data``; returns stacked params ``[A, ...]``."""
-        k_init, k_train = jax.random.split(key)
-        params = self.init(k_init, data.num_agents)
-        params, _ = train_agents(k_train, params, data, self.model, self.train,
-                                 shared_init=False, chunk_size=self.chunk_size,
-                                 backend=self.backend)
+        check_trainable(data)
+        return self.fit_keyed(*model_keys(key, data.num_agents), data)
+
+    def fit_keyed(self, init_keys: jax.Array, train_keys: jax.Array, data: StackedData):
+        """:meth:`fit` with model a's keys given: ``model.init(init_keys[a])``, then training
+        with ``train_keys[a]`` (``fit(key, .)`` uses :func:`model_keys` of ``key``). A slice of
+        the keys trains the same models as the full call: streamed callers train a chunk of
+        the models at a time. Agents without records (padding) give unused parameters."""
+        params = _init_fn(self.model)(init_keys)
+        chunk = resolve_chunk_size(self.chunk_size, params, data.num_agents)
+        fn = _lifted_update(self.model, self.train, False, chunk, None, self.backend)
+        params, _ = fn(train_keys, params, data.x, data.y, data.mask, data.counts)
         return params
 
     def fit_shared(self, key: jax.Array, x, y, mask):
         """Model a trains on ``(x, y[a])`` weighted by ``mask[a]`` (x is shared, not copied)."""
+        return self.fit_shared_keyed(*model_keys(key, np.shape(y)[0]), x, y, mask)
+
+    def fit_shared_keyed(self, init_keys: jax.Array, train_keys: jax.Array, x, y, mask):
+        """:meth:`fit_shared` with model a's keys given (as :meth:`fit_keyed`)."""
         x = jnp.asarray(x)
         y = jnp.asarray(y, jnp.int32)
         mask = jnp.asarray(mask, bool)
         num = y.shape[0]
-        k_init, k_train = jax.random.split(key)
-        params = self.init(k_init, num)
+        params = _init_fn(self.model)(init_keys)
         chunk = resolve_chunk_size(self.chunk_size, params, num)
         fn = _shared_update(self.model, self.train, chunk, self.backend)
         count = jnp.asarray(x.shape[0], jnp.int32)
-        params, _ = fn(jax.random.split(k_train, num), params, x, y, mask, count)
+        params, _ = fn(train_keys, params, x, y, mask, count)
         return params
 
     def predict(self, params, x) -> jax.Array:
@@ -94,6 +104,14 @@ class JaxLearner:
 
     def take(self, params, index: int):
         return jax.tree.map(lambda l: l[index:index + 1], params)
+
+
+def model_keys(key: jax.Array, num: int) -> tuple[jax.Array, jax.Array]:
+    """``(init_keys [num], train_keys [num])`` of :meth:`JaxLearner.fit` with root ``key``:
+    model a starts from ``split(split(key)[0], num)[a]`` and trains with
+    ``split(split(key)[1], num)[a]``."""
+    k_init, k_train = jax.random.split(key)
+    return jax.random.split(k_init, num), jax.random.split(k_train, num)
 
 
 @functools.lru_cache(maxsize=32)
