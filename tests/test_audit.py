@@ -125,6 +125,7 @@ def test_identical_worlds_give_no_privacy_loss():
 
 @pytest.mark.parametrize("mechanism", list(PARAMS))
 def test_real_mechanism_lower_bound_below_claim(mechanism):
+    assert mechanisms.MECHANISMS[mechanism].weakenings           # every entry has a broken twin
     r = _audit(mechanism, None)
     assert r.consistent
     assert 0.0 <= r.epsilon_lower_bound <= r.claimed_epsilon
@@ -228,3 +229,13 @@ def test_cli_audit_prints_json_and_exits_2_on_bad_arguments(capsys):
     assert err.count("\n") == 1 and "trials" in err
     assert cli.main(["audit", "fedkt-laplace", "--clip", "1.0"]) == 2
     assert "clip_norm" in capsys.readouterr().err
+    assert cli.main(["audit", "no-such-mechanism"]) == 2
+    assert "mechanism must be one of" in capsys.readouterr().err
+
+
+def test_cli_reaches_every_mechanism_parameter():
+    from fedjax_dp.experiments import cli
+    flags = {("clip_norm" if n == "clip" else n) for n in cli._AUDIT_PARAMS}
+    for name, spec in mechanisms.MECHANISMS.items():
+        assert set(spec.defaults) <= flags, name
+        assert name in cli.build_parser().parse_args(["audit", name]).mechanism
