@@ -135,6 +135,12 @@ def _flat(tree) -> jax.Array:
     return ravel_pytree(tree)[0]
 
 
+def _direction(tree) -> jax.Array:
+    """The unit vector along a pytree (flattened), traced: ``v / ||v||``."""
+    v = _flat(tree)
+    return v / jnp.linalg.norm(v)
+
+
 def _check_accountant(accountant: str) -> str:
     return validation.check_choice("accountant", accountant, ACCOUNTANTS)
 
@@ -292,7 +298,8 @@ def _fedkt_laplace(weaken, *, gamma, num_teachers, gap, num_classes, accountant)
 def _logistic(features: int, classes: int):
     from fedjax_dp.models import make_model
     model = make_model("logistic", (features,), classes)
-    params = jax.tree.map(jnp.zeros_like, model.init(jax.random.key(0)))
+    shapes = jax.eval_shape(model.init, jax.random.key(0))       # no eager flax work
+    params = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
     return model, params
 
 
@@ -348,15 +355,15 @@ def _dp_sgd_step(weaken, *, noise_multiplier, clip_norm, num_examples, canary_sc
 
     inputs = {nb: {"mask": m, "params": params, "x": x, "y": y, "clip": jnp.float32(run_clip)}
               for nb, m in worlds.items()}
-    # The worlds' noise-free releases differ by the canary's clipped gradient / (p n), which is
-    # parallel to its raw gradient: the adversary's direction (any fixed direction is valid).
-    u = jnp.asarray(_unit_vector(np.asarray(_flat(jax.grad(loss_fn)(params, x[0], y[0]))),
-                                 "dp-sgd-step"))
-    inputs = {nb: {**w, "u": u, "std": jnp.float32(std)} for nb, w in inputs.items()}
+    inputs = {nb: {**w, "std": jnp.float32(std)} for nb, w in inputs.items()}
 
     def one(key, inputs):
         w = inputs
-        return jnp.dot(release(key, w, w["std"]), w["u"])
+        # The worlds' noise-free releases differ by the canary's clipped gradient / (p n),
+        # parallel to its raw gradient: the adversary's direction u (any fixed direction gives
+        # a valid test). Computed in the compiled function (not batched over trials: once).
+        u = _direction(jax.grad(loss_fn)(w["params"], w["x"][0], w["y"][0]))
+        return jnp.dot(release(key, w, w["std"]), u)
 
     def claimed(delta):
         cfg = dp_fedsgd.Config(rounds=1, clip_norm=clip, noise_multiplier=z,
@@ -514,15 +521,13 @@ def _isrl_upload(weaken, *, noise_multiplier, clip_norm, num_records, canary_sca
 
     inputs = {nb: {"params": params, "x": x, "y": y, "mask": m, "clip": jnp.float32(run_clip)}
               for nb, m in worlds.items()}
-    # The canary's clipped gradient is parallel to its raw one: the adversary's direction.
-    u_dir = jnp.asarray(_unit_vector(np.asarray(_flat(jax.grad(_scalar_loss)(params, x[0],
-                                                                             y[0]))),
-                                     "isrl-upload"))
-    inputs = {nb: {**w, "u": u_dir, "z": jnp.float32(run_z)} for nb, w in inputs.items()}
+    inputs = {nb: {**w, "z": jnp.float32(run_z)} for nb, w in inputs.items()}
 
     def one(key, inputs):
         w = inputs
-        return jnp.dot(release(key, w, w["z"]), w["u"])
+        # The canary's clipped gradient is parallel to its raw one: the adversary's direction.
+        u = _direction(jax.grad(_scalar_loss)(w["params"], w["x"][0], w["y"][0]))
+        return jnp.dot(release(key, w, w["z"]), u)
 
     def claimed(delta):
         ledger = PrivacyLedger().add_event(calibration.UNIT,
@@ -565,19 +570,15 @@ def _sdp_upload(weaken, *, noise_trials, granularity, clip_norm, num_records, ca
     n, x, y, worlds = _silo_inputs(num_records, scale, clip)
     params = {"w": jnp.zeros((1,), jnp.float32)}
     reports = uploads.gradient_reports(_scalar_loss, run_cfg)
-    # The canary's report moves the sum by K grid steps in the sign of its gradient.
-    sign = jnp.float32(np.sign(float(jax.grad(_scalar_loss)(params, x[0], y[0])["w"][0])))
-    if sign == 0:
-        raise ValueError("sdp-upload: the neighbouring worlds do not differ")
-
     def one(key, inputs):
         w = inputs
+        # The canary's report moves the sum by K grid steps in the sign of its gradient.
+        sign = jnp.sign(jax.grad(_scalar_loss)(w["params"], w["x"][0], w["y"][0])["w"][0])
         k_silo, k_server = jax.random.split(key)
         sums, _ = reports(k_silo, w["params"], w["x"], w["y"], w["mask"], 1.0)   # [1] int32
-        return w["sign"] * uploads.shuffled_estimate(k_server, sums, run_cfg)[0]
+        return sign * uploads.shuffled_estimate(k_server, sums, run_cfg)[0]
 
-    inputs = {nb: {"params": params, "x": x, "y": y, "mask": m, "sign": sign}
-              for nb, m in worlds.items()}
+    inputs = {nb: {"params": params, "x": x, "y": y, "mask": m} for nb, m in worlds.items()}
 
     def claimed(delta):
         ledger = PrivacyLedger().add_shuffle(sdp.UNIT, shuffle.make_event(cfg, 1, 1),
