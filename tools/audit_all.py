@@ -1,4 +1,4 @@
-"""Audit every registered mechanism (and its weakened variants) and write the table of docs/audit.md.
+"""Audit every registered mechanism and its weakened variants; write the table of docs/audit.md.
 
     python tools/audit_all.py --out results/audit            # ~1-2 minutes on a laptop CPU
 
@@ -13,7 +13,6 @@ Outputs: ``OUT/audit.json`` (every AuditResult, wall times, environment) and ``O
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,8 @@ from fedjax_dp.audit import MECHANISMS, audit  # noqa: E402
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| mechanism | variant | unit | claimed eps | empirical lower bound | trials per world "
+    lines = ["| mechanism | variant | unit | claimed eps | empirical lower bound "
+             "| trials per world "
              "| consistent |", "|---|---|---|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['mechanism']} | {r['weaken'] or 'real'} | {r['unit']} | "

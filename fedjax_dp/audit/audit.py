@@ -1,6 +1,6 @@
 """``audit(mechanism, ...)``: an empirical lower bound on a mechanism's epsilon, beside its claim.
 
-Procedure (Jagielski et al. 2020, Alg. 2; Nasr et al. 2021): run the library's mechanism
+Procedure (Jagielski et al. 2020; Nasr et al. 2021): run the library's mechanism
 ``trials`` times on D and ``trials`` times on its neighbour D' (:mod:`.mechanisms`), reduce each
 run to a scalar statistic, and turn the best threshold test between the two samples into a
 one-sided lower bound on epsilon at ``delta`` that holds with probability ``>= confidence``

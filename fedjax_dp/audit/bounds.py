@@ -10,8 +10,8 @@ so with upper confidence bounds ``FPR_hi >= FPR`` and ``FNR_hi >= FNR``
 
     eps >= eps_lb = max( log((1 - delta - FNR_hi) / FPR_hi), log((1 - delta - FPR_hi) / FNR_hi), 0 )
 
-(Jagielski, Ullman and Oprea 2020, "Auditing differentially private machine learning", Sec. 3;
-Nasr et al. 2021, "Adversary instantiation", Sec. 3.2). The rates are estimated from independent
+(Jagielski, Ullman and Oprea 2020, "Auditing differentially private machine learning";
+Nasr et al. 2021, "Adversary instantiation"). The rates are estimated from independent
 trials with one-sided Clopper-Pearson upper bounds (exact binomial bounds, Clopper and Pearson
 1934), each at level ``1 - alpha/2`` with ``alpha = 1 - confidence``: by the union bound both hold
 at once with probability >= ``confidence``, hence so does ``eps >= eps_lb``.
@@ -25,7 +25,6 @@ values, and ``s >= tau`` is the test.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 from scipy import stats

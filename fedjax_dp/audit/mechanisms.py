@@ -1,4 +1,4 @@
-"""Registry of auditable mechanisms: the library's own mechanism code on a worst-case neighbour pair.
+"""Registry of auditable mechanisms: the library's own code on a worst-case neighbour pair.
 
 Each entry builds, from its parameters, an :class:`Auditable`:
 
@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
