@@ -1,4 +1,4 @@
-"""``fedjax-dp`` command line: ``run``, ``list``, ``account``.
+"""``fedjax-dp`` command line: ``run``, ``list``, ``account``, ``audit``.
 
     fedjax-dp run CONFIG [--set key=value ...] [--out DIR] [--quiet]
     fedjax-dp run --resume DIR [--set run.key=value ...]
@@ -8,6 +8,8 @@
     fedjax-dp account fedkt --votes FILE --gamma G --delta D --level L1|L2 [--s S] [--unit U]
     fedjax-dp account gaussian-vote --sigma S --queries Q --delta D --unit agent|instance [--k K]
         [--algorithm ae|knn] [--rule derived|paper]
+    fedjax-dp audit MECHANISM [--trials N] [--delta D] [--seed S] [--confidence C]
+        [--weaken halve-noise|no-clip] [--sigma S --noise-multiplier Z --clip C --gamma G ...]
 
 Errors in the arguments or the config print one line naming the parameter and exit with status 2.
 """
@@ -129,6 +131,26 @@ def _cmd_account_fedkt(args, accountants) -> int:
     return 0
 
 
+#: ``fedjax-dp audit`` flags -> the mechanisms' parameter names (:mod:`fedjax_dp.audit.mechanisms`).
+_AUDIT_PARAMS = {"sigma": float, "noise_multiplier": float, "clip": float, "gamma": float,
+                 "k": int, "unit": str, "ballot": str, "noise": str, "num_agents": int,
+                 "num_classes": int, "num_teachers": int, "gap": int, "num_examples": int,
+                 "num_records": int, "canary_scale": float, "noise_trials": int,
+                 "granularity": int, "accountant": str}
+
+
+def _cmd_audit(args) -> int:
+    from fedjax_dp.audit import audit
+    params = {name: getattr(args, name) for name in _AUDIT_PARAMS
+              if getattr(args, name) is not None}
+    if "clip" in params:
+        params["clip_norm"] = params.pop("clip")
+    result = audit(args.mechanism, trials=args.trials, delta=args.delta, seed=args.seed,
+                   confidence=args.confidence, weaken=args.weaken, **params)
+    print(json.dumps(result.to_json(), indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedjax-dp", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -187,6 +209,24 @@ def build_parser() -> argparse.ArgumentParser:
     fk.add_argument("--delta", type=float, required=True)
     fk.add_argument("--accountant", choices=ACCOUNTANTS + ("both",), default="both")
     acc.set_defaults(func=_cmd_account)
+
+    # (No import of fedjax_dp.audit here: building the parser stays free of JAX; the mechanism
+    # name is checked by audit(), whose ValueError lists the registered ones.)
+    aud = sub.add_parser("audit", help="empirical lower bound on a mechanism's epsilon (the "
+                         "library's code on a worst-case neighbour pair) beside its claim")
+    aud.add_argument("mechanism", help="gaussian-vote, fedkt-laplace, dp-sgd-step, "
+                     "dp-fedavg-round, isrl-upload or sdp-upload")
+    aud.add_argument("--trials", type=int, default=100_000, help="runs per world (D and D')")
+    aud.add_argument("--delta", type=float, default=1e-5)
+    aud.add_argument("--seed", type=int, default=0)
+    aud.add_argument("--confidence", type=float, default=0.95)
+    aud.add_argument("--weaken", choices=("halve-noise", "no-clip"), default=None,
+                     help="audit a deliberately broken variant against the original claim")
+    for name, kind in _AUDIT_PARAMS.items():
+        flags = ("--clip", "--clip-norm") if name == "clip" else ("--" + name.replace("_", "-"),)
+        aud.add_argument(*flags, dest=name, type=kind, default=None,
+                         help="mechanism parameter" + (" (clip_norm)" if name == "clip" else ""))
+    aud.set_defaults(func=_cmd_audit)
     return parser
 
 

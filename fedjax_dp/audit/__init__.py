@@ -1,0 +1,13 @@
+"""Empirical privacy audits: lower bounds on every mechanism's epsilon, checked against its claim.
+
+:mod:`.bounds` (Clopper-Pearson bounds, the threshold test's epsilon lower bound),
+:mod:`.mechanisms` (the registry of auditable mechanisms, each the library's own code on a
+worst-case neighbour pair, with weakened variants), :mod:`.audit` (``audit(...)``). Command line:
+``fedjax-dp audit MECHANISM``. See ``docs/audit.md``.
+"""
+from fedjax_dp.audit import bounds, mechanisms
+from fedjax_dp.audit.audit import AuditResult, audit, statistics, world_keys
+from fedjax_dp.audit.mechanisms import MECHANISMS, WEAKENINGS, build
+
+__all__ = ["bounds", "mechanisms", "AuditResult", "audit", "statistics", "world_keys",
+           "MECHANISMS", "WEAKENINGS", "build"]
