@@ -33,6 +33,7 @@ exact for ``|x| < 2^(31-f)``, which the same bound implies).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -144,6 +145,7 @@ def check_range(name: str, bound: float, frac_bits: int, num_terms: int) -> None
                          f"and N = {num_terms} terms{hint}")
 
 
+@functools.partial(jax.jit, static_argnames=("frac_bits",))
 def encode(x: jax.Array, frac_bits: int) -> jax.Array:
     """``E(x) = round(x 2^f) mod 2^32`` as uint32 (same shape). Round-to-nearest, ties to even.
 
@@ -155,12 +157,14 @@ def encode(x: jax.Array, frac_bits: int) -> jax.Array:
     return jax.lax.bitcast_convert_type(y.astype(jnp.int32), jnp.uint32)
 
 
+@jax.jit
 def to_signed(u: jax.Array) -> jax.Array:
     """The two's-complement reading of ring elements: uint32 -> int32 (``u - 2^32`` if
     ``u >= 2^31``)."""
     return jax.lax.bitcast_convert_type(jnp.asarray(u, jnp.uint32), jnp.int32)
 
 
+@functools.partial(jax.jit, static_argnames=("frac_bits",))
 def decode(u: jax.Array, frac_bits: int) -> jax.Array:
     """``D(u) = to_signed(u) 2^-f`` as float32 (relative error 2^-24 above 2^24 units)."""
     return to_signed(u).astype(jnp.float32) * jnp.float32(2.0 ** -frac_bits)
@@ -184,6 +188,7 @@ def survivors(key: jax.Array, num_agents: int, fraction: float) -> np.ndarray:
     return alive
 
 
+@functools.partial(jax.jit, static_argnames=("fraction",))
 def drop_within(key: jax.Array, contrib: jax.Array, fraction: float) -> jax.Array:
     """Traced dropouts inside a pass: ``contrib [B]`` bool -> the survivors ``[B]``.
 

@@ -67,6 +67,7 @@ def ring_offsets(num_rows: int, k: int | None) -> tuple[int, ...]:
     return tuple(range(1, h + 1)) + tuple(range(b - h, b))
 
 
+@functools.partial(jax.jit, static_argnames=("num_rows", "k"))
 def neighbours(key: jax.Array, num_rows: int, k: int | None) -> jax.Array:
     """``nbr [B, K]`` int32: row b's neighbours (``K = len(ring_offsets(B, k))``), a k-regular
     ring graph on the random order ``perm = permutation(key, B)``: the row at ring position r is
@@ -77,6 +78,7 @@ def neighbours(key: jax.Array, num_rows: int, k: int | None) -> jax.Array:
     return perm[(pos[:, None] + offsets[None, :]) % num_rows]                # [B, K]
 
 
+@jax.jit
 def pair_key(key: jax.Array, id_a: jax.Array, id_b: jax.Array) -> jax.Array:
     """The pair seed ``s_ab = fold_in(fold_in(key, min), max)`` (symmetric in a and b)."""
     lo, hi = jnp.minimum(id_a, id_b), jnp.maximum(id_a, id_b)
@@ -106,6 +108,7 @@ def mask_terms(key: jax.Array, ids: jax.Array, nbr: jax.Array, weight: jax.Array
     return out
 
 
+@functools.partial(jax.jit, static_argnames=("k",))
 def masked_inputs(key: jax.Array, encoded: jax.Array, ids: jax.Array,
                   k: int | None) -> tuple[jax.Array, jax.Array]:
     """What the agents send: ``(y [B, d] uint32, nbr [B, K])`` for ``encoded [B, d]`` uint32.

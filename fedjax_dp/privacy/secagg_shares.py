@@ -39,6 +39,7 @@ __all__ = ["share", "tallier_sums", "tally_init", "tally_add", "combine", "relea
            "reveal_sum", "secure_argmax", "secure_sum_diagnostic"]
 
 
+@functools.partial(jax.jit, static_argnames=("talliers",))
 def share(key: jax.Array, agent_ids: jax.Array, encoded: jax.Array, talliers: int) -> jax.Array:
     """``encoded [a, ...]`` uint32 -> shares ``[a, J, ...]`` uint32 (see the module formula).
 
@@ -53,6 +54,7 @@ def share(key: jax.Array, agent_ids: jax.Array, encoded: jax.Array, talliers: in
     return jax.vmap(one)(agent_ids, encoded)
 
 
+@jax.jit
 def tallier_sums(shares: jax.Array, contrib: jax.Array) -> jax.Array:
     """``T_j = sum_{i: contrib_i} s_{i,j} mod 2^32``: ``shares [a, J, ...]``, ``contrib [a]``
     bool -> ``[J, ...]`` uint32 (each tallier adds only what it received)."""
@@ -75,6 +77,7 @@ def tally_add(acc: jax.Array, key: jax.Array, values: jax.Array, agent_ids: jax.
     return acc + tallier_sums(share(key, agent_ids, enc, acc.shape[0]), contrib)
 
 
+@jax.jit
 def combine(acc: jax.Array) -> jax.Array:
     """``sum_j T_j mod 2^32`` (inside the talliers' MPC): ``[J, ...]`` -> ``[...]`` uint32."""
     return jnp.sum(acc, axis=0, dtype=jnp.uint32)
