@@ -161,7 +161,8 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
         # passes apart; the pair seeds use the agents' ids), padding rows never deliver
         k_pass = jax.random.fold_in(rng.stream(k_train, "secagg"), ids[0])
         k_mask, k_drop = jax.random.split(k_pass)
-        alive = secagg_lib.drop_within(k_drop, valid, spec.secagg.dropout)     # [B]
+        alive = (secagg_lib.drop_within(k_drop, valid, spec.secagg.dropout)   # [B]
+                 if spec.secagg.dropout else valid)
         total = secagg_masks.secure_tree_sum(k_mask, deltas, ids, alive, spec.secagg)
         return (total, cohort_lib.masked_sum(metrics, alive),
                 jnp.sum(alive.astype(jnp.float32)))

@@ -188,15 +188,13 @@ def survivors(key: jax.Array, num_agents: int, fraction: float) -> np.ndarray:
     return alive
 
 
-@functools.partial(jax.jit, static_argnames=("fraction",))
-def drop_within(key: jax.Array, contrib: jax.Array, fraction: float) -> jax.Array:
+@jax.jit
+def drop_within(key: jax.Array, contrib: jax.Array, fraction) -> jax.Array:
     """Traced dropouts inside a pass: ``contrib [B]`` bool -> the survivors ``[B]``.
 
     ``d = floor(fraction M)`` (float32) of the ``M = sum(contrib)`` contributing rows drop, a
     uniformly random d-subset of them (random scores from ``key``, the d smallest drop).
     """
-    if not fraction:
-        return contrib
     m = jnp.sum(contrib.astype(jnp.float32))
     d = jnp.floor(jnp.float32(fraction) * m).astype(jnp.int32)
     u = jnp.where(contrib, jax.random.uniform(key, contrib.shape), 2.0)
