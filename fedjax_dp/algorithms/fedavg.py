@@ -158,7 +158,9 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
             return (cohort_lib.masked_sum(deltas, valid),                        # secure sum
                     cohort_lib.masked_sum(metrics, valid), jnp.sum(valid.astype(jnp.float32)))
         # secure aggregation: the pass's own masking / dropout keys (its first agent's id tells
-        # passes apart; the pair seeds use the agents' ids), padding rows never deliver
+        # passes apart; the pair seeds use the agents' ids), padding rows never deliver. The
+        # stream fold_in(k_train, crc32("secagg") = 1951061648) differs from every agent's
+        # training key fold_in(k_train, id) for N < 1.95e9 agents.
         k_pass = jax.random.fold_in(rng.stream(k_train, "secagg"), ids[0])
         k_mask, k_drop = jax.random.split(k_pass)
         alive = (secagg_lib.drop_within(k_drop, valid, spec.secagg.dropout)   # [B]
