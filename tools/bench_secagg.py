@@ -11,8 +11,8 @@ Parts (one JSON record, ``results/secagg/bench.json`` by default):
 * ``sum``: the cohort sum alone, ``[B, d]`` float32 updates: ``masked_sum`` vs
   :func:`fedjax_dp.privacy.secagg_masks.secure_sum` (encode, pairwise masks on a k-regular graph,
   server sum, dropout recovery, decode) for several k (None = complete graph): cost O(B k d).
-* ``round``: one DP-FedAvg round (MLP, local SGD, clipping, noise) through
-  :class:`fedjax_dp.algorithms.fedavg.RoundRunner`, plain vs secagg (k = 8 and complete).
+* ``round``: one DP-FedAvg round (MLP, local SGD, clipping, noise; all N agents) through
+  :class:`fedjax_dp.algorithms.fedavg.RoundRunner`, plain vs secagg (k = 8).
 
 Run: ``.venv/bin/python tools/bench_secagg.py [--out results/secagg/bench.json] [--small]``.
 Timings on a shared CPU are noisy: compare ratios measured in the same run.
@@ -149,7 +149,7 @@ def main(argv=None) -> dict:
         "vote": [bench_vote(*vote_args, repeats=args.repeats),
                  bench_vote(*vote_args[:4], 3, repeats=args.repeats)],
         "sum": bench_sum(*sum_args, repeats=args.repeats),
-        "round": bench_round(round_n, [8, None], repeats=args.repeats),
+        "round": bench_round(round_n, [8], repeats=args.repeats),
     }
     record["wall_s"] = time.perf_counter() - start
     out = Path(args.out)
