@@ -148,7 +148,9 @@ def test_one_talliers_view_is_uniform_whatever_the_inputs_and_shares_are_indepen
 # --------------------------------------------------------------------------- pairwise masks
 
 def test_neighbour_graph_is_k_regular_symmetric_and_random_per_key():
-    for b, k, deg in [(9, 4, 4), (6, None, 5), (5, 8, 4)]:
+    assert secagg_masks.ring_offsets(5, 8) == secagg_masks.ring_offsets(5, None) == (1, 2, 3, 4)
+    assert secagg_masks.ring_offsets(9, 4) == (1, 2, 7, 8)
+    for b, k, deg in [(9, 4, 4), (6, None, 5)]:
         nbr = np.asarray(secagg_masks.neighbours(jax.random.key(8), b, k))
         assert nbr.shape == (b, deg)
         for i in range(b):
