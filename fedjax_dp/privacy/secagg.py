@@ -42,9 +42,9 @@ import numpy as np
 
 from fedjax_dp.core import validation
 
-__all__ = ["AGGREGATIONS", "RING_BITS", "SecAggConfig", "SecAggOptions", "encode", "decode",
-           "to_signed", "check_range", "max_abs_sum", "resolution", "num_dropped",
-           "survivors", "drop_within", "effective_sigma"]
+__all__ = ["AGGREGATIONS", "RING_BITS", "SecAggConfig", "SecAggOptions", "check_fields",
+           "encode", "decode", "to_signed", "check_range", "max_abs_sum", "resolution",
+           "num_dropped", "survivors", "drop_within", "effective_sigma"]
 
 #: ``algorithm.aggregation``: the plain float sum (the simulation's default) or secure aggregation.
 AGGREGATIONS = ("plain", "secagg")
