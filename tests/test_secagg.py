@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from fedjax_dp.algorithms import ae_dpfl, api, dp_fedavg, fedavg, knn_dpfl, voting_dpfl
-from fedjax_dp.core import cohort, from_ragged, rng
+from fedjax_dp.core import from_ragged, rng
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import accounting, secagg, secagg_masks, secagg_shares, vote
 from fedjax_dp.train import LocalTrainConfig
