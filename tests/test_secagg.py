@@ -137,7 +137,8 @@ def test_one_talliers_view_is_uniform_whatever_the_inputs_and_shares_are_indepen
         np.testing.assert_array_equal(
             _ints(secagg_shares.combine(secagg_shares.tallier_sums(shares, jnp.ones(n, bool)))),
             _int_sum(x, np.ones(n, bool)))
-    assert stats.ks_2samp(views[0].astype(np.float64), views[1].astype(np.float64)).pvalue > 1e-3
+    assert stats.ks_2samp(views[0].astype(np.float64), views[1].astype(np.float64),
+                          method="asymp").pvalue > 1e-3
     assert stats.kstest(views[1] / 2.0 ** 32, "uniform").pvalue > 1e-3
     zeros = secagg.encode(inputs[0], F)
     a = secagg_shares.share(jax.random.key(6), jnp.arange(n), zeros, 2)
@@ -209,7 +210,7 @@ def test_the_servers_view_is_uniform_whatever_the_inputs_and_masks_are_independe
         views.append(np.asarray(y).ravel().astype(np.float64))
         np.testing.assert_array_equal(_ints(jnp.sum(y, 0, dtype=jnp.uint32)),
                                       _int_sum(x, np.ones(MB, bool)))
-    assert stats.ks_2samp(views[0], views[1]).pvalue > 1e-3
+    assert stats.ks_2samp(views[0], views[1], method="asymp").pvalue > 1e-3
     # zero inputs: y is the mask itself; other agents' and other rounds' masks are independent
     zeros = secagg.encode(np.zeros((MB, MD), np.float32), F)
     r1, _ = secagg_masks.masked_inputs(jax.random.key(18), zeros, jnp.arange(MB), 4)
