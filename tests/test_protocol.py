@@ -249,12 +249,15 @@ def legacy(tmp_path_factory):
 
 
 def _legacy_config(old_module, config):
-    """The legacy Config with the same values (fields added since, e.g. execution knobs such as
-    fedkt's party_chunk, are left out)."""
+    """The legacy Config with the same values; fields added since (e.g. ``aggregation``, the
+    ``secagg_*`` options, fedkt's ``party_chunk``) must be at their defaults, which reproduce the legacy behaviour."""
     import dataclasses
-    names = {f.name for f in dataclasses.fields(old_module.Config)}
+    known = {f.name for f in dataclasses.fields(old_module.Config)}
+    for f in dataclasses.fields(config):
+        if f.name not in known:
+            assert getattr(config, f.name) == f.default, f"{f.name} is not at its default"
     return old_module.Config(**{f.name: getattr(config, f.name)
-                                for f in dataclasses.fields(config) if f.name in names})
+                                for f in dataclasses.fields(config) if f.name in known})
 
 
 def _epsilons(ledger, units):

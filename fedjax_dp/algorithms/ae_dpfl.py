@@ -75,6 +75,7 @@ from fedjax_dp.algorithms import student as student_lib
 from fedjax_dp.core import StackedData, auto_chunk_size, for_each_agent, is_on_host, rng
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
+from fedjax_dp.privacy import secagg
 from fedjax_dp.privacy import vote as vote_lib
 from fedjax_dp.train import LocalTrainConfig, make_local_update
 
@@ -87,7 +88,7 @@ PHASES = ("local_training", "vote", "student")
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(student_lib.StudentSettings):
+class Config(student_lib.StudentSettings, secagg.SecAggOptions):
     """AE-DPFL. ``local`` trains the agents; the ``student_*`` fields train the global model."""
 
     sigma: float = 25.0                 # std of the total noise on the vote sum
@@ -111,6 +112,15 @@ class Config(student_lib.StudentSettings):
     # abstention: an agent whose max softmax on a query is < this casts the zero ballot
     # (None: never abstain, the paper's rule). Sensitivities unchanged (see ``ballot_fn``).
     abstain_below: float | None = None
+    # secure aggregation (fedjax_dp.privacy.secagg, docs/secagg.md): "plain" float sum (default)
+    # or "secagg": ballots secret-shared among secagg_talliers talliers in fixed point with
+    # secagg_frac_bits fraction bits; secagg_dropout: fraction of agents whose shares never
+    # arrive (the ledger uses the survivors' noise). secagg_neighbours: DP-FedAvg's masks only.
+    aggregation: str = "plain"
+    secagg_talliers: int = 2
+    secagg_frac_bits: int = 16
+    secagg_neighbours: int | None = None
+    secagg_dropout: float = 0.0
     local: LocalTrainConfig = LocalTrainConfig()
 
     def __post_init__(self):
@@ -197,11 +207,15 @@ def sensitivities() -> dict[str, float]:
     return {unit: vote_lib.vote_sensitivity(unit, "one_hot") for unit in ("agent", "instance")}
 
 
-def vote_ledger(config: Config, clean_vote_sums: np.ndarray | None = None) -> PrivacyLedger:
+def vote_ledger(config: Config, clean_vote_sums: np.ndarray | None = None,
+                sigma: float | None = None) -> PrivacyLedger:
     """Agent- and instance-level guarantees of Q votes (+ the data-dependent ones given the
-    noise-free sums ``[Q, C]``)."""
-    return vote_lib.vote_ledger(config.sigma, config.num_queries, sensitivities(),
-                                clean_vote_sums=clean_vote_sums, note="AE-DPFL")
+    noise-free sums ``[Q, C]``). ``sigma``: the noise std accounted (default ``config.sigma``;
+    with secure-aggregation dropouts the survivors', :func:`voting_dpfl.ledger_sigma`)."""
+    sigma = config.sigma if sigma is None else sigma
+    return vote_lib.vote_ledger(sigma, config.num_queries, sensitivities(),
+                                clean_vote_sums=clean_vote_sums,
+                                note="AE-DPFL" + voting_dpfl.secagg_note(config, sigma))
 
 
 # --------------------------------------------------------------------------- the protocol
@@ -381,7 +395,8 @@ output = voting_dpfl.output
 def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
     """:func:`vote_ledger` with the run's noise-free sums (data-independent part only without a
     state, before the vote, or without ``config.data_dependent``)."""
-    return vote_ledger(config, voting_dpfl.clean_sums(state))
+    return vote_ledger(config, voting_dpfl.clean_sums(state),
+                       voting_dpfl.ledger_sigma(config, state))
 
 
 def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_public, *,

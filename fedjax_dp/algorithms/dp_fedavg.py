@@ -26,6 +26,17 @@ estimator): dividing by the realised count m_t (the paper's Algorithm 1 line 6, 
 agent is present and is not covered by the sampled-Gaussian analysis. Adding N(0, sigma^2 S^2) once
 to the sum equals, in distribution, each sampled agent adding N(0, sigma^2 S^2 / m_t) (line 4 of
 NoisyUpdate) and summing.
+
+Secure aggregation (``aggregation = "secagg"``, :mod:`fedjax_dp.privacy.secagg_masks`): the sum of
+clipped updates of each pass is computed by pairwise masking in fixed point (Bonawitz et al.
+2017 on a k-regular graph, Bell et al. 2020), so the server sees only masked inputs and their
+sum; it equals the plain sum up to ``M 2^-(f+1)`` per coordinate (M agents). The Gaussian noise
+is still added by the server to the sum (central DP): the server itself sees the clean sum of
+clipped updates (distributed noise is not simulated). Dropouts (``secagg_dropout``): a fraction
+of each pass drops after masking; the server removes their masks with the survivors' help and
+the sum is the survivors'. The ledger is unchanged: the noise is the server's, and dropping
+agents independently of the data only lowers each agent's inclusion probability below q (the
+sampled-Gaussian bound is increasing in q); the denominator ``'expected'`` stays qN.
 """
 from __future__ import annotations
 
@@ -37,22 +48,32 @@ import jax
 from fedjax_dp.algorithms import api, fedavg
 from fedjax_dp.core import StackedData, validation
 from fedjax_dp.models import Model
-from fedjax_dp.privacy import PrivacyLedger, accounting
+from fedjax_dp.privacy import PrivacyLedger, accounting, secagg
 
 RELATION = "add/remove one agent's entire local dataset"
 RELATION_FIXED = "replace one agent's entire local dataset"
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(fedavg.Config):
+class Config(fedavg.Config, secagg.SecAggOptions):
     """DP-FedAvg: FedAvg plus update clipping to ``clip_norm`` (S) and noise multiplier sigma."""
 
     clip_norm: float = 1.0
     noise_multiplier: float = 1.0
     denominator: str = "expected"
+    # secure aggregation of the clipped updates (fedjax_dp.privacy.secagg_masks, docs/secagg.md):
+    # "plain" (default) or "secagg": fixed point with secagg_frac_bits fraction bits, pairwise
+    # masks on a secagg_neighbours-regular graph (None: complete), a fraction secagg_dropout of
+    # each pass drops after masking. secagg_talliers: the votes' talliers only.
+    aggregation: str = "plain"
+    secagg_talliers: int = 2
+    secagg_frac_bits: int = 16
+    secagg_neighbours: int | None = None
+    secagg_dropout: float = 0.0
 
     def __post_init__(self):
         super().__post_init__()
+        self.check_aggregation()
         validation.check_positive("algorithm.clip_norm", self.clip_norm)
         validation.check_nonnegative("algorithm.noise_multiplier", self.noise_multiplier)
         validation.check_choice("algorithm.denominator", self.denominator,
@@ -63,7 +84,7 @@ def round_spec(config: Config) -> fedavg.RoundSpec:
     return fedavg.RoundSpec(sampling=config.participation, server_lr=config.server_lr,
                             clip_norm=config.clip_norm,
                             noise_std=config.noise_multiplier * config.clip_norm,
-                            denominator=config.denominator)
+                            denominator=config.denominator, secagg=config.secagg)
 
 
 DESCRIPTION = "DP-FedAvg, agent-level DP (McMahan et al. 2018)"

@@ -29,10 +29,12 @@ from fedjax_dp.algorithms import api
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from fedjax_dp.core import AGENTS, StackedData, for_each_agent, is_on_host, validation
+from fedjax_dp.core import AGENTS, StackedData, for_each_agent, is_on_host, rng, validation
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, mechanisms
+from fedjax_dp.privacy import secagg as secagg_lib
+from fedjax_dp.privacy import secagg_masks
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
 from fedjax_dp.train.local import resolve_chunk_size
 
@@ -76,6 +78,10 @@ class RoundSpec:
     denominator: ``'sampled'`` divides the sum by the realised number of participants
       (FedAvg; the voting-dpfl paper's Algorithm 1), ``'expected'`` by the fixed q*N or C
       (McMahan et al. 2018's fixed-denominator estimator, needed for DP-FedAvg's guarantee).
+
+    secagg: None (the plain masked sum) or secure aggregation of the clipped updates
+      (:func:`fedjax_dp.privacy.secagg_masks.secure_tree_sum`: fixed point, pairwise masks on a
+      k-regular graph, dropouts after masking); needs ``clip_norm`` (the range bound).
     """
 
     sampling: cohort_lib.Sampling
@@ -83,6 +89,7 @@ class RoundSpec:
     clip_norm: float | None = None
     noise_std: float = 0.0
     denominator: str = "sampled"
+    secagg: secagg_lib.SecAggConfig | None = None
 
 
 def sample_agents(key: jax.Array, num_agents: int, sampling: cohort_lib.Sampling) -> np.ndarray:
@@ -147,8 +154,20 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
         if spec.clip_norm is not None:
             deltas = jax.vmap(lambda d: mechanisms.clip_by_global_norm(d, spec.clip_norm)[0]
                               )(deltas)
-        return (cohort_lib.masked_sum(deltas, valid),                            # secure sum
-                cohort_lib.masked_sum(metrics, valid), jnp.sum(valid.astype(jnp.float32)))
+        if spec.secagg is None:
+            return (cohort_lib.masked_sum(deltas, valid),                        # secure sum
+                    cohort_lib.masked_sum(metrics, valid), jnp.sum(valid.astype(jnp.float32)))
+        # secure aggregation: the pass's own masking / dropout keys (its first agent's id tells
+        # passes apart; the pair seeds use the agents' ids), padding rows never deliver. The
+        # stream fold_in(k_train, crc32("secagg") = 1951061648) differs from every agent's
+        # training key fold_in(k_train, id) for N < 1.95e9 agents.
+        k_pass = jax.random.fold_in(rng.stream(k_train, "secagg"), ids[0])
+        k_mask, k_drop = jax.random.split(k_pass)
+        alive = (secagg_lib.drop_within(k_drop, valid, spec.secagg.dropout)   # [B]
+                 if spec.secagg.dropout else valid)
+        total = secagg_masks.secure_tree_sum(k_mask, deltas, ids, alive, spec.secagg)
+        return (total, cohort_lib.masked_sum(metrics, alive),
+                jnp.sum(alive.astype(jnp.float32)))
 
     def server(k_noise, params, sums):
         total, metric_sums, num_sampled = sums
@@ -170,6 +189,20 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
                                                  extras))
 
     return jax.jit(train_sum), jax.jit(server), jax.jit(fused)
+
+
+def check_secagg_range(spec: RoundSpec, rows: int) -> None:
+    """Secure aggregation needs a bound on the sum (before any work): every coordinate of a
+    clipped update is at most ``clip_norm`` in absolute value, so a pass of ``rows`` agents sums
+    to at most ``rows * clip_norm`` per coordinate, which must fit the ring
+    (:func:`fedjax_dp.privacy.secagg.check_range`)."""
+    if spec.secagg is None:
+        return
+    if spec.clip_norm is None:
+        raise ValueError("algorithm.aggregation = 'secagg' needs clipped updates (clip_norm): "
+                         "the fixed-point range is bounded by the number of agents x clip_norm")
+    secagg_lib.check_range(f"algorithm.clip_norm x agents per pass ({rows})",
+                           rows * float(spec.clip_norm), spec.secagg.frac_bits, rows)
 
 
 def _add(a, b):
@@ -203,6 +236,7 @@ class RoundRunner:
         align = 1 if mesh is None else mesh.shape[AGENTS]
         self.plan = cohort_lib.CohortPlan.for_sampling(spec.sampling, n, align=align,
                                                        pass_size=pass_size)
+        check_secagg_range(spec, n if cohort == "masked" else self.plan.pass_size)
         sharding = None if mesh is None else NamedSharding(mesh, P(AGENTS))
         self.feeder = cohort_lib.CohortFeeder(agents, spec.sampling, self.plan,
                                               sharding=sharding)

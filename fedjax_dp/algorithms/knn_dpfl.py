@@ -75,6 +75,7 @@ from fedjax_dp.core import StackedData, is_on_host, validation
 from fedjax_dp.models import Model
 from fedjax_dp.ops import knn_search
 from fedjax_dp.privacy import PrivacyLedger
+from fedjax_dp.privacy import secagg
 from fedjax_dp.privacy import vote as vote_lib
 
 Params = Any
@@ -88,7 +89,7 @@ KNN_METHODS = ("threshold", "top_k")
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(student_lib.StudentSettings):
+class Config(student_lib.StudentSettings, secagg.SecAggOptions):
     """kNN-DPFL. No local training: the ``student_*`` fields train the global model."""
 
     k: int = 10                          # neighbours per agent (paper: 5% of the local size)
@@ -114,6 +115,15 @@ class Config(student_lib.StudentSettings):
     # the vote's noise: every agent's share ("per_agent") or the secure sum's at once
     # ("aggregate": same distribution of the released labels; Q C draws instead of N Q C)
     vote_noise: str = "per_agent"
+    # secure aggregation (fedjax_dp.privacy.secagg, docs/secagg.md): "plain" float sum (default)
+    # or "secagg": ballots secret-shared among secagg_talliers talliers in fixed point with
+    # secagg_frac_bits fraction bits; secagg_dropout: fraction of agents whose shares never
+    # arrive (the ledger uses the survivors' noise). secagg_neighbours: DP-FedAvg's masks only.
+    aggregation: str = "plain"
+    secagg_talliers: int = 2
+    secagg_frac_bits: int = 16
+    secagg_neighbours: int | None = None
+    secagg_dropout: float = 0.0
 
     def __post_init__(self):
         validation.check_int("algorithm.k", self.k, minimum=1)
@@ -267,12 +277,16 @@ def sensitivities(config: Config) -> dict[str, float]:
                                                   rule=config.instance_sensitivity)}
 
 
-def vote_ledger(config: Config, clean_vote_sums: np.ndarray | None = None) -> PrivacyLedger:
+def vote_ledger(config: Config, clean_vote_sums: np.ndarray | None = None,
+                sigma: float | None = None) -> PrivacyLedger:
     """Instance- and agent-level guarantees of Q votes (+ the data-dependent ones given the
-    noise-free sums ``[Q, C]``)."""
+    noise-free sums ``[Q, C]``). ``sigma``: the noise std accounted (default ``config.sigma``;
+    with secure-aggregation dropouts the survivors', :func:`voting_dpfl.ledger_sigma`)."""
+    sigma = config.sigma if sigma is None else sigma
     note = f"kNN-DPFL, k={config.k}, instance sensitivity rule '{config.instance_sensitivity}'"
-    return vote_lib.vote_ledger(config.sigma, config.num_queries, sensitivities(config),
-                                clean_vote_sums=clean_vote_sums, note=note)
+    return vote_lib.vote_ledger(sigma, config.num_queries, sensitivities(config),
+                                clean_vote_sums=clean_vote_sums,
+                                note=note + voting_dpfl.secagg_note(config, sigma))
 
 
 # --------------------------------------------------------------------------- the protocol
@@ -352,7 +366,8 @@ output = voting_dpfl.output
 def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
     """:func:`vote_ledger` with the run's noise-free sums (data-independent part only without a
     state, before the vote, or without ``config.data_dependent``)."""
-    return vote_ledger(config, voting_dpfl.clean_sums(state))
+    return vote_ledger(config, voting_dpfl.clean_sums(state),
+                       voting_dpfl.ledger_sigma(config, state))
 
 
 def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_public) -> Result:

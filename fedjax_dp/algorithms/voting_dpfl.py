@@ -20,6 +20,18 @@ so the released labels and the clean sums are bitwise the same for every chunkin
 or device-resident data. Only the argmax leaves (:func:`tally_release`). With ``runtime.mesh``
 the sharded :func:`fedjax_dp.privacy.vote.run_vote` is used (device-resident agents).
 
+Secure aggregation (``config.aggregation = "secagg"``, :mod:`fedjax_dp.privacy.secagg`): every
+agent's noisy ballot ``b_i / divisor + z_i`` is encoded in Z_{2^32} and secret-shared among
+``secagg_talliers`` talliers chunk by chunk (:func:`fedjax_dp.privacy.secagg_shares.tally_add`,
+shares from the ``secagg`` stream); the talliers release only the argmax of the sum of their
+partial sums (:func:`fedjax_dp.privacy.secagg_shares.release_labels`). The noise shares are the
+plain vote's (same key), so with the same key the labels equal the plain vote's unless two noisy
+sums are within the fixed-point error ``N 2^-(f+1)``. Dropouts (``secagg_dropout``): ``d =
+floor(p N)`` agents drawn from the ``secagg`` stream never deliver their shares, so their ballots
+AND their noise shares are missing: the released vote carries ``N(0, sigma^2 (N - d)/N)`` and the
+ledger accounts it with the effective ``sigma sqrt((N - d)/N)`` (:func:`ledger_sigma`); the clean
+sums of the data-dependent analysis are the survivors'. Not with ``runtime.mesh``.
+
 ``State.values`` collects the phases' arrays: ``labels [Q]`` (released by the vote),
 ``clean_vote_sums [Q, C]`` (noise-free, for the data-dependent privacy analysis ONLY; present when
 ``config.data_dependent``) and ``params`` (the student).
@@ -39,11 +51,12 @@ from fedjax_dp.algorithms import agent_stream, api
 from fedjax_dp.algorithms import student as student_lib
 from fedjax_dp.core import StackedData, rng, validation
 from fedjax_dp.models import Model
+from fedjax_dp.privacy import secagg, secagg_shares
 from fedjax_dp.privacy import vote as vote_lib
 from fedjax_dp.train import check_trainable
 
 #: The named key streams of a voting run (one per random draw, never reused).
-STREAMS = ("init", "train", "queries", "feature_map", "vote", "student")
+STREAMS = ("init", "train", "queries", "feature_map", "vote", "student", "secagg")
 
 
 def check_vote_config(config) -> None:
@@ -59,6 +72,7 @@ def check_vote_config(config) -> None:
         raise ValueError(f"algorithm.data_dependent must be true or false, "
                          f"got {config.data_dependent!r}")
     validation.check_choice("algorithm.vote_noise", config.vote_noise, vote_lib.NOISE_MODES)
+    config.check_aggregation()
 
 
 def select_queries(key: jax.Array, num_public: int, num_queries: int) -> np.ndarray:
@@ -117,10 +131,51 @@ def init_context(key: jax.Array, data: api.FederatedData, model: Model, config,
     vote_lib.check_vote_args(config.sigma, data.num_agents, config.num_queries,
                              model.num_classes, config.agent_chunk, config.query_chunk,
                              config.vote_noise)
+    check_secagg_vote(config, data.num_agents, runtime)
     keys = {name: rng.stream(key, name) for name in STREAMS}
     qidx = select_queries(keys["queries"], len(x_public), config.num_queries)
     return Context(data=data, model=model, config=config, runtime=runtime, x_public=x_public,
                    query_indices=qidx, keys=keys)
+
+
+def check_secagg_vote(config, num_agents: int, runtime: api.Runtime) -> None:
+    """Secure-aggregation checks before any work: not with ``runtime.mesh``; the vote sum must
+    fit the ring. Per coordinate ``0 <= sum_i b_i <= N`` (every ballot has L1 norm <= 1) and the
+    noise sum is ``N(0, sigma^2)``, bounded by ``10 sigma`` except with probability < 2e-23 per
+    coordinate: ``N + 10 sigma < 2^(31-f) - N 2^-(f+1)``."""
+    sa = config.secagg
+    if sa is None:
+        return
+    if runtime.mesh is not None:
+        raise ValueError("algorithm.aggregation = 'secagg' runs the streamed vote; leave "
+                         "runtime.mesh unset (the sharded vote has no secure-aggregation path)")
+    n = int(num_agents)
+    secagg.check_range("the vote sum bound N + 10 sigma", n + 10.0 * float(config.sigma),
+                       sa.frac_bits, n + 1)
+
+
+def ledger_sigma(config, state: api.State | None) -> float:
+    """The noise std the ledger accounts: ``sigma``, or with secure-aggregation dropouts the
+    survivors' ``sigma sqrt((N - d)/N)``, ``d = floor(secagg_dropout N)`` (N from ``state``)."""
+    sa = config.secagg
+    if sa is None or sa.dropout == 0:
+        return float(config.sigma)
+    if state is None:
+        raise ValueError("the ledger of a vote with algorithm.secagg_dropout > 0 needs the run's "
+                         "state (the number of agents N fixes the survivors' noise)")
+    return secagg.effective_sigma(config.sigma, state.context.data.num_agents, sa.dropout)
+
+
+def secagg_note(config, sigma: float) -> str:
+    """The ledger note's secure-aggregation part ('' for the plain sum)."""
+    sa = config.secagg
+    if sa is None:
+        return ""
+    out = f"; secure aggregation: {sa.talliers} talliers, {sa.frac_bits} fraction bits"
+    if sa.dropout:
+        out += (f", dropout {sa.dropout:g}: survivors' noise, effective sigma {sigma:g} "
+                f"(configured {config.sigma:g})")
+    return out
 
 
 def vote_phase(state: api.State, ballot_fn: vote_lib.BallotFn, agents: Any, queries
@@ -133,6 +188,7 @@ def vote_phase(state: api.State, ballot_fn: vote_lib.BallotFn, agents: Any, quer
     """
     ctx: Context = state.context
     cfg = ctx.config
+    check_secagg_vote(cfg, ctx.data.num_agents, ctx.runtime)
     labels, clean = vote_lib.run_vote(ctx.keys["vote"], ballot_fn, agents, queries, cfg.sigma,
                                       num_classes=ctx.model.num_classes,
                                       agent_chunk=cfg.agent_chunk, query_chunk=cfg.query_chunk,
@@ -157,6 +213,7 @@ class Tally(NamedTuple):
 
     counts: jax.Array
     noise: jax.Array
+    shares: jax.Array | None = None     # [J, Q, C] uint32: the talliers' sums (secagg only)
 
 
 def tally_init(num_queries: int, num_classes: int) -> Tally:
@@ -222,6 +279,8 @@ def streamed_vote_phase(state: api.State, blocks: Iterable[tuple], total: int, *
     per_agent = cfg.vote_noise == "per_agent"
     std = jnp.float32(cfg.sigma / math.sqrt(n))
     key = ctx.keys["vote"]
+    if cfg.secagg is not None:
+        return _secagg_vote(state, blocks, total, divisor)
     tally = tally_init(q, c)
     with ctx.runtime.progress.task("vote", total=total, unit="chunk") as task:
         for ballots, ids, valid in blocks:
@@ -234,6 +293,70 @@ def streamed_vote_phase(state: api.State, blocks: Iterable[tuple], total: int, *
     if cfg.data_dependent:
         values["clean_vote_sums"] = np.asarray(tally.counts, np.float64) / divisor
     return values, _vote_metrics(ctx, labels)
+
+
+def secagg_keys(ctx: Context) -> tuple[jax.Array, jax.Array]:
+    """``(share key, dropout key)``: the two draws of the ``secagg`` stream."""
+    k_share, k_drop = jax.random.split(ctx.keys["secagg"])
+    return k_share, k_drop
+
+
+@functools.partial(jax.jit, static_argnames=("num_classes", "per_agent", "frac_bits"))
+def secagg_tally_add(tally: Tally, key: jax.Array, share_key: jax.Array, ballots: jax.Array,
+                     agent_ids: jax.Array, valid: jax.Array, alive: jax.Array, std, divisor, *,
+                     num_classes: int, per_agent: bool, frac_bits: int) -> Tally:
+    """Secure-aggregation :func:`tally_add`: agent i's noisy ballot ``b_i / divisor + z_i``
+    (``z_i`` the plain vote's noise share, ``per_agent``; else 0) is encoded and shared among the
+    talliers (:func:`fedjax_dp.privacy.secagg_shares.tally_add`); only real (``valid``) agents
+    that did not drop (``alive [N]``, indexed by ``agent_ids``) deliver. ``counts`` (analysis
+    only) counts the same agents."""
+    if ballots.ndim == 2:
+        ballots = jax.nn.one_hot(ballots.astype(jnp.int32), num_classes, dtype=jnp.int32)
+    contrib = valid & jnp.take(alive, agent_ids, mode="fill", fill_value=False)   # [a]
+    ballots = ballots.astype(jnp.int32)                                           # [a, Q, C]
+    counts = tally.counts + jnp.sum(jnp.where(contrib[:, None, None], ballots, 0), axis=0)
+    values = ballots.astype(jnp.float32) / divisor
+    if per_agent:
+        q = ballots.shape[1]
+        values = values + vote_lib.agent_query_noise(key, agent_ids, jnp.arange(q), std,
+                                                     num_classes)
+    shares = secagg_shares.tally_add(tally.shares, share_key, values, agent_ids, contrib,
+                                     frac_bits=frac_bits)
+    return Tally(counts, tally.noise, shares)
+
+
+def _secagg_vote(state: api.State, blocks: Iterable[tuple], total: int, divisor: float
+                 ) -> tuple[dict, dict]:
+    """:func:`streamed_vote_phase` with secure aggregation (see the module docstring)."""
+    ctx: Context = state.context
+    cfg = ctx.config
+    sa = cfg.secagg
+    n, c = ctx.data.num_agents, ctx.model.num_classes
+    q = len(ctx.query_indices)
+    per_agent = cfg.vote_noise == "per_agent"
+    key = ctx.keys["vote"]
+    k_share, k_drop = secagg_keys(ctx)
+    alive = secagg.survivors(k_drop, n, sa.dropout)                                # [N] host
+    alive_d = jnp.asarray(alive)
+    std, div = jnp.float32(cfg.sigma / math.sqrt(n)), jnp.float32(divisor)
+    tally = tally_init(q, c)._replace(shares=secagg_shares.tally_init(sa.talliers, (q, c)))
+    with ctx.runtime.progress.task("vote", total=total, unit="chunk") as task:
+        for ballots, ids, valid in blocks:
+            tally = secagg_tally_add(tally, key, k_share, ballots, ids, valid, alive_d, std, div,
+                                     num_classes=c, per_agent=per_agent,
+                                     frac_bits=sa.frac_bits)
+            task.update(1)
+    extra = None
+    if not per_agent:        # the talliers draw the survivors' total noise jointly
+        extra = vote_lib.aggregate_noise(key, jnp.arange(q), ledger_sigma(cfg, state), c)
+    labels = np.asarray(secagg_shares.release_labels(tally.shares, extra,
+                                                     frac_bits=sa.frac_bits))
+    values = {**state.values, "labels": labels}
+    if cfg.data_dependent:
+        values["clean_vote_sums"] = np.asarray(tally.counts, np.float64) / divisor
+    metrics = _vote_metrics(ctx, labels)
+    metrics["secagg_survivors"] = int(alive.sum())
+    return values, metrics
 
 
 def _vote_metrics(ctx: Context, labels: np.ndarray) -> dict:

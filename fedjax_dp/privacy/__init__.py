@@ -1,9 +1,12 @@
 """Privacy: noise mechanisms, dp-accounting wrappers, the privacy ledger and noise calibration;
-the shuffle-DP binomial vector sum and its exact PLD (:mod:`fedjax_dp.privacy.shuffle`).
+the shuffle-DP binomial vector sum and its exact PLD (:mod:`fedjax_dp.privacy.shuffle`); secure
+aggregation in Z_{2^32} (:mod:`fedjax_dp.privacy.secagg`, ``secagg_shares``, ``secagg_masks``).
 
 Builds on :mod:`fedjax_dp.core` only; it never trains and knows no algorithm.
 """
 from fedjax_dp.privacy import accounting, calibration, ledger, mechanisms, shuffle
+from fedjax_dp.privacy import secagg, secagg_masks, secagg_shares
+from fedjax_dp.privacy.secagg import SecAggConfig
 from fedjax_dp.privacy.accounting import (
     ACCOUNTANTS, DEFAULT_PLD_DISCRETIZATION, DEFAULT_RDP_ORDERS, composed_accountant,
     delta_for_epsilon, epsilon, epsilon_from_rdp, event_from_json, event_rdp, event_to_json,
@@ -21,6 +24,7 @@ from fedjax_dp.privacy.shuffle import BinomialSumEvent, ShuffleConfig, shuffle_v
 __all__ = [
     "gnmax_epsilon", "gnmax_logq", "gnmax_rdp", "gnmax_total_rdp",
     "accounting", "calibration", "ledger", "mechanisms", "shuffle",
+    "secagg", "secagg_masks", "secagg_shares", "SecAggConfig",
     "BinomialSumEvent", "ShuffleConfig", "shuffle_vector_sum",
     "ACCOUNTANTS", "DEFAULT_PLD_DISCRETIZATION", "DEFAULT_RDP_ORDERS", "composed_accountant",
     "delta_for_epsilon", "epsilon", "epsilon_from_rdp", "event_from_json", "event_rdp",
