@@ -73,6 +73,13 @@ class FederatedData:
             raise ValueError(f"data.agents must be a StackedData, got "
                              f"{type(self.agents).__name__}")
         validation.check_int("data.num_classes", self.num_classes, minimum=1)
+        y = self.agents.y                       # padding holds label 0, which is in range
+        if np.size(y):
+            lo, hi = (int(v) for v in jax.device_get((y.min(), y.max())))
+            if lo < 0 or hi >= self.num_classes:
+                raise ValueError(f"the agents' labels must be in [0, {self.num_classes - 1}] "
+                                 f"(data.num_classes = {self.num_classes}), got labels in "
+                                 f"[{lo}, {hi}]")
         if self.x_public is not None and tuple(np.shape(self.x_public)[1:]) != \
                 self.agents.feature_shape:
             raise ValueError(f"data.x_public has feature shape {tuple(np.shape(self.x_public)[1:])}"

@@ -75,7 +75,8 @@ class Config(fedavg.Config, secagg.SecAggOptions):
         super().__post_init__()
         self.check_aggregation()
         validation.check_positive("algorithm.clip_norm", self.clip_norm)
-        validation.check_nonnegative("algorithm.noise_multiplier", self.noise_multiplier)
+        validation.check_nonnegative("algorithm.noise_multiplier", self.noise_multiplier,
+                                     finite=True)
         validation.check_choice("algorithm.denominator", self.denominator,
                                 ("expected", "sampled"))
 

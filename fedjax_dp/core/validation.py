@@ -25,11 +25,12 @@ def check_number(name: str, value: Any) -> float:
     return value
 
 
-def check_nonnegative(name: str, value: Any) -> float:
-    """``value >= 0`` (infinity allowed)."""
+def check_nonnegative(name: str, value: Any, *, finite: bool = False) -> float:
+    """``value >= 0`` (infinity allowed unless ``finite``)."""
     v = check_number(name, value)
-    if v < 0:
-        raise ValueError(f"{name} must be >= 0, got {_fmt(value)}")
+    if v < 0 or (finite and math.isinf(v)):
+        bound = "a finite number >= 0" if finite else ">= 0"
+        raise ValueError(f"{name} must be {bound}, got {_fmt(value)}")
     return v
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from fedjax_dp import data as data_lib
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.api import FederatedData
-from fedjax_dp.core import from_partition, rng
+from fedjax_dp.core import from_partition, rng, validation
 from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.experiments import checkpoint as checkpoint_lib
 from fedjax_dp.experiments import config as config_lib
@@ -73,6 +73,12 @@ def plan(config: dict) -> Plan:
     if config["model"]["name"] not in MODELS:
         raise config_lib.ConfigError(f"model.name must be one of {list(MODELS)}, "
                                      f"got {config['model']['name']!r}")
+    hidden = config["model"]["hidden"]
+    if not isinstance(hidden, list):
+        raise config_lib.ConfigError(f"model.hidden must be a list of layer widths, e.g. [200], "
+                                     f"got {hidden!r}")
+    for h in hidden:
+        validation.check_int("model.hidden[]", h, minimum=1)
     server = d.get("server_dataset", "")
     if server and server not in data_lib.DATASETS:
         raise config_lib.ConfigError(f"data.server_dataset must be \"\" or one of "
@@ -99,6 +105,20 @@ def _resized(ds: data_lib.Dataset, size: int) -> data_lib.Dataset:
                             num_classes=ds.num_classes, domain_train=ds.domain_train)
 
 
+def _load(name: str, options: dict, where: str) -> data_lib.Dataset:
+    """``load_dataset(name, **options)``; an option the source does not take names ``where``."""
+    import inspect
+    source = data_lib.DATASETS.get(name)
+    if source is not None:
+        try:
+            inspect.signature(source).bind(**options)
+        except TypeError as e:
+            params = [q for q in inspect.signature(source).parameters]
+            raise config_lib.ConfigError(f"{where} for {name!r}: {e}; it accepts {params}"
+                                         ) from None
+    return data_lib.load_dataset(name, **options)
+
+
 def load_data(d: dict) -> data_lib.Dataset:
     """The dataset of a resolved ``[data]`` table.
 
@@ -109,14 +129,14 @@ def load_data(d: dict) -> data_lib.Dataset:
     both must have the same classes and, after resizing, the same feature shape. The result is
     named ``"<dataset>-><server_dataset>"``.
     """
-    ds = data_lib.load_dataset(d["dataset"], **d["dataset_options"])
+    ds = _load(d["dataset"], d["dataset_options"], "data.dataset_options")
     size = d.get("image_size", 0)
     if size:
         ds = _resized(ds, size)
     server = d.get("server_dataset", "")
     if not server:
         return ds
-    srv = data_lib.load_dataset(server, **d.get("server_dataset_options", {}))
+    srv = _load(server, d.get("server_dataset_options", {}), "data.server_dataset_options")
     if size:
         srv = _resized(srv, size)
     if srv.num_classes != ds.num_classes:
@@ -144,7 +164,17 @@ def partition_indices(d: dict, dataset: data_lib.Dataset, key) -> list:
             raise config_lib.ConfigError(f"data.partition = \"by_domain\" needs a dataset with "
                                          f"training domains; {dataset.name!r} has none")
         options["domains"] = dataset.domain_train
-    return data_lib.partition(d["partition"], dataset.y_train, d["num_agents"], key, **options)
+    try:
+        return data_lib.partition(d["partition"], dataset.y_train, d["num_agents"], key,
+                                  **options)
+    except ValueError as e:            # name the config key the partitioner's argument came from
+        msg = str(e)
+        if msg.startswith("num_agents"):
+            raise config_lib.ConfigError(f"data.{msg}") from None
+        first = msg.split(" ", 1)[0]
+        if first in options:
+            raise config_lib.ConfigError(f"data.partition_options.{msg}") from None
+        raise
 
 
 def _jsonable(x):
@@ -232,6 +262,7 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     if resume and out is None:
         raise config_lib.ConfigError("resume needs the run's folder (--resume DIR)")
     restart = None                               # the checkpoint a resumed run starts from
+    created = out is not None and not out.exists()
     if out is not None:
         prepare_out(out, resume=resume)
         if resume:
@@ -244,6 +275,22 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
                     f"--resume {str(out)!r} holds a run of a different config")
         (out / "config.json").write_text(json.dumps(_jsonable(config), indent=2))
         (out / "progress.jsonl").write_text("")
+    try:
+        return _run(p, config, out, show, restart)
+    except BaseException:
+        progress_file = None if out is None else out / "progress.jsonl"
+        if out is not None and not resume and not checkpoint_lib.latest(out) and \
+                not (progress_file.exists() and progress_file.read_text().strip()):
+            # failed before any round (bad data, k above a record count, ...): leave no run
+            # behind, so the same --out can be used once the input is fixed
+            for name in ("config.json", "progress.jsonl"):
+                (out / name).unlink(missing_ok=True)
+            if created and not any(out.iterdir()):
+                out.rmdir()
+        raise
+
+
+def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | None) -> dict:
     start = time.perf_counter()
     seed = config["seed"]
     root = rng.as_key(seed)
