@@ -2,3 +2,28 @@ import os
 
 # Tests run on the CPU; keep XLA from grabbing every core's worth of threads per process.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# One persistent XLA compilation cache shared by the test workers (pytest -n) and the processes
+# they start (8-device checks, notebook kernels): a function two processes compile (module
+# fixtures, shared configs) is compiled once. A fresh folder per test session; "off" disables it.
+_CREATED_CACHE = None
+if "FEDJAX_DP_TEST_JAX_CACHE" not in os.environ:
+    import tempfile
+    _CREATED_CACHE = tempfile.mkdtemp(prefix="fedjax_dp_jax_cache_")
+    os.environ["FEDJAX_DP_TEST_JAX_CACHE"] = _CREATED_CACHE
+if os.environ["FEDJAX_DP_TEST_JAX_CACHE"] != "off":
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["FEDJAX_DP_TEST_JAX_CACHE"])
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    import jax  # noqa: E402  (in case a plugin imported jax before the variables were set)
+
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config):
+    """The process that made the cache folder (the controller) removes it at the end."""
+    if _CREATED_CACHE is not None and not hasattr(config, "workerinput"):
+        import shutil
+        shutil.rmtree(_CREATED_CACHE, ignore_errors=True)
