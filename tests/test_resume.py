@@ -13,7 +13,7 @@ from fedjax_dp.experiments import config as config_lib
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 5
 BASE = {"data": {"dataset": "wbcd", "partition": "iid", "num_agents": 4},
-        "model": {"name": "mlp", "hidden": [4]},
+        "model": {"name": "logistic"},
         "train": {"steps": 2, "batch_size": 8, "learning_rate": 0.1},
         "run": {"eval_every": 2, "checkpoint_every": 2, "progress": False},
         "privacy": {"delta": 1e-5, "accountants": ["rdp"]}}
