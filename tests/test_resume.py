@@ -1,6 +1,9 @@
 """Checkpoint and resume through the runner and the CLI: a run killed after round k and resumed
 equals the uninterrupted run (history, accuracy, ledger; no round counted twice or skipped);
-another config's, a corrupted or a finished run's folder is refused with one clear line."""
+another config's, a corrupted or a finished run's folder is refused with one clear line.
+
+Every registered algorithm (DP-FedSGD's participation counts and ledger included) also goes
+through an orbax checkpoint and resume in ``tests/test_protocol.py``'s conformance test."""
 import json
 import shutil
 from pathlib import Path
@@ -19,7 +22,6 @@ BASE = {"data": {"dataset": "wbcd", "partition": "iid", "num_agents": 4},
         "privacy": {"delta": 1e-5, "accountants": ["rdp"]}}
 ALGORITHMS = {
     "dp_fedavg": {"sampling_rate": 0.75, "clip_norm": 1.0, "noise_multiplier": 1.0},
-    "dp_fedsgd": {"sampling_rate": 0.75, "clip_norm": 1.0, "noise_multiplier": 2.0},
     "isrl_spider": {"num_available": 3, "batch_size": 8, "learning_rate": 0.1, "clip_norm": 1.0,
                     "target_epsilon": 2.0, "phase_length": 2},
 }
