@@ -5,7 +5,7 @@ already had.
 The second run of a config reuses the first one's compiled functions (``make_model`` gives one
 model object per arguments), so the check costs one small run per config plus its replay. The
 default suite checks three (DP-FedAvg, ISRL-DP MB-SGD, FedKT with trees; the suite's time budget); ``pytest -m sweep
-tests/test_determinism.py`` checks every shipped config (about 5 minutes on 2 cores)."""
+tests/test_determinism.py`` checks every shipped config (3.5 minutes on 2 cores)."""
 import copy
 import json
 from pathlib import Path
