@@ -2,7 +2,6 @@
 device, at L1 and L2), teacher splits, one-call training vs a loop, consistent voting vs a loop
 for every model type, noise independence, L1/L2 accounting vs independent computation,
 reproducibility, errors, configs end to end, tree learners, baselines."""
-import contextlib
 import dataclasses
 from pathlib import Path
 
@@ -50,7 +49,6 @@ def setup():
     lrn["forest"] = learners.SklearnLearner("random_forest", C, max_depth=3, n_estimators=5)
     return dict(ds=ds, flat=flat, img=img, lrn=lrn)
 
-
 _RUNS = {}
 
 
@@ -79,8 +77,8 @@ def _run_small(setup, level, model, seed, **kw):
     return fedkt.run(jax.random.key(seed), parties, xp, cfg, num_classes=C, teacher=t,
                      student=s, final=f), parties, xp, t, s
 
-
 # ----------------------------------------------------------------------------- streaming
+
 
 @pytest.fixture(scope="module")
 def mapped(setup, tmp_path_factory):
@@ -91,24 +89,6 @@ def mapped(setup, tmp_path_factory):
     parties = load_stacked(path, mmap=True)
     assert isinstance(parties.x, np.memmap)
     return parties
-
-
-class _Recorder(progress_lib.Progress):
-    enabled = True
-
-    def __init__(self):
-        self.tasks = []
-
-    @contextlib.contextmanager
-    def task(self, name, total=None, unit="it"):
-        rec = {"name": name, "total": total, "unit": unit, "done": 0}
-        self.tasks.append(rec)
-
-        class _T(progress_lib.Task):
-            def update(self, n=1):
-                rec["done"] += n
-        yield _T()
-
 
 _STREAMED = {}
 
@@ -124,7 +104,7 @@ def run_streamed(setup, mapped, level, where, chunk):
         parties = {"host": mapped, "device": setup["flat"]}[where]
         cfg = dataclasses.replace(ref.config, party_chunk=chunk)
         d = api.FederatedData(agents=parties, num_classes=C, x_public=setup["ds"].x_public)
-        rec = _Recorder()
+        rec = progress_lib.RecordingProgress()
         runtime = api.Runtime(progress=rec)
         state = fedkt.init(jax.random.key(0), d, t.model, cfg, runtime, teacher=t, student=t,
                            final=t)
@@ -140,7 +120,6 @@ def _stream_ref(setup, level):
     if level == "L1":
         return run_small(setup, "L1", "mlp")
     return run_small(setup, "L2", "mlp", query_fraction=1.0)
-
 
 STREAM_FIELDS = ("teacher_votes", "z", "party_labels", "student_preds", "server_votes",
                  "server_labels", "server_mask")
@@ -226,8 +205,8 @@ def test_bad_party_chunk_is_rejected(bad):
     with pytest.raises(ValueError, match=r"algorithm\.party_chunk"):
         fedkt.Config(party_chunk=bad)
 
-
 # ----------------------------------------------------------------------------- splits
+
 
 def test_teacher_split_is_a_disjoint_cover_and_partitions_differ(setup):
     parties = setup["flat"]
@@ -286,8 +265,8 @@ def test_run_input_errors(setup):
         fedkt.run(jax.random.key(0), setup["flat"], np.zeros((0, 16), np.float32), cfg,
                   num_classes=C, teacher=lr, student=lr, final=lr)
 
-
 # ----------------------------------------------------------------------------- training
+
 
 def test_teacher_training_one_call_matches_loop_and_chunks(setup):
     td = fedkt.teacher_data(jax.random.key(1), setup["flat"], 2, 3)       # 18 teachers
@@ -313,8 +292,8 @@ def test_student_shared_input_training_matches_loop(setup):
     b = learners.JaxLearner(model, TRAIN, backend="loop").fit_shared(jax.random.key(2), xp, y, mask)
     jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=2e-5, atol=2e-6), a, b)
 
-
 # ----------------------------------------------------------------------------- voting
+
 
 def loop_consistent_vote(preds, num_classes):
     """Reference: party i adds s to class c iff all its s students say c (Python loops)."""
@@ -353,8 +332,8 @@ def test_consistent_voting_in_a_run_matches_loop_for_every_model_type(setup, mod
     acc = res.accuracy(setup["ds"].x_test.reshape((-1,) + xp.shape[1:]), setup["ds"].y_test)
     assert 0.0 <= acc <= 1.0
 
-
 # ----------------------------------------------------------------------------- noise
+
 
 def test_noisy_labels_are_independent_across_groups_and_queries():
     counts = jnp.zeros((6, 500, 10), jnp.int32)                            # no signal
@@ -389,8 +368,8 @@ def test_query_fraction_selects_the_noisy_tier(setup):
     assert len(l2.party_queries) == 15 and len(l2.server_queries) == 30
     assert l1.server_mask.all()                          # L1 never drops queries on clean votes
 
-
 # ----------------------------------------------------------------------------- accounting
+
 
 def test_l1_accounting_matches_independent_computation(setup):
     res, *_ = run_small(setup, "L1", "mlp")
@@ -501,8 +480,8 @@ def test_cli_account_fedkt(tmp_path, capsys):
                      "1e-5", "--level", "L1"]) == 2
     assert "gamma" in capsys.readouterr().err
 
-
 # ----------------------------------------------------------------------------- learners
+
 
 def test_tree_learners_and_single_class_subsets():
     y = np.stack([np.zeros(20), np.arange(20) % 3, np.arange(20) % 2]).astype(np.int32)
@@ -526,8 +505,8 @@ def test_xgboost_learner_when_installed():
     p = np.asarray(lr.predict(lr.fit(jax.random.key(0), from_ragged(list(x), list(y))), x[1]))
     assert set(np.unique(p[1])) <= {0, 2}                                # labels mapped back
 
-
 # ----------------------------------------------------------------------------- baselines
+
 
 def test_baselines_solo_pate_and_one_round(setup):
     ds, parties = setup["ds"], setup["flat"]
@@ -567,8 +546,8 @@ def test_fedprox_term_pulls_towards_the_start(setup):
     with pytest.raises(ValueError, match="train.prox_mu"):
         LocalTrainConfig(prox_mu=-1.0)
 
-
 # ----------------------------------------------------------------------------- configs
+
 
 @pytest.mark.parametrize("name,overrides", [
     ("wbcd", ["algorithm.tree_estimators=5", "algorithm.tree_max_depth=3",

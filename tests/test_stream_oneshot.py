@@ -2,7 +2,6 @@
 unchunked, memory-mapped populations end to end, the streamed tally against a per-agent loop,
 progress per chunk, and bad input rejected before any work (FedKT's host-resident run is tested in
 tests/test_fedkt.py, sharing that file's compiled functions)."""
-import contextlib
 import dataclasses
 
 import jax
@@ -41,7 +40,6 @@ def problem():
     device = host.on_device()
     model = make_model("logistic", (D,), C)
     return host, device, x_public, model
-
 
 _RUNS: dict = {}
 
@@ -160,25 +158,8 @@ def test_streamed_tally_equals_a_per_agent_loop():
     assert len(np.unique(shares.round(6))) == shares.size
 
 
-class _Recorder(progress_lib.Progress):
-    enabled = True
-
-    def __init__(self):
-        self.tasks = []
-
-    @contextlib.contextmanager
-    def task(self, name, total=None, unit="it"):
-        rec = {"name": name, "total": total, "unit": unit, "done": 0}
-        self.tasks.append(rec)
-
-        class T(progress_lib.Task):
-            def update(self, n=1):
-                rec["done"] += n
-        yield T()
-
-
 def test_progress_is_reported_per_chunk(problem):
-    rec = _Recorder()
+    rec = progress_lib.RecordingProgress()
     _run(problem, ae_dpfl, AE, "host", 3, progress=rec)
     by = {t["name"]: t for t in rec.tasks}
     assert by["local training"]["total"] == by["local training"]["done"] == 3    # ceil(7 / 3)

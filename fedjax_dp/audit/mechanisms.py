@@ -353,9 +353,8 @@ def _dp_sgd_step(weaken, *, noise_multiplier, clip_norm, num_examples, canary_sc
                                         w["clip"], noise_std, denominator)
         return _flat(g)
 
-    inputs = {nb: {"mask": m, "params": params, "x": x, "y": y, "clip": jnp.float32(run_clip)}
-              for nb, m in worlds.items()}
-    inputs = {nb: {**w, "std": jnp.float32(std)} for nb, w in inputs.items()}
+    inputs = {nb: {"mask": m, "params": params, "x": x, "y": y, "clip": jnp.float32(run_clip),
+                   "std": jnp.float32(std)} for nb, m in worlds.items()}
 
     def one(key, inputs):
         w = inputs
@@ -519,9 +518,8 @@ def _isrl_upload(weaken, *, noise_multiplier, clip_norm, num_records, canary_sca
         u, _ = upload(key, w["params"], w["x"], w["y"], w["mask"], 1.0, float(n), w["clip"], zz)
         return _flat(u)
 
-    inputs = {nb: {"params": params, "x": x, "y": y, "mask": m, "clip": jnp.float32(run_clip)}
-              for nb, m in worlds.items()}
-    inputs = {nb: {**w, "z": jnp.float32(run_z)} for nb, w in inputs.items()}
+    inputs = {nb: {"params": params, "x": x, "y": y, "mask": m, "clip": jnp.float32(run_clip),
+                   "z": jnp.float32(run_z)} for nb, m in worlds.items()}
 
     def one(key, inputs):
         w = inputs

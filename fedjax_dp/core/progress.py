@@ -72,6 +72,27 @@ class TqdmProgress(Progress):
             bar.close()
 
 
+class RecordingProgress(Progress):
+    """Keeps what was reported instead of showing it: ``tasks`` is a list of ``{"name", "total",
+    "unit", "done"}`` (for tests, and for notebooks that plot a run's phases)."""
+
+    enabled = True
+
+    def __init__(self):
+        self.tasks: list[dict] = []
+
+    @contextlib.contextmanager
+    def task(self, name: str, total: int | None = None, unit: str = "it") -> Iterator[Task]:
+        record = {"name": name, "total": total, "unit": unit, "done": 0}
+        self.tasks.append(record)
+
+        class _Counting(Task):
+            def update(self, n: int = 1) -> None:
+                record["done"] += n
+
+        yield _Counting()
+
+
 def interactive() -> bool:
     """True on a terminal outside CI: where a live bar helps rather than floods a log."""
     return bool(sys.stderr.isatty()) and not os.environ.get("CI")
