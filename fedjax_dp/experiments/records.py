@@ -1,0 +1,116 @@
+"""Run records: the one flat shape that sweeps write and plots read.
+
+A *record* is one finished run as one JSON object (a line of a sweep's ``results.jsonl``, or a
+``result.json`` read through :func:`from_result`)::
+
+    algorithm, dataset, num_agents, seed        what ran
+    params            {dotted config key: value}: the sweep's grid point (plus a calibrated key)
+    target_epsilon    the epsilon a noise parameter was calibrated to, or None
+    calibrated        {"key": dotted key, "value": v} or None
+    test_accuracy     float
+    epsilon           the headline guarantee (:func:`headline`), or None without one
+    epsilon_unit, epsilon_accountant, delta
+    privacy           every guarantee, as in result.json
+    history           one dict per round / phase
+    wall_time_s, config (resolved), run_id, sweep
+
+Field look-up for plots and tables (:func:`field`) accepts a top-level name, a grid key
+(``algorithm.sigma`` is found in ``params`` first, then in ``config``), or any dotted path.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = ["headline", "from_result", "field", "read", "RECORD_KEYS"]
+
+RECORD_KEYS = ("algorithm", "dataset", "num_agents", "seed", "params", "target_epsilon",
+               "calibrated", "test_accuracy", "epsilon", "epsilon_unit", "epsilon_accountant",
+               "delta", "privacy", "history", "wall_time_s", "config")
+
+
+def headline(privacy: list[dict], accountants: Iterable[str] = ("rdp", "pld")
+             ) -> tuple[float | None, str | None, str | None]:
+    """``(epsilon, unit, accountant)`` of a run's headline guarantee.
+
+    The first unit in the ledger's order that is not data-dependent (the algorithm's primary
+    unit: an algorithm lists it first), read with the first of ``accountants`` that applies to it.
+    ``(None, None, None)`` when the run gives no data-independent guarantee (e.g. FedAvg). An
+    infinite epsilon is written ``None`` in JSON and stays ``None`` here.
+    """
+    rows = [g for g in privacy if not g.get("data_dependent")]
+    if not rows:
+        return None, None, None
+    unit = rows[0]["unit"]
+    of_unit = [g for g in rows if g["unit"] == unit]
+    order = list(accountants)
+    of_unit.sort(key=lambda g: order.index(g["accountant"]) if g["accountant"] in order
+                 else len(order))
+    g = of_unit[0]
+    eps = g["epsilon"]
+    return (None if eps is None else float(eps)), unit, g["accountant"]
+
+
+def from_result(result: dict, **extra) -> dict:
+    """The record of a ``result.json`` (``extra`` sets ``params``, ``target_epsilon``, ...)."""
+    config = result.get("config", {})
+    accountants = config.get("privacy", {}).get("accountants", ("rdp", "pld"))
+    eps, unit, acc = headline(result.get("privacy", []), accountants)
+    delta = config.get("privacy", {}).get("delta")
+    rec = {"algorithm": result.get("algorithm"), "dataset": result.get("dataset"),
+           "num_agents": result.get("num_agents"), "seed": result.get("seed"),
+           "params": {}, "target_epsilon": None, "calibrated": None,
+           "test_accuracy": result.get("test_accuracy"), "epsilon": eps,
+           "epsilon_unit": unit, "epsilon_accountant": acc, "delta": delta,
+           "privacy": result.get("privacy", []), "history": result.get("history", []),
+           "wall_time_s": result.get("wall_time_s"), "config": config}
+    rec.update(extra)
+    return rec
+
+
+def field(record: dict, name: str) -> Any:
+    """``record[name]``; else ``params[name]``; else the dotted path ``name`` in the record, then
+    in its ``config``. ``KeyError`` names the field when none has it."""
+    if name in record:
+        return record[name]
+    if name in record.get("params", {}):
+        return record["params"][name]
+    for root in (record, record.get("config", {})):
+        node: Any = root
+        for part in name.split("."):
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            else:
+                break
+        else:
+            return node
+    raise KeyError(f"field {name!r} is in neither the record, its params nor its config")
+
+
+def read(paths: Iterable[str | Path]) -> list[dict]:
+    """Records from ``results.jsonl`` files (a sweep's), ``result.json`` files (one run's) or
+    folders holding either."""
+    out: list[dict] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = [p / "results.jsonl"] if (p / "results.jsonl").is_file() else \
+                [p / "result.json"] if (p / "result.json").is_file() else []
+            if not found:
+                raise ValueError(f"{str(p)!r} holds neither results.jsonl nor result.json")
+            p = found[0]
+        if not p.is_file():
+            raise ValueError(f"results file {str(p)!r} does not exist")
+        if p.suffix == ".jsonl":
+            for i, line in enumerate(p.read_text().splitlines()):
+                if line.strip():
+                    try:
+                        out.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{str(p)!r} line {i + 1} is not JSON: {e}") from None
+        else:
+            try:
+                out.append(from_result(json.loads(p.read_text())))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{str(p)!r} is not JSON: {e}") from None
+    return out
