@@ -1,6 +1,6 @@
 """``fedjax-dp`` command line: ``run``, ``list``, ``account``, ``audit``.
 
-    fedjax-dp run CONFIG [--set key=value ...] [--out DIR] [--quiet]
+    fedjax-dp run CONFIG [--set key=value ...] [--out DIR] [--quiet] [--plot]
     fedjax-dp run --resume DIR [--set run.key=value ...]
     fedjax-dp list [--json]
     fedjax-dp account sampled-gaussian --noise-multiplier Z --sampling-rate Q --steps T --delta D
@@ -10,6 +10,8 @@
         [--algorithm ae|knn] [--rule derived|paper]
     fedjax-dp audit MECHANISM [--trials N] [--delta D] [--seed S] [--confidence C]
         [--weaken halve-noise|no-clip] [--sigma S --noise-multiplier Z --clip C --gamma G ...]
+    fedjax-dp plot RESULTS... [--x epsilon] [--y test_accuracy] [--hue algorithm] [--curve]
+        [--out STEM] [--title T] [--logx | --no-logx]
 
 Errors in the arguments or the config print one line naming the parameter and exit with status 2.
 """
@@ -23,9 +25,17 @@ from pathlib import Path
 ACCOUNTANTS = ("rdp", "pld")
 
 
+def _need_matplotlib(flag: str) -> None:
+    import importlib.util
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(f"{flag} needs matplotlib: pip install 'fedjax-dp[plot]'")
+
+
 def _cmd_run(args) -> int:
     from fedjax_dp.experiments import config as config_lib
     from fedjax_dp.experiments import runner
+    if args.plot:
+        _need_matplotlib("--plot")           # before any work, not after the run
     if args.resume:
         out = Path(args.resume)
         if args.out and Path(args.out) != out:
@@ -45,12 +55,26 @@ def _cmd_run(args) -> int:
         out = Path(args.out) if args.out else runner.fresh_out("runs", Path(args.config).stem)
     runner.plan(config)          # fail on a bad config before loading data or compiling
     result = runner.run(config, out, progress=not args.quiet, resume=bool(args.resume))
-    print(json.dumps({"result": str(out / "result.json"),
-                      "test_accuracy": result["test_accuracy"],
-                      "privacy": [{k: g[k] for k in ("unit", "epsilon", "delta", "accountant",
-                                                     "data_dependent")}
-                                  for g in result["privacy"]]}, indent=2))
+    report = {"result": str(out / "result.json"),
+              "test_accuracy": result["test_accuracy"],
+              "privacy": [{k: g[k] for k in ("unit", "epsilon", "delta", "accountant",
+                                             "data_dependent")}
+                          for g in result["privacy"]]}
+    if args.plot:
+        report["plot"] = _plot_run(result, out)
+    print(json.dumps(report, indent=2))
     return 0
+
+
+def _plot_run(result: dict, out: Path) -> list[str] | None:
+    """``run --plot``: the run's training curve; a run whose history has nothing to draw still
+    succeeded, so that is a warning, not an error."""
+    from fedjax_dp.experiments import plots
+    try:
+        return plots.plot_run(result, out)
+    except ValueError as e:
+        print(f"fedjax-dp: warning: --plot: no training curve written: {e}", file=sys.stderr)
+        return None
 
 
 def _cmd_list(args) -> int:
@@ -151,6 +175,51 @@ def _cmd_audit(args) -> int:
     return 0
 
 
+def _cmd_plot(args) -> int:
+    import re
+    import warnings
+    from fedjax_dp.experiments import plots, records
+    _need_matplotlib("fedjax-dp plot")
+    recs = records.read(args.results)
+    if not recs:
+        raise ValueError(f"RESULTS {[str(p) for p in args.results]} hold no records "
+                         f"(an empty results file?)")
+    hue = None if args.hue.lower() in ("", "none") else args.hue
+    first = Path(args.results[0])
+    folder = first if first.is_dir() else first.parent
+
+    def stem(y: str, x: str) -> Path:
+        if args.out:
+            return Path(args.out)
+        return folder / re.sub(r"[^A-Za-z0-9._-]+", "_", f"plot_{y}_vs_{x}")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            if args.curve:
+                if args.x not in (None, "round"):
+                    raise ValueError("--x does not apply with --curve: curves are drawn "
+                                     "against the round")
+                if args.logx is not None:
+                    raise ValueError("--logx / --no-logx do not apply with --curve")
+                y = args.y or plots.default_curve_metric(recs)
+                written = plots.plot_curves(recs, y=y, hue=hue, out_stem=stem(y, "round"),
+                                            title=args.title)
+            else:
+                x, y = args.x or "epsilon", args.y or "test_accuracy"
+                written = plots.plot_xy(recs, x, y, hue, stem(y, x), title=args.title,
+                                        logx=args.logx)
+        except ValueError as e:                  # "x: ..." -> "--x: ...": the flag's name
+            msg = str(e)
+            if msg.split(":")[0] in ("x", "y", "hue", "logx"):
+                raise ValueError("--" + msg) from None
+            raise
+    for w in caught:
+        print(f"fedjax-dp: warning: {w.message}", file=sys.stderr)
+    print(json.dumps({"written": written, "records": len(recs)}, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedjax-dp", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -164,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="DIR",
                      help="continue the run in DIR from its last checkpoint (CONFIG optional)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
+    run.add_argument("--plot", action="store_true", help="also write the training curve, "
+                     "training_curve.png/.svg, into the run's folder (needs matplotlib)")
     run.set_defaults(func=_cmd_run)
 
     lst = sub.add_parser("list", help="list algorithms, datasets, partitions and models")
@@ -227,6 +298,25 @@ def build_parser() -> argparse.ArgumentParser:
         aud.add_argument(*flags, dest=name, type=kind, default=None,
                          help="mechanism parameter" + (" (clip_norm)" if name == "clip" else ""))
     aud.set_defaults(func=_cmd_audit)
+
+    plt = sub.add_parser("plot", help="plot a metric against a parameter (mean +- std over "
+                         "seeds) or training curves, from results.jsonl / result.json files")
+    plt.add_argument("results", nargs="+", metavar="RESULTS",
+                     help="sweep results.jsonl files, run result.json files, or their folders")
+    plt.add_argument("--x", default=None, help="field on the x axis (default epsilon; a record "
+                     "key, a swept key such as algorithm.noise_multiplier, or a config path)")
+    plt.add_argument("--y", default=None, help="metric (default test_accuracy; with --curve a "
+                     "history metric, default test_accuracy if logged, else the first one)")
+    plt.add_argument("--hue", default="algorithm",
+                     help="one line per value of this field (default algorithm; none: one line)")
+    plt.add_argument("--curve", action="store_true",
+                     help="training curves: the history metric --y against the round")
+    plt.add_argument("--out", metavar="STEM", default=None, help="writes STEM.png and STEM.svg "
+                     "(default plot_<y>_vs_<x> beside the first RESULTS file)")
+    plt.add_argument("--title", default=None)
+    plt.add_argument("--logx", action=argparse.BooleanOptionalAction, default=None,
+                     help="log-scale x axis (default: on for epsilon, off otherwise)")
+    plt.set_defaults(func=_cmd_plot)
     return parser
 
 
