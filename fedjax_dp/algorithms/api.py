@@ -16,6 +16,10 @@ algorithm is a module (or any object) exposing pure functions over explicit stat
 
 and, optionally, ``prefetch(state, key)``: called with step t+1's key right after step t is
 dispatched, so an algorithm can prepare the next round's cohort while the current one computes;
+``seed_step(state) -> (fn, data, signature)``: the step as a pure function
+``fn(key, values, data) -> (values, metrics)`` with ``step(state, key)`` equal to
+``fn(key, state.values, data)``, so :func:`run_seeds` runs several seeds as one vmapped compiled
+call (``signature``, hashable, must agree between the seeds' states);
 and ``PHASES: tuple[str, ...]``: a one-shot method names its steps (``num_steps``
 of them); its ``output`` exists only after the last, so the runner evaluates it once, at the end
 (``run.eval_every`` applies to round-based algorithms), and shows progress by phase name.
@@ -47,7 +51,7 @@ from fedjax_dp.privacy import PrivacyLedger
 Params = Any
 
 __all__ = ["FederatedData", "Runtime", "State", "Output", "Algorithm", "Result", "step_key",
-           "init_key", "run", "ledgers"]
+           "init_key", "run", "run_seeds", "can_vmap_seeds", "ledgers"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,6 +241,90 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
         if on_step is not None:
             on_step(t + 1, record)
     return Result(state=state, history=history, wall_time_s=time.perf_counter() - start)
+
+
+def can_vmap_seeds(algorithm: Algorithm) -> bool:
+    """Whether ``algorithm`` exposes its step as a pure function (``seed_step``)."""
+    return callable(getattr(algorithm, "seed_step", None))
+
+
+def _stack_or_share(trees: list) -> tuple[Any, Any]:
+    """``(tree, in_axis)``: the first tree (axis None) when every tree holds equal arrays, else
+    the trees stacked on a new leading axis (axis 0); ``(None, None)`` when shapes differ."""
+    leaves = [jax.tree.leaves(t) for t in trees]
+    structs = {jax.tree.structure(t) for t in trees}
+    if len(structs) != 1:
+        return None, None
+    if all(all(np.shape(a) == np.shape(b) and np.array_equal(np.asarray(a), np.asarray(b))
+               for a, b in zip(leaves[0], ls)) for ls in leaves[1:]):
+        return trees[0], None
+    if any(np.shape(a) != np.shape(b) for ls in leaves[1:] for a, b in zip(leaves[0], ls)):
+        return None, None
+    return jax.tree.map(lambda *xs: jax.numpy.stack(xs), *trees), 0
+
+
+def run_seeds(algorithm: Algorithm, keys: Sequence[jax.Array], data: Sequence[FederatedData],
+              model: Model, config: Any, *, runtime: Runtime = Runtime(),
+              evaluate: Callable[[Output, int], dict] | None = None, eval_every: int = 0,
+              on_step: Callable[[int, list[dict]], None] | None = None) -> list[Result] | None:
+    """S runs of ``algorithm`` that differ only in their root key (and the data it partitioned),
+    each step of all S runs as ONE vmapped, compiled call.
+
+    Run s is exactly :func:`run` ``(algorithm, keys[s], data[s], ...)``: the same ``init``, the
+    same step keys ``step_key(keys[s], t)``; only the execution differs (``jax.vmap`` over the
+    seed axis of the state, the keys and -- when the seeds' stacked data differ -- the data), so
+    results agree to float tolerance (tested). Returns None, before any step, when the seeds
+    cannot share one compiled step: the algorithm has no ``seed_step``, or the seeds' signatures
+    or data shapes differ (the caller then runs them one by one). ``evaluate(output, s)`` and
+    ``on_step(t + 1, records)`` as in :func:`run`, with one record per seed.
+    """
+    if not isinstance(config, algorithm.Config):
+        raise ValueError(f"config must be a {algorithm.Config.__module__}.Config, got "
+                         f"{type(config).__name__}")
+    if len(keys) != len(data) or not keys:
+        raise ValueError(f"keys and data must have one entry per seed (>= 1), got {len(keys)} "
+                         f"keys and {len(data)} data")
+    validation.check_int("eval_every", eval_every, minimum=0)
+    if not can_vmap_seeds(algorithm):
+        return None
+    start = time.perf_counter()
+    states = [algorithm.init(k, d, model, config, runtime) for k, d in zip(keys, data)]
+    parts = [algorithm.seed_step(s) for s in states]
+    if len({sig for _, _, sig in parts}) != 1:
+        return None
+    shared, data_axis = _stack_or_share([d for _, d, _ in parts])
+    shapes = {tuple((np.shape(x), np.result_type(x)) for x in jax.tree.leaves(s.values))
+              for s in states}
+    if shared is None or len(shapes) != 1:
+        return None
+    values = jax.tree.map(lambda *xs: jax.numpy.stack(xs), *[s.values for s in states])
+    fn = parts[0][0]
+    batched = jax.jit(jax.vmap(fn, in_axes=(0, 0, data_axis)))
+    step_keys = jax.jit(jax.vmap(_step_key, in_axes=(0, None)))
+    root = jax.numpy.stack(list(keys))
+    total = algorithm.num_steps(config)
+    histories: list[list[dict]] = [[] for _ in states]
+
+    def seed_state(s: int, t: int) -> State:
+        return State(step=t, values=jax.tree.map(lambda x: x[s], values),
+                     context=states[s].context)
+
+    for t in range(states[0].step, total):
+        values, metrics = batched(step_keys(root, t), values, shared)
+        host = jax.device_get(metrics)
+        records = []
+        for s in range(len(states)):
+            record = {"round": t + 1, **{k: _host(v[s]) for k, v in host.items()}}
+            if evaluate is not None and eval_every and ((t + 1) % eval_every == 0
+                                                        or t + 1 == total):
+                record.update(evaluate(algorithm.output(seed_state(s, t + 1)), s))
+            histories[s].append(record)
+            records.append(record)
+        if on_step is not None:
+            on_step(t + 1, records)
+    wall = time.perf_counter() - start
+    return [Result(state=seed_state(s, total), history=histories[s], wall_time_s=wall)
+            for s in range(len(states))]
 
 
 def _host(value):

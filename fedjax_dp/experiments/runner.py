@@ -290,10 +290,21 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
         raise
 
 
-def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | None) -> dict:
-    start = time.perf_counter()
-    seed = config["seed"]
-    root = rng.as_key(seed)
+@dataclasses.dataclass
+class Setup:
+    """A run's inputs, built from its resolved config: the data (partitioned and stacked, with the
+    server's public split), the model, and the root key the algorithm is driven with."""
+
+    dataset: data_lib.Dataset
+    fed: FederatedData
+    model: Any
+    key: jax.Array                  # rng.stream(seed's root, "algorithm")
+
+
+def setup(config: dict) -> Setup:
+    """Load, partition and stack the data and build the model of a resolved config (the seed's
+    root key drives the partition and the algorithm's key)."""
+    root = rng.as_key(config["seed"])
     d = config["data"]
     dataset = load_data(d)
     indices = partition_indices(d, dataset, rng.stream(root, "partition"))
@@ -302,6 +313,15 @@ def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | No
         agents = agents.on_host()
     model = make_model(config["model"]["name"], dataset.feature_shape, dataset.num_classes,
                        hidden=tuple(config["model"]["hidden"]))
+    fed = FederatedData(agents=agents, num_classes=dataset.num_classes,
+                        x_public=dataset.x_public, y_public=dataset.y_public)
+    return Setup(dataset=dataset, fed=fed, model=model, key=rng.stream(root, "algorithm"))
+
+
+def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | None) -> dict:
+    start = time.perf_counter()
+    s = setup(config)
+    dataset, model, fed, key = s.dataset, s.model, s.fed, s.key
     steps_total = p.entry.num_steps(p.algorithm_config)
     phases = getattr(p.entry, "PHASES", None)             # one-shot: the steps are phases
     name = config["algorithm"]["name"]
@@ -334,9 +354,6 @@ def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | No
             print(f"[{name}] {what} {shown}", file=sys.stderr, flush=True)
 
     chunk = config["run"]["chunk_size"] or None          # 0 -> all agents at once
-    key = rng.stream(root, "algorithm")
-    fed = FederatedData(agents=agents, num_classes=dataset.num_classes,
-                        x_public=dataset.x_public, y_public=dataset.y_public)
     x_test, y_test = dataset.x_test, dataset.y_test
 
     def evaluate(output):
@@ -361,24 +378,35 @@ def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | No
         done = api.run(_Tracking(p.entry, latest_state), key, fed, model, p.algorithm_config,
                        runtime=runtime, evaluate=evaluate, eval_every=eval_every,
                        on_step=on_round, state=start_state)
-    output = p.entry.output(done.state)
-    test_acc = float(np.mean(output.predict_labels(x_test) == y_test))
-    ledgers = api.ledgers(p.entry, p.algorithm_config, done.state)
-    history = history_so_far
+    result = result_record(p, config, s, done.state, history_so_far, out,
+                           time.perf_counter() - start)
+    if show:
+        eps = ", ".join(guarantee_line(g) for g in result["privacy"]) or "no privacy guarantee"
+        print(f"[{name}] test accuracy {result['test_accuracy']:.4f}; {eps}", file=sys.stderr)
+    return result
+
+
+def result_record(p: Plan, config: dict, s: Setup, state: api.State, history: list[dict],
+                  out: Path | None, wall_time_s: float) -> dict:
+    """The ``result.json`` record of a finished run (written to ``out`` when given): the final
+    model's test accuracy, every ledger's guarantees, the history, versions."""
+    output = p.entry.output(state)
+    test_acc = float(np.mean(output.predict_labels(s.dataset.x_test) == s.dataset.y_test))
+    ledgers = api.ledgers(p.entry, p.algorithm_config, state)
     hook = getattr(p.entry, "artifacts", None)     # optional: extra files and result fields
-    extra_fields = (hook(done.state, out, config) or {}) if hook is not None else {}
+    extra_fields = (hook(state, out, config) or {}) if hook is not None else {}
     delta = config["privacy"]["delta"]
     privacy = []
     for ledger in ledgers:                                  # reported side by side, not composed
         privacy += ledger.report(delta, accountants=tuple(config["privacy"]["accountants"]))
     result = {
-        "algorithm": name,
-        "dataset": dataset.name,
-        "num_agents": agents.num_agents,
+        "algorithm": config["algorithm"]["name"],
+        "dataset": s.dataset.name,
+        "num_agents": s.fed.num_agents,
         "test_accuracy": test_acc,
         "privacy": privacy,
-        "wall_time_s": time.perf_counter() - start,
-        "seed": seed,
+        "wall_time_s": wall_time_s,
+        "seed": config["seed"],
         "config": config,
         "versions": versions(),
         "devices": [str(dv) for dv in jax.devices()],
@@ -388,10 +416,51 @@ def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | No
     result = _jsonable(result)
     if out is not None:
         (out / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
-    if show:
-        eps = ", ".join(guarantee_line(g) for g in privacy) or "no privacy guarantee"
-        print(f"[{name}] test accuracy {test_acc:.4f}; {eps}", file=sys.stderr)
     return result
+
+
+def run_seeds(configs: list[dict], *, progress: bool = False) -> list[dict] | None:
+    """Runs of resolved configs that differ only in ``seed``, all seeds of each step in ONE
+    vmapped compiled call (:func:`api.run_seeds`); the result records equal :func:`run`'s for
+    each config (to float tolerance; ``vmapped_seeds`` gives S, ``wall_time_s`` the batch's
+    time / S). Returns None when the algorithm or the seeds' data do not allow it (run them one
+    by one). Nothing is written: a sweep stores the records."""
+    if not configs:
+        raise ValueError("configs must hold at least one config")
+    strip = [{k: v for k, v in c.items() if k != "seed"} for c in configs]
+    if any(json.dumps(c, sort_keys=True) != json.dumps(strip[0], sort_keys=True)
+           for c in strip[1:]):
+        raise ValueError("run_seeds: the configs must differ only in seed")
+    p = plan(configs[0])
+    if not api.can_vmap_seeds(p.entry) or getattr(p.entry, "PHASES", None):
+        return None
+    start = time.perf_counter()
+    setups = [setup(c) for c in configs]
+    config = configs[0]
+    model = setups[0].model
+
+    def evaluate(output, s):
+        ds = setups[s].dataset
+        return {"test_accuracy": float(np.mean(output.predict_labels(ds.x_test) == ds.y_test))}
+
+    reporter = progress_lib.bar(progress)
+    steps_total = p.entry.num_steps(p.algorithm_config)
+    name = config["algorithm"]["name"]
+    with reporter.task(f"{name} x{len(configs)} seeds", total=steps_total, unit="round") as task:
+        runtime = api.Runtime(chunk_size=config["run"]["chunk_size"] or None, progress=reporter)
+        done = api.run_seeds(p.entry, [s.key for s in setups], [s.fed for s in setups], model,
+                             p.algorithm_config, runtime=runtime, evaluate=evaluate,
+                             eval_every=config["run"]["eval_every"],
+                             on_step=lambda t, records: task.update(1))
+    if done is None:
+        return None
+    wall = (time.perf_counter() - start) / len(configs)
+    results = []
+    for c, s, r in zip(configs, setups, done):
+        rec = result_record(p, c, s, r.state, [_jsonable(h) for h in r.history], None, wall)
+        rec["vmapped_seeds"] = len(configs)
+        results.append(rec)
+    return results
 
 
 class _Tracking:

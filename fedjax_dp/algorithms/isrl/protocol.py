@@ -249,6 +249,12 @@ class Algorithm:
         values, metrics = ctx.round_fn(key, state.values, ctx.data)
         return api.State(step=state.step + 1, values=values, context=ctx), metrics
 
+    def seed_step(self, state: api.State):
+        """``(round_fn, data, spec)``: the round as a pure function of ``(key, values, data)``
+        (:func:`api.run_seeds` vmaps it over seeds; runs with equal specs share it)."""
+        ctx: Context = state.context
+        return ctx.round_fn, ctx.data, ctx.spec
+
     def output(self, state: api.State) -> api.Output:
         return api.Output(model=state.context.model, params=state.values["params"])
 
