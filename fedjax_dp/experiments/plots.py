@@ -313,6 +313,8 @@ def plot_curves(records: Iterable[dict], y: str = "test_accuracy", hue: str | No
         if np.any(s > 0):
             ax.fill_between(t, m - s, m + s, color=line.get_color(), alpha=0.2, linewidth=0)
     multi = max(r["n"] for r in rows) > 1
+    from matplotlib import ticker
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel(f"{y} (mean ± std)" if multi else y)
     ax.set_title(_title(records, title, f"{y} by round"))
@@ -330,6 +332,7 @@ def plot_run(result: dict, out_dir: str | Path, y: str | None = None) -> list[st
     name = rec.get("algorithm") or "run"
     title = f"{name} on {rec['dataset']}" if rec.get("dataset") else name
     if rec.get("epsilon") is not None and math.isfinite(rec["epsilon"]):
-        title += f" (epsilon {rec['epsilon']:.3g}, {rec['epsilon_unit']})"
+        title += (f" (epsilon {rec['epsilon']:.3g}, {rec['epsilon_unit']} level, "
+                  f"{rec['epsilon_accountant']})")
     return plot_curves([rec], y=metric, hue=None, out_stem=Path(out_dir) / "training_curve",
                        title=title)
