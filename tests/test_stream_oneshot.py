@@ -158,14 +158,42 @@ def test_streamed_tally_equals_a_per_agent_loop():
     assert len(np.unique(shares.round(6))) == shares.size
 
 
+def _tasks(rec):
+    return [(t["name"], t["total"], t["unit"], t["done"]) for t in rec.tasks]
+
+
 def test_progress_is_reported_per_chunk(problem):
     rec = progress_lib.RecordingProgress()
     _run(problem, ae_dpfl, AE, "host", 3, progress=rec)
-    by = {t["name"]: t for t in rec.tasks}
-    assert by["local training"]["total"] == by["local training"]["done"] == 3    # ceil(7 / 3)
-    assert by["local training"]["unit"] == "chunk"
-    assert by["vote"]["total"] == by["vote"]["done"] == 3
-    assert by["student"]["done"] == 1
+    assert _tasks(rec) == [("local training", 3, "chunk", 3),                 # ceil(7 / 3)
+                           ("vote", 3, "chunk", 3), ("student", 1, "model", 1)]
+
+
+def test_knn_progress_reports_vote_chunks_and_self_training_rounds(problem):
+    """kNN-DPFL: the vote per chunk of agents; a self-trained student per training round."""
+    host, _, x_public, model = problem
+    rec = progress_lib.RecordingProgress()
+    cfg = dataclasses.replace(KNN, agent_chunk=3, student_semi_supervised=True,
+                              student_self_training_rounds=2, student_confidence=0.1)
+    api.run(knn_dpfl, jax.random.key(3), api.FederatedData(agents=host, num_classes=C,
+                                                           x_public=x_public),
+            model, cfg, runtime=api.Runtime(chunk_size=None, progress=rec))   # not memoised
+    assert _tasks(rec) == [("vote", 3, "chunk", 3), ("student", 3, "round", 3)]
+
+
+def test_sharded_vote_is_one_unit_of_progress(problem):
+    """With ``runtime.mesh`` the vote is one compiled call: one task of one unit (the query
+    blocks are a lax.map inside it)."""
+    from fedjax_dp.core import agent_mesh
+    done = _run(problem, ae_dpfl, AE, "device", None)
+    rec = progress_lib.RecordingProgress()
+    ctx = dataclasses.replace(done.state.context,
+                              runtime=api.Runtime(chunk_size=None, mesh=agent_mesh(),
+                                                  progress=rec))
+    kept = ("agent_ballots", "agent_losses", "agent_params")
+    state = api.State(step=1, values={k: done.state.values[k] for k in kept}, context=ctx)
+    ae_dpfl.step(state)
+    assert _tasks(rec) == [("vote", 1, "call", 1)]
 
 
 def test_bad_input_raises_before_any_work(problem):

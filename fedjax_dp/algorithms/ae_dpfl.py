@@ -56,8 +56,10 @@ clean sums and the ledger are identical for host- and device-resident agents and
 ``agent_chunk`` (tested). ``agent_ballots`` are private (each agent's own noise-free vote, as
 its parameters were): the simulation keeps them between phases where a deployment keeps each on
 its agent; only the vote's argmax is released. Memory: one chunk's data, parameters and activations plus ``N Q``
-bytes of ballots. Progress: ``runtime.progress`` tasks ``local training`` and ``vote`` (per
-chunk) and ``student``.
+bytes of ballots. Progress: ``runtime.progress`` tasks ``local training`` and ``vote`` (one
+update per chunk of agents; the sharded vote with ``runtime.mesh`` is one compiled call, one
+unit; the query blocks of ``query_chunk`` are a ``lax.map`` inside the compiled ballots, not
+reported) and ``student`` (one unit, or ``1 + student_self_training_rounds`` rounds).
 """
 from __future__ import annotations
 

@@ -55,7 +55,9 @@ exact tally with the agents' noise shares
 (:func:`fedjax_dp.algorithms.voting_dpfl.streamed_vote_phase`); the labels, the clean sums
 (``counts / k``) and the ledger do not depend on the chunking or on where the data lives.
 ``runtime.mesh`` (device-resident agents only) keeps the sharded vote of
-:func:`fedjax_dp.privacy.vote.run_vote`.
+:func:`fedjax_dp.privacy.vote.run_vote`. Progress: ``runtime.progress`` tasks ``vote`` (one
+update per chunk of agents; the sharded vote is one compiled call, one unit) and ``student``
+(one unit, or ``1 + student_self_training_rounds`` rounds).
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ pseudo-labelled rows, then unused rows beyond ``count``), so every round reuses 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -116,7 +116,8 @@ def pseudo_labels(model: Model, params: Params, x: np.ndarray, batch_size: int =
 
 def train_self_training(key: jax.Array, model: Model, x: np.ndarray, labels: np.ndarray,
                         x_unlabelled: np.ndarray, config: LocalTrainConfig,
-                        semi: SelfTraining, *, history: list | None = None) -> Params:
+                        semi: SelfTraining, *, history: list | None = None,
+                        on_round: Callable[[], None] | None = None) -> Params:
     """Self-training student: supervised round 0, then ``semi.rounds`` pseudo-labelling rounds.
 
     ``x [Q, ...]`` with released ``labels [Q]`` (always in the training set with their released
@@ -124,6 +125,8 @@ def train_self_training(key: jax.Array, model: Model, x: np.ndarray, labels: np.
     keys as :func:`train_supervised` (so it IS the supervised student); every round retrains from
     the same initialisation with its own minibatch key. ``history`` (optional list) receives one
     dict per round: number of pseudo-labelled points and the pseudo labels / confidences.
+    ``on_round()`` (optional) is called after each of the ``1 + semi.rounds`` trainings
+    (progress).
     """
     if not isinstance(semi, SelfTraining):
         raise ValueError(f"semi must be a student.SelfTraining, got {type(semi).__name__}")
@@ -136,7 +139,12 @@ def train_self_training(key: jax.Array, model: Model, x: np.ndarray, labels: np.
     k_init, k_train = jax.random.split(key)
     init = model.init(k_init)
     params = train_supervised(key, model, x, labels, config)        # round 0 (== supervised)
-    if len(x_u) == 0:
+    if on_round is not None:
+        on_round()
+    if len(x_u) == 0:               # nothing to pseudo-label: the later rounds have no work
+        if on_round is not None:
+            for _ in range(semi.rounds):
+                on_round()
         return params
     q, u = len(x), len(x_u)
     x_all = jnp.asarray(np.concatenate([x, x_u])[None])               # [1, Q + U, ...] fixed
@@ -157,23 +165,37 @@ def train_self_training(key: jax.Array, model: Model, x: np.ndarray, labels: np.
         trained, _ = train_agents(rng.stream(k_train, f"self_training_{r}"), init, data, model,
                                   config, chunk_size=None)
         params = jax.tree.map(lambda l: l[0], trained)
+        if on_round is not None:
+            on_round()
     return params
 
 
 def train_student(key: jax.Array, model: Model, x_public: np.ndarray, query_indices: np.ndarray,
                   labels: np.ndarray, config: LocalTrainConfig,
-                  semi: SelfTraining | None = None) -> Params:
+                  semi: SelfTraining | None = None, *,
+                  on_round: Callable[[], None] | None = None) -> Params:
     """The voting algorithms' student: supervised on the queries, or self-trained on all of D_G.
 
     ``x_public [P, ...]`` the server's unlabelled data, ``query_indices [Q]`` the voted queries,
     ``labels [Q]`` the released labels. ``semi=None``: :func:`train_supervised` on the queries
     (the paper's choice); otherwise :func:`train_self_training` with the other ``P - Q`` public
-    points unlabelled.
+    points unlabelled. ``on_round()`` (optional) is called after each training: once for the
+    supervised student, ``1 + semi.rounds`` times when self-trained (:func:`num_trainings`).
     """
     x_public = np.asarray(x_public)
     qidx = np.asarray(query_indices)
     if semi is None:
-        return train_supervised(key, model, x_public[qidx], labels, config)
+        params = train_supervised(key, model, x_public[qidx], labels, config)
+        if on_round is not None:
+            on_round()
+        return params
     rest = np.ones(len(x_public), bool)
     rest[qidx] = False
-    return train_self_training(key, model, x_public[qidx], labels, x_public[rest], config, semi)
+    return train_self_training(key, model, x_public[qidx], labels, x_public[rest], config, semi,
+                               on_round=on_round)
+
+
+def num_trainings(semi: SelfTraining | None) -> int:
+    """How many times :func:`train_student` trains the student (its progress total): 1, or
+    ``1 + semi.rounds`` with self-training."""
+    return 1 if semi is None else 1 + semi.rounds

@@ -189,11 +189,15 @@ def vote_phase(state: api.State, ballot_fn: vote_lib.BallotFn, agents: Any, quer
     ctx: Context = state.context
     cfg = ctx.config
     check_secagg_vote(cfg, ctx.data.num_agents, ctx.runtime)
-    labels, clean = vote_lib.run_vote(ctx.keys["vote"], ballot_fn, agents, queries, cfg.sigma,
-                                      num_classes=ctx.model.num_classes,
-                                      agent_chunk=cfg.agent_chunk, query_chunk=cfg.query_chunk,
-                                      noise=cfg.vote_noise, data_dependent=cfg.data_dependent,
-                                      mesh=ctx.runtime.mesh)
+    # one compiled call (agent and query blocks are a lax.scan / lax.map inside it): one unit
+    with ctx.runtime.progress.task("vote", total=1, unit="call") as task:
+        labels, clean = vote_lib.run_vote(ctx.keys["vote"], ballot_fn, agents, queries,
+                                          cfg.sigma, num_classes=ctx.model.num_classes,
+                                          agent_chunk=cfg.agent_chunk,
+                                          query_chunk=cfg.query_chunk, noise=cfg.vote_noise,
+                                          data_dependent=cfg.data_dependent,
+                                          mesh=ctx.runtime.mesh)
+        task.update(1)
     values = {**state.values, "labels": np.asarray(labels)}
     if clean is not None:
         values["clean_vote_sums"] = clean
@@ -372,11 +376,13 @@ def student_phase(state: api.State) -> tuple[dict, dict]:
     public data; post-processing of the release, :mod:`fedjax_dp.algorithms.student`)."""
     ctx: Context = state.context
     cfg = ctx.config
-    with ctx.runtime.progress.task("student", total=1, unit="model") as task:
+    semi = cfg.semi_supervised
+    # supervised: one compiled training; self-training: 1 + rounds of them, one unit each
+    with ctx.runtime.progress.task("student", total=student_lib.num_trainings(semi),
+                                   unit="model" if semi is None else "round") as task:
         params = student_lib.train_student(ctx.keys["student"], ctx.model, ctx.x_public,
                                            ctx.query_indices, state.values["labels"],
-                                           cfg.student, cfg.semi_supervised)
-        task.update(1)
+                                           cfg.student, semi, on_round=task.update)
     return {**state.values, "params": params}, {}
 
 
