@@ -164,10 +164,9 @@ def test_stored_predictions_match_the_kept_students(setup):
 
 def test_progress_is_reported_per_chunk(setup, mapped):
     _, rec = run_streamed(setup, mapped, "L1", "host", 2)
-    by = {t["name"]: t for t in rec.tasks}
-    for name in ("teachers", "students"):
-        assert by[name]["total"] == by[name]["done"] == 2              # ceil(3 / 2)
-        assert by[name]["unit"] == "chunk"
+    assert [(t["name"], t["total"], t["unit"], t["done"]) for t in rec.tasks] == [
+        ("teachers", 2, "chunk", 2), ("students", 2, "chunk", 2),     # ceil(3 / 2)
+        ("server vote", 2, "chunk", 2), ("final model", 1, "model", 1)]
 
 
 def test_chunked_server_vote_matches_loop():

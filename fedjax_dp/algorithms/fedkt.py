@@ -83,7 +83,8 @@ Tree ensembles, which are not arrays, live in the context. Keys: named streams o
 (``split``, ``teachers``, ``party_queries``, ``l2_noise``, ``students``, ``server_queries``,
 ``l1_noise``, ``final``), as the plain-Python :func:`run` has always used, so the same key gives
 the same run; step keys are not used. Progress: ``runtime.progress`` tasks ``teachers`` and
-``students``, one update per chunk.
+``students`` (one update per chunk of parties), ``server vote`` (one per chunk of the stored
+predictions) and ``final model`` (one compiled training, or a tree fit: one unit).
 """
 from __future__ import annotations
 
@@ -690,14 +691,17 @@ def _argmax_labels(votes: jax.Array) -> jax.Array:
     return jnp.argmax(votes, -1).astype(jnp.int32)
 
 
-def server_votes(student_preds: np.ndarray, num_classes: int, size: int) -> np.ndarray:
+def server_votes(student_preds: np.ndarray, num_classes: int, size: int, *,
+                 on_chunk=None) -> np.ndarray:
     """The consistent-voting histogram ``[Qs, C]`` (int32) of ``student_preds [n, s, Qs]``,
     summed over chunks of ``size`` parties (padding predicts -1: no vote); exact integers, so
-    the same for every ``size``."""
+    the same for every ``size``. ``on_chunk()`` (optional) after each chunk (progress)."""
     total = None
     for _, _, (block,) in _host_chunks([student_preds], size, fill=-1):
         v = consistent_vote(block, num_classes)                                 # [Qs, C]
         total = v if total is None else total + v
+        if on_chunk is not None:
+            on_chunk()
     return np.asarray(total)
 
 
@@ -729,8 +733,11 @@ def _final_phase(state: api.State) -> tuple[dict, Context, dict]:
     cfg, k = ctx.config, ctx.keys
     n, c = ctx.data.num_agents, ctx.data.num_classes
     xs = ctx.x_public[ctx.server_queries]
-    svotes = jnp.asarray(server_votes(state.values["student_preds"], c,
-                                      party_chunk_size(cfg, n)))                # [Qs, C]
+    size = party_chunk_size(cfg, n)
+    with ctx.runtime.progress.task("server vote", total=agent_stream.num_chunks(n, size),
+                                   unit="chunk") as task:
+        svotes = jnp.asarray(server_votes(state.values["student_preds"], c, size,
+                                          on_chunk=task.update))               # [Qs, C]
     if cfg.level == "L1":
         slabels = noisy_labels(k["l1_noise"][None], svotes[None], cfg.gamma)[0]
         smask = jnp.ones(slabels.shape, bool)
@@ -741,7 +748,9 @@ def _final_phase(state: api.State) -> tuple[dict, Context, dict]:
         raise ValueError("no public query received a consistent vote from any party, so the "
                          "final model has nothing to learn; use more public data or parties")
     tic = time.perf_counter()
-    final_fit = ctx.learners["final"].fit_shared(k["final"], xs, slabels[None], smask[None])
+    with ctx.runtime.progress.task("final model", total=1, unit="model") as task:
+        final_fit = ctx.learners["final"].fit_shared(k["final"], xs, slabels[None], smask[None])
+        task.update(1)
     values = {**state.values, "server_votes": np.asarray(svotes),
               "server_labels": np.asarray(slabels), "server_mask": np.asarray(smask)}
     values, ctx = _with_fitted(ctx, values, "final", final_fit, True)
