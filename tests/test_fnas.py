@@ -16,6 +16,7 @@ import pytest
 
 from fedjax_dp.algorithms.fnas import dp_fnas, privacy, steps
 from fedjax_dp.core import from_ragged
+from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 from fedjax_dp.models import darts
@@ -359,11 +360,31 @@ def cli_result(tmp_path_factory):
                       "search_epochs": 1,
                       "batch_size": 128, "retrain_epochs": 1, "retrain_batch_size": 256},
         "run": {"progress": False}})
-    return runner.run(cfg, out), out
+    rec = progress_lib.RecordingProgress()          # what a terminal's bars would show
+    real = runner.progress_lib.bar
+    runner.progress_lib.bar = lambda enabled=True: rec
+    try:
+        return runner.run(cfg, out), out, rec
+    finally:
+        runner.progress_lib.bar = real
+
+
+def test_search_and_retrain_report_progress(cli_result):
+    """Compilations, each epoch's iterations (finished ones, all of them) and the runner's bar
+    over the steps; the line per step names the phase."""
+    result, _, rec = cli_result
+    iters = result["search_iterations"], result["retrain_iterations"]        # one epoch each
+    assert [(t["name"], t["total"], t["unit"], t["done"]) for t in rec.tasks] == [
+        ("dp_fnas", 2, "round", 2), ("compile search step", 1, "step", 1),
+        ("search", iters[0], "iteration", iters[0]), ("compile retrain step", 1, "step", 1),
+        ("retrain", iters[1], "iteration", iters[1])]
+    cfg = dp_fnas.Config(search_epochs=2, retrain_epochs=3)
+    assert [dp_fnas.step_label(cfg, t) for t in (1, 2, 3, 5)] == [
+        "search epoch 1/2", "search epoch 2/2", "retrain epoch 1/3", "retrain epoch 3/3"]
 
 
 def test_cli_run_writes_genotype_times_and_privacy(cli_result):
-    result, out = cli_result
+    result, out, _ = cli_result
     assert 0.0 <= result["test_accuracy"] <= 1.0
     geno = darts.Genotype.from_json(json.loads((out / "genotype.json").read_text()))
     assert geno.to_json() == result["genotype"]

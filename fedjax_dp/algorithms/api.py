@@ -22,7 +22,10 @@ dispatched, so an algorithm can prepare the next round's cohort while the curren
 call (``signature``, hashable, must agree between the seeds' states);
 and ``PHASES: tuple[str, ...]``: a one-shot method names its steps (``num_steps``
 of them); its ``output`` exists only after the last, so the runner evaluates it once, at the end
-(``run.eval_every`` applies to round-based algorithms), and shows progress by phase name.
+(``run.eval_every`` applies to round-based algorithms), and shows progress by phase name;
+``step_label(config, t) -> str``: a round-based method names step t (1-based) for the runner's
+line per step (DP-FNAS: ``search epoch 3/10``). Long steps report their inner work (chunks of
+agents, query blocks, iterations) through ``runtime.progress``.
 
 so that a run can be stepped, checkpointed (``State.values`` is a pytree of arrays) and composed
 from outside. :func:`run` is the driver every algorithm shares; the experiment registry is a map
@@ -293,7 +296,7 @@ def run_seeds(algorithm: Algorithm, keys: Sequence[jax.Array], data: Sequence[Fe
     if len({sig for _, _, sig in parts}) != 1:
         return None
     shared, data_axis = _stack_or_share([d for _, d, _ in parts])
-    shapes = {tuple((np.shape(x), np.result_type(x)) for x in jax.tree.leaves(s.values))
+    shapes = {tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in jax.tree.leaves(s.values))
               for s in states}
     if shared is None or len(shapes) != 1:
         return None

@@ -16,6 +16,12 @@ every party. ``output`` is the retrained network (the search network before retr
 
 The ``[model]`` table of an experiment config is not used: the networks are built from the
 algorithm's own fields (``nodes``, ``channels``, ``cells``, ``primitives``, ...).
+
+Progress (``runtime.progress``): ``compile search step`` / ``compile retrain step`` (one unit
+each, when a step is compiled), and per epoch a ``search`` or ``retrain`` task with one update
+per finished iteration (the host waits for iteration i - 1 while iteration i is queued, so the
+count is of finished work, never of dispatched calls). :func:`step_label` names an epoch for
+the runner's one line per step.
 """
 from __future__ import annotations
 
@@ -291,8 +297,10 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     timings = {"search": 0.0, "retrain": 0.0, "compile_search": 0.0, "compile_retrain": 0.0}
     step_fn = fns.step
     if runtime.backend == "vmap" and config.search_steps:
-        step_fn, timings["compile_search"] = _compiled(fns.step, state, jax.random.key(0),
-                                                       search_data)
+        with runtime.progress.task("compile search step", total=1, unit="step") as task:
+            step_fn, timings["compile_search"] = _compiled(fns.step, state, jax.random.key(0),
+                                                           search_data)
+            task.update(1)
     ctx = Context(config=config, model=net, search_data=search_data, retrain_data=retrain_data,
                   search_step=step_fn, search_iterations=iters, retrain_iterations=retrain_iters,
                   runtime=runtime, timings=timings, retrain={})
@@ -301,6 +309,30 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
 
 def num_steps(config: Config) -> int:
     return config.search_steps + config.retrain_epochs
+
+
+def step_label(config: Config, t: int) -> str:
+    """Step ``t`` (1-based) named by its phase: ``search epoch 3/10`` or ``retrain epoch 1/5``."""
+    if t <= config.search_steps:
+        return f"search epoch {t}/{config.search_steps}"
+    return f"retrain epoch {t - config.search_steps}/{config.retrain_epochs}"
+
+
+def _iterate(progress, name: str, count: int, fn, value, k_iter, data, records: list):
+    """``count`` iterations ``value, m = fn(value, fold_in(k_iter, i), data)`` (metrics appended
+    to ``records``), reported as task ``name``: iteration i - 1 is waited for (and counted) once
+    iteration i is queued, so the device never idles and the bar counts finished iterations."""
+    with progress.task(name, total=count, unit="iteration") as task:
+        for i in range(count):
+            value, m = fn(value, jax.random.fold_in(k_iter, i), data)
+            if progress.enabled and i:
+                jax.block_until_ready(records[-1])          # iteration i - 1 has finished
+                task.update(1)
+            records.append(m)
+        if progress.enabled and count:
+            jax.block_until_ready(records[-1])
+            task.update(1)
+    return value
 
 
 def genotype(state: api.State) -> darts.Genotype:
@@ -337,11 +369,9 @@ def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
     start = time.perf_counter()
     records = []
     if state.step < ctx.config.search_steps:
-        s = values["search"]
-        for i in range(ctx.search_iterations):
-            s, m = ctx.search_step(s, jax.random.fold_in(k_iter, i), ctx.search_data)
-            records.append(m)
-        values["search"] = s
+        values["search"] = _iterate(ctx.runtime.progress, "search", ctx.search_iterations,
+                                    ctx.search_step, values["search"], k_iter, ctx.search_data,
+                                    records)
         metrics = _mean_metrics(records)
         ctx.timings["search"] += time.perf_counter() - start
         metrics["phase"] = 0
@@ -354,14 +384,15 @@ def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
                 values["retrain"] = fns.init(k_init)
             step_fn = fns.step
             if ctx.runtime.backend == "vmap":
-                step_fn, ctx.timings["compile_retrain"] = _compiled(
-                    fns.step, values["retrain"], k_iter, ctx.retrain_data)
+                with ctx.runtime.progress.task("compile retrain step", total=1,
+                                               unit="step") as task:
+                    step_fn, ctx.timings["compile_retrain"] = _compiled(
+                        fns.step, values["retrain"], k_iter, ctx.retrain_data)
+                    task.update(1)
             ctx.retrain.update(model=fixed, step=step_fn, genotype=geno)
-        r = values["retrain"]
-        for i in range(ctx.retrain_iterations):
-            r, m = ctx.retrain["step"](r, jax.random.fold_in(k_iter, i), ctx.retrain_data)
-            records.append(m)
-        values["retrain"] = r
+        values["retrain"] = _iterate(ctx.runtime.progress, "retrain", ctx.retrain_iterations,
+                                     ctx.retrain["step"], values["retrain"], k_iter,
+                                     ctx.retrain_data, records)
         metrics = _mean_metrics(records)
         ctx.timings["retrain"] += time.perf_counter() - start
         metrics["phase"] = 1
