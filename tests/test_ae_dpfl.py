@@ -113,9 +113,21 @@ def test_bad_inputs_raise_before_work(problem):
         ae_dpfl.run(jax.random.key(0), data, model, cfg, bad)
 
 
-def test_shipped_config_runs_end_to_end_tiny(tmp_path):
+def test_shipped_config_runs_end_to_end_tiny(tmp_path, monkeypatch, capsys):
+    """Also the output without a terminal: one line per phase, then a summary with the test
+    accuracy, every guarantee (unit, delta, accountant, data-dependent label) and the folder."""
+    from fedjax_dp.core import progress
+    monkeypatch.setattr(progress, "interactive", lambda: False)       # a pipe or a log file
     cfg = config_lib.load(ROOT / "configs" / "ae_dpfl" / "mnist5k.toml", TINY)
-    result = runner.run(cfg, tmp_path, progress=False)
+    result = runner.run(cfg, tmp_path, progress=True)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [ln.split(" ")[1:4] for ln in lines[:3]] == [
+        ["phase", "1/3", "local_training"], ["phase", "2/3", "vote"], ["phase", "3/3", "student"]]
+    assert len(lines) == 4 and lines[3].startswith(
+        f"[ae_dpfl] test accuracy {result['test_accuracy']:.4f}; agent: eps=")
+    assert f"at delta={cfg['privacy']['delta']:.3g} (rdp); instance: eps=" in lines[3]
+    assert "agent_data_dependent: eps=" in lines[3] and "(rdp, data-dependent)" in lines[3]
+    assert lines[3].endswith(f"; run folder {tmp_path}")
     assert result["algorithm"] == "ae_dpfl" and result["num_agents"] == 10
     units = {(g["unit"], g["accountant"]): g for g in result["privacy"]}
     assert {("agent", "rdp"), ("instance", "rdp"), ("agent_data_dependent", "rdp"),

@@ -333,3 +333,5 @@ def test_printed_guarantees_say_when_they_are_data_dependent():
         "party: eps=1.235 at delta=1e-05 (rdp, data-dependent)"
     assert guarantee_line({**row, "data_dependent": False}) == \
         "party: eps=1.235 at delta=1e-05 (rdp)"
+    assert guarantee_line({**row, "epsilon": None}) == \
+        "party: eps=inf at delta=1e-05 (rdp)"                 # result.json's null: no guarantee

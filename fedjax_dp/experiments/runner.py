@@ -191,9 +191,20 @@ def _jsonable(x):
 
 def guarantee_line(g: dict) -> str:
     """One printed guarantee: unit, epsilon at delta, accountant, and whether it depends on the
-    data (a data-dependent epsilon is itself not private to release)."""
+    data (a data-dependent epsilon is itself not private to release). An infinite epsilon
+    (``None`` in ``result.json``) prints as ``inf``."""
     kind = ", data-dependent" if g.get("data_dependent") else ""
-    return f"{g['unit']}: eps={g['epsilon']:.4g} at delta={g['delta']:.3g} ({g['accountant']}{kind})"
+    eps = g["epsilon"]
+    eps = "inf" if eps is None or not math.isfinite(eps) else f"{eps:.4g}"
+    return f"{g['unit']}: eps={eps} at delta={g['delta']:.3g} ({g['accountant']}{kind})"
+
+
+def summary_line(name: str, result: dict, out: Path | None) -> str:
+    """The line printed at the end of a run: test accuracy, every guarantee
+    (:func:`guarantee_line`) and the run's folder."""
+    eps = "; ".join(guarantee_line(g) for g in result["privacy"]) or "no privacy guarantee"
+    where = f"; run folder {out}" if out is not None else ""
+    return f"[{name}] test accuracy {result['test_accuracy']:.4f}; {eps}{where}"
 
 
 #: files that mark a folder as holding a run
@@ -324,6 +335,7 @@ def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | No
     dataset, model, fed, key = s.dataset, s.model, s.fed, s.key
     steps_total = p.entry.num_steps(p.algorithm_config)
     phases = getattr(p.entry, "PHASES", None)             # one-shot: the steps are phases
+    label = getattr(p.entry, "step_label", None)          # optional: names a round-based step
     name = config["algorithm"]["name"]
 
     reporter = progress_lib.bar(show)         # a live bar on a terminal, silent otherwise
@@ -349,8 +361,12 @@ def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | No
         elif show:
             shown = " ".join(f"{k}={v:.4g}" for k, v in record.items()
                              if k != "round" and isinstance(v, float))
-            what = f"phase {t}/{steps_total} {phases[t - 1]}" if phases else \
-                f"round {t}/{steps_total}"
+            if phases:
+                what = f"phase {t}/{steps_total} {phases[t - 1]}"
+            elif label is not None:                          # e.g. DP-FNAS's search / retrain
+                what = label(p.algorithm_config, t)
+            else:
+                what = f"round {t}/{steps_total}"
             print(f"[{name}] {what} {shown}", file=sys.stderr, flush=True)
 
     chunk = config["run"]["chunk_size"] or None          # 0 -> all agents at once
@@ -381,8 +397,7 @@ def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | No
     result = result_record(p, config, s, done.state, history_so_far, out,
                            time.perf_counter() - start)
     if show:
-        eps = ", ".join(guarantee_line(g) for g in result["privacy"]) or "no privacy guarantee"
-        print(f"[{name}] test accuracy {result['test_accuracy']:.4f}; {eps}", file=sys.stderr)
+        print(summary_line(name, result, out), file=sys.stderr)
     return result
 
 
