@@ -2,6 +2,8 @@
 
     fedjax-dp run CONFIG [--set key=value ...] [--out DIR] [--quiet] [--plot]
     fedjax-dp run --resume DIR [--set run.key=value ...]
+    fedjax-dp sweep CONFIG [CONFIG ...] [--grid KEY=V1,V2 ...] [--seeds S] [--target-epsilon E1,E2
+        --calibrate [ALGORITHM=]KEY] [--set key=value ...] [--out DIR] [--resume DIR] [--quiet]
     fedjax-dp list [--json]
     fedjax-dp account sampled-gaussian --noise-multiplier Z --sampling-rate Q --steps T --delta D
     fedjax-dp account gaussian --noise-multiplier Z --count K --delta D
@@ -75,6 +77,29 @@ def _plot_run(result: dict, out: Path) -> list[str] | None:
     except ValueError as e:
         print(f"fedjax-dp: warning: --plot: no training curve written: {e}", file=sys.stderr)
         return None
+
+
+def _cmd_sweep(args) -> int:
+    from fedjax_dp.experiments import runner, sweep
+    sw = sweep.load(args.configs, grid=args.grid or [], seeds=args.seeds,
+                    target_epsilon=args.target_epsilon, calibrate=args.calibrate or [],
+                    overrides=args.set or [])
+    if args.resume:
+        if args.out and Path(args.out) != Path(args.resume):
+            raise ValueError("--out must be omitted (or equal --resume DIR) when resuming")
+        out = Path(args.resume)
+    else:
+        out = Path(args.out) if args.out else runner.fresh_out("runs/sweeps", sw.name)
+    say = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr,
+                                                                     flush=True))
+    records = sweep.run(sw, out, resume=bool(args.resume), vmap_seeds=not args.no_vmap_seeds,
+                        progress=not args.quiet, log=say)
+    if not args.quiet:
+        print((out / "summary.md").read_text(), file=sys.stderr)
+    print(json.dumps({"results": str(out / "results.jsonl"), "runs": len(records),
+                      "summary_csv": str(out / "summary.csv"),
+                      "summary_md": str(out / "summary.md")}, indent=2))
+    return 0
 
 
 def _cmd_list(args) -> int:
@@ -236,6 +261,29 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--plot", action="store_true", help="also write the training curve, "
                      "training_curve.png/.svg, into the run's folder (needs matplotlib)")
     run.set_defaults(func=_cmd_run)
+
+    sw = sub.add_parser("sweep", help="run a grid of configs x target epsilons x seeds; "
+                        "results.jsonl + summary.csv / summary.md (mean and std over seeds)")
+    sw.add_argument("configs", nargs="+", metavar="CONFIG",
+                    help="run configs and/or sweep files (a TOML with a [sweep] table)")
+    sw.add_argument("--grid", action="append", metavar="KEY=V1,V2",
+                    help="a config key and its values, e.g. --grid algorithm.sigma=5,10,20")
+    sw.add_argument("--seeds", metavar="S|s1,s2", default=None,
+                    help="a count S (seeds 0..S-1) or a list of seeds (default: the file's, "
+                         "else 0)")
+    sw.add_argument("--target-epsilon", metavar="E1,E2", default=None,
+                    help="calibrate --calibrate KEY so that each run's headline epsilon is E")
+    sw.add_argument("--calibrate", action="append", metavar="[ALGORITHM=]KEY",
+                    help="the config key to calibrate, e.g. algorithm.noise_multiplier "
+                         "(per algorithm: --calibrate ae_dpfl=algorithm.sigma)")
+    sw.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a config value in every run")
+    sw.add_argument("--out", help="output folder (default: a new runs/sweeps/<name>/<time>)")
+    sw.add_argument("--resume", metavar="DIR", help="run only the runs missing from DIR")
+    sw.add_argument("--no-vmap-seeds", action="store_true",
+                    help="run seeds one by one even where they could share one vmapped call")
+    sw.add_argument("--quiet", action="store_true", help="no progress or per-run lines")
+    sw.set_defaults(func=_cmd_sweep)
 
     lst = sub.add_parser("list", help="list algorithms, datasets, partitions and models")
     lst.add_argument("--json", action="store_true")

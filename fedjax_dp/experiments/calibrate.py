@@ -1,0 +1,225 @@
+"""Calibrate one config key so that a run's headline epsilon meets a target, before training.
+
+    value = calibrate(config, key, target_epsilon)     # e.g. key = "algorithm.noise_multiplier"
+
+The headline epsilon is the one :func:`fedjax_dp.experiments.records.headline` reads from a
+finished run (the first data-independent unit of the algorithm's ledger, the first accountant of
+``privacy.accountants``, at ``privacy.delta``). Before any training it is computed from the
+**planned ledger** of the run (:func:`planned_ledgers`):
+
+* DP-FedAvg, AE-DPFL, kNN-DPFL, DP-FNAS: the algorithm's own ledger of the initial state (their
+  guarantees are fixed by the config and the data sizes, not by what training does);
+* DP-FedSGD: the instance ledger with each agent's participation replayed from the run's own
+  sampling keys (the same host draws the run makes: ``fedavg.sample_agents`` on step t's key), so
+  the calibrated run's epsilon is the target, not an upper bound;
+* FedKT-L1/L2: the data-independent Laplace composition over the run's noisy queries (the
+  data-dependent LNMax bound needs the votes and is reported beside it, not calibrated);
+* the ISRL-DP / shuffle-DP family calibrates its own noise per silo to
+  ``algorithm.target_epsilon``: the key must be ``algorithm.target_epsilon`` and the value is the
+  target itself (the realised worst-silo epsilon is at most the target, equal when every silo
+  is available every round).
+
+The search: epsilon is monotone in the key (decreasing in a noise multiplier or ``sigma``,
+increasing in ``gamma``, ``rounds``, ``sampling_rate``); the direction is read from two
+evaluations, the bracket grows geometrically from the config's own value, and bisection on
+log(value) stops when epsilon is within ``rtol`` (1e-4) below the target. The value returned
+always has ``epsilon <= target`` (it errs on the private side).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Callable
+
+import numpy as np
+
+from fedjax_dp.experiments import config as config_lib
+from fedjax_dp.experiments import records
+
+__all__ = ["calibrate", "planned_epsilon", "planned_ledgers", "set_key", "get_key"]
+
+_SELF_CALIBRATED = "algorithm.target_epsilon"
+
+
+def get_key(config: dict, key: str):
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise config_lib.ConfigError(f"--calibrate key {key!r} is not in the config "
+                                         f"(resolved config has no {part!r} there)")
+        node = node[part]
+    return node
+
+
+def set_key(config: dict, key: str, value) -> dict:
+    """A copy of ``config`` with the dotted ``key`` set to ``value``."""
+    out = copy.deepcopy(config)
+    node = out
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+class _Planner:
+    """The planned ledger(s) of one config family, with the expensive set-up (data, init) done
+    once and re-used for every value of the key."""
+
+    def __init__(self, config: dict):
+        from fedjax_dp.algorithms import api, dp_fedsgd, fedkt
+        from fedjax_dp.experiments import runner
+        self.config = config
+        p = runner.plan(config)
+        self.name = config["algorithm"]["name"]
+        self.entry = p.entry
+        if p.entry is fedkt:
+            if p.algorithm_config.level == "L0":
+                raise config_lib.ConfigError("FedKT-L0 adds no noise: nothing to calibrate "
+                                             "(set algorithm.level to L1 or L2)")
+        if getattr(p.entry, "private", True) is False or self.name == "fedavg":
+            raise config_lib.ConfigError(f"algorithm {self.name!r} gives no privacy guarantee: "
+                                         f"nothing to calibrate")
+        s = runner.setup(config)
+        runtime = api.Runtime(chunk_size=config["run"]["chunk_size"] or None)
+        self.state = p.entry.init(s.key, s.fed, s.model, p.algorithm_config, runtime)
+        self.participation = None
+        if p.entry is dp_fedsgd:
+            from fedjax_dp.algorithms import fedavg
+            n = s.fed.num_agents
+            part = np.zeros(n, np.int64)
+            sampling = p.algorithm_config.participation
+            for t in range(p.algorithm_config.rounds):
+                k_sample = fedavg.round_keys(api.step_key(s.key, t))[0]
+                part += np.asarray(fedavg.sample_agents(k_sample, n, sampling)).astype(np.int64)
+            self.participation = part
+            self.counts = np.asarray(s.fed.agents.counts)
+
+    def ledgers(self, config: dict) -> tuple:
+        from fedjax_dp.algorithms import api, dp_fedsgd, fedkt
+        from fedjax_dp.experiments import runner
+        cfg = runner.plan(config).algorithm_config
+        if self.entry is dp_fedsgd:
+            return (dp_fedsgd.instance_ledger(cfg, self.counts, self.participation),)
+        if self.entry is fedkt:
+            ctx = self.state.context
+            if cfg.level == "L1":
+                nq = len(ctx.server_queries)
+            else:
+                nq = fedkt.num_noisy_queries("L2", party_queries=len(ctx.party_queries),
+                                             num_partitions=cfg.num_partitions)
+            events = fedkt.data_independent_events(cfg.level, cfg.gamma, nq,
+                                                   num_partitions=cfg.num_partitions,
+                                                   num_teachers=cfg.num_teachers)
+            from fedjax_dp.privacy import PrivacyLedger
+            led = PrivacyLedger()
+            for unit, relation in (("party", fedkt.PARTY_RELATION),
+                                   ("example", fedkt.EXAMPLE_RELATION)):
+                led.add_event(unit, events[unit], relation=relation)
+            return (led,)
+        return api.ledgers(self.entry, cfg, self.state)
+
+    def epsilon(self, config: dict) -> float:
+        privacy = []
+        delta = config["privacy"]["delta"]
+        for ledger in self.ledgers(config):
+            privacy += ledger.report(delta, accountants=tuple(config["privacy"]["accountants"]))
+        eps, _, _ = records.headline(privacy, config["privacy"]["accountants"])
+        if eps is None:
+            raise config_lib.ConfigError(f"algorithm {self.name!r} with this config gives no "
+                                         f"data-independent guarantee: nothing to calibrate")
+        return eps
+
+
+def planned_ledgers(config: dict) -> tuple:
+    """The ledger(s) a run of ``config`` will report (see the module docstring)."""
+    return _Planner(config).ledgers(config)
+
+
+def planned_epsilon(config: dict) -> float:
+    """The headline epsilon a run of ``config`` will report, computed before training."""
+    return _Planner(config).epsilon(config)
+
+
+def calibrate(config: dict, key: str, target_epsilon: float, *, rtol: float = 1e-4,
+              max_evaluations: int = 200) -> float:
+    """The value of ``key`` (a numeric config key) whose run meets ``target_epsilon``: headline
+    epsilon in ``[target (1 - rtol), target]``. Raises ``ValueError`` naming the key when the
+    target cannot be met (epsilon does not depend on the key, or no positive value reaches it)."""
+    target = float(target_epsilon)
+    if not (target > 0 and math.isfinite(target)):
+        raise config_lib.ConfigError(f"--target-epsilon values must be positive and finite, "
+                                     f"got {target_epsilon!r}")
+    v0 = get_key(config, key)
+    if isinstance(v0, bool) or not isinstance(v0, (int, float)):
+        raise config_lib.ConfigError(f"--calibrate key {key!r} must hold a number, got {v0!r}")
+    algo_fields = config["algorithm"]
+    if "target_epsilon" in algo_fields or key == _SELF_CALIBRATED:
+        from fedjax_dp.experiments import runner
+        fields = {f for f in runner.plan(config).algorithm_config.__dataclass_fields__}
+        if "target_epsilon" in fields:
+            if key != _SELF_CALIBRATED:
+                raise config_lib.ConfigError(
+                    f"algorithm {config['algorithm']['name']!r} calibrates its own noise per "
+                    f"silo: use --calibrate {_SELF_CALIBRATED} (got {key!r})")
+            return target
+    if isinstance(v0, int):
+        raise config_lib.ConfigError(f"--calibrate key {key!r} holds an integer ({v0}); "
+                                     f"calibrate a real-valued key such as a noise multiplier")
+    planner = _Planner(config)
+    count = [0]
+
+    def eps_of(v: float) -> float:
+        count[0] += 1
+        if count[0] > max_evaluations:
+            raise config_lib.ConfigError(f"calibrating {key!r} to epsilon {target} did not "
+                                         f"converge in {max_evaluations} evaluations")
+        try:
+            return planner.epsilon(set_key(config, key, float(v)))
+        except ValueError as e:          # a value the algorithm refuses (e.g. a rate above 1)
+            raise config_lib.ConfigError(f"calibrating {key!r}: value {v:.6g} is refused: {e}"
+                                         ) from None
+
+    return _solve(eps_of, target, float(v0) if v0 > 0 else 1.0, key, rtol)
+
+
+def _solve(eps_of: Callable[[float], float], target: float, v0: float, key: str,
+           rtol: float) -> float:
+    """Bisection on log(v) for ``eps_of(v) in [target (1 - rtol), target]``."""
+    e0 = eps_of(v0)
+    e1 = eps_of(v0 * 2.0)
+    if e1 == e0:
+        raise config_lib.ConfigError(f"epsilon does not depend on --calibrate key {key!r} "
+                                     f"(epsilon {e0:.6g} at {v0:.6g} and at {2 * v0:.6g})")
+    decreasing = e1 < e0           # e.g. more noise, less epsilon
+    # bracket: lo_v has eps > target side, hi_v has eps <= target side (in "privacy" order)
+    v, e = v0, e0
+    factor = 2.0 if (e > target) == decreasing else 0.5
+    private_v, private_e = (v, e) if e <= target else (None, None)
+    other_v = v if e > target else None
+    for _ in range(80):
+        if private_v is not None and other_v is not None:
+            break
+        v = v * factor
+        e = eps_of(v)
+        if e <= target:
+            private_v, private_e = v, e
+        else:
+            other_v = v
+    else:
+        raise config_lib.ConfigError(f"no positive value of {key!r} reaches epsilon {target} "
+                                     f"(epsilon {e:.6g} at {v:.6g})")
+    if private_e >= target * (1 - rtol):
+        return private_v
+    for _ in range(200):
+        mid = math.sqrt(private_v * other_v)
+        e = eps_of(mid)
+        if e <= target:
+            private_v, private_e = mid, e
+            if e >= target * (1 - rtol):
+                break
+        else:
+            other_v = mid
+        if abs(math.log(private_v / other_v)) < 1e-12:
+            break
+    return private_v

@@ -1,0 +1,485 @@
+"""Sweeps: a grid of configs x target epsilons x seeds, one record per run in ``results.jsonl``.
+
+    fedjax-dp sweep CONFIG [CONFIG ...] [--grid KEY=V1,V2 ...] [--seeds S | --seeds s1,s2]
+        [--target-epsilon E1,E2 --calibrate KEY | --calibrate ALGORITHM=KEY ...]
+        [--set KEY=VALUE ...] [--out DIR] [--resume DIR] [--no-vmap-seeds] [--quiet]
+
+A CONFIG is a run config (``configs/<algorithm>/<dataset>.toml``) or a sweep file: a TOML with
+a ``[sweep]`` table (``configs/experiments/``)::
+
+    [sweep]
+    configs = ["../ae_dpfl/mnist5k.toml", "../dp_fedavg/mnist5k.toml"]  # relative to this file;
+                                                   # omitted: the file's own tables are the config
+    seeds = 3                                      # or [0, 1, 2]
+    target_epsilon = [1.0, 4.0]                    # optional
+    calibrate = { ae_dpfl = "algorithm.sigma", dp_fedavg = "algorithm.noise_multiplier" }
+    set = { "algorithm.rounds" = 5 }               # applied to every run
+    [sweep.grid]
+    "data.num_agents" = [50, 100]
+
+Command-line flags add to the file's (``--grid`` replaces a key's values, ``--seeds`` and
+``--target-epsilon`` replace). The runs are every base config x grid point x target x seed.
+
+Order of work: every run's config is resolved and validated (:func:`runner.plan`) before any
+data is loaded; then, per (base, grid point, target) *cell*, the key is calibrated
+(:mod:`fedjax_dp.experiments.calibrate`) and the cell's seeds run -- as ONE vmapped compiled call
+per round when the algorithm exposes a pure step (:func:`fedjax_dp.algorithms.api.run_seeds`;
+the ISRL-DP family) and the seeds' configs differ only in ``seed``, else one after another. Each
+finished run is appended to ``OUT/results.jsonl`` at once (a record of
+:mod:`fedjax_dp.experiments.records`), so a killed sweep keeps what it computed and
+``--resume OUT`` runs only the missing ones (a run is identified by the fingerprint of its
+resolved config). At the end ``summary.csv`` and ``summary.md`` give, per cell, the mean and
+standard deviation over seeds of test accuracy and epsilon.
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import dataclasses
+import io
+import itertools
+import json
+import math
+import time
+import tomllib
+from pathlib import Path
+from typing import Callable
+
+from fedjax_dp.core import validation
+from fedjax_dp.experiments import calibrate as calibrate_lib
+from fedjax_dp.experiments import config as config_lib
+from fedjax_dp.experiments import records as records_lib
+
+__all__ = ["Sweep", "Run", "load", "expand", "run", "summarize", "split_values",
+           "summary_markdown"]
+
+ConfigError = config_lib.ConfigError
+
+
+@dataclasses.dataclass
+class Sweep:
+    """What to run. ``bases``: (name, raw config table) pairs; ``grid``: dotted key -> values;
+    ``calibrate``: algorithm name (or ``"*"``) -> dotted key."""
+
+    bases: list[tuple[str, dict]]
+    grid: dict[str, list] = dataclasses.field(default_factory=dict)
+    seeds: list[int] = dataclasses.field(default_factory=lambda: [0])
+    target_epsilon: list[float] = dataclasses.field(default_factory=list)
+    calibrate: dict[str, str] = dataclasses.field(default_factory=dict)
+    overrides: list[str] = dataclasses.field(default_factory=list)
+    name: str = "sweep"
+
+
+@dataclasses.dataclass
+class Run:
+    """One run of a sweep: its cell (base, grid point, target) and seed, and its resolved config
+    (before calibration)."""
+
+    base: str
+    params: dict
+    target_epsilon: float | None
+    seed: int
+    config: dict
+    calibrate_key: str | None
+
+    @property
+    def cell(self) -> str:
+        return json.dumps([self.base, self.params, self.target_epsilon], sort_keys=True)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+def split_values(text: str) -> list:
+    """``"1,2.5,[100, 50],\\"a,b\\""`` -> ``[1, 2.5, [100, 50], "a,b"]``: commas at bracket depth
+    0 outside quotes separate values; each is parsed as a TOML value (else a bare string)."""
+    parts, depth, quote, cur = [], 0, None, []
+    for ch in text:
+        if quote:
+            cur.append(ch)
+            if ch == quote:
+                quote = None
+            continue
+        if ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    parts.append("".join(cur))
+    values = [config_lib.parse_value(p.strip()) for p in parts]
+    if any(isinstance(v, str) and not v for v in values):
+        raise ConfigError(f"empty value in {text!r} (values are separated by commas)")
+    return values
+
+
+def _grid_arg(assignment: str) -> tuple[str, list]:
+    if "=" not in assignment:
+        raise ConfigError(f"--grid expects KEY=V1,V2,..., got {assignment!r}")
+    key, text = assignment.split("=", 1)
+    key = key.strip()
+    if not key or not all(key.split(".")):
+        raise ConfigError(f"--grid key {key!r} is not a dotted key like algorithm.sigma")
+    return key, split_values(text)
+
+
+def _seeds_arg(value) -> list[int]:
+    if isinstance(value, str):
+        value = split_values(value)
+        if len(value) == 1:
+            value = value[0]
+    if isinstance(value, bool):
+        raise ConfigError(f"--seeds must be a count S >= 1 or a list of seeds, got {value!r}")
+    if isinstance(value, int):
+        validation.check_int("--seeds", value, minimum=1)
+        return list(range(value))
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"--seeds must be a count S >= 1 or a list of seeds, got {value!r}")
+    for s in value:
+        validation.check_int("--seeds[]", s, minimum=0)
+    if len(set(value)) != len(value):
+        raise ConfigError(f"--seeds lists a seed twice: {value}")
+    return list(value)
+
+
+def _targets_arg(value) -> list[float]:
+    values = split_values(value) if isinstance(value, str) else list(value)
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+                v > 0 and math.isfinite(v)):
+            raise ConfigError(f"--target-epsilon values must be positive finite numbers, "
+                              f"got {v!r}")
+        out.append(float(v))
+    return out
+
+
+def _calibrate_arg(items) -> dict[str, str]:
+    out = {}
+    if isinstance(items, str):
+        items = [items]
+    if isinstance(items, dict):
+        items = [f"{k}={v}" for k, v in items.items()]
+    for item in items:
+        if "=" in item:
+            algo, key = (s.strip() for s in item.split("=", 1))
+        else:
+            algo, key = "*", item.strip()
+        if not key or not all(key.split(".")):
+            raise ConfigError(f"--calibrate expects KEY or ALGORITHM=KEY, got {item!r}")
+        out[algo] = key
+    return out
+
+
+def _read_toml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {e}") from None
+
+
+_SWEEP_KEYS = {"configs", "grid", "seeds", "target_epsilon", "calibrate", "set", "name"}
+
+
+def load(paths: list[str], *, grid: list[str] = (), seeds=None, target_epsilon=None,
+         calibrate: list[str] = (), overrides: list[str] = ()) -> Sweep:
+    """A :class:`Sweep` from config / sweep files and command-line flags (validated)."""
+    if not paths:
+        raise ConfigError("CONFIG is required: a run config or a sweep file (configs/)")
+    bases: list[tuple[str, dict]] = []
+    sw = Sweep(bases=bases, name=Path(paths[0]).stem)
+    for path in map(Path, paths):
+        raw = _read_toml(path)
+        table = raw.pop("sweep", None)
+        if table is None:
+            bases.append((path.stem, raw))
+            continue
+        unknown = sorted(set(table) - _SWEEP_KEYS)
+        if unknown:
+            raise ConfigError(f"unknown key(s) {['sweep.' + k for k in unknown]} in "
+                              f"{str(path)!r}; sweep accepts {sorted(_SWEEP_KEYS)}")
+        if "configs" in table:
+            if raw:
+                raise ConfigError(f"{str(path)!r}: a sweep file with sweep.configs holds no "
+                                  f"config tables of its own (found {sorted(raw)})")
+            for rel in table["configs"]:
+                sub = path.parent / rel
+                sub_raw = _read_toml(sub)
+                sub_raw.pop("sweep", None)
+                bases.append((sub.stem, sub_raw))
+        else:
+            bases.append((path.stem, raw))
+        for k, v in table.get("grid", {}).items():
+            sw.grid[k] = list(v) if isinstance(v, list) else [v]
+        if "seeds" in table:
+            sw.seeds = _seeds_arg(table["seeds"])
+        if "target_epsilon" in table:
+            sw.target_epsilon = _targets_arg(table["target_epsilon"])
+        if "calibrate" in table:
+            sw.calibrate.update(_calibrate_arg(table["calibrate"]))
+        for k, v in table.get("set", {}).items():
+            sw.overrides.append(f"{k}={json.dumps(v)}")
+        sw.name = table.get("name", path.stem)
+    for g in grid:
+        k, values = _grid_arg(g)
+        sw.grid[k] = values
+    for k, values in sw.grid.items():
+        if not values:
+            raise ConfigError(f"--grid {k} has no values")
+    if seeds is not None:
+        sw.seeds = _seeds_arg(seeds)
+    if target_epsilon is not None:
+        sw.target_epsilon = _targets_arg(target_epsilon)
+    if calibrate:
+        sw.calibrate.update(_calibrate_arg(list(calibrate)))
+    sw.overrides += list(overrides)
+    if sw.target_epsilon and not sw.calibrate:
+        raise ConfigError("--target-epsilon needs --calibrate KEY (the config key set to meet "
+                          "each target, e.g. algorithm.noise_multiplier)")
+    if sw.calibrate and not sw.target_epsilon:
+        raise ConfigError("--calibrate needs --target-epsilon E1,E2,...")
+    return sw
+
+
+def _toml_value(v) -> str:
+    """A value as TOML text for a ``--set`` override."""
+    return json.dumps(v)
+
+
+def expand(sw: Sweep) -> list[Run]:
+    """Every run of the sweep, validated (config keys, algorithm fields, calibrate keys) before
+    any data is loaded or anything is trained."""
+    from fedjax_dp.experiments import runner
+    keys = list(sw.grid)
+    points = [dict(zip(keys, combo)) for combo in itertools.product(*sw.grid.values())]
+    targets = sw.target_epsilon or [None]
+    runs: list[Run] = []
+    for (name, raw), point, target in itertools.product(sw.bases, points, targets):
+        sets = list(sw.overrides) + [f"{k}={_toml_value(v)}" for k, v in point.items()]
+        base_cfg = config_lib.resolve(raw, sets)
+        algo = base_cfg["algorithm"]["name"]
+        key = None
+        if target is not None:
+            key = sw.calibrate.get(algo, sw.calibrate.get("*"))
+            if key is None:
+                raise ConfigError(f"--calibrate names no key for algorithm {algo!r} (config "
+                                  f"{name!r}); give --calibrate {algo}=KEY")
+            calibrate_lib.get_key(base_cfg, key)
+        runner.plan(base_cfg)
+        for seed in sw.seeds:
+            cfg = copy.deepcopy(base_cfg)
+            cfg["seed"] = seed
+            cfg["run"]["progress"] = False
+            runs.append(Run(base=name, params=point, target_epsilon=target, seed=seed,
+                            config=cfg, calibrate_key=key))
+    return runs
+
+
+def run_id(config: dict) -> str:
+    from fedjax_dp.experiments import checkpoint
+    return checkpoint.fingerprint(config)[:16]
+
+
+# ----------------------------------------------------------------------------- running
+
+def _done_ids(out: Path) -> set[str]:
+    f = out / "results.jsonl"
+    if not f.is_file():
+        return set()
+    ids = set()
+    for line in f.read_text().splitlines():
+        if line.strip():
+            try:
+                ids.add(json.loads(line)["run_id"])
+            except (json.JSONDecodeError, KeyError):
+                continue                       # a line cut by a kill: that run runs again
+    return ids
+
+
+def _append(out: Path, record: dict) -> None:
+    with open(out / "results.jsonl", "a") as f:
+        f.write(json.dumps(record, allow_nan=False) + "\n")
+
+
+def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = True,
+        progress: bool = False, log: Callable[[str], None] | None = None) -> list[dict]:
+    """Run every run of ``sw`` not yet in ``out/results.jsonl`` and write the summaries; return
+    all records (earlier and new)."""
+    from fedjax_dp.experiments import runner
+    runs = expand(sw)                                   # every config checked before any work
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file, not a folder")
+    if not resume and (out / "results.jsonl").exists():
+        raise ConfigError(f"--out {str(out)!r} already holds a sweep (results.jsonl); choose a "
+                          f"new folder, or continue it with --resume {str(out)!r}")
+    if resume and not (out / "results.jsonl").exists():
+        raise ConfigError(f"--resume {str(out)!r} holds no sweep (no results.jsonl)")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(
+        {"name": sw.name, "bases": [n for n, _ in sw.bases], "grid": sw.grid, "seeds": sw.seeds,
+         "target_epsilon": sw.target_epsilon, "calibrate": sw.calibrate,
+         "overrides": sw.overrides, "runs": len(runs)}, indent=2))
+    log = log or (lambda msg: None)
+    done = _done_ids(out)
+    cells: dict[str, list[Run]] = {}
+    for r in runs:
+        cells.setdefault(r.cell, []).append(r)
+    t0 = time.perf_counter()
+    finished = 0
+    for cell_runs in cells.values():
+        first = cell_runs[0]
+        calibrated = None
+        configs = [r.config for r in cell_runs]
+        if first.target_epsilon is not None:
+            per_seed = _seed_dependent_calibration(first.config)
+            values = []
+            for i, r in enumerate(cell_runs):
+                if i == 0 or per_seed:
+                    v = calibrate_lib.calibrate(r.config, first.calibrate_key, r.target_epsilon)
+                values.append(v)
+            configs = [calibrate_lib.set_key(c, first.calibrate_key, v)
+                       for c, v in zip(configs, values)]
+            calibrated = values
+        ids = [run_id(c) for c in configs]
+        todo = [i for i, rid in enumerate(ids) if rid not in done]
+        if not todo:
+            continue
+        results = None
+        if vmap_seeds and len(todo) > 1 and not (calibrated and len(set(calibrated)) > 1):
+            results = runner.run_seeds([configs[i] for i in todo], progress=False)
+        if results is None:
+            results = []
+            for i in todo:
+                results.append(runner.run(configs[i], None, progress=False))
+                _write(out, cell_runs[i], configs[i], ids[i], results[-1], calibrated, i, sw)
+                finished += 1
+                log(_line(cell_runs[i], results[-1], finished, len(runs), t0))
+        else:
+            for i, res in zip(todo, results):
+                _write(out, cell_runs[i], configs[i], ids[i], res, calibrated, i, sw)
+                finished += 1
+                log(_line(cell_runs[i], res, finished, len(runs), t0))
+    records = records_lib.read([out / "results.jsonl"])
+    write_summaries(records, out)
+    return records
+
+
+def _seed_dependent_calibration(config: dict) -> bool:
+    """DP-FedSGD's planned ledger replays each seed's agent sampling: one calibration per seed."""
+    return config["algorithm"]["name"] == "dp_fedsgd"
+
+
+def _write(out: Path, r: Run, config: dict, rid: str, result: dict, calibrated, i: int,
+           sw: Sweep) -> None:
+    params = dict(r.params)
+    cal = None
+    if calibrated is not None:
+        cal = {"key": r.calibrate_key, "value": calibrated[i]}
+    rec = records_lib.from_result(result, params=params, target_epsilon=r.target_epsilon,
+                                  calibrated=cal)
+    rec.update(run_id=rid, sweep=sw.name, base=r.base,
+               vmapped_seeds=int(result.get("vmapped_seeds", 1)))
+    rec["config"] = config
+    _append(out, _clean(rec))
+
+
+def _clean(x):
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _line(r: Run, result: dict, k: int, total: int, t0: float) -> str:
+    eps, unit, _ = records_lib.headline(result.get("privacy", []),
+                                        result["config"]["privacy"]["accountants"])
+    shown = f"eps={eps:.4g} ({unit})" if eps is not None else "no guarantee"
+    point = " ".join(f"{k}={v}" for k, v in r.params.items())
+    target = f" target={r.target_epsilon:g}" if r.target_epsilon is not None else ""
+    rate = (time.perf_counter() - t0) / k
+    return (f"[sweep {k}/{total}] {r.base} {point}{target} seed={r.seed}: "
+            f"acc={result['test_accuracy']:.4f} {shown}  (ETA {rate * (total - k):.0f} s)")
+
+
+# ----------------------------------------------------------------------------- summaries
+
+def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None, None
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, 0.0
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """One row per cell (base, algorithm, grid point, target epsilon), in first-seen order:
+    ``n`` seeds and the mean / sample standard deviation (ddof 1; 0 for one seed) of test
+    accuracy and headline epsilon, the mean calibrated value and wall time."""
+    groups: dict[str, list[dict]] = {}
+    for rec in records:
+        k = json.dumps([rec.get("base"), rec.get("algorithm"), rec.get("params", {}),
+                        rec.get("target_epsilon")], sort_keys=True)
+        groups.setdefault(k, []).append(rec)
+    rows = []
+    for recs in groups.values():
+        r0 = recs[0]
+        acc_m, acc_s = _mean_std([r.get("test_accuracy") for r in recs])
+        eps_m, eps_s = _mean_std([r.get("epsilon") for r in recs])
+        cal = [r["calibrated"]["value"] for r in recs if r.get("calibrated")]
+        rows.append({"base": r0.get("base"), "algorithm": r0.get("algorithm"),
+                     **{k: v for k, v in r0.get("params", {}).items()},
+                     "target_epsilon": r0.get("target_epsilon"),
+                     "calibrated_key": r0["calibrated"]["key"] if r0.get("calibrated") else None,
+                     "calibrated_value": sum(cal) / len(cal) if cal else None,
+                     "n": len(recs), "seeds": sorted(r.get("seed") for r in recs),
+                     "test_accuracy_mean": acc_m, "test_accuracy_std": acc_s,
+                     "epsilon_mean": eps_m, "epsilon_std": eps_s,
+                     "epsilon_unit": r0.get("epsilon_unit"),
+                     "wall_time_s_mean": _mean_std([r.get("wall_time_s") for r in recs])[0]})
+    return rows
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list):
+        return " ".join(map(str, v))
+    return str(v)
+
+
+def summary_markdown(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_summaries(records: list[dict], out: Path) -> list[dict]:
+    rows = summarize(records)
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=cols)
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({c: (_fmt(r.get(c)) if isinstance(r.get(c), list) else r.get(c))
+                         for c in cols})
+    (out / "summary.csv").write_text(buf.getvalue())
+    (out / "summary.md").write_text(summary_markdown(rows))
+    return rows

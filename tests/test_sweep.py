@@ -1,0 +1,169 @@
+"""``fedjax-dp sweep``: grid x targets x seeds, seeds vmapped == separate runs, calibration hits
+its targets, resume runs only what is missing, summaries are mean / std over seeds, bad input
+fails before any work."""
+import json
+
+import dp_accounting
+import numpy as np
+import pytest
+
+from fedjax_dp.experiments import calibrate, cli, records, runner, sweep
+from fedjax_dp.experiments import config as config_lib
+from fedjax_dp.privacy.accounting import DEFAULT_RDP_ORDERS  # the library's order grid
+
+# tiny runs: DP-FedAvg on mnist5k (20 agents, 2 rounds of 2 local steps), ISRL on WBCD (2 silos)
+FEDAVG = "configs/dp_fedavg/mnist5k.toml"
+FEDAVG_SETS = ["data.num_agents=20", "algorithm.rounds=2", "train.steps=2", "run.eval_every=1",
+               "model.hidden=[16]", "privacy.accountants=[\"rdp\"]"]
+ISRL = "configs/isrl/wbcd_isrl_spider.toml"
+ISRL_SETS = ["algorithm.rounds=4", "run.eval_every=2", "privacy.accountants=[\"rdp\"]"]
+
+
+def _sets(sets):
+    return [a for s in sets for a in ("--set", s)]
+
+
+def test_split_values_keeps_arrays_and_quoted_commas():
+    assert sweep.split_values('1, 2.5,[100, 50],"a,b",x') == [1, 2.5, [100, 50], "a,b", "x"]
+    with pytest.raises(ValueError, match="empty value"):
+        sweep.split_values("1,,2")
+
+
+def test_seeds_vmapped_equal_separate_runs():
+    base = config_lib.load(ISRL, ISRL_SETS + ["run.progress=false"])
+    configs = [dict(base, seed=s) for s in (0, 3)]
+    together = runner.run_seeds(configs)
+    assert together is not None and [r["vmapped_seeds"] for r in together] == [2, 2]
+    for joint, cfg in zip(together, configs):
+        alone = runner.run(cfg)
+        assert joint["seed"] == alone["seed"]
+        assert joint["test_accuracy"] == pytest.approx(alone["test_accuracy"], abs=1e-6)
+        assert len(joint["history"]) == len(alone["history"]) == 4
+        for a, b in zip(joint["history"], alone["history"]):
+            assert a.keys() == b.keys()
+            for k in a:
+                if b[k] is None:                  # NaN metric (e.g. no upload of a kind yet)
+                    assert a[k] is None, k
+                else:
+                    assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), k
+        assert [g["epsilon"] for g in joint["privacy"]] == pytest.approx(
+            [g["epsilon"] for g in alone["privacy"]], rel=1e-9)
+    # different seeds: different models (the seed axis is not broadcast)
+    assert together[0]["history"][-1] != together[1]["history"][-1]
+
+
+def test_algorithm_without_pure_step_is_not_vmapped():
+    base = config_lib.load(FEDAVG, FEDAVG_SETS)
+    assert runner.run_seeds([dict(base, seed=0), dict(base, seed=1)]) is None
+    with pytest.raises(ValueError, match="differ only in seed"):
+        runner.run_seeds([base, config_lib.load(FEDAVG, FEDAVG_SETS + ["algorithm.rounds=3"])])
+
+
+def test_sweep_calibration_summary_and_resume(tmp_path):
+    out = tmp_path / "sw"
+    argv = ["sweep", FEDAVG, *_sets(FEDAVG_SETS), "--seeds", "2", "--target-epsilon", "1.5,6",
+            "--calibrate", "algorithm.noise_multiplier", "--out", str(out), "--quiet"]
+    assert cli.main(argv) == 0
+    recs = records.read([out / "results.jsonl"])
+    assert len(recs) == 2 * 2
+    q = recs[0]["config"]["algorithm"]["sampling_rate"]
+    for r in recs:
+        # the run's own ledger (not the planner) meets the target within 1% (and not above it)
+        assert r["epsilon"] <= r["target_epsilon"] * (1 + 1e-9)
+        assert r["epsilon"] == pytest.approx(r["target_epsilon"], rel=0.01)
+        assert r["calibrated"]["key"] == "algorithm.noise_multiplier"
+        assert r["config"]["algorithm"]["noise_multiplier"] == r["calibrated"]["value"]
+        # independent value: dp-accounting's RDP accountant on the sampled Gaussian directly
+        acc = dp_accounting.rdp.RdpAccountant(list(DEFAULT_RDP_ORDERS))
+        acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+            q, dp_accounting.GaussianDpEvent(r["calibrated"]["value"])), 2))
+        assert acc.get_epsilon(1e-5) == pytest.approx(r["epsilon"], rel=1e-6)
+    # more noise for the smaller target; the seeds of a cell share the calibrated value
+    by = {(r["target_epsilon"], r["seed"]): r["calibrated"]["value"] for r in recs}
+    assert by[(1.5, 0)] == by[(1.5, 1)] > by[(6.0, 0)] == by[(6.0, 1)]
+    # summary: one row per cell, mean / sample std over the two seeds
+    rows = sweep.summarize(recs)
+    assert len(rows) == 2 and all(r["n"] == 2 for r in rows)
+    for row in rows:
+        accs = [r["test_accuracy"] for r in recs if r["target_epsilon"] == row["target_epsilon"]]
+        assert row["test_accuracy_mean"] == pytest.approx(np.mean(accs))
+        assert row["test_accuracy_std"] == pytest.approx(np.std(accs, ddof=1))
+    md = (out / "summary.md").read_text()
+    assert md.count("\n") == 2 + 2 and "test_accuracy_mean" in md
+    assert (out / "summary.csv").read_text().count("\n") == 1 + 2
+    # resume with a third seed: only the 2 new runs run, the 4 earlier records are kept as is
+    before = (out / "results.jsonl").read_text()
+    argv3 = [a if a != "2" else "0,1,2" for a in argv]
+    argv3 = [a for a in argv3 if a not in ("--out", str(out))] + ["--resume", str(out)]
+    assert cli.main(argv3) == 0
+    after = (out / "results.jsonl").read_text()
+    assert after.startswith(before)
+    new = [json.loads(line) for line in after[len(before):].splitlines()]
+    assert sorted(r["seed"] for r in new) == [2, 2]
+    assert all(r["n"] == 3 for r in sweep.summarize(records.read([out])))
+
+
+def test_sweep_file_vmaps_seeds_and_calibrates_isrl_directly(tmp_path):
+    sw_file = tmp_path / "exp.toml"
+    sw_file.write_text(f"""
+[sweep]
+name = "isrl_small"
+configs = ["{(config_lib.Path.cwd() / ISRL).as_posix()}"]
+seeds = 2
+target_epsilon = [2.0]
+calibrate = "algorithm.target_epsilon"
+set = {{ "algorithm.rounds" = 4, "run.eval_every" = 2 }}
+[sweep.grid]
+"algorithm.learning_rate" = [0.05, 0.2]
+""")
+    out = tmp_path / "out"
+    recs = sweep.run(sweep.load([str(sw_file)]), out)
+    assert len(recs) == 4
+    assert all(r["vmapped_seeds"] == 2 for r in recs)
+    assert all(r["sweep"] == "isrl_small" for r in recs)
+    assert all(r["config"]["algorithm"]["target_epsilon"] == 2.0 for r in recs)
+    # every silo is available every round: the realised worst silo meets the target (RDP)
+    for r in recs:
+        rdp = [g["epsilon"] for g in r["privacy"] if g["accountant"] == "rdp"][0]
+        assert rdp == pytest.approx(2.0, rel=0.01) and rdp <= 2.0 * (1 + 1e-9)
+
+
+def test_calibrate_other_algorithms_against_dp_accounting():
+    # AE-DPFL: SelfComposed(Gaussian(sigma / 1), Q) at the agent level
+    cfg = config_lib.load("configs/ae_dpfl/mnist5k.toml", ["data.num_agents=10"])
+    sigma = calibrate.calibrate(cfg, "algorithm.sigma", 3.0)
+    acc = dp_accounting.rdp.RdpAccountant(list(DEFAULT_RDP_ORDERS))
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma),
+                                                  cfg["algorithm"]["num_queries"]))
+    eps = acc.get_epsilon(cfg["privacy"]["delta"])
+    assert eps == pytest.approx(3.0, rel=0.01) and eps <= 3.0 * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--grid", "algorithm.sigma"], "--grid expects KEY=V1,V2"),
+    (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--seeds", "1,1"], "lists a seed twice"),
+    (["--target-epsilon", "-1", "--calibrate", "algorithm.noise_multiplier"],
+     "--target-epsilon values must be positive"),
+    (["--target-epsilon", "1"], "--target-epsilon needs --calibrate"),
+    (["--target-epsilon", "1", "--calibrate", "algorithm.nois"], "--calibrate key "
+     "'algorithm.nois' is not in the config"),
+    (["--target-epsilon", "1", "--calibrate", "algorithm.rounds"], "holds an integer"),
+    (["--grid", "algorithm.rounds=0,2"], "algorithm.rounds must be >= 1"),
+    (["--grid", "algorithm.bogus=1"], "algorithm.bogus"),
+])
+def test_bad_input_one_line_exit_2_before_any_run(tmp_path, capsys, argv, message):
+    out = tmp_path / "o"
+    code = cli.main(["sweep", FEDAVG, *_sets(FEDAVG_SETS), "--out", str(out), "--quiet", *argv])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedjax-dp: error:") and message in err[0], err
+    assert not (out / "results.jsonl").exists()
+
+
+def test_existing_sweep_folder_is_refused(tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "results.jsonl").write_text("")
+    code = cli.main(["sweep", FEDAVG, "--out", str(out), "--quiet"])
+    assert code == 2 and "already holds a sweep" in capsys.readouterr().err
