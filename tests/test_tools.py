@@ -45,3 +45,14 @@ def test_bench_knn_vote_smoke(tmp_path):
                                                    / run["matmul_gflops"])
         assert name in run["peak_rss_above_data_mb"]
     assert run["threshold_speedup_vs_top_k"] > 0 and record["runs"] == written["runs"]
+
+
+def test_every_config_states_the_expected_result_of_results_configs_expected_json():
+    """The first line of every shipped config is the one tools/expected_results.py makes from
+    results/configs_expected.json (no run: re-measure with ``--run``)."""
+    expected = _load("expected_results")
+    assert expected.check(expected.load()) == []
+    entry = {"seed": 0, "cpus": 2, "test_accuracy": 0.7412, "process_time_s": 14.4,
+             "headline": {"unit": "agent", "delta": 1e-5, "epsilon": {"rdp": 6.871, "pld": 6.2}}}
+    assert expected.line(entry) == ("# Expected (seed 0, 2-core CPU): test accuracy 0.741; agent "
+                                    "epsilon 6.87 (RDP) / 6.20 (PLD) at delta 1e-5; ~14 s.")
