@@ -29,10 +29,9 @@ def pytest_unconfigure(config):
         shutil.rmtree(_CREATED_CACHE, ignore_errors=True)
 
 
-#: the longest tests (subprocesses with 8 devices, the notebook) start first, so that with
+#: the longest tests (the subprocess with 8 devices, the notebooks) start first, so that with
 #: ``-n 2 --dist worksteal`` no worker is left with one of them at the end while the other idles
 _LONG_FIRST = ("test_sharding.py::test_eight_cpu_devices_equal_one_device",
-               "test_isrl_algorithms.py::test_silo_axis_sharded_over_eight_devices_equals_one_device",
                "quickstart.ipynb")
 
 

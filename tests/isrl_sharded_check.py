@@ -1,4 +1,6 @@
-"""Run under XLA_FLAGS=--xla_force_host_platform_device_count=8 (test_isrl_algorithms.py).
+"""Run under XLA_FLAGS=--xla_force_host_platform_device_count=8: :func:`checks` is called by
+``sharded_check.py`` (one subprocess for every 8-device check, started by ``test_sharding.py``);
+run alone, this file prints its own checks.
 
 ISRL-DP SPIDER (refresh and difference rounds, M = 3 of N = 6 silos) and SDP SPIDER with the silo
 axis sharded over 8 CPU devices: the gathered round's M = 3 cohort rows and the masked round's
@@ -23,7 +25,8 @@ def _same(a, b) -> bool:
                zip(jax.tree.leaves(a.state.values), jax.tree.leaves(b.state.values)))
 
 
-def main():
+def checks() -> dict:
+    """``{check: bool, "<name>_uploads": int}`` (needs 8 devices)."""
     assert jax.device_count() == 8, jax.devices()
     rng = np.random.default_rng(0)
     xs = [rng.normal(size=(n, 5)).astype(np.float32) for n in (12, 9, 15, 10, 8, 11)]
@@ -52,8 +55,8 @@ def main():
                                                               runs[False, "masked"])
         out[f"{name}_uploads"] = int(np.asarray(runs[True, "gather"].state.values["uploads"])
                                      .sum())
-    print(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    print(json.dumps(checks()))

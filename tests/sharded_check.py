@@ -2,7 +2,9 @@
 
 Checks that sharding the agent axis over 8 CPU devices gives the same results as one device, for
 the lift primitive, local training of all agents, and a full FedAvg / DP-FedAvg round (whose sum
-over agents becomes a cross-device reduction).
+over agents becomes a cross-device reduction), the MPC vote, and -- from
+``isrl_sharded_check.py``, in the same process so that JAX starts once -- the ISRL-DP silo axis
+(SPIDER and SDP SPIDER). Prints one JSON line.
 """
 import json
 import sys
@@ -10,6 +12,9 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import isrl_sharded_check  # noqa: E402
 
 from fedjax_dp.algorithms import fedavg, knn_dpfl
 from fedjax_dp.core.cohort import Sampling
@@ -94,6 +99,7 @@ def main():
                            and np.array_equal(vote.mpc_vote_and_sums(
                                key, fn, agents, queries, 0.3, num_classes=3, mesh=mesh)[0],
                                agg(None)))
+    out.update(isrl_sharded_check.checks())
     print(json.dumps(out))
     return 0 if all(out.values()) else 1
 
