@@ -803,9 +803,12 @@ def run(key: jax.Array, parties: StackedData, x_public, config: Config, *, num_c
         students, L1 noise and the final model (no key is used twice).
       parties: the n parties' local data (``StackedData [n, n_max, ...]``).
       x_public: the public unlabelled set ``[P, ...]`` (never its labels).
-      teacher, student, final: learners (default: :func:`make_learners` with the JAX model
+      teacher: the teachers' learner (default: :func:`make_learners` with the JAX model
         ``model_name`` with ``hidden``).
-      fitted_teachers / fitted_students: as in :func:`init`.
+      student: the students' learner (default as for ``teacher``).
+      final: the final model's learner (default as for ``teacher``).
+      fitted_teachers: as in :func:`init`.
+      fitted_students: as in :func:`init`.
     """
     if not isinstance(config, Config):
         raise ValueError(f"config must be a fedkt.Config, got {type(config).__name__}")

@@ -77,15 +77,18 @@ def load_tfds(name: str, *, split_train: str = "train", split_test: str = "test"
 
     Args:
       name: a TFDS name, e.g. ``"mnist"``, ``"svhn_cropped"``, ``"cifar10"``.
-      split_train, split_test: TFDS split names (slicing like ``"train[:10%]"`` works).
+      split_train: TFDS split name of the training data (slicing like ``"train[:10%]"`` works).
+      split_test: TFDS split name of the test data.
       public_fraction: fraction of the ``public_from`` split moved to the public split
         (FedKT: half of the test set).
       public_from: ``"test"`` (default) or ``"train"``.
       data_dir: TFDS data directory (default: TFDS's own).
-      image_key, label_key: the feature and label names in a record.
+      image_key: the feature name in a record.
+      label_key: the label name in a record.
       seed: shuffle seed of the (stratified) public carve-out.
       download: let TFDS download and prepare the data (off by default: offline first).
-      max_train, max_test: keep only the first records of a split (quick experiments).
+      max_train: keep only the first records of the training split (quick experiments).
+      max_test: the same for the test split.
     """
     validation.check_choice("public_from", public_from, ("test", "train"))
     validation.check_probability("public_fraction", public_fraction, allow_zero=True)
