@@ -167,3 +167,42 @@ def test_existing_sweep_folder_is_refused(tmp_path, capsys):
     (out / "results.jsonl").write_text("")
     code = cli.main(["sweep", FEDAVG, "--out", str(out), "--quiet"])
     assert code == 2 and "already holds a sweep" in capsys.readouterr().err
+
+
+def _rec(lr, target, seed, val, test):
+    return {"base": "b", "algorithm": "a", "params": {"train.learning_rate": lr, "x": 1},
+            "target_epsilon": target, "seed": seed, "val_accuracy": val, "test_accuracy": test,
+            "epsilon": target, "epsilon_unit": "agent", "calibrated": None}
+
+
+def test_select_chooses_on_validation_and_reports_test():
+    recs = [_rec(0.1, 1.0, 0, 0.50, 0.90), _rec(0.1, 1.0, 1, 0.52, 0.92),   # best test ...
+            _rec(0.3, 1.0, 0, 0.60, 0.70), _rec(0.3, 1.0, 1, 0.62, 0.74),   # ... best val
+            _rec(0.1, 4.0, 0, 0.80, 0.81), _rec(0.3, 4.0, 0, 0.70, 0.95)]
+    rows = sweep.select(recs, "val_accuracy", ["train.learning_rate"])
+    assert [(r["target_epsilon"], r["selected"]) for r in rows] == [
+        (1.0, {"train.learning_rate": 0.3}), (4.0, {"train.learning_rate": 0.1})]
+    assert rows[0]["test_accuracy_mean"] == pytest.approx(0.72)
+    assert rows[0]["test_accuracy_std"] == pytest.approx(np.std([0.70, 0.74], ddof=1))
+    assert rows[0]["val_accuracy_mean"] == pytest.approx(0.61)
+    assert rows[0]["x"] == 1 and rows[0]["n_candidates"] == 2
+
+
+def test_validation_split_is_held_out_of_training(tmp_path):
+    cfg = config_lib.load(FEDAVG, FEDAVG_SETS + ["data.validation_fraction=0.1"])
+    full = runner.setup(config_lib.load(FEDAVG, FEDAVG_SETS))
+    s = runner.setup(cfg)
+    n = len(full.dataset.y_train)
+    m = round(0.1 * n)
+    assert len(s.y_val) == m and len(s.dataset.y_train) == n - m
+    # disjoint and together the whole training split (rows compared as bytes)
+    rows = {r.tobytes() for r in full.dataset.x_train.reshape(n, -1)}
+    val = {r.tobytes() for r in np.asarray(s.x_val).reshape(m, -1)}
+    train = {r.tobytes() for r in s.dataset.x_train.reshape(n - m, -1)}
+    assert not (val & train) and (val | train) <= rows
+    assert int(np.sum(np.asarray(s.fed.agents.counts))) == n - m
+    with pytest.raises(ValueError, match="data.validation_fraction must be in"):
+        config_lib.load(FEDAVG, ["data.validation_fraction=1.0"])
+    code = cli.main(["sweep", FEDAVG, "--grid", "train.learning_rate=0.1,0.2", "--select",
+                     "val_accuracy", "--out", str(tmp_path / "o"), "--quiet"])
+    assert code == 2

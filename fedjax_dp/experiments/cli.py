@@ -83,7 +83,16 @@ def _cmd_sweep(args) -> int:
     from fedjax_dp.experiments import runner, sweep
     sw = sweep.load(args.configs, grid=args.grid or [], seeds=args.seeds,
                     target_epsilon=args.target_epsilon, calibrate=args.calibrate or [],
-                    overrides=args.set or [])
+                    overrides=args.set or [], select=args.select,
+                    select_over=args.select_over)
+    if args.dry_run:                       # validate every run, list them, run nothing
+        runs = sweep.expand(sw)
+        print(json.dumps({"name": sw.name, "runs": len(runs),
+                          "cells": len({r.cell for r in runs}),
+                          "bases": [n for n, _ in sw.bases], "grid": sw.grid,
+                          "seeds": sw.seeds, "target_epsilon": sw.target_epsilon,
+                          "calibrate": sw.calibrate, "select": sw.select}, indent=2))
+        return 0
     if args.resume:
         if args.out and Path(args.out) != Path(args.resume):
             raise ValueError("--out must be omitted (or equal --resume DIR) when resuming")
@@ -96,6 +105,8 @@ def _cmd_sweep(args) -> int:
                         progress=not args.quiet, log=say)
     if not args.quiet:
         print((out / "summary.md").read_text(), file=sys.stderr)
+        if (out / "selected.md").exists():
+            print((out / "selected.md").read_text(), file=sys.stderr)
     print(json.dumps({"results": str(out / "results.jsonl"), "runs": len(records),
                       "summary_csv": str(out / "summary.csv"),
                       "summary_md": str(out / "summary.md")}, indent=2))
@@ -278,10 +289,17 @@ def build_parser() -> argparse.ArgumentParser:
                          "(per algorithm: --calibrate ae_dpfl=algorithm.sigma)")
     sw.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override a config value in every run")
+    sw.add_argument("--select", metavar="val_accuracy", default=None,
+                    help="choose the grid point with the best mean of this metric per algorithm "
+                         "and target (needs data.validation_fraction); writes selected.md")
+    sw.add_argument("--select-over", metavar="KEY1,KEY2", default=None,
+                    help="the grid keys chosen over (default: all grid keys)")
     sw.add_argument("--out", help="output folder (default: a new runs/sweeps/<name>/<time>)")
     sw.add_argument("--resume", metavar="DIR", help="run only the runs missing from DIR")
     sw.add_argument("--no-vmap-seeds", action="store_true",
                     help="run seeds one by one even where they could share one vmapped call")
+    sw.add_argument("--dry-run", action="store_true",
+                    help="validate every run's config and print the plan; run nothing")
     sw.add_argument("--quiet", action="store_true", help="no progress or per-run lines")
     sw.set_defaults(func=_cmd_sweep)
 

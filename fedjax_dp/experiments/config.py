@@ -4,7 +4,8 @@ A config has these tables (see ``configs/``)::
 
     seed = 0
     [data]       dataset, dataset_options, partition, partition_options, num_agents,
-                 server_dataset, server_dataset_options, image_size (cross-domain runs)
+                 server_dataset, server_dataset_options, image_size (cross-domain runs),
+                 validation_fraction (training records held out for val_accuracy)
     [model]      name, hidden
     [train]      local training: steps, batch_size, learning_rate, optimizer, weight_decay
     [algorithm]  name and the algorithm's own fields (rounds, sampling_rate, clip_norm, ...)
@@ -31,7 +32,11 @@ DEFAULTS: dict[str, Any] = {
              "partition_options": {}, "num_agents": 10,
              # cross-domain: the server's public/test splits from another dataset (""= same),
              # and a common image size (0 = keep) applied to every split of both datasets
-             "server_dataset": "", "server_dataset_options": {}, "image_size": 0},
+             "server_dataset": "", "server_dataset_options": {}, "image_size": 0,
+             # a held-out fraction of the training split (before partitioning) on which the
+             # final model is also evaluated (val_accuracy): for choosing hyper-parameters
+             # without looking at the test set (fedjax-dp sweep --select val_accuracy)
+             "validation_fraction": 0.0},
     "model": {"name": "mlp", "hidden": [200]},
     "train": {"steps": 50, "batch_size": 32, "learning_rate": 0.1, "optimizer": "sgd",
               "weight_decay": 0.0, "prox_mu": 0.0},
@@ -102,6 +107,9 @@ def resolve(raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> dict:
         validation.check_choice("privacy.accountants[]", acc, ("rdp", "pld"))
     validation.check_int("data.num_agents", resolved["data"]["num_agents"], minimum=1)
     validation.check_int("data.image_size", resolved["data"]["image_size"], minimum=0)
+    vf = resolved["data"]["validation_fraction"]
+    if isinstance(vf, bool) or not isinstance(vf, (int, float)) or not 0 <= vf < 1:
+        raise ConfigError(f"data.validation_fraction must be in [0, 1), got {vf!r}")
     if not isinstance(resolved["data"]["server_dataset"], str):
         raise ConfigError(f"data.server_dataset must be a dataset name or \"\" (the agents' "
                           f"dataset), got {resolved['data']['server_dataset']!r}")

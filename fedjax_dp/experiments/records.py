@@ -8,6 +8,7 @@ A *record* is one finished run as one JSON object (a line of a sweep's ``results
     target_epsilon    the epsilon a noise parameter was calibrated to, or None
     calibrated        {"key": dotted key, "value": v} or None
     test_accuracy     float
+    val_accuracy      float on the held-out training records (data.validation_fraction), or None
     epsilon           the headline guarantee (:func:`headline`), or None without one
     epsilon_unit, epsilon_accountant, delta
     privacy           every guarantee, as in result.json
@@ -26,8 +27,8 @@ from typing import Any, Iterable
 __all__ = ["headline", "from_result", "field", "read", "RECORD_KEYS"]
 
 RECORD_KEYS = ("algorithm", "dataset", "num_agents", "seed", "params", "target_epsilon",
-               "calibrated", "test_accuracy", "epsilon", "epsilon_unit", "epsilon_accountant",
-               "delta", "privacy", "history", "wall_time_s", "config")
+               "calibrated", "test_accuracy", "val_accuracy", "epsilon", "epsilon_unit",
+               "epsilon_accountant", "delta", "privacy", "history", "wall_time_s", "config")
 
 
 def headline(privacy: list[dict], accountants: Iterable[str] = ("rdp", "pld")
@@ -61,7 +62,8 @@ def from_result(result: dict, **extra) -> dict:
     rec = {"algorithm": result.get("algorithm"), "dataset": result.get("dataset"),
            "num_agents": result.get("num_agents"), "seed": result.get("seed"),
            "params": {}, "target_epsilon": None, "calibrated": None,
-           "test_accuracy": result.get("test_accuracy"), "epsilon": eps,
+           "test_accuracy": result.get("test_accuracy"),
+           "val_accuracy": result.get("val_accuracy"), "epsilon": eps,
            "epsilon_unit": unit, "epsilon_accountant": acc, "delta": delta,
            "privacy": result.get("privacy", []), "history": result.get("history", []),
            "wall_time_s": result.get("wall_time_s"), "config": config}

@@ -310,6 +310,36 @@ class Setup:
     fed: FederatedData
     model: Any
     key: jax.Array                  # rng.stream(seed's root, "algorithm")
+    x_val: Any = None               # [n_val, ...] held-out training records (validation_fraction)
+    y_val: Any = None               # [n_val]
+
+    def evaluate(self, output: api.Output) -> dict:
+        """``test_accuracy`` (and ``val_accuracy`` with a validation split) of a model."""
+        out = {"test_accuracy": float(np.mean(output.predict_labels(self.dataset.x_test)
+                                              == self.dataset.y_test))}
+        if self.x_val is not None:
+            out["val_accuracy"] = float(np.mean(output.predict_labels(self.x_val) == self.y_val))
+        return out
+
+
+def hold_out(dataset: data_lib.Dataset, fraction: float, key
+             ) -> tuple[data_lib.Dataset, np.ndarray, np.ndarray]:
+    """``(dataset without the held-out records, x_val, y_val)``: ``round(fraction n)`` (>= 1)
+    training records drawn uniformly with ``key``; the rest keep their order."""
+    n = len(dataset.y_train)
+    m = max(1, int(round(fraction * n)))
+    if m >= n:
+        raise config_lib.ConfigError(f"data.validation_fraction = {fraction} leaves no training "
+                                     f"record of {n}")
+    perm = np.asarray(jax.random.permutation(key, n))
+    val, keep = perm[:m], np.sort(perm[m:])
+    dom = None if dataset.domain_train is None else dataset.domain_train[keep]
+    reduced = data_lib.Dataset(name=dataset.name, x_train=dataset.x_train[keep],
+                               y_train=dataset.y_train[keep], x_public=dataset.x_public,
+                               y_public=dataset.y_public, x_test=dataset.x_test,
+                               y_test=dataset.y_test, num_classes=dataset.num_classes,
+                               domain_train=dom)
+    return reduced, dataset.x_train[val], dataset.y_train[val]
 
 
 def setup(config: dict) -> Setup:
@@ -318,6 +348,10 @@ def setup(config: dict) -> Setup:
     root = rng.as_key(config["seed"])
     d = config["data"]
     dataset = load_data(d)
+    x_val = y_val = None
+    if d.get("validation_fraction", 0.0):
+        dataset, x_val, y_val = hold_out(dataset, d["validation_fraction"],
+                                         rng.stream(root, "validation"))
     indices = partition_indices(d, dataset, rng.stream(root, "partition"))
     agents = from_partition(dataset.x_train, dataset.y_train, indices)
     if config["run"]["agents_on"] == "host":          # only cohorts / chunks go to the device
@@ -326,7 +360,8 @@ def setup(config: dict) -> Setup:
                        hidden=tuple(config["model"]["hidden"]))
     fed = FederatedData(agents=agents, num_classes=dataset.num_classes,
                         x_public=dataset.x_public, y_public=dataset.y_public)
-    return Setup(dataset=dataset, fed=fed, model=model, key=rng.stream(root, "algorithm"))
+    return Setup(dataset=dataset, fed=fed, model=model, key=rng.stream(root, "algorithm"),
+                 x_val=x_val, y_val=y_val)
 
 
 def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | None) -> dict:
@@ -370,10 +405,7 @@ def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | No
             print(f"[{name}] {what} {shown}", file=sys.stderr, flush=True)
 
     chunk = config["run"]["chunk_size"] or None          # 0 -> all agents at once
-    x_test, y_test = dataset.x_test, dataset.y_test
-
-    def evaluate(output):
-        return {"test_accuracy": float(np.mean(output.predict_labels(x_test) == y_test))}
+    evaluate = s.evaluate
 
     # run.eval_every evaluates the model between rounds; a one-shot method's phases before the
     # last have no model yet, so it is evaluated once, at the end
@@ -406,7 +438,8 @@ def result_record(p: Plan, config: dict, s: Setup, state: api.State, history: li
     """The ``result.json`` record of a finished run (written to ``out`` when given): the final
     model's test accuracy, every ledger's guarantees, the history, versions."""
     output = p.entry.output(state)
-    test_acc = float(np.mean(output.predict_labels(s.dataset.x_test) == s.dataset.y_test))
+    scores = s.evaluate(output)
+    test_acc = scores["test_accuracy"]
     ledgers = api.ledgers(p.entry, p.algorithm_config, state)
     hook = getattr(p.entry, "artifacts", None)     # optional: extra files and result fields
     extra_fields = (hook(state, out, config) or {}) if hook is not None else {}
@@ -419,6 +452,7 @@ def result_record(p: Plan, config: dict, s: Setup, state: api.State, history: li
         "dataset": s.dataset.name,
         "num_agents": s.fed.num_agents,
         "test_accuracy": test_acc,
+        **({"val_accuracy": scores["val_accuracy"]} if "val_accuracy" in scores else {}),
         "privacy": privacy,
         "wall_time_s": wall_time_s,
         "seed": config["seed"],
@@ -455,8 +489,7 @@ def run_seeds(configs: list[dict], *, progress: bool = False) -> list[dict] | No
     model = setups[0].model
 
     def evaluate(output, s):
-        ds = setups[s].dataset
-        return {"test_accuracy": float(np.mean(output.predict_labels(ds.x_test) == ds.y_test))}
+        return setups[s].evaluate(output)
 
     reporter = progress_lib.bar(progress)
     steps_total = p.entry.num_steps(p.algorithm_config)

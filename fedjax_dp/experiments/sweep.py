@@ -68,6 +68,8 @@ class Sweep:
     calibrate: dict[str, str] = dataclasses.field(default_factory=dict)
     overrides: list[str] = dataclasses.field(default_factory=list)
     name: str = "sweep"
+    select: str | None = None                  # e.g. "val_accuracy": choose grid points by it
+    select_over: list[str] | None = None       # the grid keys chosen over (None: all)
 
 
 @dataclasses.dataclass
@@ -184,11 +186,13 @@ def _read_toml(path: Path) -> dict:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {e}") from None
 
 
-_SWEEP_KEYS = {"configs", "grid", "seeds", "target_epsilon", "calibrate", "set", "name"}
+_SWEEP_KEYS = {"configs", "grid", "seeds", "target_epsilon", "calibrate", "set", "name",
+               "select", "select_over"}
 
 
 def load(paths: list[str], *, grid: list[str] = (), seeds=None, target_epsilon=None,
-         calibrate: list[str] = (), overrides: list[str] = ()) -> Sweep:
+         calibrate: list[str] = (), overrides: list[str] = (), select: str | None = None,
+         select_over: str | list[str] | None = None) -> Sweep:
     """A :class:`Sweep` from config / sweep files and command-line flags (validated)."""
     if not paths:
         raise ConfigError("CONFIG is required: a run config or a sweep file (configs/)")
@@ -226,6 +230,8 @@ def load(paths: list[str], *, grid: list[str] = (), seeds=None, target_epsilon=N
         for k, v in table.get("set", {}).items():
             sw.overrides.append(f"{k}={json.dumps(v)}")
         sw.name = table.get("name", path.stem)
+        sw.select = table.get("select", sw.select)
+        sw.select_over = table.get("select_over", sw.select_over)
     for g in grid:
         k, values = _grid_arg(g)
         sw.grid[k] = values
@@ -239,6 +245,24 @@ def load(paths: list[str], *, grid: list[str] = (), seeds=None, target_epsilon=N
     if calibrate:
         sw.calibrate.update(_calibrate_arg(list(calibrate)))
     sw.overrides += list(overrides)
+    if select is not None:
+        sw.select = select
+    if select_over is not None:
+        sw.select_over = ([k.strip() for k in select_over.split(",")]
+                          if isinstance(select_over, str) else list(select_over))
+    if sw.select is not None:
+        if sw.select not in ("val_accuracy", "test_accuracy"):
+            raise ConfigError(f"--select must be val_accuracy (test_accuracy only to reproduce a "
+                              f"paper's protocol), got {sw.select!r}")
+        over = sw.grid if sw.select_over is None else sw.select_over
+        if not over:
+            raise ConfigError("--select needs grid keys to choose over (--grid KEY=V1,V2)")
+        for k in over:
+            if k not in sw.grid:
+                raise ConfigError(f"--select-over key {k!r} is not a --grid key "
+                                  f"({sorted(sw.grid)})")
+    elif sw.select_over is not None:
+        raise ConfigError("--select-over needs --select val_accuracy")
     if sw.target_epsilon and not sw.calibrate:
         raise ConfigError("--target-epsilon needs --calibrate KEY (the config key set to meet "
                           "each target, e.g. algorithm.noise_multiplier)")
@@ -272,6 +296,9 @@ def expand(sw: Sweep) -> list[Run]:
                                   f"{name!r}); give --calibrate {algo}=KEY")
             calibrate_lib.get_key(base_cfg, key)
         runner.plan(base_cfg)
+        if sw.select == "val_accuracy" and not base_cfg["data"]["validation_fraction"]:
+            raise ConfigError(f"--select val_accuracy needs a validation split: set "
+                              f"data.validation_fraction (e.g. 0.1) in config {name!r}")
         for seed in sw.seeds:
             cfg = copy.deepcopy(base_cfg)
             cfg["seed"] = seed
@@ -368,6 +395,8 @@ def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = 
                 log(_line(cell_runs[i], res, finished, len(runs), t0))
     records = records_lib.read([out / "results.jsonl"])
     write_summaries(records, out)
+    if sw.select is not None:
+        write_selection(records, out, sw.select, sw.select_over or list(sw.grid))
     return records
 
 
@@ -482,4 +511,62 @@ def write_summaries(records: list[dict], out: Path) -> list[dict]:
                          for c in cols})
     (out / "summary.csv").write_text(buf.getvalue())
     (out / "summary.md").write_text(summary_markdown(rows))
+    return rows
+
+
+def select(records: list[dict], metric: str, over: list[str]) -> list[dict]:
+    """Per group of cells that differ only in the ``over`` grid keys (same base, algorithm, other
+    grid keys, target epsilon): the cell with the best mean ``metric`` over its seeds (ties: the
+    first), with its test accuracy mean / std -- hyper-parameters chosen on the validation split,
+    reported on the test set. Rows: the group's keys, ``selected`` {key: value}, ``n_candidates``,
+    ``<metric>_mean`` and the chosen cell's summary fields."""
+    rows = summarize(records)
+    by_cell: dict[str, list[dict]] = {}
+    for rec in records:
+        k = json.dumps([rec.get("base"), rec.get("algorithm"), rec.get("params", {}),
+                        rec.get("target_epsilon")], sort_keys=True)
+        by_cell.setdefault(k, []).append(rec)
+    groups: dict[str, list[tuple[dict, list[dict]]]] = {}
+    for row, recs in zip(rows, by_cell.values()):
+        rest = {k: v for k, v in recs[0].get("params", {}).items() if k not in over}
+        g = json.dumps([row["base"], row["algorithm"], rest, row["target_epsilon"]],
+                       sort_keys=True)
+        groups.setdefault(g, []).append((row, recs))
+    out = []
+    for members in groups.values():
+        scored = []
+        for row, recs in members:
+            m, _ = _mean_std([r.get(metric) for r in recs])
+            if m is None:
+                raise ConfigError(f"--select {metric}: the runs hold no {metric} (is "
+                                  f"data.validation_fraction set?)")
+            scored.append((m, row, recs))
+        best_m, best, recs = max(scored, key=lambda t: t[0])
+        params = recs[0].get("params", {})
+        out.append({"base": best["base"], "algorithm": best["algorithm"],
+                    **{k: v for k, v in params.items() if k not in over},
+                    "target_epsilon": best["target_epsilon"],
+                    "selected": {k: params.get(k) for k in over},
+                    "n_candidates": len(scored), f"{metric}_mean": best_m,
+                    **{k: best[k] for k in ("n", "test_accuracy_mean", "test_accuracy_std",
+                                            "epsilon_mean", "epsilon_std", "epsilon_unit",
+                                            "calibrated_value")}})
+    return out
+
+
+def write_selection(records: list[dict], out: Path, metric: str, over: list[str]
+                    ) -> list[dict]:
+    """``selected.md`` / ``selected.csv`` / ``selected.json`` of :func:`select`."""
+    rows = select(records, metric, over)
+    flat = [{**{k: v for k, v in r.items() if k != "selected"},
+             **{f"selected {k}": v for k, v in r["selected"].items()}} for r in rows]
+    cols = list(dict.fromkeys(k for r in flat for k in r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=cols)
+    writer.writeheader()
+    for r in flat:
+        writer.writerow(r)
+    (out / "selected.csv").write_text(buf.getvalue())
+    (out / "selected.md").write_text(summary_markdown(flat))
+    (out / "selected.json").write_text(json.dumps(rows, indent=2))
     return rows
