@@ -206,3 +206,13 @@ def test_validation_split_is_held_out_of_training(tmp_path):
     code = cli.main(["sweep", FEDAVG, "--grid", "train.learning_rate=0.1,0.2", "--select",
                      "val_accuracy", "--out", str(tmp_path / "o"), "--quiet"])
     assert code == 2
+
+
+def test_dry_run_keeps_two_algorithms_on_one_dataset_apart(capsys):
+    code = cli.main(["sweep", FEDAVG, "configs/ae_dpfl/mnist5k.toml", "--grid",
+                     "data.num_agents=50,100", "--seeds", "3", "--target-epsilon", "1,2",
+                     "--calibrate", "dp_fedavg=algorithm.noise_multiplier", "--calibrate",
+                     "ae_dpfl=algorithm.sigma", "--dry-run"])
+    plan = json.loads(capsys.readouterr().out)
+    assert code == 0 and plan["runs"] == 2 * 2 * 2 * 3 and plan["cells"] == 8
+    assert plan["bases"] == ["dp_fedavg/mnist5k", "ae_dpfl/mnist5k"]

@@ -186,6 +186,12 @@ def _read_toml(path: Path) -> dict:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {e}") from None
 
 
+def _base_name(path: Path) -> str:
+    """``<folder>/<stem>`` (``dp_fedavg/mnist5k``): configs of two algorithms on one dataset
+    share a stem."""
+    return f"{path.resolve().parent.name}/{path.stem}"
+
+
 _SWEEP_KEYS = {"configs", "grid", "seeds", "target_epsilon", "calibrate", "set", "name",
                "select", "select_over"}
 
@@ -202,7 +208,7 @@ def load(paths: list[str], *, grid: list[str] = (), seeds=None, target_epsilon=N
         raw = _read_toml(path)
         table = raw.pop("sweep", None)
         if table is None:
-            bases.append((path.stem, raw))
+            bases.append((_base_name(path), raw))
             continue
         unknown = sorted(set(table) - _SWEEP_KEYS)
         if unknown:
@@ -216,9 +222,9 @@ def load(paths: list[str], *, grid: list[str] = (), seeds=None, target_epsilon=N
                 sub = path.parent / rel
                 sub_raw = _read_toml(sub)
                 sub_raw.pop("sweep", None)
-                bases.append((sub.stem, sub_raw))
+                bases.append((_base_name(sub), sub_raw))
         else:
-            bases.append((path.stem, raw))
+            bases.append((_base_name(path), raw))
         for k, v in table.get("grid", {}).items():
             sw.grid[k] = list(v) if isinstance(v, list) else [v]
         if "seeds" in table:
@@ -283,6 +289,9 @@ def expand(sw: Sweep) -> list[Run]:
     keys = list(sw.grid)
     points = [dict(zip(keys, combo)) for combo in itertools.product(*sw.grid.values())]
     targets = sw.target_epsilon or [None]
+    names = [n for n, _ in sw.bases]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"a config is given twice: {names}")
     runs: list[Run] = []
     for (name, raw), point, target in itertools.product(sw.bases, points, targets):
         sets = list(sw.overrides) + [f"{k}={_toml_value(v)}" for k, v in point.items()]
