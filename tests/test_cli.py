@@ -142,3 +142,20 @@ def test_console_script_entry_point():
     proc = subprocess.run([sys.executable, "-m", "fedjax_dp.experiments.cli", "list"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "dp_fedavg" in proc.stdout
+
+
+def test_fedkt_run_writes_votes_and_account_command_reproduces_its_epsilons(tmp_path, capsys):
+    out = tmp_path / "fedkt"
+    assert cli.main(["run", "configs/fedkt/wbcd.toml", "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    result = json.loads((out / "result.json").read_text())
+    assert (out / "votes.npz").is_file() and result["votes_file"] == str(out / "votes.npz")
+    argv = result["account_command"].split()
+    assert argv[:3] == ["fedjax-dp", "account", "fedkt"]
+    assert cli.main(argv[1:]) == 0
+    report = json.loads(capsys.readouterr().out)
+    for g in result["privacy"]:
+        row = report["units"][g["unit"]]
+        got = row["data_dependent"]["rdp"] if g["data_dependent"] else \
+            row["data_independent"][g["accountant"]]
+        assert got == pytest.approx(g["epsilon"], rel=1e-9), g

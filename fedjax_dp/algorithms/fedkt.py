@@ -791,6 +791,32 @@ def ledger(config: Config, state: api.State) -> tuple[PrivacyLedger, PrivacyLedg
                               teacher_votes=v.get("teacher_votes"), z=v.get("z"))
 
 
+def artifacts(state: api.State, out_dir, run_config: dict) -> dict:
+    """With ``out_dir``: the run's noise-free vote histograms as ``votes.npz`` (``votes``: L1 the
+    server's ``[Q, C]``, L2 the teachers' ``[n, s, Q, C]``; ``z``), so that
+    ``fedjax-dp account fedkt --votes DIR/votes.npz ...`` re-derives the run's guarantees (the
+    command is returned as ``account_command``). Votes are the analysis' input, not a release."""
+    level = run_config["algorithm"].get("level", Config.level)
+    if out_dir is None or level == "L0":
+        return {}
+    v = state.values
+    votes = v.get("server_votes") if level == "L1" else v.get("teacher_votes")
+    if votes is None:
+        return {}
+    from pathlib import Path
+    path = Path(out_dir) / "votes.npz"
+    z = int(np.max(v["z"])) if "z" in v else None
+    np.savez_compressed(path, votes=np.asarray(votes),
+                        **({"z": np.asarray(z)} if z is not None else {}))
+    a = run_config["algorithm"]
+    command = (f"fedjax-dp account fedkt --votes {path} --level {level} "
+               f"--gamma {a.get('gamma', Config.gamma)} "
+               f"--s {a.get('num_partitions', Config.num_partitions)} "
+               f"--t {a.get('num_teachers', Config.num_teachers)} "
+               f"--delta {run_config['privacy']['delta']}")
+    return {"votes_file": str(path), "account_command": command}
+
+
 def run(key: jax.Array, parties: StackedData, x_public, config: Config, *, num_classes: int,
         teacher=None, student=None, final=None, model_name: str = "mlp", hidden=(200,),
         chunk_size: int | str | None = "auto", fitted_teachers=None,
