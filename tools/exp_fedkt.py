@@ -1,5 +1,6 @@
 """FedKT experiment: the paper's Table 1 (L0 vs one-round baselines) and Table 2 (L1/L2 accuracy
 and epsilon vs gamma and the queried fraction) on the offline datasets.
+As sweep files: ``configs/experiments/fedkt_*.toml`` (``fedjax-dp sweep FILE``; docs/sweeps.md).
 
     python tools/exp_fedkt.py --out results/fedkt            # mnist5k, digits, wbcd
 

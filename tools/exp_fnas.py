@@ -1,4 +1,5 @@
 """DP-FNAS experiment on offline data: the shape of the paper's Tables 1 and 2.
+As sweep files: ``configs/experiments/fnas_*.toml`` (``fedjax-dp sweep FILE``; docs/sweeps.md).
 
     PYTHONPATH=. python tools/exp_fnas.py --out results/fnas            # small search space
     PYTHONPATH=. python tools/exp_fnas.py --full --out results/fnas     # configs/fnas sizes

@@ -1,4 +1,5 @@
 """ISRL-DP experiment (Lowy et al. 2023, Figs. 4-5 and 8 in shape): test error vs epsilon.
+As sweep files: ``configs/experiments/isrl_*.toml`` (``fedjax-dp sweep FILE``; docs/sweeps.md).
 
 For each dataset (``configs/isrl/<dataset>_<algorithm>.toml`` are the base configs) and each
 private algorithm, for every target epsilon (delta = 1/n^2, n = the largest silo's number of

@@ -1,4 +1,5 @@
 """Voting-based DPFL vs gradient baselines at equal epsilon (voting-dpfl paper, issue 3 item 6).
+As sweep files: ``configs/experiments/voting_dpfl_*.toml`` (``fedjax-dp sweep``; docs/sweeps.md).
 
 Three experiments, all written to ``--out`` (default ``results/voting_dpfl/``) as JSON, a markdown
 table and a PNG plot:
