@@ -16,7 +16,8 @@ from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((ROOT / "configs").glob("*/*.toml"))
+CONFIGS = sorted(p for p in (ROOT / "configs").glob("*/*.toml")
+                 if p.parent.name != "experiments")     # sweep files: test_experiment_configs
 #: checked in the default suite; the others are marked ``sweep``
 DEFAULT = {"dp_fedavg/mnist5k", "fedkt/wbcd", "isrl/wbcd_isrl_mb_sgd"}
 

@@ -93,6 +93,8 @@ def test_sweep_calibration_summary_and_resume(tmp_path):
     assert (out / "summary.csv").read_text().count("\n") == 1 + 2
     # resume with a third seed: only the 2 new runs run, the 4 earlier records are kept as is
     before = (out / "results.jsonl").read_text()
+    with open(out / "results.jsonl", "a") as f:             # a record cut by a kill
+        f.write('{"run_id": "cut')
     argv3 = [a if a != "2" else "0,1,2" for a in argv]
     argv3 = [a for a in argv3 if a not in ("--out", str(out))] + ["--resume", str(out)]
     assert cli.main(argv3) == 0
@@ -216,3 +218,45 @@ def test_dry_run_keeps_two_algorithms_on_one_dataset_apart(capsys):
     plan = json.loads(capsys.readouterr().out)
     assert code == 0 and plan["runs"] == 2 * 2 * 2 * 3 and plan["cells"] == 8
     assert plan["bases"] == ["dp_fedavg/mnist5k", "ae_dpfl/mnist5k"]
+
+
+#: a private shipped config of every calibratable family and the key a sweep calibrates
+CALIBRATED = [("dp_fedsgd/mnist5k", "algorithm.noise_multiplier", None),
+              ("knn_dpfl/mnist5k", "algorithm.sigma", None),
+              ("knn_dpfl/mnist5k", "algorithm.sigma", "instance"),
+              ("fedkt/digits", "algorithm.gamma", None),
+              ("fedkt/wbcd", "algorithm.gamma", None)]
+
+
+@pytest.mark.parametrize("name, key, unit", CALIBRATED,
+                         ids=[f"{c[0]}-{c[2] or 'first'}" for c in CALIBRATED])
+def test_planned_epsilon_meets_each_target(name, key, unit):
+    cfg = config_lib.load(f"configs/{name}.toml", ["algorithm.rounds=3"]
+                          if name.startswith("dp_fedsgd") else [])
+    for target in ((2.0, 16.0) if name.startswith("fedkt") else (4.0,)):
+        value = calibrate.calibrate(cfg, key, target, unit=unit)
+        eps = calibrate.planned_epsilon(calibrate.set_key(cfg, key, value), unit)
+        assert target * 0.99 <= eps <= target * (1 + 1e-9)
+    if unit == "instance":        # kNN-DPFL: instance Delta = sqrt(2)/k < 1 = agent Delta
+        assert value < calibrate.calibrate(cfg, key, 4.0)
+
+
+def test_every_shipped_config_expands_into_a_sweep(capsys):
+    paths = sorted(str(p) for p in config_lib.Path("configs").glob("*/*.toml")
+                   if p.parent.name != "experiments")
+    assert cli.main(["sweep", *paths, "--seeds", "2", "--dry-run"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["runs"] == 2 * len(paths) and plan["cells"] == len(paths)
+
+
+def test_dp_fedsgd_run_meets_its_calibrated_target(tmp_path):
+    # the planner replays the run's own agent sampling: the run's ledger equals the target
+    sets = ["data.num_agents=10", "algorithm.rounds=2", "privacy.accountants=[\"rdp\"]"]
+    out = tmp_path / "o"
+    assert cli.main(["sweep", "configs/dp_fedsgd/mnist5k.toml", *_sets(sets), "--seeds", "0,1",
+                     "--target-epsilon", "3", "--calibrate", "algorithm.noise_multiplier",
+                     "--out", str(out), "--quiet"]) == 0
+    recs = records.read([out])
+    assert len(recs) == 2
+    for r in recs:
+        assert 3 * 0.99 <= r["epsilon"] <= 3 * (1 + 1e-9)

@@ -119,15 +119,29 @@ class _Planner:
             return (led,)
         return api.ledgers(self.entry, cfg, self.state)
 
-    def epsilon(self, config: dict) -> float:
-        privacy = []
+    def epsilon(self, config: dict, unit: str | None = None) -> float:
         delta = config["privacy"]["delta"]
-        for ledger in self.ledgers(config):
-            privacy += ledger.report(delta, accountants=tuple(config["privacy"]["accountants"]))
-        eps, _, _ = records.headline(privacy, config["privacy"]["accountants"])
+        accountants = tuple(config["privacy"]["accountants"])
+        ledgers = self.ledgers(config)
+        eps = None
+        # the headline reads the first accountant that applies to its unit: try it alone first
+        # (a PLD report of a long composition costs seconds), all of them if it does not apply
+        for tried in ((accountants[0],), accountants):
+            privacy = []
+            try:
+                for ledger in ledgers:
+                    privacy += ledger.report(delta, accountants=tried)
+            except ValueError:
+                continue
+            eps, _, _ = records.headline(privacy, accountants, unit)
+            if eps is not None:
+                break
         if eps is None:
+            units = sorted({g["unit"] for g in privacy if not g.get("data_dependent")})
+            what = f"for unit {unit!r} (its units: {units})" if unit else ""
             raise config_lib.ConfigError(f"algorithm {self.name!r} with this config gives no "
-                                         f"data-independent guarantee: nothing to calibrate")
+                                         f"data-independent guarantee {what}: nothing to "
+                                         f"calibrate")
         return eps
 
 
@@ -136,15 +150,16 @@ def planned_ledgers(config: dict) -> tuple:
     return _Planner(config).ledgers(config)
 
 
-def planned_epsilon(config: dict) -> float:
-    """The headline epsilon a run of ``config`` will report, computed before training."""
-    return _Planner(config).epsilon(config)
+def planned_epsilon(config: dict, unit: str | None = None) -> float:
+    """The headline epsilon (or ``unit``'s) a run of ``config`` will report, before training."""
+    return _Planner(config).epsilon(config, unit)
 
 
-def calibrate(config: dict, key: str, target_epsilon: float, *, rtol: float = 1e-4,
-              max_evaluations: int = 200) -> float:
+def calibrate(config: dict, key: str, target_epsilon: float, *, unit: str | None = None,
+              rtol: float = 1e-4, max_evaluations: int = 200) -> float:
     """The value of ``key`` (a numeric config key) whose run meets ``target_epsilon``: headline
-    epsilon in ``[target (1 - rtol), target]``. Raises ``ValueError`` naming the key when the
+    epsilon (of ``unit`` when given, e.g. ``"instance"`` for kNN-DPFL, whose first unit is the
+    agent) in ``[target (1 - rtol), target]``. Raises ``ValueError`` naming the key when the
     target cannot be met (epsilon does not depend on the key, or no positive value reaches it)."""
     target = float(target_epsilon)
     if not (target > 0 and math.isfinite(target)):
@@ -175,7 +190,7 @@ def calibrate(config: dict, key: str, target_epsilon: float, *, rtol: float = 1e
             raise config_lib.ConfigError(f"calibrating {key!r} to epsilon {target} did not "
                                          f"converge in {max_evaluations} evaluations")
         try:
-            return planner.epsilon(set_key(config, key, float(v)))
+            return planner.epsilon(set_key(config, key, float(v)), unit)
         except ValueError as e:          # a value the algorithm refuses (e.g. a rate above 1)
             raise config_lib.ConfigError(f"calibrating {key!r}: value {v:.6g} is refused: {e}"
                                          ) from None

@@ -84,7 +84,7 @@ def _cmd_sweep(args) -> int:
     sw = sweep.load(args.configs, grid=args.grid or [], seeds=args.seeds,
                     target_epsilon=args.target_epsilon, calibrate=args.calibrate or [],
                     overrides=args.set or [], select=args.select,
-                    select_over=args.select_over)
+                    select_over=args.select_over, unit=args.unit)
     if args.dry_run:                       # validate every run, list them, run nothing
         runs = sweep.expand(sw)
         print(json.dumps({"name": sw.name, "runs": len(runs),
@@ -289,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(per algorithm: --calibrate ae_dpfl=algorithm.sigma)")
     sw.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override a config value in every run")
+    sw.add_argument("--unit", default=None, metavar="UNIT",
+                    help="the unit whose epsilon is calibrated and reported (default: the "
+                         "algorithm's first, e.g. agent; kNN-DPFL at instance level: instance)")
     sw.add_argument("--select", metavar="val_accuracy", default=None,
                     help="choose the grid point with the best mean of this metric per algorithm "
                          "and target (needs data.validation_fraction); writes selected.md")

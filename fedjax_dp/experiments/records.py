@@ -31,8 +31,8 @@ RECORD_KEYS = ("algorithm", "dataset", "num_agents", "seed", "params", "target_e
                "epsilon_accountant", "delta", "privacy", "history", "wall_time_s", "config")
 
 
-def headline(privacy: list[dict], accountants: Iterable[str] = ("rdp", "pld")
-             ) -> tuple[float | None, str | None, str | None]:
+def headline(privacy: list[dict], accountants: Iterable[str] = ("rdp", "pld"),
+             unit: str | None = None) -> tuple[float | None, str | None, str | None]:
     """``(epsilon, unit, accountant)`` of a run's headline guarantee.
 
     The first unit in the ledger's order that is not data-dependent (the algorithm's primary
@@ -41,6 +41,8 @@ def headline(privacy: list[dict], accountants: Iterable[str] = ("rdp", "pld")
     infinite epsilon is written ``None`` in JSON and stays ``None`` here.
     """
     rows = [g for g in privacy if not g.get("data_dependent")]
+    if unit is not None:                     # a named unit (e.g. kNN-DPFL's "instance")
+        rows = [g for g in rows if g["unit"] == unit]
     if not rows:
         return None, None, None
     unit = rows[0]["unit"]
@@ -53,11 +55,12 @@ def headline(privacy: list[dict], accountants: Iterable[str] = ("rdp", "pld")
     return (None if eps is None else float(eps)), unit, g["accountant"]
 
 
-def from_result(result: dict, **extra) -> dict:
-    """The record of a ``result.json`` (``extra`` sets ``params``, ``target_epsilon``, ...)."""
+def from_result(result: dict, unit: str | None = None, **extra) -> dict:
+    """The record of a ``result.json`` (``extra`` sets ``params``, ``target_epsilon``, ...);
+    ``unit`` picks the headline unit (default: the algorithm's first)."""
     config = result.get("config", {})
     accountants = config.get("privacy", {}).get("accountants", ("rdp", "pld"))
-    eps, unit, acc = headline(result.get("privacy", []), accountants)
+    eps, unit, acc = headline(result.get("privacy", []), accountants, unit)
     delta = config.get("privacy", {}).get("delta")
     rec = {"algorithm": result.get("algorithm"), "dataset": result.get("dataset"),
            "num_agents": result.get("num_agents"), "seed": result.get("seed"),

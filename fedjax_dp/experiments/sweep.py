@@ -70,6 +70,7 @@ class Sweep:
     name: str = "sweep"
     select: str | None = None                  # e.g. "val_accuracy": choose grid points by it
     select_over: list[str] | None = None       # the grid keys chosen over (None: all)
+    unit: str | None = None                    # the unit whose epsilon is calibrated / reported
 
 
 @dataclasses.dataclass
@@ -193,12 +194,12 @@ def _base_name(path: Path) -> str:
 
 
 _SWEEP_KEYS = {"configs", "grid", "seeds", "target_epsilon", "calibrate", "set", "name",
-               "select", "select_over"}
+               "select", "select_over", "unit"}
 
 
 def load(paths: list[str], *, grid: list[str] = (), seeds=None, target_epsilon=None,
          calibrate: list[str] = (), overrides: list[str] = (), select: str | None = None,
-         select_over: str | list[str] | None = None) -> Sweep:
+         select_over: str | list[str] | None = None, unit: str | None = None) -> Sweep:
     """A :class:`Sweep` from config / sweep files and command-line flags (validated)."""
     if not paths:
         raise ConfigError("CONFIG is required: a run config or a sweep file (configs/)")
@@ -238,6 +239,7 @@ def load(paths: list[str], *, grid: list[str] = (), seeds=None, target_epsilon=N
         sw.name = table.get("name", path.stem)
         sw.select = table.get("select", sw.select)
         sw.select_over = table.get("select_over", sw.select_over)
+        sw.unit = table.get("unit", sw.unit)
     for g in grid:
         k, values = _grid_arg(g)
         sw.grid[k] = values
@@ -251,6 +253,11 @@ def load(paths: list[str], *, grid: list[str] = (), seeds=None, target_epsilon=N
     if calibrate:
         sw.calibrate.update(_calibrate_arg(list(calibrate)))
     sw.overrides += list(overrides)
+    if unit is not None:
+        sw.unit = unit
+    if sw.unit is not None and (not isinstance(sw.unit, str) or not sw.unit):
+        raise ConfigError(f"--unit must be a unit of privacy such as agent or instance, got "
+                          f"{sw.unit!r}")
     if select is not None:
         sw.select = select
     if select_over is not None:
@@ -338,6 +345,15 @@ def _done_ids(out: Path) -> set[str]:
     return ids
 
 
+def _drop_partial_line(path: Path) -> None:
+    """A sweep killed while appending may leave a last line without its newline: drop it (that
+    run runs again), so the next record starts on a line of its own."""
+    if path.is_file():
+        text = path.read_text()
+        if text and not text.endswith("\n"):
+            path.write_text(text[:text.rfind("\n") + 1])
+
+
 def _append(out: Path, record: dict) -> None:
     with open(out / "results.jsonl", "a") as f:
         f.write(json.dumps(record, allow_nan=False) + "\n")
@@ -363,6 +379,7 @@ def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = 
          "target_epsilon": sw.target_epsilon, "calibrate": sw.calibrate,
          "overrides": sw.overrides, "runs": len(runs)}, indent=2))
     log = log or (lambda msg: None)
+    _drop_partial_line(out / "results.jsonl")
     done = _done_ids(out)
     cells: dict[str, list[Run]] = {}
     for r in runs:
@@ -378,7 +395,8 @@ def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = 
             values = []
             for i, r in enumerate(cell_runs):
                 if i == 0 or per_seed:
-                    v = calibrate_lib.calibrate(r.config, first.calibrate_key, r.target_epsilon)
+                    v = calibrate_lib.calibrate(r.config, first.calibrate_key, r.target_epsilon,
+                                                unit=sw.unit)
                 values.append(v)
             configs = [calibrate_lib.set_key(c, first.calibrate_key, v)
                        for c, v in zip(configs, values)]
@@ -396,12 +414,12 @@ def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = 
                 results.append(runner.run(configs[i], None, progress=False))
                 _write(out, cell_runs[i], configs[i], ids[i], results[-1], calibrated, i, sw)
                 finished += 1
-                log(_line(cell_runs[i], results[-1], finished, len(runs), t0))
+                log(_line(cell_runs[i], results[-1], finished, len(runs), t0, sw.unit))
         else:
             for i, res in zip(todo, results):
                 _write(out, cell_runs[i], configs[i], ids[i], res, calibrated, i, sw)
                 finished += 1
-                log(_line(cell_runs[i], res, finished, len(runs), t0))
+                log(_line(cell_runs[i], res, finished, len(runs), t0, sw.unit))
     records = records_lib.read([out / "results.jsonl"])
     write_summaries(records, out)
     if sw.select is not None:
@@ -420,8 +438,8 @@ def _write(out: Path, r: Run, config: dict, rid: str, result: dict, calibrated, 
     cal = None
     if calibrated is not None:
         cal = {"key": r.calibrate_key, "value": calibrated[i]}
-    rec = records_lib.from_result(result, params=params, target_epsilon=r.target_epsilon,
-                                  calibrated=cal)
+    rec = records_lib.from_result(result, sw.unit, params=params,
+                                  target_epsilon=r.target_epsilon, calibrated=cal)
     rec.update(run_id=rid, sweep=sw.name, base=r.base,
                vmapped_seeds=int(result.get("vmapped_seeds", 1)))
     rec["config"] = config
@@ -438,9 +456,9 @@ def _clean(x):
     return x
 
 
-def _line(r: Run, result: dict, k: int, total: int, t0: float) -> str:
+def _line(r: Run, result: dict, k: int, total: int, t0: float, unit: str | None) -> str:
     eps, unit, _ = records_lib.headline(result.get("privacy", []),
-                                        result["config"]["privacy"]["accountants"])
+                                        result["config"]["privacy"]["accountants"], unit)
     shown = f"eps={eps:.4g} ({unit})" if eps is not None else "no guarantee"
     point = " ".join(f"{k}={v}" for k, v in r.params.items())
     target = f" target={r.target_epsilon:g}" if r.target_epsilon is not None else ""
