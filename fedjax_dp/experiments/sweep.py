@@ -578,6 +578,9 @@ def select(records: list[dict], metric: str, over: list[str]) -> list[dict]:
                     **{k: best[k] for k in ("n", "test_accuracy_mean", "test_accuracy_std",
                                             "epsilon_mean", "epsilon_std", "epsilon_unit",
                                             "calibrated_value")}})
+    # by base, algorithm and target (stable: other grid keys keep their first-seen order)
+    out.sort(key=lambda r: (str(r["base"]), str(r["algorithm"]),
+                            -1.0 if r["target_epsilon"] is None else r["target_epsilon"]))
     return out
 
 
