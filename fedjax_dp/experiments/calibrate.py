@@ -168,16 +168,13 @@ def calibrate(config: dict, key: str, target_epsilon: float, *, unit: str | None
     v0 = get_key(config, key)
     if isinstance(v0, bool) or not isinstance(v0, (int, float)):
         raise config_lib.ConfigError(f"--calibrate key {key!r} must hold a number, got {v0!r}")
-    algo_fields = config["algorithm"]
-    if "target_epsilon" in algo_fields or key == _SELF_CALIBRATED:
-        from fedjax_dp.experiments import runner
-        fields = {f for f in runner.plan(config).algorithm_config.__dataclass_fields__}
-        if "target_epsilon" in fields:
-            if key != _SELF_CALIBRATED:
-                raise config_lib.ConfigError(
-                    f"algorithm {config['algorithm']['name']!r} calibrates its own noise per "
-                    f"silo: use --calibrate {_SELF_CALIBRATED} (got {key!r})")
-            return target
+    from fedjax_dp.experiments import runner
+    if "target_epsilon" in runner.plan(config).algorithm_config.__dataclass_fields__:
+        if key != _SELF_CALIBRATED:                  # the ISRL-DP / SDP family
+            raise config_lib.ConfigError(
+                f"algorithm {config['algorithm']['name']!r} calibrates its own noise per "
+                f"silo: use --calibrate {_SELF_CALIBRATED} (got {key!r})")
+        return target
     if isinstance(v0, int):
         raise config_lib.ConfigError(f"--calibrate key {key!r} holds an integer ({v0}); "
                                      f"calibrate a real-valued key such as a noise multiplier")

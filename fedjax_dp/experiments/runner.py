@@ -367,7 +367,7 @@ def setup(config: dict) -> Setup:
 def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | None) -> dict:
     start = time.perf_counter()
     s = setup(config)
-    dataset, model, fed, key = s.dataset, s.model, s.fed, s.key
+    model, fed, key = s.model, s.fed, s.key
     steps_total = p.entry.num_steps(p.algorithm_config)
     phases = getattr(p.entry, "PHASES", None)             # one-shot: the steps are phases
     label = getattr(p.entry, "step_label", None)          # optional: names a round-based step

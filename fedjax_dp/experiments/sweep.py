@@ -443,17 +443,8 @@ def _write(out: Path, r: Run, config: dict, rid: str, result: dict, calibrated, 
     rec.update(run_id=rid, sweep=sw.name, base=r.base,
                vmapped_seeds=int(result.get("vmapped_seeds", 1)))
     rec["config"] = config
-    _append(out, _clean(rec))
-
-
-def _clean(x):
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
+    from fedjax_dp.experiments.runner import _jsonable
+    _append(out, _jsonable(rec))
 
 
 def _line(r: Run, result: dict, k: int, total: int, t0: float, unit: str | None) -> str:
@@ -483,28 +474,35 @@ def summarize(records: list[dict]) -> list[dict]:
     """One row per cell (base, algorithm, grid point, target epsilon), in first-seen order:
     ``n`` seeds and the mean / sample standard deviation (ddof 1; 0 for one seed) of test
     accuracy and headline epsilon, the mean calibrated value and wall time."""
+    return [_summary_row(recs) for recs in _cells(records)]
+
+
+def _cells(records: list[dict]) -> list[list[dict]]:
+    """The records grouped by cell (base, algorithm, grid point, target), first-seen order."""
     groups: dict[str, list[dict]] = {}
     for rec in records:
         k = json.dumps([rec.get("base"), rec.get("algorithm"), rec.get("params", {}),
                         rec.get("target_epsilon")], sort_keys=True)
         groups.setdefault(k, []).append(rec)
-    rows = []
-    for recs in groups.values():
-        r0 = recs[0]
-        acc_m, acc_s = _mean_std([r.get("test_accuracy") for r in recs])
-        eps_m, eps_s = _mean_std([r.get("epsilon") for r in recs])
-        cal = [r["calibrated"]["value"] for r in recs if r.get("calibrated")]
-        rows.append({"base": r0.get("base"), "algorithm": r0.get("algorithm"),
-                     **{k: v for k, v in r0.get("params", {}).items()},
-                     "target_epsilon": r0.get("target_epsilon"),
-                     "calibrated_key": r0["calibrated"]["key"] if r0.get("calibrated") else None,
-                     "calibrated_value": sum(cal) / len(cal) if cal else None,
-                     "n": len(recs), "seeds": sorted(r.get("seed") for r in recs),
-                     "test_accuracy_mean": acc_m, "test_accuracy_std": acc_s,
-                     "epsilon_mean": eps_m, "epsilon_std": eps_s,
-                     "epsilon_unit": r0.get("epsilon_unit"),
-                     "wall_time_s_mean": _mean_std([r.get("wall_time_s") for r in recs])[0]})
-    return rows
+    return list(groups.values())
+
+
+def _summary_row(recs: list[dict]) -> dict:
+    """One cell's summary row (its seeds' records)."""
+    r0 = recs[0]
+    acc_m, acc_s = _mean_std([r.get("test_accuracy") for r in recs])
+    eps_m, eps_s = _mean_std([r.get("epsilon") for r in recs])
+    cal = [r["calibrated"]["value"] for r in recs if r.get("calibrated")]
+    return {"base": r0.get("base"), "algorithm": r0.get("algorithm"),
+            **r0.get("params", {}),
+            "target_epsilon": r0.get("target_epsilon"),
+            "calibrated_key": r0["calibrated"]["key"] if r0.get("calibrated") else None,
+            "calibrated_value": sum(cal) / len(cal) if cal else None,
+            "n": len(recs), "seeds": sorted(r.get("seed") for r in recs),
+            "test_accuracy_mean": acc_m, "test_accuracy_std": acc_s,
+            "epsilon_mean": eps_m, "epsilon_std": eps_s,
+            "epsilon_unit": r0.get("epsilon_unit"),
+            "wall_time_s_mean": _mean_std([r.get("wall_time_s") for r in recs])[0]}
 
 
 def _fmt(v) -> str:
@@ -547,14 +545,9 @@ def select(records: list[dict], metric: str, over: list[str]) -> list[dict]:
     first), with its test accuracy mean / std -- hyper-parameters chosen on the validation split,
     reported on the test set. Rows: the group's keys, ``selected`` {key: value}, ``n_candidates``,
     ``<metric>_mean`` and the chosen cell's summary fields."""
-    rows = summarize(records)
-    by_cell: dict[str, list[dict]] = {}
-    for rec in records:
-        k = json.dumps([rec.get("base"), rec.get("algorithm"), rec.get("params", {}),
-                        rec.get("target_epsilon")], sort_keys=True)
-        by_cell.setdefault(k, []).append(rec)
     groups: dict[str, list[tuple[dict, list[dict]]]] = {}
-    for row, recs in zip(rows, by_cell.values()):
+    for recs in _cells(records):
+        row = _summary_row(recs)
         rest = {k: v for k, v in recs[0].get("params", {}).items() if k not in over}
         g = json.dumps([row["base"], row["algorithm"], rest, row["target_epsilon"]],
                        sort_keys=True)
