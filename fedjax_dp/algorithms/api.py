@@ -20,6 +20,11 @@ dispatched, so an algorithm can prepare the next round's cohort while the curren
 ``fn(key, values, data) -> (values, metrics)`` with ``step(state, key)`` equal to
 ``fn(key, state.values, data)``, so :func:`run_seeds` runs several seeds as one vmapped compiled
 call (``signature``, hashable, must agree between the seeds' states);
+``seeds_stepper(states) -> batch | None``: for a step with host-side work (a cohort drawn on the
+host, a host loop over chunks of agents), ``batch(states, keys) -> (states, metrics)`` runs step
+t of S seeds together (per-seed host work, then compiled calls vmapped over the seed axis), with
+``batch(states, keys)[s]`` equal to ``step(states[s], keys[s])``; None when these seeds cannot
+share compiled calls (:func:`run_seeds` prefers it to ``seed_step``);
 and ``PHASES: tuple[str, ...]``: a one-shot method names its steps (``num_steps``
 of them); its ``output`` exists only after the last, so the runner evaluates it once, at the end
 (``run.eval_every`` applies to round-based algorithms), and shows progress by phase name;
@@ -247,8 +252,10 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
 
 
 def can_vmap_seeds(algorithm: Algorithm) -> bool:
-    """Whether ``algorithm`` exposes its step as a pure function (``seed_step``)."""
-    return callable(getattr(algorithm, "seed_step", None))
+    """Whether ``algorithm`` can step several seeds together: it exposes its step as a pure
+    function (``seed_step``) or a batched step over seeds (``seeds_stepper``)."""
+    return (callable(getattr(algorithm, "seed_step", None))
+            or callable(getattr(algorithm, "seeds_stepper", None)))
 
 
 def _stack_or_share(trees: list) -> tuple[Any, Any]:
@@ -292,6 +299,9 @@ def run_seeds(algorithm: Algorithm, keys: Sequence[jax.Array], data: Sequence[Fe
         return None
     start = time.perf_counter()
     states = [algorithm.init(k, d, model, config, runtime) for k, d in zip(keys, data)]
+    if callable(getattr(algorithm, "seeds_stepper", None)):
+        return _run_seeds_batched(algorithm, keys, states, config, evaluate, eval_every, on_step,
+                                  start)
     parts = [algorithm.seed_step(s) for s in states]
     if len({sig for _, _, sig in parts}) != 1:
         return None
@@ -328,6 +338,32 @@ def run_seeds(algorithm: Algorithm, keys: Sequence[jax.Array], data: Sequence[Fe
     wall = time.perf_counter() - start
     return [Result(state=seed_state(s, total), history=histories[s], wall_time_s=wall)
             for s in range(len(states))]
+
+
+def _run_seeds_batched(algorithm, keys, states, config, evaluate, eval_every, on_step,
+                       start) -> list[Result] | None:
+    """:func:`run_seeds` through the algorithm's ``seeds_stepper`` (host work per seed, compiled
+    calls vmapped over the seeds)."""
+    batch = algorithm.seeds_stepper(states)
+    if batch is None:
+        return None
+    total = algorithm.num_steps(config)
+    histories: list[list[dict]] = [[] for _ in states]
+    for t in range(states[0].step, total):
+        states, metrics = batch(states, [step_key(k, t) for k in keys])
+        metrics = jax.device_get(metrics)
+        records = []
+        for s, (state, m) in enumerate(zip(states, metrics)):
+            record = {"round": t + 1, **{k: _host(v) for k, v in m.items()}}
+            if evaluate is not None and eval_every and ((t + 1) % eval_every == 0
+                                                        or t + 1 == total):
+                record.update(evaluate(algorithm.output(state), s))
+            histories[s].append(record)
+            records.append(record)
+        if on_step is not None:
+            on_step(t + 1, records)
+    wall = time.perf_counter() - start
+    return [Result(state=state, history=h, wall_time_s=wall) for state, h in zip(states, histories)]
 
 
 def _host(value):

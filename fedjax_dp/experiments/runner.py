@@ -481,8 +481,9 @@ def run_seeds(configs: list[dict], *, progress: bool = False) -> list[dict] | No
            for c in strip[1:]):
         raise ValueError("run_seeds: the configs must differ only in seed")
     p = plan(configs[0])
-    if not api.can_vmap_seeds(p.entry) or getattr(p.entry, "PHASES", None):
+    if not api.can_vmap_seeds(p.entry):
         return None
+    phases = getattr(p.entry, "PHASES", None)     # one-shot: evaluated once, at the end
     start = time.perf_counter()
     setups = [setup(c) for c in configs]
     config = configs[0]
@@ -494,11 +495,11 @@ def run_seeds(configs: list[dict], *, progress: bool = False) -> list[dict] | No
     reporter = progress_lib.bar(progress)
     steps_total = p.entry.num_steps(p.algorithm_config)
     name = config["algorithm"]["name"]
-    with reporter.task(f"{name} x{len(configs)} seeds", total=steps_total, unit="round") as task:
+    with reporter.task(f"{name} x{len(configs)} seeds", total=steps_total, unit="phase" if phases else "round") as task:
         runtime = api.Runtime(chunk_size=config["run"]["chunk_size"] or None, progress=reporter)
         done = api.run_seeds(p.entry, [s.key for s in setups], [s.fed for s in setups], model,
                              p.algorithm_config, runtime=runtime, evaluate=evaluate,
-                             eval_every=config["run"]["eval_every"],
+                             eval_every=0 if phases else config["run"]["eval_every"],
                              on_step=lambda t, records: task.update(1))
     if done is None:
         return None
