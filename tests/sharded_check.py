@@ -18,7 +18,8 @@ import isrl_sharded_check  # noqa: E402
 
 from fedjax_dp.algorithms import fedavg, knn_dpfl
 from fedjax_dp.core.cohort import Sampling
-from fedjax_dp.core import agent_mesh, agent_sum, for_each_agent, from_ragged, shard_agents
+from fedjax_dp.core import (agent_mesh, agent_sum, for_each_agent, for_each_agent_sum,
+                            from_ragged, shard_agents)
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import vote
 from fedjax_dp.train import LocalTrainConfig, train_agents
@@ -45,6 +46,12 @@ def main():
     sharded = jax.jit(for_each_agent(fn, (0, 0, None), mesh=mesh))(data.x, data.mask, w)
     both = jax.jit(for_each_agent(fn, (0, 0, None), mesh=mesh, chunk_size=1))(data.x, data.mask, w)
     out["lift"] = bool(close(plain, sharded) and close(plain, both))
+    where = jnp.asarray(r.random(len(sizes)) < 0.7)
+    want = jnp.sum(jnp.where(where[:, None], plain, 0.0), axis=0)
+    summed = [jax.jit(lambda *a, c=c: for_each_agent_sum(fn, (0, 0, None), mesh=mesh,
+                                                         chunk_size=c)(*a, where=where))(
+        data.x, data.mask, w) for c in (None, 1)]
+    out["lift_sum"] = bool(all(close(want, s) for s in summed))
 
     even = jax.tree.map(lambda l: l[:8], data)
     placed = shard_agents(even, mesh)

@@ -3,8 +3,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.core import (agent_mesh, agent_sum, as_key, for_each_agent, from_partition,
-                            from_ragged, numpy_rng, split_per_agent, stream)
+from fedjax_dp.core import (agent_mesh, agent_sum, as_key, for_each_agent, for_each_agent_sum,
+                            from_partition, from_ragged, numpy_rng, split_per_agent, stream)
 
 
 def _ragged(sizes=(3, 5, 1, 4), d=2, seed=0):
@@ -90,6 +90,31 @@ def test_vmap_equals_loop_and_chunked_equals_plain():
     i = 1
     h = np.tanh(np.asarray(xs[i]) @ np.asarray(w))
     np.testing.assert_allclose(plain["mean"][i], h.mean(0), rtol=1e-5)
+
+
+def test_agent_sum_lift_equals_loop_sum_and_never_reads_deselected_rows():
+    xs, ys = _ragged(sizes=(3, 5, 1, 4, 2, 2, 5))
+    d = from_ragged(xs, ys)
+    x = np.asarray(d.x).copy()
+    x[2] = np.nan                                      # a deselected agent full of NaN
+    x = jnp.asarray(x)
+    w = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3)), jnp.float32)
+    where = np.array([1, 1, 0, 1, 0, 1, 1], bool)
+    axes = (0, 0, None)
+    one = jax.jit(_agent_fn)
+    outs = [one(x[i], d.mask[i], w) for i in range(7) if where[i]]     # the loop reference
+    want = jax.tree.map(lambda *ls: np.sum(np.stack(ls), axis=0), *outs)
+    for chunk in (None, 1, 3, 7, 10):     # 3 does not divide 7: a scanned head and a tail
+        got = jax.jit(lambda *a, chunk=chunk: for_each_agent_sum(_agent_fn, axes, chunk_size=chunk)(
+            *a, where=where))(x, d.mask, w)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                     got, want)
+        assert all(np.isfinite(l).all() for l in jax.tree.leaves(got))
+    every = for_each_agent_sum(_agent_fn, axes, chunk_size=3)(d.x, d.mask, w)   # where: all
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b.sum(0), rtol=1e-5, atol=1e-6),
+                 every, for_each_agent(_agent_fn, axes)(d.x, d.mask, w))
+    with pytest.raises(ValueError, match=r"where must have shape \(7,\)"):
+        for_each_agent_sum(_agent_fn, axes)(d.x, d.mask, w, where=np.ones(6, bool))
 
 
 def test_mesh_single_device_equals_plain():

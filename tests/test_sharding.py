@@ -28,7 +28,7 @@ def test_eight_cpu_devices_equal_one_device():
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    core = ["lift", "placed_on_8", "agent_sum", "train_agents", "dp_fedavg_round",
+    core = ["lift", "lift_sum", "placed_on_8", "agent_sum", "train_agents", "dp_fedavg_round",
             "gathered_round_sharded", "knn_vote"]
     isrl = ["spider_sharded_gathered", "spider_sharded_masked",
             "spider_sharded_gathered_equals_masked", "sdp_spider_sharded_gathered_equals_masked"]

@@ -29,7 +29,8 @@ from fedjax_dp.algorithms import api
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from fedjax_dp.core import AGENTS, StackedData, for_each_agent, is_on_host, rng, validation
+from fedjax_dp.core import (AGENTS, StackedData, for_each_agent, for_each_agent_sum, is_on_host,
+                            rng, validation)
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, mechanisms
@@ -140,23 +141,32 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
     ``fused``: both in one compiled call (the one-pass round). Compiled once per (update, spec,
     N, execution plan) and shared by every caller; each distinct pass size B is one compilation.
     """
-    lifted = for_each_agent(agent_update, (0, None, 0, 0, 0, 0, 0), chunk_size=chunk_size,
-                            mesh=mesh)
+    axes = (0, None, 0, 0, 0, 0, 0)
+
+    def clipped_update(key, params, x, y, mask, count, extras):
+        """One agent's contribution to the sum: its update Delta (clipped) and its metrics."""
+        local_params, metrics = agent_update(key, params, x, y, mask, count, extras)
+        delta = jax.tree.map(jnp.subtract, local_params, params)
+        metrics = {**metrics, "mean_update_norm": optax.tree.norm(delta)}
+        if spec.clip_norm is not None:
+            delta = mechanisms.clip_by_global_norm(delta, spec.clip_norm)[0]
+        return delta, metrics
+
+    # the plain sum never materialises the agents' updates [B, ...] (a scan over chunks adds
+    # each chunk's sum); secure aggregation needs them stacked (pairwise masks per agent)
+    summed = for_each_agent_sum(clipped_update, axes, chunk_size=chunk_size, mesh=mesh)
+    stacked = for_each_agent(clipped_update, axes, chunk_size=chunk_size, mesh=mesh)
 
     def train_sum(k_train, params, source: StackedData, rows, ids, valid, extras):
         agents = source if rows is None else cohort_lib.take_rows(source, rows)
         keys = cohort_lib.cohort_keys(k_train, ids)                             # [B]
         mine = jax.tree.map(lambda e: jnp.take(e, ids, axis=0), extras)
-        local_params, metrics = lifted(keys, params, agents.x, agents.y, agents.mask,
-                                       agents.counts, mine)
-        deltas = jax.tree.map(lambda l, g: l - g[None], local_params, params)     # [B, ...]
-        metrics = {**metrics, "mean_update_norm": jax.vmap(optax.tree.norm)(deltas)}
-        if spec.clip_norm is not None:
-            deltas = jax.vmap(lambda d: mechanisms.clip_by_global_norm(d, spec.clip_norm)[0]
-                              )(deltas)
         if spec.secagg is None:
-            return (cohort_lib.masked_sum(deltas, valid),                        # secure sum
-                    cohort_lib.masked_sum(metrics, valid), jnp.sum(valid.astype(jnp.float32)))
+            total, metric_sums = summed(keys, params, agents.x, agents.y, agents.mask,
+                                        agents.counts, mine, where=valid)
+            return total, metric_sums, jnp.sum(valid.astype(jnp.float32))
+        deltas, metrics = stacked(keys, params, agents.x, agents.y, agents.mask,   # [B, ...]
+                                  agents.counts, mine)
         # secure aggregation: the pass's own masking / dropout keys (its first agent's id tells
         # passes apart; the pair seeds use the agents' ids), padding rows never deliver. The
         # stream fold_in(k_train, crc32("secagg") = 1951061648) differs from every agent's
