@@ -136,3 +136,16 @@ def test_corrupted_array_is_refused(tmp_path):
             f.write_bytes(bytes(data))
     with pytest.raises(checkpoint.CheckpointError, match="corrupted"):
         checkpoint.restore(path, state, cfg)
+
+
+def test_fingerprint_ignores_a_later_key_only_at_its_earlier_value():
+    """``train.batching`` arrived after runs were stored: at "replacement" (what every earlier
+    run did) the fingerprint is the one computed without the key, so those runs resume; at
+    "stored" it differs."""
+    base = config_lib.load("configs/dp_fedavg/mnist5k.toml", [])
+    assert base["train"]["batching"] == "replacement"
+    earlier = json.loads(json.dumps(base))
+    del earlier["train"]["batching"]
+    assert checkpoint.fingerprint(base) == checkpoint.fingerprint(earlier)
+    stored = config_lib.load("configs/dp_fedavg/mnist5k.toml", ["train.batching=stored"])
+    assert checkpoint.fingerprint(stored) != checkpoint.fingerprint(base)

@@ -48,11 +48,20 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed from (missing, corrupted, or of another config)."""
 
 
+# keys added to the config after runs were stored, with the value every earlier run had: left
+# out of the fingerprint when they hold it, so those runs still resume and match
+LATER_KEYS = {("train", "batching"): "replacement"}
+
+
 def fingerprint(config: dict) -> str:
-    """SHA-256 of the resolved config without the execution-only ``[run]`` keys."""
+    """SHA-256 of the resolved config without the execution-only ``[run]`` keys (and without
+    later-added keys at their earlier behaviour, :data:`LATER_KEYS`)."""
     c = copy.deepcopy(config)
     for k in EXECUTION_KEYS:
         c.get("run", {}).pop(k, None)
+    for (table, k), value in LATER_KEYS.items():
+        if c.get(table, {}).get(k, value) == value:
+            c.get(table, {}).pop(k, None)
     return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()
 
 

@@ -7,7 +7,8 @@ A config has these tables (see ``configs/``)::
                  server_dataset, server_dataset_options, image_size (cross-domain runs),
                  validation_fraction (training records held out for val_accuracy)
     [model]      name, hidden
-    [train]      local training: steps, batch_size, learning_rate, optimizer, weight_decay
+    [train]      local training: steps, batch_size, learning_rate, optimizer, weight_decay,
+                 prox_mu, batching ("replacement": uniform draws; "stored": stored order)
     [algorithm]  name and the algorithm's own fields (rounds, sampling_rate, clip_norm, ...)
     [privacy]    delta, accountants
     [run]        eval_every, chunk_size, progress, agents_on ("device" | "host": where the
@@ -39,7 +40,7 @@ DEFAULTS: dict[str, Any] = {
              "validation_fraction": 0.0},
     "model": {"name": "mlp", "hidden": [200]},
     "train": {"steps": 50, "batch_size": 32, "learning_rate": 0.1, "optimizer": "sgd",
-              "weight_decay": 0.0, "prox_mu": 0.0},
+              "weight_decay": 0.0, "prox_mu": 0.0, "batching": "replacement"},
     "algorithm": {"name": "fedavg"},
     "privacy": {"delta": 1e-5, "accountants": ["rdp", "pld"]},
     "run": {"eval_every": 0, "chunk_size": "auto", "progress": True, "agents_on": "device",

@@ -4,9 +4,11 @@
 
     local_update(key, params, x [n_max, ...], y [n_max], count []) -> (params, mean_loss)
 
-running ``steps`` optax steps on minibatches drawn uniformly (with replacement) from the agent's
-*real* records: indices are drawn in ``[0, count)`` (all steps' at once, :func:`batch_indices`)
-and every drawn row is additionally weighted by its mask, so padded rows never contribute. ``train_agents`` lifts it over the stacked agent axis
+running ``steps`` optax steps on minibatches of the agent's *real* records (``batching``):
+``"replacement"`` draws them uniformly with replacement, indices in ``[0, count)`` for all steps
+at once (:func:`batch_indices`); ``"stored"`` takes the records in stored order, cycling
+(:func:`stored_indices`). Every row is additionally weighted by its mask, so padded rows never
+contribute. ``train_agents`` lifts it over the stacked agent axis
 with :func:`fedjax_dp.core.for_each_agent` (vmap, chunks of agents, or devices).
 """
 from __future__ import annotations
@@ -25,6 +27,9 @@ from fedjax_dp.models import Model
 Params = Any
 
 
+BATCHINGS = ("replacement", "stored")
+
+
 @dataclasses.dataclass(frozen=True)
 class LocalTrainConfig:
     """Local optimisation: ``steps`` minibatch steps of ``optimizer`` with rate ``learning_rate``."""
@@ -35,6 +40,7 @@ class LocalTrainConfig:
     optimizer: str = "sgd"          # sgd | momentum | adam
     weight_decay: float = 0.0
     prox_mu: float = 0.0            # FedProx: adds mu/2 ||w - w_start||^2 to the local objective
+    batching: str = "replacement"   # replacement (uniform draws) | stored (stored order, cycled)
 
     def __post_init__(self):
         validation.check_int("train.steps", self.steps, minimum=0)
@@ -43,6 +49,7 @@ class LocalTrainConfig:
         validation.check_choice("train.optimizer", self.optimizer, ("sgd", "momentum", "adam"))
         validation.check_nonnegative("train.weight_decay", self.weight_decay)
         validation.check_nonnegative("train.prox_mu", self.prox_mu)
+        validation.check_choice("train.batching", self.batching, BATCHINGS)
 
     def make_optimizer(self) -> optax.GradientTransformation:
         if self.optimizer == "sgd":
@@ -89,6 +96,22 @@ def batch_indices(key: jax.Array, count: jax.Array, steps: int, batch_size: int)
     return jax.random.randint(key, (steps, batch_size), 0, jnp.maximum(count, 1))
 
 
+def stored_indices(count: jax.Array, steps: int, batch_size: int) -> jax.Array:
+    """``[steps, batch_size]`` int32 row indices in stored order, cycling over ``[0, count)``:
+    step t's minibatch is the rows ``(t B + b) mod count``, b < B (fedjax's
+    ``shuffle_repeat_batch(skip_shuffle=True)``; with ``steps * B = count`` exactly one epoch, as
+    in the peers' timing workload). No randomness: the key is not read."""
+    positions = jnp.arange(steps * batch_size, dtype=jnp.int32).reshape(steps, batch_size)
+    return positions % jnp.maximum(count, 1).astype(jnp.int32)
+
+
+def minibatch_rows(config: LocalTrainConfig, key: jax.Array, count: jax.Array) -> jax.Array:
+    """The ``[steps, batch_size]`` rows of an agent's local training under ``config.batching``."""
+    if config.batching == "stored":
+        return stored_indices(count, config.steps, config.batch_size)
+    return batch_indices(key, count, config.steps, config.batch_size)
+
+
 def make_local_step(model: Model, config: LocalTrainConfig):
     """One optimiser step of one agent: ``step(params, opt_state, idx, x, y, mask, count)``.
 
@@ -117,7 +140,7 @@ def make_local_step(model: Model, config: LocalTrainConfig):
 def make_local_update(model: Model, config: LocalTrainConfig):
     """One agent's local training (pure; lift with ``for_each_agent`` / ``train_agents``).
 
-    Step t trains on the rows ``batch_indices(key, count, steps, batch_size)[t]``. With
+    Step t trains on the rows ``minibatch_rows(config, key, count)[t]``. With
     ``config.prox_mu > 0`` the proximal term is anchored at the starting ``params`` (FedProx
     local training).
     """
@@ -133,7 +156,7 @@ def make_local_update(model: Model, config: LocalTrainConfig):
             p, s, loss = step(p, s, idx, x, y, mask, count, start)
             return (p, s), loss
 
-        rows = batch_indices(key, count, config.steps, config.batch_size)   # [steps, B]
+        rows = minibatch_rows(config, key, count)                          # [steps, B]
         (params, _), losses = jax.lax.scan(body, (params, opt.init(params)), rows)
         return params, jnp.mean(losses) if config.steps else jnp.zeros(())
 
