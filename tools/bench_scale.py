@@ -3,12 +3,17 @@
 Parts (each writes into one JSON record, ``results/scale/bench_scale.json`` by default):
 
 * ``peers``: the fixed DP-FedAvg workload of ``../shared/peers`` (1,000 clients x 64 examples,
-  MLP 64-100-10, 4 local SGD steps of batch 16, clip 1, noise 1, a uniformly random cohort of
-  exactly C clients, divided by C) at C = 10 / 100 / 1,000, seconds per round (median of 5 after
-  2 warm-up rounds): this library's gathered round (``sampling = "fixed"``), its masked all-agent
-  round (what every round cost before), and the plain-JAX reference ``jax_ref.py --engine map
-  --chunk 10`` run in a subprocess of the same run. fedjax 0.0.17's figure is quoted from the
-  peers' README (not re-measured: fedjax is not installed here).
+  MLP 64-100-10, 4 local SGD steps of batch 16 in stored order, clip 1, noise 1, a uniformly
+  random cohort of exactly C clients, divided by C) at C = 10 / 100 / 1,000, seconds per round
+  (median of 5 after 2 warm-up rounds): this library's gathered round (``sampling = "fixed"``,
+  ``train.batching = "stored"``), its masked all-agent round (what every round cost before), the
+  plain-JAX reference ``jax_ref.py --engine map --chunk 10`` and fedjax 0.0.17
+  (``fedjax_peer.py``, from the Python of ``--fedjax-python``, default ``runs/fedjax_venv``:
+  ``python -m venv runs/fedjax_venv && runs/fedjax_venv/bin/pip install fedjax==0.0.17 jax``),
+  both in subprocesses of the same run, ``--repeats`` times, alternating; fedjax's figure from
+  the peers' README is kept beside them as quoted. First, the workload's check: one noiseless
+  round of all 1,000 clients from the shared initial weights must give the parameter norm
+  14.735746 of every correct implementation (recorded, and the run stops if it does not).
 * ``population``: DP-FedAvg (Poisson sampling, expected cohort 1,000) over N = 1e3 ... 1e6
   synthetic host-resident agents (16 records x 32 features, MLP 32-64-10), each N in a fresh
   subprocess: seconds per round (median), compilations (bucket sizes), and peak RSS next to the
@@ -57,22 +62,21 @@ def _time_rounds(step, state, rounds: int, warmup: int) -> tuple[list[float], ob
 
 # --------------------------------------------------------------------------- peers workload
 
-def _peers_ref(peers: Path, cohorts: str, rounds: int) -> dict:
-    """``jax_ref.py --engine map --chunk 10`` in a subprocess: its per-cohort medians."""
+def _peer_medians(python: str, script: Path, extra: list[str], cohorts: str,
+                  rounds: int) -> dict:
+    """A peer program (``jax_ref.py`` / ``fedjax_peer.py``) in a subprocess: its per-cohort
+    median seconds per round."""
     env = dict(os.environ, PEERS_RAW_DIR=str(ROOT / "runs" / "peers_raw"))
-    proc = subprocess.run([sys.executable, str(peers / "jax_ref.py"), "--engine", "map",
-                           "--chunk", "10", "--rounds", str(rounds), "--cohorts", cohorts],
-                          capture_output=True, text=True, env=env, check=True)
+    proc = subprocess.run([python, str(script), *extra, "--rounds", str(rounds), "--cohorts",
+                           cohorts], capture_output=True, text=True, env=env, check=True)
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
     res = json.loads(line[len("RESULT "):])
     return {str(c): v["median_s"] for c, v in res["cohorts"].items()}
 
 
-def peers_part(peers: Path, cohorts: list[int], rounds: int, warmup: int) -> dict:
+def _peers_setup(W):
     import jax
-    sys.path.insert(0, str(peers))
-    import workload as W
-    from fedjax_dp.algorithms import api, dp_fedavg
+    from fedjax_dp.algorithms import api
     from fedjax_dp.core import from_arrays
     from fedjax_dp.models import make_model
     from fedjax_dp.train import LocalTrainConfig
@@ -82,32 +86,97 @@ def peers_part(peers: Path, cohorts: list[int], rounds: int, warmup: int) -> dic
     host = from_arrays(x, y.astype(np.int32), counts)
     data = api.FederatedData(agents=host.on_device(), num_classes=W.NUM_CLASSES)
     model = make_model("mlp", (W.DIM,), W.NUM_CLASSES, hidden=(W.HIDDEN,))
-    local = LocalTrainConfig(steps=W.LOCAL_STEPS, batch_size=W.BATCH, learning_rate=W.CLIENT_LR)
-    out = {"ours_gathered_s": {}, "ours_masked_s": {}, "compiled_pass_sizes": {}}
+    local = LocalTrainConfig(steps=W.LOCAL_STEPS, batch_size=W.BATCH, learning_rate=W.CLIENT_LR,
+                             batching="stored")
+    w = W.init_params()                                  # the workload's shared initial weights
+    params = jax.tree.map(jax.numpy.asarray, {"params": {
+        "Dense_0": {"kernel": w["w1"], "bias": w["b1"]},
+        "Dense_1": {"kernel": w["w2"], "bias": w["b2"]}}})
+    return x, y, data, model, local, params
+
+
+def _peers_config(W, local, cohort: int, noise: float, rounds: int):
+    from fedjax_dp.algorithms import dp_fedavg
+    return dp_fedavg.Config(rounds=rounds, sampling="fixed", cohort_size=cohort,
+                            clip_norm=W.CLIP, noise_multiplier=noise, server_lr=W.SERVER_LR,
+                            local=local)
+
+
+def peers_check(W) -> dict:
+    """The workload's correctness check: one noiseless round of all clients from the shared
+    initial weights (every correct implementation: parameter norm 14.735746, loss 1.5137)."""
+    import jax
+    from fedjax_dp.algorithms import api, dp_fedavg
+    x, y, data, model, local, params = _peers_setup(W)
+    cfg = _peers_config(W, local, W.NUM_CLIENTS, 0.0, 1)
+    state = dp_fedavg.init(jax.random.key(0), data, model, cfg)
+    state = api.State(step=0, values={"params": params}, context=state.context)
+    state, _ = dp_fedavg.step(state, api.step_key(jax.random.key(0), 0))
+    p = state.values["params"]["params"]
+    names = {"w1": p["Dense_0"]["kernel"], "b1": p["Dense_0"]["bias"],
+             "w2": p["Dense_1"]["kernel"], "b2": p["Dense_1"]["bias"]}
+    got = W.checksum({k: np.asarray(v) for k, v in names.items()}, x, y)
+    return {**got, "expected_param_norm": 14.735746,
+            "ok": abs(got["param_norm"] - 14.735746) < 1e-4}
+
+
+def _ours(W, cohorts: list[int], rounds: int, warmup: int) -> tuple[dict, dict, dict]:
+    import jax
+    from fedjax_dp.algorithms import api, dp_fedavg
+    _, _, data, model, local, params = _peers_setup(W)
+    gathered, masked, passes = {}, {}, {}
     for c in cohorts:
-        cfg = dp_fedavg.Config(rounds=warmup + rounds, sampling="fixed", cohort_size=c,
-                               clip_norm=W.CLIP, noise_multiplier=W.NOISE_MULTIPLIER,
-                               server_lr=W.SERVER_LR, local=local)
+        cfg = _peers_config(W, local, c, W.NOISE_MULTIPLIER, warmup + rounds)
         for mode in ("gather", "masked"):
-            state = dp_fedavg.init(jax.random.key(1), data, model, cfg,
-                                   api.Runtime(cohort=mode))
+            state = dp_fedavg.init(jax.random.key(1), data, model, cfg, api.Runtime(cohort=mode))
+            state = api.State(step=0, values={"params": params}, context=state.context)
             times, state = _time_rounds(dp_fedavg.step, state, rounds, warmup)
-            out["ours_gathered_s" if mode == "gather" else "ours_masked_s"][str(c)] = \
-                statistics.median(times)
+            (gathered if mode == "gather" else masked)[str(c)] = statistics.median(times)
             if mode == "gather":
-                out["compiled_pass_sizes"][str(c)] = list(state.context.round_fn
-                                                          .compiled_pass_sizes)
-        print(f"peers C={c}: gathered {out['ours_gathered_s'][str(c)]:.4f} s, masked "
-              f"{out['ours_masked_s'][str(c)]:.4f} s", flush=True)
-    out["jax_ref_map10_s"] = _peers_ref(peers, ",".join(map(str, cohorts)), rounds)
+                passes[str(c)] = list(state.context.round_fn.compiled_pass_sizes)
+        print(f"peers C={c}: gathered {gathered[str(c)]:.4f} s, masked {masked[str(c)]:.4f} s",
+              flush=True)
+    return gathered, masked, passes
+
+
+def peers_part(peers: Path, cohorts: list[int], rounds: int, warmup: int, repeats: int,
+               fedjax_python: str) -> dict:
+    sys.path.insert(0, str(peers))
+    import workload as W
+    check = peers_check(W)
+    print(f"peers check: param norm {check['param_norm']} (expected 14.735746), loss "
+          f"{check['loss_all']}", flush=True)
+    if not check["ok"]:
+        raise SystemExit(f"the peers' workload check failed: {check}")
+    out = {"check": check, "repeats": []}
+    cs = ",".join(map(str, cohorts))
+    has_fedjax = Path(fedjax_python).exists()
+    if not has_fedjax:
+        print(f"fedjax: {fedjax_python} not found; only the quoted figures", flush=True)
+    for r in range(repeats):                 # alternate the systems: drift hits all alike
+        gathered, masked, passes = _ours(W, cohorts, rounds, warmup)
+        rep = {"ours_gathered_s": gathered, "ours_masked_s": masked,
+               "compiled_pass_sizes": passes,
+               "jax_ref_map10_s": _peer_medians(sys.executable, peers / "jax_ref.py",
+                                                ["--engine", "map", "--chunk", "10"], cs,
+                                                rounds)}
+        if has_fedjax:
+            rep["fedjax_0.0.17_s"] = _peer_medians(fedjax_python, peers / "fedjax_peer.py",
+                                                   ["--algo", "dpfedavg"], cs, rounds)
+        ours, ref = rep["ours_gathered_s"], rep["jax_ref_map10_s"]
+        rep["ratio_vs_jax_ref"] = {c: ours[c] / ref[c] for c in ours}
+        if has_fedjax:
+            rep["fedjax_over_ours"] = {c: rep["fedjax_0.0.17_s"][c] / ours[c] for c in ours}
+        small, large = str(min(cohorts)), str(max(cohorts))
+        rep["smallest_over_largest_cohort"] = ours[small] / ours[large]
+        print(json.dumps({k: rep[k] for k in ("ratio_vs_jax_ref", "fedjax_over_ours",
+                                              "smallest_over_largest_cohort") if k in rep}),
+              flush=True)
+        out["repeats"].append(rep)
     out["fedjax_0.0.17_s_quoted"] = FEDJAX_PEER_S
-    ours, ref = out["ours_gathered_s"], out["jax_ref_map10_s"]
-    out["ratio_vs_jax_ref"] = {c: ours[c] / ref[c] for c in ours}
-    out["ratio_vs_fedjax"] = {c: FEDJAX_PEER_S[c] / ours[c] for c in ours if c in FEDJAX_PEER_S}
-    small, large = str(min(cohorts)), str(max(cohorts))
-    out["smallest_over_largest_cohort"] = ours[small] / ours[large]
-    print(json.dumps({k: out[k] for k in ("ratio_vs_jax_ref", "ratio_vs_fedjax",
-                                          "smallest_over_largest_cohort")}), flush=True)
+    out["fedjax_quoted_over_ours"] = {
+        c: FEDJAX_PEER_S[c] / statistics.median(r["ours_gathered_s"][c] for r in out["repeats"])
+        for c in FEDJAX_PEER_S}
     return out
 
 
@@ -218,6 +287,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--peers", default=str(ROOT.parent / "shared" / "peers"))
+    ap.add_argument("--repeats", type=int, default=3, help="peers part: runs of every system")
+    ap.add_argument("--fedjax-python", default=str(ROOT / "runs" / "fedjax_venv" / "bin" /
+                                                   "python"))
     ap.add_argument("--out", default=str(ROOT / "results" / "scale" / "bench_scale.json"))
     ap.add_argument("--plot", action="store_true", help="only redraw the figure from --out")
     ap.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
@@ -238,7 +310,7 @@ def main() -> None:
     parts = args.parts.split(",")
     if "peers" in parts:
         record["peers"] = peers_part(Path(args.peers), [int(c) for c in args.cohorts.split(",")],
-                                     args.rounds, args.warmup)
+                                     args.rounds, args.warmup, args.repeats, args.fedjax_python)
         write_json(out, record)
     if "population" in parts:
         record["population"] = population_part([int(n) for n in args.agents.split(",")], args)
