@@ -39,7 +39,9 @@ class on query t, -1 where it abstains; ``agent_losses [N]``; and ``agent_params
 device-resident agents only), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and
 ``student`` (``params``). Keys: named streams of the run key, as in
 :mod:`fedjax_dp.algorithms.voting_dpfl` (the same key gives the same run as the plain-Python
-:func:`run`, which drives the protocol).
+:func:`run`, which drives the protocol). ``seeds_stepper``: S seeds together, each phase's chunk
+loop run once with the compiled calls vmapped over the seeds
+(:mod:`fedjax_dp.algorithms.voting_seeds`).
 
 Scale (host-resident agents, :func:`fedjax_dp.core.from_arrays` / ``load_stacked``). The local
 training phase never holds all N agents' models: chunk c of ``agent_chunk`` agents (default
@@ -72,7 +74,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import agent_stream, api, voting_dpfl
+from fedjax_dp.algorithms import agent_stream, api, voting_dpfl, voting_seeds
 from fedjax_dp.algorithms import student as student_lib
 from fedjax_dp.core import StackedData, auto_chunk_size, for_each_agent, is_on_host, rng
 from fedjax_dp.models import Model
@@ -389,6 +391,110 @@ def _init_fn(model: Model):
     """``keys [N] -> params [N, ...]``: every agent's own initialisation (compiled once per
     chunk shape)."""
     return jax.jit(jax.vmap(model.init))
+
+
+# --------------------------------------------------------------------------- seeds together
+
+def seeds_stepper(states: list[api.State]):
+    """Step S seeds of AE-DPFL together (:func:`fedjax_dp.algorithms.api.run_seeds`): each
+    phase loops over the chunks of agents once, and a chunk's local training, ballots, tally and
+    release, then the students, are the single-seed compiled calls vmapped over the seeds
+    (:mod:`fedjax_dp.algorithms.voting_seeds`); seed s equals its own run. None where that
+    cannot apply (``runtime.mesh``, secure aggregation, different data shapes)."""
+    return voting_seeds.stepper(states, PHASES, {"local_training": _local_training_seeds,
+                                                 "vote": _vote_seeds,
+                                                 "student": voting_seeds.student_phase})
+
+
+@functools.lru_cache(maxsize=32)
+def _seeds_chunk_fns(model: Model, local: LocalTrainConfig, inner: int | None,
+                     abstain_below: float | None, query_chunk: int | None, dtype: str,
+                     agents_axis: int | None):
+    """The compiled calls of :func:`_local_training` (init, train, ballot indices) vmapped over
+    a leading seed axis of the keys, parameters and queries (and of the agents' data when
+    ``agents_axis`` is 0)."""
+    ax = agents_axis
+    init = jax.jit(jax.vmap(_init_fn(model)))
+    train = jax.jit(jax.vmap(_train_fn(model, local, inner), in_axes=(0, 0, ax, ax, ax, ax)))
+    vote = jax.jit(jax.vmap(_ballot_index_fn(model, abstain_below, query_chunk, dtype)))
+    return init, train, vote
+
+
+def _local_training_seeds(plan: voting_seeds.Plan, states: list[api.State]
+                          ) -> list[tuple[dict, dict]]:
+    """:func:`_local_training` of S seeds: one host loop over the chunks, each chunk trained and
+    made to vote for all seeds in three vmapped calls (seed s: its own agents' data, its
+    ``split(init, N)`` / ``split(train, N)`` keys and its queries)."""
+    ctxs: list[voting_dpfl.Context] = [st.context for st in states]
+    c0 = ctxs[0]
+    cfg, model = c0.config, c0.model
+    datas = [c.data.agents for c in ctxs]
+    num = len(states)
+    n, q = datas[0].num_agents, len(c0.query_indices)
+    size = agent_stream.resolve_size(cfg.agent_chunk, datas[0])
+    keep_params = not is_on_host(datas[0])
+    extras = [tuple(np.asarray(jax.random.key_data(rng.split_per_agent(c.keys[s], n)))
+                    for s in ("init", "train")) for c in ctxs]                   # [N, 2] each
+    impl = jax.random.key_impl(c0.keys["init"])
+    queries = jnp.stack([jnp.asarray(c.x_public[c.query_indices]) for c in ctxs])  # [S, Q, ...]
+    inner = _inner_chunk(c0.runtime.chunk_size, model, size)
+    dtype = ballot_dtype(model.num_classes)
+    init, train, vote = _seeds_chunk_fns(model, cfg.local, inner, cfg.abstain_below,
+                                         cfg.query_chunk, np.dtype(dtype).name, plan.agents_axis)
+    ballots = np.empty((num, n, q), dtype)                                        # [S, N, Q]
+    losses = np.empty((num, n), np.float32)                                       # [S, N]
+    kept = []
+    total = agent_stream.num_chunks(n, size)
+
+    def collect(pending):
+        chunk, idx, loss = pending
+        stop = chunk.start + chunk.num_real
+        ballots[:, chunk.start:stop] = np.asarray(idx)[:, :chunk.num_real]
+        losses[:, chunk.start:stop] = np.asarray(loss)[:, :chunk.num_real]
+
+    pending = None
+    with c0.runtime.progress.task("local training", total=total, unit="chunk") as task:
+        for chunk in voting_seeds.seed_chunks(datas, plan.agents_axis, size, extras=extras):
+            init_keys, train_keys = (jax.random.wrap_key_data(k, impl=impl) for k in chunk.extra)
+            a = chunk.agents
+            params0 = init(init_keys)                                          # [S, size, ...]
+            params, loss = train(train_keys, params0, a.x, a.y, a.mask, a.counts)
+            idx = vote(params, queries)                                        # [S, size, Q]
+            if keep_params:
+                kept.append(params)
+            if pending is not None:
+                collect(pending)
+                task.update(1)
+            pending = (chunk, idx, loss)
+        if pending is not None:
+            collect(pending)
+            task.update(1)
+    outs = []
+    for s in range(num):
+        values = {"agent_ballots": ballots[s], "agent_losses": losses[s]}
+        if keep_params:
+            mine = [jax.tree.map(lambda l: l[s], p) for p in kept]
+            values["agent_params"] = (mine[0] if len(mine) == 1 and size == n else jax.tree.map(
+                lambda *ls: jnp.concatenate(ls)[:n], *mine))
+        abstained = float(np.mean(ballots[s] < 0)) if cfg.abstain_below is not None else 0.0
+        outs.append((values, {"mean_agent_loss": float(losses[s].mean()),
+                              "abstain_rate": abstained, "agent_chunk": size}))
+    return outs
+
+
+def _vote_seeds(plan: voting_seeds.Plan, states: list[api.State]) -> list[tuple[dict, dict]]:
+    """The streamed vote of S seeds over their stored ballots (:func:`voting_seeds.streamed_vote`:
+    each chunk's ballots stacked ``[S, size, Q]``, one vmapped tally add per chunk)."""
+    c0: voting_dpfl.Context = states[0].context
+    stored = [st.values["agent_ballots"] for st in states]                        # [N, Q] each
+    size = agent_stream.resolve_size(c0.config.agent_chunk, c0.data.agents)
+
+    def blocks():
+        for parts in zip(*[_ballot_blocks(b, size) for b in stored]):
+            yield jnp.stack([p[0] for p in parts]), parts[0][1], parts[0][2]
+
+    return voting_seeds.streamed_vote(states, blocks(),
+                                      agent_stream.num_chunks(len(stored[0]), size))
 
 
 output = voting_dpfl.output

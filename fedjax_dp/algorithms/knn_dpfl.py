@@ -45,7 +45,9 @@ fits the feature map (public data only); two steps, the phases ``vote`` (values 
 kNN search, the noise and the secure sum are one phase: splitting them would put the noise-free
 per-agent ballots in the state. Keys: named streams of the run key, as in
 :mod:`fedjax_dp.algorithms.voting_dpfl` (the same key gives the same run as the plain-Python
-:func:`run`, which drives the protocol).
+:func:`run`, which drives the protocol). ``seeds_stepper``: S seeds together, the vote's chunk
+loop run once with the compiled calls vmapped over the seeds
+(:mod:`fedjax_dp.algorithms.voting_seeds`).
 
 Scale. The vote streams the agents in chunks of ``agent_chunk`` (default
 :data:`~fedjax_dp.algorithms.agent_stream.DEFAULT_CHUNK` = 4096, or all N if fewer; host data
@@ -71,7 +73,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import agent_stream, api, voting_dpfl
+from fedjax_dp.algorithms import agent_stream, api, voting_dpfl, voting_seeds
 from fedjax_dp.algorithms import student as student_lib
 from fedjax_dp.core import StackedData, is_on_host, validation
 from fedjax_dp.models import Model
@@ -360,6 +362,67 @@ def _chunk_counts_fn(k: int, num_classes: int, method: str):
         counts = knn_counts(feats, y, mask, queries, k, num_classes, method)     # [S, Q, C]
         return jnp.round(counts).astype(jnp.int32)
     return jax.jit(fn)
+
+
+# --------------------------------------------------------------------------- seeds together
+
+def seeds_stepper(states: list[api.State]):
+    """Step S seeds of kNN-DPFL together (:func:`fedjax_dp.algorithms.api.run_seeds`): the vote
+    loops over the chunks of agents once, and a chunk's feature map and kNN counts, the tally's
+    add and the release, then the students, are the single-seed compiled calls vmapped over the
+    seeds (:mod:`fedjax_dp.algorithms.voting_seeds`); seed s equals its own run. None where that
+    cannot apply (``runtime.mesh``, secure aggregation, different data shapes or feature
+    maps)."""
+    return voting_seeds.stepper(states, PHASES, {"vote": _vote_seeds,
+                                                 "student": voting_seeds.student_phase},
+                                extra_check=_same_feature_map_shapes)
+
+
+def _same_feature_map_shapes(states: list[api.State]) -> bool:
+    phis = [st.context.extra for st in states]
+    return len({(phi.kind, np.shape(phi.mean), np.shape(phi.matrix)) for phi in phis}) == 1
+
+
+@functools.lru_cache(maxsize=64)
+def _seeds_counts_fn(k: int, num_classes: int, method: str, mean_axis: int | None,
+                     matrix_axis: int | None, agents_axis: int | None):
+    """:func:`_chunk_counts_fn` vmapped over a leading seed axis of the queries (and of the
+    feature map's mean / matrix and the agents' data where they differ between seeds)."""
+    ax = agents_axis
+    return jax.jit(jax.vmap(_chunk_counts_fn(k, num_classes, method),
+                            in_axes=(mean_axis, matrix_axis, ax, ax, ax, 0)))
+
+
+def _vote_seeds(plan: voting_seeds.Plan, states: list[api.State]) -> list[tuple[dict, dict]]:
+    """The streamed vote of S seeds: one host loop over the chunks of agents, each chunk's kNN
+    label counts ``[S, size, Q, C]`` in one vmapped call (seed s: its agents, feature map and
+    queries), added to the seeds' tallies in one vmapped call
+    (:func:`voting_seeds.streamed_vote`)."""
+    ctxs: list[voting_dpfl.Context] = [st.context for st in states]
+    c0 = ctxs[0]
+    cfg = c0.config
+    datas = [c.data.agents for c in ctxs]
+    size = agent_stream.resolve_size(cfg.agent_chunk, datas[0])
+    phis: list[FeatureMap] = [c.extra for c in ctxs]
+    mean, mean_axis = voting_seeds.stack_or_share(
+        [None if phi.mean is None else np.asarray(phi.mean, np.float32) for phi in phis])
+    matrix, matrix_axis = voting_seeds.stack_or_share(
+        [None if phi.matrix is None else np.asarray(phi.matrix, np.float32) for phi in phis])
+    queries = jnp.stack([phi.apply(c.x_public[c.query_indices], lead=1)
+                         for phi, c in zip(phis, ctxs)])                             # [S, Q, m]
+    fn = _seeds_counts_fn(cfg.k, c0.model.num_classes, cfg.knn_method, mean_axis, matrix_axis,
+                          plan.agents_axis)
+
+    def blocks():
+        for chunk in voting_seeds.seed_chunks(datas, plan.agents_axis, size):
+            a = chunk.agents
+            counts = fn(mean, matrix, a.x, a.y, a.mask, queries)               # [S, size, Q, C]
+            yield counts, jnp.arange(chunk.start, chunk.start + size), chunk.valid
+
+    outs = voting_seeds.streamed_vote(states, blocks(),
+                                      agent_stream.num_chunks(datas[0].num_agents, size),
+                                      divisor=float(cfg.k))
+    return [(values, {**metrics, "k": cfg.k, "agent_chunk": size}) for values, metrics in outs]
 
 
 output = voting_dpfl.output

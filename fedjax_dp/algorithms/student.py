@@ -21,20 +21,23 @@ in ``tests/test_student.py``).
 Vectorised: a round's pseudo-labelling is one batched forward pass and one ``argsort``; the
 training set always has the fixed shape ``[1, Q + U, ...]`` (released rows first, then the selected
 pseudo-labelled rows, then unused rows beyond ``count``), so every round reuses one compiled
-``train_agents`` (only the loop over the few rounds is in Python).
+``train_agents`` (only the loop over the few rounds is in Python). :func:`train_students` trains
+the S students of S seeds together (each training one compiled call over the seeds), each equal
+to its own :func:`train_student`.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.core import StackedData, from_ragged, rng, validation
+from fedjax_dp.core import StackedData, for_each_agent, from_ragged, rng, validation
 from fedjax_dp.models import Model
-from fedjax_dp.train import LocalTrainConfig, train_agents
+from fedjax_dp.train import LocalTrainConfig, make_local_update, train_agents
 
 Params = Any
 
@@ -151,11 +154,7 @@ def train_self_training(key: jax.Array, model: Model, x: np.ndarray, labels: np.
     rows = np.arange(q + u)
     for r in range(1, semi.rounds + 1):
         pred, conf = pseudo_labels(model, params, x_u)
-        keep = conf >= semi.confidence                                # [U]
-        order = np.argsort(~keep, kind="stable")                      # kept points first
-        count = q + int(keep.sum())
-        idx = np.concatenate([np.arange(q), q + order])               # released rows first
-        y_all = np.concatenate([labels, pred[order]])
+        keep, idx, y_all, count = _round_set(labels, pred, conf, semi.confidence)
         data = StackedData(x=x_all[:, idx], y=jnp.asarray(y_all[None]),
                            mask=jnp.asarray((rows < count)[None]),
                            counts=jnp.asarray([count], jnp.int32))
@@ -168,6 +167,19 @@ def train_self_training(key: jax.Array, model: Model, x: np.ndarray, labels: np.
         if on_round is not None:
             on_round()
     return params
+
+
+def _round_set(labels: np.ndarray, pred: np.ndarray, conf: np.ndarray, confidence: float
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """A self-training round's set: ``(keep [U], row order [Q + U], labels [Q + U], count)``:
+    the Q released rows first, then the pseudo-labelled points kept at ``confidence``, then the
+    rest (beyond ``count``, masked out)."""
+    q = len(labels)
+    keep = conf >= confidence                                         # [U]
+    order = np.argsort(~keep, kind="stable")                          # kept points first
+    count = q + int(keep.sum())
+    idx = np.concatenate([np.arange(q), q + order])                   # released rows first
+    return keep, idx, np.concatenate([labels, pred[order]]), count
 
 
 def train_student(key: jax.Array, model: Model, x_public: np.ndarray, query_indices: np.ndarray,
@@ -199,3 +211,89 @@ def num_trainings(semi: SelfTraining | None) -> int:
     """How many times :func:`train_student` trains the student (its progress total): 1, or
     ``1 + semi.rounds`` with self-training."""
     return 1 if semi is None else 1 + semi.rounds
+
+
+# --------------------------------------------------------------------------- S students at once
+
+@functools.lru_cache(maxsize=32)
+def _stacked_update(model: Model, config: LocalTrainConfig):
+    """``(keys [S], params [S, ...], x [S, n, ...], y, mask, counts) -> (params, loss)``: one
+    local update per student, S students as the S agents of one lifted, compiled update."""
+    return jax.jit(for_each_agent(make_local_update(model, config), 0))
+
+
+def _train_stacked(train_keys: list, inits: list, x, y, mask, counts, model: Model,
+                   config: LocalTrainConfig) -> list:
+    """Student s trains from ``inits[s]`` with ``split(train_keys[s], 1)[0]`` -- the key
+    :func:`fedjax_dp.train.train_agents` gives its only agent -- all S in one call."""
+    keys = jnp.stack([jax.random.split(k, 1)[0] for k in train_keys])
+    init = jax.tree.map(lambda *ls: jnp.stack(ls), *inits)
+    trained, _ = _stacked_update(model, config)(keys, init, x, y, mask, counts)
+    return [jax.tree.map(lambda l: l[s], trained) for s in range(len(train_keys))]
+
+
+def train_students(keys: list, model: Model, x_publics: list, query_indices: list,
+                   labels: list, config: LocalTrainConfig, semi: SelfTraining | None = None, *,
+                   on_round: Callable[[], None] | None = None) -> list:
+    """S students (S seeds of a voting run) trained together: student s equals
+    ``train_student(keys[s], model, x_publics[s], query_indices[s], labels[s], config, semi)``
+    (same keys, initialisation and training sets), but every training -- the supervised one and
+    each self-training round -- is ONE compiled call over the S students, which are the S agents
+    of one lifted local update. The seeds need equal numbers of queries and public records. The
+    self-training's pseudo-labelling and confidence selection stay per student (host work).
+    ``on_round()`` is called after each training of all S (:func:`num_trainings` times)."""
+    num = len(keys)
+    if not (len(x_publics) == len(query_indices) == len(labels) == num) or num < 1:
+        raise ValueError(f"keys, x_publics, query_indices and labels must have one entry per "
+                         f"student (>= 1), got {num}, {len(x_publics)}, {len(query_indices)} "
+                         f"and {len(labels)}")
+    if semi is not None and not isinstance(semi, SelfTraining):
+        raise ValueError(f"semi must be a student.SelfTraining, got {type(semi).__name__}")
+    x_publics = [np.asarray(x) for x in x_publics]
+    qidx = [np.asarray(i) for i in query_indices]
+    labels = [np.asarray(l, np.int32) for l in labels]
+    if semi is not None:       # train_self_training's types (its round 0 sees them too)
+        x_publics = [x.astype(np.float32) for x in x_publics]
+    split = [jax.random.split(k) for k in keys]
+    k_init, k_train = [s[0] for s in split], [s[1] for s in split]
+    inits = [model.init(k) for k in k_init]
+    data = from_ragged([x[i] for x, i in zip(x_publics, qidx)], labels)      # [S, Q, ...]
+    params = _train_stacked(k_train, inits, data.x, data.y, data.mask, data.counts, model,
+                            config)
+    if on_round is not None:
+        on_round()
+    if semi is None:
+        return params
+    rest = []
+    for x, i in zip(x_publics, qidx):
+        r = np.ones(len(x), bool)
+        r[i] = False
+        rest.append(r)
+    if len({int(r.sum()) for r in rest}) != 1:
+        raise ValueError("the students' public sets must leave equal numbers of unlabelled "
+                         "records")
+    x_u = [x[r] for x, r in zip(x_publics, rest)]
+    if len(x_u[0]) == 0:
+        if on_round is not None:
+            for _ in range(semi.rounds):
+                on_round()
+        return params
+    x_all = [jnp.asarray(np.concatenate([x[i], u])[None])
+             for x, i, u in zip(x_publics, qidx, x_u)]                          # [1, Q + U, ...]
+    rows = np.arange(x_all[0].shape[1])
+    for r in range(1, semi.rounds + 1):
+        xs, ys, masks, counts = [], [], [], []
+        for s in range(num):
+            pred, conf = pseudo_labels(model, params[s], x_u[s])
+            _, idx, y_all, count = _round_set(labels[s], pred, conf, semi.confidence)
+            xs.append(x_all[s][0, idx])
+            ys.append(y_all)
+            masks.append(rows < count)
+            counts.append(count)
+        params = _train_stacked([rng.stream(k, f"self_training_{r}") for k in k_train], inits,
+                                jnp.stack(xs), jnp.asarray(np.stack(ys)),
+                                jnp.asarray(np.stack(masks)), jnp.asarray(counts, jnp.int32),
+                                model, config)
+        if on_round is not None:
+            on_round()
+    return params

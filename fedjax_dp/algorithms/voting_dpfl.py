@@ -35,6 +35,10 @@ sums of the data-dependent analysis are the survivors'. Not with ``runtime.mesh`
 ``State.values`` collects the phases' arrays: ``labels [Q]`` (released by the vote),
 ``clean_vote_sums [Q, C]`` (noise-free, for the data-dependent privacy analysis ONLY; present when
 ``config.data_dependent``) and ``params`` (the student).
+
+Seeds. :mod:`fedjax_dp.algorithms.voting_seeds` steps S seeds of either algorithm together (their
+``seeds_stepper``): one host loop over the chunks per phase, every compiled call above vmapped
+over the seeds, seed s equal to its own run.
 """
 from __future__ import annotations
 
@@ -201,7 +205,7 @@ def vote_phase(state: api.State, ballot_fn: vote_lib.BallotFn, agents: Any, quer
     values = {**state.values, "labels": np.asarray(labels)}
     if clean is not None:
         values["clean_vote_sums"] = clean
-    return values, _vote_metrics(ctx, np.asarray(labels))
+    return values, vote_metrics(ctx, np.asarray(labels))
 
 
 # --------------------------------------------------------------------------- the streamed vote
@@ -296,7 +300,7 @@ def streamed_vote_phase(state: api.State, blocks: Iterable[tuple], total: int, *
     values = {**state.values, "labels": labels}
     if cfg.data_dependent:
         values["clean_vote_sums"] = np.asarray(tally.counts, np.float64) / divisor
-    return values, _vote_metrics(ctx, labels)
+    return values, vote_metrics(ctx, labels)
 
 
 def secagg_keys(ctx: Context) -> tuple[jax.Array, jax.Array]:
@@ -358,12 +362,13 @@ def _secagg_vote(state: api.State, blocks: Iterable[tuple], total: int, divisor:
     values = {**state.values, "labels": labels}
     if cfg.data_dependent:
         values["clean_vote_sums"] = np.asarray(tally.counts, np.float64) / divisor
-    metrics = _vote_metrics(ctx, labels)
+    metrics = vote_metrics(ctx, labels)
     metrics["secagg_survivors"] = int(alive.sum())
     return values, metrics
 
 
-def _vote_metrics(ctx: Context, labels: np.ndarray) -> dict:
+def vote_metrics(ctx: Context, labels: np.ndarray) -> dict:
+    """The vote's metrics: ``num_queries`` and, given ``data.y_public``, ``vote_accuracy``."""
     metrics: dict = {"num_queries": int(len(labels))}
     if ctx.data.y_public is not None:                      # diagnostics only
         truth = np.asarray(ctx.data.y_public)[ctx.query_indices]
