@@ -45,7 +45,7 @@ import dataclasses
 import dp_accounting
 import jax
 
-from fedjax_dp.algorithms import api, fedavg
+from fedjax_dp.algorithms import api, fedavg, round_seeds
 from fedjax_dp.core import StackedData, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, secagg
@@ -102,6 +102,12 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
     """As :func:`fedavg.init` with the clipped, noised round of :func:`round_spec`."""
     return fedavg.init_rounds(key, data, model, config.local, round_spec(config), runtime)
+
+
+def seeds_stepper(states: list[api.State]):
+    """S seeds' rounds, one vmapped compiled call per round (:func:`round_seeds.stepper`), or
+    None where they cannot share it (the seeds then run one by one)."""
+    return round_seeds.stepper(states)
 
 
 def run(key: jax.Array, data: StackedData, model: Model, config: Config, **kwargs

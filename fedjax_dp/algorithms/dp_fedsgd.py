@@ -64,7 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dp.algorithms import api, fedavg
+from fedjax_dp.algorithms import api, fedavg, round_seeds
 from fedjax_dp.core import StackedData, auto_chunk_size, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, mechanisms
@@ -338,6 +338,12 @@ def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
     participation = jnp.asarray(state.values["participation"]).at[took_part].add(1)
     values = {"params": params, "participation": participation}
     return api.State(step=state.step + 1, values=values, context=ctx), metrics
+
+
+def seeds_stepper(states: list[api.State]):
+    """S seeds' rounds, one vmapped compiled call per round (:func:`round_seeds.stepper`; each
+    seed's ``participation`` counts its own cohorts), or None where they cannot share it."""
+    return round_seeds.stepper(states, participation=True)
 
 
 artifacts = fedavg.artifacts
