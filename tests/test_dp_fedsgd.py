@@ -239,6 +239,7 @@ def test_ledger_is_the_worst_agent_computed_directly():
     ({"record_sampling_rate": 1.5}, "algorithm.record_sampling_rate"),
     ({"rounds": 0}, "algorithm.rounds"),
     ({"sampling_rate": 0.0}, "algorithm.sampling_rate"),
+    ({"local": LocalTrainConfig(batching="stored")}, "train.batching"),
 ])
 def test_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -106,6 +106,10 @@ class Config(fedavg.Config):
         if not np.isfinite(self.clip_norm) or not np.isfinite(self.noise_multiplier):
             raise ValueError("algorithm.clip_norm and algorithm.noise_multiplier must be finite, "
                              f"got {self.clip_norm} and {self.noise_multiplier}")
+        if self.local.batching != "replacement":   # the accounting assumes Poisson batches
+            raise ValueError(f"train.batching = {self.local.batching!r} is not used by DP-FedSGD: "
+                             "its local batches are Poisson samples of the records (the privacy "
+                             "analysis needs them); leave train.batching = 'replacement'")
 
 
 # --------------------------------------------------------------------------- host-side plan

@@ -377,6 +377,13 @@ def prefetch(state: api.State, key: jax.Array) -> None:
     state.context.round_fn.prefetch(key)
 
 
+def seeds_stepper(states: list[api.State]):
+    """S seeds' rounds, one vmapped compiled call per round (:func:`round_seeds.stepper`), or
+    None where they cannot share it (the seeds then run one by one)."""
+    from fedjax_dp.algorithms import round_seeds          # it imports this module
+    return round_seeds.stepper(states)
+
+
 def output(state: api.State) -> api.Output:
     return api.Output(model=state.context.model, params=state.values["params"])
 
