@@ -79,7 +79,10 @@ queries; three steps (:data:`PHASES`), whose ``State.values`` are:
 * ``final``: ``server_votes [Qs, C]`` (the consistent vote, summed over chunks of parties: exact
   integers), ``server_labels``, ``server_mask`` and ``final`` (the final model's parameters).
 
-Tree ensembles, which are not arrays, live in the context. Keys: named streams of the run key
+Tree ensembles, which are not arrays, live in the context. ``seeds_stepper`` runs the phases of S
+seeds together (one pass over the chunks, each chunk's compiled work vmapped over the seeds; JAX
+learners only: :mod:`fedjax_dp.algorithms.fedkt_seeds`), so ``fedjax-dp sweep`` runs the seeds of a
+cell as one batch with the same results as separate runs. Keys: named streams of the run key
 (``split``, ``teachers``, ``party_queries``, ``l2_noise``, ``students``, ``server_queries``,
 ``l1_noise``, ``final``), as the plain-Python :func:`run` has always used, so the same key gives
 the same run; step keys are not used. Progress: ``runtime.progress`` tasks ``teachers`` and
@@ -762,6 +765,14 @@ def _final_phase(state: api.State) -> tuple[dict, Context, dict]:
         hit = (values["server_labels"] == truth)[values["server_mask"]]
         metrics["server_label_accuracy"] = float(np.mean(hit))
     return values, ctx, metrics
+
+
+def seeds_stepper(states: list[api.State]):
+    """The :mod:`~fedjax_dp.algorithms.api` hook: the phases of S seeds together, each chunk's
+    compiled work vmapped over the seeds (:mod:`fedjax_dp.algorithms.fedkt_seeds`), or None
+    when they cannot share compiled calls (tree learners, reused models, differing shapes)."""
+    from fedjax_dp.algorithms import fedkt_seeds
+    return fedkt_seeds.seeds_stepper(states)
 
 
 def output(state: api.State) -> api.Output:

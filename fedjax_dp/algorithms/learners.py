@@ -7,6 +7,11 @@ A learner trains ``A`` independent models and predicts with all of them::
     predict(fitted, x [M, ...]) -> int32 [A, M]                   # every model's class per row
     take(fitted, index) -> fitted of one model (a = index)
 
+:class:`JaxLearner` also trains S independent runs (seeds) at once: ``fit_keyed_seeds``,
+``fit_shared_keyed_seeds`` and ``predict_seeds`` take every array with a leading seed axis and
+run the same compiled function as the single-run method, vmapped over the seeds (FedKT's
+``seeds_stepper``, :mod:`fedjax_dp.algorithms.fedkt_seeds`).
+
 Two kinds:
 
 * :class:`JaxLearner` (the default): a flax model from :func:`fedjax_dp.models.make_model`; all
@@ -105,6 +110,41 @@ class JaxLearner:
     def take(self, params, index: int):
         return jax.tree.map(lambda l: l[index:index + 1], params)
 
+    # S independent runs (seeds) at once: every array gains a leading seed axis, and seed s gets
+    # exactly the computation of the method without ``_seeds`` on its slice (the same compiled
+    # function, vmapped over the seeds), so the seeds of a sweep share one call per chunk.
+
+    def fit_keyed_seeds(self, init_keys: jax.Array, train_keys: jax.Array, data: StackedData):
+        """:meth:`fit_keyed` of S seeds: ``init_keys`` / ``train_keys [S, A]``, ``data
+        [S, A, ...]`` -> params ``[S, A, ...]`` (seed s: ``fit_keyed(init_keys[s], ...)``)."""
+        params = _seeds_init_fn(self.model)(init_keys)
+        chunk = resolve_chunk_size(self.chunk_size, _one_seed(params), init_keys.shape[1])
+        fn = _seeds_update(self.model, self.train, chunk, self.backend)
+        params, _ = fn(train_keys, params, data.x, data.y, data.mask, data.counts)
+        return params
+
+    def fit_shared_keyed_seeds(self, init_keys: jax.Array, train_keys: jax.Array, x, y, mask, *,
+                               x_axis: int | None = None):
+        """:meth:`fit_shared_keyed` of S seeds: keys ``[S, A]``, ``y`` / ``mask [S, A, Q]``;
+        ``x [Q, ...]`` shared by the seeds (``x_axis=None``) or ``[S, Q, ...]`` (``x_axis=0``)."""
+        x = jnp.asarray(x)
+        y = jnp.asarray(y, jnp.int32)
+        mask = jnp.asarray(mask, bool)
+        params = _seeds_init_fn(self.model)(init_keys)
+        chunk = resolve_chunk_size(self.chunk_size, _one_seed(params), y.shape[1])
+        fn = _seeds_shared_update(self.model, self.train, chunk, self.backend, x_axis)
+        count = jnp.asarray(x.shape[0 if x_axis is None else 1], jnp.int32)
+        params, _ = fn(train_keys, params, x, y, mask, count)
+        return params
+
+    def predict_seeds(self, params, x, *, x_axis: int | None = None) -> jax.Array:
+        """:meth:`predict` of S seeds: params ``[S, A, ...]``, ``x [M, ...]`` shared
+        (``x_axis=None``) or ``[S, M, ...]`` -> ``int32 [S, A, M]``."""
+        x = jnp.asarray(x)
+        one = _one_seed(params)
+        chunk = resolve_chunk_size(self.chunk_size, one, jax.tree.leaves(one)[0].shape[0])
+        return _seeds_predict(self.model, chunk, self.backend, x_axis)(params, x)
+
 
 def model_keys(key: jax.Array, num: int) -> tuple[jax.Array, jax.Array]:
     """``(init_keys [num], train_keys [num])`` of :meth:`JaxLearner.fit` with root ``key``:
@@ -141,6 +181,32 @@ def _predict_fn(model: Model, chunk_size, backend):
 
     lifted = for_each_agent(one, (0, None), chunk_size=chunk_size, backend=backend)
     return lifted if backend == "loop" else jax.jit(lifted)
+
+
+def _one_seed(params):
+    """The shapes of one seed's slice of seed-stacked ``params`` (for the chunk size)."""
+    return jax.tree.map(lambda l: jax.ShapeDtypeStruct(l.shape[1:], l.dtype), params)
+
+
+@functools.lru_cache(maxsize=32)
+def _seeds_init_fn(model: Model):
+    return jax.jit(jax.vmap(_init_fn(model)))
+
+
+@functools.lru_cache(maxsize=32)
+def _seeds_update(model: Model, config: LocalTrainConfig, chunk_size, backend):
+    return jax.jit(jax.vmap(_lifted_update(model, config, False, chunk_size, None, backend)))
+
+
+@functools.lru_cache(maxsize=32)
+def _seeds_shared_update(model: Model, config: LocalTrainConfig, chunk_size, backend, x_axis):
+    return jax.jit(jax.vmap(_shared_update(model, config, chunk_size, backend),
+                            in_axes=(0, 0, x_axis, 0, 0, None)))
+
+
+@functools.lru_cache(maxsize=32)
+def _seeds_predict(model: Model, chunk_size, backend, x_axis):
+    return jax.jit(jax.vmap(_predict_fn(model, chunk_size, backend), in_axes=(0, x_axis)))
 
 
 class _Constant:

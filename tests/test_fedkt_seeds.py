@@ -1,0 +1,178 @@
+"""FedKT seeds in one vmapped compiled call per chunk (``fedkt.seeds_stepper``): runner.run_seeds
+equals runner.run per seed (test accuracy, history, every epsilon); the protocol's batched steps
+equal separate runs array by array (L2 with seed-dependent party queries, streamed padded
+chunks of memory-mapped parties at different ``n_max``, kept models); tree learners and reused
+models are not batched."""
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from fedjax_dp import data
+from fedjax_dp.algorithms import api, fedkt, fedkt_seeds, learners
+from fedjax_dp.core import from_ragged, load_stacked, save_stacked
+from fedjax_dp.experiments import config as config_lib
+from fedjax_dp.experiments import runner
+from fedjax_dp.models import make_model
+from fedjax_dp.train import LocalTrainConfig
+
+DIGITS = "configs/fedkt/digits.toml"
+DIGITS_SETS = ["train.steps=5", "algorithm.student_steps=5", "algorithm.final_steps=5",
+               "model.name=\"logistic\"", "data.num_agents=3", "privacy.accountants=[\"rdp\"]",
+               "run.progress=false"]
+
+
+def _same_record(joint, alone):
+    assert joint["seed"] == alone["seed"] and joint["vmapped_seeds"] == 2
+    assert joint["test_accuracy"] == pytest.approx(alone["test_accuracy"], abs=1e-9)
+    assert len(joint["history"]) == len(alone["history"]) == len(fedkt.PHASES)
+    for a, b in zip(joint["history"], alone["history"]):
+        assert a.keys() == b.keys()
+        for k in a:
+            if not k.endswith("_s"):                   # timings are the batch's
+                assert a[k] == (pytest.approx(b[k], rel=1e-9) if isinstance(b[k], float)
+                                else b[k]), k
+    assert [(g["unit"], g["accountant"], g["data_dependent"]) for g in joint["privacy"]] == \
+        [(g["unit"], g["accountant"], g["data_dependent"]) for g in alone["privacy"]]
+    assert [g["epsilon"] for g in joint["privacy"]] == pytest.approx(
+        [g["epsilon"] for g in alone["privacy"]], rel=1e-9)
+
+
+@pytest.mark.parametrize("level", ["L1"])
+def test_run_seeds_equals_separate_runs(level):
+    base = config_lib.load(DIGITS, DIGITS_SETS + [f"algorithm.level=\"{level}\""])
+    configs = [dict(base, seed=s) for s in (0, 1)]
+    together = runner.run_seeds(configs)
+    assert together is not None
+    for joint, cfg in zip(together, configs):
+        _same_record(joint, runner.run(cfg))
+    if level != "L0":
+        assert len(together[0]["privacy"]) == 4           # party / example x dd / di (rdp)
+    # the seeds are not broadcast: different partitions, queries and models
+    assert together[0]["history"][-1] != together[1]["history"][-1]
+
+
+# ----------------------------------------------------------------------------- protocol level
+
+C = 3
+TRAIN = LocalTrainConfig(steps=6, batch_size=8, learning_rate=1e-2, optimizer="adam")
+FIELDS = ("teacher_votes", "z", "party_labels", "student_preds", "server_votes",
+          "server_labels", "server_mask")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    ds = data.synthetic(num_train=120, num_public=30, num_test=30, num_features=16,
+                        num_classes=C, seed=0)
+    parties = []
+    for seed in (0, 1):                       # the seed's partition: different parties, n_max
+        idx = data.partition("dirichlet", ds.y_train, 3, seed, beta=1.0, min_size=12)
+        parties.append(from_ragged([ds.x_train[i] for i in idx], [ds.y_train[i] for i in idx]))
+    assert parties[0].max_size != parties[1].max_size
+    mlp = learners.JaxLearner(make_model("mlp", (16,), C, hidden=(8,)), TRAIN, chunk_size=None)
+    return ds, parties, mlp
+
+
+def _data(ds, parties):
+    return api.FederatedData(agents=parties, num_classes=C, x_public=ds.x_public,
+                             y_public=ds.y_public)
+
+
+def _states(tiny, cfg, parties=None, **kw):
+    ds, default, mlp = tiny
+    keys = [jax.random.key(10), jax.random.key(11)]
+    fed = [_data(ds, p) for p in (parties or default)]
+    return keys, fed, [fedkt.init(k, d, mlp.model, cfg, teacher=mlp, student=mlp, final=mlp, **kw)
+                       for k, d in zip(keys, fed)]
+
+
+def _run_both(tiny, cfg, parties=None):
+    keys, fed, states = _states(tiny, cfg, parties)
+    batch = fedkt.seeds_stepper(states)
+    assert batch is not None
+    histories = [[], []]
+    for t in range(len(fedkt.PHASES)):
+        states, metrics = batch(states, [api.step_key(k, t) for k in keys])
+        for h, m in zip(histories, metrics):
+            h.append(m)
+    alone = []
+    for k, d, st in zip(keys, fed, _states(tiny, cfg, parties)[2]):
+        done = api.run(fedkt, k, d, tiny[2].model, cfg, state=st)
+        alone.append((done.state, [{k: v for k, v in r.items() if k != "round"}
+                                   for r in done.history]))
+    return states, histories, alone
+
+
+def _assert_equal_runs(states, histories, alone, kept):
+    for st, hist, (ref, ref_hist) in zip(states, histories, alone):
+        assert st.step == ref.step == len(fedkt.PHASES)
+        for f in FIELDS:
+            np.testing.assert_array_equal(st.values[f], ref.values[f], err_msg=f)
+            assert st.values[f].dtype == ref.values[f].dtype, f
+        for name in kept:
+            for a, b in zip(jax.tree.leaves(st.values[name]), jax.tree.leaves(ref.values[name])):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+        for m, r in zip(hist, ref_hist):
+            assert m.keys() == r.keys()
+            assert {k: v for k, v in m.items() if not k.endswith("_s")} == \
+                {k: v for k, v in r.items() if not k.endswith("_s")}
+        x = np.asarray(fedkt.output(st).predict_labels(np.zeros((2, 16), np.float32)))
+        np.testing.assert_array_equal(x, fedkt.output(ref).predict_labels(
+            np.zeros((2, 16), np.float32)))
+        for a, b in zip(api.ledgers(fedkt, st.context.config, st),
+                        api.ledgers(fedkt, ref.context.config, ref)):
+            assert [r["epsilon"] for r in a.report(1e-5, ("rdp",))] == pytest.approx(
+                [r["epsilon"] for r in b.report(1e-5, ("rdp",))], rel=1e-12)
+    # different seeds, different runs
+    assert not np.array_equal(states[0].values["teacher_votes"],
+                              states[1].values["teacher_votes"])
+
+
+def test_l2_seed_dependent_queries_kept_models_equal_separate_runs(tiny):
+    # L2 with a query fraction: each seed's parties label their own public subset (stacked on
+    # the seed axis); one chunk of device parties: teachers and students are kept
+    cfg = fedkt.Config(num_partitions=2, num_teachers=3, level="L2", gamma=0.5,
+                       query_fraction=0.5, local=TRAIN)
+    states, histories, alone = _run_both(tiny, cfg)
+    assert not np.array_equal(states[0].context.party_queries, states[1].context.party_queries)
+    _assert_equal_runs(states, histories, alone, kept=("teachers", "students", "final"))
+
+
+def test_l1_streamed_host_parties_equal_separate_runs(tiny, tmp_path):
+    # L1 (the server's queries differ by seed); memory-mapped parties in chunks of 2 of 3 (the
+    # last one padded), each seed at its own n_max
+    mapped = []
+    for i, p in enumerate(tiny[1]):
+        save_stacked(tmp_path / f"p{i}", p)
+        mapped.append(load_stacked(tmp_path / f"p{i}", mmap=True))
+    cfg = fedkt.Config(num_partitions=2, num_teachers=3, level="L1", gamma=0.5,
+                       query_fraction=0.5, party_chunk=2, local=TRAIN)
+    states, histories, alone = _run_both(tiny, cfg, mapped)
+    assert "teachers" not in states[0].values and "students" not in states[0].values
+    _assert_equal_runs(states, histories, alone, kept=("final",))
+
+
+def test_not_batched_returns_none(tiny):
+    # tree learners are fitted in a host loop (not JAX): the runner runs the seeds one by one
+    base = config_lib.load("configs/fedkt/wbcd.toml", ["privacy.accountants=[\"rdp\"]"])
+    assert runner.run_seeds([dict(base, seed=0), dict(base, seed=1)]) is None
+    cfg = fedkt.Config(num_partitions=2, num_teachers=3, level="L0", local=TRAIN)
+    ds, parties, mlp = tiny
+    trees = learners.SklearnLearner("decision_tree", C, max_depth=3)
+    states = [fedkt.init(jax.random.key(s), _data(ds, p), mlp.model, cfg, teacher=trees,
+                         student=mlp, final=mlp) for s, p in zip((0, 1), parties)]
+    assert "not a JAX model" in fedkt_seeds.unsupported(states)
+    assert fedkt.seeds_stepper(states) is None
+    # reused fitted teachers; the reference loop backend; seeds with different configs
+    _, _, states = _states(tiny, cfg, fitted_teachers=object())
+    assert fedkt.seeds_stepper(states) is None
+    loop = dataclasses.replace(mlp, backend="loop")
+    states = [fedkt.init(jax.random.key(s), _data(ds, p), mlp.model, cfg, teacher=loop,
+                         student=mlp, final=mlp) for s, p in zip((0, 1), parties)]
+    assert fedkt.seeds_stepper(states) is None
+    _, _, states = _states(tiny, cfg)
+    other = fedkt.init(jax.random.key(2), _data(ds, parties[1]), mlp.model,
+                       dataclasses.replace(cfg, num_teachers=2), teacher=mlp, student=mlp,
+                       final=mlp)
+    assert fedkt_seeds.unsupported([states[0], other]) == "the seeds' configs differ"
