@@ -13,6 +13,13 @@ below the iteration's compute, so a Python loop over iterations costs nothing me
 host synchronises once per epoch for the metrics). The remaining ``retrain_epochs`` steps retrain
 the fixed network of the derived genotype from scratch with DP federated SGD over ALL records of
 every party. ``output`` is the retrained network (the search network before retraining starts).
+An iteration of either phase is one pure function :func:`iteration`
+``(value, k_epoch, i, data) -> (value, metrics)``, compiled at the first epoch of its phase.
+
+Seeds (:func:`seeds_stepper`, used by :func:`fedjax_dp.algorithms.api.run_seeds`): the
+iterations of S seeds of one config run as ONE call of the same function vmapped over the seeds.
+Retraining needs host work per seed (the derived genotype decides the network), so the hook is a
+``seeds_stepper``, not a ``seed_step``: seeds with equal genotypes retrain together.
 
 The ``[model]`` table of an experiment config is not used: the networks are built from the
 algorithm's own fields (``nodes``, ``channels``, ``cells``, ``primitives``, ...).
@@ -26,6 +33,7 @@ the runner's one line per step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -251,12 +259,13 @@ class Context:
     model: darts.SearchModel
     search_data: steps.SearchData
     retrain_data: steps.PartyData
-    search_step: Any
+    search_fns: steps.SearchFns
     search_iterations: int                 # per epoch
     retrain_iterations: int                # per epoch
     runtime: api.Runtime
     timings: dict                          # host bookkeeping: cumulative seconds per phase
-    retrain: dict                          # lazily built: model, step
+    retrain: dict                          # lazily built: model, fns, genotype
+    compiled: set = dataclasses.field(default_factory=set)   # phases whose call is compiled
 
 
 _COMPILED: dict = {}
@@ -277,7 +286,8 @@ def _compiled(fn, *args) -> tuple[Any, float]:
 
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
-    """Validate the parties, split their halves, initialise W and alpha, compile the search step.
+    """Validate the parties, split their halves, initialise W and alpha (the search step is
+    compiled by the first step, for one seed or for the seeds stepped together).
 
     ``model`` (the experiment's ``[model]``) is not used: the search network comes from config.
     """
@@ -295,14 +305,8 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
                             backend=runtime.backend)
     state = fns.init(api.init_key(key))
     timings = {"search": 0.0, "retrain": 0.0, "compile_search": 0.0, "compile_retrain": 0.0}
-    step_fn = fns.step
-    if runtime.backend == "vmap" and config.search_steps:
-        with runtime.progress.task("compile search step", total=1, unit="step") as task:
-            step_fn, timings["compile_search"] = _compiled(fns.step, state, jax.random.key(0),
-                                                           search_data)
-            task.update(1)
     ctx = Context(config=config, model=net, search_data=search_data, retrain_data=retrain_data,
-                  search_step=step_fn, search_iterations=iters, retrain_iterations=retrain_iters,
+                  search_fns=fns, search_iterations=iters, retrain_iterations=retrain_iters,
                   runtime=runtime, timings=timings, retrain={})
     return api.State(step=0, values={"search": state}, context=ctx)
 
@@ -318,13 +322,34 @@ def step_label(config: Config, t: int) -> str:
     return f"retrain epoch {t - config.search_steps}/{config.retrain_epochs}"
 
 
-def _iterate(progress, name: str, count: int, fn, value, k_iter, data, records: list):
-    """``count`` iterations ``value, m = fn(value, fold_in(k_iter, i), data)`` (metrics appended
-    to ``records``), reported as task ``name``: iteration i - 1 is waited for (and counted) once
+@functools.lru_cache(maxsize=64)
+def iteration(update: Any, seeds: bool = False, data_axis: int | None = None,
+              compiled: bool = True):
+    """Iteration ``i`` of an epoch as ONE pure function
+    ``fn(value, k_epoch, i, data) -> (value, metrics)``, i.e.
+    ``update(value, fold_in(k_epoch, i), data)`` with ``update`` the search step
+    (:func:`steps.make_search`) or the retraining step (:func:`steps.make_retrain`).
+
+    ``seeds``: the same function vmapped over a leading seed axis of ``value`` and ``k_epoch``
+    (and of ``data`` with ``data_axis = 0``; ``None``: one data for all seeds), ``i`` shared.
+    :func:`step` runs one seed and :func:`seeds_stepper` several seeds through this one
+    function. ``compiled``: jitted (``runtime.backend = "vmap"``), else the plain function
+    (the loop backend's reference runs). Cached: equal arguments give the same function.
+    """
+    def one(value, k_epoch, i, data):
+        return update(value, jax.random.fold_in(k_epoch, i), data)
+
+    fn = jax.vmap(one, in_axes=(0, 0, None, data_axis)) if seeds else one
+    return jax.jit(fn) if compiled else fn
+
+
+def _iterate(progress, name: str, count: int, fn, value, k_epoch, data, records: list):
+    """``count`` iterations ``value, m = fn(value, k_epoch, i, data)`` (metrics appended to
+    ``records``), reported as task ``name``: iteration i - 1 is waited for (and counted) once
     iteration i is queued, so the device never idles and the bar counts finished iterations."""
     with progress.task(name, total=count, unit="iteration") as task:
         for i in range(count):
-            value, m = fn(value, jax.random.fold_in(k_iter, i), data)
+            value, m = fn(value, k_epoch, np.int32(i), data)
             if progress.enabled and i:
                 jax.block_until_ready(records[-1])          # iteration i - 1 has finished
                 task.update(1)
@@ -353,51 +378,181 @@ def _retrain_fns(ctx: Context, geno: darts.Genotype, feature_shape, num_classes)
     return fixed, steps.make_retrain(fixed, hyper, backend=ctx.runtime.backend)
 
 
-def _mean_metrics(records: list[dict]) -> dict:
+def _prepare_retrain(state: api.State, values: dict, k_init: jax.Array) -> None:
+    """Host work before a retraining epoch of one seed: at the first one (or after a resume),
+    derive the genotype and build its network (``ctx.retrain``); initialise the retraining state
+    in ``values`` unless a checkpoint holds it."""
+    ctx: Context = state.context
+    if "fns" not in ctx.retrain:
+        geno = genotype(state)
+        fixed, fns = _retrain_fns(ctx, geno, ctx.search_data.train.x.shape[2:],
+                                  ctx.model.num_classes)
+        ctx.retrain.update(model=fixed, fns=fns, genotype=geno)
+    if "retrain" not in values:
+        values["retrain"] = ctx.retrain["fns"].init(k_init)
+
+
+def _mean_metrics(records: list[dict], seeds: int | None) -> list[dict]:
     """Epoch means of the iterations' scalar metrics, on the host (one transfer; a device-side
     stack of a variable number of scalars recompiles per length and crashed XLA's CPU compiler
-    at 12 operands)."""
+    at 12 operands): one dict, or one per seed when the metrics have a seed axis of ``seeds``."""
     host = jax.device_get(records)
-    return {k: float(np.mean([r[k] for r in host])) for k in host[0]}
+    if seeds is None:
+        return [{k: float(np.mean([r[k] for r in host])) for k in host[0]}]
+    return [{k: float(np.mean([r[k][s] for r in host])) for k in host[0]}
+            for s in range(seeds)]
+
+
+@jax.jit
+def _stack(trees: list):
+    """The seeds' pytrees stacked on a leading seed axis (one compiled call, not one per leaf)."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _unstack(tree, seeds: int) -> list:
+    return [jax.tree.map(lambda x: x[s], tree) for s in range(seeds)]
+
+
+def _epoch(states: list[api.State], values: list[dict], k_epochs: list, phase: str,
+           data: Any, data_axis: int | None) -> list[dict]:
+    """One epoch of ``phase`` for seeds that share its compiled iteration: ONE seed (``data``
+    its own, ``data_axis`` unused) calls :func:`iteration` as it is, several call it vmapped
+    over their seed axis (``data`` shared, or stacked with ``data_axis = 0``). Updates
+    ``values[s][phase]`` and the seeds' timings; returns each seed's epoch metrics."""
+    ctxs: list[Context] = [s.context for s in states]
+    ctx = ctxs[0]
+    count = ctx.search_iterations if phase == "search" else ctx.retrain_iterations
+    update = ctx.search_fns.step if phase == "search" else ctx.retrain["fns"].step
+    many = len(states) > 1
+    compiled = ctx.runtime.backend == "vmap"
+    fn = iteration(update, many, data_axis if many else None, compiled)
+    if many:
+        value, k_epoch = _stack([v[phase] for v in values]), jnp.stack(k_epochs)
+    else:
+        value, k_epoch = values[0][phase], k_epochs[0]
+    seconds = 0.0
+    if compiled:
+        args = (value, k_epoch, np.int32(0), data)
+        if phase in ctx.compiled:
+            fn, seconds = _compiled(fn, *args)
+        else:
+            with ctx.runtime.progress.task(f"compile {phase} step", total=1,
+                                           unit="step") as task:
+                fn, seconds = _compiled(fn, *args)
+                task.update(1)
+    start = time.perf_counter()
+    records: list = []
+    value = _iterate(ctx.runtime.progress, phase, count, fn, value, k_epoch, data, records)
+    metrics = _mean_metrics(records, len(states) if many else None)
+    for v, new in zip(values, _unstack(value, len(states)) if many else [value]):
+        v[phase] = new
+    share = (time.perf_counter() - start) / len(states)      # each seed's share of the epoch
+    for c in ctxs:
+        c.compiled.add(phase)
+        c.timings[phase] += share
+        c.timings[f"compile_{phase}"] += seconds / len(states)
+    return metrics
+
+
+def _step_seeds(states: list[api.State], keys: list, group_data: Any
+                ) -> tuple[list[api.State], list[dict]]:
+    """Step t of seeds with equal configs and shapes, all at step t: ``(states, metrics)`` with
+    entry s equal to :func:`step` ``(states[s], keys[s])`` (one seed: exactly that).
+
+    Search epochs: all seeds in one group. Retraining epochs: per seed on the host, the genotype
+    and its network (:func:`_prepare_retrain`); seeds with equal genotypes (hence the same
+    compiled retraining step) form a group. ``group_data(members, phase) -> (data, data_axis)``
+    gives a group's data (a group of one: the seed's own data).
+    """
+    t = states[0].step
+    config: Config = states[0].context.config
+    splits = [jax.random.split(k) for k in keys]
+    k_inits, k_epochs = [s[0] for s in splits], [s[1] for s in splits]
+    values = [dict(s.values) for s in states]
+    if t < config.search_steps:
+        phase, groups = "search", [list(range(len(states)))]
+    else:
+        phase, by_fns = "retrain", {}
+        for s, state in enumerate(states):
+            _prepare_retrain(state, values[s], k_inits[s])
+            by_fns.setdefault(id(state.context.retrain["fns"]), []).append(s)
+        groups = list(by_fns.values())
+    metrics: list = [None] * len(states)
+    for members in groups:
+        data, axis = group_data(members, phase)
+        got = _epoch([states[s] for s in members], [values[s] for s in members],
+                     [k_epochs[s] for s in members], phase, data, axis)
+        for s, m in zip(members, got):
+            metrics[s] = m
+    out = []
+    for s, state in enumerate(states):
+        ctx: Context = state.context
+        metrics[s].update(phase=0 if phase == "search" else 1,
+                          search_time_s=ctx.timings["search"],
+                          retrain_time_s=ctx.timings["retrain"])
+        out.append(api.State(step=t + 1, values=values[s], context=ctx))
+    return out, metrics
+
+
+def _own_data(ctx: Context, phase: str):
+    return (ctx.search_data if phase == "search" else ctx.retrain_data), None
 
 
 def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
-    """One search epoch (steps < search_epochs), else one retraining epoch."""
-    ctx: Context = state.context
-    k_init, k_iter = jax.random.split(key)
-    values = dict(state.values)
-    start = time.perf_counter()
-    records = []
-    if state.step < ctx.config.search_steps:
-        values["search"] = _iterate(ctx.runtime.progress, "search", ctx.search_iterations,
-                                    ctx.search_step, values["search"], k_iter, ctx.search_data,
-                                    records)
-        metrics = _mean_metrics(records)
-        ctx.timings["search"] += time.perf_counter() - start
-        metrics["phase"] = 0
-    else:
-        if "step" not in ctx.retrain:     # first retraining step, or resumed from a checkpoint
-            geno = genotype(state)
-            feature_shape = ctx.search_data.train.x.shape[2:]
-            fixed, fns = _retrain_fns(ctx, geno, feature_shape, ctx.model.num_classes)
-            if "retrain" not in values:
-                values["retrain"] = fns.init(k_init)
-            step_fn = fns.step
-            if ctx.runtime.backend == "vmap":
-                with ctx.runtime.progress.task("compile retrain step", total=1,
-                                               unit="step") as task:
-                    step_fn, ctx.timings["compile_retrain"] = _compiled(
-                        fns.step, values["retrain"], k_iter, ctx.retrain_data)
-                    task.update(1)
-            ctx.retrain.update(model=fixed, step=step_fn, genotype=geno)
-        values["retrain"] = _iterate(ctx.runtime.progress, "retrain", ctx.retrain_iterations,
-                                     ctx.retrain["step"], values["retrain"], k_iter,
-                                     ctx.retrain_data, records)
-        metrics = _mean_metrics(records)
-        ctx.timings["retrain"] += time.perf_counter() - start
-        metrics["phase"] = 1
-    metrics.update(search_time_s=ctx.timings["search"], retrain_time_s=ctx.timings["retrain"])
-    return api.State(step=state.step + 1, values=values, context=ctx), metrics
+    """One search epoch (steps < search_epochs), else one retraining epoch: :func:`iteration`
+    ``ceil(max_k n_k / B)`` times (the seeds of :func:`seeds_stepper` run the same function)."""
+    (new,), (metrics,) = _step_seeds([state], [key],
+                                     lambda members, phase: _own_data(state.context, phase))
+    return new, metrics
+
+
+def seeds_stepper(states: list[api.State]):
+    """``batch(states, keys) -> (states, metrics)``: step t of S seeds of one config, each
+    epoch's iterations ONE compiled call vmapped over the seeds (:func:`iteration`), with entry s
+    equal to ``step(states[s], keys[s])`` to float tolerance (tested).
+
+    The seeds' halves and retraining data are shared when equal and stacked on a seed axis
+    otherwise. Retraining needs host work per seed (the genotype derived from its alpha decides
+    the network): seeds that derived the same genotype retrain together, a seed alone runs its
+    own :func:`step`. None (the seeds then run one by one) with the loop backend, or when the
+    seeds' data shapes or epoch lengths differ.
+    """
+    if not states or len({s.step for s in states}) != 1:
+        return None
+    ctxs: list[Context] = [s.context for s in states]
+    c0 = ctxs[0]
+    if c0.runtime.backend != "vmap":
+        return None
+    if any(c.config != c0.config or c.model is not c0.model or c.search_fns is not c0.search_fns
+           or c.search_iterations != c0.search_iterations
+           or c.retrain_iterations != c0.retrain_iterations for c in ctxs[1:]):
+        return None
+    shared = {}
+    for phase in ("search", "retrain"):
+        shared[phase] = api._stack_or_share([_own_data(c, phase)[0] for c in ctxs])
+        if shared[phase][0] is None:
+            return None
+    cache: dict = {}
+
+    def group_data(members: list[int], phase: str):
+        if len(members) == 1:
+            return _own_data(ctxs[members[0]], phase)
+        data, axis = shared[phase]
+        if axis is None or len(members) == len(ctxs):
+            return data, axis
+        key = (phase, tuple(members))
+        if key not in cache:                        # a retraining group: its seeds' rows
+            rows = np.asarray(members)
+            cache[key] = jax.tree.map(lambda x: x[rows], data), axis
+        return cache[key]
+
+    def batch(states: list[api.State], keys: list) -> tuple[list[api.State], list[dict]]:
+        if len(states) != len(ctxs) or any(s.context is not c for s, c in zip(states, ctxs)):
+            raise ValueError("seeds_stepper: batch() must get the states it was built for")
+        return _step_seeds(list(states), list(keys), group_data)
+
+    return batch
 
 
 def output(state: api.State) -> api.Output:
