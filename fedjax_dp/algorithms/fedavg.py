@@ -157,10 +157,22 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
     summed = for_each_agent_sum(clipped_update, axes, chunk_size=chunk_size, mesh=mesh)
     stacked = for_each_agent(clipped_update, axes, chunk_size=chunk_size, mesh=mesh)
 
+    def gathered_update(key, params, row, population: StackedData, extras):
+        """Agent ``row`` of the device-resident population, read inside the chunk (the cohort's
+        records are never copied out as a whole ``[B, n_max, ...]`` buffer)."""
+        return clipped_update(key, params, population.x[row], population.y[row],
+                              population.mask[row], population.counts[row], extras)
+
+    summed_rows = for_each_agent_sum(gathered_update, (0, None, 0, None, 0),
+                                     chunk_size=chunk_size)
+
     def train_sum(k_train, params, source: StackedData, rows, ids, valid, extras):
-        agents = source if rows is None else cohort_lib.take_rows(source, rows)
         keys = cohort_lib.cohort_keys(k_train, ids)                             # [B]
         mine = jax.tree.map(lambda e: jnp.take(e, ids, axis=0), extras)
+        if spec.secagg is None and rows is not None and mesh is None:
+            total, metric_sums = summed_rows(keys, params, rows, source, mine, where=valid)
+            return total, metric_sums, jnp.sum(valid.astype(jnp.float32))
+        agents = source if rows is None else cohort_lib.take_rows(source, rows)
         if spec.secagg is None:
             total, metric_sums = summed(keys, params, agents.x, agents.y, agents.mask,
                                         agents.counts, mine, where=valid)
