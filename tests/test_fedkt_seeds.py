@@ -70,7 +70,10 @@ def tiny():
         idx = data.partition("dirichlet", ds.y_train, 3, seed, beta=1.0, min_size=12)
         parties.append(from_ragged([ds.x_train[i] for i in idx], [ds.y_train[i] for i in idx]))
     assert parties[0].max_size != parties[1].max_size
-    mlp = learners.JaxLearner(make_model("mlp", (16,), C, hidden=(8,)), TRAIN, chunk_size=None)
+    # chunks of 4 models (18 teachers: 4 chunks and a remainder of 2): a seed's models must be
+    # trained by the compiled body of its separate run's chunks (chunked and unchunked vmaps
+    # differ in the last bits)
+    mlp = learners.JaxLearner(make_model("mlp", (16,), C, hidden=(8,)), TRAIN, chunk_size=4)
     return ds, parties, mlp
 
 
@@ -104,15 +107,18 @@ def _run_both(tiny, cfg, parties=None):
     return states, histories, alone
 
 
-def _assert_equal_runs(states, histories, alone, kept):
+def _assert_equal_runs(states, histories, alone, kept, exact=True):
     for st, hist, (ref, ref_hist) in zip(states, histories, alone):
         assert st.step == ref.step == len(fedkt.PHASES)
         for f in FIELDS:
             np.testing.assert_array_equal(st.values[f], ref.values[f], err_msg=f)
             assert st.values[f].dtype == ref.values[f].dtype, f
-        for name in kept:
+        for name in kept:          # "map": each seed runs its separate run's compiled body
             for a, b in zip(jax.tree.leaves(st.values[name]), jax.tree.leaves(ref.values[name])):
-                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+                if exact:
+                    np.testing.assert_array_equal(a, b, err_msg=name)
+                else:
+                    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
         for m, r in zip(hist, ref_hist):
             assert m.keys() == r.keys()
             assert {k: v for k, v in m.items() if not k.endswith("_s")} == \
@@ -129,14 +135,18 @@ def _assert_equal_runs(states, histories, alone, kept):
                               states[1].values["teacher_votes"])
 
 
-def test_l2_seed_dependent_queries_kept_models_equal_separate_runs(tiny):
+@pytest.mark.parametrize("seed_axis", ["map", "vmap"])
+def test_l2_seed_dependent_queries_kept_models_equal_separate_runs(tiny, seed_axis, monkeypatch):
     # L2 with a query fraction: each seed's parties label their own public subset (stacked on
-    # the seed axis); one chunk of device parties: teachers and students are kept
+    # the seed axis); one chunk of device parties: teachers and students are kept. "map" (the
+    # CPU's default): bit for bit; "vmap" (accelerators): the models to float tolerance
+    monkeypatch.setattr(learners, "SEED_AXIS", seed_axis)
     cfg = fedkt.Config(num_partitions=2, num_teachers=3, level="L2", gamma=0.5,
                        query_fraction=0.5, local=TRAIN)
     states, histories, alone = _run_both(tiny, cfg)
     assert not np.array_equal(states[0].context.party_queries, states[1].context.party_queries)
-    _assert_equal_runs(states, histories, alone, kept=("teachers", "students", "final"))
+    _assert_equal_runs(states, histories, alone, kept=("teachers", "students", "final"),
+                       exact=seed_axis == "map")
 
 
 def test_l1_streamed_host_parties_equal_separate_runs(tiny, tmp_path):
@@ -176,3 +186,47 @@ def test_not_batched_returns_none(tiny):
                        dataclasses.replace(cfg, num_teachers=2), teacher=mlp, student=mlp,
                        final=mlp)
     assert fedkt_seeds.unsupported([states[0], other]) == "the seeds' configs differ"
+
+
+@pytest.mark.parametrize("seed_axis", ["map", "vmap"])
+@pytest.mark.parametrize("chunk", [4, None])
+def test_learner_seed_methods_equal_one_call_per_seed(chunk, seed_axis):
+    # S = 2 seeds x A = 10 models, in chunks of 4 (two and a remainder of 2) or unchunked: a
+    # loop over the seeds in one call ("map", the CPU's default) equals a call per seed bit for
+    # bit; a vmap over the seeds (accelerators) changes the rounding on the CPU (not the result
+    # beyond float tolerance)
+    from fedjax_dp.core import StackedData
+    rng = np.random.default_rng(0)
+    model = make_model("mlp", (64,), 10, hidden=(64, 64))
+    lrn = learners.JaxLearner(model, LocalTrainConfig(steps=10, batch_size=16,
+                                                      learning_rate=1e-2, optimizer="adam"),
+                              chunk_size=chunk)
+    num, a, m, q = 2, 10, 40, 30
+    data = StackedData(x=rng.normal(size=(num, a, m, 64)).astype(np.float32),
+                       y=rng.integers(0, 10, (num, a, m)).astype(np.int32),
+                       mask=np.ones((num, a, m), bool), counts=np.full((num, a), m, np.int32))
+    ik, tk = (jax.random.split(jax.random.key(i), (num, a)) for i in (0, 1))
+    xs = rng.normal(size=(num, q, 64)).astype(np.float32)
+    ys = rng.integers(0, 10, (num, a, q)).astype(np.int32)
+    ms = rng.random((num, a, q)) < 0.8
+    kw = {"seed_axis": seed_axis}
+    joint = lrn.fit_keyed_seeds(ik, tk, data, **kw)
+    shared = lrn.fit_shared_keyed_seeds(ik, tk, xs[0], ys, ms, **kw)
+    own = lrn.fit_shared_keyed_seeds(ik, tk, xs, ys, ms, x_axis=0, **kw)
+    same = (np.testing.assert_array_equal if seed_axis == "map" else
+            lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-4, atol=1e-5))
+    for s in range(num):
+        alone = lrn.fit_keyed(ik[s], tk[s], jax.tree.map(lambda l: l[s], data))
+        for p, r in ((joint, alone), (shared, lrn.fit_shared_keyed(ik[s], tk[s], xs[0], ys[s],
+                                                                     ms[s])),
+                     (own, lrn.fit_shared_keyed(ik[s], tk[s], xs[s], ys[s], ms[s]))):
+            for u, v in zip(jax.tree.leaves(p), jax.tree.leaves(r)):
+                same(u[s], v)
+        one = jax.tree.map(lambda l: l[s], own)
+        np.testing.assert_array_equal(lrn.predict_seeds(own, xs[0], **kw)[s],
+                                      lrn.predict(one, xs[0]))
+        np.testing.assert_array_equal(lrn.predict_seeds(own, xs, x_axis=0, **kw)[s],
+                                      lrn.predict(one, xs[s]))
+    assert not np.array_equal(jax.tree.leaves(joint)[0][0], jax.tree.leaves(joint)[0][1])
+    with pytest.raises(ValueError, match="seed_axis"):
+        lrn.predict_seeds(own, xs[0], seed_axis="scan")

@@ -1,39 +1,45 @@
-"""FedKT seeds in one vmapped compiled call per chunk: :func:`seeds_stepper` (the
+"""FedKT seeds in one compiled call per chunk: :func:`seeds_stepper` (the
 :mod:`fedjax_dp.algorithms.api` hook that :func:`api.run_seeds` uses).
 
 S runs of FedKT that differ only in their root key (and in the parties their seed's partition
 drew) step together, phase by phase: the host loops over the chunks of parties ONCE, and each
-chunk's compiled work runs for all S seeds in one call vmapped over a leading seed axis:
+chunk's compiled work runs for all S seeds in one call over a leading seed axis
+(:meth:`~learners.JaxLearner.fit_keyed_seeds`, ``fit_shared_keyed_seeds``, ``predict_seeds``):
+vmapped on accelerators, where the seeds then share every kernel; on the CPU a loop over the
+seeds inside the call (``lax.map``) whose body is a single run's compiled function, because a
+vmap over the seeds changes the rounding of chunked training (measured on mnist5k: 258 of
+600,000 teacher vote counts differed from separate runs, so data-dependent epsilons would too)
+and brings no speed there (:data:`learners.SEED_AXIS` overrides the choice):
 
 * ``teachers``: each seed's teacher subsets (an integer gather, one compiled call for the S
   seeds; a seed's split is drawn at its own ``n_max``, then padded with masked rows to the
   largest ``m``, which local training never reads: it samples rows below the subset's count),
-  then :meth:`~learners.JaxLearner.fit_keyed_seeds` (S x P s t teachers),
-  :meth:`~learners.JaxLearner.predict_seeds` on the seeds' party queries and the vote counts;
+  the S x P s t teachers in one call, their predictions on the seeds' party queries and the
+  vote counts (one call for the S seeds);
 * ``students``: the party labels of S x P s partitions (noisy at L2: the S seeds' groups are
-  one batch of :func:`fedkt.noisy_labels`, one key per group, as in a single run),
-  :meth:`~learners.JaxLearner.fit_shared_keyed_seeds` and their predictions on the server's
-  queries;
+  one batch of :func:`fedkt.noisy_labels`, one key per group, as in a single run), the S x P s
+  students in one call and their predictions on the server's queries;
 * ``final``: the consistent vote of every seed over the chunks of stored predictions (exact
   integers), the server labels (noisy at L1) and the S final models in one call.
 
 Seed s uses exactly the keys of its separate :func:`fedkt.step` (the named streams of its
-``init``), with the same compiled functions vmapped over the seeds, so its state (votes, labels,
-predictions, kept models) and its metrics equal the separate run's to float tolerance (tested;
-the timings ``*_s`` are the batch's). A public set, or the public queries of a tier, that all
-seeds share is passed once (``in_axes=None``); otherwise it is stacked on the seed axis (L1:
-the server's queries, L2 with ``query_fraction < 1``: the parties' queries differ by seed).
+``init``), so its state (votes, labels, predictions, kept models) and its metrics equal the
+separate run's: bit for bit on the CPU, the models to float tolerance with a vmap (tested; the
+timings ``*_s`` are the batch's). A public set, or the public queries of a tier, that all seeds
+share is passed once (``in_axes=None``); otherwise the seeds' sets are stacked (L1: the server's
+queries, L2 with ``query_fraction < 1``: the parties' queries differ by seed).
 
 :func:`unsupported` says why some seeds cannot be batched, and :func:`seeds_stepper` then returns
 None (the caller runs them one by one): a tree learner (fitted in a host loop, not JAX), the
 ``loop`` backend (the reference path), reused fitted teachers / students, or seeds whose
 configs, learners, party counts, feature shapes, classes, public sets or query counts differ.
 Host-resident (memory-mapped) parties are streamed per seed in lockstep, like a single run's.
+Speed: on a 2-core CPU the batch takes about as long as the separate runs (the model axis
+already fills the cores); on an accelerator the vmapped seeds share each kernel launch.
 """
 from __future__ import annotations
 
 import functools
-import math
 import time
 
 import jax
@@ -308,7 +314,6 @@ def _final(states):
     ctxs = [st.context for st in states]
     ctx = ctxs[0]
     cfg = ctx.config
-    num = len(states)
     n, c = ctx.data.num_agents, ctx.data.num_classes
     xs, xs_axis = _share_or_stack([cx.x_public[cx.server_queries] for cx in ctxs])
     size = fedkt.party_chunk_size(cfg, n)

@@ -7,10 +7,10 @@ A learner trains ``A`` independent models and predicts with all of them::
     predict(fitted, x [M, ...]) -> int32 [A, M]                   # every model's class per row
     take(fitted, index) -> fitted of one model (a = index)
 
-:class:`JaxLearner` also trains S independent runs (seeds) at once: ``fit_keyed_seeds``,
-``fit_shared_keyed_seeds`` and ``predict_seeds`` take every array with a leading seed axis and
-run the same compiled function as the single-run method, vmapped over the seeds (FedKT's
-``seeds_stepper``, :mod:`fedjax_dp.algorithms.fedkt_seeds`).
+:class:`JaxLearner` also trains S independent runs (seeds) in one compiled call:
+``fit_keyed_seeds``, ``fit_shared_keyed_seeds`` and ``predict_seeds`` take every array with a
+leading seed axis, vmapped (accelerators) or looped inside the call (CPU: bit for bit equal to
+separate calls) (FedKT's ``seeds_stepper``, :mod:`fedjax_dp.algorithms.fedkt_seeds`).
 
 Two kinds:
 
@@ -110,40 +110,67 @@ class JaxLearner:
     def take(self, params, index: int):
         return jax.tree.map(lambda l: l[index:index + 1], params)
 
-    # S independent runs (seeds) at once: every array gains a leading seed axis, and seed s gets
-    # exactly the computation of the method without ``_seeds`` on its slice (the same compiled
-    # function, vmapped over the seeds), so the seeds of a sweep share one call per chunk.
+    # S independent runs (seeds) at once: every array gains a leading seed axis, and seed s's
+    # models are those of the method without ``_seeds`` on its slice. ``seed_axis``: "vmap"
+    # (the method's compiled function vmapped over the seeds: the seeds run in parallel, equal
+    # to separate calls to float tolerance), "map" (a loop over the seeds inside ONE compiled
+    # call, each seed running the method's compiled body unchanged: bit for bit equal) or
+    # "auto" (:data:`SEED_AXIS`: "map" on the CPU, where a vmap over the seeds changes the
+    # rounding of chunked training and brings no speed, "vmap" on accelerators).
 
-    def fit_keyed_seeds(self, init_keys: jax.Array, train_keys: jax.Array, data: StackedData):
+    def fit_keyed_seeds(self, init_keys: jax.Array, train_keys: jax.Array, data: StackedData, *,
+                        seed_axis: str = "auto"):
         """:meth:`fit_keyed` of S seeds: ``init_keys`` / ``train_keys [S, A]``, ``data
         [S, A, ...]`` -> params ``[S, A, ...]`` (seed s: ``fit_keyed(init_keys[s], ...)``)."""
-        params = _seeds_init_fn(self.model)(init_keys)
+        mode = resolve_seed_axis(seed_axis)
+        params = _over_seeds(_init_fn(self.model), (0,), mode)(init_keys)
         chunk = resolve_chunk_size(self.chunk_size, _one_seed(params), init_keys.shape[1])
-        fn = _seeds_update(self.model, self.train, chunk, self.backend)
-        params, _ = fn(train_keys, params, data.x, data.y, data.mask, data.counts)
+        fn = _lifted_update(self.model, self.train, False, chunk, None, self.backend)
+        params, _ = _over_seeds(fn, (0,) * 6, mode)(train_keys, params, data.x, data.y,
+                                                   data.mask, data.counts)
         return params
 
     def fit_shared_keyed_seeds(self, init_keys: jax.Array, train_keys: jax.Array, x, y, mask, *,
-                               x_axis: int | None = None):
+                               x_axis: int | None = None, seed_axis: str = "auto"):
         """:meth:`fit_shared_keyed` of S seeds: keys ``[S, A]``, ``y`` / ``mask [S, A, Q]``;
         ``x [Q, ...]`` shared by the seeds (``x_axis=None``) or ``[S, Q, ...]`` (``x_axis=0``)."""
+        mode = resolve_seed_axis(seed_axis)
         x = jnp.asarray(x)
         y = jnp.asarray(y, jnp.int32)
         mask = jnp.asarray(mask, bool)
-        params = _seeds_init_fn(self.model)(init_keys)
+        params = _over_seeds(_init_fn(self.model), (0,), mode)(init_keys)
         chunk = resolve_chunk_size(self.chunk_size, _one_seed(params), y.shape[1])
-        fn = _seeds_shared_update(self.model, self.train, chunk, self.backend, x_axis)
+        fn = _shared_update(self.model, self.train, chunk, self.backend)
         count = jnp.asarray(x.shape[0 if x_axis is None else 1], jnp.int32)
-        params, _ = fn(train_keys, params, x, y, mask, count)
+        params, _ = _over_seeds(fn, (0, 0, x_axis, 0, 0, None), mode)(train_keys, params, x, y,
+                                                                     mask, count)
         return params
 
-    def predict_seeds(self, params, x, *, x_axis: int | None = None) -> jax.Array:
+    def predict_seeds(self, params, x, *, x_axis: int | None = None,
+                      seed_axis: str = "auto") -> jax.Array:
         """:meth:`predict` of S seeds: params ``[S, A, ...]``, ``x [M, ...]`` shared
         (``x_axis=None``) or ``[S, M, ...]`` -> ``int32 [S, A, M]``."""
         x = jnp.asarray(x)
         one = _one_seed(params)
         chunk = resolve_chunk_size(self.chunk_size, one, jax.tree.leaves(one)[0].shape[0])
-        return _seeds_predict(self.model, chunk, self.backend, x_axis)(params, x)
+        fn = _predict_fn(self.model, chunk, self.backend)
+        return _over_seeds(fn, (0, x_axis), resolve_seed_axis(seed_axis))(params, x)
+
+
+#: How the ``*_seeds`` methods run the seed axis when asked for ``"auto"`` (None: "map" on the
+#: CPU, "vmap" on accelerators; see :class:`JaxLearner`).
+SEED_AXIS: str | None = None
+
+
+def resolve_seed_axis(seed_axis: str) -> str:
+    """``"map"`` or ``"vmap"`` for ``seed_axis`` (``"auto"``: :data:`SEED_AXIS`, else by
+    backend)."""
+    validation.check_choice("seed_axis", seed_axis, ("auto", "map", "vmap"))
+    if seed_axis != "auto":
+        return seed_axis
+    if SEED_AXIS is not None:
+        return validation.check_choice("learners.SEED_AXIS", SEED_AXIS, ("map", "vmap"))
+    return "map" if jax.default_backend() == "cpu" else "vmap"
 
 
 def model_keys(key: jax.Array, num: int) -> tuple[jax.Array, jax.Array]:
@@ -188,25 +215,21 @@ def _one_seed(params):
     return jax.tree.map(lambda l: jax.ShapeDtypeStruct(l.shape[1:], l.dtype), params)
 
 
-@functools.lru_cache(maxsize=32)
-def _seeds_init_fn(model: Model):
-    return jax.jit(jax.vmap(_init_fn(model)))
+@functools.lru_cache(maxsize=64)
+def _over_seeds(fn, in_axes: tuple, mode: str):
+    """``fn`` (one seed's compiled function) over a leading seed axis of the arguments with
+    ``in_axes`` 0 (None: shared), in one compiled call: ``jax.vmap`` (mode "vmap") or a
+    ``lax.map`` loop whose body is ``fn`` itself (mode "map")."""
+    if mode == "vmap":
+        return jax.jit(jax.vmap(fn, in_axes=in_axes))
 
+    def mapped(*args):
+        def one(sliced):
+            it = iter(sliced)
+            return fn(*[next(it) if ax == 0 else a for a, ax in zip(args, in_axes)])
+        return jax.lax.map(one, tuple(a for a, ax in zip(args, in_axes) if ax == 0))
 
-@functools.lru_cache(maxsize=32)
-def _seeds_update(model: Model, config: LocalTrainConfig, chunk_size, backend):
-    return jax.jit(jax.vmap(_lifted_update(model, config, False, chunk_size, None, backend)))
-
-
-@functools.lru_cache(maxsize=32)
-def _seeds_shared_update(model: Model, config: LocalTrainConfig, chunk_size, backend, x_axis):
-    return jax.jit(jax.vmap(_shared_update(model, config, chunk_size, backend),
-                            in_axes=(0, 0, x_axis, 0, 0, None)))
-
-
-@functools.lru_cache(maxsize=32)
-def _seeds_predict(model: Model, chunk_size, backend, x_axis):
-    return jax.jit(jax.vmap(_predict_fn(model, chunk_size, backend), in_axes=(0, x_axis)))
+    return jax.jit(mapped)
 
 
 class _Constant:
