@@ -59,7 +59,8 @@ from fedjax_dp.privacy import PrivacyLedger
 Params = Any
 
 __all__ = ["FederatedData", "Runtime", "State", "Output", "Algorithm", "Result", "step_key",
-           "init_key", "run", "run_seeds", "can_vmap_seeds", "ledgers"]
+           "init_key", "run", "run_seeds", "can_vmap_seeds", "ledgers", "share_or_stack",
+           "stack_seeds", "unstack_seeds"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,19 +259,33 @@ def can_vmap_seeds(algorithm: Algorithm) -> bool:
             or callable(getattr(algorithm, "seeds_stepper", None)))
 
 
-def _stack_or_share(trees: list) -> tuple[Any, Any]:
-    """``(tree, in_axis)``: the first tree (axis None) when every tree holds equal arrays, else
-    the trees stacked on a new leading axis (axis 0); ``(None, None)`` when shapes differ."""
-    leaves = [jax.tree.leaves(t) for t in trees]
-    structs = {jax.tree.structure(t) for t in trees}
-    if len(structs) != 1:
-        return None, None
-    if all(all(np.shape(a) == np.shape(b) and np.array_equal(np.asarray(a), np.asarray(b))
-               for a, b in zip(leaves[0], ls)) for ls in leaves[1:]):
+def share_or_stack(trees: Sequence[Any]) -> tuple[Any, Any]:
+    """``(tree, in_axis)`` for S seeds' pytrees: the first (axis None) when all are the same
+    object (not compared: a host memory map is never read whole) or hold equal arrays, else
+    the trees stacked on a new leading seed axis (axis 0); ``(None, None)`` when their
+    structures, shapes or dtypes differ (they cannot share a compiled call)."""
+    if all(t is trees[0] for t in trees[1:]):
         return trees[0], None
-    if any(np.shape(a) != np.shape(b) for ls in leaves[1:] for a, b in zip(leaves[0], ls)):
+    if len({jax.tree.structure(t) for t in trees}) != 1:
         return None, None
-    return jax.tree.map(lambda *xs: jax.numpy.stack(xs), *trees), 0
+    leaves = [jax.tree.leaves(t) for t in trees]
+    kinds = {tuple((np.shape(a), str(getattr(a, "dtype", type(a)))) for a in ls) for ls in leaves}
+    if len(kinds) != 1:
+        return None, None
+    if all(all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(leaves[0], ls))
+           for ls in leaves[1:]):
+        return trees[0], None
+    return stack_seeds(trees), 0
+
+
+def stack_seeds(trees: Sequence[Any]) -> Any:
+    """S pytrees of equal structure stacked on a new leading seed axis."""
+    return jax.tree.map(lambda *xs: jax.numpy.stack(xs), *trees)
+
+
+def unstack_seeds(tree: Any, num: int) -> tuple:
+    """The inverse of :func:`stack_seeds`: ``num`` pytrees, seed s the slice ``[s]``."""
+    return tuple(jax.tree.map(lambda x, s=s: x[s], tree) for s in range(num))
 
 
 def run_seeds(algorithm: Algorithm, keys: Sequence[jax.Array], data: Sequence[FederatedData],
@@ -305,12 +320,12 @@ def run_seeds(algorithm: Algorithm, keys: Sequence[jax.Array], data: Sequence[Fe
     parts = [algorithm.seed_step(s) for s in states]
     if len({sig for _, _, sig in parts}) != 1:
         return None
-    shared, data_axis = _stack_or_share([d for _, d, _ in parts])
+    shared, data_axis = share_or_stack([d for _, d, _ in parts])
     shapes = {tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in jax.tree.leaves(s.values))
               for s in states}
     if shared is None or len(shapes) != 1:
         return None
-    values = jax.tree.map(lambda *xs: jax.numpy.stack(xs), *[s.values for s in states])
+    values = stack_seeds([s.values for s in states])
     fn = parts[0][0]
     batched = jax.jit(jax.vmap(fn, in_axes=(0, 0, data_axis)))
     step_keys = jax.jit(jax.vmap(_step_key, in_axes=(0, None)))

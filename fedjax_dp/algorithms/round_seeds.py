@@ -91,16 +91,6 @@ def _shapes(tree) -> tuple:
                   for x in jax.tree.leaves(tree)))
 
 
-def _share_or_stack(trees: list) -> tuple[Any, Any]:
-    """``(tree, axis)``: one tree (axis None) when the seeds' are the same object or equal,
-    else stacked on a seed axis (axis 0); ``(None, None)`` when their shapes differ."""
-    if all(t is trees[0] for t in trees[1:]):
-        return trees[0], None
-    if len({_shapes(t) for t in trees}) != 1:
-        return None, None
-    return api._stack_or_share(trees)
-
-
 class SeedRounds:
     """The rounds of S seeds' :class:`fedavg.RoundRunner` stepped together
     (:meth:`create`, then ``rounds(params, keys, counts) -> (params, metrics, counts)``)."""
@@ -126,8 +116,8 @@ class SeedRounds:
                 return None
         if len({_shapes(p) for p in params}) != 1:
             return None
-        source, source_axis = _share_or_stack([r.agents for r in runners])
-        extras, extras_axis = _share_or_stack([r.extras for r in runners])
+        source, source_axis = api.share_or_stack([r.agents for r in runners])
+        extras, extras_axis = api.share_or_stack([r.extras for r in runners])
         if source is None or extras is None:
             return None
         return cls(runners, source, source_axis, extras, extras_axis)
@@ -205,14 +195,6 @@ def _round_keys(keys: tuple) -> tuple[jax.Array, jax.Array, jax.Array]:
     return jax.vmap(fedavg.round_keys)(jnp.stack(keys))
 
 
-def _stack(trees: tuple):
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
-
-
-def _unstack(tree, num: int) -> tuple:
-    return tuple(jax.tree.map(lambda x, s=s: x[s], tree) for s in range(num))
-
-
 def _add(a, b):
     return jax.tree.map(jnp.add, a, b)
 
@@ -248,13 +230,13 @@ def _compiled(train_sum: Callable, server: Callable, source_axis, extras_axis,
 
     def finish(k_noise, stacked, sums):
         new, metrics = jax.vmap(server)(k_noise, stacked, sums)
-        return _unstack(new, k_noise.shape[0]), metrics
+        return api.unstack_seeds(new, k_noise.shape[0]), metrics
 
     def fused(k_train, k_noise, params, source, ids, valid, extras, counts):
-        stacked = _stack(params)
+        stacked = api.stack_seeds(params)
         new, metrics = finish(k_noise, stacked,
                               train(k_train, stacked, source, ids, valid, extras))
         return new, metrics, None if counts is None else _count(counts, ids, valid)
 
-    return SimpleNamespace(fused=jax.jit(fused), stack=jax.jit(_stack), train=jax.jit(train),
+    return SimpleNamespace(fused=jax.jit(fused), stack=jax.jit(api.stack_seeds), train=jax.jit(train),
                            add=jax.jit(_add), count=jax.jit(_count), server=jax.jit(finish))

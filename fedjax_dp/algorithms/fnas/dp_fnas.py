@@ -403,15 +403,9 @@ def _mean_metrics(records: list[dict], seeds: int | None) -> list[dict]:
             for s in range(seeds)]
 
 
-@jax.jit
-def _stack(trees: list):
-    """The seeds' pytrees stacked on a leading seed axis (one compiled call, not one per leaf)."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _unstack(tree, seeds: int) -> list:
-    return [jax.tree.map(lambda x: x[s], tree) for s in range(seeds)]
+# the seeds' pytrees stacked / unstacked in one compiled call each (not one per leaf)
+_stack = jax.jit(api.stack_seeds)
+_unstack = jax.jit(api.unstack_seeds, static_argnums=1)
 
 
 def _epoch(states: list[api.State], values: list[dict], k_epochs: list, phase: str,
@@ -530,7 +524,7 @@ def seeds_stepper(states: list[api.State]):
         return None
     shared = {}
     for phase in ("search", "retrain"):
-        shared[phase] = api._stack_or_share([_own_data(c, phase)[0] for c in ctxs])
+        shared[phase] = api.share_or_stack([_own_data(c, phase)[0] for c in ctxs])
         if shared[phase][0] is None:
             return None
     cache: dict = {}
