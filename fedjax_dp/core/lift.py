@@ -56,6 +56,18 @@ def _num_agents(args, axes) -> int:
     return sizes.pop()
 
 
+def _pad_to_devices(args, axes, n: int, ndev: int) -> tuple[list, int]:
+    """The per-agent arguments padded to a multiple of ``ndev`` agents by repeating the last
+    agent (the callers drop or deselect the padding); returns ``(args, pad)``."""
+    pad = (-n) % ndev
+
+    def pad_agents(a):
+        return jax.tree.map(
+            lambda l: jnp.concatenate([l, jnp.repeat(l[-1:], pad, axis=0)]) if pad else l, a)
+
+    return [pad_agents(a) if ax == 0 else a for a, ax in zip(args, axes)], pad
+
+
 def for_each_agent(fn: Callable[..., Any], in_axes=0, *, chunk_size: int | None = None,
                    mesh: Mesh | None = None, backend: str = "vmap") -> Callable[..., Any]:
     """Lift ``fn`` (written for one agent) to all agents along the leading axis.
@@ -93,14 +105,7 @@ def for_each_agent(fn: Callable[..., Any], in_axes=0, *, chunk_size: int | None 
         if mesh is None:
             return local(axes, *args)
         n = _num_agents(args, axes)
-        ndev = mesh.shape[AGENTS]
-        pad = (-n) % ndev
-
-        def pad_agents(a):
-            return jax.tree.map(
-                lambda l: jnp.concatenate([l, jnp.repeat(l[-1:], pad, axis=0)]) if pad else l, a)
-
-        padded = [pad_agents(a) if ax == 0 else a for a, ax in zip(args, axes)]
+        padded, pad = _pad_to_devices(args, axes, n, mesh.shape[AGENTS])
         specs = tuple(P(AGENTS) if ax == 0 else P() for ax in axes)
         sharded = jax.shard_map(lambda *a: local(axes, *a), mesh=mesh, in_specs=specs,
                                 out_specs=P(AGENTS), check_vma=False)
@@ -170,14 +175,7 @@ def for_each_agent_sum(fn: Callable[..., Any], in_axes=0, *, chunk_size: int | N
                              f"{where.shape}")
         if mesh is None:
             return local(axes, where, *args)
-        ndev = mesh.shape[AGENTS]
-        pad = (-n) % ndev
-
-        def pad_agents(a):
-            return jax.tree.map(
-                lambda l: jnp.concatenate([l, jnp.repeat(l[-1:], pad, axis=0)]) if pad else l, a)
-
-        padded = [pad_agents(a) if ax == 0 else a for a, ax in zip(args, axes)]
+        padded, pad = _pad_to_devices(args, axes, n, mesh.shape[AGENTS])
         where = jnp.concatenate([where, jnp.zeros((pad,), bool)]) if pad else where
         specs = (P(AGENTS),) + tuple(P(AGENTS) if ax == 0 else P() for ax in axes)
         sharded = jax.shard_map(
