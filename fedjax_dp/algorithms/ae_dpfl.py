@@ -77,6 +77,7 @@ import numpy as np
 from fedjax_dp.algorithms import agent_stream, api, voting_dpfl, voting_seeds
 from fedjax_dp.algorithms import student as student_lib
 from fedjax_dp.core import StackedData, auto_chunk_size, for_each_agent, is_on_host, rng
+from fedjax_dp.core import memory
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
 from fedjax_dp.privacy import secagg
@@ -294,6 +295,8 @@ def _local_training(state: api.State) -> tuple[dict, dict]:
                             np.dtype(ballot_dtype(model.num_classes)).name)
     ballots = np.empty((n, q), ballot_dtype(model.num_classes))                     # [N, Q]
     losses = np.empty((n,), np.float32)                                             # [N]
+    train_drivers, ballot_drivers = _memory_drivers(cfg, ctx.runtime.chunk_size, inner, size,
+                                                    model)
     kept = []
     total = agent_stream.num_chunks(n, size)
 
@@ -309,7 +312,12 @@ def _local_training(state: api.State) -> tuple[dict, dict]:
             init_keys, train_keys = (jax.random.wrap_key_data(k, impl=impl) for k in chunk.extra)
             a = chunk.agents
             params0 = _init_fn(model)(init_keys)                                     # [S, ...]
-            params, loss = train(train_keys, params0, a.x, a.y, a.mask, a.counts)
+            args = (train_keys, params0, a.x, a.y, a.mask, a.counts)
+            memory.check_call(train, *args, what=f"local training of a chunk of {size} agents",
+                              drivers=train_drivers)
+            params, loss = train(*args)
+            memory.check_call(vote, params, queries, drivers=ballot_drivers,
+                              what=f"the ballots of a chunk of {size} agents on {q} queries")
             idx = vote(params, queries)                                             # [S, Q]
             if keep_params:
                 kept.append(params)
@@ -327,6 +335,16 @@ def _local_training(state: api.State) -> tuple[dict, dict]:
     abstained = float(np.mean(ballots < 0)) if cfg.abstain_below is not None else 0.0
     return values, {"mean_agent_loss": float(losses.mean()), "abstain_rate": abstained,
                     "agent_chunk": size}
+
+
+def _memory_drivers(cfg: Config, chunk_size, inner: int | None, size: int, model: Model):
+    """The config keys (-> values) named when a chunk's training or its ballots cannot fit in
+    memory (:mod:`fedjax_dp.core.memory`), computed on refusal only: ``(train, ballots)``."""
+    chunk = {"algorithm.agent_chunk": cfg.agent_chunk or f"default -> {size}"}
+    return (lambda: {**chunk, "run.chunk_size": memory.chunk_driver(chunk_size, inner),
+                     "train.batch_size": cfg.local.batch_size, **memory.model_driver(model)},
+            lambda: {**chunk, "algorithm.query_chunk": cfg.query_chunk or "none: all at once",
+                     **memory.model_driver(model)})
 
 
 def _ballot_blocks(ballots: np.ndarray, size: int):

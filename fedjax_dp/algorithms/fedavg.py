@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from fedjax_dp.core import (AGENTS, StackedData, for_each_agent, for_each_agent_sum, is_on_host,
                             rng, validation)
 from fedjax_dp.core import cohort as cohort_lib
+from fedjax_dp.core import memory
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, mechanisms
 from fedjax_dp.privacy import secagg as secagg_lib
@@ -244,9 +245,12 @@ class RoundRunner:
     def __init__(self, model: Model, local: LocalTrainConfig, spec: RoundSpec,
                  agents: StackedData, *, chunk_size: int | None = None, mesh=None,
                  cohort: str = "gather", pass_size: int | None = None,
-                 agent_update: Callable | None = None, extras: Any = None):
+                 agent_update: Callable | None = None, extras: Any = None,
+                 memory_drivers: dict | None = None):
         """``agent_update``: one agent's work (default :func:`local_sgd_update` of ``model`` and
-        ``local``); ``extras``: per-agent arrays ``[N]`` it reads (kept on the device)."""
+        ``local``); ``extras``: per-agent arrays ``[N]`` it reads (kept on the device);
+        ``memory_drivers``: the config keys (-> values) named when a pass cannot fit in memory
+        (:mod:`fedjax_dp.core.memory`; default: batch size, chunk size and model)."""
         validation.check_choice("runtime.cohort", cohort, ("gather", "masked"))
         n = agents.num_agents
         spec.sampling.check(n)
@@ -263,6 +267,16 @@ class RoundRunner:
         self.feeder = cohort_lib.CohortFeeder(agents, spec.sampling, self.plan,
                                               sharding=sharding)
         self.last_indices: np.ndarray | None = None
+        self.memory_drivers = memory_drivers if memory_drivers is not None else (
+            lambda: {"train.batch_size": local.batch_size,
+                     "run.chunk_size": memory.chunk_driver(chunk_size, chunk_size),
+                     **memory.model_driver(model)})
+
+    def _run_checked(self, fn, num_rows: int, *args):
+        """``fn(*args)``, refused before its first run per shape if it cannot fit in memory."""
+        memory.check_call(fn, *args, what=f"a round's local training ({num_rows} agents per "
+                          "pass)", drivers=self.memory_drivers)
+        return fn(*args)
 
     @property
     def compiled_pass_sizes(self) -> tuple[int, ...]:
@@ -284,14 +298,15 @@ class RoundRunner:
             mask = sample_agents(k_sample, self.num_agents, self.spec.sampling)
             self.last_indices = np.flatnonzero(mask)
             p = cohort_lib.population_pass(self.agents, mask)
-            return fused(k_train, k_noise, params, self.agents, None, p.ids, p.valid,
-                         self.extras)
+            return self._run_checked(fused, len(p.ids), k_train, k_noise, params, self.agents,
+                                     None, p.ids, p.valid, self.extras)
         cohort = self.feeder.get(k_sample)
         self.last_indices = cohort.indices
 
         def one_pass(p: cohort_lib.CohortPass, fn, *head):
             source, rows = (p.data, None) if p.data is not None else (self.agents, p.ids)
-            return fn(*head, params, source, rows, p.ids, p.valid, self.extras)
+            return self._run_checked(fn, len(p.ids), *head, params, source, rows, p.ids,
+                                     p.valid, self.extras)
 
         if len(cohort.passes) == 1:
             return one_pass(cohort.passes[0], fused, k_train, k_noise)
@@ -362,8 +377,11 @@ def init_rounds(key: jax.Array, data: api.FederatedData, model: Model, local: Lo
     params = model.init(api.init_key(key))
     expected = max(1, math.ceil(spec.sampling.expected(data.num_agents)))
     chunk_size = resolve_chunk_size(runtime.chunk_size, params, expected)
+    drivers = lambda: {"train.batch_size": local.batch_size,  # noqa: E731 (named on refusal)
+                       "run.chunk_size": memory.chunk_driver(runtime.chunk_size, chunk_size),
+                       **memory.model_driver(model, params)}
     round_fn = RoundRunner(model, local, spec, data.agents, chunk_size=chunk_size,
-                           mesh=runtime.mesh, cohort=runtime.cohort)
+                           mesh=runtime.mesh, cohort=runtime.cohort, memory_drivers=drivers)
     return api.State(step=0, values={"params": params},
                      context=Context(agents=data.agents, model=model, round_fn=round_fn))
 

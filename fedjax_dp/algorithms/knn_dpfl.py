@@ -76,6 +76,7 @@ import numpy as np
 from fedjax_dp.algorithms import agent_stream, api, voting_dpfl, voting_seeds
 from fedjax_dp.algorithms import student as student_lib
 from fedjax_dp.core import StackedData, is_on_host, validation
+from fedjax_dp.core import memory
 from fedjax_dp.models import Model
 from fedjax_dp.ops import knn_search
 from fedjax_dp.privacy import PrivacyLedger
@@ -349,9 +350,13 @@ def _count_blocks(phi: FeatureMap, data: StackedData, queries: jax.Array, size: 
     fn = _chunk_counts_fn(k, num_classes, method)
     mean = None if phi.mean is None else jnp.asarray(phi.mean, jnp.float32)
     matrix = None if phi.matrix is None else jnp.asarray(phi.matrix, jnp.float32)
+    drivers = {"algorithm.agent_chunk": size, "algorithm.num_queries": int(queries.shape[0])}
     for chunk in agent_stream.chunks(data, size):
         a = chunk.agents
-        counts = fn(mean, matrix, a.x, a.y, a.mask, queries)
+        args = (mean, matrix, a.x, a.y, a.mask, queries)
+        memory.check_call(fn, *args, drivers=drivers, what=f"the kNN search of a chunk of {size} "
+                          f"agents ({a.x.shape[1]} records each) for {queries.shape[0]} queries")
+        counts = fn(*args)
         yield counts, jnp.arange(chunk.start, chunk.start + size), chunk.valid
 
 

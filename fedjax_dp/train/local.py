@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dp.core import StackedData, auto_chunk_size, for_each_agent, validation
+from fedjax_dp.core import memory
 from fedjax_dp.models import Model
 
 Params = Any
@@ -211,4 +212,11 @@ def _lifted_update(model, config, shared_init, chunk_size, mesh, backend):
     update = make_local_update(model, config)
     lifted = for_each_agent(update, (0, None if shared_init else 0, 0, 0, 0, 0),
                             chunk_size=chunk_size, mesh=mesh, backend=backend)
-    return lifted if backend == "loop" else jax.jit(lifted)
+    if backend == "loop":
+        return lifted
+    # refused before its first run per shape if it cannot fit (fedjax_dp.core.memory)
+    return memory.checked(
+        jax.jit(lifted), what=lambda keys, *_: f"local training of {keys.shape[0]} agents",
+        drivers=lambda: {"train.batch_size": config.batch_size,
+                         "run.chunk_size": memory.chunk_driver(chunk_size, chunk_size),
+                         **memory.model_driver(model)})
