@@ -25,11 +25,11 @@ CLI_RUN = [
     (DP, ["algorithm.noise_multiplier=-2"], "algorithm.noise_multiplier must be a finite number >= 0"),
     (DP, ["algorithm.noise_multiplier=nan"], "algorithm.noise_multiplier must be a number"),
     (DP, ["algorithm.noise_multiplier=inf"], "algorithm.noise_multiplier must be a finite"),
-    (DP, ["privacy.delta=0"], "privacy.delta must be in the open interval (0, 1)"),
-    (DP, ["privacy.delta=1.5"], "privacy.delta must be in the open interval (0, 1)"),
+    (DP, ["privacy.delta=0"], "privacy.delta must be in (0, 1)"),
+    (DP, ["privacy.delta=1.5"], "privacy.delta must be in (0, 1)"),
     (DP, ["algorithm.sampling_rate=1.5"], "algorithm.sampling_rate must be in (0, 1]"),
     (DP, ["algorithm.sampling_rate=-0.1"], "algorithm.sampling_rate must be in (0, 1]"),
-    (DP, ["algorithm.clip_norm=0"], "algorithm.clip_norm must be > 0"),
+    (DP, ["algorithm.clip_norm=0"], "algorithm.clip_norm must be a finite number > 0"),
     (DP, ["algorithm.sampling=fixed", "algorithm.cohort_size=0"], "algorithm.cohort_size"),
     (DP, ["data.num_agents=0"], "data.num_agents must be >= 1"),
     (DP, ["data.num_agents=100000"], "data.num_agents must be in [1, 3000]"),   # empty agents
@@ -37,7 +37,7 @@ CLI_RUN = [
     (DP, ["data.dataset=cifar100"], "data.dataset must be one of"),
     (DP, ["data.partition=foo"], "data.partition must be one of"),
     (DP, ["model.name=resnet"], "model.name must be one of"),
-    (DP, ["model.hidden=[0]"], "model.hidden[] must be >= 1"),
+    (DP, ["model.hidden=[0]"], "model.hidden[] must be in [1, 65536]"),
     (DP, ['privacy.accountants=["foo"]'], "privacy.accountants[] must be one of"),
     (DP, ["algorithm.nosie=1"], "algorithm.nosie"),
     (DP, ["datta.num_agents=3"], "datta"),
@@ -45,24 +45,24 @@ CLI_RUN = [
     (DP, ["algorithm.rounds=2.5"], "algorithm.rounds must be an integer"),
     (DP, ["train.steps=true"], "train.steps must be an integer"),
     (DP, ["run.progress=3"], "run.progress must be true or false"),
-    (DP, ["seed=-1"], "seed must be >= 0"),
-    (DP, ["train.batch_size=0"], "train.batch_size must be >= 1"),
+    (DP, ["seed=-1"], "seed must be in [0, 4294967295]"),
+    (DP, ["train.batch_size=0"], "train.batch_size must be in [1, 1048576]"),
     (DP, ["train.learning_rate=nan"], "train.learning_rate must be a number"),
     (DP, ["train.learning_rate=-0.1"], "train.learning_rate"),
     (DP, ["train.optimizer=foo"], "train.optimizer must be one of"),
     (DP, ["run.chunk_size=-1"], "run.chunk_size must be >= 0"),
     (DP, ["run.agents_on=gpu"], "run.agents_on must be one of"),
     (DP, ["run.checkpoint_every=-1"], "run.checkpoint_every must be >= 0"),
-    (DP, ["data.image_size=-3"], "data.image_size must be >= 0"),
+    (DP, ["data.image_size=-3"], "data.image_size must be in [0, 4096]"),
     (DP, ["data.partition=dirichlet", "data.partition_options.beta=-1"],
      "data.partition_options.beta must be > 0"),
     (DP, ["data.dataset_options.foo=1"], "data.dataset_options"),
     (KNN, ["algorithm.k=100000"], "algorithm.k must be in [1, 60]"),     # k above a record count
     (AE, ["algorithm.num_queries=100000"], "algorithm.num_queries must be <="),
-    (AE, ["algorithm.sigma=-1"], "algorithm.sigma must be > 0"),
+    (AE, ["algorithm.sigma=-1"], "algorithm.sigma must be a finite number > 0"),
     (AE, ["algorithm.aggregation=secagg", "algorithm.secagg_talliers=1"],
      "algorithm.secagg_talliers must be >= 2"),
-    (ISRL, ["algorithm.target_epsilon=0"], "algorithm.target_epsilon must be > 0"),
+    (ISRL, ["algorithm.target_epsilon=0"], "algorithm.target_epsilon must be a finite number > 0"),
     (ISRL, ["algorithm.num_available=5"], "algorithm.num_available must be in [1, 2]"),
 ]
 
@@ -236,3 +236,153 @@ def test_api_bad_input(i):
 
 def test_the_table_is_large():
     assert len(CLI_RUN) + len(CLI_OTHER) + len(API_NAMES) >= 40
+
+
+# ------------------------------------------------------ every config key, by type and range
+#
+# Generated from the one declaration of each key's type and range (fedjax_dp.core.validation
+# specs: config.FIELDS, train.LocalTrainConfig.FIELDS and every registered algorithm Config's
+# FIELDS): each spec's bad values (ints: 2.5, True, "x", 1e30, below / above the range; floats:
+# "x", True, NaN, inf, out of range; choices, booleans, strings, tables, lists) through
+# ``fedjax-dp run --set``; every one fails with status 2 and one line naming the key, before any
+# data is loaded.
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf") \
+            if math.isinf(value) else repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return str(value)
+
+
+@pytest.fixture
+def no_data(monkeypatch):
+    """Loading or setting up data is an error: a bad config must fail before."""
+    from fedjax_dp.experiments import runner
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("data loaded before the config was validated")
+    monkeypatch.setattr(runner, "setup", refuse)
+    monkeypatch.setattr(runner, "load_data", refuse)
+
+
+def _expect_refused(tmp_path, capsys, config, key, value, cases):
+    argv = ["run", str(config), "--quiet", "--out", str(tmp_path / "out"),
+            "--set", f"{key}={_toml(value)}"]
+    code, err = _cli(capsys, argv)
+    cases.append(key)
+    ok = code == 2 and key in err and "Traceback" not in err and len(err.splitlines()) == 1
+    return None if ok else f"--set {key}={_toml(value)}: status {code}, {err!r}"
+
+
+def _algorithm_toml(tmp_path, name):
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f'[algorithm]\nname = "{name}"\n')
+    return path
+
+
+def _algorithms():
+    from fedjax_dp.experiments import registry
+    return sorted(registry.ALGORITHMS)
+
+
+@pytest.mark.parametrize("name", _algorithms())
+def test_every_algorithm_field_refuses_bad_types_and_ranges(tmp_path, capsys, no_data, name):
+    from fedjax_dp.core import validation
+    from fedjax_dp.experiments import registry
+    config = _algorithm_toml(tmp_path, name)
+    specs = validation.field_specs(registry.get(name).Config)   # every field has a spec
+    failures, cases = [], []
+    for field, spec in specs.items():
+        for value in spec.bad_values():
+            failures.append(_expect_refused(tmp_path, capsys, config, f"algorithm.{field}",
+                                            value, cases))
+    assert not [f for f in failures if f], "\n".join(f for f in failures if f)
+    assert cases and not (tmp_path / "out").exists()
+
+
+def test_every_config_table_key_refuses_bad_types_and_ranges(tmp_path, capsys, no_data):
+    from fedjax_dp.experiments import config as config_lib
+    failures, cases = [], []
+    for path, spec in config_lib.fields().items():
+        if path == ("algorithm", "name"):
+            continue                                   # a bad name: the table above
+        for value in spec.bad_values():
+            failures.append(_expect_refused(tmp_path, capsys, DP, ".".join(path), value,
+                                            cases))
+    assert not [f for f in failures if f], "\n".join(f for f in failures if f)
+    # every key of every fixed table (and [train]) is declared
+    declared = {p for p in config_lib.fields()}
+    for table, keys in config_lib.DEFAULTS.items():
+        for key in (keys if isinstance(keys, dict) else [None]):
+            full = (table,) if key is None else (table, key)
+            assert full in declared, full
+    assert len(cases) > 60
+
+
+def test_every_spec_refuses_what_it_lists_and_converts_integral_floats():
+    from fedjax_dp.core import validation as v
+    for spec in (v.Int(1), v.Int(0, 10, optional=True), v.Float(0.0, low_open=True),
+                 v.Float(0.0, 1.0, high_open=True), v.Choice(("a", "b")), v.Bool(), v.Text(),
+                 v.Table(), v.ListOf(v.Int(1))):
+        for value in spec.bad_values():
+            with pytest.raises(ValueError) as info:
+                spec("x.key", value)
+            assert str(info.value).startswith("x.key") and "\n" not in str(info.value)
+    assert v.Int(1)("k", 2.0) == 2 and type(v.Int(1)("k", 2.0)) is int
+    assert type(v.Float()("k", 3)) is float
+    with pytest.raises(ValueError, match=r"k must be in \[1, 2147483647\], got 1e\+30"):
+        v.Int(1)("k", 1e30)
+    with pytest.raises(ValueError, match="k must be an integer >= 1, got True"):
+        v.Int(1)("k", True)
+    with pytest.raises(ValueError, match="k must be true or false"):
+        v.Bool()("k", 1)
+
+
+def test_every_algorithm_config_declares_every_field():
+    from fedjax_dp.core import validation
+    from fedjax_dp.experiments import registry
+    for name, entry in registry.ALGORITHMS.items():
+        validation.field_specs(entry.Config)          # TypeError names a field without a spec
+        entry.Config()                                # the defaults pass their own specs
+
+
+@pytest.mark.parametrize("sets", [["algorithm.rounds=2.0"], ["algorithm.rounds=2.0",
+                                                              "train.steps=2.0",
+                                                              "train.batch_size=8.0"]])
+def test_integral_floats_become_ints(sets):
+    from fedjax_dp.experiments import config as config_lib
+    from fedjax_dp.experiments import runner
+    p = runner.plan(config_lib.load(DP, sets))
+    assert p.algorithm_config.rounds == 2 and type(p.algorithm_config.rounds) is int
+    for s in sets[1:]:
+        key, value = s.split("=")
+        got = getattr(p.local, key.split(".")[1])
+        assert got == int(float(value)) and type(got) is int
+        assert p.algorithm_config.local == p.local
+
+
+@pytest.mark.parametrize("sets,match", [
+    (["algorithm.rounds=2.0"], None), (["algorithm.rounds=1e30"], "algorithm.rounds must be in"),
+    (["algorithm.rounds=2.5"], "algorithm.rounds must be an integer >= 1"),
+    (["train.steps=2.5"], "train.steps must be an integer >= 0"),
+    (["train.batch_size=8.0"], None),
+    (["train.batch_size=1e9"], "train.batch_size must be in [1, 1048576]"),
+    (["data.num_agents=1e30"], "data.num_agents must be in [1, 2147483647]"),
+    (["algorithm.noise_multiplier=true"], "algorithm.noise_multiplier must be a number"),
+])
+def test_the_issue_21_examples(capsys, no_data, sets, match):
+    from fedjax_dp.experiments import config as config_lib
+    from fedjax_dp.experiments import runner
+    if match is None:
+        runner.plan(config_lib.load(DP, sets))
+        return
+    argv = ["run", DP, "--quiet"]
+    for s in sets:
+        argv += ["--set", s]
+    _one_line(*_cli(capsys, argv), match)

@@ -78,6 +78,7 @@ from fedjax_dp.algorithms import agent_stream, api, voting_dpfl, voting_seeds
 from fedjax_dp.algorithms import student as student_lib
 from fedjax_dp.core import StackedData, auto_chunk_size, for_each_agent, is_on_host, rng
 from fedjax_dp.core import memory
+from fedjax_dp.core import validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
 from fedjax_dp.privacy import secagg
@@ -128,8 +129,12 @@ class Config(student_lib.StudentSettings, secagg.SecAggOptions):
     secagg_dropout: float = 0.0
     local: LocalTrainConfig = LocalTrainConfig()
 
+    FIELDS = {**voting_dpfl.VOTE_FIELDS,
+              "abstain_below": validation.Float(0.0, 1.0, low_open=True, optional=True),
+              "local": validation.Instance(LocalTrainConfig)}
+
     def __post_init__(self):
-        voting_dpfl.check_vote_config(self)
+        voting_dpfl.check_vote_config(self)       # every field (validation.check_config)
         check_abstain_below("algorithm.abstain_below", self.abstain_below)
         if not isinstance(self.local, LocalTrainConfig):
             raise ValueError("local must be a LocalTrainConfig")

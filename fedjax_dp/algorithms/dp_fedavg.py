@@ -71,14 +71,13 @@ class Config(fedavg.Config, secagg.SecAggOptions):
     secagg_neighbours: int | None = None
     secagg_dropout: float = 0.0
 
+    FIELDS = {"clip_norm": validation.Float(0.0, low_open=True),
+              "noise_multiplier": validation.Float(0.0),
+              "denominator": validation.Choice(("expected", "sampled"))}
+
     def __post_init__(self):
-        super().__post_init__()
+        super().__post_init__()            # checks every field (validation.check_config)
         self.check_aggregation()
-        validation.check_positive("algorithm.clip_norm", self.clip_norm)
-        validation.check_nonnegative("algorithm.noise_multiplier", self.noise_multiplier,
-                                     finite=True)
-        validation.check_choice("algorithm.denominator", self.denominator,
-                                ("expected", "sampled"))
 
 
 def round_spec(config: Config) -> fedavg.RoundSpec:

@@ -96,16 +96,12 @@ class Config(fedavg.Config):
     noise_multiplier: float = 1.0
     record_sampling_rate: float | None = None
 
+    FIELDS = {"clip_norm": validation.Float(0.0, low_open=True),
+              "noise_multiplier": validation.Float(0.0),
+              "record_sampling_rate": validation.Float(0.0, 1.0, low_open=True, optional=True)}
+
     def __post_init__(self):
-        super().__post_init__()
-        validation.check_positive("algorithm.clip_norm", self.clip_norm)
-        validation.check_nonnegative("algorithm.noise_multiplier", self.noise_multiplier)
-        if self.record_sampling_rate is not None:
-            validation.check_probability("algorithm.record_sampling_rate",
-                                         self.record_sampling_rate)
-        if not np.isfinite(self.clip_norm) or not np.isfinite(self.noise_multiplier):
-            raise ValueError("algorithm.clip_norm and algorithm.noise_multiplier must be finite, "
-                             f"got {self.clip_norm} and {self.noise_multiplier}")
+        super().__post_init__()            # checks every field (validation.check_config)
         if self.local.batching != "replacement":   # the accounting assumes Poisson batches
             raise ValueError(f"train.batching = {self.local.batching!r} is not used by DP-FedSGD: "
                              "its local batches are Poisson samples of the records (the privacy "

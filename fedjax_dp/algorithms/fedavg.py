@@ -56,11 +56,15 @@ class Config:
     sampling: str = "poisson"
     cohort_size: int = 0
 
+    FIELDS = {"rounds": validation.Int(1),
+              "sampling_rate": validation.Float(0.0, 1.0, low_open=True),
+              "server_lr": validation.Float(0.0, low_open=True),
+              "local": validation.Instance(LocalTrainConfig),
+              "sampling": validation.Choice(cohort_lib.SAMPLINGS),
+              "cohort_size": validation.Int(0)}
+
     def __post_init__(self):
-        validation.check_int("algorithm.rounds", self.rounds, minimum=1)
-        validation.check_probability("algorithm.sampling_rate", self.sampling_rate)
-        validation.check_positive("algorithm.server_lr", self.server_lr)
-        validation.check_choice("algorithm.sampling", self.sampling, cohort_lib.SAMPLINGS)
+        validation.check_config(self, "algorithm")     # every field, subclasses' too
         if self.sampling == "fixed":
             validation.check_int("algorithm.cohort_size", self.cohort_size, minimum=1)
 

@@ -93,7 +93,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import sys
 import time
 from typing import Any
@@ -111,6 +110,11 @@ from fedjax_dp.privacy import PrivacyLedger, accounting, lnmax
 LEVELS = ("L0", "L1", "L2")
 PARTY_RELATION = "replace one party's entire local dataset"
 EXAMPLE_RELATION = "replace one training example of one party"
+
+
+def _check_local(name: str, value: Any) -> Any:
+    from fedjax_dp.train import LocalTrainConfig
+    return validation.Instance(LocalTrainConfig, optional=True)(name, value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,25 +152,20 @@ class Config:
     party_chunk: int | None = None   # parties per streamed chunk (None: ~4096 teachers' worth)
     local: Any = None                # LocalTrainConfig for the teachers (the [train] table)
 
+    FIELDS = {"num_partitions": validation.Int(1), "num_teachers": validation.Int(1),
+              "level": validation.Choice(LEVELS), "gamma": validation.Float(0.0, low_open=True),
+              "query_fraction": validation.Float(0.0, 1.0, low_open=True),
+              "teacher": validation.Choice(("model",) + learners_lib.LEARNERS),
+              "student": validation.Choice(("model",) + learners_lib.LEARNERS),
+              "student_steps": validation.Int(0), "final_steps": validation.Int(0),
+              "tree_max_depth": validation.Int(1, 1024),
+              "tree_estimators": validation.Int(1, 100_000),
+              "moment_orders": validation.Int(1, 10_000), "gap_threshold": validation.Int(0),
+              "party_chunk": validation.Int(1, optional=True),
+              "local": validation.Custom(_check_local)}
+
     def __post_init__(self):
-        validation.check_int("algorithm.num_partitions", self.num_partitions, minimum=1)
-        validation.check_int("algorithm.num_teachers", self.num_teachers, minimum=1)
-        validation.check_choice("algorithm.level", self.level, LEVELS)
-        g = validation.check_positive("algorithm.gamma", self.gamma)
-        if not math.isfinite(g):
-            raise ValueError(f"algorithm.gamma must be finite, got {self.gamma}")
-        validation.check_probability("algorithm.query_fraction", self.query_fraction)
-        for name in ("teacher", "student"):
-            validation.check_choice(f"algorithm.{name}", getattr(self, name),
-                                    ("model",) + learners_lib.LEARNERS)
-        validation.check_int("algorithm.student_steps", self.student_steps, minimum=0)
-        validation.check_int("algorithm.final_steps", self.final_steps, minimum=0)
-        validation.check_int("algorithm.tree_max_depth", self.tree_max_depth, minimum=1)
-        validation.check_int("algorithm.tree_estimators", self.tree_estimators, minimum=1)
-        validation.check_int("algorithm.moment_orders", self.moment_orders, minimum=1)
-        validation.check_int("algorithm.gap_threshold", self.gap_threshold, minimum=0)
-        if self.party_chunk is not None:
-            validation.check_int("algorithm.party_chunk", self.party_chunk, minimum=1)
+        validation.check_config(self, "algorithm")
         if self.local is None:
             from fedjax_dp.train import LocalTrainConfig
             object.__setattr__(self, "local", LocalTrainConfig())

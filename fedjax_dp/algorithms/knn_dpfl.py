@@ -130,14 +130,14 @@ class Config(student_lib.StudentSettings, secagg.SecAggOptions):
     secagg_neighbours: int | None = None
     secagg_dropout: float = 0.0
 
+    FIELDS = {"k": validation.Int(1), **voting_dpfl.VOTE_FIELDS,
+              "feature_map": validation.Choice(FEATURE_MAPS),
+              "feature_dim": validation.Int(1, validation.WIDTH_MAX),
+              "instance_sensitivity": validation.Choice(("derived", "paper")),
+              "knn_method": validation.Choice(KNN_METHODS)}
+
     def __post_init__(self):
-        validation.check_int("algorithm.k", self.k, minimum=1)
-        voting_dpfl.check_vote_config(self)
-        validation.check_choice("algorithm.feature_map", self.feature_map, FEATURE_MAPS)
-        validation.check_int("algorithm.feature_dim", self.feature_dim, minimum=1)
-        validation.check_choice("algorithm.instance_sensitivity", self.instance_sensitivity,
-                                ("derived", "paper"))
-        validation.check_choice("algorithm.knn_method", self.knn_method, KNN_METHODS)
+        voting_dpfl.check_vote_config(self)       # every field (validation.check_config)
         self.student
         self.semi_supervised
 

@@ -77,6 +77,15 @@ class StudentSettings:
     name the ``algorithm.student_*`` field.
     """
 
+    #: types and ranges of the fields (:func:`fedjax_dp.core.validation.check_config`)
+    FIELDS = {"student_steps": validation.Int(0),
+              "student_batch_size": validation.Int(1, validation.BATCH_MAX),
+              "student_learning_rate": validation.Float(0.0, low_open=True),
+              "student_optimizer": validation.Choice(("sgd", "momentum", "adam")),
+              "student_semi_supervised": validation.Bool(),
+              "student_self_training_rounds": validation.Int(1),
+              "student_confidence": validation.Float(0.0, 1.0, low_open=True)}
+
     @property
     def semi_supervised(self) -> SelfTraining | None:
         """The student's self-training settings (None: plain supervised, the default)."""

@@ -63,19 +63,19 @@ from fedjax_dp.train import check_trainable
 STREAMS = ("init", "train", "queries", "feature_map", "vote", "student", "secagg")
 
 
+#: Types and ranges of the vote fields shared by the AE-DPFL and kNN-DPFL Configs.
+VOTE_FIELDS = {"sigma": validation.Float(0.0, low_open=True),
+               "num_queries": validation.Int(1),
+               "agent_chunk": validation.Int(1, optional=True),
+               "query_chunk": validation.Int(1, optional=True),
+               "data_dependent": validation.Bool(),
+               "vote_noise": validation.Choice(vote_lib.NOISE_MODES)}
+
+
 def check_vote_config(config) -> None:
-    """Validate the vote fields shared by the AE-DPFL and kNN-DPFL Configs (names the field)."""
-    s = validation.check_positive("algorithm.sigma", config.sigma)
-    if not math.isfinite(s):
-        raise ValueError(f"algorithm.sigma must be finite, got {config.sigma!r}")
-    validation.check_int("algorithm.num_queries", config.num_queries, minimum=1)
-    for name in ("agent_chunk", "query_chunk"):
-        if getattr(config, name) is not None:
-            validation.check_int(f"algorithm.{name}", getattr(config, name), minimum=1)
-    if not isinstance(config.data_dependent, bool):
-        raise ValueError(f"algorithm.data_dependent must be true or false, "
-                         f"got {config.data_dependent!r}")
-    validation.check_choice("algorithm.vote_noise", config.vote_noise, vote_lib.NOISE_MODES)
+    """Validate every field of an AE-DPFL / kNN-DPFL Config (:func:`validation.check_config`:
+    names the field, converts 2.0 -> 2) and its secure aggregation settings."""
+    validation.check_config(config, "algorithm")
     config.check_aggregation()
 
 

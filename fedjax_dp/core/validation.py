@@ -5,6 +5,7 @@ user sees ``ValueError: sigma must be >= 0, got -1.0`` rather than a traceback f
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -63,6 +64,7 @@ def check_probability(name: str, value: Any, *, allow_zero: bool = False) -> flo
 def check_int(name: str, value: Any, *, minimum: int | None = None,
               maximum: int | None = None) -> int:
     """An integer in ``[minimum, maximum]`` (either bound optional)."""
+    given = value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         if isinstance(value, (float, np.floating)) and float(value).is_integer():
             value = int(value)
@@ -70,11 +72,12 @@ def check_int(name: str, value: Any, *, minimum: int | None = None,
             raise ValueError(f"{name} must be an integer, got {_fmt(value)}")
     value = int(value)
     if minimum is not None and value < minimum:
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        bound = (f">= {minimum}" if maximum is None or maximum == INT_MAX
+                 else f"in [{minimum}, {maximum}]")
         raise ValueError(f"{name} must be {bound}, got {value}")
     if maximum is not None and value > maximum:
         bound = f"<= {maximum}" if minimum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"{name} must be {bound}, got {value}")
+        raise ValueError(f"{name} must be {bound}, got {_fmt(given)}")
     return value
 
 
@@ -128,3 +131,239 @@ def check_same_length(names: tuple[str, str], a: Any, b: Any) -> None:
     la, lb = len(a), len(b)
     if la != lb:
         raise ValueError(f"{names[0]} and {names[1]} must have the same length, got {la} and {lb}")
+
+
+# --------------------------------------------------------------------------- config fields
+#
+# Every config field (the TOML tables of ``fedjax_dp.experiments.config`` and the fields of every
+# algorithm ``Config`` dataclass and of ``train.LocalTrainConfig``) is declared once with one of
+# the specs below, checked by type and range by :func:`check_config` / :func:`check_value` before
+# any work, and converted (an integral float 2.0 becomes the int 2). A spec also lists bad values
+# of its own kind (:meth:`bad_values`), from which the tests generate the bad-input table.
+
+#: The sane upper bound of every integer field (counts of rounds, steps, agents, ...).
+INT_MAX = 2 ** 31 - 1
+#: Batch sizes above this are memory-absurd (one batch of that many records on the device).
+BATCH_MAX = 2 ** 20
+#: Layer widths / channels / image sides above this are memory-absurd.
+WIDTH_MAX = 2 ** 16
+
+
+def _interval(lo, hi, lo_open: bool, hi_open: bool) -> str:
+    if lo is not None and hi is not None:
+        return f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    if lo is not None:
+        return f"{'>' if lo_open else '>='} {lo:g}"
+    if hi is not None:
+        return f"{'<' if hi_open else '<='} {hi:g}"
+    return ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Int:
+    """An integer in ``[minimum, maximum]`` (an integral float is converted; booleans and
+    non-integral floats are refused). ``optional``: None is allowed too."""
+
+    minimum: int | None = None
+    maximum: int | None = INT_MAX
+    optional: bool = False
+
+    def __call__(self, name: str, value: Any) -> int | None:
+        if value is None and self.optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer, float,
+                                                             np.floating)) or (
+                isinstance(value, (float, np.floating)) and not float(value).is_integer()):
+            rng = _interval(self.minimum, self.maximum if self.maximum != INT_MAX or
+                            self.minimum is None else None, False, False)
+            none = " or None" if self.optional else ""
+            raise ValueError(f"{name} must be an integer{' ' + rng if rng else ''}{none}, "
+                             f"got {_fmt(value)}")
+        return check_int(name, value, minimum=self.minimum, maximum=self.maximum)
+
+    def bad_values(self) -> list:
+        out = [2.5, True, "x", 1e30]
+        if self.minimum is not None:
+            out.append(self.minimum - 1)
+        if self.maximum is not None and self.maximum < INT_MAX:
+            out.append(self.maximum + 1)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Float:
+    """A real number in the interval given by ``minimum`` / ``maximum`` (each open with
+    ``low_open`` / ``high_open``); NaN and booleans are refused, and infinity too when ``finite``
+    (the default). An int is converted to float. ``optional``: None is allowed too."""
+
+    minimum: float | None = None
+    maximum: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    finite: bool = True
+    optional: bool = False
+
+    def describe(self) -> str:
+        rng = _interval(self.minimum, self.maximum, self.low_open, self.high_open)
+        bounded = self.minimum is not None and self.maximum is not None
+        kind = "a finite number" if self.finite and not bounded else "a number"
+        text = f"{kind} {rng}".strip() if not bounded else rng
+        return text + (" or None" if self.optional else "")
+
+    def __call__(self, name: str, value: Any) -> float | None:
+        if value is None and self.optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
+                                                             np.floating)):
+            raise ValueError(f"{name} must be a number ({self.describe()}), got {_fmt(value)}")
+        v = float(value)
+        if math.isnan(v):
+            raise ValueError(f"{name} must be a number ({self.describe()}), got NaN")
+        ok = not (self.finite and math.isinf(v))
+        if self.minimum is not None:
+            ok = ok and (v > self.minimum if self.low_open else v >= self.minimum)
+        if self.maximum is not None:
+            ok = ok and (v < self.maximum if self.high_open else v <= self.maximum)
+        if not ok:
+            raise ValueError(f"{name} must be {self.describe()}, got {_fmt(value)}")
+        return v
+
+    def bad_values(self) -> list:
+        out = ["x", True, math.nan]
+        if self.finite or self.maximum is not None:
+            out.append(math.inf)
+        if self.minimum is not None:
+            out.append(self.minimum if self.low_open else self.minimum - 1)
+        if self.maximum is not None:
+            out.append(self.maximum if self.high_open else self.maximum + 1)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One of ``choices`` (strings)."""
+
+    choices: tuple
+
+    def __call__(self, name: str, value: Any) -> Any:
+        if not isinstance(value, str) or value not in self.choices:
+            raise ValueError(f"{name} must be one of {sorted(map(str, self.choices))}, "
+                             f"got {_fmt(value)}")
+        return value
+
+    def bad_values(self) -> list:
+        return ["no_such_choice", 3]
+
+
+@dataclasses.dataclass(frozen=True)
+class Bool:
+    """``true`` or ``false`` (no number stands for a boolean)."""
+
+    def __call__(self, name: str, value: Any) -> bool:
+        if not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{name} must be true or false, got {_fmt(value)}")
+        return bool(value)
+
+    def bad_values(self) -> list:
+        return [1, "yes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+    """A string (``what`` says which, in the message)."""
+
+    what: str = "a string"
+
+    def __call__(self, name: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be {self.what}, got {_fmt(value)}")
+        return value
+
+    def bad_values(self) -> list:
+        return [3, True]
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """A TOML table (a dict; its keys are checked where they are used)."""
+
+    def __call__(self, name: str, value: Any) -> dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{name} must be a table of options, e.g. {{}}, got {_fmt(value)}")
+        return value
+
+    def bad_values(self) -> list:
+        return [3, "x"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ListOf:
+    """A list whose every item passes ``item`` (named ``name[]`` in the message); a list of at
+    least ``min_length`` items."""
+
+    item: Any
+    min_length: int = 0
+
+    def __call__(self, name: str, value: Any) -> list:
+        if not isinstance(value, (list, tuple)) or len(value) < self.min_length:
+            raise ValueError(f"{name} must be a list of at least {self.min_length} item(s), "
+                             f"got {_fmt(value)}")
+        return [self.item(f"{name}[]", v) for v in value]
+
+    def bad_values(self) -> list:
+        return [3, *([[b] for b in self.item.bad_values()])]
+
+
+@dataclasses.dataclass(frozen=True)
+class Custom:
+    """A field checked by ``check(name, value) -> converted value`` (e.g. a nested config)."""
+
+    check: Any
+    bad: tuple = ()            # bad values for the generated tests
+
+    def __call__(self, name: str, value: Any) -> Any:
+        return self.check(name, value)
+
+    def bad_values(self) -> list:
+        return list(self.bad)
+
+
+@dataclasses.dataclass(frozen=True)
+class Instance:
+    """An instance of ``cls`` (e.g. the ``[train]`` table's ``LocalTrainConfig``, which checks
+    its own fields); ``optional``: None is allowed too."""
+
+    cls: type
+    optional: bool = False
+
+    def __call__(self, name: str, value: Any) -> Any:
+        if not isinstance(value, self.cls) and not (value is None and self.optional):
+            raise ValueError(f"{name} must be a {self.cls.__name__}"
+                             f"{' or None' if self.optional else ''}, got {type(value).__name__}")
+        return value
+
+    def bad_values(self) -> list:
+        return []
+
+
+def field_specs(cls) -> dict[str, Any]:
+    """The spec of every field of the dataclass ``cls``: the ``FIELDS`` tables of its classes,
+    a subclass's entry overriding its base's. A field without a spec is a programming error."""
+    specs: dict[str, Any] = {}
+    for base in reversed(cls.__mro__):
+        specs.update(base.__dict__.get("FIELDS", {}))
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in specs]
+    if missing:
+        raise TypeError(f"{cls.__qualname__}: fields {missing} have no spec in a FIELDS table "
+                        f"(fedjax_dp.core.validation)")
+    return {f.name: specs[f.name] for f in dataclasses.fields(cls)}
+
+
+def check_config(obj: Any, prefix: str) -> None:
+    """Check every field of the (frozen) dataclass ``obj`` against :func:`field_specs`, in
+    declaration order, naming ``<prefix>.<field>``; store the converted values (2.0 -> 2)."""
+    for name, spec in field_specs(type(obj)).items():
+        value = getattr(obj, name)
+        converted = spec(f"{prefix}.{name}", value)
+        if converted is not value:
+            object.__setattr__(obj, name, converted)

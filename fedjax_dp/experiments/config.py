@@ -96,32 +96,70 @@ def _merge(base: dict, update: dict, where: tuple[str, ...] = ()) -> dict:
     return out
 
 
+def _chunk_size(name: str, value: Any) -> int | str:
+    """``"auto"`` (cache-sized), 0 (all agents at once) or agents per chunk."""
+    if isinstance(value, str) and value == "auto":
+        return value
+    if isinstance(value, str) or isinstance(value, bool):
+        raise ConfigError(f"{name} must be \"auto\" or an integer >= 0, got {value!r}")
+    return validation.Int(0)(name, value)
+
+
+def _train_fields() -> dict:
+    from fedjax_dp.train import LocalTrainConfig
+    return validation.field_specs(LocalTrainConfig)
+
+
+#: The type and range of every key of the fixed tables (:mod:`fedjax_dp.core.validation`),
+#: checked and converted (2.0 -> 2) by :func:`resolve`; the ``[train]`` keys are
+#: ``train.LocalTrainConfig``'s fields, the ``[algorithm]`` keys the algorithm Config's (checked
+#: by ``runner.plan``). Names (datasets, partitions, models) are checked against their
+#: registries by ``runner.plan``.
+FIELDS: dict[tuple[str, ...], Any] = {
+    ("seed",): validation.Int(0, 2 ** 32 - 1),
+    ("data", "dataset"): validation.Text("a dataset name"),
+    ("data", "dataset_options"): validation.Table(),
+    ("data", "partition"): validation.Text("a partition name"),
+    ("data", "partition_options"): validation.Table(),
+    ("data", "num_agents"): validation.Int(1),
+    ("data", "server_dataset"): validation.Text("a dataset name or \"\" (the agents' dataset)"),
+    ("data", "server_dataset_options"): validation.Table(),
+    ("data", "image_size"): validation.Int(0, 4096),
+    ("data", "validation_fraction"): validation.Float(0.0, 1.0, high_open=True),
+    ("model", "name"): validation.Text("a model name"),
+    ("model", "hidden"): validation.ListOf(validation.Int(1, validation.WIDTH_MAX)),
+    ("privacy", "delta"): validation.Float(0.0, 1.0, low_open=True, high_open=True),
+    ("privacy", "accountants"): validation.ListOf(validation.Choice(("rdp", "pld")),
+                                                  min_length=1),
+    ("run", "eval_every"): validation.Int(0),
+    ("run", "chunk_size"): validation.Custom(_chunk_size, bad=(-1, 2.5, "x", True, 1e30)),
+    ("run", "progress"): validation.Bool(),
+    ("run", "agents_on"): validation.Text("a placement name"),   # its choices: resolve
+    ("run", "checkpoint_every"): validation.Int(0),
+    ("algorithm", "name"): validation.Text("an algorithm name"),
+}
+
+
+def fields() -> dict[tuple[str, ...], Any]:
+    """:data:`FIELDS` with the ``[train]`` keys (``train.LocalTrainConfig``'s specs)."""
+    return {**FIELDS, **{("train", k): spec for k, spec in _train_fields().items()}}
+
+
 def resolve(raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> dict:
-    """Defaults <- file <- overrides, with unknown keys rejected."""
+    """Defaults <- file <- overrides, with unknown keys rejected and every key of the fixed
+    tables checked by type and range (:func:`fields`; integral floats become ints)."""
     config = copy.deepcopy(raw)
     for assignment in overrides:
         apply_override(config, assignment)
     resolved = _merge(DEFAULTS, config)
-    validation.check_int("seed", resolved["seed"], minimum=0)
-    validation.check_open_unit("privacy.delta", resolved["privacy"]["delta"])
-    for acc in resolved["privacy"]["accountants"]:
-        validation.check_choice("privacy.accountants[]", acc, ("rdp", "pld"))
-    validation.check_int("data.num_agents", resolved["data"]["num_agents"], minimum=1)
-    validation.check_int("data.image_size", resolved["data"]["image_size"], minimum=0)
-    vf = resolved["data"]["validation_fraction"]
-    if isinstance(vf, bool) or not isinstance(vf, (int, float)) or not 0 <= vf < 1:
-        raise ConfigError(f"data.validation_fraction must be in [0, 1), got {vf!r}")
-    if not isinstance(resolved["data"]["server_dataset"], str):
-        raise ConfigError(f"data.server_dataset must be a dataset name or \"\" (the agents' "
-                          f"dataset), got {resolved['data']['server_dataset']!r}")
-    validation.check_int("run.eval_every", resolved["run"]["eval_every"], minimum=0)
-    validation.check_int("run.checkpoint_every", resolved["run"]["checkpoint_every"], minimum=0)
-    if not isinstance(resolved["run"]["progress"], bool):
-        raise ConfigError(f"run.progress must be true or false, got "
-                          f"{resolved['run']['progress']!r}")
+    for path, spec in fields().items():
+        node = resolved
+        for k in path[:-1]:
+            if not isinstance(node.get(k), dict):
+                raise ConfigError(f"[{k}] must be a table, got {node.get(k)!r}")
+            node = node[k]
+        node[path[-1]] = spec(".".join(path), node[path[-1]])
     validation.check_choice("run.agents_on", resolved["run"]["agents_on"], ("device", "host"))
-    if resolved["run"]["chunk_size"] != "auto":   # "auto" (cache-sized), 0 (none) or agents/chunk
-        validation.check_int("run.chunk_size", resolved["run"]["chunk_size"], minimum=0)
     return resolved
 
 

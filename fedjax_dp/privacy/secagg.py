@@ -95,6 +95,13 @@ class SecAggOptions:
     ``secagg_frac_bits``, ``secagg_neighbours`` and ``secagg_dropout`` (AE-DPFL, kNN-DPFL,
     DP-FedAvg). Call :meth:`check_aggregation` in ``__post_init__``."""
 
+    #: types and ranges of the fields (:func:`fedjax_dp.core.validation.check_config`)
+    FIELDS = {"aggregation": validation.Choice(AGGREGATIONS),
+              "secagg_talliers": validation.Int(2),
+              "secagg_frac_bits": validation.Int(0, _MAX_FRAC_BITS),
+              "secagg_neighbours": validation.Int(2, optional=True),
+              "secagg_dropout": validation.Float(0.0, 1.0, high_open=True)}
+
     def check_aggregation(self) -> None:
         validation.check_choice("algorithm.aggregation", self.aggregation, AGGREGATIONS)
         check_fields(self.secagg_talliers, self.secagg_frac_bits, self.secagg_neighbours,

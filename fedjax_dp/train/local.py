@@ -43,14 +43,14 @@ class LocalTrainConfig:
     prox_mu: float = 0.0            # FedProx: adds mu/2 ||w - w_start||^2 to the local objective
     batching: str = "replacement"   # replacement (uniform draws) | stored (stored order, cycled)
 
+    FIELDS = {"steps": validation.Int(0), "batch_size": validation.Int(1, validation.BATCH_MAX),
+              "learning_rate": validation.Float(0.0, low_open=True),
+              "optimizer": validation.Choice(("sgd", "momentum", "adam")),
+              "weight_decay": validation.Float(0.0), "prox_mu": validation.Float(0.0),
+              "batching": validation.Choice(BATCHINGS)}
+
     def __post_init__(self):
-        validation.check_int("train.steps", self.steps, minimum=0)
-        validation.check_int("train.batch_size", self.batch_size, minimum=1)
-        validation.check_positive("train.learning_rate", self.learning_rate)
-        validation.check_choice("train.optimizer", self.optimizer, ("sgd", "momentum", "adam"))
-        validation.check_nonnegative("train.weight_decay", self.weight_decay)
-        validation.check_nonnegative("train.prox_mu", self.prox_mu)
-        validation.check_choice("train.batching", self.batching, BATCHINGS)
+        validation.check_config(self, "train")
 
     def make_optimizer(self) -> optax.GradientTransformation:
         if self.optimizer == "sgd":

@@ -56,6 +56,9 @@ DESCRIPTION = ("DP-FNAS: federated, differentially private DARTS search of K par
 USES_LOCAL_TRAIN = False
 
 
+_v = validation
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """DP-FNAS search (DARTS space, Algorithm 1) and retraining of the derived network.
@@ -109,40 +112,30 @@ class Config:
     noise_retrain: float = 1.0
     fixed_genotype: str = ""
 
+    FIELDS = {"nodes": _v.Int(1, 64), "channels": _v.Int(1, _v.WIDTH_MAX),
+              "cells": _v.Int(1, 1024),
+              "primitives": _v.Custom(darts.check_primitives, bad=("x", 3)),
+              "stem_multiplier": _v.Int(1, 1024), "search_epochs": _v.Int(1),
+              "batch_size": _v.Int(1, _v.BATCH_MAX), "order": _v.Choice(("first", "second")),
+              "second_order_method": _v.Choice(("finite_difference", "jvp")),
+              "xi": _v.Float(0.0), "w_lr": _v.Float(0.0, low_open=True),
+              "w_lr_min": _v.Float(0.0, low_open=True), "w_momentum": _v.Float(0.0),
+              "w_weight_decay": _v.Float(0.0), "alpha_lr": _v.Float(0.0, low_open=True),
+              "alpha_b1": _v.Float(0.0, 1.0), "alpha_b2": _v.Float(0.0, 1.0),
+              "alpha_weight_decay": _v.Float(0.0), "private": _v.Bool(),
+              "clip_weights": _v.Float(0.0, low_open=True),
+              "clip_arch": _v.Float(0.0, low_open=True),
+              "clip_second": _v.Float(0.0, low_open=True),
+              "noise_weights": _v.Float(0.0), "noise_arch": _v.Float(0.0),
+              "noise_second": _v.Float(0.0), "retrain_epochs": _v.Int(0),
+              "retrain_batch_size": _v.Int(1, _v.BATCH_MAX),
+              "retrain_lr": _v.Float(0.0, low_open=True),
+              "retrain_channels": _v.Int(0, _v.WIDTH_MAX), "retrain_cells": _v.Int(0, 1024),
+              "clip_retrain": _v.Float(0.0, low_open=True), "noise_retrain": _v.Float(0.0),
+              "fixed_genotype": _v.Text("a genotype JSON string or \"\"")}
+
     def __post_init__(self):
-        v = validation
-        v.check_int("algorithm.nodes", self.nodes, minimum=1)
-        v.check_int("algorithm.channels", self.channels, minimum=1)
-        v.check_int("algorithm.cells", self.cells, minimum=1)
-        object.__setattr__(self, "primitives",
-                           darts.check_primitives("algorithm.primitives", self.primitives))
-        v.check_int("algorithm.stem_multiplier", self.stem_multiplier, minimum=1)
-        v.check_int("algorithm.search_epochs", self.search_epochs, minimum=1)
-        v.check_int("algorithm.batch_size", self.batch_size, minimum=1)
-        v.check_choice("algorithm.order", self.order, ("first", "second"))
-        v.check_choice("algorithm.second_order_method", self.second_order_method,
-                       ("finite_difference", "jvp"))
-        for name in ("xi", "w_weight_decay", "alpha_weight_decay", "w_momentum"):
-            v.check_nonnegative(f"algorithm.{name}", getattr(self, name))
-        for name in ("w_lr", "w_lr_min", "alpha_lr", "retrain_lr"):
-            v.check_positive(f"algorithm.{name}", getattr(self, name))
-        for name in ("alpha_b1", "alpha_b2"):
-            v.check_probability(f"algorithm.{name}", getattr(self, name), allow_zero=True)
-        if not isinstance(self.private, bool):
-            raise ValueError(f"algorithm.private must be true or false, got {self.private!r}")
-        for name in ("clip_weights", "clip_arch", "clip_second", "clip_retrain"):
-            c = v.check_positive(f"algorithm.{name}", getattr(self, name))
-            if not math.isfinite(c):
-                raise ValueError(f"algorithm.{name} must be finite, got {c!r}")
-        for name in ("noise_weights", "noise_arch", "noise_second", "noise_retrain"):
-            v.check_nonnegative(f"algorithm.{name}", getattr(self, name))
-        v.check_int("algorithm.retrain_epochs", self.retrain_epochs, minimum=0)
-        v.check_int("algorithm.retrain_batch_size", self.retrain_batch_size, minimum=1)
-        v.check_int("algorithm.retrain_channels", self.retrain_channels, minimum=0)
-        v.check_int("algorithm.retrain_cells", self.retrain_cells, minimum=0)
-        if not isinstance(self.fixed_genotype, str):
-            raise ValueError(f"algorithm.fixed_genotype must be a genotype JSON string or \"\", "
-                             f"got {self.fixed_genotype!r}")
+        validation.check_config(self, "algorithm")
         if self.fixed_genotype:
             try:
                 g = darts.Genotype.from_json(self.fixed_genotype)

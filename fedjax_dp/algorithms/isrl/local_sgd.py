@@ -18,8 +18,8 @@ from fedjax_dp.algorithms.isrl.protocol import Algorithm, Config as _Base, Priva
 from fedjax_dp.core import validation
 
 
-def _check(config) -> None:
-    validation.check_int("algorithm.local_steps", config.local_steps, minimum=1)
+#: checked with the base's fields (validation.check_config)
+_FIELDS = {"local_steps": validation.Int(1)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,9 +28,7 @@ class Config(PrivateConfig):
 
     local_steps: int = 5
 
-    def __post_init__(self):
-        super().__post_init__()
-        _check(self)
+    FIELDS = _FIELDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +37,7 @@ class NonPrivateConfig(_Base):
 
     local_steps: int = 5
 
-    def __post_init__(self):
-        super().__post_init__()
-        _check(self)
+    FIELDS = _FIELDS
 
 
 ISRL_LOCAL_SGD = Algorithm(

@@ -49,22 +49,32 @@ class Config:
     prox_high: float = 1.0
     report_objective: bool = True
 
+    FIELDS = {"rounds": validation.Int(1), "num_available": validation.Int(1, optional=True),
+              "learning_rate": validation.Float(0.0, low_open=True),
+              "batch_size": validation.Int(1, validation.BATCH_MAX),
+              "prox": validation.Choice(prox_lib.NAMES), "prox_strength": validation.Float(0.0),
+              "prox_radius": validation.Float(0.0, low_open=True),
+              "prox_low": validation.Float(), "prox_high": validation.Float(),
+              "report_objective": validation.Bool()}
+
     def __post_init__(self):
-        validation.check_int("algorithm.rounds", self.rounds, minimum=1)
-        if self.num_available is not None:
-            validation.check_int("algorithm.num_available", self.num_available, minimum=1)
-        validation.check_positive("algorithm.learning_rate", self.learning_rate)
-        if not math.isfinite(self.learning_rate):
-            raise ValueError(f"algorithm.learning_rate must be finite, got {self.learning_rate}")
-        validation.check_int("algorithm.batch_size", self.batch_size, minimum=1)
+        validation.check_config(self, "algorithm")     # every field, subclasses' too
         self.make_prox()
-        if not isinstance(self.report_objective, bool):
-            raise ValueError(f"algorithm.report_objective must be true or false, got "
-                             f"{self.report_objective!r}")
 
     def make_prox(self) -> prox_lib.Prox:
         return prox_lib.Prox(self.prox, self.prox_strength, self.prox_radius, self.prox_low,
                              self.prox_high)
+
+
+#: Types and ranges of the budget fields of every private member (Gaussian or shuffled).
+BUDGET_FIELDS = {"clip_norm": validation.Float(0.0, low_open=True),
+                 "target_epsilon": validation.Float(0.0, low_open=True),
+                 "delta": validation.Float(0.0, 1.0, low_open=True, high_open=True)}
+
+#: Types and ranges of SPIDER's own fields (ISRL-DP and SDP).
+SPIDER_FIELDS = {"phase_length": validation.Int(1),
+                 "diff_batch_size": validation.Int(1, validation.BATCH_MAX, optional=True),
+                 "smoothness": validation.Float(0.0, low_open=True, optional=True)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,18 +93,9 @@ class PrivateConfig(Config):
     accountant: str = "rdp"
     calibrate_per_silo: bool = True
 
-    def __post_init__(self):
-        super().__post_init__()
-        check_budget(self.clip_norm, self.target_epsilon, self.delta)
-        if self.noise_multiplier is not None:
-            validation.check_nonnegative("algorithm.noise_multiplier", self.noise_multiplier)
-            if not math.isfinite(self.noise_multiplier):
-                raise ValueError(f"algorithm.noise_multiplier must be finite, got "
-                                 f"{self.noise_multiplier}")
-        validation.check_choice("algorithm.accountant", self.accountant, accounting.ACCOUNTANTS)
-        if not isinstance(self.calibrate_per_silo, bool):
-            raise ValueError(f"algorithm.calibrate_per_silo must be true or false, got "
-                             f"{self.calibrate_per_silo!r}")
+    FIELDS = {**BUDGET_FIELDS, "noise_multiplier": validation.Float(0.0, optional=True),
+              "accountant": validation.Choice(accounting.ACCOUNTANTS),
+              "calibrate_per_silo": validation.Bool()}
 
 
 def check_budget(clip_norm, target_epsilon, delta) -> None:

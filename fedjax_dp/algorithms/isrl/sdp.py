@@ -53,14 +53,8 @@ class Config(protocol.Config):
     granularity: int = 16
     noise_trials: int | None = None
 
-    def __post_init__(self):
-        super().__post_init__()
-        protocol.check_budget(self.clip_norm, self.target_epsilon, self.delta)
-        validation.check_int("algorithm.granularity", self.granularity, minimum=1,
-                             maximum=2 ** 20)
-        if self.noise_trials is not None:
-            validation.check_int("algorithm.noise_trials", self.noise_trials, minimum=1,
-                                 maximum=2 ** 52)
+    FIELDS = {**protocol.BUDGET_FIELDS, "granularity": validation.Int(1, 2 ** 20),
+              "noise_trials": validation.Int(1, 2 ** 52, optional=True)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,9 +66,7 @@ class SpiderConfig(Config):
     diff_batch_size: int | None = None
     smoothness: float | None = None
 
-    def __post_init__(self):
-        super().__post_init__()
-        protocol.check_spider(self)
+    FIELDS = protocol.SPIDER_FIELDS
 
 
 def dimension(params) -> int:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fedjax_dp.algorithms.isrl.protocol import Algorithm, PrivateConfig, check_spider
+from fedjax_dp.algorithms.isrl.protocol import SPIDER_FIELDS, Algorithm, PrivateConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +35,7 @@ class Config(PrivateConfig):
     diff_batch_size: int | None = None
     smoothness: float | None = None
 
-    def __post_init__(self):
-        super().__post_init__()
-        check_spider(self)
+    FIELDS = SPIDER_FIELDS
 
 
 ISRL_SPIDER = Algorithm(

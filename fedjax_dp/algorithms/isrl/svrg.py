@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fedjax_dp.algorithms.isrl.protocol import Algorithm, PrivateConfig, check_smoothness
+from fedjax_dp.algorithms.isrl.protocol import Algorithm, PrivateConfig
 from fedjax_dp.core import validation
 
 
@@ -32,12 +32,9 @@ class Config(PrivateConfig):
     diff_batch_size: int | None = None
     smoothness: float | None = None
 
-    def __post_init__(self):
-        super().__post_init__()
-        validation.check_int("algorithm.epoch_length", self.epoch_length, minimum=1)
-        if self.diff_batch_size is not None:
-            validation.check_int("algorithm.diff_batch_size", self.diff_batch_size, minimum=1)
-        check_smoothness(self.smoothness)
+    FIELDS = {"epoch_length": validation.Int(1),
+              "diff_batch_size": validation.Int(1, validation.BATCH_MAX, optional=True),
+              "smoothness": validation.Float(0.0, low_open=True, optional=True)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +43,11 @@ class PLConfig(Config):
 
     restart_every: int = 10
 
+    FIELDS = {"restart_every": validation.Int(1)}
+
     def __post_init__(self):
-        super().__post_init__()
-        validation.check_int("algorithm.restart_every", self.restart_every,
-                             minimum=self.epoch_length)
-        if self.restart_every % self.epoch_length:
+        super().__post_init__()            # checks every field (validation.check_config)
+        if self.restart_every < self.epoch_length or self.restart_every % self.epoch_length:
             raise ValueError(f"algorithm.restart_every must be a multiple of "
                              f"algorithm.epoch_length ({self.epoch_length}), got "
                              f"{self.restart_every}")
