@@ -189,16 +189,19 @@ def test_masked_inputs_match_a_python_loop_and_cancel_exactly():
 def test_dropouts_give_the_survivors_exact_sum(fraction):
     x = _normal(12, (MB, MD), 3.0)
     valid = jnp.arange(MB) < MB - 3                                  # three padding rows
-    alive = secagg.drop_within(jax.random.key(13), valid, fraction)
-    assert int(alive.sum()) == MB - 3 - int(np.floor(np.float32(fraction) * (MB - 3)))
+    alive = secagg.drop_within(jax.random.key(13), valid, fraction, jnp.arange(MB))
+    # every agent's own coin (tests/test_secagg_dropout_privacy.py checks their law)
+    np.testing.assert_array_equal(np.asarray(alive), np.asarray(valid) & np.asarray(
+        secagg.survive(jax.random.key(13), jnp.arange(MB), fraction)))
     assert not bool(jnp.any(alive & ~valid))
     out = secagg_masks.secure_sum_jit(jax.random.key(14), jnp.asarray(x), jnp.arange(MB), alive,
                                       CFG)
     expect = _int_sum(x, np.asarray(alive)).astype(np.float32) * np.float32(2.0 ** -F)
     np.testing.assert_array_equal(np.asarray(out), expect)
-    # the vote's host draw: exactly floor(p N) agents drop
+    # the vote's host draw: the same coins for agents 0..N-1
     surv = secagg.survivors(jax.random.key(15), 20, fraction)
-    assert surv.sum() == 20 - int(np.floor(fraction * 20))
+    np.testing.assert_array_equal(surv, np.asarray(secagg.survive(jax.random.key(15),
+                                                                  jnp.arange(20), fraction)))
 
 
 def test_the_servers_view_is_uniform_whatever_the_inputs_and_masks_are_independent():
@@ -266,29 +269,34 @@ def test_ae_dpfl_secagg_releases_the_plain_labels_and_the_same_ledger(voting, no
             "instance_data_dependent", 1e-5)
 
 
-def test_ae_dpfl_dropouts_use_the_survivors_and_their_noise_in_the_ledger(voting):
+@pytest.mark.parametrize("noise", ["per_agent", "aggregate"])
+def test_ae_dpfl_dropouts_count_the_survivors_with_the_noise_topped_up(voting, noise):
     data, model, ballots = voting
-    cfg, state, metrics = _ae_vote(voting, aggregation="secagg", secagg_dropout=0.25)
-    d = 3                                                                  # floor(0.25 * 12)
-    assert metrics["secagg_survivors"] == N - d
-    alive = secagg.survivors(jax.random.split(state.context.keys["secagg"])[1], N, 0.25)
+    cfg, state, metrics = _ae_vote(voting, aggregation="secagg", secagg_dropout=0.25,
+                                   vote_noise=noise)
+    k_share, k_drop, k_top = voting_dpfl.secagg_keys(state.context)
+    alive = secagg.survivors(k_drop, N, 0.25)                              # each agent's coin
+    m = int(alive.sum())
+    assert metrics["secagg_survivors"] == m and 0 < m < N                  # key 0: some drop
     onehot = (ballots[..., None] == np.arange(C)).astype(np.float64)       # abstain: zeros
     np.testing.assert_array_equal(state.values["clean_vote_sums"], onehot[alive].sum(0))
-    sigma_eff = 0.7 * np.sqrt((N - d) / N)
-    assert secagg.effective_sigma(0.7, N, 0.25) == pytest.approx(sigma_eff)
+    # the ledger is the one without dropouts: the noise is topped up to sigma (voting_dpfl)
     ledger = ae_dpfl.ledger(cfg, state)
     for unit, sens in ae_dpfl.sensitivities().items():
-        direct = dp_accounting.SelfComposedDpEvent(
-            dp_accounting.GaussianDpEvent(sigma_eff / sens), Q)
+        direct = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(0.7 / sens), Q)
         assert ledger.epsilon(unit, 1e-5) == pytest.approx(accounting.epsilon(direct, 1e-5))
-        assert ledger.epsilon(unit, 1e-5) > ae_dpfl.ledger(
-            ae_dpfl.Config(sigma=0.7, num_queries=Q)).epsilon(unit, 1e-5)   # less noise
-    with pytest.raises(ValueError, match="state"):
-        ae_dpfl.ledger(cfg)
-    # the released vote is the argmax of the survivors' noisy sum (same noise shares as plain)
-    z = np.asarray(_noise(state.context.keys["vote"], jnp.arange(N), jnp.arange(Q),
-                          jnp.float32(0.7 / np.sqrt(N)), num_classes=C))
-    np.testing.assert_array_equal(state.values["labels"], (onehot + z)[alive].sum(0).argmax(-1))
+    assert ae_dpfl.ledger(cfg).epsilon("agent", 1e-5) == ledger.epsilon("agent", 1e-5)
+    # the released vote: argmax of the survivors' ballots plus sigma^2 of noise -- the survivors'
+    # own shares plus the talliers' top-up N(0, sigma^2 (N - M)/N) (per_agent), or the total
+    # drawn at once (aggregate)
+    if noise == "per_agent":
+        z = np.asarray(_noise(state.context.keys["vote"], jnp.arange(N), jnp.arange(Q),
+                              jnp.float32(0.7 / np.sqrt(N)), num_classes=C))[alive].sum(0)
+        z = z + np.asarray(vote.aggregate_noise(k_top, jnp.arange(Q),
+                                                0.7 * np.sqrt((N - m) / N), C))
+    else:
+        z = np.asarray(vote.aggregate_noise(state.context.keys["vote"], jnp.arange(Q), 0.7, C))
+    np.testing.assert_array_equal(state.values["labels"], (onehot[alive].sum(0) + z).argmax(-1))
 
 
 _noise = jax.jit(vote.agent_query_noise, static_argnames=("num_classes",))
@@ -389,8 +397,10 @@ def test_dp_fedavg_round_with_dropouts_sums_the_survivors(fed):
     _, k_train, _ = fedavg.round_keys(key)
     k_pass = jax.random.fold_in(rng.stream(k_train, "secagg"), 0)             # ids[0] = 0
     alive = np.asarray(secagg.drop_within(jax.random.split(k_pass)[1],
-                                          jnp.ones(data.num_agents, bool), 0.4))
-    assert metrics["num_sampled"] == alive.sum() == data.num_agents - 3   # floor(0.4 * 8)
+                                          jnp.ones(data.num_agents, bool), 0.4,
+                                          jnp.arange(data.num_agents)))
+    assert metrics["num_sampled"] == alive.sum()
+    assert 0 < alive.sum() < data.num_agents                             # key 4: some drop
     means = np.stack([3.0 * np.asarray(data.x[i])[np.asarray(data.mask[i])].mean(0)
                       for i in range(data.num_agents)])                   # [N, 5]
     np.testing.assert_allclose(np.asarray(new["w"]), means[alive].sum(0) / alive.sum(),

@@ -120,8 +120,9 @@ class Config(student_lib.StudentSettings, secagg.SecAggOptions):
     abstain_below: float | None = None
     # secure aggregation (fedjax_dp.privacy.secagg, docs/secagg.md): "plain" float sum (default)
     # or "secagg": ballots secret-shared among secagg_talliers talliers in fixed point with
-    # secagg_frac_bits fraction bits; secagg_dropout: fraction of agents whose shares never
-    # arrive (the ledger uses the survivors' noise). secagg_neighbours: DP-FedAvg's masks only.
+    # secagg_frac_bits fraction bits; secagg_dropout: probability that an agent's shares never
+    # arrive (independent per agent; the talliers top the noise up to sigma, so the ledger is
+    # the one without dropouts: voting_dpfl). secagg_neighbours: DP-FedAvg's masks only.
     aggregation: str = "plain"
     secagg_talliers: int = 2
     secagg_frac_bits: int = 16
@@ -220,12 +221,13 @@ def sensitivities() -> dict[str, float]:
 def vote_ledger(config: Config, clean_vote_sums: np.ndarray | None = None,
                 sigma: float | None = None) -> PrivacyLedger:
     """Agent- and instance-level guarantees of Q votes (+ the data-dependent ones given the
-    noise-free sums ``[Q, C]``). ``sigma``: the noise std accounted (default ``config.sigma``;
-    with secure-aggregation dropouts the survivors', :func:`voting_dpfl.ledger_sigma`)."""
+    noise-free sums ``[Q, C]``). ``sigma``: the noise std accounted (default ``config.sigma``,
+    also with secure-aggregation dropouts: the talliers top the noise up, see
+    :mod:`fedjax_dp.algorithms.voting_dpfl`)."""
     sigma = config.sigma if sigma is None else sigma
     return vote_lib.vote_ledger(sigma, config.num_queries, sensitivities(),
                                 clean_vote_sums=clean_vote_sums,
-                                note="AE-DPFL" + voting_dpfl.secagg_note(config, sigma))
+                                note="AE-DPFL" + voting_dpfl.secagg_note(config))
 
 
 # --------------------------------------------------------------------------- the protocol
@@ -526,8 +528,7 @@ output = voting_dpfl.output
 def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
     """:func:`vote_ledger` with the run's noise-free sums (data-independent part only without a
     state, before the vote, or without ``config.data_dependent``)."""
-    return vote_ledger(config, voting_dpfl.clean_sums(state),
-                       voting_dpfl.ledger_sigma(config, state))
+    return vote_ledger(config, voting_dpfl.clean_sums(state))
 
 
 def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_public, *,

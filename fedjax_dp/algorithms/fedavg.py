@@ -87,7 +87,8 @@ class RoundSpec:
 
     secagg: None (the plain masked sum) or secure aggregation of the clipped updates
       (:func:`fedjax_dp.privacy.secagg_masks.secure_tree_sum`: fixed point, pairwise masks on a
-      k-regular graph, dropouts after masking); needs ``clip_norm`` (the range bound).
+      k-regular graph, each agent dropping independently after masking); needs ``clip_norm``
+      (the range bound).
     """
 
     sampling: cohort_lib.Sampling
@@ -190,7 +191,8 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
         # training key fold_in(k_train, id) for N < 1.95e9 agents.
         k_pass = jax.random.fold_in(rng.stream(k_train, "secagg"), ids[0])
         k_mask, k_drop = jax.random.split(k_pass)
-        alive = (secagg_lib.drop_within(k_drop, valid, spec.secagg.dropout)   # [B]
+        # every agent drops independently, its coin from fold_in(k_drop, id) (dp_fedavg's proof)
+        alive = (secagg_lib.drop_within(k_drop, valid, spec.secagg.dropout, ids)   # [B]
                  if spec.secagg.dropout else valid)
         total = secagg_masks.secure_tree_sum(k_mask, deltas, ids, alive, spec.secagg)
         return (total, cohort_lib.masked_sum(metrics, alive),

@@ -26,11 +26,43 @@ agent's noisy ballot ``b_i / divisor + z_i`` is encoded in Z_{2^32} and secret-s
 shares from the ``secagg`` stream); the talliers release only the argmax of the sum of their
 partial sums (:func:`fedjax_dp.privacy.secagg_shares.release_labels`). The noise shares are the
 plain vote's (same key), so with the same key the labels equal the plain vote's unless two noisy
-sums are within the fixed-point error ``N 2^-(f+1)``. Dropouts (``secagg_dropout``): ``d =
-floor(p N)`` agents drawn from the ``secagg`` stream never deliver their shares, so their ballots
-AND their noise shares are missing: the released vote carries ``N(0, sigma^2 (N - d)/N)`` and the
-ledger accounts it with the effective ``sigma sqrt((N - d)/N)`` (:func:`ledger_sigma`); the clean
-sums of the data-dependent analysis are the survivors'. Not with ``runtime.mesh``.
+sums are within the fixed-point error ``N 2^-(f+1)``. Not with ``runtime.mesh``.
+
+Dropouts (``secagg_dropout = p``). Every agent independently fails to deliver its shares with
+probability p: a Bernoulli coin from its own key (:func:`fedjax_dp.privacy.secagg.survivors`,
+agent i's coin from ``fold_in(k_drop, i)``, ``k_drop`` a key of the ``secagg`` stream), drawn
+before and independently of the data. A dropped agent's ballot AND its noise share are missing;
+the talliers, who know the number M of agents that delivered, add the missing noise jointly
+inside the MPC, ``N(0, sigma^2 (N - M)/N I_C)`` per query (``per_agent``;
+:func:`fedjax_dp.privacy.secagg.top_up_std`, from its own key of the ``secagg`` stream), or draw
+the whole ``N(0, sigma^2 I_C)`` (``aggregate``, as without dropouts). Whatever the survivor set
+S, the released sum is ``sum_{i in S} b_i + N(0, sigma^2 I_C)`` per query; only its argmax
+leaves. The clean sums of the data-dependent analysis are the survivors'.
+
+Why the ledger (the one without dropouts: ``SelfComposed(Gaussian(sigma / Delta), Q)``) is an
+upper bound. Unit and relation as without dropouts: agent level, add/remove one agent's whole
+dataset; instance level, add/remove one record of one agent; sensitivity Delta of
+:func:`fedjax_dp.privacy.vote.vote_sensitivity` (1, resp. sqrt(2) or sqrt(2)/k). Let D' = D plus
+agent x (agent level). Couple the dropout randomness agent by agent: the coins of D's agents
+have the same joint law under D and D' (each from its own key, independent of the data and of
+N), and x's coin is independent of them. Condition on all coins. (a) x dropped: its ballot is not
+counted and the top-up restores the noise to sigma^2, so D and D' release the same law. (b) x
+survived: the two sums have the same survivors but x, the same noise ``N(0, sigma^2 I)`` per
+query (the top-up sees N and M but always completes to sigma^2), and means that differ by x's
+ballot, L2 norm <= Delta per query: a Gaussian mechanism with noise sigma and sensitivity Delta,
+composed over the Q queries (the same survivors answer every query; independent noise per
+query). Instance level: the agent holding the changed record either dropped (identical laws)
+or survived (its ballot moves by <= Delta). Hence every conditional pair is at most as
+distinguishable as the ledger's event, and the released laws are mixtures of the conditional
+ones with the SAME weights under D and D' (the coins' law); the hockey-stick divergence
+``H_{e^eps}`` and ``exp((alpha - 1) D_alpha)`` are jointly convex, so the ledger's (eps, delta)
+and RDP bounds hold for the release, with nothing added to delta. The argument never uses the
+secrecy of S (it holds if the survivors are public) and ignores the amplification by dropouts
+(the exact curve is that of ``PoissonSampled(1 - p, Gaussian)`` at worst; not claimed: real
+dropouts are not independent coins). The number of survivors (metric ``secagg_survivors``)
+is a diagnostic: it depends on N and is not covered. ``tests/test_secagg_dropout_privacy.py``
+checks the bound against an exact computation over every survivor count, and that the earlier
+design (``floor(p N)`` dropouts, ledger with ``sigma sqrt((N - d)/N)``) violated it.
 
 ``State.values`` collects the phases' arrays: ``labels [Q]`` (released by the vote),
 ``clean_vote_sums [Q, C]`` (noise-free, for the data-dependent privacy analysis ONLY; present when
@@ -158,27 +190,15 @@ def check_secagg_vote(config, num_agents: int, runtime: api.Runtime) -> None:
                        sa.frac_bits, n + 1)
 
 
-def ledger_sigma(config, state: api.State | None) -> float:
-    """The noise std the ledger accounts: ``sigma``, or with secure-aggregation dropouts the
-    survivors' ``sigma sqrt((N - d)/N)``, ``d = floor(secagg_dropout N)`` (N from ``state``)."""
-    sa = config.secagg
-    if sa is None or sa.dropout == 0:
-        return float(config.sigma)
-    if state is None:
-        raise ValueError("the ledger of a vote with algorithm.secagg_dropout > 0 needs the run's "
-                         "state (the number of agents N fixes the survivors' noise)")
-    return secagg.effective_sigma(config.sigma, state.context.data.num_agents, sa.dropout)
-
-
-def secagg_note(config, sigma: float) -> str:
+def secagg_note(config) -> str:
     """The ledger note's secure-aggregation part ('' for the plain sum)."""
     sa = config.secagg
     if sa is None:
         return ""
     out = f"; secure aggregation: {sa.talliers} talliers, {sa.frac_bits} fraction bits"
     if sa.dropout:
-        out += (f", dropout {sa.dropout:g}: survivors' noise, effective sigma {sigma:g} "
-                f"(configured {config.sigma:g})")
+        out += (f", independent dropouts p={sa.dropout:g} with the noise topped up to sigma by "
+                f"the talliers (same bound as without dropouts)")
     return out
 
 
@@ -303,10 +323,11 @@ def streamed_vote_phase(state: api.State, blocks: Iterable[tuple], total: int, *
     return values, vote_metrics(ctx, labels)
 
 
-def secagg_keys(ctx: Context) -> tuple[jax.Array, jax.Array]:
-    """``(share key, dropout key)``: the two draws of the ``secagg`` stream."""
-    k_share, k_drop = jax.random.split(ctx.keys["secagg"])
-    return k_share, k_drop
+def secagg_keys(ctx: Context) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(share key, dropout key, top-up key)``: the three draws of the ``secagg`` stream (the
+    agents' shares, their dropout coins, the talliers' top-up noise)."""
+    k_share, k_drop, k_top = jax.random.split(ctx.keys["secagg"], 3)
+    return k_share, k_drop, k_top
 
 
 @functools.partial(jax.jit, static_argnames=("num_classes", "per_agent", "frac_bits"))
@@ -343,7 +364,7 @@ def _secagg_vote(state: api.State, blocks: Iterable[tuple], total: int, divisor:
     q = len(ctx.query_indices)
     per_agent = cfg.vote_noise == "per_agent"
     key = ctx.keys["vote"]
-    k_share, k_drop = secagg_keys(ctx)
+    k_share, k_drop, k_top = secagg_keys(ctx)
     alive = secagg.survivors(k_drop, n, sa.dropout)                                # [N] host
     alive_d = jnp.asarray(alive)
     std, div = jnp.float32(cfg.sigma / math.sqrt(n)), jnp.float32(divisor)
@@ -355,8 +376,10 @@ def _secagg_vote(state: api.State, blocks: Iterable[tuple], total: int, divisor:
                                      frac_bits=sa.frac_bits)
             task.update(1)
     extra = None
-    if not per_agent:        # the talliers draw the survivors' total noise jointly
-        extra = vote_lib.aggregate_noise(key, jnp.arange(q), ledger_sigma(cfg, state), c)
+    if not per_agent:        # the talliers draw the total noise jointly
+        extra = vote_lib.aggregate_noise(key, jnp.arange(q), cfg.sigma, c)
+    elif not alive.all():    # the talliers top the dropped agents' noise shares up jointly
+        extra = top_up_noise(k_top, q, c, cfg.sigma, n, int(alive.sum()))
     labels = np.asarray(secagg_shares.release_labels(tally.shares, extra,
                                                      frac_bits=sa.frac_bits))
     values = {**state.values, "labels": labels}
@@ -365,6 +388,15 @@ def _secagg_vote(state: api.State, blocks: Iterable[tuple], total: int, divisor:
     metrics = vote_metrics(ctx, labels)
     metrics["secagg_survivors"] = int(alive.sum())
     return values, metrics
+
+
+def top_up_noise(key: jax.Array, num_queries: int, num_classes: int, sigma: float,
+                 num_agents: int, num_survivors: int) -> jax.Array:
+    """The talliers' top-up ``[Q, C]``: ``N(0, sigma^2 (N - M)/N)`` per coordinate
+    (:func:`fedjax_dp.privacy.secagg.top_up_std`), query t from its own key (as
+    :func:`fedjax_dp.privacy.vote.aggregate_noise` draws, here from the top-up key)."""
+    std = secagg.top_up_std(sigma, num_agents, num_survivors)
+    return vote_lib.aggregate_noise(key, jnp.arange(num_queries), jnp.float32(std), num_classes)
 
 
 def vote_metrics(ctx: Context, labels: np.ndarray) -> dict:

@@ -44,7 +44,7 @@ from fedjax_dp.core import validation
 
 __all__ = ["AGGREGATIONS", "RING_BITS", "SecAggConfig", "SecAggOptions", "check_fields",
            "encode", "decode", "to_signed", "check_range", "max_abs_sum", "resolution",
-           "num_dropped", "survivors", "drop_within", "effective_sigma"]
+           "survive", "survivors", "drop_within", "top_up_std"]
 
 #: ``algorithm.aggregation``: the plain float sum (the simulation's default) or secure aggregation.
 AGGREGATIONS = ("plain", "secagg")
@@ -62,7 +62,8 @@ class SecAggConfig:
     frac_bits: f in [0, 30], the fixed-point scale 2^f (resolution 2^-f, range |sum| < 2^(31-f)).
     neighbours: k, the degree of the pairwise-masking graph (an even integer >= 2), or None for
       the complete graph (k = N - 1); a k >= N - 1 is the complete graph too.
-    dropout: fraction in [0, 1) of the agents that drop out after masking / sharing.
+    dropout: p in [0, 1), the probability that each agent, independently of the others and of
+      the data, drops out after masking / sharing (:func:`survive`).
     """
 
     talliers: int = 2
@@ -179,38 +180,51 @@ def decode(u: jax.Array, frac_bits: int) -> jax.Array:
 
 # --------------------------------------------------------------------------- dropouts
 
-def num_dropped(num_agents: int, fraction: float) -> int:
-    """``d = floor(fraction N)`` agents drop out (``d <= N - 1`` since fraction < 1)."""
-    return int(math.floor(float(fraction) * int(num_agents)))
+#
+# Every agent drops independently with probability p (a Bernoulli coin from its own key,
+# ``fold_in(key, id)``): agent i's coin depends neither on the data nor on which or how many
+# other agents there are, so two neighbouring datasets (add/remove one agent) can be coupled
+# agent by agent -- the shared agents drop alike and only the added agent's own coin differs.
+# A fixed number ``floor(p N)`` of dropouts (the earlier design) breaks that: removing an agent
+# can leave as many survivors, and the two sums then differ by a swap of two agents (twice the
+# sensitivity) and, in the vote, in noise variance (docs/secagg.md, "Dropouts").
+
+@jax.jit
+def survive(key: jax.Array, ids: jax.Array, fraction) -> jax.Array:
+    """Whether agents ``ids [B]`` deliver: ``bool [B]``, agent i survives unless
+    ``uniform(fold_in(key, i)) < fraction`` (float32; the rate equals ``fraction`` to 2^-23).
+
+    One coin per agent from its own key: independent Bernoulli(1 - fraction) survivals, agent i's
+    the same whichever other ids are drawn with it (and however they are chunked)."""
+    p = jnp.asarray(fraction, jnp.float32)
+
+    def one(i):
+        return jax.random.uniform(jax.random.fold_in(key, i), (), jnp.float32) >= p
+
+    return jax.vmap(one)(ids)
 
 
 def survivors(key: jax.Array, num_agents: int, fraction: float) -> np.ndarray:
-    """Host bool mask ``[N]``: all but ``d = floor(fraction N)`` agents, the dropped ones a
-    uniformly random d-subset drawn from ``key`` (independent of the data)."""
+    """Host bool mask ``[N]`` of the agents that deliver: :func:`survive` of agents
+    ``0..N-1`` (every agent drops independently with probability ``fraction``)."""
     n = validation.check_int("num_agents", num_agents, minimum=1)
-    d = num_dropped(n, fraction)
-    alive = np.ones((n,), bool)
-    if d:
-        alive[np.asarray(jax.random.permutation(key, n))[:d]] = False
-    return alive
+    if float(fraction) == 0.0:
+        return np.ones((n,), bool)
+    return np.asarray(survive(key, jnp.arange(n), jnp.float32(fraction)))
 
 
 @jax.jit
-def drop_within(key: jax.Array, contrib: jax.Array, fraction) -> jax.Array:
-    """Traced dropouts inside a pass: ``contrib [B]`` bool -> the survivors ``[B]``.
-
-    ``d = floor(fraction M)`` (float32) of the ``M = sum(contrib)`` contributing rows drop, a
-    uniformly random d-subset of them (random scores from ``key``, the d smallest drop).
-    """
-    m = jnp.sum(contrib.astype(jnp.float32))
-    d = jnp.floor(jnp.float32(fraction) * m).astype(jnp.int32)
-    u = jnp.where(contrib, jax.random.uniform(key, contrib.shape), 2.0)
-    rank = jnp.argsort(jnp.argsort(u))                               # 0 = smallest score
-    return contrib & (rank >= d)
+def drop_within(key: jax.Array, contrib: jax.Array, fraction, ids: jax.Array) -> jax.Array:
+    """Traced dropouts inside a pass: ``contrib [B]`` bool -> the survivors ``[B]``: the
+    contributing rows whose agent ``ids [B]`` survives its own coin (:func:`survive`)."""
+    return contrib & survive(key, ids, fraction)
 
 
-def effective_sigma(sigma: float, num_agents: int, fraction: float) -> float:
-    """The vote's noise std once ``d = floor(fraction N)`` agents (and their noise shares
-    ``N(0, sigma^2/N)``) are gone: ``sigma sqrt((N - d) / N)``."""
-    n = int(num_agents)
-    return float(sigma) * math.sqrt((n - num_dropped(n, fraction)) / n)
+def top_up_std(sigma: float, num_agents: int, num_survivors: int) -> float:
+    """The std of the noise the vote's talliers add inside the MPC when only M of the N agents
+    delivered: ``sigma sqrt((N - M) / N)``, the dropped agents' missing shares ``N(0,
+    sigma^2/N)``, so that the released sum carries ``N(0, sigma^2)`` whoever drops."""
+    n, m = int(num_agents), int(num_survivors)
+    if not 0 <= m <= n:
+        raise ValueError(f"num_survivors must be in [0, {n}], got {num_survivors!r}")
+    return float(sigma) * math.sqrt((n - m) / n)
