@@ -46,6 +46,7 @@ import numpy as np
 from fedjax_dp.algorithms import api, fedavg
 from fedjax_dp.core import is_on_host
 from fedjax_dp.core import cohort as cohort_lib
+from fedjax_dp.core import memory
 
 Params = Any
 
@@ -166,15 +167,20 @@ class SeedRounds:
                         not self.masked)
         params = tuple(params)
         counts = None if counts is None else tuple(counts)
+        what = (f"a round's local training of {len(self.runners)} seeds ({max(sizes)} agents "
+                "per pass)")
+        drivers = self.runners[0].memory_drivers           # refused before its first run
         if len(sizes) == 1:                   # the usual round: one pass, one compiled call
-            params, metrics, counts = fns.fused(k_train, k_noise, params, self.source, ids,
-                                                valid, self.extras, counts)
+            args = (k_train, k_noise, params, self.source, ids, valid, self.extras, counts)
+            memory.check_call(fns.fused, *args, what=what, drivers=drivers)
+            params, metrics, counts = fns.fused(*args)
         else:                                 # a draw larger than a pass: the passes' sums added
             stacked, total, at = fns.stack(params), None, 0
             for b in sizes:
                 pass_ids, pass_valid = ids[:, at:at + b], valid[:, at:at + b]
-                sums = fns.train(k_train, stacked, self.source, pass_ids, pass_valid,
-                                 self.extras)
+                args = (k_train, stacked, self.source, pass_ids, pass_valid, self.extras)
+                memory.check_call(fns.train, *args, what=what, drivers=drivers)
+                sums = fns.train(*args)
                 total = sums if total is None else fns.add(total, sums)
                 if counts is not None:
                     counts = fns.count(counts, pass_ids, pass_valid)
