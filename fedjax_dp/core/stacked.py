@@ -14,13 +14,16 @@ contribute to a loss, a vote or a neighbour search: every consumer multiplies by
 
 Where the arrays live. The leaves are device arrays (``from_ragged``: small populations, gathered
 on the device) or host numpy arrays, possibly memory-mapped ``.npy`` files (``on_host``,
-``from_arrays``, ``load_stacked``): then only a round's cohort, or one chunk of agents, is copied to
-the device at a time (:mod:`fedjax_dp.core.cohort`), so N is bounded by host memory or disk.
+``from_arrays``, ``load_stacked``, ``stack_records``): then only a round's cohort, or one chunk of
+agents, is copied to the device at a time (:mod:`fedjax_dp.core.cohort`), so N is bounded by host
+memory or disk. ``stack_records`` writes a stream of records (e.g. a generated source) straight
+into host or memory-mapped stacked arrays; ``place`` puts a population where ``run.agents_on``
+says (``"auto"``: :func:`auto_placement`).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -206,3 +209,148 @@ def from_partition(x: np.ndarray, y: np.ndarray, indices: Sequence[np.ndarray], 
             raise ValueError(f"indices[{i}] must be in [0, {len(x) - 1}]")
     return from_ragged([x[np.asarray(i, dtype=np.int64)] for i in indices],
                        [y[np.asarray(i, dtype=np.int64)] for i in indices], **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordRows:
+    """Where a partition puts each record in the stacked grid (:func:`record_rows`).
+
+    row_of: ``[n]`` int64, record r's row ``i * n_max + j`` of the flattened ``[N * n_max]``
+      grid (agent i, slot j), or -1 when no agent holds it.
+    counts: ``[N]`` int32 records per agent.
+    """
+
+    row_of: np.ndarray
+    counts: np.ndarray
+
+    @property
+    def n_max(self) -> int:
+        return int(self.counts.max())
+
+
+def record_rows(indices: Sequence[np.ndarray], num_records: int) -> RecordRows:
+    """The rows of a partition (agent i holds records ``indices[i]``, in that order, of
+    ``num_records``): two flat arrays in place of N index arrays (drop the list after this)."""
+    num = len(indices)
+    if num == 0:
+        raise ValueError("indices must hold at least one agent, got an empty list")
+    counts = np.fromiter((np.size(i) for i in indices), np.int64, count=num)        # [N]
+    if counts.min() == 0:
+        raise ValueError(f"agent {int(np.argmin(counts))} has no records; every agent needs "
+                         "at least one")
+    n_max = int(counts.max())
+    flat = np.concatenate([np.asarray(i, dtype=np.int64) for i in indices])          # [sum]
+    if flat.min() < 0 or flat.max() >= num_records:
+        raise ValueError(f"indices must be in [0, {num_records - 1}]")
+    dest = np.repeat(np.arange(num, dtype=np.int64) * n_max - (np.cumsum(counts) - counts),
+                     counts)
+    dest += np.arange(flat.size, dtype=np.int64)
+    row_of = np.full(num_records, -1, np.int64)                 # [n] record -> row (-1: none)
+    row_of[flat] = dest
+    if np.count_nonzero(row_of >= 0) != flat.size:
+        raise ValueError("indices must be pairwise disjoint (a record listed twice)")
+    return RecordRows(row_of=row_of, counts=counts.astype(np.int32))
+
+
+def stack_records(blocks: Iterable[np.ndarray], y, indices: Sequence[np.ndarray] | RecordRows,
+                  *, path=None, dtype=np.float32) -> StackedData:
+    """Host-resident stacked agents written straight from a stream of records.
+
+    The streamed :func:`from_partition`: agent i holds records ``indices[i]`` (in that order) of
+    a record set whose labels are ``y [n]`` and whose features arrive as consecutive blocks
+    ``[b, *feature_shape]`` (records 0, 1, ..., n - 1 in order; a generated source never holds
+    them whole). Each block's rows are scattered into their agents' rows as it arrives, so the
+    only copy of the features is the result ``x [N, n_max, *feature_shape]`` (plus one block and
+    an ``[n]`` int64 record -> row map). Equal to ``from_partition(x, y, indices).on_host()``.
+
+    Args:
+      blocks: the record features in order, in blocks of any sizes summing to ``n``.
+      y: ``[n]`` integer labels.
+      indices: N pairwise disjoint record-index arrays (a partition; every agent needs >= 1), or
+        their :func:`record_rows` (so that the caller can free the N arrays first).
+      path: a folder: ``x`` is written to ``path/x.npy`` as a memory map (with ``y.npy`` and
+        ``counts.npy``, :func:`save_stacked`'s format) and the result is :func:`load_stacked`'s.
+      dtype: feature dtype of the result.
+    """
+    y = np.asarray(y)
+    if y.ndim != 1 or (y.size and y.dtype.kind not in "iu"):
+        raise ValueError(f"y must be a 1-D integer label array, got shape {y.shape} dtype "
+                         f"{y.dtype}")
+    rows_of = indices if isinstance(indices, RecordRows) else record_rows(indices, len(y))
+    row_of, counts = rows_of.row_of, rows_of.counts
+    if len(row_of) != len(y):
+        raise ValueError(f"the record rows cover {len(row_of)} records but y holds {len(y)}")
+    num, n_max = len(counts), rows_of.n_max
+    held = row_of >= 0
+    y_out = np.zeros((num, n_max), np.int32)
+    y_out.reshape(-1)[row_of[held]] = y[held]
+    del held
+    x_out = rows = None
+    start = 0
+    for block in blocks:
+        block = validation.check_finite_array(f"records {start}..", block)
+        if x_out is None:
+            shape = (num, n_max) + tuple(block.shape[1:])
+            if path is None:
+                x_out = np.zeros(shape, dtype)            # pages appear as rows are written
+            else:
+                from pathlib import Path
+                Path(path).mkdir(parents=True, exist_ok=True)
+                x_out = np.lib.format.open_memmap(Path(path) / "x.npy", mode="w+",
+                                                  dtype=dtype, shape=shape)
+            rows = x_out.reshape(num * n_max, -1)         # a view
+        if start + len(block) > len(y):
+            raise ValueError(f"the blocks hold more records than y ({len(y)})")
+        where = row_of[start:start + len(block)]
+        keep = np.flatnonzero(where >= 0)
+        rows[where[keep]] = block.reshape(len(block), -1)[keep]
+        start += len(block)
+    if start != len(y):
+        raise ValueError(f"the blocks hold {start} records but y holds {len(y)}")
+    if path is None:
+        return from_arrays(x_out, y_out, counts, check=False)
+    x_out.flush()
+    del x_out, rows
+    from pathlib import Path
+    np.save(Path(path) / "y.npy", y_out)
+    np.save(Path(path) / "counts.npy", counts)
+    return load_stacked(path)
+
+
+#: ``agents_on = "auto"``: host-resident when the agents exceed this fraction of the device's
+#: memory (where the device reports it) ...
+AUTO_HOST_FRACTION = 0.25
+#: ... or, on a device that does not report its memory (the CPU), this many bytes.
+AUTO_HOST_BYTES = 256 << 20
+
+
+def auto_placement(nbytes: int, device=None) -> str:
+    """``"host"`` or ``"device"``: where ``run.agents_on = "auto"`` keeps ``nbytes`` of agents.
+
+    Host when they exceed :data:`AUTO_HOST_FRACTION` (25%) of ``device.memory_stats()
+    ["bytes_limit"]`` (GPU, TPU: the rest is left to parameters, activations and XLA), else on
+    the device. A device without memory statistics (the CPU, whose "device" memory is host
+    memory) keeps populations above :data:`AUTO_HOST_BYTES` (256 MiB) on the host: placing them
+    on the device would be a second copy of the data, and host-resident agents are streamed a
+    chunk or a cohort at a time with the same results. ``device``: default ``jax.devices()[0]``.
+    """
+    device = jax.devices()[0] if device is None else device
+    try:
+        stats = device.memory_stats()
+    except Exception:              # backends without the statistics raise or return None
+        stats = None
+    limit = (stats or {}).get("bytes_limit")
+    if limit:
+        return "host" if nbytes > AUTO_HOST_FRACTION * limit else "device"
+    return "host" if nbytes > AUTO_HOST_BYTES else "device"
+
+
+def place(data: StackedData, agents_on: str, device=None) -> StackedData:
+    """The agents on ``"device"``, ``"host"`` or ``"auto"`` (:func:`auto_placement`)."""
+    if agents_on == "auto":
+        agents_on = auto_placement(data.nbytes, device)
+    if agents_on == "host":
+        return data if is_on_host(data) else data.on_host()
+    if agents_on == "device":
+        return data.on_device() if is_on_host(data) else data
+    raise ValueError(f"agents_on must be 'device', 'host' or 'auto', got {agents_on!r}")
