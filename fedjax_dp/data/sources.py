@@ -14,9 +14,14 @@ mnist5k_oddeven  mnist5k, PCA fit on public;      (pca_dim,)       3000   1000  
                  parity labels; 25 digit pairs
 synthetic        Gaussian mixture, any size       (num_features,)  any    any     any
 ===============  ===============================  ===============  =====  ======  =====
+
+:data:`STREAMED` names the sources that also generate their training features block by block
+(:func:`synthetic_stream`, a :class:`~fedjax_dp.data.streamed.StreamedDataset`), so a large
+population is written straight into the agents' stacked rows.
 """
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Callable
 
@@ -25,6 +30,7 @@ import numpy as np
 from fedjax_dp.core import validation
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.data.splits import split_indices
+from fedjax_dp.data.streamed import StreamedDataset
 
 
 def _make(name: str, x: np.ndarray, y: np.ndarray, num_classes: int, seed: int,
@@ -188,8 +194,21 @@ def synthetic(num_train: int = 1000, num_public: int = 200, num_test: int = 200,
     domain ids are stored in ``domain_train`` for :func:`fedjax_dp.data.partition.by_domain`.
 
     The means, and each split, come from their own random stream derived from ``seed``, so
-    changing ``num_test`` does not change the training records.
+    changing ``num_test`` does not change the training records. :func:`synthetic_stream` is the
+    same dataset with the training features generated block by block (for large ``num_train``).
     """
+    return synthetic_stream(num_train, num_public, num_test, num_features, num_classes, seed,
+                            separation, num_domains=num_domains,
+                            domain_shift=domain_shift).materialize()
+
+
+def synthetic_stream(num_train: int = 1000, num_public: int = 200, num_test: int = 200,
+                     num_features: int = 20, num_classes: int = 10, seed: int = 0,
+                     separation: float = 3.0, *, num_domains: int = 1,
+                     domain_shift: float = 1.0) -> StreamedDataset:
+    """:func:`synthetic` (the same arguments and values) whose training features are generated
+    in blocks when read, never held whole: labels and domains are drawn at once, then the
+    training stream's state is kept, and every read of the features replays it from there."""
     num_train = validation.check_int("num_train", num_train, minimum=1)
     num_public = validation.check_int("num_public", num_public, minimum=0)
     num_test = validation.check_int("num_test", num_test, minimum=0)
@@ -206,20 +225,36 @@ def synthetic(num_train: int = 1000, num_public: int = 200, num_test: int = 200,
     means = separation * directions / np.where(norms > 0, norms, 1.0)        # [C, d]
     offsets = domain_shift * streams[0].normal(size=(num_domains, num_features))  # [D, d]
 
-    def draw(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def draw(rng: np.random.Generator, n: int):
+        """Labels and domains of ``n`` records now; their features from ``blocks(size)``."""
         y = rng.permutation(np.arange(n) % num_classes).astype(np.int32)    # [n] balanced
         dom = rng.permutation(np.arange(n) % num_domains).astype(np.int64)  # [n]
-        x = means[y] + rng.normal(size=(n, num_features))                   # [n, d]
-        if num_domains > 1:
-            x = x + offsets[dom]
-        return x.astype(np.float32), y, dom
+        state = copy.deepcopy(rng)              # the features' normals start here
 
-    x_tr, y_tr, d_tr = draw(streams[1], num_train)
-    x_pu, y_pu, _ = draw(streams[2], num_public)
-    x_te, y_te, _ = draw(streams[3], num_test)
-    return Dataset(name="synthetic", x_train=x_tr, y_train=y_tr, x_public=x_pu, y_public=y_pu,
-                   x_test=x_te, y_test=y_te, num_classes=num_classes,
-                   domain_train=d_tr if num_domains > 1 else None)
+        def blocks(size: int):
+            g = copy.deepcopy(state)
+            for s in range(0, n, size):
+                e = min(n, s + size)
+                x = g.normal(size=(e - s, num_features))                    # [b, d]
+                x += means[y[s:e]]          # in place: the same sums as means[y] + normal
+                if num_domains > 1:
+                    x += offsets[dom[s:e]]
+                yield x.astype(np.float32)
+        return y, dom, blocks
+
+    def whole(rng: np.random.Generator, n: int):
+        y, _, blocks = draw(rng, n)
+        x = np.concatenate(list(blocks(max(n, 1)))) if n else np.zeros((0, num_features),
+                                                                       np.float32)
+        return x, y
+
+    y_tr, d_tr, train = draw(streams[1], num_train)
+    x_pu, y_pu = whole(streams[2], num_public)
+    x_te, y_te = whole(streams[3], num_test)
+    return StreamedDataset(name="synthetic", y_train=y_tr, blocks=train,
+                           feature_shape=(num_features,), x_public=x_pu, y_public=y_pu,
+                           x_test=x_te, y_test=y_te, num_classes=num_classes,
+                           domain_train=d_tr if num_domains > 1 else None)
 
 
 def resize_images(x: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:
@@ -246,15 +281,34 @@ def resize_images(x: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
-DATASETS: dict[str, Callable[..., Dataset]] = {
+TFDS_PREFIX = "tfds:"
+#: ``"stacked:PATH"``: agents saved with :func:`fedjax_dp.core.save_stacked`, already partitioned
+#: (read by ``fedjax_dp.experiments.population``, not by :func:`load_dataset`)
+STACKED_PREFIX = "stacked:"
+PREFIXES = (TFDS_PREFIX, STACKED_PREFIX)
+
+
+class _Names(dict):
+    """The named sources; ``name in DATASETS`` also holds for the prefixed names a config may
+    give (``"tfds:<name>"``, ``"stacked:<path>"``), so one membership test validates
+    ``data.dataset``. Iterating lists the named sources only."""
+
+    def __contains__(self, name) -> bool:
+        return super().__contains__(name) or (isinstance(name, str) and any(
+            name.startswith(p) and len(name) > len(p) for p in PREFIXES))
+
+
+DATASETS: dict[str, Callable[..., Dataset]] = _Names({
     "digits": digits,
     "wbcd": wbcd,
     "mnist5k": mnist5k,
     "mnist5k_oddeven": mnist5k_oddeven,
     "synthetic": synthetic,
-}
+})
 
-TFDS_PREFIX = "tfds:"
+#: sources that can also stream their training features (same arguments, same values):
+#: name -> fn(**options) -> StreamedDataset
+STREAMED: dict[str, Callable[..., StreamedDataset]] = {"synthetic": synthetic_stream}
 
 
 def load_dataset(name: str, **kwargs) -> Dataset:
@@ -266,7 +320,10 @@ def load_dataset(name: str, **kwargs) -> Dataset:
     if isinstance(name, str) and name.startswith(TFDS_PREFIX) and len(name) > len(TFDS_PREFIX):
         from fedjax_dp.data.tfds_adapter import load_tfds
         return load_tfds(name[len(TFDS_PREFIX):], **kwargs)
-    if not isinstance(name, str) or name not in DATASETS:
+    if isinstance(name, str) and name.startswith(STACKED_PREFIX):
+        raise ValueError(f"{name!r} is a stacked population (agents, not a dataset): read it "
+                         f"with fedjax_dp.core.load_stacked or run it from a config")
+    if not isinstance(name, str) or not dict.__contains__(DATASETS, name):
         raise ValueError(f"unknown dataset {name!r}; valid names are {sorted(DATASETS)} "
                          f"(or '{TFDS_PREFIX}<name>' for a tensorflow-datasets dataset)")
     return DATASETS[name](**kwargs)

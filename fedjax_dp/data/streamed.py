@@ -1,0 +1,125 @@
+"""A dataset whose training features are produced block by block and never held whole.
+
+A :class:`StreamedDataset` is a :class:`~fedjax_dp.data.Dataset` without ``x_train``: it holds the
+training labels (``y_train``, ``domain_train``: partitioners need them) and the public and test
+splits, and yields the training features in record order, in blocks, as often as asked (a
+generated source replays its random stream). :func:`fedjax_dp.core.stack_records` writes such a
+stream straight into the agents' stacked rows, so a population of N agents costs its stacked
+arrays and one block, not a second ``[n_train, ...]`` copy (``fedjax_dp.experiments.population``).
+
+:func:`train_blocks` reads either kind of dataset the same way.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterator
+
+import numpy as np
+
+from fedjax_dp.core import validation
+from fedjax_dp.data.dataset import Dataset
+
+#: records per block when a stream is read (4 MiB of float64 features at 32 features)
+BLOCK = 1 << 14
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamedDataset:
+    """Train (streamed features, held labels) / public / test splits of one classification task.
+
+    ``blocks(size)`` yields float32 ``[<= size, *feature_shape]`` blocks of the training features,
+    records ``0 .. n_train - 1`` in order; every call yields the same values whatever ``size``.
+    """
+
+    name: str
+    y_train: np.ndarray                       # [n_train] int32
+    blocks: Callable[[int], Iterator[np.ndarray]]
+    feature_shape: tuple
+    x_public: np.ndarray                      # [n_public, *feature_shape] float32
+    y_public: np.ndarray                      # [n_public] int32, diagnostics only
+    x_test: np.ndarray                        # [n_test, *feature_shape] float32
+    y_test: np.ndarray                        # [n_test] int32
+    num_classes: int
+    domain_train: np.ndarray | None = None    # [n_train] int64
+
+    def __post_init__(self):
+        num_classes = validation.check_int("num_classes", self.num_classes, minimum=1)
+        y = validation.check_labels("y_train", self.y_train, num_classes)   # min / max: no copy
+        if y.ndim != 1 or len(y) == 0:
+            raise ValueError(f"y_train must be a non-empty 1-D label array, got {y.shape}")
+        object.__setattr__(self, "y_train", y.astype(np.int32, copy=False))
+        object.__setattr__(self, "feature_shape", tuple(int(s) for s in self.feature_shape))
+        for split in ("public", "test"):
+            x = validation.check_finite_array(f"x_{split}", getattr(self, f"x_{split}"))
+            yy = validation.check_labels(f"y_{split}", np.asarray(getattr(self, f"y_{split}"),
+                                                                  dtype=np.int64), num_classes)
+            validation.check_same_length((f"x_{split}", f"y_{split}"), x, yy)
+            if x.shape[1:] != self.feature_shape:
+                raise ValueError(f"x_{split} has feature shape {x.shape[1:]}, expected "
+                                 f"{self.feature_shape}")
+            object.__setattr__(self, f"x_{split}", x.astype(np.float32, copy=False))
+            object.__setattr__(self, f"y_{split}", yy.astype(np.int32))
+        if self.domain_train is not None:
+            d = np.asarray(self.domain_train)
+            validation.check_same_length(("domain_train", "y_train"), d, y)
+            object.__setattr__(self, "domain_train", d.astype(np.int64, copy=False))
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {"train": len(self.y_train), "public": len(self.y_public),
+                "test": len(self.y_test)}
+
+    def subset(self, keep) -> "StreamedDataset":
+        """The same task with only the training records ``keep`` (sorted, distinct indices):
+        its blocks are the kept rows of this one's, in order (no copy of the features)."""
+        keep = np.asarray(keep, dtype=np.int64)
+        if keep.size > 1 and np.any(np.diff(keep) <= 0):
+            raise ValueError("keep must hold sorted, distinct record indices")
+        parent = self.blocks
+
+        def blocks(size: int) -> Iterator[np.ndarray]:
+            start = 0
+            for block in parent(size):
+                lo, hi = np.searchsorted(keep, [start, start + len(block)])
+                yield block[keep[lo:hi] - start]
+                start += len(block)
+
+        dom = None if self.domain_train is None else self.domain_train[keep]
+        return dataclasses.replace(self, y_train=self.y_train[keep], blocks=blocks,
+                                   domain_train=dom)
+
+    def rows(self, indices) -> np.ndarray:
+        """``x_train[indices]`` (any order), gathered in one pass over the stream."""
+        indices = np.asarray(indices, dtype=np.int64)
+        order = np.argsort(indices, kind="stable")
+        wanted = indices[order]
+        out = np.empty((len(indices),) + self.feature_shape, np.float32)
+        start = 0
+        for block in self.blocks(BLOCK):
+            lo, hi = np.searchsorted(wanted, [start, start + len(block)])
+            out[order[lo:hi]] = block[wanted[lo:hi] - start]
+            start += len(block)
+        return out
+
+    def materialize(self) -> Dataset:
+        """The whole :class:`Dataset` (the features concatenated: for small streams)."""
+        x = np.concatenate(list(self.blocks(BLOCK)))
+        return Dataset(name=self.name, x_train=x, y_train=self.y_train, x_public=self.x_public,
+                       y_public=self.y_public, x_test=self.x_test, y_test=self.y_test,
+                       num_classes=self.num_classes, domain_train=self.domain_train)
+
+    def __repr__(self) -> str:
+        s = self.sizes
+        return (f"StreamedDataset(name={self.name!r}, feature_shape={self.feature_shape}, "
+                f"num_classes={self.num_classes}, train={s['train']}, public={s['public']}, "
+                f"test={s['test']})")
+
+
+def train_blocks(dataset: Dataset | StreamedDataset, size: int = BLOCK) -> Iterator[np.ndarray]:
+    """The training features of either kind of dataset in blocks of ``size`` records (views of
+    ``x_train`` for a :class:`Dataset`)."""
+    if isinstance(dataset, StreamedDataset):
+        yield from dataset.blocks(size)
+        return
+    for start in range(0, len(dataset.x_train), size):
+        yield dataset.x_train[start:start + size]
