@@ -1,0 +1,296 @@
+"""A run's population from its resolved ``[data]`` table: load -> hold out -> partition -> stack.
+
+The agents' records are copied once, into the stacked arrays ``x [N, n_max, ...]``:
+
+* a source that can stream (:data:`fedjax_dp.data.STREAMED`, e.g. ``synthetic``) never builds
+  its training split: its labels are partitioned (index arrays), then its features are generated
+  block by block and written straight into the agents' rows (:func:`fedjax_dp.core.stack_records`);
+  a validation hold-out (``data.validation_fraction``) only drops records from the stream;
+* other sources load their training split (the files or package data they read) and the agents'
+  rows are gathered from it in blocks, with no per-agent copies;
+* ``data.dataset = "stacked:PATH"`` reads a population saved by :func:`save` (or
+  :func:`fedjax_dp.core.save_stacked`) memory-mapped, and copies nothing.
+
+The population is built in host memory and then placed by ``run.agents_on``
+(:func:`fedjax_dp.core.place`): ``"auto"`` (default) keeps it on the host when it would not
+comfortably fit on the device (more than 25% of the device's memory, or more than 256 MiB on a
+CPU, :func:`fedjax_dp.core.auto_placement`), ``"device"`` copies it to the device, ``"host"``
+keeps it on the host (only chunks or cohorts go to the device). Every placement gives the same
+results.
+
+A stacked population. ``stacked:PATH`` (PATH relative to the current folder) names a folder holding
+``x.npy``, ``y.npy``, ``counts.npy`` and, beside them, ``server.npz``: the server's public and
+test splits (``x_public``, ``y_public``, ``x_test``, ``y_test``, ``num_classes``, ``name``), as
+:func:`save` writes them. ``data.server_dataset`` replaces those splits (and is required when
+``server.npz`` is missing). The agents are already partitioned: ``data.partition`` and its options
+are not used, ``data.num_agents`` must equal the saved N, and ``dataset_options``,
+``image_size`` and ``validation_fraction`` must be left unset.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import inspect
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from fedjax_dp import data as data_lib
+from fedjax_dp.core import (StackedData, load_stacked, place, record_rows, rng, save_stacked,
+                            stack_records)
+from fedjax_dp.experiments import config as config_lib
+
+SERVER_FILE = "server.npz"
+_STACKED_FILES = ("x.npy", "y.npy", "counts.npy")
+
+AnyDataset = data_lib.Dataset | data_lib.StreamedDataset
+
+
+@dataclasses.dataclass
+class Population:
+    """The data of a run: the task's splits (``dataset``: name, public and test splits, training
+    labels), the stacked agents, and the held-out validation records (or None)."""
+
+    dataset: AnyDataset
+    agents: StackedData
+    x_val: Any = None               # [n_val, ...]
+    y_val: Any = None               # [n_val]
+
+
+def _resized(ds: data_lib.Dataset, size: int) -> data_lib.Dataset:
+    if ds.x_train.ndim != 4:
+        raise config_lib.ConfigError(f"data.image_size applies to image datasets [n, H, W, C]; "
+                                     f"{ds.name!r} has feature shape {ds.feature_shape}")
+    r = data_lib.resize_images
+    return data_lib.Dataset(name=ds.name, x_train=r(ds.x_train, size), y_train=ds.y_train,
+                            x_public=r(ds.x_public, size), y_public=ds.y_public,
+                            x_test=r(ds.x_test, size), y_test=ds.y_test,
+                            num_classes=ds.num_classes, domain_train=ds.domain_train)
+
+
+def _load(name: str, options: dict, where: str, *, stream: bool = False) -> AnyDataset:
+    """``load_dataset(name, **options)`` (its :data:`~fedjax_dp.data.STREAMED` form with
+    ``stream``); an option the source does not take names ``where``."""
+    if name.startswith(data_lib.STACKED_PREFIX):
+        raise config_lib.ConfigError(f"{where.rsplit('_options', 1)[0]} = {name!r}: a stacked "
+                                     f"population can only be data.dataset")
+    streamed = data_lib.STREAMED.get(name) if stream else None
+    source = streamed or data_lib.DATASETS.get(name)
+    if source is not None:
+        try:
+            inspect.signature(source).bind(**options)
+        except TypeError as e:
+            params = [q for q in inspect.signature(source).parameters]
+            raise config_lib.ConfigError(f"{where} for {name!r}: {e}; it accepts {params}"
+                                         ) from None
+    if streamed is not None:
+        return streamed(**options)
+    return data_lib.load_dataset(name, **options)
+
+
+def load_data(d: dict, *, stream: bool = False) -> AnyDataset:
+    """The dataset of a resolved ``[data]`` table (a :class:`~fedjax_dp.data.StreamedDataset`
+    with ``stream`` when the source can stream and no ``image_size`` is asked).
+
+    ``data.image_size = s > 0`` resizes every split to ``s x s`` (bilinear,
+    :func:`fedjax_dp.data.resize_images`). ``data.server_dataset = name`` makes a cross-domain
+    task: the agents partition ``data.dataset``'s training split, and the server's public
+    (unlabelled) and test splits come from ``name`` (loaded with ``data.server_dataset_options``);
+    both must have the same classes and, after resizing, the same feature shape. The result is
+    named ``"<dataset>-><server_dataset>"``.
+    """
+    size = d.get("image_size", 0)
+    ds = _load(d["dataset"], d["dataset_options"], "data.dataset_options",
+               stream=stream and not size)
+    if size:
+        ds = _resized(ds, size)
+    server = d.get("server_dataset", "")
+    if not server:
+        return ds
+    srv = _server(d, ds.num_classes, tuple(ds.feature_shape))
+    return dataclasses.replace(ds, name=f"{ds.name}->{srv.name}", x_public=srv.x_public,
+                               y_public=srv.y_public, x_test=srv.x_test, y_test=srv.y_test)
+
+
+def _server(d: dict, num_classes: int | None, feature_shape: tuple) -> data_lib.Dataset:
+    """``data.server_dataset`` (resized by ``data.image_size``), checked against the agents'
+    classes (``num_classes``; None: any) and feature shape."""
+    server, size = d["server_dataset"], d.get("image_size", 0)
+    srv = _load(server, d.get("server_dataset_options", {}), "data.server_dataset_options")
+    if size:
+        srv = _resized(srv, size)
+    if num_classes is not None and srv.num_classes != num_classes:
+        raise config_lib.ConfigError(f"data.server_dataset {server!r} has {srv.num_classes} "
+                                     f"classes but data.dataset has {num_classes}")
+    if srv.feature_shape != feature_shape:
+        raise config_lib.ConfigError(
+            f"data.server_dataset {server!r} has feature shape {srv.feature_shape} but "
+            f"data.dataset has {feature_shape}; set data.image_size to a common size")
+    return srv
+
+
+def partition_indices(d: dict, dataset: AnyDataset, key) -> list:
+    """The agents' training-record indices for a resolved ``[data]`` table.
+
+    ``partition = "by_domain"`` uses the dataset's own training domains (e.g. mnist5k_oddeven's
+    (even, odd) digit pairs) unless ``partition_options.domains`` is given.
+    """
+    options = dict(d["partition_options"])
+    if d["partition"] == "by_domain" and "domains" not in options:
+        if dataset.domain_train is None:
+            raise config_lib.ConfigError(f"data.partition = \"by_domain\" needs a dataset with "
+                                         f"training domains; {dataset.name!r} has none")
+        options["domains"] = dataset.domain_train
+    try:
+        return data_lib.partition(d["partition"], dataset.y_train, d["num_agents"], key,
+                                  **options)
+    except ValueError as e:            # name the config key the partitioner's argument came from
+        msg = str(e)
+        if msg.startswith("num_agents"):
+            raise config_lib.ConfigError(f"data.{msg}") from None
+        first = msg.split(" ", 1)[0]
+        if first in options:
+            raise config_lib.ConfigError(f"data.partition_options.{msg}") from None
+        raise
+
+
+def hold_out(dataset: AnyDataset, fraction: float, key) -> tuple[AnyDataset, np.ndarray,
+                                                                 np.ndarray]:
+    """``(dataset without the held-out records, x_val, y_val)``: ``round(fraction n)`` (>= 1)
+    training records drawn uniformly with ``key``; the rest keep their order. A streamed
+    dataset's features are not copied: its stream skips the held-out records."""
+    n = len(dataset.y_train)
+    m = max(1, int(round(fraction * n)))
+    if m >= n:
+        raise config_lib.ConfigError(f"data.validation_fraction = {fraction} leaves no training "
+                                     f"record of {n}")
+    perm = np.asarray(jax.random.permutation(key, n))
+    val, keep = perm[:m], np.sort(perm[m:])
+    if isinstance(dataset, data_lib.StreamedDataset):
+        return dataset.subset(keep), dataset.rows(val), dataset.y_train[val]
+    dom = None if dataset.domain_train is None else dataset.domain_train[keep]
+    reduced = data_lib.Dataset(name=dataset.name, x_train=dataset.x_train[keep],
+                               y_train=dataset.y_train[keep], x_public=dataset.x_public,
+                               y_public=dataset.y_public, x_test=dataset.x_test,
+                               y_test=dataset.y_test, num_classes=dataset.num_classes,
+                               domain_train=dom)
+    return reduced, dataset.x_train[val], dataset.y_train[val]
+
+
+def build(config: dict, *, path=None) -> Population:
+    """The population of a resolved config, placed by ``run.agents_on`` (the seed's root key
+    drives the hold-out and the partition). ``path``: write the agents there as memory-mapped
+    ``.npy`` files (:func:`save`) instead of host memory."""
+    d = config["data"]
+    if d["dataset"].startswith(data_lib.STACKED_PREFIX):
+        if path is not None:
+            raise config_lib.ConfigError("a stacked population is saved already")
+        dataset, agents = load_population(d)
+        return Population(dataset=dataset, agents=place(agents, config["run"]["agents_on"]))
+    root = rng.as_key(config["seed"])
+    dataset = load_data(d, stream=True)
+    x_val = y_val = None
+    if d.get("validation_fraction", 0.0):
+        dataset, x_val, y_val = hold_out(dataset, d["validation_fraction"],
+                                         rng.stream(root, "validation"))
+    rows = record_rows(partition_indices(d, dataset, rng.stream(root, "partition")),
+                       len(dataset.y_train))                       # the N index arrays freed
+    _trim_heap()
+    agents = stack_records(data_lib.train_blocks(dataset), dataset.y_train, rows, path=path)
+    del rows
+    if path is None:
+        agents = place(agents, config["run"]["agents_on"])
+    return Population(dataset=dataset, agents=agents, x_val=x_val, y_val=y_val)
+
+
+def _trim_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``; elsewhere nothing): the N
+    small index arrays of a partition of many agents leave ~0.2 GB of holes at N = 10^6 that the
+    stacked arrays (one large mapping) cannot reuse."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def save(config: dict, path) -> Population:
+    """Build a config's population straight into the folder ``path`` (memory-mapped ``x.npy``,
+    ``y.npy``, ``counts.npy``) with the server's splits in ``server.npz`` beside it, for
+    ``data.dataset = "stacked:PATH"``. Returns the (memory-mapped) population."""
+    pop = build(config, path=path)
+    write_server(path, pop.dataset)
+    return pop
+
+
+def write_server(path, dataset: AnyDataset) -> None:
+    """``path/server.npz``: the public and test splits, ``num_classes`` and the name of
+    ``dataset`` (what a stacked population needs beside its agents)."""
+    Path(path).mkdir(parents=True, exist_ok=True)
+    np.savez(Path(path) / SERVER_FILE, x_public=dataset.x_public, y_public=dataset.y_public,
+             x_test=dataset.x_test, y_test=dataset.y_test,
+             num_classes=np.int64(dataset.num_classes), name=np.str_(dataset.name))
+
+
+def save_population(path, agents: StackedData, dataset: AnyDataset) -> None:
+    """Save already stacked ``agents`` (:func:`fedjax_dp.core.save_stacked`) and ``dataset``'s
+    server splits beside them, for ``data.dataset = "stacked:PATH"``."""
+    save_stacked(path, agents)
+    write_server(path, dataset)
+
+
+def load_population(d: dict) -> tuple[data_lib.StreamedDataset, StackedData]:
+    """``(splits, agents)`` of ``data.dataset = "stacked:PATH"`` (memory-mapped agents; the
+    splits' training records are the agents' real rows). One-line ConfigErrors name the key."""
+    spec = d["dataset"]
+    folder = Path(spec[len(data_lib.STACKED_PREFIX):]).expanduser()
+    where = f"data.dataset = {spec!r}"
+    if not folder.exists():
+        raise config_lib.ConfigError(f"{where}: {str(folder)!r} does not exist "
+                                     f"(a relative path is read from {str(Path.cwd())!r})")
+    missing = [n for n in _STACKED_FILES if not (folder / n).is_file()]
+    if missing:
+        raise config_lib.ConfigError(f"{where}: {str(folder)!r} is not a stacked population "
+                                     f"(missing {', '.join(missing)}; write one with "
+                                     f"fedjax_dp.experiments.population.save or "
+                                     f"fedjax_dp.core.save_stacked)")
+    for key, unset in (("dataset_options", {}), ("image_size", 0), ("validation_fraction", 0)):
+        if d.get(key, unset) != unset:
+            raise config_lib.ConfigError(f"data.{key} cannot be used with a stacked population "
+                                         f"({where}); got {d[key]!r}")
+    try:
+        agents = load_stacked(folder)
+    except ValueError as e:
+        raise config_lib.ConfigError(f"{where}: {str(folder)!r} is not a valid stacked "
+                                     f"population: {str(e).splitlines()[0]}") from None
+    if agents.num_agents != d["num_agents"]:
+        raise config_lib.ConfigError(f"data.num_agents = {d['num_agents']} but {where} holds "
+                                     f"{agents.num_agents} agents; set data.num_agents="
+                                     f"{agents.num_agents}")
+    if d.get("server_dataset", ""):
+        srv = _server(d, None, agents.feature_shape)
+        splits = dict(x_public=srv.x_public, y_public=srv.y_public, x_test=srv.x_test,
+                      y_test=srv.y_test, num_classes=srv.num_classes,
+                      name=f"{folder.name}->{srv.name}")
+    elif (folder / SERVER_FILE).is_file():
+        with np.load(folder / SERVER_FILE, allow_pickle=False) as z:
+            splits = {k: z[k] for k in ("x_public", "y_public", "x_test", "y_test")}
+            splits.update(num_classes=int(z["num_classes"]), name=str(z["name"]))
+    else:
+        raise config_lib.ConfigError(f"{where}: {str(folder)!r} holds no {SERVER_FILE} (the "
+                                     f"public and test splits; population.save writes it); "
+                                     f"set data.server_dataset to take them from a dataset")
+    mask = np.asarray(agents.mask)
+
+    def blocks(size: int):
+        step = max(1, size // max(1, agents.max_size))
+        for a in range(0, agents.num_agents, step):
+            yield np.asarray(agents.x[a:a + step])[mask[a:a + step]]
+
+    try:
+        dataset = data_lib.StreamedDataset(y_train=np.asarray(agents.y)[mask], blocks=blocks,
+                                           feature_shape=agents.feature_shape, **splits)
+    except ValueError as e:
+        raise config_lib.ConfigError(f"{where}: {str(e).splitlines()[0]}") from None
+    return dataset, agents
