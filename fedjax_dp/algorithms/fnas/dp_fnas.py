@@ -47,6 +47,7 @@ import numpy as np
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.fnas import privacy as fnas_privacy
 from fedjax_dp.algorithms.fnas import steps
+from fedjax_dp.core import memory
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model, darts
 from fedjax_dp.privacy import PrivacyLedger
@@ -264,17 +265,31 @@ class Context:
 _COMPILED: dict = {}
 
 
-def _compiled(fn, *args) -> tuple[Any, float]:
+def _compiled(fn, *args, what: str = "a step", drivers=None) -> tuple[Any, float]:
     """``fn`` (a jitted function) compiled for the shapes of ``args``, and the seconds compiling
-    took (0 when an equal run already compiled it: runs with equal configs and shapes share it)."""
+    took (0 when an equal run already compiled it: runs with equal configs and shapes share it).
+    A new compilation that cannot fit in memory is refused (:func:`memory.check_fits`, naming
+    ``what`` and the config keys ``drivers``)."""
     sig = (fn, jax.tree.structure(args),
            tuple((np.shape(a), str(jnp.asarray(a).dtype) if not isinstance(a, jax.Array)
                   else str(a.dtype)) for a in jax.tree.leaves(args)))
     if sig in _COMPILED:
         return _COMPILED[sig], 0.0
     start = time.perf_counter()
-    _COMPILED[sig] = fn.lower(*args).compile()
-    return _COMPILED[sig], time.perf_counter() - start
+    compiled = fn.lower(*args).compile()
+    memory.check_fits(compiled, what=what, drivers=drivers)
+    _COMPILED[sig] = compiled
+    return compiled, time.perf_counter() - start
+
+
+def _memory_drivers(config: Config, phase: str) -> dict:
+    """The config keys (-> values) that drive a ``phase`` iteration's memory."""
+    if phase == "search":
+        return {f"algorithm.{k}": getattr(config, k)
+                for k in ("batch_size", "channels", "cells", "nodes")}
+    return {"algorithm.retrain_batch_size": config.retrain_batch_size,
+            **{f"algorithm.retrain_{k}": getattr(config, f"retrain_{k}") or
+               f"0 -> {getattr(config, k)}" for k in ("channels", "cells")}}
 
 
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
@@ -421,12 +436,14 @@ def _epoch(states: list[api.State], values: list[dict], k_epochs: list, phase: s
     seconds = 0.0
     if compiled:
         args = (value, k_epoch, np.int32(0), data)
+        what = f"a {phase} iteration" + (f" of {len(states)} seeds" if many else "")
+        drivers = _memory_drivers(ctx.config, phase)
         if phase in ctx.compiled:
-            fn, seconds = _compiled(fn, *args)
+            fn, seconds = _compiled(fn, *args, what=what, drivers=drivers)
         else:
             with ctx.runtime.progress.task(f"compile {phase} step", total=1,
                                            unit="step") as task:
-                fn, seconds = _compiled(fn, *args)
+                fn, seconds = _compiled(fn, *args, what=what, drivers=drivers)
                 task.update(1)
     start = time.perf_counter()
     records: list = []

@@ -18,6 +18,7 @@ from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.dp_fedsgd import resolve_chunk_size
 from fedjax_dp.algorithms.isrl import availability, calibration, engine
 from fedjax_dp.algorithms.isrl import prox as prox_lib
+from fedjax_dp.core import memory
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting
@@ -231,6 +232,10 @@ class Algorithm:
         round_fn = engine.make_round(loss_fn or engine.loss_for(model), spec, chunk_size=chunk,
                                      mesh=runtime.mesh, backend=runtime.backend,
                                      cohort=runtime.cohort)
+        # refused before its first run if it cannot fit (fedjax_dp.core.memory)
+        round_fn = memory.checked(round_fn, what=f"a round of {m} of {n} silos", drivers=(
+            lambda: {"run.chunk_size": memory.chunk_driver(runtime.chunk_size, chunk),
+                     "algorithm.num_available": m, **memory.model_driver(model, params)}))
         clip = config.clip_norm if self.private else math.inf
         values = engine.initial_values(spec, params, engine.hyper(config.learning_rate, clip, z))
         return api.State(step=0, values=values,
