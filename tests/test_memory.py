@@ -4,11 +4,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import ae_dpfl, api, fedavg, knn_dpfl
+from fedjax_dp.algorithms import ae_dpfl, api, fedavg, isrl, knn_dpfl
 from fedjax_dp.core import from_ragged, memory
 from fedjax_dp.models import make_model
-from fedjax_dp.train import LocalTrainConfig
-from fedjax_dp.train.local import _lifted_update
+from fedjax_dp.train import LocalTrainConfig, make_local_update
 
 TINY = "200kB"
 
@@ -52,19 +51,35 @@ def test_estimate_of_a_matmul_matches_its_buffers():
     assert peaks == sorted(peaks)
 
 
+def test_check_adds_no_compilation(monkeypatch):
+    """The check's lower+compile is the compilation the call uses (jax keeps the executable);
+    later calls of the same shape are not checked again."""
+    from jax import monitoring
+    events = []
+    monitoring.register_event_duration_secs_listener(
+        lambda name, secs, **kw: events.append(name))
+    monkeypatch.setenv(memory.ENV, "1GB")
+    f = memory.checked(jax.jit(lambda a: jnp.tanh(a @ a.T)), what="t")
+    x = jnp.ones((37, 19))
+    events.clear()
+    f(x)
+    f(x)
+    assert events.count("/jax/core/compile/backend_compile_duration") == 1
+
+
 def test_estimate_grows_with_batch_size(problem):
     data, model, _ = problem
     params = model.init(jax.random.key(0))
-    keys = jax.random.split(jax.random.key(1), data.num_agents)
+    one = (jax.random.key(1), params, data.x[0], data.y[0], data.mask[0], data.counts[0])
     peaks = []
-    for b in (8, 128, 2048):
-        fn = _lifted_update(model, LocalTrainConfig(steps=2, batch_size=b), True, None, None,
-                            "vmap").__wrapped__
-        est = memory.estimate(fn.lower(keys, params, data.x, data.y, data.mask, data.counts))
+    for b in (8, 256, 8192):
+        fn = jax.jit(make_local_update(model, LocalTrainConfig(steps=1, batch_size=b)))
+        est = memory.estimate(fn.lower(*one))
         if est is None:
             pytest.skip("this platform reports no memory analysis")
         peaks.append(est.peak)
     assert peaks[0] < peaks[1] < peaks[2]
+    assert peaks[2] > 8192 * 5 * 4                   # at least the batch's features [B, d]
 
 
 def _fedavg_config(batch_size):
@@ -121,6 +136,34 @@ def test_knn_search_chunk_refused_naming_agent_chunk(problem, monkeypatch):
     with pytest.raises(memory.MemoryBudgetError,
                        match=r"kNN search of a chunk of 4 agents.*algorithm\.agent_chunk \(4\)"):
         knn_dpfl.run(jax.random.key(0), data, model, cfg, x_public)
+
+
+def test_isrl_round_refused(monkeypatch):
+    from isrl_fixtures import FED, MODEL, config
+    monkeypatch.setenv(memory.ENV, "1kB")
+    with pytest.raises(memory.MemoryBudgetError,
+                       match=r"a round of 2 of 4 silos.*run\.chunk_size \(none\), "
+                             r"algorithm\.num_available \(2\) or model\.hidden \(\[4\]\)"):
+        api.run(isrl.ALGORITHMS["local_sgd"], jax.random.key(0), FED, MODEL,
+                config("local_sgd"), runtime=api.Runtime(chunk_size=None))
+
+
+def test_dp_fnas_compiled_step_refused(monkeypatch):
+    """DP-FNAS compiles its iterations ahead (dp_fnas._compiled): a new one is checked there,
+    naming the phase's config keys (a stand-in step: the real search step compiles slowly)."""
+    from fedjax_dp.algorithms.fnas import dp_fnas
+    monkeypatch.setenv(memory.ENV, "1kB")
+    cfg = dp_fnas.Config(batch_size=64, channels=3)
+    step = jax.jit(lambda a: jnp.tanh(a @ a.T))
+    with pytest.raises(memory.MemoryBudgetError,
+                       match=r"a search iteration.*algorithm\.batch_size \(64\), "
+                             r"algorithm\.channels \(3\)"):
+        dp_fnas._compiled(step, jnp.ones((41, 7)), what="a search iteration",
+                          drivers=dp_fnas._memory_drivers(cfg, "search"))
+    assert "algorithm.retrain_channels" in dp_fnas._memory_drivers(cfg, "retrain")
+    monkeypatch.setenv(memory.ENV, "1GB")
+    fn, _ = dp_fnas._compiled(step, jnp.ones((41, 7)), what="a search iteration")
+    assert fn(jnp.ones((41, 7))).shape == (41, 41)
 
 
 def test_explain_oom_is_one_line():
