@@ -173,6 +173,8 @@ def test_explain_oom_is_one_line():
     assert line is not None and "\n" not in line and "25.9 GB" in line
     assert "lower" in line
     assert memory.explain_oom(RuntimeError("shapes do not match")) is None
+    assert memory.explain_oom(ValueError("x: out of memory is not a value")) is None
+    assert "\n" not in memory.explain_oom(MemoryError("Unable to allocate 3 GiB\nfor an array"))
     budget = memory.MemoryBudgetError("x needs 3 GB")
     assert memory.explain_oom(budget) == "x needs 3 GB"
 

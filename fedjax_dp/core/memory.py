@@ -272,21 +272,22 @@ _OOM = re.compile(r"RESOURCE_EXHAUSTED|out of memory", re.IGNORECASE)
 
 def explain_oom(exc: BaseException) -> str | None:
     """One line for an out-of-memory error raised by XLA (``RESOURCE_EXHAUSTED`` / ``Out of
-    memory``), naming what was allocated, the limit and the parameters of the last step checked;
-    None for any other exception."""
+    memory``) or the host (``MemoryError``), naming what was allocated, the limit and the
+    parameters of the last step checked; None for any other exception (a ``ValueError`` other
+    than :class:`MemoryBudgetError` is a bad input, never an OOM)."""
     if isinstance(exc, MemoryBudgetError):
         return str(exc)
     msg = str(exc)
-    if not _OOM.search(msg):
+    if isinstance(exc, ValueError) or not (isinstance(exc, MemoryError) or _OOM.search(msg)):
         return None
     m = re.search(r"allocating\s+([0-9]+)\s+bytes", msg)
-    tried = f"allocating {format_bytes(int(m.group(1)))}" if m else "allocating memory"
+    tried = f" allocating {format_bytes(int(m.group(1)))}" if m else ""
     what, drivers = _LAST
     try:
         limit = memory_limit()
     except ValueError:
         limit = None
-    line = f"out of memory {tried}" + (f" in {what}" if what else "")
+    line = f"out of memory{tried}" + (f" in {what}" if what else "")
     if limit is not None:
         line += f" (limit {format_bytes(limit.bytes)}, {limit.source})"
     tip = advice(drivers) or ("lower train.batch_size, run.chunk_size, algorithm.agent_chunk or "
