@@ -527,8 +527,12 @@ output = voting_dpfl.output
 
 def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
     """:func:`vote_ledger` with the run's noise-free sums (data-independent part only without a
-    state, before the vote, or without ``config.data_dependent``)."""
-    return vote_ledger(config, voting_dpfl.clean_sums(state))
+    state, before the vote, or without ``config.data_dependent``). The local-training phase's
+    diagnostics are declared as releases it does not cover."""
+    return vote_ledger(config, voting_dpfl.clean_sums(state)).declare_uncovered(
+        "diagnostic metrics mean_agent_loss and abstain_rate of the local-training phase "
+        "(history, progress.jsonl)",
+        "computed from the agents' models and data without noise: not private")
 
 
 def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_public, *,

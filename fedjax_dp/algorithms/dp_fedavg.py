@@ -102,7 +102,8 @@ def round_spec(config: Config) -> fedavg.RoundSpec:
     return fedavg.RoundSpec(sampling=config.participation, server_lr=config.server_lr,
                             clip_norm=config.clip_norm,
                             noise_std=config.noise_multiplier * config.clip_norm,
-                            denominator=config.denominator, secagg=config.secagg)
+                            denominator=config.denominator, secagg=config.secagg,
+                            diagnostics=config.diagnostics)
 
 
 DESCRIPTION = "DP-FedAvg, agent-level DP (McMahan et al. 2018)"
@@ -160,6 +161,22 @@ def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
                       sensitivity=2 * config.clip_norm)
     else:
         out.add_event("agent", dp_event(config), relation=RELATION, sensitivity=config.clip_norm)
+    return declare_uncovered(config, out)
+
+
+def declare_uncovered(config: Config, out: PrivacyLedger) -> PrivacyLedger:
+    """What a run releases that the sampled-Gaussian analysis does not cover: the round
+    diagnostics (``config.diagnostics``) and, with ``denominator = "sampled"`` under Poisson
+    sampling (q < 1), the realised cohort size m_t that divides every round's noisy sum."""
+    if config.diagnostics:
+        out.declare_uncovered(*fedavg.DIAGNOSTICS_UNCOVERED)
+    if config.denominator == "sampled" and config.sampling == "poisson" and \
+            config.sampling_rate < 1:
+        out.declare_uncovered(
+            "the realised cohort size m_t of every round, the denominator of the update "
+            "(denominator = \"sampled\")",
+            "released through the model without noise; the sampled-Gaussian analysis covers the "
+            "fixed denominator q N (denominator = \"expected\") only")
     return out
 
 

@@ -210,7 +210,7 @@ def agent_update(model: Model, config: Config) -> Callable:
 def round_spec(config: Config) -> fedavg.RoundSpec:
     """Server side of (2): no server clipping or noise, the mean over the realised cohort."""
     return fedavg.RoundSpec(sampling=config.participation, server_lr=config.server_lr,
-                            denominator="sampled")
+                            denominator="sampled", diagnostics=config.diagnostics)
 
 
 def make_round(model: Model, config: Config, data: StackedData, rates, denominators, *,
@@ -365,7 +365,14 @@ def ledger(config: Config, state: api.State) -> PrivacyLedger:
         raise ValueError("dp_fedsgd.ledger needs the run's state (local sizes and participation)"
                          "; without a run use instance_ledger(config, counts)")
     part = np.asarray(state.values["participation"]).astype(np.int64)
-    return instance_ledger(config, np.asarray(state.context.agents.counts), part)
+    out = instance_ledger(config, np.asarray(state.context.agents.counts), part)
+    if config.diagnostics:        # the realised cohort size is covered: agents are sampled
+        out.declare_uncovered(    # independently of their records (the unit is a record)
+            "diagnostic metrics train_loss, batch_size (the realised Poisson batch sizes), "
+            "clipped_fraction and mean_update_norm of every round (history, progress.jsonl)",
+            "computed from the agents' records without noise: not private "
+            "(algorithm.diagnostics = false leaves them out)")
+    return out
 
 
 @dataclasses.dataclass

@@ -47,7 +47,10 @@ Params = Any
 class Config:
     """FedAvg: ``rounds`` rounds; each round's participants are drawn by ``sampling``:
     ``"poisson"`` (every agent independently with rate ``sampling_rate`` q) or ``"fixed"`` (a
-    uniformly random subset of exactly ``cohort_size`` agents)."""
+    uniformly random subset of exactly ``cohort_size`` agents). ``diagnostics``: report each
+    round's ``num_sampled`` (the realised cohort size) and the cohort's mean ``train_loss`` and
+    ``mean_update_norm`` (computed from the agents' data without noise: a private variant's
+    ledger declares them as releases it does not cover); false: a round reports nothing."""
 
     rounds: int = 20
     sampling_rate: float = 1.0
@@ -55,13 +58,14 @@ class Config:
     local: LocalTrainConfig = LocalTrainConfig()
     sampling: str = "poisson"
     cohort_size: int = 0
+    diagnostics: bool = True
 
     FIELDS = {"rounds": validation.Int(1),
               "sampling_rate": validation.Float(0.0, 1.0, low_open=True),
               "server_lr": validation.Float(0.0, low_open=True),
               "local": validation.Instance(LocalTrainConfig),
               "sampling": validation.Choice(cohort_lib.SAMPLINGS),
-              "cohort_size": validation.Int(0)}
+              "cohort_size": validation.Int(0), "diagnostics": validation.Bool()}
 
     def __post_init__(self):
         validation.check_config(self, "algorithm")     # every field, subclasses' too
@@ -97,6 +101,7 @@ class RoundSpec:
     noise_std: float = 0.0
     denominator: str = "sampled"
     secagg: secagg_lib.SecAggConfig | None = None
+    diagnostics: bool = True        # False: the server reports no metrics (see Config)
 
 
 def sample_agents(key: jax.Array, num_agents: int, sampling: cohort_lib.Sampling) -> np.ndarray:
@@ -211,6 +216,8 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
         seen = jnp.maximum(num_sampled, 1.0)
         metrics = {"num_sampled": num_sampled,
                    **{k: v / seen for k, v in metric_sums.items()}}    # means over the cohort
+        if not spec.diagnostics:
+            metrics = {}
         return new_params, metrics
 
     def fused(k_train, k_noise, params, source, rows, ids, valid, extras):
@@ -363,7 +370,8 @@ USES_LOCAL_TRAIN = True
 
 
 def round_spec(config: Config) -> RoundSpec:
-    return RoundSpec(sampling=config.participation, server_lr=config.server_lr)
+    return RoundSpec(sampling=config.participation, server_lr=config.server_lr,
+                     diagnostics=config.diagnostics)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,6 +439,15 @@ def artifacts(state: api.State, out_dir=None, run_config: dict | None = None) ->
     return {"cohort": {"execution": runner.mode, "pass_size": runner.plan.pass_size,
                        "buckets": list(runner.plan.buckets),
                        "compiled_pass_sizes": list(runner.compiled_pass_sizes)}}
+
+
+#: The round diagnostics (``Config.diagnostics``) as a release a private variant's ledger does
+#: not cover (:meth:`PrivacyLedger.declare_uncovered`): ``(release, reason)``.
+DIAGNOSTICS_UNCOVERED = (
+    "diagnostic metrics num_sampled (the realised cohort size), train_loss and "
+    "mean_update_norm of every round (history, progress.jsonl)",
+    "computed from the agents' data without noise: not private "
+    "(algorithm.diagnostics = false leaves them out)")
 
 
 def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:

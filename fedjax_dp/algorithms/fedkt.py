@@ -797,8 +797,16 @@ def ledger(config: Config, state: api.State) -> tuple[PrivacyLedger, PrivacyLedg
     if need not in v:
         raise ValueError(f"the FedKT-{config.level} ledger needs the run's {need} (the state "
                          f"after the {'final' if config.level == 'L1' else 'teachers'} phase)")
-    return ledgers_from_votes(config, server_votes=v.get("server_votes"),
-                              teacher_votes=v.get("teacher_votes"), z=v.get("z"))
+    dd, di = ledgers_from_votes(config, server_votes=v.get("server_votes"),
+                                teacher_votes=v.get("teacher_votes"), z=v.get("z"))
+    for out in (dd, di):         # released beside both guarantees, covered by neither
+        out.declare_uncovered("the count z of partitions at risk (metric z in history)",
+                              "computed from the noise-free teacher votes: not private")
+        out.declare_uncovered(
+            "votes.npz in the run folder (the noise-free vote histograms, the input of "
+            "fedjax-dp account fedkt)", "the analysis' input, written without noise: keep it "
+            "with the data owner, it is not private to release")
+    return dd, di
 
 
 def artifacts(state: api.State, out_dir, run_config: dict) -> dict:

@@ -36,6 +36,15 @@ Every private algorithm returns a :class:`PrivacyLedger`. Each entry names
     ``'parallel'`` entry (worst member, as for DpEvents).
 
 Epsilon for a delta is always computed from these data by ``dp_accounting``.
+
+**What a guarantee does not cover.** A run may release quantities that none of its entries
+accounts for (a denominator that is the realised cohort size, training losses or realised batch
+sizes reported without noise, a data-dependent epsilon). An algorithm declares each with
+:meth:`PrivacyLedger.declare_uncovered` (what is released and why it is not covered); a ledger
+with data-dependent entries declares its data-dependent epsilons itself. Every guarantee of
+:meth:`PrivacyLedger.report` then says ``covers_all_releases: false`` and lists them in
+``not_covered``, so it cannot be mistaken for one that covers the whole run
+(``covers_all_releases: true``).
 """
 from __future__ import annotations
 
@@ -53,7 +62,8 @@ from dp_accounting import dp_event
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import accounting, shuffle
 
-__all__ = ["UNITS", "LedgerEntry", "PrivacyLedger", "MAX_PARALLEL_COMBINATIONS"]
+__all__ = ["UNITS", "LedgerEntry", "PrivacyLedger", "MAX_PARALLEL_COMBINATIONS", "Uncovered",
+           "coverage"]
 
 #: The documented units of privacy and what one neighbouring pair differs in.
 UNITS: dict[str, str] = {
@@ -175,6 +185,32 @@ class LedgerEntry:
                    sensitivity=data.get("sensitivity"), note=data.get("note", ""))
 
 
+@dataclasses.dataclass(frozen=True)
+class Uncovered:
+    """A quantity a run releases that its ledger does not account for, and why."""
+
+    release: str        # what is released, e.g. "per-round train_loss in history"
+    reason: str         # why the guarantee does not cover it
+
+    def __post_init__(self):
+        _check_text("release", self.release)
+        _check_text("reason", self.reason)
+
+    def __str__(self) -> str:
+        return f"{self.release}: {self.reason}"
+
+    def to_json(self) -> dict:
+        return {"release": self.release, "reason": self.reason}
+
+
+def coverage(uncovered: Sequence[Uncovered]) -> dict:
+    """The coverage fields of a guarantee: ``covers_all_releases`` and ``not_covered`` (the
+    uncovered releases with their reasons, ``"; "``-separated; ``""`` when covered)."""
+    uncovered = list(dict.fromkeys(uncovered))
+    return {"covers_all_releases": not uncovered,
+            "not_covered": "; ".join(str(u) for u in uncovered)}
+
+
 def _pld_epsilon(events: Sequence[Any], delta: float) -> float:
     """PLD epsilon of DpEvents and shuffle events composed (one discretisation interval).
 
@@ -210,10 +246,15 @@ class PrivacyLedger:
     immutable; :meth:`merged` returns a new ledger.
     """
 
-    def __init__(self, entries: Sequence[LedgerEntry] = ()):
+    def __init__(self, entries: Sequence[LedgerEntry] = (), uncovered: Sequence[Uncovered] = ()):
         self._entries: list[LedgerEntry] = []
+        self._uncovered: list[Uncovered] = []
         for entry in entries:
             self._append(entry)
+        for u in uncovered:
+            if not isinstance(u, Uncovered):
+                raise ValueError(f"uncovered must hold Uncovered, got {type(u).__name__}")
+            self.declare_uncovered(u.release, u.reason)
 
     # ------------------------------------------------------------------ building
 
@@ -305,11 +346,33 @@ class PrivacyLedger:
                                         rdp=tuple(vec.tolist()),
                                         **self._common(unit, relation, None, note)))
 
+    def declare_uncovered(self, release: str, reason: str) -> "PrivacyLedger":
+        """Declare that the run also releases ``release``, which no entry accounts for
+        (``reason``: why). Every guarantee of :meth:`report` then has ``covers_all_releases:
+        false`` and names it in ``not_covered``. Returns the ledger (calls chain)."""
+        u = Uncovered(release, reason)
+        if u not in self._uncovered:
+            self._uncovered.append(u)
+        return self
+
+    @property
+    def uncovered(self) -> tuple[Uncovered, ...]:
+        """The declared uncovered releases, plus the data-dependent epsilons of data-dependent
+        units (computed from the private data and released without noise)."""
+        dependent = [u for u in self.units() if self.data_dependent(u)]
+        auto = ([Uncovered(f"the data-dependent epsilon of {', '.join(dependent)}",
+                           "computed from the private data without noise (no smooth "
+                           "sensitivity or propose-test-release): releasing it is not private")]
+                if dependent else [])
+        return tuple(self._uncovered) + tuple(a for a in auto if a not in self._uncovered)
+
     def merged(self, other: "PrivacyLedger") -> "PrivacyLedger":
-        """A new ledger with this ledger's entries, then ``other``'s (same units compose)."""
+        """A new ledger with this ledger's entries, then ``other``'s (same units compose), and
+        both ledgers' declared uncovered releases."""
         if not isinstance(other, PrivacyLedger):
             raise ValueError(f"other must be a PrivacyLedger, got {type(other).__name__}")
-        return PrivacyLedger(self._entries + other._entries)
+        return PrivacyLedger(self._entries + other._entries,
+                             uncovered=self._uncovered + other._uncovered)
 
     # ------------------------------------------------------------------ reading
 
@@ -322,6 +385,8 @@ class PrivacyLedger:
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{u}: {len(self._entries_for(u))} entries" for u in self.units())
+        if self._uncovered:
+            parts += f"; {len(self._uncovered)} uncovered release(s)"
         return f"PrivacyLedger({parts})"
 
     def units(self) -> list[str]:
@@ -458,7 +523,9 @@ class PrivacyLedger:
         ``{"members": [indices], "event": ...}``). PLD is skipped for data-dependent units, RDP for
         units with shuffle entries (whose events appear as ``BinomialSumEvent`` JSON objects); a
         unit none of the requested accountants applies to is an error. ``epsilon`` may be
-        ``inf``.
+        ``inf``. Every row also says whether it covers everything the run releases
+        (``covers_all_releases``; ``not_covered``: the releases it does not cover and why, from
+        :attr:`uncovered`; ``""`` when it covers all).
         """
         delta = validation.check_open_unit("delta", delta)
         if isinstance(accountants, str):
@@ -466,6 +533,7 @@ class PrivacyLedger:
         for acc in accountants:
             validation.check_choice("accountants[]", acc, accounting.ACCOUNTANTS)
         rows = []
+        cover = coverage(self.uncovered)
         for unit in self.units():
             entries = self._entries_for(unit)
             dependent = self.data_dependent(unit)
@@ -489,7 +557,7 @@ class PrivacyLedger:
                 row = {"unit": unit, "relation": entries[0].relation,
                        "epsilon": float(ev.epsilon), "delta": delta, "accountant": acc,
                        "data_dependent": dependent, "events": events,
-                       "notes": [e.note for e in entries if e.note]}
+                       "notes": [e.note for e in entries if e.note], **cover}
                 if ev.order is not None:
                     row["rdp_order"] = float(ev.order)
                 parallel = [e for e in entries if e.kind == "parallel"]
@@ -513,11 +581,15 @@ class PrivacyLedger:
     # ------------------------------------------------------------------ serialisation
 
     def to_json(self) -> dict:
-        """All entries as JSON-able dicts (``from_json`` inverts it)."""
-        return {"entries": [e.to_json() for e in self._entries]}
+        """All entries (and declared uncovered releases) as JSON-able dicts (``from_json``
+        inverts it)."""
+        return {"entries": [e.to_json() for e in self._entries],
+                "uncovered": [u.to_json() for u in self._uncovered]}
 
     @classmethod
     def from_json(cls, data: Mapping | str) -> "PrivacyLedger":
         if isinstance(data, str):
             data = json.loads(data)
-        return cls([LedgerEntry.from_json(e) for e in data["entries"]])
+        return cls([LedgerEntry.from_json(e) for e in data["entries"]],
+                   uncovered=[Uncovered(u["release"], u["reason"])
+                              for u in data.get("uncovered", ())])

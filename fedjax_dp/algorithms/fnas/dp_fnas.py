@@ -595,7 +595,12 @@ def ledger(config: Config, state: api.State) -> tuple[PrivacyLedger, ...]:
             + (", the second-order mechanism" if config.order == "second" else "")
             + " and retraining; validation-half records the architecture mechanism and "
               "retraining")
-    return fnas_privacy.ledgers(_record_events(config, state.context), note=note)
+    return tuple(lg.declare_uncovered(
+        "diagnostic metrics train_loss, val_loss, clipped_w, clipped_alpha, clipped_second, "
+        "batch_train, batch_val (realised batch sizes), retrain_loss and clipped_retrain of "
+        "every epoch (history, progress.jsonl)",
+        "computed from the parties' records without noise: not private")
+        for lg in fnas_privacy.ledgers(_record_events(config, state.context), note=note))
 
 
 def paper_gdp(config: Config, state: api.State, delta: float) -> dict | None:

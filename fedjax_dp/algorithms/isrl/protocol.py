@@ -123,6 +123,24 @@ def check_spider(config) -> None:
     check_smoothness(config.smoothness)
 
 
+def declare_uncovered(config, out: PrivacyLedger) -> PrivacyLedger:
+    """The round metrics of a private member that no upload accounts for (ISRL-DP and SDP):
+    realised batch sizes and clipped fractions, and the objective over all records
+    (``report_objective``). ``update_norm``, ``difference_clip`` and ``num_available`` are
+    functions of the released iterates and of the data-independent availability: covered."""
+    out.declare_uncovered(
+        "diagnostic metrics batch_size (the realised Poisson batch sizes) and clipped_fraction "
+        "of every round (history, progress.jsonl)",
+        "computed from the silos' records without noise: not private")
+    if config.report_objective:
+        out.declare_uncovered(
+            "the objective f0 / objective over all silos' records of every round "
+            "(report_objective = true)",
+            "computed from every record without noise: not private "
+            "(algorithm.report_objective = false leaves it out)")
+    return out
+
+
 # --------------------------------------------------------------------------- the algorithm
 
 @dataclasses.dataclass(frozen=True)
@@ -289,6 +307,6 @@ class Algorithm:
                 f"silo availability); worst silo by parallel composition; members = silos "
                 f"{keep.tolist()[:20]}{' ...' if len(keep) > 20 else ''} (the others are "
                 f"dominated in rates, counts and noise)")
-        return PrivacyLedger().add_parallel(calibration.UNIT, [events[i] for i in keep],
-                                            relation=calibration.RELATION,
-                                            sensitivity=config.clip_norm, note=note)
+        return declare_uncovered(config, PrivacyLedger()).add_parallel(
+            calibration.UNIT, [events[i] for i in keep], relation=calibration.RELATION,
+            sensitivity=config.clip_norm, note=note)

@@ -107,7 +107,7 @@ class ShuffleAlgorithm(Algorithm):
                 f"silo i's records are Poisson-sampled with its largest record rate in each of "
                 f"the releases of the rounds it was available (no amplification from silo "
                 f"availability); members = silos {keep[:20]} (the others are dominated)")
-        out = PrivacyLedger()
+        out = protocol.declare_uncovered(config, PrivacyLedger())
         if not keep:
             import dp_accounting
             return out.add_event(UNIT, dp_accounting.NoOpDpEvent(), relation=RELATION, note=note)
