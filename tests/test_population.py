@@ -11,6 +11,7 @@ import pytest
 from fedjax_dp import data as data_lib
 from fedjax_dp.core import (auto_placement, from_partition, is_on_host, place, rng,
                             stack_records)
+from fedjax_dp.core.stacked import AUTO_HOST_BYTES
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import population, runner
 
@@ -55,7 +56,7 @@ def test_streamed_synthetic_equals_old_path(extra):
         assert np.array_equal(x_val, pop.x_val)
     where = config["run"]["agents_on"]
     if where == "auto":
-        where = auto_placement(pop.agents.nbytes)                  # 22 KB: the device
+        where = auto_placement(pop.agents.nbytes)                  # 22 KB: on the device
     assert is_on_host(pop.agents) == (where == "host")
 
 
@@ -133,8 +134,8 @@ def test_agents_on_auto_rule():
     assert auto_placement(4 << 30, gpu) == "device"               # exactly 25%: fits
     assert auto_placement((4 << 30) + 1, gpu) == "host"
     for cpu in (_FakeDevice(None), _FakeDevice(NotImplementedError()), _FakeDevice({})):
-        assert auto_placement(256 << 20, cpu) == "device"
-        assert auto_placement((256 << 20) + 1, cpu) == "host"
+        assert auto_placement(AUTO_HOST_BYTES, cpu) == "device"         # 64 MiB
+        assert auto_placement(AUTO_HOST_BYTES + 1, cpu) == "host"
     agents, _ = _old_agents(config_lib.resolve({}, SYN))
     tiny = _FakeDevice({"bytes_limit": 4 * agents.nbytes - 4})
     assert is_on_host(place(agents, "auto", tiny))

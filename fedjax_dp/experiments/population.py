@@ -13,7 +13,7 @@ The agents' records are copied once, into the stacked arrays ``x [N, n_max, ...]
 
 The population is built in host memory and then placed by ``run.agents_on``
 (:func:`fedjax_dp.core.place`): ``"auto"`` (default) keeps it on the host when it would not
-comfortably fit on the device (more than 25% of the device's memory, or more than 256 MiB on a
+comfortably fit on the device (more than 25% of the device's memory, or more than 64 MiB on a
 CPU, :func:`fedjax_dp.core.auto_placement`), ``"device"`` copies it to the device, ``"host"``
 keeps it on the host (only chunks or cohorts go to the device). Every placement gives the same
 results.
