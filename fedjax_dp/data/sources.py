@@ -229,6 +229,8 @@ def synthetic_stream(num_train: int = 1000, num_public: int = 200, num_test: int
         """Labels and domains of ``n`` records now; their features from ``blocks(size)``."""
         y = rng.permutation(np.arange(n) % num_classes).astype(np.int32)    # [n] balanced
         dom = rng.permutation(np.arange(n) % num_domains).astype(np.int64)  # [n]
+        if num_domains == 1:
+            dom = None                          # drawn only to keep the stream's position
         state = copy.deepcopy(rng)              # the features' normals start here
 
         def blocks(size: int):
@@ -254,7 +256,7 @@ def synthetic_stream(num_train: int = 1000, num_public: int = 200, num_test: int
     return StreamedDataset(name="synthetic", y_train=y_tr, blocks=train,
                            feature_shape=(num_features,), x_public=x_pu, y_public=y_pu,
                            x_test=x_te, y_test=y_te, num_classes=num_classes,
-                           domain_train=d_tr if num_domains > 1 else None)
+                           domain_train=d_tr)
 
 
 def resize_images(x: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:
