@@ -15,6 +15,16 @@ of the agents' data. Usage::
         --agents 100 1000 10000 --records 64 --public 500 --steps 10 \
         --out results/scale/oneshot_fedkt.json
 
+``--paths hand cli`` (default: both) also runs each AE-DPFL N the way a user does:
+``fedjax-dp run configs/ae_dpfl/mnist5k.toml --set ...`` as a subprocess (``synthetic`` data of the
+same shape, ``iid`` partition, the same local training, vote and student settings, everything
+else as the config and the defaults give it: ``run.agents_on = "auto"``), its peak RSS read from
+``os.wait4`` of that process and its wall time measured around it (Python start, imports, data
+generation, partition and stacking included); rows carry ``"path": "hand"`` or ``"cli"``::
+
+    PYTHONPATH=. .venv/bin/python tools/bench_scale_oneshot.py --agents 1000000 \
+        --algorithms ae_dpfl --out results/scale/oneshot_cli.json
+
 ``run(agents_list, ...)`` is the importable entry point (returns the JSON record).
 """
 from __future__ import annotations
@@ -24,6 +34,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -141,18 +152,91 @@ def _child_fedkt(args, agents, data, model, x_test, y_test, gen_s) -> dict:
             "test_accuracy": float(np.mean(out.predict_labels(x_test) == y_test))}
 
 
+def cli_sets(num_agents: int, records: int, features: int, *, classes: int, public: int,
+             queries: int, hidden: int, steps: int, sigma: float, chunk: int,
+             vote_noise: str) -> list[str]:
+    """The ``--set`` overrides of the command-line AE-DPFL row (the hand-built row's workload on
+    ``synthetic`` data)."""
+    return [f"data.dataset=synthetic", f"data.num_agents={num_agents}", "data.partition=iid",
+            "data.partition_options={}",
+            f"data.dataset_options={{num_train={num_agents * records},num_features={features},"
+            f"num_classes={classes},num_public={public},num_test=2000}}",
+            f"train.steps={steps}", "train.batch_size=8", "train.learning_rate=0.1",
+            f"model.hidden=[{hidden}]", f"algorithm.sigma={sigma}",
+            f"algorithm.num_queries={queries}", "algorithm.student_steps=200",
+            "algorithm.student_batch_size=32", f"algorithm.agent_chunk={chunk}",
+            f"algorithm.vote_noise={vote_noise}"]
+
+
+def cli_row(num_agents: int, sets: list[str], records: int, features: int,
+            timeout: float) -> dict:
+    """One ``fedjax-dp run`` of AE-DPFL in a subprocess: wall time and peak RSS of that process."""
+    import shutil
+    import tempfile
+    exe = Path(sys.executable).with_name("fedjax-dp")
+    cmd = ([str(exe)] if exe.exists() else [sys.executable, "-m", "fedjax_dp.experiments.cli"])
+    folder = Path(tempfile.mkdtemp(prefix="bench_cli_"))
+    cmd += ["run", str(ROOT / "configs" / "ae_dpfl" / "mnist5k.toml"), "--quiet",
+            "--out", str(folder / "run")]
+    for s in sets:
+        cmd += ["--set", s]
+    try:
+        with open(folder / "log", "w") as log:
+            tic = time.perf_counter()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            timer = threading.Timer(timeout, proc.kill)
+            timer.start()
+            try:
+                _, status, usage = os.wait4(proc.pid, 0)
+            except BaseException:
+                proc.kill()
+                raise
+            finally:
+                timer.cancel()
+            wall = time.perf_counter() - tic
+            proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            return {"algorithm": "ae_dpfl", "path": "cli", "num_agents": num_agents,
+                    "error": (folder / "log").read_text()[-2000:]}
+        result = json.loads((folder / "run" / "result.json").read_text())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    data_bytes = num_agents * (records * (features * 4 + 4 + 1) + 4)     # x, y, mask, counts
+    phases = {r.get("phase"): r for r in result.get("history", [])}
+    return {"algorithm": "ae_dpfl", "path": "cli", "num_agents": num_agents,
+            "command": "fedjax-dp run configs/ae_dpfl/mnist5k.toml " +
+                       " ".join(f"--set {s}" for s in sets),
+            "wall_s": wall, "run_wall_s": result["wall_time_s"],
+            "setup_s": result.get("timing", {}).get("setup_s"),
+            "peak_rss_bytes": usage.ru_maxrss * 1024, "data_bytes": data_bytes,
+            "agents_on": result["config"]["run"]["agents_on"],
+            "vote_accuracy": phases.get("vote", {}).get("vote_accuracy"),
+            "test_accuracy": result["test_accuracy"]}
+
+
 def run(agents_list, records: int = 16, features: int = 32, *, algorithms=ALGORITHMS,
         classes: int = 10, public: int = 2000, queries: int = 200, hidden: int = 32,
         steps: int = 5, k: int = 3, sigma: float = 20.0, chunk: int = 4096,
         vote_noise: str = "aggregate", prefetch: bool = True, timeout: float = 3600,
         partitions: int = 2, teachers: int = 3, gamma: float = 0.5,
-        query_fraction: float = 0.2, student_steps: int = 50, party_chunk: int = 0) -> dict:
+        query_fraction: float = 0.2, student_steps: int = 50, party_chunk: int = 0,
+        paths=("hand", "cli")) -> dict:
     """Every (algorithm, N) in a fresh subprocess; returns ``{"config": ..., "rows": [...]}``.
     FedKT reads ``partitions`` (s), ``teachers`` (t), ``gamma``, ``query_fraction``,
-    ``student_steps`` (students and final model) and ``party_chunk`` (0: the default)."""
+    ``student_steps`` (students and final model) and ``party_chunk`` (0: the default).
+    ``paths``: ``"hand"`` (agents built here) and / or ``"cli"`` (AE-DPFL through
+    ``fedjax-dp run``, :func:`cli_row`)."""
     rows = []
     for algorithm in algorithms:
         for n in agents_list:
+            if "cli" in paths and algorithm == "ae_dpfl":
+                sets = cli_sets(n, records, features, classes=classes, public=public,
+                                queries=queries, hidden=hidden, steps=steps, sigma=sigma,
+                                chunk=chunk, vote_noise=vote_noise)
+                rows.append(cli_row(n, sets, records, features, timeout))
+                _print(rows[-1])
+            if "hand" not in paths:
+                continue
             cmd = [sys.executable, __file__, "--child", "--algorithm", algorithm,
                    "--agents", str(n), "--records", str(records), "--features", str(features),
                    "--classes", str(classes), "--public", str(public), "--queries", str(queries),
@@ -169,26 +253,28 @@ def run(agents_list, records: int = 16, features: int = 32, *, algorithms=ALGORI
                 rows.append({"algorithm": algorithm, "num_agents": n,
                              "error": proc.stderr[-2000:]})
             else:
-                rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            r = rows[-1]
-            if "error" in r:
-                print(f"{algorithm} N={n}: FAILED\n{r['error']}", file=sys.stderr, flush=True)
-            else:
-                print(f"{algorithm} N={n}: {r['wall_s']:.1f} s, peak RSS "
-                      f"{r['peak_rss_bytes'] / 2**30:.2f} GiB, data "
-                      f"{r['data_bytes'] / 2**30:.2f} GiB "
-                      f"({r['peak_rss_bytes'] / r['data_bytes']:.2f}x), test acc "
-                      f"{r['test_accuracy']:.3f}", file=sys.stderr, flush=True)
+                rows.append(dict(json.loads(proc.stdout.strip().splitlines()[-1]), path="hand"))
+            _print(rows[-1])
     config = dict(records=records, features=features, classes=classes, public=public,
                   queries=queries, hidden=hidden, local_steps=steps, k=k, sigma=sigma,
                   agent_chunk=chunk, vote_noise=vote_noise, prefetch=prefetch,
-                  cpu_count=os.cpu_count())
+                  cpu_count=os.cpu_count(), paths=list(paths))
     if "fedkt" in algorithms:
         config["fedkt"] = dict(level="L1", partitions=partitions, teachers=teachers,
                                gamma=gamma, query_fraction=query_fraction,
                                student_steps=student_steps, party_chunk=party_chunk or None,
                                teacher_batch_size=16, optimizer="adam")
     return {"config": config, "rows": rows}
+
+
+def _print(r: dict) -> None:
+    what = f"{r['algorithm']} ({r.get('path', 'hand')}) N={r['num_agents']}"
+    if "error" in r:
+        print(f"{what}: FAILED\n{r['error']}", file=sys.stderr, flush=True)
+        return
+    print(f"{what}: {r['wall_s']:.1f} s, peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB, data "
+          f"{r['data_bytes'] / 2**30:.2f} GiB ({r['peak_rss_bytes'] / r['data_bytes']:.2f}x), "
+          f"test acc {r['test_accuracy']:.3f}", file=sys.stderr, flush=True)
 
 
 def main(argv=None):
@@ -216,6 +302,8 @@ def main(argv=None):
     ap.add_argument("--student-steps", type=int, default=50, help="FedKT students / final")
     ap.add_argument("--party-chunk", type=int, default=0, help="FedKT parties per chunk "
                     "(0: the default, about 4096 teachers' worth)")
+    ap.add_argument("--paths", nargs="+", default=["hand", "cli"], choices=("hand", "cli"),
+                    help="hand-built agents and / or AE-DPFL through fedjax-dp run")
     ap.add_argument("--out", default=str(ROOT / "results" / "scale" / "oneshot.json"))
     args = ap.parse_args(argv)
     if args.child:
@@ -228,7 +316,7 @@ def main(argv=None):
                  chunk=args.chunk, vote_noise=args.vote_noise, prefetch=not args.no_prefetch,
                  partitions=args.partitions, teachers=args.teachers, gamma=args.gamma,
                  query_fraction=args.query_fraction, student_steps=args.student_steps,
-                 party_chunk=args.party_chunk)
+                 party_chunk=args.party_chunk, paths=tuple(args.paths))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
