@@ -28,7 +28,7 @@ SMALL_ALGORITHM = {"rounds": 2, "student_steps": 3, "final_steps": 3, "num_queri
                    "tree_estimators": 3, "batch_size": 8,
                    "retrain_batch_size": 8, "feature_dim": 8}
 #: fields that change with the run but not with what it computed (besides timings ``*_s``)
-VOLATILE = ("versions", "cohort", "genotype_png", "votes_file", "account_command")
+VOLATILE = ("versions", "timing", "cohort", "genotype_png", "votes_file", "account_command")
 
 
 def small(config: dict) -> dict:

@@ -226,8 +226,11 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
     """Drive ``algorithm`` from ``init`` (or from ``state``, to resume) to its last step.
 
     Metrics become host floats; ``evaluate(output)`` runs every ``eval_every`` steps and after the
-    last; ``on_step(t + 1, record)`` sees every record as soon as it exists (progress display,
-    ``progress.jsonl``, checkpoints), so a long run never loses the steps already done.
+    last; ``on_step(t + 1, record)`` sees every record (progress display, ``progress.jsonl``,
+    checkpoints), so a long run never loses the steps already done. Step t's record is made
+    once step t + 1 has been dispatched (its metrics are fetched while the device works on the
+    next step, so the host never stalls the device between steps); the last step's record is
+    made before returning.
     """
     if not isinstance(config, algorithm.Config):
         raise ValueError(f"config must be a {algorithm.Config.__module__}.Config, got "
@@ -239,16 +242,25 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
     total = algorithm.num_steps(config)
     history: list[dict] = []
     prefetch = getattr(algorithm, "prefetch", None)
+    pending = None                      # (t, state after step t, its metrics on the device)
+
+    def finish(t: int, done: State, metrics: dict) -> None:
+        record = {"round": t + 1, **{k: _host(v) for k, v in metrics.items()}}
+        if evaluate is not None and eval_every and ((t + 1) % eval_every == 0 or t + 1 == total):
+            record.update(evaluate(algorithm.output(done)))
+        history.append(record)
+        if on_step is not None:
+            on_step(t + 1, record)
+
     for t in range(state.step, total):
         state, metrics = algorithm.step(state, step_key(key, t))
         if prefetch is not None and t + 1 < total:     # overlaps the dispatched step's compute
             prefetch(state, step_key(key, t + 1))
-        record = {"round": t + 1, **{k: _host(v) for k, v in metrics.items()}}
-        if evaluate is not None and eval_every and ((t + 1) % eval_every == 0 or t + 1 == total):
-            record.update(evaluate(algorithm.output(state)))
-        history.append(record)
-        if on_step is not None:
-            on_step(t + 1, record)
+        if pending is not None:         # step t is dispatched: now wait for step t-1's metrics
+            finish(*pending)
+        pending = (t, state, metrics)
+    if pending is not None:
+        finish(*pending)
     return Result(state=state, history=history, wall_time_s=time.perf_counter() - start)
 
 

@@ -39,7 +39,8 @@ FOLDER = "checkpoints"
 _PREFIX = "step_"
 # run-table keys that change how a run executes, never what it computes (tested equal), so a
 # run may resume with other values; every other key must match the checkpoint's config
-EXECUTION_KEYS = ("progress", "checkpoint_every", "chunk_size", "agents_on")
+EXECUTION_KEYS = ("progress", "checkpoint_every", "chunk_size", "agents_on", "on_nonfinite",
+                  "compilation_cache")
 # modules whose named tuples may appear in a state (optax states, the library's own)
 _TRUSTED_MODULES = ("fedjax_dp.", "optax.", "flax.", "chex.")
 
@@ -175,7 +176,7 @@ def save(out: str | Path, state: api.State, *, config: dict, history: list[dict]
     leaves: list = []
     structure = _encode(state.values, leaves, "values")
     host = [np.asarray(x) for x in jax.device_get(leaves)]
-    root = directory(out)
+    root = directory(out).absolute()          # orbax refuses relative paths
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{_PREFIX}{state.step:08d}"
     tmp = root / f".{final.name}.tmp"
@@ -223,7 +224,7 @@ def restore(path: str | Path, template: api.State, config: dict) -> tuple[api.St
     config) and the checkpoint's meta. Refuses another config's, a corrupted or a mismatched
     checkpoint with :class:`CheckpointError`."""
     import orbax.checkpoint as ocp
-    path = Path(path)
+    path = Path(path).absolute()              # orbax refuses relative paths
     meta = check_config(path, config)
     arrays = [(jax.numpy.dtype(a["dtype"]), tuple(a["shape"])) for a in meta["arrays"]]
     leaves = [np.zeros(shape, dtype) for dtype, shape in arrays]          # the empty ones stay

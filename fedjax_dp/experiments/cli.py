@@ -20,6 +20,7 @@ Errors in the arguments or the config print one line naming the parameter and ex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -56,7 +57,10 @@ def _cmd_run(args) -> int:
         config = config_lib.load(args.config, args.set or [])
         out = Path(args.out) if args.out else runner.fresh_out("runs", Path(args.config).stem)
     runner.plan(config)          # fail on a bad config before loading data or compiling
-    result = runner.run(config, out, progress=not args.quiet, resume=bool(args.resume))
+    from fedjax_dp.experiments import compilation
+    compilation.enable_cache(config["run"]["compilation_cache"])   # before anything compiles
+    with _sigterm_as_interrupt():
+        result = runner.run(config, out, progress=not args.quiet, resume=bool(args.resume))
     report = {"result": str(out / "result.json"),
               "test_accuracy": result["test_accuracy"],
               "privacy": [{k: g[k] for k in ("unit", "epsilon", "delta", "accountant",
@@ -101,8 +105,21 @@ def _cmd_sweep(args) -> int:
         out = Path(args.out) if args.out else runner.fresh_out("runs/sweeps", sw.name)
     say = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr,
                                                                      flush=True))
-    records = sweep.run(sw, out, resume=bool(args.resume), vmap_seeds=not args.no_vmap_seeds,
-                        progress=not args.quiet, log=say)
+    from fedjax_dp.experiments import compilation
+    compilation.enable_cache(args.compilation_cache)
+    try:
+        with _sigterm_as_interrupt():
+            records = sweep.run(sw, out, resume=bool(args.resume),
+                                vmap_seeds=not args.no_vmap_seeds, progress=not args.quiet,
+                                log=say)
+    except BaseException as e:
+        done = out / "results.jsonl"
+        kept = len(done.read_text().splitlines()) if done.is_file() else 0
+        if kept == 0 and isinstance(e, ValueError):       # refused before any run
+            raise
+        e.fedjax_dp_stop = (f"the sweep stopped with {kept} finished run(s) kept in {out}; "
+                            f"resume with the same command plus --resume {out}")
+        raise
     if not args.quiet:
         print((out / "summary.md").read_text(), file=sys.stderr)
         if (out / "selected.md").exists():
@@ -271,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress display")
     run.add_argument("--plot", action="store_true", help="also write the training curve, "
                      "training_curve.png/.svg, into the run's folder (needs matplotlib)")
+    run.add_argument("--debug", action="store_true",
+                     help="show the Python traceback of an error instead of one line")
     run.set_defaults(func=_cmd_run)
 
     sw = sub.add_parser("sweep", help="run a grid of configs x target epsilons x seeds; "
@@ -304,6 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--dry-run", action="store_true",
                     help="validate every run's config and print the plan; run nothing")
     sw.add_argument("--quiet", action="store_true", help="no progress or per-run lines")
+    sw.add_argument("--debug", action="store_true",
+                    help="show the Python traceback of an error instead of one line")
+    sw.add_argument("--compilation-cache", default="user", metavar="user|off|DIR",
+                    help="JAX's persistent compilation cache (default: a user-level folder)")
     sw.set_defaults(func=_cmd_sweep)
 
     lst = sub.add_parser("list", help="list algorithms, datasets, partitions and models")
@@ -389,13 +412,64 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C: the run stops, keeping what it wrote."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While a run is in progress, SIGTERM stops it like Ctrl-C (main thread only)."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line. Every error ends in ONE line on stderr (``--debug``: the traceback):
+    a bad parameter or config exits 2 before any work; a run that stops after it started (an
+    error, Ctrl-C, SIGTERM) exits 1 (130 for an interrupt) with a line naming the last finished
+    and saved round, the privacy spent and the ``--resume`` command."""
     args = build_parser().parse_args(argv)
+    debug = getattr(args, "debug", False)
     try:
         return args.func(args)
-    except ValueError as e:  # invalid parameter or config: one clear line, no traceback
-        print(f"fedjax-dp: error: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt as e:
+        if debug:
+            raise
+        stop = getattr(e, "fedjax_dp_stop", None) or "nothing was kept"
+        what = "terminated" if isinstance(e, _Terminated) else "interrupted"
+        print(f"fedjax-dp: {what}: {stop}", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if debug:
+            raise
+        stop = getattr(e, "fedjax_dp_stop", None)
+        from fedjax_dp.core import memory
+        oom = memory.explain_oom(e)
+        if oom is not None:
+            msg = oom
+        elif isinstance(e, ValueError):   # invalid parameter or config, or a diverged run
+            msg = str(e)
+        else:
+            msg = f"{_first_line(e)} (--debug shows the traceback)"
+        print(f"fedjax-dp: error: {msg}" + (f"; {stop}" if stop else ""), file=sys.stderr)
+        return 2 if stop is None and isinstance(e, ValueError) else 1
 
 
 if __name__ == "__main__":

@@ -11,9 +11,11 @@ A config has these tables (see ``configs/``)::
                  prox_mu, batching ("replacement": uniform draws; "stored": stored order)
     [algorithm]  name and the algorithm's own fields (rounds, sampling_rate, clip_norm, ...)
     [privacy]    delta, accountants
-    [run]        eval_every, chunk_size, progress, agents_on ("device" | "host": where the
-                 agents' records live; "host" copies only each round's cohort / chunk over),
-                 checkpoint_every (rounds between checkpoints of a round-based run; 0: none)
+    [run]        eval_every, chunk_size, progress, agents_on ("auto" | "device" | "host": where the
+                 agents' records live; "host" copies only each round's cohort / chunk over;
+                 "auto": host when large, fedjax_dp.core.auto_placement),
+                 checkpoint_every (rounds between checkpoints of a round-based run; 0: none),
+                 on_nonfinite ("stop" | "continue"), compilation_cache ("user" | "off" | DIR)
 
 Unknown keys are errors that name the key, so a typo never silently falls back to a default.
 """
@@ -43,8 +45,14 @@ DEFAULTS: dict[str, Any] = {
               "weight_decay": 0.0, "prox_mu": 0.0, "batching": "replacement"},
     "algorithm": {"name": "fedavg"},
     "privacy": {"delta": 1e-5, "accountants": ["rdp", "pld"]},
-    "run": {"eval_every": 0, "chunk_size": "auto", "progress": True, "agents_on": "device",
-            "checkpoint_every": 10},
+    "run": {"eval_every": 0, "chunk_size": "auto", "progress": True, "agents_on": "auto",
+            "checkpoint_every": 10,
+            # a loss or the parameters become NaN / inf: "stop" (one line, what was written
+            # kept) or "continue" (finish, the result marked non_finite)
+            "on_nonfinite": "stop",
+            # JAX's persistent compilation cache of the command line: "user" (a user-level
+            # folder, experiments/compilation.py), "off", or a folder
+            "compilation_cache": "user"},
 }
 
 # Tables whose keys are free-form (passed through to a dataset, partitioner or algorithm).
@@ -136,6 +144,8 @@ FIELDS: dict[tuple[str, ...], Any] = {
     ("run", "progress"): validation.Bool(),
     ("run", "agents_on"): validation.Text("a placement name"),   # its choices: resolve
     ("run", "checkpoint_every"): validation.Int(0),
+    ("run", "on_nonfinite"): validation.Choice(("stop", "continue")),
+    ("run", "compilation_cache"): validation.Text("\"user\", \"off\" or a folder"),
     ("algorithm", "name"): validation.Text("an algorithm name"),
 }
 
@@ -159,7 +169,8 @@ def resolve(raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> dict:
                 raise ConfigError(f"[{k}] must be a table, got {node.get(k)!r}")
             node = node[k]
         node[path[-1]] = spec(".".join(path), node[path[-1]])
-    validation.check_choice("run.agents_on", resolved["run"]["agents_on"], ("device", "host"))
+    validation.check_choice("run.agents_on", resolved["run"]["agents_on"],
+                            ("auto", "device", "host"))
     return resolved
 
 

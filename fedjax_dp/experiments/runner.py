@@ -28,10 +28,12 @@ import numpy as np
 from fedjax_dp import data as data_lib
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.api import FederatedData
-from fedjax_dp.core import from_partition, rng, validation
+from fedjax_dp.core import rng, validation
 from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.experiments import checkpoint as checkpoint_lib
+from fedjax_dp.experiments import compilation
 from fedjax_dp.experiments import config as config_lib
+from fedjax_dp.experiments import population
 from fedjax_dp.experiments import registry
 from fedjax_dp.models import make_model
 from fedjax_dp.train import LocalTrainConfig
@@ -94,87 +96,9 @@ def plan(config: dict) -> Plan:
     return Plan(config=config, entry=entry, algorithm_config=algorithm_config, local=local)
 
 
-def _resized(ds: data_lib.Dataset, size: int) -> data_lib.Dataset:
-    if ds.x_train.ndim != 4:
-        raise config_lib.ConfigError(f"data.image_size applies to image datasets [n, H, W, C]; "
-                                     f"{ds.name!r} has feature shape {ds.feature_shape}")
-    r = data_lib.resize_images
-    return data_lib.Dataset(name=ds.name, x_train=r(ds.x_train, size), y_train=ds.y_train,
-                            x_public=r(ds.x_public, size), y_public=ds.y_public,
-                            x_test=r(ds.x_test, size), y_test=ds.y_test,
-                            num_classes=ds.num_classes, domain_train=ds.domain_train)
-
-
-def _load(name: str, options: dict, where: str) -> data_lib.Dataset:
-    """``load_dataset(name, **options)``; an option the source does not take names ``where``."""
-    import inspect
-    source = data_lib.DATASETS.get(name)
-    if source is not None:
-        try:
-            inspect.signature(source).bind(**options)
-        except TypeError as e:
-            params = [q for q in inspect.signature(source).parameters]
-            raise config_lib.ConfigError(f"{where} for {name!r}: {e}; it accepts {params}"
-                                         ) from None
-    return data_lib.load_dataset(name, **options)
-
-
-def load_data(d: dict) -> data_lib.Dataset:
-    """The dataset of a resolved ``[data]`` table.
-
-    ``data.image_size = s > 0`` resizes every split to ``s x s`` (bilinear,
-    :func:`fedjax_dp.data.resize_images`). ``data.server_dataset = name`` makes a cross-domain
-    task: the agents partition ``data.dataset``'s training split, and the server's public
-    (unlabelled) and test splits come from ``name`` (loaded with ``data.server_dataset_options``);
-    both must have the same classes and, after resizing, the same feature shape. The result is
-    named ``"<dataset>-><server_dataset>"``.
-    """
-    ds = _load(d["dataset"], d["dataset_options"], "data.dataset_options")
-    size = d.get("image_size", 0)
-    if size:
-        ds = _resized(ds, size)
-    server = d.get("server_dataset", "")
-    if not server:
-        return ds
-    srv = _load(server, d.get("server_dataset_options", {}), "data.server_dataset_options")
-    if size:
-        srv = _resized(srv, size)
-    if srv.num_classes != ds.num_classes:
-        raise config_lib.ConfigError(f"data.server_dataset {server!r} has {srv.num_classes} "
-                                     f"classes but data.dataset has {ds.num_classes}")
-    if srv.feature_shape != ds.feature_shape:
-        raise config_lib.ConfigError(
-            f"data.server_dataset {server!r} has feature shape {srv.feature_shape} but "
-            f"data.dataset has {ds.feature_shape}; set data.image_size to a common size")
-    return data_lib.Dataset(name=f"{ds.name}->{srv.name}", x_train=ds.x_train,
-                            y_train=ds.y_train, x_public=srv.x_public, y_public=srv.y_public,
-                            x_test=srv.x_test, y_test=srv.y_test, num_classes=ds.num_classes,
-                            domain_train=ds.domain_train)
-
-
-def partition_indices(d: dict, dataset: data_lib.Dataset, key) -> list:
-    """The agents' training-record indices for a resolved ``[data]`` table.
-
-    ``partition = "by_domain"`` uses the dataset's own training domains (e.g. mnist5k_oddeven's
-    (even, odd) digit pairs) unless ``partition_options.domains`` is given.
-    """
-    options = dict(d["partition_options"])
-    if d["partition"] == "by_domain" and "domains" not in options:
-        if dataset.domain_train is None:
-            raise config_lib.ConfigError(f"data.partition = \"by_domain\" needs a dataset with "
-                                         f"training domains; {dataset.name!r} has none")
-        options["domains"] = dataset.domain_train
-    try:
-        return data_lib.partition(d["partition"], dataset.y_train, d["num_agents"], key,
-                                  **options)
-    except ValueError as e:            # name the config key the partitioner's argument came from
-        msg = str(e)
-        if msg.startswith("num_agents"):
-            raise config_lib.ConfigError(f"data.{msg}") from None
-        first = msg.split(" ", 1)[0]
-        if first in options:
-            raise config_lib.ConfigError(f"data.partition_options.{msg}") from None
-        raise
+# the data-building steps live in population.py; their names stay importable from here
+_resized, _load, load_data = population._resized, population._load, population.load_data
+partition_indices, hold_out = population.partition_indices, population.hold_out
 
 
 def _jsonable(x):
@@ -192,11 +116,16 @@ def _jsonable(x):
 def guarantee_line(g: dict) -> str:
     """One printed guarantee: unit, epsilon at delta, accountant, and whether it depends on the
     data (a data-dependent epsilon is itself not private to release). An infinite epsilon
-    (``None`` in ``result.json``) prints as ``inf``."""
+    (``None`` in ``result.json``) prints as ``inf``. A guarantee that does not cover everything
+    the run releases (``covers_all_releases: false``) ends with ``[NOT covering: <what: why>]``
+    (its ``not_covered``)."""
     kind = ", data-dependent" if g.get("data_dependent") else ""
     eps = g["epsilon"]
     eps = "inf" if eps is None or not math.isfinite(eps) else f"{eps:.4g}"
-    return f"{g['unit']}: eps={eps} at delta={g['delta']:.3g} ({g['accountant']}{kind})"
+    line = f"{g['unit']}: eps={eps} at delta={g['delta']:.3g} ({g['accountant']}{kind})"
+    if g.get("covers_all_releases") is False:
+        line += f" [NOT covering: {g.get('not_covered') or 'releases the ledger does not list'}]"
+    return line
 
 
 def summary_line(name: str, result: dict, out: Path | None) -> str:
@@ -286,9 +215,10 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
                     f"--resume {str(out)!r} holds a run of a different config")
         (out / "config.json").write_text(json.dumps(_jsonable(config), indent=2))
         (out / "progress.jsonl").write_text("")
+    live = _Live()
     try:
-        return _run(p, config, out, show, restart)
-    except BaseException:
+        return _run(p, config, out, show, restart, live)
+    except BaseException as e:
         progress_file = None if out is None else out / "progress.jsonl"
         if out is not None and not resume and not checkpoint_lib.latest(out) and \
                 not (progress_file.exists() and progress_file.read_text().strip()):
@@ -298,7 +228,62 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
                 (out / name).unlink(missing_ok=True)
             if created and not any(out.iterdir()):
                 out.rmdir()
+        elif out is not None:
+            try:
+                stop = stop_report(p, config, out, live)
+            except Exception:                # the report must never hide the original error
+                stop = f"what it wrote is kept in {out}; resume with: fedjax-dp run --resume {out}"
+            e.fedjax_dp_stop = stop          # the command line prints it as its one line
+            e.add_note(stop)
         raise
+
+
+class _Live:
+    """What a running :func:`_run` has done so far (read when it stops early)."""
+
+    def __init__(self):
+        self.history: list[dict] = []
+        self.state: api.State | None = None       # the state after the last finished step
+        self.total = 0
+        self.non_finite: dict | None = None       # the first step with a non-finite loss/params
+
+
+def stop_report(p: Plan, config: dict, out: Path, live: _Live) -> str:
+    """The one line of a run that stopped after it started: the last finished and the last saved
+    round, the epsilon spent by the finished rounds, and the command that resumes it."""
+    last = len(live.history)
+    saved = checkpoint_lib.latest(out)
+    saved_step = checkpoint_lib.read_meta(saved)["step"] if saved is not None else 0
+    parts = [f"stopped after round {last} of {live.total}"]
+    parts.append(f"last checkpoint at round {saved_step}" if saved_step else
+                 "no checkpoint yet (a resume starts over)")
+    spent = _spent_config(p, last)
+    if live.state is not None and spent is not None:
+        eps = []
+        for ledger in api.ledgers(p.entry, spent, live.state):
+            for g in ledger.report(config["privacy"]["delta"], accountants=("rdp",)):
+                e = g["epsilon"]
+                e = "inf" if e is None or not math.isfinite(e) else f"{e:.4g}"
+                eps.append(f"{g['unit']} eps={e}")
+        if eps:
+            parts.append(f"privacy spent by rounds 1-{last}: {', '.join(eps)} "
+                         f"(RDP, delta={config['privacy']['delta']:.3g})")
+    parts.append(f"progress kept in {out}; resume with: fedjax-dp run --resume {out}")
+    return "; ".join(parts)
+
+
+def _spent_config(p: Plan, finished: int):
+    """The algorithm config whose ledger covers only the ``finished`` steps: a round-based
+    algorithm's ``rounds`` cut to them (its ledger is a function of the rounds run); None where
+    the steps are not rounds (a one-shot method releases nothing before its last phase)."""
+    cfg = p.algorithm_config
+    if finished < 1 or not hasattr(cfg, "rounds") or \
+            p.entry.num_steps(cfg) != getattr(cfg, "rounds"):
+        return None
+    try:
+        return dataclasses.replace(cfg, rounds=finished)
+    except (TypeError, ValueError):
+        return None
 
 
 @dataclasses.dataclass
@@ -322,73 +307,78 @@ class Setup:
         return out
 
 
-def hold_out(dataset: data_lib.Dataset, fraction: float, key
-             ) -> tuple[data_lib.Dataset, np.ndarray, np.ndarray]:
-    """``(dataset without the held-out records, x_val, y_val)``: ``round(fraction n)`` (>= 1)
-    training records drawn uniformly with ``key``; the rest keep their order."""
-    n = len(dataset.y_train)
-    m = max(1, int(round(fraction * n)))
-    if m >= n:
-        raise config_lib.ConfigError(f"data.validation_fraction = {fraction} leaves no training "
-                                     f"record of {n}")
-    perm = np.asarray(jax.random.permutation(key, n))
-    val, keep = perm[:m], np.sort(perm[m:])
-    dom = None if dataset.domain_train is None else dataset.domain_train[keep]
-    reduced = data_lib.Dataset(name=dataset.name, x_train=dataset.x_train[keep],
-                               y_train=dataset.y_train[keep], x_public=dataset.x_public,
-                               y_public=dataset.y_public, x_test=dataset.x_test,
-                               y_test=dataset.y_test, num_classes=dataset.num_classes,
-                               domain_train=dom)
-    return reduced, dataset.x_train[val], dataset.y_train[val]
-
-
 def setup(config: dict) -> Setup:
-    """Load, partition and stack the data and build the model of a resolved config (the seed's
-    root key drives the partition and the algorithm's key)."""
+    """Load, partition and stack the data (:func:`population.build`) and build the model of a
+    resolved config (the seed's root key drives the partition and the algorithm's key)."""
     root = rng.as_key(config["seed"])
-    d = config["data"]
-    dataset = load_data(d)
-    x_val = y_val = None
-    if d.get("validation_fraction", 0.0):
-        dataset, x_val, y_val = hold_out(dataset, d["validation_fraction"],
-                                         rng.stream(root, "validation"))
-    indices = partition_indices(d, dataset, rng.stream(root, "partition"))
-    agents = from_partition(dataset.x_train, dataset.y_train, indices)
-    if config["run"]["agents_on"] == "host":          # only cohorts / chunks go to the device
-        agents = agents.on_host()
-    model = make_model(config["model"]["name"], dataset.feature_shape, dataset.num_classes,
-                       hidden=tuple(config["model"]["hidden"]))
-    fed = FederatedData(agents=agents, num_classes=dataset.num_classes,
+    pop = population.build(config)     # streamed into the stacked agents, placed by agents_on
+    dataset = pop.dataset
+    model = make_model(config["model"]["name"], tuple(dataset.feature_shape),
+                       dataset.num_classes, hidden=tuple(config["model"]["hidden"]))
+    fed = FederatedData(agents=pop.agents, num_classes=dataset.num_classes,
                         x_public=dataset.x_public, y_public=dataset.y_public)
     return Setup(dataset=dataset, fed=fed, model=model, key=rng.stream(root, "algorithm"),
-                 x_val=x_val, y_val=y_val)
+                 x_val=pop.x_val, y_val=pop.y_val)
 
 
-def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | None) -> dict:
+def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | None,
+         live: _Live) -> dict:
     start = time.perf_counter()
-    s = setup(config)
+    with compilation.CompileLog() as compiles:
+        s = setup(config)
+        setup_s = time.perf_counter() - start
+        done, history_so_far, seconds = _steps(p, config, out, show, restart, live, s, compiles)
+        timing = {"setup_s": round(setup_s, 4), "round_s": seconds, **compiles.summary()}
+        result = result_record(p, config, s, done.state, history_so_far, out,
+                               time.perf_counter() - start, timing=timing,
+                               non_finite=live.non_finite)
+    if show:
+        print(summary_line(config["algorithm"]["name"], result, out), file=sys.stderr)
+    return result
+
+
+def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | None,
+           live: _Live, s: "Setup", compiles: compilation.CompileLog):
+    """Drive the algorithm's steps: progress, checkpoints, per-round seconds and compilations,
+    the non-finite check. Returns ``(api.Result, history, seconds per round)``."""
     model, fed, key = s.model, s.fed, s.key
     steps_total = p.entry.num_steps(p.algorithm_config)
+    live.total = steps_total
     phases = getattr(p.entry, "PHASES", None)             # one-shot: the steps are phases
     label = getattr(p.entry, "step_label", None)          # optional: names a round-based step
     name = config["algorithm"]["name"]
+    on_nonfinite = config["run"]["on_nonfinite"]
 
     reporter = progress_lib.bar(show)         # a live bar on a terminal, silent otherwise
     bar_task = None
 
     every = config["run"]["checkpoint_every"] if not phases else 0   # round-based runs only
-    history_so_far: list[dict] = []
-    latest_state: list = []                      # the state after the last finished step
+    history_so_far = live.history
+    seconds: list[float] = []
+    clock = compilation.RoundClock()
+    tracking = _Tracking(p.entry, compiles, clock, check_finite=not phases)
 
     def on_round(t: int, record: dict) -> None:
+        state = tracking.state_at(t)
+        live.state = state
+        record_s = clock.lap()
+        seconds.append(round(record_s, 6))
         history_so_far.append(_jsonable(record))
+        bad = _non_finite(record, tracking.finite_at(t))
+        if bad and live.non_finite is None:
+            live.non_finite = {"round": t, "what": bad}
         if out is not None:
-            _append_progress(out, record)
-            if every and t % every == 0 and t < steps_total and latest_state:
-                state = latest_state[0]
+            line = dict(record, seconds=round(record_s, 6))
+            new = compiles.take()
+            if new:
+                line["compilations"] = new
+            _append_progress(out, line)
+            if every and t % every == 0 and t < steps_total and not bad:
                 checkpoint_lib.save(out, state, config=config, history=history_so_far,
                                     ledgers=[lg.to_json() for lg in
                                              api.ledgers(p.entry, p.algorithm_config, state)])
+        if bad and on_nonfinite == "stop":
+            raise NonFiniteError(divergence_message(config, t, bad))
         if bar_task is not None:
             bar_task.set(**{k: v for k, v in record.items()
                             if k != "round" and isinstance(v, float)})
@@ -419,22 +409,45 @@ def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | No
             fresh = p.entry.init(key, fed, model, p.algorithm_config, runtime)
             start_state, meta = checkpoint_lib.restore(restart, fresh, config)
             history_so_far.extend(meta["history"])
+            live.state = start_state
             for record in meta["history"]:
                 _append_progress(out, record)
             if bar_task is not None:
                 bar_task.update(start_state.step)
-        done = api.run(_Tracking(p.entry, latest_state), key, fed, model, p.algorithm_config,
+        done = api.run(tracking, key, fed, model, p.algorithm_config,
                        runtime=runtime, evaluate=evaluate, eval_every=eval_every,
                        on_step=on_round, state=start_state)
-    result = result_record(p, config, s, done.state, history_so_far, out,
-                           time.perf_counter() - start)
-    if show:
-        print(summary_line(name, result, out), file=sys.stderr)
-    return result
+    return done, history_so_far, seconds
+
+
+class NonFiniteError(ValueError):
+    """Training diverged: a loss or the parameters became NaN or infinite."""
+
+
+def _non_finite(record: dict, params_finite: bool | None) -> str:
+    """What is not finite in a finished step: its loss metrics and / or the parameters."""
+    bad = [k for k, v in record.items() if "loss" in k and isinstance(v, float)
+           and not math.isfinite(v)]
+    if params_finite is False:
+        bad.append("parameters")
+    return ", ".join(bad)
+
+
+def divergence_message(config: dict, t: int, what: str) -> str:
+    """One line: the round where training diverged and the parameters that usually cause it."""
+    tr, algo = config["train"], config["algorithm"]
+    drivers = [f"train.learning_rate ({tr['learning_rate']:g})"]
+    for k in ("server_lr", "learning_rate", "step_size", "clip_norm"):
+        if isinstance(algo.get(k), (int, float)) and not isinstance(algo.get(k), bool):
+            drivers.append(f"algorithm.{k} ({algo[k]:g})")
+    return (f"training diverged at round {t}: {what} not finite; lower "
+            f"{' or '.join(drivers)} (set run.on_nonfinite = \"continue\" to finish the run "
+            f"anyway, marked non-finite)")
 
 
 def result_record(p: Plan, config: dict, s: Setup, state: api.State, history: list[dict],
-                  out: Path | None, wall_time_s: float) -> dict:
+                  out: Path | None, wall_time_s: float, *, timing: dict | None = None,
+                  non_finite: dict | None = None) -> dict:
     """The ``result.json`` record of a finished run (written to ``out`` when given): the final
     model's test accuracy, every ledger's guarantees, the history, versions."""
     output = p.entry.output(state)
@@ -444,9 +457,15 @@ def result_record(p: Plan, config: dict, s: Setup, state: api.State, history: li
     hook = getattr(p.entry, "artifacts", None)     # optional: extra files and result fields
     extra_fields = (hook(state, out, config) or {}) if hook is not None else {}
     delta = config["privacy"]["delta"]
+    from fedjax_dp.privacy.ledger import coverage
     privacy = []
     for ledger in ledgers:                                  # reported side by side, not composed
         privacy += ledger.report(delta, accountants=tuple(config["privacy"]["accountants"]))
+    # a release one ledger does not cover (e.g. a data-dependent epsilon) is in the same
+    # result.json as every other ledger's guarantee: none of them covers it
+    uncovered = [u for ledger in ledgers for u in ledger.uncovered]
+    for g in privacy:
+        g.update(coverage(uncovered))
     result = {
         "algorithm": config["algorithm"]["name"],
         "dataset": s.dataset.name,
@@ -461,6 +480,10 @@ def result_record(p: Plan, config: dict, s: Setup, state: api.State, history: li
         "devices": [str(dv) for dv in jax.devices()],
         "history": history,
     }
+    if non_finite is not None:        # run.on_nonfinite = "continue": finished, but diverged
+        result["non_finite"] = non_finite
+    if timing is not None:
+        result["timing"] = timing
     result.update({k: v for k, v in extra_fields.items() if k not in result})
     result = _jsonable(result)
     if out is not None:
@@ -513,16 +536,52 @@ def run_seeds(configs: list[dict], *, progress: bool = False) -> list[dict] | No
 
 
 class _Tracking:
-    """``algorithm`` whose ``step`` also keeps the latest state in ``cell[0]`` (for checkpoints
-    taken in ``on_step``, which sees only the record)."""
+    """``algorithm`` whose ``step`` also keeps the states of the last two steps (the runner
+    records step t once step t + 1 is dispatched, and checkpoints take step t's state), tells
+    the compile log which step is being dispatched, and (``check_finite``) computes, without
+    waiting for it, whether the new state's floating-point values are all finite."""
 
-    def __init__(self, algorithm, cell: list):
-        self._algorithm, self._cell = algorithm, cell
+    def __init__(self, algorithm, compiles: compilation.CompileLog,
+                 clock: compilation.RoundClock, check_finite: bool):
+        self._algorithm, self._compiles, self._clock = algorithm, compiles, clock
+        self._check_finite = check_finite
+        self._states: dict[int, tuple[api.State, Any]] = {}
 
     def __getattr__(self, name):
         return getattr(self._algorithm, name)
 
     def step(self, state, key):
+        self._clock.start()
+        self._compiles.step = state.step + 1
         state, metrics = self._algorithm.step(state, key)
-        self._cell[:] = [state]
+        finite = None
+        if self._check_finite:                   # the model's parameters, when it has them
+            params = getattr(self._algorithm.output(state), "params", None)
+            finite = None if params is None else _all_finite(params)
+        self._states[state.step] = (state, finite)
+        for old in [k for k in self._states if k < state.step - 1]:
+            del self._states[old]
         return state, metrics
+
+    def state_at(self, t: int) -> api.State:
+        return self._states[t][0]
+
+    def finite_at(self, t: int) -> bool | None:
+        finite = self._states[t][1]
+        return None if finite is None else bool(finite)
+
+
+@jax.jit
+def _all_finite_jit(leaves):
+    import jax.numpy as jnp
+    out = jnp.bool_(True)
+    for x in leaves:
+        out = out & jnp.all(jnp.isfinite(x))
+    return out
+
+
+def _all_finite(values) -> Any:
+    """A device scalar: every floating-point array of ``values`` is finite (None: none)."""
+    leaves = [x for x in jax.tree.leaves(values)
+              if isinstance(x, jax.Array) and jax.numpy.issubdtype(x.dtype, jax.numpy.floating)]
+    return _all_finite_jit(leaves) if leaves else None

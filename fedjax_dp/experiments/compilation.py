@@ -1,0 +1,158 @@
+"""Where a run's time goes to compilation, and JAX's persistent compilation cache for the CLI.
+
+:class:`CompileLog` listens to JAX's monitoring events while a run is active: every XLA
+compilation (``/jax/core/compile/backend_compile_duration``, with the jitted function's name)
+and whether it was served from the persistent cache (``/jax/compilation_cache/cache_hits``,
+recorded on the same thread just before the compilation's duration). Compilations of at least
+:data:`LISTED_S` seconds are listed one by one (what, seconds, cache hit, the step that was
+being dispatched); the rest are counted. The runner writes the list into ``progress.jsonl``
+(on the round during which they happened) and ``result.json`` (``timing``).
+
+:func:`enable_cache` turns on JAX's persistent compilation cache (``run.compilation_cache``:
+``"user"``, the default of the command line, is a user-level folder, ``$FEDJAX_DP_CACHE_DIR``
+or ``$XDG_CACHE_HOME/fedjax_dp/jax`` or ``~/.cache/fedjax_dp/jax``; ``"off"``; or a folder), so
+a second run of the same config loads its executables instead of compiling them. The cache
+changes how fast a run starts, never what it computes.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+
+#: compilations at least this long are listed one by one in progress.jsonl / result.json
+LISTED_S = 0.05
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+_MISS_EVENT = "/jax/compilation_cache/cache_misses"
+
+_active: list["CompileLog"] = []          # logs listening now (innermost last)
+_local = threading.local()                # per thread: was the compilation in flight a hit?
+_registered = False
+_lock = threading.Lock()
+
+
+def _on_event(event: str, **_: Any) -> None:
+    if event == _HIT_EVENT:
+        _local.hit = True
+    elif event == _MISS_EVENT:
+        _local.hit = False
+
+
+def _on_duration(event: str, duration: float, **kwargs: Any) -> None:
+    if event != _COMPILE_EVENT or not _active:
+        return
+    hit = bool(getattr(_local, "hit", False))
+    _local.hit = False
+    for log in list(_active):
+        log._record(str(kwargs.get("fun_name", "?")), float(duration), hit)
+
+
+def _register() -> None:
+    global _registered
+    with _lock:
+        if not _registered:
+            jax.monitoring.register_event_listener(_on_event)
+            jax.monitoring.register_event_duration_secs_listener(_on_duration)
+            _registered = True
+
+
+class CompileLog:
+    """Compilations while active (``with CompileLog() as log:``).
+
+    ``log.step`` is the step being dispatched (set by the runner), so every listed compilation
+    names the round it delayed; :meth:`take` returns (and forgets) the listed compilations made
+    since the last call; :meth:`summary` gives the totals."""
+
+    def __init__(self):
+        self.step = 0
+        self.listed: list[dict] = []           # every compilation >= LISTED_S, in order
+        self.count = 0
+        self.seconds = 0.0
+        self.hits = 0
+        self._new: list[dict] = []
+        self._lock = threading.Lock()
+
+    def _record(self, what: str, seconds: float, hit: bool) -> None:
+        with self._lock:
+            self.count += 1
+            self.seconds += seconds
+            self.hits += hit
+            if seconds >= LISTED_S:
+                entry = {"what": what, "seconds": round(seconds, 4), "cache_hit": hit,
+                         "step": self.step}
+                self.listed.append(entry)
+                self._new.append(entry)
+
+    def take(self) -> list[dict]:
+        with self._lock:
+            new, self._new = self._new, []
+        return new
+
+    def summary(self) -> dict:
+        return {"compilations": self.count, "compile_s": round(self.seconds, 4),
+                "cache_hits": self.hits, "listed": list(self.listed)}
+
+    def __enter__(self) -> "CompileLog":
+        _register()
+        _active.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _active.remove(self)
+
+
+class RoundClock:
+    """Wall seconds per step as seen by the host: the time between consecutive finished steps
+    (the first from :meth:`start`). With steps dispatched ahead of their records, this is each
+    step's share of the run's time in steady state."""
+
+    def __init__(self):
+        self._last: float | None = None
+
+    def start(self) -> None:
+        if self._last is None:
+            self._last = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        last = now if self._last is None else self._last
+        self._last = now
+        return now - last
+
+
+def default_cache_dir() -> Path:
+    """``$FEDJAX_DP_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedjax_dp/jax``, else
+    ``~/.cache/fedjax_dp/jax``."""
+    if os.environ.get("FEDJAX_DP_CACHE_DIR"):
+        return Path(os.environ["FEDJAX_DP_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "fedjax_dp" / "jax"
+
+
+def cache_dir(setting: str) -> Path | None:
+    """The folder of ``run.compilation_cache`` (``"user"``, ``"off"`` or a folder), or None."""
+    if setting == "off":
+        return None
+    return default_cache_dir() if setting == "user" else Path(setting).expanduser().absolute()
+
+
+def enable_cache(setting: str) -> Path | None:
+    """Turn on JAX's persistent compilation cache in ``cache_dir(setting)`` for this process
+    (every compilation cached, however short); returns the folder (None: ``"off"``). A folder
+    that cannot be created leaves the cache off (a run never fails for its cache)."""
+    folder = cache_dir(setting)
+    if folder is None:
+        return None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return folder
