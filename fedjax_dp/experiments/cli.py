@@ -66,6 +66,11 @@ def _cmd_run(args) -> int:
               "privacy": [{k: g[k] for k in ("unit", "epsilon", "delta", "accountant",
                                              "data_dependent")}
                           for g in result["privacy"]]}
+    for g, row in zip(result["privacy"], report["privacy"]):
+        if g.get("covers_all_releases") is False:
+            row["not_covered"] = g.get("not_covered", "")
+    if result.get("non_finite"):
+        report["non_finite"] = result["non_finite"]
     if args.plot:
         report["plot"] = _plot_run(result, out)
     print(json.dumps(report, indent=2))

@@ -9,8 +9,8 @@ being dispatched); the rest are counted. The runner writes the list into ``progr
 (on the round during which they happened) and ``result.json`` (``timing``).
 
 :func:`enable_cache` turns on JAX's persistent compilation cache (``run.compilation_cache``:
-``"user"``, the default of the command line, is a user-level folder, ``$FEDJAX_DP_CACHE_DIR``
-or ``$XDG_CACHE_HOME/fedjax_dp/jax`` or ``~/.cache/fedjax_dp/jax``; ``"off"``; or a folder), so
+``"user"``, the default of the command line, is a user-level folder, :func:`default_cache_dir`;
+``"off"``; or a folder), so
 a second run of the same config loads its executables instead of compiling them. The cache
 changes how fast a run starts, never what it computes.
 """
@@ -126,10 +126,11 @@ class RoundClock:
 
 
 def default_cache_dir() -> Path:
-    """``$FEDJAX_DP_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedjax_dp/jax``, else
-    ``~/.cache/fedjax_dp/jax``."""
-    if os.environ.get("FEDJAX_DP_CACHE_DIR"):
-        return Path(os.environ["FEDJAX_DP_CACHE_DIR"]).expanduser()
+    """``$FEDJAX_DP_CACHE_DIR``, else JAX's own ``$JAX_COMPILATION_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/fedjax_dp/jax``, else ``~/.cache/fedjax_dp/jax``."""
+    for var in ("FEDJAX_DP_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR"):
+        if os.environ.get(var):
+            return Path(os.environ[var]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base).expanduser() / "fedjax_dp" / "jax"
 

@@ -93,6 +93,10 @@ def plan(config: dict) -> Plan:
     if "delta" in algo_fields and "delta" not in algo:
         algo["delta"] = config["privacy"]["delta"]      # a target delta defaults to [privacy]'s
     algorithm_config = config_lib.build_dataclass(entry.Config, algo, "algorithm", **extra)
+    for k, v in config["algorithm"].items():     # the checked values (2.0 -> 2) as the run uses
+        checked = getattr(algorithm_config, k, v)
+        if type(checked) in (int, float) and type(v) in (int, float) and checked == v:
+            config["algorithm"][k] = checked
     return Plan(config=config, entry=entry, algorithm_config=algorithm_config, local=local)
 
 
@@ -133,7 +137,9 @@ def summary_line(name: str, result: dict, out: Path | None) -> str:
     (:func:`guarantee_line`) and the run's folder."""
     eps = "; ".join(guarantee_line(g) for g in result["privacy"]) or "no privacy guarantee"
     where = f"; run folder {out}" if out is not None else ""
-    return f"[{name}] test accuracy {result['test_accuracy']:.4f}; {eps}{where}"
+    bad = result.get("non_finite")
+    diverged = (f"; NON-FINITE from round {bad['round']} ({bad['what']})" if bad else "")
+    return f"[{name}] test accuracy {result['test_accuracy']:.4f}{diverged}; {eps}{where}"
 
 
 #: files that mark a folder as holding a run
@@ -230,7 +236,8 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
                 out.rmdir()
         elif out is not None:
             try:
-                stop = stop_report(p, config, out, live)
+                stop = (f"rounds 1-{len(live.history)} kept in {out}" if
+                        isinstance(e, NonFiniteError) else stop_report(p, config, out, live))
             except Exception:                # the report must never hide the original error
                 stop = f"what it wrote is kept in {out}; resume with: fedjax-dp run --resume {out}"
             e.fedjax_dp_stop = stop          # the command line prints it as its one line
@@ -437,7 +444,7 @@ def divergence_message(config: dict, t: int, what: str) -> str:
     """One line: the round where training diverged and the parameters that usually cause it."""
     tr, algo = config["train"], config["algorithm"]
     drivers = [f"train.learning_rate ({tr['learning_rate']:g})"]
-    for k in ("server_lr", "learning_rate", "step_size", "clip_norm"):
+    for k in ("server_lr", "learning_rate", "step_size"):
         if isinstance(algo.get(k), (int, float)) and not isinstance(algo.get(k), bool):
             drivers.append(f"algorithm.{k} ({algo[k]:g})")
     return (f"training diverged at round {t}: {what} not finite; lower "
