@@ -14,6 +14,9 @@ Parts (each writes into one JSON record, ``results/scale/bench_scale.json`` by d
   the peers' README is kept beside them as quoted. First, the workload's check: one noiseless
   round of all 1,000 clients from the shared initial weights must give the parameter norm
   14.735746 of every correct implementation (recorded, and the run stops if it does not).
+* ``cli``: the same shapes through ``fedjax-dp run`` (a subprocess, as a user runs it),
+  seconds per round as the difference of a 330- and a 30-round run, beside this tool's own
+  round on the same shapes in the same run (:func:`cli_part`).
 * ``population``: DP-FedAvg (Poisson sampling, expected cohort 1,000) over N = 1e3 ... 1e6
   synthetic host-resident agents (16 records x 32 features, MLP 32-64-10), each N in a fresh
   subprocess: seconds per round (median), compilations (bucket sizes), and peak RSS next to the
@@ -180,6 +183,100 @@ def peers_part(peers: Path, cohorts: list[int], rounds: int, warmup: int, repeat
     return out
 
 
+# --------------------------------------------------------------------------- the CLI's rounds
+
+CLI_CONFIG = """seed = 0
+[data]
+dataset = "synthetic"
+dataset_options = {{num_train = {n}, num_features = {d}, num_test = 200, num_public = 0}}
+partition = "iid"
+num_agents = {clients}
+[model]
+name = "mlp"
+hidden = [{hidden}]
+[train]
+steps = {steps}
+batch_size = {batch}
+learning_rate = {lr}
+batching = "stored"
+[algorithm]
+name = "dp_fedavg"
+rounds = 30
+sampling = "fixed"
+cohort_size = {cohort}
+clip_norm = {clip}
+noise_multiplier = {noise}
+server_lr = {server_lr}
+[privacy]
+accountants = ["rdp"]
+[run]
+eval_every = 0
+checkpoint_every = 0
+progress = false
+"""
+
+
+def _cli_seconds(config: Path, rounds: int, cache: Path) -> tuple[float, dict]:
+    """``fedjax-dp run config --set algorithm.rounds=R`` as a user runs it (a subprocess, the
+    persistent compilation cache in ``cache``): its wall seconds and result record."""
+    out = config.parent / f"run_{rounds}_{time.time_ns()}"
+    env = dict(os.environ, FEDJAX_DP_CACHE_DIR=str(cache))
+    start = time.perf_counter()
+    subprocess.run([str(Path(sys.executable).with_name("fedjax-dp")), "run", str(config),
+                    "--set", f"algorithm.rounds={rounds}", "--out", str(out), "--quiet"],
+                   check=True, env=env, capture_output=True)
+    wall = time.perf_counter() - start
+    return wall, json.loads((out / "result.json").read_text())
+
+
+def cli_part(peers: Path, cohorts: list[int], short: int, long: int, rounds: int,
+             warmup: int) -> dict:
+    """The peers' shapes through ``fedjax-dp run`` (synthetic records of the same shapes: 1,000
+    agents x 64 records x 64 features, MLP 100, 4 local steps of batch 16 in stored order, a
+    fixed cohort of C, no evaluation, no checkpoints): seconds per round as the difference of
+    a ``long``- and a ``short``-round run over their round difference (each run's start-up and
+    compilations cancel; the cache is warmed by a first run), and the median of the long run's
+    own per-round seconds (``timing.round_s``), beside this tool's own gathered round on the
+    same shapes (median of ``rounds`` after ``warmup``) measured in the same process."""
+    import tempfile
+    sys.path.insert(0, str(peers))
+    import workload as W
+    own, _, _ = _ours(W, cohorts, rounds, warmup)
+    out = {"short_rounds": short, "long_rounds": long}
+    with tempfile.TemporaryDirectory(prefix="bench_cli_") as tmp:
+        tmp = Path(tmp)
+        # "fixed": the tool's own round (a fixed cohort, records in stored order); "poisson":
+        # the shipped configs' kind (Poisson sampling at q = C / N, uniform batches)
+        for kind in ("fixed", "poisson"):
+            for c in cohorts:
+                config = tmp / f"peers_{kind}_c{c}.toml"
+                config.write_text(CLI_CONFIG.format(
+                    n=W.NUM_CLIENTS * W.EXAMPLES_PER_CLIENT, d=W.DIM, clients=W.NUM_CLIENTS,
+                    hidden=W.HIDDEN, steps=W.LOCAL_STEPS, batch=W.BATCH, lr=W.CLIENT_LR,
+                    cohort=c, clip=W.CLIP, noise=W.NOISE_MULTIPLIER, server_lr=W.SERVER_LR))
+                if kind == "poisson":
+                    text = config.read_text().replace('batching = "stored"',
+                                                      'batching = "replacement"')
+                    text = text.replace('sampling = "fixed"\ncohort_size = ' + str(c),
+                                        f"sampling_rate = {c / W.NUM_CLIENTS}")
+                    config.write_text(text)
+                _cli_seconds(config, long, tmp / "cache")          # warms the cache (buckets)
+                t_short, _ = _cli_seconds(config, short, tmp / "cache")
+                t_long, rec = _cli_seconds(config, long, tmp / "cache")
+                per_round = (t_long - t_short) / (long - short)
+                steady = statistics.median(rec["timing"]["round_s"][short:])
+                row = {"cli_s_per_round": per_round, "cli_median_round_s": steady,
+                       "tool_gathered_s": own[str(c)], "cli_over_tool": per_round / own[str(c)],
+                       "cli_short_run_s": t_short, "cli_long_run_s": t_long,
+                       "cache_hits": rec["timing"]["cache_hits"],
+                       "compilations": rec["timing"]["compilations"]}
+                out.setdefault(kind, {})[str(c)] = row
+                print(f"cli {kind} C={c}: {per_round:.4f} s/round (median {steady:.4f}) vs the "
+                      f"tool's fixed-cohort round {own[str(c)]:.4f}: "
+                      f"{row['cli_over_tool']:.2f}x", flush=True)
+    return out
+
+
 # --------------------------------------------------------------------------- population sweep
 
 def population_worker(num_agents: int, cohort: int, rounds: int, warmup: int,
@@ -279,7 +376,8 @@ def plot(record: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--parts", default="peers,population,oneshot")
+    ap.add_argument("--parts", default="peers,cli,population,oneshot")
+    ap.add_argument("--cli-cohorts", default="10,1000", help="cli part: the cohorts")
     ap.add_argument("--agents", default="1000,10000,100000,1000000")
     ap.add_argument("--oneshot-agents", default="1000,10000,100000,1000000")
     ap.add_argument("--cohorts", default="10,100,1000")
@@ -311,6 +409,10 @@ def main() -> None:
     if "peers" in parts:
         record["peers"] = peers_part(Path(args.peers), [int(c) for c in args.cohorts.split(",")],
                                      args.rounds, args.warmup, args.repeats, args.fedjax_python)
+        write_json(out, record)
+    if "cli" in parts:
+        record["cli"] = cli_part(Path(args.peers), [int(c) for c in args.cli_cohorts.split(",")],
+                                 30, 330, args.rounds, args.warmup)
         write_json(out, record)
     if "population" in parts:
         record["population"] = population_part([int(n) for n in args.agents.split(",")], args)
