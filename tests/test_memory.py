@@ -179,14 +179,19 @@ def test_explain_oom_is_one_line():
     assert memory.explain_oom(budget) == "x needs 3 GB"
 
 
-def test_cli_refuses_big_batch_in_one_line(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("setting, named", [
+    ("train.batch_size=100000", "train.batch_size (100000)"),      # an oversized batch
+    ("model.hidden=[16384]", "model.hidden ([16384])"),            # an oversized model
+])
+def test_cli_refuses_big_batch_or_model_in_one_line(tmp_path, monkeypatch, capsys, setting,
+                                                     named):
     from fedjax_dp.experiments import cli
     monkeypatch.setenv(memory.ENV, "1GB")
     out = tmp_path / "x"
-    rc = cli.main(["run", "configs/dp_fedavg/mnist5k.toml", "--set", "train.batch_size=100000",
+    rc = cli.main(["run", "configs/dp_fedavg/mnist5k.toml", "--set", setting,
                    "--set", "algorithm.rounds=1", "--set", "run.checkpoint_every=0",
                    "--out", str(out), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert rc == 2
-    assert len(err.splitlines()) == 1 and "train.batch_size (100000)" in err
+    assert len(err.splitlines()) == 1 and named in err
     assert not out.exists()                          # refused before any round: no run left

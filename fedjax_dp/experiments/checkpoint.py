@@ -20,12 +20,15 @@ run killed while writing leaves the previous checkpoint intact. The last ``keep`
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import importlib
 import json
 import os
 import shutil
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -169,9 +172,40 @@ def latest(out: str | Path) -> Path | None:
     return steps[-1][1] if steps else None
 
 
+@contextlib.contextmanager
+def _signals_deferred():
+    """Ctrl-C / SIGTERM arriving while a checkpoint is written take effect once it is written
+    (milliseconds): orbax finishes its writes in background threads, which an exception raised in
+    the middle would leave running until the interpreter stops (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(received):
+            handler = previous[sig]
+            if callable(handler):
+                handler(sig, None)                    # e.g. Python's: raises KeyboardInterrupt
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), sig)
+
+
 def save(out: str | Path, state: api.State, *, config: dict, history: list[dict],
          ledgers: list[dict], keep: int = 2) -> Path:
-    """Write step ``state.step``'s checkpoint under ``out`` atomically; keep the last ``keep``."""
+    """Write step ``state.step``'s checkpoint under ``out`` atomically; keep the last ``keep``.
+    A Ctrl-C or SIGTERM during the write takes effect after it."""
+    with _signals_deferred():
+        return _save(out, state, config=config, history=history, ledgers=ledgers, keep=keep)
+
+
+def _save(out: str | Path, state: api.State, *, config: dict, history: list[dict],
+          ledgers: list[dict], keep: int) -> Path:
     import orbax.checkpoint as ocp
     leaves: list = []
     structure = _encode(state.values, leaves, "values")
