@@ -32,6 +32,8 @@ def pytest_unconfigure(config):
 #: the longest tests (the subprocess with 8 devices, the notebooks) start first, so that with
 #: ``-n 2 --dist worksteal`` no worker is left with one of them at the end while the other idles
 _LONG_FIRST = ("test_sharding.py::test_eight_cpu_devices_equal_one_device",
+               "test_user_paths.py::test_killed_interrupted_and_resumed",
+               "test_user_paths.py::test_readme_first_command",
                "fnas.ipynb", "isrl.ipynb", "fedkt.ipynb", "voting_dpfl.ipynb", "quickstart.ipynb")
 
 

@@ -188,7 +188,8 @@ def test_not_batched_returns_none(tiny):
     assert fedkt_seeds.unsupported([states[0], other]) == "the seeds' configs differ"
 
 
-@pytest.mark.parametrize("chunk, seed_axis", [(4, "map"), (None, "vmap"), (4, "vmap")])
+@pytest.mark.parametrize("chunk, seed_axis", [(4, "map"), (None, "vmap"),
+                                              pytest.param(4, "vmap", marks=pytest.mark.sweep)])
 def test_learner_seed_methods_equal_one_call_per_seed(chunk, seed_axis):
     # S = 2 seeds x A = 10 models, in chunks of 4 (two and a remainder of 2) or unchunked: a
     # loop over the seeds in one call ("map", the CPU's default) equals a call per seed bit for

@@ -56,7 +56,9 @@ def _same_run(a: dict, b: dict) -> None:
     assert a["privacy"] == b["privacy"]
 
 
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+# DP-FedAvg is killed with a real SIGKILL from a relative folder and resumed by the command line
+# in tests/test_user_paths.py; here ISRL-DP's SPIDER (counters in the state) by an exception
+@pytest.mark.parametrize("name", [n for n in sorted(ALGORITHMS) if n != "dp_fedavg"])
 def test_killed_and_resumed_run_equals_the_uninterrupted_one(tmp_path, monkeypatch, name):
     cfg = _config(name)
     whole = runner.run(cfg, tmp_path / "whole")

@@ -48,7 +48,12 @@ def fresh_copy(dest: Path) -> Path:
 
 
 def _env(cache: Path) -> dict:
-    return dict(os.environ, FEDJAX_DP_CACHE_DIR=str(cache), JAX_PLATFORMS="cpu")
+    """The subprocesses' environment: the CLI's compilation cache is the test session's (shared
+    with the workers, tests/conftest.py), else ``cache``."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    if not env.get("JAX_COMPILATION_CACHE_DIR"):
+        env["FEDJAX_DP_CACHE_DIR"] = str(cache)
+    return env
 
 
 def readme_first_command() -> str:
@@ -101,7 +106,7 @@ def test_readme_first_command_as_written_in_a_fresh_copy_twice(tmp_path):
 
 #: a DP-FedAvg run long enough to be stopped twice, small enough for the suite
 KILL_SETS = ["algorithm.rounds=120", "run.checkpoint_every=10", "run.eval_every=40",
-             "train.steps=4", "model.hidden=[32]", "privacy.accountants=[\"rdp\"]"]
+             "train.steps=2", "model.hidden=[16]", "privacy.accountants=[\"rdp\"]"]
 
 
 def _sets(sets):
@@ -124,7 +129,8 @@ def _wait_for_rounds(proc: subprocess.Popen, progress: Path, rounds: int) -> Non
 
 
 @pytest.mark.slow
-def test_killed_interrupted_and_resumed_from_a_relative_folder_equals_the_whole_run(tmp_path):
+def test_killed_interrupted_and_resumed_from_a_relative_folder_equals_the_whole_run(
+        tmp_path, monkeypatch):
     """SIGKILL mid-run, ``--resume``, Ctrl-C (SIGINT) during the resumed run, ``--resume`` to
     the end: the result equals the uninterrupted run (history, accuracy, every epsilon) and no
     round is counted twice; the Ctrl-C ends in one line naming the saved round, the epsilon of
@@ -163,12 +169,11 @@ def test_killed_interrupted_and_resumed_from_a_relative_folder_equals_the_whole_
     assert eps == pytest.approx(acc.get_epsilon(1e-5), rel=2e-2)
     assert line.endswith("resume with: fedjax-dp run --resume runs/x")
 
-    resumed = subprocess.run([_fedjax_dp(copy), "run", "--resume", "runs/x", "--quiet"],
-                             cwd=copy, env=env, capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    got = json.loads((copy / "runs" / "x" / "result.json").read_text())
     cfg = config_lib.load(ROOT / "configs" / "dp_fedavg" / "mnist5k.toml", KILL_SETS)
     want = runner.run(cfg, tmp_path / "whole", progress=False)
+    monkeypatch.chdir(copy)                       # the last resume: the same command, in-process
+    assert cli.main(["run", "--resume", "runs/x", "--quiet"]) == 0
+    got = json.loads((copy / "runs" / "x" / "result.json").read_text())
     assert got["history"] == want["history"]
     assert got["test_accuracy"] == want["test_accuracy"]
     assert [(g["unit"], g["accountant"], g["epsilon"]) for g in got["privacy"]] == \
@@ -244,14 +249,15 @@ def test_bad_numbers_through_the_cli_end_in_one_line(tmp_path, capsys, setting, 
     assert code == 2 and len(err) == 1 and message in err[0]
 
 
-def test_integral_floats_run_as_integers(tmp_path):
+def test_integral_floats_run_as_integers():
     cfg = config_lib.load(ROOT / "configs" / "dp_fedavg" / "mnist5k.toml",
-                          ["algorithm.rounds=2.0", "train.steps=2.0", "train.batch_size=8.0",
-                           "model.hidden=[8]", "data.num_agents=10", "run.checkpoint_every=0"])
-    result = runner.run(cfg, tmp_path / "r", progress=False)
-    assert [h["round"] for h in result["history"]] == [1, 2]
-    assert result["config"]["train"]["batch_size"] == 8 and \
-        isinstance(result["config"]["algorithm"]["rounds"], int)
+                          ["algorithm.rounds=2.0", "train.steps=2.0", "train.batch_size=8.0"])
+    p = runner.plan(cfg)
+    assert p.algorithm_config.rounds == 2 and type(p.algorithm_config.rounds) is int
+    assert type(p.local.steps) is int and type(p.local.batch_size) is int
+    # what config.json and result.json store is what runs
+    assert cfg["algorithm"]["rounds"] == 2 and type(cfg["algorithm"]["rounds"]) is int
+    assert type(cfg["train"]["batch_size"]) is int
 
 
 # ----------------------------------------------------------------------------- shown commands
