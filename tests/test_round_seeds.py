@@ -71,7 +71,8 @@ def test_dp_fedavg_fixed_size_seeds_equal_separate_runs():
     assert all(r["num_sampled"] == 5 for t in together for r in t["history"])
 
 
-def test_dp_fedsgd_seeds_equal_separate_runs():
+@pytest.mark.sweep       # suite time: test_dp_fedsgd_participation_and_ledger covers the seeds'
+def test_dp_fedsgd_seeds_equal_separate_runs():   # participation and ledger on a tiny problem
     # the instance-level ledger reads each seed's participation counts: equal epsilons above
     together, alone = _compare(DP_FEDSGD, DP_FEDSGD_SETS)
     assert len({r["num_sampled"] for a in alone for r in a["history"]}) > 1
