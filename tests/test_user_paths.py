@@ -342,6 +342,8 @@ def _classify():
                 pass                         # the README's first line: the tests above run it
             elif cmd.startswith("fedjax-dp ") and _is_synopsis(cmd):
                 synopses.append(cmd)
+            elif cmd == readme_first_command().removeprefix(".venv/bin/"):
+                pass                         # run as written (twice) by the README test above
             elif re.fullmatch(r"fedjax-dp run configs/[\w/]+\.toml", cmd):
                 run_here.append(cmd)
             else:
