@@ -385,3 +385,18 @@ def test_shown_run_command_runs_at_small_settings(cmd, tmp_path, monkeypatch, ca
     code = cli.main(cmd.split()[1:] + _sets(sets) + ["--out", str(tmp_path / "o"), "--quiet"])
     assert code == 0, capsys.readouterr().err
     assert (tmp_path / "o" / "result.json").is_file()
+
+
+def test_sweep_in_a_relative_folder_resumes(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    base = ["sweep", str(ROOT / "configs" / "dp_fedavg" / "mnist5k.toml"),
+            *_sets(["algorithm.rounds=1", "train.steps=1", "model.hidden=[8]",
+                    "data.num_agents=10", "privacy.accountants=[\"rdp\"]"]), "--quiet"]
+    assert cli.main(base + ["--grid", "algorithm.noise_multiplier=1.0", "--out",
+                            "runs/sw"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"] == "runs/sw/results.jsonl"
+    assert cli.main(base + ["--grid", "algorithm.noise_multiplier=1.0,2.0", "--resume",
+                            "runs/sw"]) == 0                     # runs only the missing one
+    lines = (tmp_path / "runs" / "sw" / "results.jsonl").read_text().splitlines()
+    assert sorted(json.loads(l)["config"]["algorithm"]["noise_multiplier"] for l in lines) == \
+        [1.0, 2.0]
