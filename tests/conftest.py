@@ -3,16 +3,23 @@ import os
 # Tests run on the CPU; keep XLA from grabbing every core's worth of threads per process.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# One persistent XLA compilation cache shared by the test workers (pytest -n) and the processes
-# they start (8-device checks, notebook kernels): a function two processes compile (module
-# fixtures, shared configs) is compiled once. A fresh folder per test session; "off" disables it.
+# A persistent XLA compilation cache per test worker (pytest -n), shared with the processes it
+# starts (8-device checks, CLI runs, notebook kernels): a function that the worker and its
+# subprocesses compile alike is compiled once. A fresh folder per test session; "off" disables it.
 _CREATED_CACHE = None
 if "FEDJAX_DP_TEST_JAX_CACHE" not in os.environ:
     import tempfile
     _CREATED_CACHE = tempfile.mkdtemp(prefix="fedjax_dp_jax_cache_")
     os.environ["FEDJAX_DP_TEST_JAX_CACHE"] = _CREATED_CACHE
 if os.environ["FEDJAX_DP_TEST_JAX_CACHE"] != "off":
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["FEDJAX_DP_TEST_JAX_CACHE"])
+    # Each pytest worker has its own folder, shared only with the processes it starts: an
+    # executable is deserialized only by the process family that compiled it (a CI run once lost
+    # a worker to a crash while two workers shared one folder; XLA:CPU deserialization has open
+    # crash reports, jax-ml/jax#28908).
+    _worker_cache = os.path.join(os.environ["FEDJAX_DP_TEST_JAX_CACHE"],
+                                 os.environ.get("PYTEST_XDIST_WORKER", "main"))
+    os.makedirs(_worker_cache, exist_ok=True)
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _worker_cache)
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     import jax  # noqa: E402  (in case a plugin imported jax before the variables were set)
