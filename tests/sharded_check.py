@@ -16,7 +16,8 @@ import numpy as np
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import isrl_sharded_check  # noqa: E402
 
-from fedjax_dp.algorithms import fedavg, knn_dpfl
+from fedjax_dp.algorithms.averaging import fedavg
+from fedjax_dp.algorithms.voting import knn_dpfl
 from fedjax_dp.core.cohort import Sampling
 from fedjax_dp.core import (agent_mesh, agent_sum, for_each_agent, for_each_agent_sum,
                             from_ragged, shard_agents)

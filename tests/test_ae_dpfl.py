@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import ae_dpfl
+from fedjax_dp.algorithms.voting import ae_dpfl
 from fedjax_dp.core import from_ragged, rng
 from fedjax_dp.data import synthetic
 from fedjax_dp.experiments import config as config_lib

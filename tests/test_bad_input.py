@@ -155,7 +155,8 @@ def _with(x_change=None, y_change=None):
 
 
 def _dp_fedavg_init(agents, num_classes=3):
-    from fedjax_dp.algorithms import api, dp_fedavg
+    from fedjax_dp.algorithms import api
+    from fedjax_dp.algorithms.averaging import dp_fedavg
     from fedjax_dp.models import make_model
     data = api.FederatedData(agents=agents, num_classes=num_classes)
     return dp_fedavg.init(jax.random.key(0), data, make_model("logistic", (4,), 3),
@@ -163,7 +164,8 @@ def _dp_fedavg_init(agents, num_classes=3):
 
 
 def _knn_init(k):
-    from fedjax_dp.algorithms import api, knn_dpfl
+    from fedjax_dp.algorithms import api
+    from fedjax_dp.algorithms.voting import knn_dpfl
     from fedjax_dp.models import make_model
     data = api.FederatedData(agents=_agents(), num_classes=3,
                              x_public=np.zeros((10, 4), np.float32))
@@ -172,7 +174,8 @@ def _knn_init(k):
 
 
 def _api_cases():
-    from fedjax_dp.algorithms import api, dp_fedavg, dp_fedsgd
+    from fedjax_dp.algorithms import api
+    from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd
     from fedjax_dp.audit import audit
     from fedjax_dp.core import cohort, from_arrays, from_ragged
     from fedjax_dp.models import make_model

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_dp.algorithms import dp_fedsgd
+from fedjax_dp.algorithms.averaging import dp_fedsgd
 from fedjax_dp.core import cohort, for_each_agent, from_ragged
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner

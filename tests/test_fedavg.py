@@ -5,7 +5,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_dp.algorithms import dp_fedavg, fedavg
+from fedjax_dp.algorithms.averaging import dp_fedavg, fedavg
 from fedjax_dp.core import cohort, from_ragged
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import accounting

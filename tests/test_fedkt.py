@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from fedjax_dp import data
-from fedjax_dp.algorithms import api, fedkt, fedkt_baselines, learners
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.fedkt import fedkt, baselines as fedkt_baselines, learners
 from fedjax_dp.core import from_ragged
 from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.experiments import config as config_lib

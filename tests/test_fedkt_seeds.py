@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from fedjax_dp import data
-from fedjax_dp.algorithms import api, fedkt, fedkt_seeds, learners
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.fedkt import fedkt, fedkt_seeds, learners
 from fedjax_dp.core import from_ragged, load_stacked, save_stacked
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import knn_dpfl
+from fedjax_dp.algorithms.voting import knn_dpfl
 from fedjax_dp.core import from_ragged
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner

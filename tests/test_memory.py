@@ -4,7 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import ae_dpfl, api, fedavg, isrl, knn_dpfl
+from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl
+from fedjax_dp.algorithms import api, isrl
+from fedjax_dp.algorithms.averaging import fedavg
 from fedjax_dp.core import from_ragged, memory
 from fedjax_dp.models import make_model
 from fedjax_dp.train import LocalTrainConfig, make_local_update

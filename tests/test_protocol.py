@@ -13,8 +13,10 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import (ae_dpfl, api, dp_fedavg, dp_fedsgd, fedavg, fedkt,
-                                  knn_dpfl)
+from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
+from fedjax_dp.algorithms.fedkt import fedkt
 from fedjax_dp.core import from_ragged
 from fedjax_dp.data import synthetic
 from fedjax_dp.algorithms import isrl

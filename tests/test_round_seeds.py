@@ -1,5 +1,5 @@
 """Seeds of FedAvg / DP-FedAvg / DP-FedSGD in one vmapped compiled call per round
-(:mod:`fedjax_dp.algorithms.round_seeds`) equal the seeds run one by one: the same cohorts, the
+(:mod:`fedjax_dp.algorithms.averaging.round_seeds`) equal the seeds run one by one: the same cohorts, the
 same metrics, the same models, the same ledgers."""
 import dataclasses
 
@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import api, dp_fedavg, dp_fedsgd, fedavg, round_seeds
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg, round_seeds
 from fedjax_dp.core import from_ragged
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedjax_dp.algorithms import ae_dpfl, api, dp_fedavg, fedavg, knn_dpfl, voting_dpfl
+from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl, voting_dpfl
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.averaging import dp_fedavg, fedavg
 from fedjax_dp.core import from_ragged, rng
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import accounting, secagg, secagg_masks, secagg_shares, vote

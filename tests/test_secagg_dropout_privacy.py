@@ -27,7 +27,8 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from fedjax_dp.algorithms import ae_dpfl, dp_fedavg, fedavg, voting_dpfl
+from fedjax_dp.algorithms.voting import ae_dpfl, voting_dpfl
+from fedjax_dp.algorithms.averaging import dp_fedavg, fedavg
 from fedjax_dp.privacy import accounting, secagg, vote
 
 DELTA = 1e-5

@@ -8,7 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import ae_dpfl, agent_stream, api, fedkt, knn_dpfl, voting_dpfl
+from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl, voting_dpfl
+from fedjax_dp.core import agent_stream
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.fedkt import fedkt
 from fedjax_dp.core import from_arrays, from_ragged, load_stacked, save_stacked
 from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.models import make_model

@@ -6,8 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import ae_dpfl, api, knn_dpfl
-from fedjax_dp.algorithms import student as student_lib
+from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl
+from fedjax_dp.algorithms import api
+from fedjax_dp.train import student as student_lib
 from fedjax_dp.core import from_ragged, rng
 from fedjax_dp.data import synthetic
 from fedjax_dp.models import make_model

@@ -8,7 +8,8 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import api, dp_fedavg
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.averaging import dp_fedavg
 from fedjax_dp.experiments import calibrate, cli, records, registry, runner, sweep
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.privacy.accounting import DEFAULT_RDP_ORDERS  # the library's order grid

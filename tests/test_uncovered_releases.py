@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from fedjax_dp.algorithms import ae_dpfl, dp_fedavg, knn_dpfl
+from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl
+from fedjax_dp.algorithms.averaging import dp_fedavg
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 from fedjax_dp.privacy import PrivacyLedger, accounting

@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import ae_dpfl, api, knn_dpfl, voting_seeds
+from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl, voting_seeds
+from fedjax_dp.algorithms import api
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 
@@ -108,7 +109,7 @@ def test_seeds_noise_is_independent():
     key's noise shares (bitwise), with the total std sigma, and the seeds' noise is
     uncorrelated (the seed axis carries distinct vote keys, never one broadcast key)."""
     import jax.numpy as jnp
-    from fedjax_dp.algorithms import voting_dpfl
+    from fedjax_dp.algorithms.voting import voting_dpfl
     from fedjax_dp.core import rng
     keys = [rng.stream(rng.stream(rng.as_key(s), "algorithm"), "vote") for s in (0, 1, 2)]
     num, n, q, c = 3, 10, 1000, 10

@@ -35,7 +35,7 @@ from bench_common import (best_time, block, environment, matmul_gflops,  # noqa:
                           write_json)
 
 from fedjax_dp import data  # noqa: E402
-from fedjax_dp.algorithms import fedkt, learners  # noqa: E402
+from fedjax_dp.algorithms.fedkt import fedkt, learners  # noqa: E402
 from fedjax_dp.core import from_partition  # noqa: E402
 from fedjax_dp.models import forward_flops, make_model  # noqa: E402
 from fedjax_dp.train import LocalTrainConfig  # noqa: E402

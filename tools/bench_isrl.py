@@ -43,7 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import best_time, block, environment, write_json  # noqa: E402
 
-from fedjax_dp.algorithms.dp_fedsgd import resolve_chunk_size
+from fedjax_dp.algorithms.averaging.dp_fedsgd import resolve_chunk_size
 from fedjax_dp.algorithms.isrl import engine
 from fedjax_dp.core import StackedData
 from fedjax_dp.models import make_model

@@ -78,7 +78,7 @@ def child(args) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from fedjax_dp.algorithms import knn_dpfl
+    from fedjax_dp.algorithms.voting import knn_dpfl
     from fedjax_dp.ops import knn_search
     from fedjax_dp.privacy import vote
 

@@ -99,7 +99,7 @@ def _peers_setup(W):
 
 
 def _peers_config(W, local, cohort: int, noise: float, rounds: int):
-    from fedjax_dp.algorithms import dp_fedavg
+    from fedjax_dp.algorithms.averaging import dp_fedavg
     return dp_fedavg.Config(rounds=rounds, sampling="fixed", cohort_size=cohort,
                             clip_norm=W.CLIP, noise_multiplier=noise, server_lr=W.SERVER_LR,
                             local=local)
@@ -109,7 +109,8 @@ def peers_check(W) -> dict:
     """The workload's correctness check: one noiseless round of all clients from the shared
     initial weights (every correct implementation: parameter norm 14.735746, loss 1.5137)."""
     import jax
-    from fedjax_dp.algorithms import api, dp_fedavg
+    from fedjax_dp.algorithms import api
+    from fedjax_dp.algorithms.averaging import dp_fedavg
     x, y, data, model, local, params = _peers_setup(W)
     cfg = _peers_config(W, local, W.NUM_CLIENTS, 0.0, 1)
     state = dp_fedavg.init(jax.random.key(0), data, model, cfg)
@@ -125,7 +126,8 @@ def peers_check(W) -> dict:
 
 def _ours(W, cohorts: list[int], rounds: int, warmup: int) -> tuple[dict, dict, dict]:
     import jax
-    from fedjax_dp.algorithms import api, dp_fedavg
+    from fedjax_dp.algorithms import api
+    from fedjax_dp.algorithms.averaging import dp_fedavg
     _, _, data, model, local, params = _peers_setup(W)
     gathered, masked, passes = {}, {}, {}
     for c in cohorts:
@@ -283,7 +285,8 @@ def population_worker(num_agents: int, cohort: int, rounds: int, warmup: int,
                       records: int, features: int, hidden: int) -> dict:
     """One N in this (fresh) process: host-resident synthetic agents, DP-FedAvg rounds."""
     import jax
-    from fedjax_dp.algorithms import api, dp_fedavg
+    from fedjax_dp.algorithms import api
+    from fedjax_dp.algorithms.averaging import dp_fedavg
     from fedjax_dp.core import from_arrays
     from fedjax_dp.models import make_model
     from fedjax_dp.train import LocalTrainConfig

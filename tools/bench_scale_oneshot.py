@@ -74,7 +74,9 @@ def child(args) -> dict:
     import jax
     import numpy as np
 
-    from fedjax_dp.algorithms import agent_stream, ae_dpfl, api, knn_dpfl
+    from fedjax_dp.core import agent_stream
+    from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl
+    from fedjax_dp.algorithms import api
     from fedjax_dp.core import from_arrays
     from fedjax_dp.models import make_model
     from fedjax_dp.train import LocalTrainConfig, accuracy
@@ -122,7 +124,8 @@ def _child_fedkt(args, agents, data, model, x_test, y_test, gen_s) -> dict:
     import jax
     import numpy as np
 
-    from fedjax_dp.algorithms import api, fedkt
+    from fedjax_dp.algorithms import api
+    from fedjax_dp.algorithms.fedkt import fedkt
     from fedjax_dp.train import LocalTrainConfig
 
     local = LocalTrainConfig(steps=args.steps, batch_size=16, learning_rate=1e-2,

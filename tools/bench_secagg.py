@@ -3,16 +3,16 @@
 Parts (one JSON record, ``results/secagg/bench.json`` by default):
 
 * ``vote``: the streamed vote of AE-DPFL on stored ballots (N agents x Q queries, C classes, in
-  chunks of S agents): the plain tally (:func:`fedjax_dp.algorithms.voting_dpfl.tally_add` /
+  chunks of S agents): the plain tally (:func:`fedjax_dp.algorithms.voting.voting_dpfl.tally_add` /
   ``tally_release``) vs secure aggregation with J talliers
-  (:func:`~fedjax_dp.algorithms.voting_dpfl.secagg_tally_add`, shares per chunk,
+  (:func:`~fedjax_dp.algorithms.voting.voting_dpfl.secagg_tally_add`, shares per chunk,
   :func:`fedjax_dp.privacy.secagg_shares.release_labels`); per-agent noise shares in both.
   Seconds per vote (median after a warm-up) and the ratio; the labels are checked equal.
 * ``sum``: the cohort sum alone, ``[B, d]`` float32 updates: ``masked_sum`` vs
   :func:`fedjax_dp.privacy.secagg_masks.secure_sum` (encode, pairwise masks on a k-regular graph,
   server sum, dropout recovery, decode) for several k (None = complete graph): cost O(B k d).
 * ``round``: one DP-FedAvg round (MLP, local SGD, clipping, noise; all N agents) through
-  :class:`fedjax_dp.algorithms.fedavg.RoundRunner`, plain vs secagg (k = 8).
+  :class:`fedjax_dp.algorithms.averaging.fedavg.RoundRunner`, plain vs secagg (k = 8).
 
 Run: ``.venv/bin/python tools/bench_secagg.py [--out results/secagg/bench.json] [--small]``.
 Timings on a shared CPU are noisy: compare ratios measured in the same run.
@@ -46,7 +46,7 @@ def _median_time(fn, repeats: int) -> float:
 
 
 def bench_vote(n: int, q: int, c: int, chunk: int, talliers: int, repeats: int) -> dict:
-    from fedjax_dp.algorithms import voting_dpfl
+    from fedjax_dp.algorithms.voting import voting_dpfl
     from fedjax_dp.privacy import secagg_shares
     rng = np.random.default_rng(0)
     ballots = rng.integers(0, c, size=(n, q)).astype(np.int8)
@@ -106,7 +106,7 @@ def bench_sum(b: int, d: int, ks: list, repeats: int) -> list[dict]:
 
 def bench_round(n: int, ks: list, repeats: int) -> list[dict]:
     import dataclasses
-    from fedjax_dp.algorithms import dp_fedavg, fedavg
+    from fedjax_dp.algorithms.averaging import dp_fedavg, fedavg
     from fedjax_dp.core import from_ragged
     from fedjax_dp.models import make_model
     from fedjax_dp.train import LocalTrainConfig

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import exp_voting_dpfl as exp  # noqa: E402
-from fedjax_dp.algorithms import ae_dpfl  # noqa: E402
+from fedjax_dp.algorithms.voting import ae_dpfl  # noqa: E402
 from fedjax_dp.core import rng  # noqa: E402
 from fedjax_dp.models import make_model  # noqa: E402
 from fedjax_dp.privacy import vote  # noqa: E402

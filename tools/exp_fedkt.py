@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import environment  # noqa: E402
 
 from fedjax_dp import data  # noqa: E402
-from fedjax_dp.algorithms import fedkt, fedkt_baselines as fb, learners  # noqa: E402
+from fedjax_dp.algorithms.fedkt import fedkt, baselines as fb, learners  # noqa: E402
 from fedjax_dp.core import from_partition, rng  # noqa: E402
 from fedjax_dp.models import make_model  # noqa: E402
 from fedjax_dp.train import LocalTrainConfig  # noqa: E402

@@ -27,8 +27,8 @@ import exp_voting_dpfl as sweep  # noqa: E402
 
 from sklearn.semi_supervised import LabelSpreading  # noqa: E402
 
-from fedjax_dp.algorithms import ae_dpfl  # noqa: E402
-from fedjax_dp.algorithms import student as student_lib  # noqa: E402
+from fedjax_dp.algorithms.voting import ae_dpfl  # noqa: E402
+from fedjax_dp.train import student as student_lib  # noqa: E402
 from fedjax_dp.core import rng  # noqa: E402
 from fedjax_dp.models import make_model  # noqa: E402
 from fedjax_dp.train import LocalTrainConfig  # noqa: E402

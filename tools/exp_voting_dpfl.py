@@ -57,8 +57,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from fedjax_dp import data as data_lib  # noqa: E402
-from fedjax_dp.algorithms import ae_dpfl, dp_fedavg, dp_fedsgd, knn_dpfl, voting_dpfl  # noqa: E402
-from fedjax_dp.algorithms import student as student_lib  # noqa: E402
+from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl, voting_dpfl  # noqa: E402
+from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd
+from fedjax_dp.train import student as student_lib  # noqa: E402
 from fedjax_dp.core import from_partition, rng  # noqa: E402
 from fedjax_dp.models import make_model  # noqa: E402
 from fedjax_dp.privacy import accounting, calibration, vote  # noqa: E402
@@ -142,7 +143,7 @@ def _record(rows: list, **row) -> dict:
 class TrainedAgents:
     """AE-DPFL with the agents trained once and voted on for many (sigma, Q).
 
-    Uses exactly the key streams of :func:`fedjax_dp.algorithms.ae_dpfl.run` (init, train,
+    Uses exactly the key streams of :func:`fedjax_dp.algorithms.voting.ae_dpfl.run` (init, train,
     queries, vote, student), so each call of :meth:`vote_and_student` equals
     ``ae_dpfl.run(key, ...)`` with that config (checked in ``--quick`` mode).
     """

@@ -244,15 +244,15 @@ def _gaussian_vote(weaken, *, sigma, unit, ballot, k, num_agents, num_classes, n
 def _fedkt_laplace(weaken, *, gamma, num_teachers, gap, num_classes, accountant) -> Auditable:
     """FedKT's LNMax vote (FedKT Alg. 1, Thm 3; L2 example level), one query of one partition.
 
-    ``t`` teachers vote on one public point through :func:`fedjax_dp.algorithms.fedkt.vote_counts`
-    and the label is released by :func:`fedjax_dp.algorithms.fedkt.noisy_labels`
+    ``t`` teachers vote on one public point through :func:`fedjax_dp.algorithms.fedkt.fedkt.vote_counts`
+    and the label is released by :func:`fedjax_dp.algorithms.fedkt.fedkt.noisy_labels`
     (``argmax(counts + Lap(1/gamma))``). Neighbours (replace one training example, which changes
     one teacher's vote): in D' the top-2 gap is ``gap`` (class 0 ahead); in D teacher 0 votes
     class 1 instead (gap ``gap - 2``). Statistic: the released label is class 1 (0/1).
     Claimed: ``LaplaceDpEvent(1 / (2 gamma))`` (L1 sensitivity 2), by the library's
     :func:`fedkt.data_independent_events`.
     """
-    from fedjax_dp.algorithms import fedkt
+    from fedjax_dp.algorithms.fedkt import fedkt
     from fedjax_dp.privacy import PrivacyLedger
     gamma = _check_finite_positive("gamma", gamma)
     t = validation.check_int("num_teachers", num_teachers, minimum=2)
@@ -319,7 +319,7 @@ def _canary_examples(num: int, scale: float, clip: float) -> tuple[np.ndarray, n
 
 def _dp_sgd_step(weaken, *, noise_multiplier, clip_norm, num_examples, canary_scale,
                  accountant) -> Auditable:
-    """One DP-FedSGD step of one agent (eq. (1) of :mod:`fedjax_dp.algorithms.dp_fedsgd`):
+    """One DP-FedSGD step of one agent (eq. (1) of :mod:`fedjax_dp.algorithms.averaging.dp_fedsgd`):
     :func:`dp_fedsgd.sample_records` (rate 1) then :func:`dp_fedsgd.noisy_gradient` (per-example
     clip to C, ``N(0, (z C)^2)``, divided by the fixed ``p n``) on a logistic model at zero
     parameters. Neighbours: the canary example (gradient norm ``>= canary_scale * C``) present
@@ -327,7 +327,7 @@ def _dp_sgd_step(weaken, *, noise_multiplier, clip_norm, num_examples, canary_sc
     gradient. Claimed: :func:`dp_fedsgd.instance_ledger` of one round of one step with record
     sampling rate 1.
     """
-    from fedjax_dp.algorithms import dp_fedsgd
+    from fedjax_dp.algorithms.averaging import dp_fedsgd
     from fedjax_dp.train import LocalTrainConfig, cross_entropy
     z = _check_finite_positive("noise_multiplier", noise_multiplier)
     clip = _check_finite_positive("clip_norm", clip_norm)
@@ -381,7 +381,7 @@ def _dp_sgd_step(weaken, *, noise_multiplier, clip_norm, num_examples, canary_sc
 
 def _dp_fedavg_round(weaken, *, noise_multiplier, clip_norm, num_agents, canary_scale,
                      accountant) -> Auditable:
-    """One DP-FedAvg round (:mod:`fedjax_dp.algorithms.dp_fedavg`; voting-dpfl Alg. 1) through
+    """One DP-FedAvg round (:mod:`fedjax_dp.algorithms.averaging.dp_fedavg`; voting-dpfl Alg. 1) through
     the library's compiled round parts (:func:`fedavg.make_round_parts`: ``train_sum`` once per
     world, ``server`` per trial with the trial round's ``k_noise`` from
     :func:`fedavg.round_keys`), sampling rate 1: every agent takes part, so the round is the
@@ -392,7 +392,7 @@ def _dp_fedavg_round(weaken, *, noise_multiplier, clip_norm, num_agents, canary_
     agent from a round; the denominator ``q N`` is a public constant in both worlds).
     Statistic: the new model's projection on the canary's clipped update.
     """
-    from fedjax_dp.algorithms import dp_fedavg, fedavg
+    from fedjax_dp.algorithms.averaging import dp_fedavg, fedavg
     from fedjax_dp.core import cohort as cohort_lib
     from fedjax_dp.core import from_arrays
     from fedjax_dp.train import LocalTrainConfig

@@ -67,7 +67,9 @@ class _Planner:
     once and re-used for every value of the key."""
 
     def __init__(self, config: dict):
-        from fedjax_dp.algorithms import api, dp_fedsgd, fedkt
+        from fedjax_dp.algorithms import api
+        from fedjax_dp.algorithms.averaging import dp_fedsgd
+        from fedjax_dp.algorithms.fedkt import fedkt
         from fedjax_dp.experiments import runner
         self.config = config
         p = runner.plan(config)
@@ -85,7 +87,7 @@ class _Planner:
         self.state = p.entry.init(s.key, s.fed, s.model, p.algorithm_config, runtime)
         self.participation = None
         if p.entry is dp_fedsgd:
-            from fedjax_dp.algorithms import fedavg
+            from fedjax_dp.algorithms.averaging import fedavg
             n = s.fed.num_agents
             part = np.zeros(n, np.int64)
             sampling = p.algorithm_config.participation
@@ -96,7 +98,9 @@ class _Planner:
             self.counts = np.asarray(s.fed.agents.counts)
 
     def ledgers(self, config: dict) -> tuple:
-        from fedjax_dp.algorithms import api, dp_fedsgd, fedkt
+        from fedjax_dp.algorithms import api
+        from fedjax_dp.algorithms.averaging import dp_fedsgd
+        from fedjax_dp.algorithms.fedkt import fedkt
         from fedjax_dp.experiments import runner
         cfg = runner.plan(config).algorithm_config
         if self.entry is dp_fedsgd:

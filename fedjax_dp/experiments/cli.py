@@ -201,7 +201,7 @@ def _cmd_account(args) -> int:
 
 
 def _cmd_account_fedkt(args, accountants) -> int:
-    from fedjax_dp.algorithms import fedkt
+    from fedjax_dp.algorithms.fedkt import fedkt
     votes, z_file = fedkt.load_votes(args.votes)
     units = ("party", "example") if args.unit == "both" else (args.unit,)
     report = fedkt.account(votes, level=args.level, gamma=args.gamma, delta=args.delta,

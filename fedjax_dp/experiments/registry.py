@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedjax_dp.algorithms import ae_dpfl, dp_fedavg, dp_fedsgd, fedavg, fedkt, isrl, knn_dpfl
+from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl
+from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
+from fedjax_dp.algorithms.fedkt import fedkt
+from fedjax_dp.algorithms import isrl
 
 ALGORITHMS: dict[str, Any] = {
     "fedavg": fedavg,

@@ -34,7 +34,7 @@ histogram only needs the *set* of the k nearest, and that set is ``{j : s_j <= t
 The chosen set is a deterministic function of the agent's own records (their scores and their
 positions), and adding/removing one record changes it by at most one record in and one out --
 what kNN-DPFL's instance-level sensitivity ``sqrt(2)/k`` rests on
-(:mod:`fedjax_dp.algorithms.knn_dpfl`); the brute-force sensitivity test runs through this path.
+(:mod:`fedjax_dp.algorithms.voting.knn_dpfl`); the brute-force sensitivity test runs through this path.
 
 Blocks of ``agent_block`` agents x ``query_block`` queries keep a block's keys in cache across
 the passes; blocks are visited by ``lax.map`` (no Python loop). ``tools/bench_knn_vote.py``

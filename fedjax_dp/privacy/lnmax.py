@@ -18,7 +18,7 @@ Log moments of the privacy loss at integer orders l (FedKT Lemmas 5-6, Theorems 
 Composition adds alpha over queries; ``eps = min_l (sum alpha(l) + log(1/delta)) / l``
 (Abadi et al. 2016, Theorem 2). The theorems state ``z = k`` (the same sensitivity multiplier in
 both places); the functions keep the two arguments of the reference code, and
-:mod:`fedjax_dp.algorithms.fedkt` always passes ``z == k``.
+:mod:`fedjax_dp.algorithms.fedkt.fedkt` always passes ``z == k``.
 
 The moments are an RDP statement: ``alpha(l) = l * RDP(l + 1)`` (:func:`log_moments_to_rdp`), so
 a :class:`~fedjax_dp.privacy.PrivacyLedger` records them with ``add_rdp`` on the orders

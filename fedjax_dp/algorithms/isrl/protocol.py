@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from fedjax_dp.algorithms import api
-from fedjax_dp.algorithms.dp_fedsgd import resolve_chunk_size
+from fedjax_dp.algorithms.averaging.dp_fedsgd import resolve_chunk_size
 from fedjax_dp.algorithms.isrl import availability, calibration, engine
 from fedjax_dp.algorithms.isrl import prox as prox_lib
 from fedjax_dp.core import memory

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from fedjax_dp.algorithms.dp_fedsgd import sample_records
+from fedjax_dp.algorithms.averaging.dp_fedsgd import sample_records
 from fedjax_dp.privacy import shuffle as shuffle_lib
 from fedjax_dp.train import clipped_grad_sum, per_example_grads
 

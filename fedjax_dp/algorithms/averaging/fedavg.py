@@ -424,7 +424,7 @@ def prefetch(state: api.State, key: jax.Array) -> None:
 def seeds_stepper(states: list[api.State]):
     """S seeds' rounds, one vmapped compiled call per round (:func:`round_seeds.stepper`), or
     None where they cannot share it (the seeds then run one by one)."""
-    from fedjax_dp.algorithms import round_seeds          # it imports this module
+    from fedjax_dp.algorithms.averaging import round_seeds          # it imports this module
     return round_seeds.stepper(states)
 
 

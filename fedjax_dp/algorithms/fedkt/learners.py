@@ -10,7 +10,7 @@ A learner trains ``A`` independent models and predicts with all of them::
 :class:`JaxLearner` also trains S independent runs (seeds) in one compiled call:
 ``fit_keyed_seeds``, ``fit_shared_keyed_seeds`` and ``predict_seeds`` take every array with a
 leading seed axis, vmapped (accelerators) or looped inside the call (CPU: bit for bit equal to
-separate calls) (FedKT's ``seeds_stepper``, :mod:`fedjax_dp.algorithms.fedkt_seeds`).
+separate calls) (FedKT's ``seeds_stepper``, :mod:`fedjax_dp.algorithms.fedkt.fedkt_seeds`).
 
 Two kinds:
 

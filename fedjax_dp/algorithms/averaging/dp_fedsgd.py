@@ -14,7 +14,7 @@ The voting-dpfl paper's instance-level gradient baseline (spec "Baselines"). Rou
     theta_{t+1}   = theta_t + eta_s * sum_{i in S_t} Delta_i / max(1, |S_t|)                (2)
 
 Only the sampled agents train: the round gathers them into a padded cohort buffer
-(:class:`fedjax_dp.algorithms.fedavg.RoundRunner`, shared with FedAvg), so it costs the cohort.
+(:class:`fedjax_dp.algorithms.averaging.fedavg.RoundRunner`, shared with FedAvg), so it costs the cohort.
 
 ``clip(g, C) = g min(1, C / ||g||_2)`` with the global L2 norm over all parameters
 (:func:`fedjax_dp.train.clipped_grad_sum`), so one record moves the clipped sum by at most C.
@@ -64,7 +64,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dp.algorithms import api, fedavg, round_seeds
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.averaging import fedavg, round_seeds
 from fedjax_dp.core import StackedData, auto_chunk_size, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, mechanisms
@@ -196,7 +197,7 @@ def make_local_dp_sgd(model: Model, config: Config) -> Callable:
 
 @functools.lru_cache(maxsize=32)
 def agent_update(model: Model, config: Config) -> Callable:
-    """The cohort round's agent update (:func:`fedjax_dp.algorithms.fedavg.make_round_parts`):
+    """The cohort round's agent update (:func:`fedjax_dp.algorithms.averaging.fedavg.make_round_parts`):
     ``(key, params, x, y, mask, count, extras) -> (params, metrics)`` with ``extras = {"rate":
     p_i, "denominator": p_i n_i}``. Cached per (model, round fields of ``config``)."""
     local = make_local_dp_sgd(model, config)

@@ -9,7 +9,7 @@
 3. Noise, secure sum and release of the argmax only, as in AE-DPFL
    (:func:`fedjax_dp.privacy.vote.mpc_vote`); the student is trained on the Q released labels
    (optionally self-trained on the rest of the public data, ``student_semi_supervised = true``:
-   :mod:`fedjax_dp.algorithms.student`, post-processing, no privacy cost).
+   :mod:`fedjax_dp.train.student`, post-processing, no privacy cost).
 
 Distances: ``||a - b||^2 = ||a||^2 - 2 a.b + ||b||^2``; ``||a||^2`` is constant per query and does
 not change any ranking, so it is left out; padded rows are at ``+inf``. Two exact ways to find
@@ -44,17 +44,17 @@ fits the feature map (public data only); two steps, the phases ``vote`` (values 
 ``clean_vote_sums [Q, C]``) and ``student`` (``params``). There is no local training, so the
 kNN search, the noise and the secure sum are one phase: splitting them would put the noise-free
 per-agent ballots in the state. Keys: named streams of the run key, as in
-:mod:`fedjax_dp.algorithms.voting_dpfl` (the same key gives the same run as the plain-Python
+:mod:`fedjax_dp.algorithms.voting.voting_dpfl` (the same key gives the same run as the plain-Python
 :func:`run`, which drives the protocol). ``seeds_stepper``: S seeds together, the vote's chunk
 loop run once with the compiled calls vmapped over the seeds
-(:mod:`fedjax_dp.algorithms.voting_seeds`).
+(:mod:`fedjax_dp.algorithms.voting.voting_seeds`).
 
 Scale. The vote streams the agents in chunks of ``agent_chunk`` (default
-:data:`~fedjax_dp.algorithms.agent_stream.DEFAULT_CHUNK` = 4096, or all N if fewer; host data
+:data:`~fedjax_dp.core.agent_stream.DEFAULT_CHUNK` = 4096, or all N if fewer; host data
 may be a memory-mapped ``load_stacked`` population): per chunk one compiled call maps the features,
 searches the neighbours and returns integer label counts ``[S, Q, C]``, which are added to the
 exact tally with the agents' noise shares
-(:func:`fedjax_dp.algorithms.voting_dpfl.streamed_vote_phase`); the labels, the clean sums
+(:func:`fedjax_dp.algorithms.voting.voting_dpfl.streamed_vote_phase`); the labels, the clean sums
 (``counts / k``) and the ledger do not depend on the chunking or on where the data lives.
 ``runtime.mesh`` (device-resident agents only) keeps the sharded vote of
 :func:`fedjax_dp.privacy.vote.run_vote`. Progress: ``runtime.progress`` tasks ``vote`` (one
@@ -73,8 +73,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import agent_stream, api, voting_dpfl, voting_seeds
-from fedjax_dp.algorithms import student as student_lib
+from fedjax_dp.core import agent_stream
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.voting import voting_dpfl, voting_seeds
+from fedjax_dp.train import student as student_lib
 from fedjax_dp.core import StackedData, is_on_host, validation
 from fedjax_dp.core import memory
 from fedjax_dp.models import Model
@@ -288,7 +290,7 @@ def vote_ledger(config: Config, clean_vote_sums: np.ndarray | None = None,
     """Instance- and agent-level guarantees of Q votes (+ the data-dependent ones given the
     noise-free sums ``[Q, C]``). ``sigma``: the noise std accounted (default ``config.sigma``,
     also with secure-aggregation dropouts: the talliers top the noise up, see
-    :mod:`fedjax_dp.algorithms.voting_dpfl`)."""
+    :mod:`fedjax_dp.algorithms.voting.voting_dpfl`)."""
     sigma = config.sigma if sigma is None else sigma
     note = f"kNN-DPFL, k={config.k}, instance sensitivity rule '{config.instance_sensitivity}'"
     return vote_lib.vote_ledger(sigma, config.num_queries, sensitivities(config),
@@ -377,7 +379,7 @@ def seeds_stepper(states: list[api.State]):
     """Step S seeds of kNN-DPFL together (:func:`fedjax_dp.algorithms.api.run_seeds`): the vote
     loops over the chunks of agents once, and a chunk's feature map and kNN counts, the tally's
     add and the release, then the students, are the single-seed compiled calls vmapped over the
-    seeds (:mod:`fedjax_dp.algorithms.voting_seeds`); seed s equals its own run. None where that
+    seeds (:mod:`fedjax_dp.algorithms.voting.voting_seeds`); seed s equals its own run. None where that
     cannot apply (``runtime.mesh``, secure aggregation, different data shapes or feature
     maps)."""
     return voting_seeds.stepper(states, PHASES, {"vote": _vote_seeds,

@@ -46,8 +46,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import agent_stream, api, fedkt
-from fedjax_dp.algorithms import learners as learners_lib
+from fedjax_dp.core import agent_stream
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.fedkt import fedkt
+from fedjax_dp.algorithms.fedkt import learners as learners_lib
 from fedjax_dp.core import StackedData, is_on_host
 
 __all__ = ["seeds_stepper", "unsupported"]

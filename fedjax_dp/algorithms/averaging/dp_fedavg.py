@@ -63,7 +63,8 @@ import dataclasses
 import dp_accounting
 import jax
 
-from fedjax_dp.algorithms import api, fedavg, round_seeds
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.averaging import fedavg, round_seeds
 from fedjax_dp.core import StackedData, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, secagg

@@ -18,7 +18,8 @@ import dataclasses
 import jax
 import numpy as np
 
-from fedjax_dp.algorithms import fedavg, fedkt
+from fedjax_dp.algorithms.averaging import fedavg
+from fedjax_dp.algorithms.fedkt import fedkt
 from fedjax_dp.core import StackedData, from_ragged, validation
 from fedjax_dp.models import Model
 from fedjax_dp.train import LocalTrainConfig, accuracy

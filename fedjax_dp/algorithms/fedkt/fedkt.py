@@ -48,11 +48,11 @@ dp-accounting (RDP and PLD). Both go in :class:`~fedjax_dp.privacy.PrivacyLedger
 (:func:`ledger` of a run, :func:`ledgers_from_votes` of given histograms).
 
 Scale: the parties are streamed in chunks (``algorithm.party_chunk`` = P parties; None: about
-:data:`~fedjax_dp.algorithms.agent_stream.DEFAULT_CHUNK` teachers' worth, at most n). Parties
+:data:`~fedjax_dp.core.agent_stream.DEFAULT_CHUNK` teachers' worth, at most n). Parties
 may be host-resident (:func:`fedjax_dp.core.from_arrays`, a memory-mapped ``load_stacked``):
 ``init`` checks them (every party with >= t records, finite features read in slices) and leaves
 them on the host. The ``teachers`` phase copies one chunk of P parties to the device at a time
-(the next chunk is read meanwhile, :mod:`fedjax_dp.algorithms.agent_stream`; the last chunk is
+(the next chunk is read meanwhile, :mod:`fedjax_dp.core.agent_stream`; the last chunk is
 padded with empty parties, so one compilation serves all chunks), cuts its s*t teacher subsets,
 trains its P*s*t teachers in one compiled call, counts their votes on the parties' queries and
 drops them. The ``students`` phase forms the party labels of P parties from the stored votes
@@ -81,7 +81,7 @@ queries; three steps (:data:`PHASES`), whose ``State.values`` are:
 
 Tree ensembles, which are not arrays, live in the context. ``seeds_stepper`` runs the phases of S
 seeds together (one pass over the chunks, each chunk's compiled work vmapped over the seeds; JAX
-learners only: :mod:`fedjax_dp.algorithms.fedkt_seeds`), so ``fedjax-dp sweep`` runs the seeds of a
+learners only: :mod:`fedjax_dp.algorithms.fedkt.fedkt_seeds`), so ``fedjax-dp sweep`` runs the seeds of a
 cell as one batch with the same results as separate runs. Keys: named streams of the run key
 (``split``, ``teachers``, ``party_queries``, ``l2_noise``, ``students``, ``server_queries``,
 ``l1_noise``, ``final``), as the plain-Python :func:`run` has always used, so the same key gives
@@ -101,8 +101,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import agent_stream, api
-from fedjax_dp.algorithms import learners as learners_lib
+from fedjax_dp.core import agent_stream
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.fedkt import learners as learners_lib
 from fedjax_dp.core import StackedData, is_on_host, rng, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, lnmax
@@ -768,9 +769,9 @@ def _final_phase(state: api.State) -> tuple[dict, Context, dict]:
 
 def seeds_stepper(states: list[api.State]):
     """The :mod:`~fedjax_dp.algorithms.api` hook: the phases of S seeds together, each chunk's
-    compiled work vmapped over the seeds (:mod:`fedjax_dp.algorithms.fedkt_seeds`), or None
+    compiled work vmapped over the seeds (:mod:`fedjax_dp.algorithms.fedkt.fedkt_seeds`), or None
     when they cannot share compiled calls (tree learners, reused models, differing shapes)."""
-    from fedjax_dp.algorithms import fedkt_seeds
+    from fedjax_dp.algorithms.fedkt import fedkt_seeds
     return fedkt_seeds.seeds_stepper(states)
 
 

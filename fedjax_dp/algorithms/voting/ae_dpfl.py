@@ -13,7 +13,7 @@
 4. The server trains the global ("student") model on ``(x_t, y_t)``, t = 1..Q (supervised, the
    paper's choice) -- post-processing of the released labels. Optional
    (``student_semi_supervised = true``): self-training on the rest of D_G with the student's
-   confident pseudo-labels (:mod:`fedjax_dp.algorithms.student`); also post-processing of the
+   confident pseudo-labels (:mod:`fedjax_dp.train.student`); also post-processing of the
    released labels and the server's own public data, so the privacy ledger is unchanged.
 
 Privacy (Theorem 5). Gaussian mechanism on the vote sum, noise std ``sigma``, Q queries composed:
@@ -38,21 +38,21 @@ three steps, the phases ``local_training`` (values ``agent_ballots [N, Q]`` int8
 class on query t, -1 where it abstains; ``agent_losses [N]``; and ``agent_params [N, ...]`` for
 device-resident agents only), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and
 ``student`` (``params``). Keys: named streams of the run key, as in
-:mod:`fedjax_dp.algorithms.voting_dpfl` (the same key gives the same run as the plain-Python
+:mod:`fedjax_dp.algorithms.voting.voting_dpfl` (the same key gives the same run as the plain-Python
 :func:`run`, which drives the protocol). ``seeds_stepper``: S seeds together, each phase's chunk
 loop run once with the compiled calls vmapped over the seeds
-(:mod:`fedjax_dp.algorithms.voting_seeds`).
+(:mod:`fedjax_dp.algorithms.voting.voting_seeds`).
 
 Scale (host-resident agents, :func:`fedjax_dp.core.from_arrays` / ``load_stacked``). The local
 training phase never holds all N agents' models: chunk c of ``agent_chunk`` agents (default
-:data:`~fedjax_dp.algorithms.agent_stream.DEFAULT_CHUNK` = 4096, or all N if fewer; the last chunk
+:data:`~fedjax_dp.core.agent_stream.DEFAULT_CHUNK` = 4096, or all N if fewer; the last chunk
 padded so one compilation serves all) is copied to the device (the next
-chunk is read meanwhile, :mod:`fedjax_dp.algorithms.agent_stream`), initialised, trained and made
+chunk is read meanwhile, :mod:`fedjax_dp.core.agent_stream`), initialised, trained and made
 to vote on the Q queries in compiled, vmapped calls, and only its ballots (one byte per agent and
 query) and losses come back; its parameters are dropped (kept only for device-resident agents,
 for analysis and the sharded vote with ``runtime.mesh``). Agent i always trains with
 ``split(init, N)[i]`` / ``split(train, N)[i]``, whatever the chunk. The ``vote`` phase streams
-the stored ballots (:func:`fedjax_dp.algorithms.voting_dpfl.streamed_vote_phase`): integer
+the stored ballots (:func:`fedjax_dp.algorithms.voting.voting_dpfl.streamed_vote_phase`): integer
 counts (exact) plus the agents' noise shares added in agent order, so the released labels, the
 clean sums and the ledger are identical for host- and device-resident agents and for every
 ``agent_chunk`` (tested). ``agent_ballots`` are private (each agent's own noise-free vote, as
@@ -74,8 +74,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import agent_stream, api, voting_dpfl, voting_seeds
-from fedjax_dp.algorithms import student as student_lib
+from fedjax_dp.core import agent_stream
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.voting import voting_dpfl, voting_seeds
+from fedjax_dp.train import student as student_lib
 from fedjax_dp.core import StackedData, auto_chunk_size, for_each_agent, is_on_host, rng
 from fedjax_dp.core import memory
 from fedjax_dp.core import validation
@@ -208,7 +210,7 @@ def train_student(key: jax.Array, model: Model, x: np.ndarray, labels: np.ndarra
     """Train the global model on the pseudo-labelled queries (a one-agent ``train_agents``).
 
     Supervised only; the semi-supervised student is
-    :func:`fedjax_dp.algorithms.student.train_student`.
+    :func:`fedjax_dp.train.student.train_student`.
     """
     return student_lib.train_supervised(key, model, x, labels, config)
 
@@ -223,7 +225,7 @@ def vote_ledger(config: Config, clean_vote_sums: np.ndarray | None = None,
     """Agent- and instance-level guarantees of Q votes (+ the data-dependent ones given the
     noise-free sums ``[Q, C]``). ``sigma``: the noise std accounted (default ``config.sigma``,
     also with secure-aggregation dropouts: the talliers top the noise up, see
-    :mod:`fedjax_dp.algorithms.voting_dpfl`)."""
+    :mod:`fedjax_dp.algorithms.voting.voting_dpfl`)."""
     sigma = config.sigma if sigma is None else sigma
     return vote_lib.vote_ledger(sigma, config.num_queries, sensitivities(),
                                 clean_vote_sums=clean_vote_sums,
@@ -424,7 +426,7 @@ def seeds_stepper(states: list[api.State]):
     """Step S seeds of AE-DPFL together (:func:`fedjax_dp.algorithms.api.run_seeds`): each
     phase loops over the chunks of agents once, and a chunk's local training, ballots, tally and
     release, then the students, are the single-seed compiled calls vmapped over the seeds
-    (:mod:`fedjax_dp.algorithms.voting_seeds`); seed s equals its own run. None where that
+    (:mod:`fedjax_dp.algorithms.voting.voting_seeds`); seed s equals its own run. None where that
     cannot apply (``runtime.mesh``, secure aggregation, different data shapes)."""
     return voting_seeds.stepper(states, PHASES, {"local_training": _local_training_seeds,
                                                  "vote": _vote_seeds,

@@ -34,8 +34,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import agent_stream, api, voting_dpfl
-from fedjax_dp.algorithms import student as student_lib
+from fedjax_dp.core import agent_stream
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.voting import voting_dpfl
+from fedjax_dp.train import student as student_lib
 from fedjax_dp.core import StackedData, is_on_host
 
 __all__ = ["Plan", "plan", "stepper", "stack_or_share", "seed_chunks", "streamed_vote",
@@ -221,7 +223,7 @@ def streamed_vote(states: Sequence[api.State], blocks: Iterable[tuple], total: i
 def student_phase(plan: Plan, states: Sequence[api.State]) -> list[tuple[dict, dict]]:
     """:func:`voting_dpfl.student_phase` of S seeds: every training of the S students (the
     supervised one, each self-training round) is one compiled call over the S students
-    (:func:`fedjax_dp.algorithms.student.train_students`)."""
+    (:func:`fedjax_dp.train.student.train_students`)."""
     ctxs = _contexts(states)
     c0 = ctxs[0]
     cfg = c0.config

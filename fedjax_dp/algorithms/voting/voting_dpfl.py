@@ -68,7 +68,7 @@ design (``floor(p N)`` dropouts, ledger with ``sigma sqrt((N - d)/N)``) violated
 ``clean_vote_sums [Q, C]`` (noise-free, for the data-dependent privacy analysis ONLY; present when
 ``config.data_dependent``) and ``params`` (the student).
 
-Seeds. :mod:`fedjax_dp.algorithms.voting_seeds` steps S seeds of either algorithm together (their
+Seeds. :mod:`fedjax_dp.algorithms.voting.voting_seeds` steps S seeds of either algorithm together (their
 ``seeds_stepper``): one host loop over the chunks per phase, every compiled call above vmapped
 over the seeds, seed s equal to its own run.
 """
@@ -83,8 +83,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import agent_stream, api
-from fedjax_dp.algorithms import student as student_lib
+from fedjax_dp.core import agent_stream
+from fedjax_dp.algorithms import api
+from fedjax_dp.train import student as student_lib
 from fedjax_dp.core import StackedData, rng, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import secagg, secagg_shares
@@ -410,7 +411,7 @@ def vote_metrics(ctx: Context, labels: np.ndarray) -> dict:
 
 def student_phase(state: api.State) -> tuple[dict, dict]:
     """The global model on the released labels (supervised, or self-trained on the rest of the
-    public data; post-processing of the release, :mod:`fedjax_dp.algorithms.student`)."""
+    public data; post-processing of the release, :mod:`fedjax_dp.train.student`)."""
     ctx: Context = state.context
     cfg = ctx.config
     semi = cfg.semi_supervised

@@ -1,7 +1,7 @@
 """S seeds' federated-averaging rounds as ONE compiled call per round (FedAvg, DP-FedAvg,
 DP-FedSGD): the ``seeds_stepper`` hook of :mod:`fedjax_dp.algorithms.api`.
 
-A round of one seed (:class:`fedjax_dp.algorithms.fedavg.RoundRunner`) draws its cohort on the
+A round of one seed (:class:`fedjax_dp.algorithms.averaging.fedavg.RoundRunner`) draws its cohort on the
 host, pads it into passes of a few bucket sizes and runs the compiled ``train_sum`` / ``server``
 (or ``fused``). Seeds draw cohorts of different sizes, so their rounds cannot share one call as
 they are. Here, per round:
@@ -43,7 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms import api, fedavg
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.averaging import fedavg
 from fedjax_dp.core import is_on_host
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import memory
