@@ -53,6 +53,7 @@ import numpy as np
 
 from fedjax_dp.core import StackedData, validation
 from fedjax_dp.core import progress as progress_lib
+from fedjax_dp.core.seed_axis import share_or_stack, stack_seeds, unstack_seeds  # re-exported
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
 
@@ -269,35 +270,6 @@ def can_vmap_seeds(algorithm: Algorithm) -> bool:
     function (``seed_step``) or a batched step over seeds (``seeds_stepper``)."""
     return (callable(getattr(algorithm, "seed_step", None))
             or callable(getattr(algorithm, "seeds_stepper", None)))
-
-
-def share_or_stack(trees: Sequence[Any]) -> tuple[Any, Any]:
-    """``(tree, in_axis)`` for S seeds' pytrees: the first (axis None) when all are the same
-    object (not compared: a host memory map is never read whole) or hold equal arrays, else
-    the trees stacked on a new leading seed axis (axis 0); ``(None, None)`` when their
-    structures, shapes or dtypes differ (they cannot share a compiled call)."""
-    if all(t is trees[0] for t in trees[1:]):
-        return trees[0], None
-    if len({jax.tree.structure(t) for t in trees}) != 1:
-        return None, None
-    leaves = [jax.tree.leaves(t) for t in trees]
-    kinds = {tuple((np.shape(a), str(getattr(a, "dtype", type(a)))) for a in ls) for ls in leaves}
-    if len(kinds) != 1:
-        return None, None
-    if all(all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(leaves[0], ls))
-           for ls in leaves[1:]):
-        return trees[0], None
-    return stack_seeds(trees), 0
-
-
-def stack_seeds(trees: Sequence[Any]) -> Any:
-    """S pytrees of equal structure stacked on a new leading seed axis."""
-    return jax.tree.map(lambda *xs: jax.numpy.stack(xs), *trees)
-
-
-def unstack_seeds(tree: Any, num: int) -> tuple:
-    """The inverse of :func:`stack_seeds`: ``num`` pytrees, seed s the slice ``[s]``."""
-    return tuple(jax.tree.map(lambda x, s=s: x[s], tree) for s in range(num))
 
 
 def run_seeds(algorithm: Algorithm, keys: Sequence[jax.Array], data: Sequence[FederatedData],
