@@ -5,6 +5,7 @@ import numpy as np
 import optax
 import pytest
 
+from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.averaging import dp_fedavg, fedavg
 from fedjax_dp.core import cohort, from_ragged
 from fedjax_dp.models import make_model
@@ -206,21 +207,24 @@ def test_runs_learn_and_report_history(setup):
     y = np.concatenate([data.local(i)[1] for i in range(data.num_agents)])
     seen = []
     from fedjax_dp.train import accuracy
-    h = fedavg.run(jax.random.key(0), data, model,
-                   fedavg.Config(rounds=8, local=LocalTrainConfig(steps=5, batch_size=4,
-                                                                  learning_rate=0.2)),
-                   init_params=params, evaluate=lambda p: {"acc": accuracy(model, p, x, y)},
-                   eval_every=4, on_round=lambda t, r: seen.append(t))
-    assert seen == list(range(1, 9)) and len(h.rounds) == 8
-    assert "acc" in h.rounds[3] and "acc" not in h.rounds[2]
-    assert h.rounds[-1]["acc"] > accuracy(model, params, x, y)
-    assert h.rounds[-1]["train_loss"] < h.rounds[0]["train_loss"]
+    cfg = fedavg.Config(rounds=8, local=LocalTrainConfig(steps=5, batch_size=4,
+                                                         learning_rate=0.2))
+    fed = api.FederatedData(agents=data, num_classes=model.num_classes)
+    state = fedavg.init(jax.random.key(0), fed, model, cfg)
+    state = api.State(step=0, values={"params": params}, context=state.context)
+    h = api.run(fedavg, jax.random.key(0), fed, model, cfg, state=state,
+                evaluate=lambda out: {"acc": accuracy(model, out.params, x, y)},
+                eval_every=4, on_step=lambda t, r: seen.append(t)).history
+    assert seen == list(range(1, 9)) and len(h) == 8
+    assert "acc" in h[3] and "acc" not in h[2]
+    assert h[-1]["acc"] > accuracy(model, params, x, y)
+    assert h[-1]["train_loss"] < h[0]["train_loss"]
 
 
 def test_dp_fedavg_ledger_equals_dp_accounting():
     import dp_accounting
     cfg = dp_fedavg.Config(rounds=30, sampling_rate=0.1, noise_multiplier=1.1, clip_norm=0.7)
-    ledger = dp_fedavg.privacy_ledger(cfg, num_agents=100)
+    ledger = dp_fedavg.ledger(cfg)
     assert ledger.units() == ["agent"]
     event = dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.1)), 30)

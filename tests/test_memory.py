@@ -93,19 +93,20 @@ def test_fedavg_big_batch_refused_before_any_round(problem, monkeypatch):
     monkeypatch.setenv(memory.ENV, TINY)
     rounds = []
     with pytest.raises(memory.MemoryBudgetError) as e:
-        fedavg.run(jax.random.key(0), data, model, _fedavg_config(20000),
-                   on_round=lambda t, m: rounds.append(t))
+        api.run(fedavg, jax.random.key(0), api.FederatedData(agents=data, num_classes=3), model,
+                _fedavg_config(20000), on_step=lambda t, m: rounds.append(t))
     msg = str(e.value)
     assert rounds == [] and "\n" not in msg and isinstance(e.value, ValueError)
     assert "train.batch_size (20000)" in msg and "run.chunk_size" in msg and TINY in msg
     assert "model.hidden ([8])" in msg
     monkeypatch.setenv(memory.ENV, "2GB")          # a normal limit: the same run runs
-    hist = fedavg.run(jax.random.key(0), data, model, _fedavg_config(20000))
-    assert len(hist.rounds) == 2
+    hist = api.run(fedavg, jax.random.key(0), api.FederatedData(agents=data, num_classes=3),
+                   model, _fedavg_config(20000))
+    assert len(hist.history) == 2
 
 
 def test_seeds_round_refused(problem, monkeypatch):
-    """S seeds' rounds in one vmapped call (round_seeds) are checked as one round is."""
+    """S seeds' rounds in one vmapped call (fedavg.SeedRounds) are checked as one round is."""
     data, model, _ = problem
     fed = api.FederatedData(agents=data, num_classes=3)
     states = [fedavg.init(jax.random.key(s), fed, model, _fedavg_config(20000),
@@ -125,7 +126,9 @@ def test_ae_dpfl_chunk_refused_naming_chunk_size(problem, monkeypatch):
                          local=LocalTrainConfig(steps=2, batch_size=20000))
     with pytest.raises(memory.MemoryBudgetError,
                        match=r"chunk of 2 agents.*run\.chunk_size.*train\.batch_size \(20000\)"):
-        ae_dpfl.run(jax.random.key(0), data, model, cfg, x_public, chunk_size=None)
+        api.run(ae_dpfl, jax.random.key(0),
+                api.FederatedData(agents=data, num_classes=3, x_public=x_public), model, cfg,
+                runtime=api.Runtime(chunk_size=None))
 
 
 def test_knn_search_chunk_refused_naming_agent_chunk(problem, monkeypatch):
@@ -137,7 +140,8 @@ def test_knn_search_chunk_refused_naming_agent_chunk(problem, monkeypatch):
                           feature_map="identity")
     with pytest.raises(memory.MemoryBudgetError,
                        match=r"kNN search of a chunk of 4 agents.*algorithm\.agent_chunk \(4\)"):
-        knn_dpfl.run(jax.random.key(0), data, model, cfg, x_public)
+        api.run(knn_dpfl, jax.random.key(0),
+                api.FederatedData(agents=data, num_classes=3, x_public=x_public), model, cfg)
 
 
 def test_isrl_round_refused(monkeypatch):

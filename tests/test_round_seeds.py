@@ -1,6 +1,6 @@
 """Seeds of FedAvg / DP-FedAvg / DP-FedSGD in one vmapped compiled call per round
-(:mod:`fedjax_dp.algorithms.averaging.round_seeds`) equal the seeds run one by one: the same cohorts, the
-same metrics, the same models, the same ledgers."""
+(:class:`fedjax_dp.algorithms.averaging.fedavg.SeedRounds`) equal the seeds run one by one: the
+same cohorts, the same metrics, the same models, the same ledgers."""
 import dataclasses
 
 import jax
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.algorithms import api
-from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg, round_seeds
+from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
 from fedjax_dp.core import from_ragged
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
@@ -79,10 +79,8 @@ def test_dp_fedsgd_seeds_equal_separate_runs():   # participation and ledger on 
     assert len({r["num_sampled"] for a in alone for r in a["history"]}) > 1
 
 
-def test_fedavg_seeds_equal_separate_runs(monkeypatch):
-    # plain FedAvg gets the hook in fedavg.py (`seeds_stepper = round_seeds.stepper`)
-    if not callable(getattr(fedavg, "seeds_stepper", None)):
-        monkeypatch.setattr(fedavg, "seeds_stepper", round_seeds.stepper, raising=False)
+def test_fedavg_seeds_equal_separate_runs():
+    assert callable(fedavg.seeds_stepper)
     _compare(FEDAVG, FEDAVG_SETS + ["algorithm.sampling_rate=0.3"], private=False)
 
 

@@ -184,8 +184,10 @@ class Cohort:
         return int(self.indices.shape[0])
 
 
-def _pad_ids(indices: np.ndarray, start: int, bucket: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids [bucket] int32, valid [bucket] bool)`` for rows ``[start, start + bucket)``."""
+def pad_ids(indices: np.ndarray, start: int, bucket: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids [bucket] int32, valid [bucket] bool)`` for rows ``[start, start + bucket)`` of
+    the cohort ``indices``: padding repeats the pass's last real agent (or the cohort's last,
+    or agent 0 for an empty cohort) and is marked invalid."""
     chunk = indices[start:start + bucket]
     valid = np.zeros((bucket,), bool)
     valid[:len(chunk)] = True
@@ -240,7 +242,7 @@ class CohortFeeder:
         indices = sample_cohort(key, self.num_agents, self.sampling)
         passes = []
         for start, bucket in self.plan.passes(len(indices)):
-            ids, valid = _pad_ids(indices, start, bucket)
+            ids, valid = pad_ids(indices, start, bucket)
             if self.sharding is not None:
                 positions = np.arange(bucket)
                 ids_d, valid_d = self._sharded(positions, ids), self._sharded(positions, valid)

@@ -64,8 +64,8 @@ import dp_accounting
 import jax
 
 from fedjax_dp.algorithms import api
-from fedjax_dp.algorithms.averaging import fedavg, round_seeds
-from fedjax_dp.core import StackedData, validation
+from fedjax_dp.algorithms.averaging import fedavg
+from fedjax_dp.core import validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, secagg
 
@@ -123,17 +123,7 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     return fedavg.init_rounds(key, data, model, config.local, round_spec(config), runtime)
 
 
-def seeds_stepper(states: list[api.State]):
-    """S seeds' rounds, one vmapped compiled call per round (:func:`round_seeds.stepper`), or
-    None where they cannot share it (the seeds then run one by one)."""
-    return round_seeds.stepper(states)
-
-
-def run(key: jax.Array, data: StackedData, model: Model, config: Config, **kwargs
-        ) -> fedavg.History:
-    """DP-FedAvg over all stacked agents (keyword arguments as :func:`fedavg.run_with`)."""
-    import sys
-    return fedavg.run_with(sys.modules[__name__], key, data, model, config, **kwargs)
+seeds_stepper = fedavg.seeds_stepper      # S seeds' rounds in one call (fedavg.SeedRounds)
 
 
 def dp_event(config: Config, num_agents: int | None = None):
@@ -179,8 +169,3 @@ def declare_uncovered(config: Config, out: PrivacyLedger) -> PrivacyLedger:
             "released through the model without noise; the sampled-Gaussian analysis covers the "
             "fixed denominator q N (denominator = \"expected\") only")
     return out
-
-
-def privacy_ledger(config: Config, num_agents: int | None = None) -> PrivacyLedger:
-    """Kept for callers of the pre-protocol API: :func:`ledger`."""
-    return ledger(config)

@@ -56,7 +56,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import sys
 from typing import Any, Callable
 
 import jax
@@ -65,7 +64,7 @@ import numpy as np
 import optax
 
 from fedjax_dp.algorithms import api
-from fedjax_dp.algorithms.averaging import fedavg, round_seeds
+from fedjax_dp.algorithms.averaging import fedavg
 from fedjax_dp.core import StackedData, auto_chunk_size, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, mechanisms
@@ -342,9 +341,9 @@ def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
 
 
 def seeds_stepper(states: list[api.State]):
-    """S seeds' rounds, one vmapped compiled call per round (:func:`round_seeds.stepper`; each
-    seed's ``participation`` counts its own cohorts), or None where they cannot share it."""
-    return round_seeds.stepper(states, participation=True)
+    """S seeds' rounds, one vmapped compiled call per round (:func:`fedavg.seed_rounds_stepper`;
+    each seed's ``participation`` counts its own cohorts), or None where they cannot share it."""
+    return fedavg.seed_rounds_stepper(states, participation=True)
 
 
 artifacts = fedavg.artifacts
@@ -357,6 +356,30 @@ def prefetch(state: api.State, key: jax.Array) -> None:
 
 def output(state: api.State) -> api.Output:
     return api.Output(model=state.context.model, params=state.values["params"])
+
+
+#: the ``seed_dependent_ledger`` hook: :func:`planned_ledger` replays the run's own sampling
+#: keys, so a sweep calibrates every seed on its own
+seed_dependent_ledger = True
+
+
+def planned_ledger(config: Config, state: api.State,
+                   key: jax.Array) -> Callable[[Config], PrivacyLedger]:
+    """The ``planned_ledger`` hook (:class:`fedjax_dp.algorithms.api.Algorithm`): the
+    :func:`instance_ledger` the run of root ``key`` will report, before any training. Agent i's
+    participation ``T_i = sum_t m_t[i]`` is replayed from the run's own cohort draws
+    (``m_t = fedavg.sample_agents(round_keys(step_key(key, t))[0], N, config.participation)``,
+    the host draw every round makes), so a calibrated run's epsilon is the target, not an upper
+    bound. The replay is done once for ``config``'s rounds and participation; the function
+    returned takes a config differing only in its noise (``instance_ledger(c, n_i, T_i)``)."""
+    counts = np.asarray(state.context.agents.counts)
+    n = state.context.agents.num_agents
+    participation = np.zeros(n, np.int64)
+    for t in range(config.rounds):        # host draws, one per round, as the run makes them
+        k_sample = fedavg.round_keys(api.step_key(key, t))[0]
+        participation += np.asarray(fedavg.sample_agents(k_sample, n, config.participation)
+                                    ).astype(np.int64)
+    return lambda candidate: instance_ledger(candidate, counts, participation)
 
 
 def ledger(config: Config, state: api.State) -> PrivacyLedger:
@@ -374,38 +397,3 @@ def ledger(config: Config, state: api.State) -> PrivacyLedger:
             "computed from the agents' records without noise: not private "
             "(algorithm.diagnostics = false leaves them out)")
     return out
-
-
-@dataclasses.dataclass
-class History(fedavg.History):
-    """As :class:`fedavg.History`, plus the number of rounds each agent took part in ``[N]``."""
-
-    participation: np.ndarray | None = None
-    state: api.State | None = None
-
-
-def run(key: jax.Array, data: StackedData, model: Model, config: Config, *,
-        init_params: Params | None = None, evaluate: Callable[[Params], dict] | None = None,
-        eval_every: int = 0, on_round: Callable[[int, dict], None] | None = None,
-        chunk_size: int | str | None = "auto", mesh=None) -> History:
-    """DP-FedSGD over all stacked agents (:func:`api.run`); round t uses
-    ``fold_in(split(key)[1], t)``, the model starts from ``split(key)[0]`` (or ``init_params``).
-
-    ``evaluate(params)`` runs every ``eval_every`` rounds and after the last; ``on_round(t,
-    record)`` after every round. ``History.participation`` feeds :func:`instance_ledger`.
-    """
-    if not isinstance(config, Config):
-        raise ValueError(f"config must be a dp_fedsgd.Config, got {type(config).__name__}")
-    fed = api.FederatedData(agents=data, num_classes=model.num_classes)
-    runtime = api.Runtime(chunk_size=chunk_size, mesh=mesh)
-    state = init(key, fed, model, config, runtime)
-    if init_params is not None:
-        state = api.State(step=0, values={**state.values, "params": init_params},
-                          context=state.context)
-    wrapped = None if evaluate is None else (lambda out: evaluate(out.params))
-    done = api.run(sys.modules[__name__], key, fed, model, config, runtime=runtime,
-                   evaluate=wrapped, eval_every=eval_every, on_step=on_round, state=state)
-    values = done.state.values
-    return History(params=values["params"], rounds=done.history, wall_time_s=done.wall_time_s,
-                   participation=np.asarray(values["participation"]).astype(np.int64),
-                   state=done.state)
