@@ -109,6 +109,9 @@ class RoundSpec:
     the difference clip (None: 2C). private=False: no clipping, no noise. shuffle: a
     :class:`fedjax_dp.privacy.shuffle.ShuffleConfig` replaces the silos' Gaussian uploads by the
     shuffled vector sum of all available silos' per-record reports (SDP MB-SGD / SPIDER).
+    batch_sizes: the expected batch K_u of each upload kind; an upload gathers only its sampled
+    records in passes planned for K_u (:class:`fedjax_dp.train.private_grad.RowPlan`); empty:
+    one gathered pass over all n_max rows (same values, cost n_max).
     """
 
     method: str
@@ -122,6 +125,7 @@ class RoundSpec:
     smoothness: float | None = None
     report_objective: bool = True
     shuffle: Any = None            # a privacy.shuffle.ShuffleConfig: the SDP variants
+    batch_sizes: tuple[int, ...] = ()    # expected batch K of each upload kind (() : unplanned)
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -166,6 +170,11 @@ def loss_for(model) -> Callable:
     return cross_entropy(model)
 
 
+def expected(spec: RoundSpec, kind: int) -> int | None:
+    """The expected batch K of upload kind ``kind`` (None when ``spec.batch_sizes`` has none)."""
+    return spec.batch_sizes[kind] if kind < len(spec.batch_sizes) else None
+
+
 def silo_functions(loss_fn: Callable, spec: RoundSpec) -> dict[str, Callable]:
     """The one-silo functions a round lifts over the silo axis (each pure, for ONE silo):
 
@@ -175,7 +184,7 @@ def silo_functions(loss_fn: Callable, spec: RoundSpec) -> dict[str, Callable]:
         noisy prox-SGD steps (step k uses ``split(key, K)[k]``)
     loss(params, x, y, mask) -> mean loss over the silo's real records (f0's term)
     """
-    gradient = uploads.gradient_upload(loss_fn, spec.private)
+    gradient = uploads.gradient_upload(loss_fn, spec.private, expected(spec, 0))
     prox = spec.prox
 
     def local_sgd(key, params, x, y, mask, rate, denom, clip, z, lr):
@@ -191,7 +200,8 @@ def silo_functions(loss_fn: Callable, spec: RoundSpec) -> dict[str, Callable]:
         w = mask.astype(losses.dtype)
         return jnp.sum(w * losses) / jnp.maximum(jnp.sum(w), 1.0)
 
-    return {"gradient": gradient, "difference": uploads.difference_upload(loss_fn, spec.private),
+    return {"gradient": gradient,
+            "difference": uploads.difference_upload(loss_fn, spec.private, expected(spec, 1)),
             "local_sgd": local_sgd, "loss": loss}
 
 
@@ -225,8 +235,9 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
     if spec.shuffle is not None:
         if spec.method not in ("mb_sgd", "spider"):
             raise ValueError(f"shuffle applies to methods mb_sgd and spider, got {spec.method!r}")
-        grad_rep = lift(uploads.gradient_reports(loss_fn, spec.shuffle), (0, None, 0, 0, 0, 0))
-        diff_rep = lift(uploads.difference_reports(loss_fn, spec.shuffle),
+        grad_rep = lift(uploads.gradient_reports(loss_fn, spec.shuffle, expected(spec, 0)),
+                        (0, None, 0, 0, 0, 0))
+        diff_rep = lift(uploads.difference_reports(loss_fn, spec.shuffle, expected(spec, 1)),
                         (0, None, None, 0, 0, 0, 0, None, None))
     m = float(spec.num_available)
     prox = spec.prox

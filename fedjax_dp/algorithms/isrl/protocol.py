@@ -243,6 +243,7 @@ class Algorithm:
         spec = engine.RoundSpec(method=self.method, num_silos=n, num_available=m,
                                 prox=config.make_prox(), private=self.private,
                                 report_objective=config.report_objective,
+                                batch_sizes=tuple(int(k) for k in self.batch_sizes(config)),
                                 **self.spec_fields(config), **extra)
         chunk = resolve_chunk_size(runtime.chunk_size, params, agents)
         if self.method in ("spider", "svrg") and chunk is not None:

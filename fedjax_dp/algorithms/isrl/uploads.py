@@ -20,11 +20,17 @@ with tau <= 2C public (``tau = min(2C, beta_hat ||w - w_ref||)``; clip_C is the 
 the C-ball, 1-Lipschitz, so ``||d_ij|| <= beta ||w - w_ref||`` when g is beta-Lipschitz in w and
 the outer clip is then a no-op).
 
-``clip_C`` is over the whole parameter vector (global L2 norm over all leaves;
-:func:`fedjax_dp.train.clipped_grad_sum`). Privacy of one upload (unit: one record of this silo,
-relation add/remove it): the sum in (1) moves by at most C, in (2) by at most tau; the noise std
-is z times that: a Poisson-sampled Gaussian mechanism with noise multiplier z and rate p_i.
-With ``private=False`` there is no clipping and no noise (the non-private baselines).
+``clip_C`` is over the whole parameter vector (global L2 norm over all leaves). Privacy of one
+upload (unit: one record of this silo, relation add/remove it): the sum in (1) moves by at most C,
+in (2) by at most tau; the noise std is z times that: a Poisson-sampled Gaussian mechanism with
+noise multiplier z and rate p_i. With ``private=False`` there is no clipping and no noise (the
+non-private baselines).
+
+Every upload is the private-gradient primitive :mod:`fedjax_dp.train.private_grad`: only the
+sampled records' gradients are computed, gathered in padded passes planned for the expected
+batch ``K`` of the upload kind (``expected``; None: one pass over all rows), so an upload costs
+~ p_i n_i per-record gradients, not n_max. Same records (same key) and same value as the masked
+all-records computation up to float summation order.
 """
 from __future__ import annotations
 
@@ -32,83 +38,79 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import optax
 from jax.flatten_util import ravel_pytree
 
-from fedjax_dp.algorithms.averaging.dp_fedsgd import sample_records
 from fedjax_dp.privacy import shuffle as shuffle_lib
-from fedjax_dp.train import clipped_grad_sum, per_example_grads
+from fedjax_dp.train import private_grad as pg
+from fedjax_dp.train.private_grad import clip_rows
 
 Params = Any
 
 __all__ = ["sample_records", "clip_rows", "gaussian_noise", "gradient_upload", "difference_upload",
-           "encode_reports", "shuffled_estimate", "gradient_reports", "difference_reports"]
+           "encode_reports", "shuffled_estimate", "gradient_reports", "difference_reports",
+           "row_plan"]
 
-
-def clip_rows(grads: Params, clip) -> tuple[Params, jax.Array]:
-    """Clip each row (leading axis B) of a pytree to global L2 norm ``clip``.
-
-    Returns ``(clipped rows, norms [B] before clipping)``."""
-    norms = jax.vmap(optax.tree.norm)(grads)                                 # [B]
-    scale = jnp.minimum(1.0, clip / jnp.maximum(norms, 1e-12))               # [B]
-    return jax.tree.map(lambda g: g * scale.reshape((-1,) + (1,) * (g.ndim - 1)).astype(g.dtype),
-                        grads), norms
-
-
-def _weighted_sum(rows: Params, weights: jax.Array) -> Params:
-    return jax.tree.map(lambda g: jnp.tensordot(weights.astype(g.dtype), g, axes=(0, 0)), rows)
+#: Poisson record selection of one silo (:func:`fedjax_dp.train.private_grad.poisson_weights`).
+sample_records = pg.poisson_weights
 
 
 def gaussian_noise(key: jax.Array, tree: Params, std) -> Params:
     """``N(0, std^2 I)`` over every coordinate of ``tree``, drawn as ONE flat vector from ``key``
-    (i.i.d. coordinates as with a draw per leaf; one PRNG call compiles several times faster)."""
-    flat, unravel = ravel_pytree(tree)
-    return unravel(std * jax.random.normal(key, flat.shape, flat.dtype))
+    (:func:`fedjax_dp.train.private_grad.add_noise` of zeros)."""
+    return pg.add_noise(key, jax.tree.map(jnp.zeros_like, tree), std)
 
 
-def _finish(key, summed, std, denom, private):
-    if private:
-        summed = jax.tree.map(jnp.add, summed, gaussian_noise(key, summed, std))
-    return jax.tree.map(lambda s: s / denom, summed)
+def row_plan(expected: float | None, num_rows: int) -> pg.RowPlan | None:
+    """The padded passes of an upload with expected batch ``expected`` (None: all rows)."""
+    return None if expected is None else pg.RowPlan.for_expected(expected, num_rows)
 
 
-def gradient_upload(loss_fn: Callable, private: bool) -> Callable:
-    """``upload(key, params, x, y, mask, rate, denom, clip, z) -> (u [params], stats)``: eq. (1)."""
+def _upload_stats(stats: dict, private: bool) -> dict:
+    return {"batch_size": stats["count"],
+            "clipped": stats["clipped"] if private else jnp.zeros(())}
+
+
+def gradient_upload(loss_fn: Callable, private: bool, expected: float | None = None) -> Callable:
+    """``upload(key, params, x, y, mask, rate, denom, clip, z) -> (u [params], stats)``: eq. (1)
+    (:func:`fedjax_dp.train.private_grad.private_gradient`). ``expected``: the upload's expected
+    batch K (plans the gathered passes; None: one pass over all rows)."""
 
     def upload(key, params, x, y, mask, rate, denom, clip, z):
-        k_batch, k_noise = jax.random.split(key)
-        w = sample_records(k_batch, mask, rate)                               # [n_max]
-        if private:
-            summed, norms = clipped_grad_sum(loss_fn, params, x, y, w, clip)
-            clipped = jnp.sum(w * (norms > clip))
-        else:
-            summed = _weighted_sum(per_example_grads(loss_fn, params, x, y), w)
-            clipped = jnp.zeros(())
-        u = _finish(k_noise, summed, z * clip, denom, private)
-        return u, {"batch_size": jnp.sum(w), "clipped": clipped}
+        u, stats = pg.private_gradient(key, loss_fn, params, x, y, mask, rate, denom, clip,
+                                       z * clip, plan=row_plan(expected, mask.shape[0]),
+                                       private=private)
+        return u, _upload_stats(stats, private)
 
     return upload
 
 
-def difference_upload(loss_fn: Callable, private: bool) -> Callable:
+def difference_fn(loss_fn: Callable, params: Params, ref: Params, clip, private: bool):
+    """``v(x, y) = (clip_C(g(params; x, y)) - clip_C(g(ref; x, y)), 0)`` (no clip when not
+    private): the per-record vector of eq. (2) before its clip at tau."""
+    grad = jax.grad(loss_fn)
+
+    def one(x, y):
+        g_new, g_ref = grad(params, x, y), grad(ref, x, y)
+        if private:
+            g_new, _ = pg.clip_to_norm(g_new, clip)
+            g_ref, _ = pg.clip_to_norm(g_ref, clip)
+        return jax.tree.map(jnp.subtract, g_new, g_ref), jnp.zeros(())
+
+    return one
+
+
+def difference_upload(loss_fn: Callable, private: bool, expected: float | None = None) -> Callable:
     """Eq. (2): ``upload(key, params, ref, x, y, mask, rate, denom, clip, tau, z) -> (u, stats)``.
     """
 
     def upload(key, params, ref, x, y, mask, rate, denom, clip, tau, z):
         k_batch, k_noise = jax.random.split(key)
-        w = sample_records(k_batch, mask, rate)                               # [n_max]
-        g_new = per_example_grads(loss_fn, params, x, y)                     # [n_max, ...]
-        g_ref = per_example_grads(loss_fn, ref, x, y)
-        if private:
-            g_new, _ = clip_rows(g_new, clip)
-            g_ref, _ = clip_rows(g_ref, clip)
-            diff, norms = clip_rows(jax.tree.map(jnp.subtract, g_new, g_ref), tau)
-            clipped = jnp.sum(w * (norms > tau))
-        else:
-            diff = jax.tree.map(jnp.subtract, g_new, g_ref)
-            clipped = jnp.zeros(())
-        u = _finish(k_noise, _weighted_sum(diff, w), z * tau, denom, private)
-        return u, {"batch_size": jnp.sum(w), "clipped": clipped}
+        w = pg.poisson_weights(k_batch, mask, rate)                           # [n_max]
+        summed, stats = pg.clipped_sum(difference_fn(loss_fn, params, ref, clip, private),
+                                       (x, y), w, tau if private else jnp.inf,
+                                       row_plan(expected, mask.shape[0]))
+        u = pg.release(k_noise, summed, z * tau, denom, noise=private)
+        return u, _upload_stats(stats, private)
 
     return upload
 
@@ -121,11 +123,6 @@ def difference_upload(loss_fn: Callable, private: bool) -> Callable:
 # of all available silos plus the binomial noise (:mod:`fedjax_dp.privacy.shuffle`), so the silo
 # may as well pass the sum of its own integer reports: the sums are exact (int32), hence the same
 # whichever silos are computed together (the gathered and the masked round agree bit for bit).
-
-def _flat_rows(rows: Params) -> jax.Array:
-    """``[B, ...]`` pytree rows -> ``[B, d]`` (each row the flattened parameter vector)."""
-    return jax.vmap(lambda r: ravel_pytree(r)[0])(rows)
-
 
 def encode_reports(key: jax.Array, rows: jax.Array, weights: jax.Array, config) -> jax.Array:
     """One silo's part of the shuffled vector sum: ``sum_j w_j ybar_j`` int32 ``[d]``.
@@ -149,27 +146,34 @@ def shuffled_estimate(key: jax.Array, sums: jax.Array, config) -> jax.Array:
     return shuffle_lib.decode(noisy, config)
 
 
-def gradient_reports(loss_fn: Callable, config) -> Callable:
+def gradient_reports(loss_fn: Callable, config, expected: float | None = None) -> Callable:
     """SDP: ``reports(key, params, x, y, mask, rate) -> (sums [d] int32, stats)``.
 
     One report per sampled record: its per-record gradient, encoded in the silo
     (:func:`encode_reports`: clip to C = ``config.clip_norm`` in L2 over the whole vector, grid
     C / K, randomised rounding). ``key`` splits into the Poisson-sampling and the rounding key.
+    Only the sampled records' gradients are computed
+    (:func:`fedjax_dp.train.private_grad.selected_rows`; the others' rows are zero and weigh 0).
     """
     clip = config.clip_norm
 
     def reports(key, params, x, y, mask, rate):
         k_batch, k_round = jax.random.split(key)
         w = sample_records(k_batch, mask, rate)                               # [n_max]
-        rows = _flat_rows(per_example_grads(loss_fn, params, x, y))          # [n_max, d]
-        norms = jnp.linalg.norm(rows, axis=1)
+        grad = jax.grad(loss_fn)
+
+        def one(xi, yi):
+            row = ravel_pytree(grad(params, xi, yi))[0]                        # [d]
+            return row, jnp.linalg.norm(row)
+
+        rows, norms = pg.selected_rows(one, (x, y), w, row_plan(expected, mask.shape[0]))
         return encode_reports(k_round, rows, w, config), {
             "batch_size": jnp.sum(w), "clipped": jnp.sum(w * (norms > clip))}
 
     return reports
 
 
-def difference_reports(loss_fn: Callable, config) -> Callable:
+def difference_reports(loss_fn: Callable, config, expected: float | None = None) -> Callable:
     """SDP: ``reports(key, params, ref, x, y, mask, rate, clip, tau) -> (sums [d] int32, stats)``.
 
     Rows ``(C / tau) clip_tau(clip_C(g(w, x)) - clip_C(g(w_ref, x)))`` (norm <= C, so the
@@ -181,10 +185,13 @@ def difference_reports(loss_fn: Callable, config) -> Callable:
     def reports(key, params, ref, x, y, mask, rate, clip, tau):
         k_batch, k_round = jax.random.split(key)
         w = sample_records(k_batch, mask, rate)
-        g_new, _ = clip_rows(per_example_grads(loss_fn, params, x, y), clip)
-        g_ref, _ = clip_rows(per_example_grads(loss_fn, ref, x, y), clip)
-        diff, norms = clip_rows(jax.tree.map(jnp.subtract, g_new, g_ref), tau)
-        rows = _flat_rows(diff) * (clip / jnp.maximum(tau, 1e-30))
+        diff = difference_fn(loss_fn, params, ref, clip, True)
+
+        def one(xi, yi):
+            d, norm = pg.clip_to_norm(diff(xi, yi)[0], tau)
+            return ravel_pytree(d)[0] * (clip / jnp.maximum(tau, 1e-30)), norm
+
+        rows, norms = pg.selected_rows(one, (x, y), w, row_plan(expected, mask.shape[0]))
         return encode_reports(k_round, rows, w, config), {
             "batch_size": jnp.sum(w), "clipped": jnp.sum(w * (norms > tau))}
 
