@@ -1,12 +1,13 @@
-"""The paper experiments as sweep files (configs/experiments/*.toml) and tools/plot_sweep.py.
+"""The paper experiments as sweep files (configs/experiments/**.toml), the only definition of
+each paper's tables, and ``fedjax-dp plot --selected``.
 
 Every sweep file must pass ``fedjax-dp sweep FILE --dry-run``: every run's config resolved and
 validated (bases, grid keys, calibrate keys, validation split for --select), nothing trained.
 """
-import importlib.util
 import json
 from pathlib import Path
 
+import jax
 import pytest
 
 from fedjax_dp.experiments import cli
@@ -14,16 +15,18 @@ from fedjax_dp.experiments import sweep as sweep_lib
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted((ROOT / "configs" / "experiments").glob("*.toml"))
-SCRIPTS = ("exp_voting_dpfl", "exp_isrl", "exp_fedkt", "exp_fnas")
+PAPER_SCALE = sorted((ROOT / "configs" / "experiments" / "voting_paper_scale").glob("sweep_*.toml"))
 
 
-def test_there_are_sweep_files_for_every_experiment_script():
+def test_there_are_sweep_files_for_every_paper_and_no_experiment_scripts():
     names = {p.stem for p in EXPERIMENTS}
     for prefix in ("voting_dpfl_", "isrl_", "fedkt_", "fnas_"):
         assert any(n.startswith(prefix) for n in names), prefix
-    for script in SCRIPTS:          # each old script points to its sweep file(s)
-        text = (ROOT / "tools" / f"{script}.py").read_text()
-        assert "configs/experiments/" in text, script
+    tools = {p.name for p in (ROOT / "tools").glob("*.py")}
+    for gone in ("exp_voting_dpfl.py", "exp_isrl.py", "exp_fnas.py", "knn_instance_sweep.py",
+                 "exp_label_spreading_student.py", "exp_abstain_noise_free.py",
+                 "plot_sweep.py", "plot_selected.py"):
+        assert gone not in tools, gone
 
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
@@ -33,14 +36,32 @@ def test_sweep_file_dry_run(path, capsys):
     assert plan["runs"] > 0
     head = path.read_text().split("[sweep]")[0]                  # the comment block
     assert f"fedjax-dp sweep configs/experiments/{path.name} --out results/" in head
-    assert "NOT" in head or "not reproduce" in head.lower()       # what it leaves out
+    assert "tools/" not in head and "NOT reproduce" not in head   # no script, no gap list
 
 
-def _plot_sweep():
-    spec = importlib.util.spec_from_file_location("plot_sweep", ROOT / "tools" / "plot_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.mark.parametrize("path", PAPER_SCALE, ids=lambda p: p.stem)
+def test_paper_scale_sweep_file_dry_run(path, capsys):
+    assert cli.main(["sweep", str(path), "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"] > 0
+    assert "tools/" not in path.read_text()
+
+
+def test_fnas_random_genotype_is_drawn_from_the_run_key_and_skips_the_search():
+    """``algorithm.fixed_genotype = "random"``: no search step, a genotype of the configured
+    size drawn from the run's key (the same for the same key, another for another key)."""
+    from fedjax_dp.algorithms.fnas import dp_fnas
+    prims = ("none", "max_pool_3x3", "skip_connect", "sep_conv_3x3")
+    cfg = dp_fnas.Config(nodes=2, primitives=prims, fixed_genotype=dp_fnas.RANDOM_GENOTYPE)
+    assert cfg.search_steps == 0 and dp_fnas.num_steps(cfg) == cfg.retrain_epochs
+    g0 = dp_fnas.fixed_genotype(jax.random.key(0), cfg)
+    assert g0 == dp_fnas.fixed_genotype(jax.random.key(0), cfg)
+    assert any(dp_fnas.fixed_genotype(jax.random.key(s), cfg) != g0 for s in (1, 2, 3))
+    assert g0.nodes == 2 and {op for op, _ in g0.normal + g0.reduce} <= set(prims) - {"none"}
+    assert dp_fnas.fixed_genotype(jax.random.key(0), dp_fnas.Config()) is None     # search
+    fixed = dp_fnas.Config(nodes=2, fixed_genotype=json.dumps(g0.to_json()))
+    assert dp_fnas.fixed_genotype(jax.random.key(5), fixed) == g0
+    with pytest.raises(ValueError, match="retrain_epochs"):
+        dp_fnas.Config(fixed_genotype="random", retrain_epochs=0)
 
 
 def _record(algorithm, q, target, seed, acc, val):
@@ -52,7 +73,10 @@ def _record(algorithm, q, target, seed, acc, val):
             "privacy": [], "history": [], "wall_time_s": 1.0, "config": {}}
 
 
-def test_plot_sweep_draws_all_runs_and_the_selected_rows(tmp_path):
+def test_plot_selected_draws_the_selected_rows(tmp_path, capsys):
+    """``fedjax-dp plot DIR --selected``: the runs of the cells selected.json chose, one line
+    per selected row, each point its test accuracy mean +- std."""
+    pytest.importorskip("matplotlib")
     recs = []
     for algorithm in ("ae_dpfl", "knn_dpfl"):
         for target in (2.0, 8.0):
@@ -62,29 +86,17 @@ def test_plot_sweep_draws_all_runs_and_the_selected_rows(tmp_path):
                     # the validation split prefers Q = 50 for knn_dpfl, Q = 200 for ae_dpfl
                     val = acc if algorithm == "ae_dpfl" else 1.0 - acc
                     recs.append(_record(algorithm, q, target, seed, acc, val))
-    recs.append({**_record("fedavg", 50, None, 0, 0.9, 0.9), "epsilon": None,
-                 "target_epsilon": None, "calibrated": None})     # no epsilon: left out
     sweep_dir = tmp_path / "sweep"
     sweep_dir.mkdir()
     (sweep_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    rows = sweep_lib.write_selection(recs[:-1], sweep_dir, "val_accuracy",
-                                     ["algorithm.num_queries"])
+    rows = sweep_lib.write_selection(recs, sweep_dir, "val_accuracy", ["algorithm.num_queries"])
     assert (sweep_dir / "selected.json").is_file() and len(rows) == 4
 
-    tool = _plot_sweep()
-    written = tool.main([str(sweep_dir)])     # the fedavg run (no epsilon) is left out
-    for paths in written.values():
-        assert [Path(p).suffix for p in paths] == [".png", ".svg"]
-        assert all(Path(p).stat().st_size > 0 for p in paths)
-    assert Path(written["all_runs"][0]) == sweep_dir / "accuracy_vs_epsilon.png"
-    assert Path(written["selected"][0]) == sweep_dir / "accuracy_vs_epsilon_selected.png"
-
-    # the selected plot's points are selected.json's test accuracy mean +- std
-    chosen = tool.selected_records(recs, json.loads((sweep_dir / "selected.json").read_text()))
+    from fedjax_dp.experiments import plots
+    chosen = plots.selected_records(recs, plots.read_selected([sweep_dir]))
     assert len(chosen) == 12                                       # 4 cells x 3 seeds
     assert {r["params"]["algorithm.num_queries"] for r in chosen
             if r["algorithm"] == "knn_dpfl"} == {50}
-    from fedjax_dp.experiments import plots
     points = plots.summarize(chosen, "target_epsilon", "test_accuracy", "setting")
     by_key = {(r["algorithm"], r["target_epsilon"]): r for r in rows}
     for p in points:
@@ -92,3 +104,11 @@ def test_plot_sweep_draws_all_runs_and_the_selected_rows(tmp_path):
         assert p["mean"] == pytest.approx(row["test_accuracy_mean"])
         assert p["std"] == pytest.approx(row["test_accuracy_std"])
     assert {p["hue"] for p in points} == {"ae_dpfl num_agents=50", "knn_dpfl num_agents=50"}
+
+    assert cli.main(["plot", str(sweep_dir), "--selected", "--x", "target_epsilon",
+                     "--out", str(tmp_path / "sel")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["records"] == 12 and all(Path(p).stat().st_size > 0 for p in out["written"])
+    (sweep_dir / "selected.json").unlink()
+    with pytest.raises(ValueError, match="selected.json"):
+        plots.read_selected([sweep_dir])

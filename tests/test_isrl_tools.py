@@ -3,7 +3,15 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+@pytest.fixture(autouse=True)
+def _tools_on_path(monkeypatch):
+    """tools/ on ``sys.path`` as when the benchmark runs as a script (``bench_common``)."""
+    monkeypatch.syspath_prepend(str(TOOLS))
 
 
 def test_bench_isrl_smoke(tmp_path):

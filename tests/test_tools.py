@@ -1,9 +1,27 @@
-"""Smoke runs of the benchmarks in tools/ at tiny sizes, so they cannot rot."""
+"""Smoke runs of the benchmarks in tools/ at tiny sizes, so they cannot rot; tools/ holds
+benchmarks only (each imports the installed package, edits no ``sys.path`` and writes JSON)."""
 import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+@pytest.fixture(autouse=True)
+def _tools_on_path(monkeypatch):
+    """tools/ on ``sys.path`` as when a benchmark runs as a script (its folder comes first), so
+    that ``from bench_common import ...`` resolves."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+
+
+def test_tools_holds_benchmarks_only_without_sys_path_edits():
+    for path in TOOLS.glob("*.py"):
+        assert path.name.startswith("bench_"), f"{path.name}: tools/ holds benchmarks only"
+        text = path.read_text()
+        assert "sys.path" not in text.replace("no ``sys.path`` edit", ""), path.name
+        assert "PYTHONPATH" not in text, path.name
 
 
 def _load(name):
@@ -48,9 +66,9 @@ def test_bench_knn_vote_smoke(tmp_path):
 
 
 def test_every_config_states_the_expected_result_of_results_configs_expected_json():
-    """The first line of every shipped config is the one tools/expected_results.py makes from
+    """The first line of every shipped config is the one tools/bench_configs.py makes from
     results/configs_expected.json (no run: re-measure with ``--run``)."""
-    expected = _load("expected_results")
+    expected = _load("bench_configs")
     assert expected.check(expected.load()) == []
     entry = {"seed": 0, "cpus": 2, "test_accuracy": 0.7412, "process_time_s": 14.4,
              "headline": {"unit": "agent", "delta": 1e-5, "epsilon": {"rdp": 6.871, "pld": 6.2}}}

@@ -1,6 +1,6 @@
 """Audit every registered mechanism and its weakened variants; write the table of docs/audit.md.
 
-    python tools/audit_all.py --out results/audit            # ~1-2 minutes on a laptop CPU
+    python tools/bench_audit.py --out results/audit            # ~1-2 minutes on a laptop CPU
 
 For each mechanism of :data:`fedjax_dp.audit.MECHANISMS`, at its default parameters (claims of
 about epsilon = 1 at delta = 1e-5): the real mechanism and each weakened variant (audited
@@ -17,10 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import environment, write_json  # noqa: E402
+from bench_common import environment, write_json  # tools/, the script's folder
 
-from fedjax_dp.audit import MECHANISMS, audit  # noqa: E402
+from fedjax_dp.audit import MECHANISMS, audit
 
 
 def table(rows: list[dict]) -> str:
@@ -51,7 +50,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"{name:16s} {weaken or 'real':12s} claimed {r.claimed_epsilon:.3f} "
                   f"lower bound {r.epsilon_lower_bound:.3f} ({row['wall_time_s']} s)", flush=True)
-    record = {"command": "python tools/audit_all.py " + " ".join(argv or sys.argv[1:]),
+    record = {"command": "python tools/bench_audit.py " + " ".join(argv or sys.argv[1:]),
               "trials": args.trials, "delta": args.delta, "seed": args.seed,
               "total_wall_time_s": round(time.perf_counter() - start, 1),
               "environment": environment(), "results": rows}

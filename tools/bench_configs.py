@@ -1,12 +1,13 @@
-"""The expected result of every shipped config: ``results/configs_expected.json`` and the
-``# Expected (...)`` line at the top of each ``configs/*/*.toml``.
+"""Benchmark of every shipped config (accuracy, headline epsilon, wall time of the whole
+command): ``results/configs_expected.json`` (JSON) and the ``# Expected (...)`` line at the top of
+each ``configs/*/*.toml``.
 
-    python tools/expected_results.py                    # check: every config's comment line
+    python tools/bench_configs.py                    # check: every config's comment line
                                                         # matches the JSON (prints mismatches)
-    python tools/expected_results.py --run [CONFIG ...] # run the configs (default: all, FNAS
+    python tools/bench_configs.py --run [CONFIG ...] # run the configs (default: all, FNAS
                                                         # last), one at a time, and rewrite their
                                                         # entries in the JSON; then check
-    python tools/expected_results.py --write-comments   # put the JSON's line into each config
+    python tools/bench_configs.py --write-comments   # put the JSON's line into each config
 
 A run is ``fedjax-dp run CONFIG --quiet --out DIR`` in a subprocess (prefix the command with
 ``nice`` on a shared machine); its entry holds the test accuracy, the headline guarantee (the

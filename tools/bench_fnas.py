@@ -1,8 +1,8 @@
 """Benchmark DP-FNAS on the CPU: one DP search iteration for K parties vmapped vs a Python loop
 over parties, and per-example gradients by ``vmap(grad)`` vs a loop over examples, in one run.
 
-    PYTHONPATH=. python tools/bench_fnas.py --out results/bench/fnas.json
-    PYTHONPATH=. python tools/bench_fnas.py --nodes 2 --cells 2 --parties 8   # smaller, faster
+    .venv/bin/python tools/bench_fnas.py --out results/bench/fnas.json
+    .venv/bin/python tools/bench_fnas.py --nodes 2 --cells 2 --parties 8   # smaller, faster
 
 Reports steady-state times (best of ``--repeats`` after a warm-up call) and compile times
 (``jit(...).lower(...).compile()``), with the network size, in JSON.
@@ -10,7 +10,6 @@ Reports steady-state times (best of ``--repeats`` after a warm-up call) and comp
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -18,8 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import best_time, block, environment, write_json  # noqa: E402
+from bench_common import best_time, block, environment, write_json  # tools/, the script's folder
 
 from fedjax_dp.algorithms.fnas import dp_fnas, steps  # noqa: E402
 from fedjax_dp.core import from_ragged  # noqa: E402

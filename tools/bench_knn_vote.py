@@ -42,8 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import environment, matmul_gflops, write_json  # noqa: E402
+from bench_common import environment, matmul_gflops, write_json  # tools/, the script's folder
 
 
 def _rss_mb() -> float:
@@ -113,7 +112,7 @@ def child(args) -> dict:
 
     def plan(name):
         if name == "clean_top_k":
-            return jax.jit(lambda key, ag, qs: vote._tally(
+            return jax.jit(lambda key, ag, qs: vote.noisy_tally(
                 key, ag, qs, 0.0, ballot_fn=knn_dpfl.ballot_fn(k, c, "top_k"), num_classes=c,
                 agent_chunk=chunk, query_chunk=None, noisy=False, mesh=mesh))
         if name in ("vote", "vote_aggregate"):
@@ -122,7 +121,7 @@ def child(args) -> dict:
                 key, ag, qs, jnp.float32(1.0), ballot_fn=fn, num_classes=c, agent_chunk=chunk,
                 query_chunk=None, mesh=mesh, noise=noise))
         f = fn if name == "clean" else dist_only
-        return jax.jit(lambda key, ag, qs: vote._tally(
+        return jax.jit(lambda key, ag, qs: vote.noisy_tally(
             key, ag, qs, 0.0, ballot_fn=f, num_classes=c, agent_chunk=chunk, query_chunk=None,
             noisy=False, mesh=mesh))
 

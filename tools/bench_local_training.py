@@ -19,7 +19,6 @@ forward + backward = 3 x forward, per example) next to a large float32 matmul in
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -27,8 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import best_time, block, environment, matmul_gflops, write_json  # noqa: E402
+from bench_common import best_time, block, environment, matmul_gflops, write_json  # tools/
 
 from fedjax_dp.core import from_ragged
 from fedjax_dp.data import synthetic

@@ -41,8 +41,17 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 FEDJAX_PEER_S = {"10": 0.013, "100": 0.107, "1000": 0.99}   # ../shared/peers/README.md
+
+
+def load_workload(peers: Path):
+    """The peers' shared workload definition, ``PEERS/workload.py``, as a module (loaded from
+    its file: no ``sys.path`` edit)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("workload", Path(peers) / "workload.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _peak_rss_gb() -> float:
@@ -146,8 +155,7 @@ def _ours(W, cohorts: list[int], rounds: int, warmup: int) -> tuple[dict, dict, 
 
 def peers_part(peers: Path, cohorts: list[int], rounds: int, warmup: int, repeats: int,
                fedjax_python: str) -> dict:
-    sys.path.insert(0, str(peers))
-    import workload as W
+    W = load_workload(peers)
     check = peers_check(W)
     print(f"peers check: param norm {check['param_norm']} (expected 14.735746), loss "
           f"{check['loss_all']}", flush=True)
@@ -241,8 +249,7 @@ def cli_part(peers: Path, cohorts: list[int], short: int, long: int, rounds: int
     own per-round seconds (``timing.round_s``), beside this tool's own gathered round on the
     same shapes (median of ``rounds`` after ``warmup``) measured in the same process."""
     import tempfile
-    sys.path.insert(0, str(peers))
-    import workload as W
+    W = load_workload(peers)
     own, _, _ = _ours(W, cohorts, rounds, warmup)
     out = {"short_rounds": short, "long_rounds": long}
     with tempfile.TemporaryDirectory(prefix="bench_cli_") as tmp:

@@ -9,9 +9,9 @@ every agent full), a public set of ``public`` points and Q = ``queries`` queries
 and its peak resident set size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) beside the size
 of the agents' data. Usage::
 
-    PYTHONPATH=. .venv/bin/python tools/bench_scale_oneshot.py            # 1e3 .. 1e6
-    PYTHONPATH=. .venv/bin/python tools/bench_scale_oneshot.py --agents 1000 10000 --out /tmp/s.json
-    PYTHONPATH=. .venv/bin/python tools/bench_scale_oneshot.py --algorithms fedkt \
+    .venv/bin/python tools/bench_scale_oneshot.py            # 1e3 .. 1e6
+    .venv/bin/python tools/bench_scale_oneshot.py --agents 1000 10000 --out /tmp/s.json
+    .venv/bin/python tools/bench_scale_oneshot.py --algorithms fedkt \
         --agents 100 1000 10000 --records 64 --public 500 --steps 10 \
         --out results/scale/oneshot_fedkt.json
 
@@ -22,7 +22,7 @@ else as the config and the defaults give it: ``run.agents_on = "auto"``), its pe
 ``os.wait4`` of that process and its wall time measured around it (Python start, imports, data
 generation, partition and stacking included); rows carry ``"path": "hand"`` or ``"cli"``::
 
-    PYTHONPATH=. .venv/bin/python tools/bench_scale_oneshot.py --agents 1000000 \
+    .venv/bin/python tools/bench_scale_oneshot.py --agents 1000000 \
         --algorithms ae_dpfl --out results/scale/oneshot_cli.json
 
 ``run(agents_list, ...)`` is the importable entry point (returns the JSON record).
@@ -250,8 +250,7 @@ def run(agents_list, records: int = 16, features: int = 32, *, algorithms=ALGORI
                    "--student-steps", str(student_steps), "--party-chunk", str(party_chunk)]
             if not prefetch:
                 cmd.append("--no-prefetch")
-            env = {**os.environ, "PYTHONPATH": str(ROOT)}
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
             if proc.returncode != 0:
                 rows.append({"algorithm": algorithm, "num_agents": n,
                              "error": proc.stderr[-2000:]})

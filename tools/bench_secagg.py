@@ -23,16 +23,14 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _median_time(fn, repeats: int) -> float:

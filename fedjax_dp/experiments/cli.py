@@ -242,6 +242,10 @@ def _cmd_plot(args) -> int:
     if not recs:
         raise ValueError(f"RESULTS {[str(p) for p in args.results]} hold no records "
                          f"(an empty results file?)")
+    if args.selected:          # only the runs of the cells --select chose, a line per row
+        recs = plots.selected_records(recs, plots.read_selected(args.results))
+        if args.hue == "algorithm":
+            args.hue = "setting"
     hue = None if args.hue.lower() in ("", "none") else args.hue
     first = Path(args.results[0])
     folder = first if first.is_dir() else first.parent
@@ -408,6 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one line per value of this field (default algorithm; none: one line)")
     plt.add_argument("--curve", action="store_true",
                      help="training curves: the history metric --y against the round")
+    plt.add_argument("--selected", action="store_true",
+                     help="only the runs of the grid points a sweep's --select chose (its "
+                     "selected.json), one line per selected row (default --hue setting)")
     plt.add_argument("--out", metavar="STEM", default=None, help="writes STEM.png and STEM.svg "
                      "(default plot_<y>_vs_<x> beside the first RESULTS file)")
     plt.add_argument("--title", default=None)

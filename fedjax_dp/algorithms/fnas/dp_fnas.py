@@ -47,7 +47,7 @@ import numpy as np
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.fnas import privacy as fnas_privacy
 from fedjax_dp.algorithms.fnas import steps
-from fedjax_dp.core import memory
+from fedjax_dp.core import memory, rng
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model, darts
 from fedjax_dp.privacy import PrivacyLedger
@@ -58,6 +58,9 @@ USES_LOCAL_TRAIN = False
 
 
 _v = validation
+
+#: ``Config.fixed_genotype`` value that retrains a random genotype (no search).
+RANDOM_GENOTYPE = "random"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +79,11 @@ class Config:
     ``noise_weights``, tau ``noise_arch``, ``noise_second`` (>= 0).
     Retraining: ``retrain_epochs``, ``retrain_batch_size``, ``retrain_lr``, ``retrain_channels``
     / ``retrain_cells`` (0: as in the search), ``clip_retrain``, ``noise_retrain``;
-    ``fixed_genotype`` (a genotype's JSON): skip the search and retrain that genotype.
+    ``fixed_genotype`` (a genotype's JSON): skip the search and retrain that genotype;
+    ``"random"`` (:data:`RANDOM_GENOTYPE`): skip the search and retrain a uniformly random
+    genotype of the same size (:func:`darts.random_genotype`, drawn from the run's key stream
+    ``"random_genotype"``, independent of the data: the paper's searched-vs-random comparison
+    is the grid ``algorithm.fixed_genotype = ["", "random"]``).
     """
 
     nodes: int = 4
@@ -133,11 +140,14 @@ class Config:
               "retrain_lr": _v.Float(0.0, low_open=True),
               "retrain_channels": _v.Int(0, _v.WIDTH_MAX), "retrain_cells": _v.Int(0, 1024),
               "clip_retrain": _v.Float(0.0, low_open=True), "noise_retrain": _v.Float(0.0),
-              "fixed_genotype": _v.Text("a genotype JSON string or \"\"")}
+              "fixed_genotype": _v.Text("a genotype JSON string, \"random\" or \"\"")}
 
     def __post_init__(self):
         validation.check_config(self, "algorithm")
-        if self.fixed_genotype:
+        if self.fixed_genotype == RANDOM_GENOTYPE:
+            if self.retrain_epochs < 1:
+                raise ValueError("algorithm.retrain_epochs must be >= 1 with a fixed_genotype")
+        elif self.fixed_genotype:
             try:
                 g = darts.Genotype.from_json(self.fixed_genotype)
             except (ValueError, KeyError, TypeError) as e:
@@ -260,6 +270,7 @@ class Context:
     timings: dict                          # host bookkeeping: cumulative seconds per phase
     retrain: dict                          # lazily built: model, fns, genotype
     compiled: set = dataclasses.field(default_factory=set)   # phases whose call is compiled
+    fixed: darts.Genotype | None = None    # the genotype retrained without search, if any
 
 
 _COMPILED: dict = {}
@@ -315,7 +326,8 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     timings = {"search": 0.0, "retrain": 0.0, "compile_search": 0.0, "compile_retrain": 0.0}
     ctx = Context(config=config, model=net, search_data=search_data, retrain_data=retrain_data,
                   search_fns=fns, search_iterations=iters, retrain_iterations=retrain_iters,
-                  runtime=runtime, timings=timings, retrain={})
+                  runtime=runtime, timings=timings, retrain={},
+                  fixed=fixed_genotype(key, config))
     return api.State(step=0, values={"search": state}, context=ctx)
 
 
@@ -368,10 +380,22 @@ def _iterate(progress, name: str, count: int, fn, value, k_epoch, data, records:
     return value
 
 
+def fixed_genotype(key: jax.Array, config: Config) -> darts.Genotype | None:
+    """The genotype retrained without search: ``config.fixed_genotype`` parsed, a random one of
+    ``config.nodes`` nodes over ``config.primitives`` drawn from ``rng.stream(key,
+    "random_genotype")`` for :data:`RANDOM_GENOTYPE`, or None (search)."""
+    if config.fixed_genotype == RANDOM_GENOTYPE:
+        return darts.random_genotype(rng.numpy_rng(rng.stream(key, "random_genotype")),
+                                     config.nodes, config.primitives)
+    if config.fixed_genotype:
+        return darts.Genotype.from_json(config.fixed_genotype)
+    return None
+
+
 def genotype(state: api.State) -> darts.Genotype:
     """The genotype derived from the current global alpha (DARTS rule), or the fixed one."""
-    if state.context.config.fixed_genotype:
-        return darts.Genotype.from_json(state.context.config.fixed_genotype)
+    if state.context.fixed is not None:
+        return state.context.fixed
     return darts.derive_genotype(state.values["search"].alpha, state.context.config.space)
 
 
