@@ -46,7 +46,7 @@ from fedjax_dp.privacy import mechanisms
 Params = Any
 
 __all__ = ["RowPlan", "poisson_weights", "fixed_size_weights", "clip_to_norm", "clip_rows",
-           "clipped_sum", "masked_clipped_sum", "selected_rows", "add_noise", "release",
+           "weighted_clipped_sum", "clipped_sum", "masked_clipped_sum", "selected_rows", "add_noise", "release",
            "gradient_fn", "private_gradient", "poisson_event", "fixed_size_event"]
 
 
@@ -124,8 +124,10 @@ def clip_rows(rows: Params, clip) -> tuple[Params, jax.Array]:
                         rows), norms
 
 
-def _weighted_clipped_sum(values: Params, weights: jax.Array, clip):
-    """``(sum_b w_b v_b min(1, C / ||v_b||), norms [B])`` for the rows of one pass."""
+def weighted_clipped_sum(values: Params, weights: jax.Array, clip) -> tuple[Params, jax.Array]:
+    """``(sum_b w_b v_b min(1, C / ||v_b||_2), norms [B])`` for rows ``values`` (a pytree with
+    leading axis B; global L2 norm per row) and weights ``w [B]``: the clipped sum (1) of rows
+    already computed (one pass of :func:`clipped_sum`)."""
     norms = jax.vmap(optax.tree.norm)(values)                                   # [B]
     scale = weights * jnp.minimum(1.0, clip / jnp.maximum(norms, 1e-12))        # [B]
     total = jax.tree.map(lambda g: jnp.tensordot(scale.astype(g.dtype), g, axes=(0, 0)), values)
@@ -144,7 +146,7 @@ def masked_clipped_sum(per_example_fn: Callable, data: Sequence[jax.Array], weig
     n; ``weights [n]``. Returns ``(S, {"count", "clipped", "aux"})`` with ``clipped`` the number
     of selected rows whose norm exceeds ``clip`` and ``aux = sum_j b_j aux_j``."""
     values, aux = jax.vmap(per_example_fn)(*data)
-    total, norms = _weighted_clipped_sum(values, weights, clip)
+    total, norms = weighted_clipped_sum(values, weights, clip)
     return total, _stats(jnp.sum(weights > 0), jnp.sum(weights * (norms > clip)),
                          jnp.sum(weights * aux))
 
@@ -207,7 +209,7 @@ def clipped_sum(per_example_fn: Callable, data: Sequence[jax.Array], weights: ja
     def per_pass(carry, rows, w):
         total, aux_sum, clipped = carry
         values, aux = jax.vmap(per_example_fn)(*[jnp.take(a, rows, axis=0) for a in data])
-        part, norms = _weighted_clipped_sum(values, w, clip)
+        part, norms = weighted_clipped_sum(values, w, clip)
         return (jax.tree.map(jnp.add, total, part), aux_sum + jnp.sum(w * aux),
                 clipped + jnp.sum(w * (norms > clip)))
 

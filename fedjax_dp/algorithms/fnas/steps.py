@@ -49,11 +49,10 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax.flatten_util import ravel_pytree
 
 from fedjax_dp.core import for_each_agent
 from fedjax_dp.models.darts import SearchModel
-from fedjax_dp.privacy import mechanisms
+from fedjax_dp.train import private_grad as pg
 
 Params = Any
 
@@ -122,21 +121,12 @@ def cross_entropy(logits: jax.Array, y: jax.Array) -> jax.Array:
     return -jax.nn.log_softmax(logits)[y]
 
 
-def clip_and_sum(per_example: Params, weights: jax.Array, clip: float) -> tuple[Params, jax.Array]:
-    """``sum_b w_b v_b min(1, clip / ||v_b||)`` with the global L2 norm over the whole pytree.
-
-    ``per_example``: pytree with leading axis B; ``weights [B]`` (0/1 sampled mask). Each term has
-    norm <= clip, so adding or removing one record changes the sum by at most ``clip`` in L2.
-    Returns (sum, norms [B]).
-    """
-    norms = jax.vmap(optax.tree.norm)(per_example)                              # [B]
-    scale = weights * jnp.minimum(1.0, clip / jnp.maximum(norms, 1e-12))        # [B]
-    total = jax.tree.map(lambda g: jnp.tensordot(scale.astype(g.dtype), g, axes=(0, 0)),
-                         per_example)
-    return total, norms
+#: ``(sum_b w_b v_b min(1, clip / ||v_b||), norms [B])`` with the global L2 norm over the whole
+#: pytree (:func:`fedjax_dp.train.private_grad.weighted_clipped_sum`).
+clip_and_sum = pg.weighted_clipped_sum
 
 
-#: Rows per chunk of the per-example loop in :func:`noisy_mean`.
+#: Rows per pass of the sampled-rows loop in :func:`noisy_mean`.
 CHUNK = 8
 
 
@@ -146,55 +136,32 @@ def noisy_mean(key: jax.Array, per_example_fn: Callable, x: jax.Array, y: jax.Ar
     """The Gaussian mechanism of one party on one split (Algorithm 1, "Gaussian mechanism").
 
     Unit: one record of this split; relation: add/remove one record. Poisson sampling with
-    ``rate`` (a mask: ``bernoulli(rate) & mask``); ``per_example_fn(x_i, y_i) -> (pytree, loss)``;
+    ``rate`` (``bernoulli(rate) & mask``); ``per_example_fn(x_i, y_i) -> (pytree, loss)``;
     each pytree clipped to ``mech.clip`` (global L2 norm), summed: sensitivity ``mech.clip``;
     plus ``N(0, (mech.noise * mech.clip)^2)`` per coordinate; divided by the FIXED expected
     batch ``denom`` (the realised batch size is not released). Event:
     ``PoissonSampled(rate, Gaussian(mech.noise))``. Non-private: no clipping, no noise.
 
-    Only sampled rows are computed: they are moved to the front (stable order) and processed
-    ``chunk`` rows at a time by a ``while_loop`` that stops after the last sampled row; under
-    ``vmap`` over parties the loop runs to the largest party's sample. The result equals the
-    masked sum over all rows (cost ~ the sample, not the party's data).
+    The private-gradient primitive (:mod:`fedjax_dp.train.private_grad`): only sampled rows are
+    computed, ``chunk`` rows per pass (``RowPlan(first=0, step=chunk)``) until the last sampled
+    row; under ``vmap`` over parties the loop runs to the largest party's sample. The result
+    equals the masked sum over all rows (cost ~ the sample, not the party's data).
 
     Returns (noisy mean pytree, metrics dict of scalars).
     """
     k_sample, k_noise = jax.random.split(key)
-    sampled = jax.random.bernoulli(k_sample, rate, mask.shape) & mask            # [n]
-    order = jnp.argsort(~sampled, stable=True)                                  # sampled first
-    n = mask.shape[0]
-    n_pad = -(-n // chunk) * chunk
-    pad = [(0, n_pad - n)]
-    xs = jnp.pad(x[order], pad + [(0, 0)] * (x.ndim - 1))
-    ys = jnp.pad(y[order], pad)
-    ws = jnp.pad(sampled[order].astype(jnp.float32), pad)
-    count = jnp.sum(sampled)
+    weights = pg.poisson_weights(k_sample, mask, rate)                           # [n]
     clip = mech.clip if mech.private else jnp.inf
-    shapes = jax.eval_shape(per_example_fn, x[0], y[0])[0]
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-    def body(carry):
-        j, total, loss, clipped = carry
-        rows = jax.lax.dynamic_slice_in_dim
-        xc, yc, wc = (rows(xs, j * chunk, chunk), rows(ys, j * chunk, chunk),
-                      rows(ws, j * chunk, chunk))
-        values, losses = jax.vmap(per_example_fn)(xc, yc)                       # [c, ...], [c]
-        part, norms = clip_and_sum(values, wc, clip)
-        return (j + 1, jax.tree.map(jnp.add, total, part), loss + jnp.sum(wc * losses),
-                clipped + jnp.sum(wc * (norms > clip)))
-
-    init = (jnp.zeros((), jnp.int32), zeros, jnp.zeros(()), jnp.zeros(()))
-    _, total, loss, clipped = jax.lax.while_loop(lambda c: c[0] * chunk < count, body, init)
-    if mech.private and mech.noise > 0:
-        # one draw for the whole pytree (one random-bits kernel instead of one per leaf: the
-        # per-leaf draws dominated compile time); i.i.d. N(0, (noise clip)^2) per coordinate
-        flat, unravel = ravel_pytree(total)
-        total = unravel(flat + mechanisms.gaussian_noise(k_noise, flat.shape,
-                                                         mech.noise * mech.clip))
-    batch = jnp.maximum(count.astype(jnp.float32), 1.0)
-    metrics = {"loss": loss / batch, "clipped": clipped / batch,
-               "batch": count.astype(jnp.float32)}
-    return jax.tree.map(lambda t: t / denom, total), metrics
+    total, stats = pg.clipped_sum(per_example_fn, (x, y), weights, clip,
+                                  pg.RowPlan(first=0, step=chunk))
+    # one flat draw for the whole pytree (one random-bits kernel instead of one per leaf: the
+    # per-leaf draws dominated compile time); i.i.d. N(0, (noise clip)^2) per coordinate
+    out = pg.release(k_noise, total, mech.noise * mech.clip, denom,
+                     noise=mech.private and mech.noise > 0)
+    batch = jnp.maximum(stats["count"], 1.0)
+    metrics = {"loss": stats["aux"] / batch, "clipped": stats["clipped"] / batch,
+               "batch": stats["count"]}
+    return out, metrics
 
 
 def _tree_mean0(tree):
