@@ -1,12 +1,10 @@
 """The algorithm protocol (fedjax_dp.algorithms.api) over every registered algorithm, on one tiny
 problem: init / step x num_steps / ledger / output work, api.run equals stepping by hand, State.values
-is a pytree of arrays, the same key gives the same run and another key another one. And the port:
-the protocol path gives the same labels / params / epsilon as the pre-protocol code, restored from
-git into a private package and run in this process with the same key."""
-import ast
-import importlib
-import subprocess
-import sys
+is a pytree of arrays, the same key gives the same run and another key another one; every optional
+hook is declared with its default and resolved by api.hooks. And the one-shot methods' numbers
+(queries, labels, votes, student, epsilons) are pinned: the values the pre-protocol code gave
+(they were checked against it in this process until the pins replaced that check)."""
+import types
 from pathlib import Path
 
 import jax
@@ -26,9 +24,6 @@ from fedjax_dp.models import make_model
 from fedjax_dp.privacy import PrivacyLedger
 from fedjax_dp.train import LocalTrainConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-#: main before the port (the pre-protocol dp_fedsgd / ae_dpfl / knn_dpfl / fedkt)
-LEGACY_COMMIT = "a5914e02f1f6555d5ee47464f2474f4f2d74b495"
 C, D = 3, 6
 DELTA = 1e-5
 LOCAL = LocalTrainConfig(steps=2, batch_size=4, learning_rate=0.2)
@@ -198,115 +193,148 @@ def test_phase_metrics_report_vote_diagnostics(problem):
     assert {"final_s", "z", "num_server_queries", "server_label_accuracy"} <= set(record)
 
 
-# ----------------------------------------------------------------------------- the port
+# ----------------------------------------------------------------------------- optional hooks
 
-#: where the port moved modules of the pre-protocol package
-MOVED = {"knn_search": "fedjax_dp.ops.knn_search", "voting": "fedjax_dp.privacy.vote"}
-
-
-def _code(text: str) -> str:
-    """The code of a module without its docstrings and comments (an AST dump)."""
-    tree = ast.parse(text)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree)
-
-
-@pytest.fixture(scope="module")
-def legacy(tmp_path_factory):
-    """The pre-protocol ``fedjax_dp.algorithms`` package, restored from git as
-    ``legacy_algorithms``. A module whose code the port left unchanged (docstrings and
-    comments aside) is the current one, so compiled functions are shared."""
-    def git(*args):
-        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
-    if git("cat-file", "-e", f"{LEGACY_COMMIT}^{{commit}}").returncode != 0:
-        pytest.skip(f"commit {LEGACY_COMMIT} (the pre-protocol code) is not in this checkout")
-    files = git("ls-tree", "--name-only", LEGACY_COMMIT, "fedjax_dp/algorithms/").stdout.split()
-    pkg = tmp_path_factory.mktemp("legacy") / "legacy_algorithms"
-    pkg.mkdir()
-    restored = []
-    for path in files:
-        name = Path(path).stem
-        text = git("show", f"{LEGACY_COMMIT}:{path}").stdout
-        current = None
-        if name in MOVED or (name != "__init__" and (ROOT / path).exists()):
-            current = importlib.import_module(MOVED.get(name, f"fedjax_dp.algorithms.{name}"))
-        if current is not None and _code(Path(current.__file__).read_text()) == _code(text):
-            sys.modules[f"legacy_algorithms.{name}"] = current         # unchanged code
-        else:
-            restored.append(name)
-            (pkg / f"{name}.py").write_text(text.replace("fedjax_dp.algorithms",
-                                                         "legacy_algorithms"))
-    assert {"dp_fedsgd", "ae_dpfl", "knn_dpfl", "fedkt"} <= set(restored)
-    sys.path.insert(0, str(pkg.parent))
-    try:
-        return {n: importlib.import_module(f"legacy_algorithms.{n}")
-                for n in ("dp_fedsgd", "ae_dpfl", "knn_dpfl", "fedkt")}
-    finally:
-        sys.path.remove(str(pkg.parent))
+def test_every_optional_hook_is_declared_with_its_default():
+    declared = api.Algorithm.__dict__
+    for name in api.OPTIONAL_HOOKS:
+        assert name in declared, f"api.Algorithm does not declare {name}"
+    bare = types.SimpleNamespace(num_steps=lambda config: 3, ledger=lambda config, state: "L")
+    h = api.hooks(bare)
+    assert (h.PHASES, h.private, h.seed_dependent_ledger) == ((), True, False)
+    assert h.seed_step is None and h.seeds_stepper is None and not h.can_vmap_seeds
+    assert h.prefetch(None, None) is None
+    assert h.artifacts(None, None, {}) == {}
+    assert h.step_label(None, 2) == "round 2/3"
+    assert h.planned_ledger(None, "state", None)("config") == "L"
+    assert api.hooks(types.SimpleNamespace(num_steps=lambda c: 2, PHASES=("a", "b"))
+                     ).step_label(None, 2) == "phase 2/2 b"
 
 
-def _legacy_config(old_module, config):
-    """The legacy Config with the same values; fields added since (e.g. ``aggregation``, the
-    ``secagg_*`` options, fedkt's ``party_chunk``) must be at their defaults, which reproduce the legacy behaviour."""
-    import dataclasses
-    known = {f.name for f in dataclasses.fields(old_module.Config)}
-    for f in dataclasses.fields(config):
-        if f.name not in known:
-            assert getattr(config, f.name) == f.default, f"{f.name} is not at its default"
-    return old_module.Config(**{f.name: getattr(config, f.name)
-                                for f in dataclasses.fields(config) if f.name in known})
+@pytest.mark.parametrize("hook, value", [("PHASES", ["a"]), ("private", 1),
+                                         ("seed_dependent_ledger", "yes"), ("prefetch", 3)])
+def test_a_hook_of_the_wrong_kind_is_named(hook, value):
+    with pytest.raises(ValueError, match=f"algorithm.{hook}"):
+        api.hooks(types.SimpleNamespace(**{hook: value}))
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_every_registered_algorithm_resolves_its_hooks(name):
+    module = registry.get(name)
+    h = api.hooks(module)
+    assert len(h.PHASES) in (0, module.num_steps(TINY[name]))
+    assert api.can_vmap_seeds(module) == h.can_vmap_seeds
+    assert h.private == (name not in ("fedavg", "mb_sgd", "local_sgd"))
+
+
+def test_no_algorithm_is_special_cased_in_the_experiment_layer():
+    # the runner, sweeps and calibration drive every algorithm through the protocol's hooks;
+    # only the registry imports algorithm modules (the CLI's ``account`` subcommands name the
+    # mechanisms they account)
+    layer = Path(api.__file__).parents[1] / "experiments"
+    modules = {m.__name__.rsplit(".", 1)[-1] for m in registry.ALGORITHMS.values()
+               if isinstance(m, types.ModuleType)}
+    for path in sorted(layer.glob("*.py")):
+        if path.name in ("registry.py", "cli.py"):
+            continue
+        code = path.read_text()
+        for n in set(registry.ALGORITHMS) | modules:
+            for pattern in (f'== "{n}"', f'!= "{n}"', f" is {n}", f"import {n}",
+                            f"{n}.", f'"{n}")'):
+                assert pattern not in code, (path.name, pattern)
+
+
+# ----------------------------------------------------------------------------- pinned values
+
+#: The voting methods' and FedKT's runs of TINY on the tiny problem (key 0), as the pre-protocol
+#: code gave them (computed at commit 0eaad72, whose code gave the same values as the
+#: pre-protocol package a5914e0 restored from git; DP-FedSGD's streams changed on purpose
+#: since, and tests/test_dp_fedsgd.py checks it against loops). Integer arrays are digit strings
+#: (flattened, row-major); floats to 7 decimals.
+PINNED = {
+    "ae_dpfl": dict(
+        query_indices=[3, 5, 9, 10, 11, 12, 17, 18],
+        labels="22001122",
+        clean_vote_sums_x2="224224620422440422224224",     # [8, C], times 2 (kNN halves)
+        predictions="1010012021",
+        params=[[-0.0987393, -0.0446397, 0.143379],
+                [[-0.1055364, -0.1352356, -0.2689669], [-0.1461987, -0.3254814, 0.3005126],
+                 [0.3243282, -0.4384697, 0.2443969], [0.2645566, 0.042804, 0.0715553],
+                 [-0.0086282, -0.4565646, -0.4991005], [0.1954738, -0.5088493, -0.1075021]]],
+        epsilons=[16.54877176385223, 25.973809534101004, 16.55359753163139, 26.126631103850336]),
+    "knn_dpfl": dict(
+        query_indices=[3, 5, 9, 10, 11, 12, 17, 18],
+        labels="22010220",
+        clean_vote_sums_x2="206107800170620116323422",     # [8, C], times 2 (kNN halves)
+        predictions="0010012021",
+        params=[[-0.0032301, -0.1407809, 0.144011],
+                [[-0.3209622, 0.0810568, -0.2698336], [-0.186941, -0.2841456, 0.2999191],
+                 [0.3592202, -0.4738315, 0.2448666], [0.4704222, -0.1645901, 0.0730838],
+                 [-0.3449382, -0.1195755, -0.4997797], [0.0212822, -0.3333763, -0.1087835]]],
+        epsilons=[41.75711504232587, 25.973809534101004, 27.9187487756311, 15.867165102968398]),
+    "fedkt": dict(
+        party_labels=("1110012010101120000101021221011121011222"
+                      "1112222012002110022200021221010220102222"
+                      "1222022020212101222200020220010020101002"
+                      "1010002010000000000111120220101021101222"),     # [4, s, Qp]
+        server_votes="020000042002220004004220020400022002004200020420000202002002",     # [20, C]
+        server_labels="12120221002020000222",
+        server_mask="11111111111111111111",
+        z=[2, 2, 2, 2],
+        predictions="0022010022",
+        final=[[[0.0075754, -0.011602, 0.0040266]],
+               [[[-0.2246742, 0.6775206, -0.731447], [0.344762, 0.5331624, -0.0285348],
+                 [-0.0565983, -0.4921713, 0.1481105], [0.62616, 0.176608, 0.2295083],
+                 [-0.2489998, 0.3847207, -0.6675792], [-0.3751768, 0.4039767, 0.0555053]]]],
+        epsilons=[[41.04667957529787, 41.04667957529787], [39.313795073229144, 39.313795073229144]]),
+}
 
 
 def _epsilons(ledger, units):
     return [ledger.epsilon(u, DELTA) for u in units]
 
 
-# DP-FedSGD is no longer compared with its pre-protocol code: its rounds now sample the cohort on
-# the host and key agent i by fold_in(k_train, i) (the gathered cohort round shared with FedAvg),
-# a deliberate change of the random streams; tests/test_dp_fedsgd.py checks it against loops.
+def _digits(a) -> str:
+    return "".join(str(int(v)) for v in np.asarray(a).ravel())
+
+
+def _assert_params(tree, pinned):
+    leaves = _leaves(tree)
+    assert len(leaves) == len(pinned)
+    for leaf, want in zip(leaves, pinned):
+        np.testing.assert_allclose(np.asarray(leaf), np.asarray(want), rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("name", ["ae_dpfl", "knn_dpfl"])
-def test_voting_port_gives_the_same_labels_student_and_epsilon(problem, legacy, name):
-    ds, data, model = problem
-    old, cfg = legacy[name], TINY[name]
-    kw = {"chunk_size": None} if name == "ae_dpfl" else {}
-    was = old.run(jax.random.key(0), data.agents, model, _legacy_config(old, cfg),
-                  ds.x_public, **kw)
+def test_voting_gives_the_pinned_queries_labels_student_and_epsilons(problem, name):
+    ds = problem[0]
+    want, cfg = PINNED[name], TINY[name]
     now = _api_run(problem, name).state
-    np.testing.assert_array_equal(now.context.query_indices, was.query_indices)
-    np.testing.assert_array_equal(now.values["labels"], was.labels)
-    np.testing.assert_array_equal(now.values["clean_vote_sums"], was.clean_vote_sums)
-    _assert_trees_equal(now.values["params"], was.params)
-    want = old.privacy_ledger(_legacy_config(old, cfg), data.num_agents, was.clean_vote_sums)
+    assert np.asarray(now.context.query_indices).tolist() == want["query_indices"]
+    assert _digits(now.values["labels"]) == want["labels"]
+    assert _digits(2 * np.asarray(now.values["clean_vote_sums"])) == want["clean_vote_sums_x2"]
+    _assert_params(now.values["params"], want["params"])
+    module = registry.get(name)
+    assert _digits(module.output(now).predict_labels(ds.x_test)) == want["predictions"]
     units = ("agent", "instance", "agent_data_dependent", "instance_data_dependent")
-    assert _epsilons(registry.get(name).ledger(cfg, now), units) == _epsilons(want, units)
+    assert _epsilons(module.ledger(cfg, now), units) == pytest.approx(want["epsilons"], rel=1e-9)
 
 
-def test_fedkt_port_gives_the_same_votes_labels_model_and_epsilons(problem, legacy):
-    ds, data, model = problem
-    old, cfg = legacy["fedkt"], TINY["fedkt"]
-    ocfg = _legacy_config(old, cfg)
-    # the pre-protocol runner's adapter: learners from the experiment's model
-    learners = old.make_learners(ocfg, model=model, feature_shape=(D,), num_classes=C,
-                                 chunk_size=None)
-    was = old.run(jax.random.key(0), data.agents, ds.x_public, ocfg, num_classes=C,
-                  teacher=learners[0], student=learners[1], final=learners[2])
+def test_fedkt_gives_the_pinned_votes_labels_model_and_epsilons(problem):
+    ds = problem[0]
+    want, cfg = PINNED["fedkt"], TINY["fedkt"]
     now = _api_run(problem, "fedkt").state
-    for field in ("teacher_votes", "party_labels", "server_votes", "server_labels",
-                  "server_mask", "z"):
-        np.testing.assert_array_equal(now.values[field], getattr(was, field), err_msg=field)
-    _assert_trees_equal(now.values["final"], was.final)
-    np.testing.assert_array_equal(fedkt.output(now).predict_labels(ds.x_test),
-                                  was.predict(ds.x_test))
-    dd, di = fedkt.ledger(cfg, now)
-    old_dd, old_di = old.privacy_ledgers(ocfg, server_votes=was.server_votes,
-                                         teacher_votes=was.teacher_votes, z=was.z)
-    assert dd.entries == old_dd.entries and di.entries == old_di.entries
-    assert len(dd) > 0
-    assert dd.uncovered and di.uncovered        # the run's z and votes.npz (not in the port)
+    votes = np.asarray(now.values["teacher_votes"])     # one teacher per partition: one-hot
+    assert (votes.sum(-1) == 1).all()
+    assert _digits(votes.argmax(-1)) == _digits(now.values["party_labels"]) == want["party_labels"]
+    for field in ("server_votes", "server_labels", "server_mask", "predictions"):
+        got = (registry.get("fedkt").output(now).predict_labels(ds.x_test) if field == "predictions"
+               else now.values[field])
+        assert _digits(got) == want[field], field
+    assert np.asarray(now.values["z"]).tolist() == want["z"]
+    _assert_params(now.values["final"], want["final"])
+    dd, di = registry.get("fedkt").ledger(cfg, now)
+    assert [lg.units() for lg in (dd, di)] == [["party", "example"]] * 2
+    assert [_epsilons(lg, lg.units()) for lg in (dd, di)] == [
+        pytest.approx(e, rel=1e-9) for e in want["epsilons"]]
+    assert dd.uncovered and di.uncovered        # the run's z and votes.npz

@@ -14,23 +14,11 @@ algorithm is a module (or any object) exposing pure functions over explicit stat
     ledger(config, state) -> PrivacyLedger | tuple[PrivacyLedger, ...]
     output(state) -> Output                      the final model, for evaluation
 
-and, optionally, ``prefetch(state, key)``: called with step t+1's key right after step t is
-dispatched, so an algorithm can prepare the next round's cohort while the current one computes;
-``seed_step(state) -> (fn, data, signature)``: the step as a pure function
-``fn(key, values, data) -> (values, metrics)`` with ``step(state, key)`` equal to
-``fn(key, state.values, data)``, so :func:`run_seeds` runs several seeds as one vmapped compiled
-call (``signature``, hashable, must agree between the seeds' states);
-``seeds_stepper(states) -> batch | None``: for a step with host-side work (a cohort drawn on the
-host, a host loop over chunks of agents), ``batch(states, keys) -> (states, metrics)`` runs step
-t of S seeds together (per-seed host work, then compiled calls vmapped over the seed axis), with
-``batch(states, keys)[s]`` equal to ``step(states[s], keys[s])``; None when these seeds cannot
-share compiled calls (:func:`run_seeds` prefers it to ``seed_step``);
-and ``PHASES: tuple[str, ...]``: a one-shot method names its steps (``num_steps``
-of them); its ``output`` exists only after the last, so the runner evaluates it once, at the end
-(``run.eval_every`` applies to round-based algorithms), and shows progress by phase name;
-``step_label(config, t) -> str``: a round-based method names step t (1-based) for the runner's
-line per step (DP-FNAS: ``search epoch 3/10``). Long steps report their inner work (chunks of
-agents, query blocks, iterations) through ``runtime.progress``.
+and, optionally, the hooks declared with their defaults in :class:`Algorithm` (``PHASES``,
+``private``, ``seed_dependent_ledger``, ``prefetch``, ``seed_step``, ``seeds_stepper``,
+``step_label``, ``artifacts``, ``planned_ledger``); drivers read them only through
+:func:`hooks`, which resolves each once (the algorithm's own or the default). Long steps report
+their inner work (chunks of agents, query blocks, iterations) through ``runtime.progress``.
 
 so that a run can be stepped, checkpointed (``State.values`` is a pytree of arrays) and composed
 from outside. :func:`run` is the driver every algorithm shares; the experiment registry is a map
@@ -46,7 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Protocol, Sequence
+from pathlib import Path
+from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -59,8 +48,8 @@ from fedjax_dp.privacy import PrivacyLedger
 
 Params = Any
 
-__all__ = ["FederatedData", "Runtime", "State", "Output", "Algorithm", "Result", "step_key",
-           "init_key", "run", "run_seeds", "can_vmap_seeds", "ledgers", "share_or_stack",
+__all__ = ["FederatedData", "Runtime", "State", "Output", "Algorithm", "Hooks", "OPTIONAL_HOOKS",
+           "hooks", "Result", "step_key", "init_key", "run", "run_seeds", "can_vmap_seeds", "ledgers", "share_or_stack",
            "stack_seeds", "unstack_seeds"]
 
 
@@ -170,7 +159,14 @@ class Output:
 
 
 class Algorithm(Protocol):
-    """The protocol (structural): modules satisfy it by defining these names."""
+    """The protocol (structural): an algorithm is a module (or any object) defining these names.
+
+    Required: ``Config``, ``DESCRIPTION``, ``USES_LOCAL_TRAIN``, ``init``, ``num_steps``,
+    ``step``, ``ledger``, ``output``. Optional: every name after them (:data:`OPTIONAL_HOOKS`),
+    written here with the default an algorithm that does not define it gets. Drivers (:func:`run`,
+    :func:`run_seeds`, the experiment runner, sweeps, calibration) read the optional hooks only
+    through :func:`hooks`; no algorithm is special-cased by name.
+    """
 
     Config: type
     DESCRIPTION: str
@@ -186,6 +182,129 @@ class Algorithm(Protocol):
     def ledger(self, config: Any, state: State) -> PrivacyLedger | tuple: ...
 
     def output(self, state: State) -> Output: ...
+
+    # ------------------------------------------------------------ optional hooks and defaults
+
+    #: A one-shot method names its steps (``num_steps`` of them): its ``output`` exists only
+    #: after the last, so the runner evaluates it once, at the end (``run.eval_every`` applies to
+    #: round-based algorithms), checks no parameters between phases, writes no checkpoint, and
+    #: shows progress by phase name. Default ``()``: round-based.
+    PHASES: tuple[str, ...] = ()
+
+    #: False for an algorithm that gives no privacy guarantee (FedAvg, MB-SGD, Local SGD): its
+    #: ledger is empty and there is nothing to calibrate. Default True.
+    private: bool = True
+
+    #: True when :meth:`planned_ledger` depends on the run's key (DP-FedSGD replays each seed's
+    #: agent sampling), so a sweep calibrates every seed on its own. Default False: one
+    #: calibration per sweep cell, shared by its seeds.
+    seed_dependent_ledger: bool = False
+
+    #: ``seed_step(state) -> (fn, data, signature)``: the step as a pure function
+    #: ``fn(key, values, data) -> (values, metrics)`` with ``step(state, key)`` equal to
+    #: ``fn(key, state.values, data)``, so :func:`run_seeds` runs several seeds as one vmapped
+    #: compiled call (``signature``, hashable, must agree between the seeds' states).
+    #: Default None: absent.
+    seed_step: Callable[[State], tuple[Callable, Any, Hashable]] | None = None
+
+    #: ``seeds_stepper(states) -> batch | None``: for a step with host-side work (a cohort drawn
+    #: on the host, a host loop over chunks of agents), ``batch(states, keys) -> (states,
+    #: metrics)`` runs step t of S seeds together (per-seed host work, then compiled calls
+    #: vmapped over the seed axis), with ``batch(states, keys)[s]`` equal to
+    #: ``step(states[s], keys[s])``; None when these seeds cannot share compiled calls
+    #: (:func:`run_seeds` prefers it to ``seed_step``). Default None: absent.
+    seeds_stepper: Callable[[list[State]], Callable | None] | None = None
+
+    def prefetch(self, state: State, key: jax.Array) -> None:
+        """Called with step t+1's key right after step t is dispatched, so an algorithm can
+        prepare the next round's cohort while the current one computes. Default: nothing."""
+
+    def step_label(self, config: Any, t: int) -> str:
+        """Step ``t`` (1-based) named for the runner's line per step (DP-FNAS: ``search epoch
+        3/10``). Default: ``phase t/T NAME`` with ``PHASES``, else ``round t/T``
+        (``T = num_steps(config)``)."""
+
+    def artifacts(self, state: State, out_dir: Path | None, run_config: dict) -> dict:
+        """After the last step: writes extra files of the run to ``out_dir`` (None: writes
+        nothing) and returns extra ``result.json`` fields (a field the runner sets wins).
+        Default: writes nothing, returns ``{}``."""
+
+    def planned_ledger(self, config: Any, state: State,
+                       key: jax.Array) -> Callable[[Any], PrivacyLedger | tuple]:
+        """The ledger(s) a run will report, before any training: ``state`` is ``init``'s (of
+        ``config``, the run's data, root ``key``); the function returned maps a config that
+        differs from ``config`` only in a calibrated value (a noise multiplier, ``gamma``) to
+        its ledger(s) (:mod:`fedjax_dp.experiments.calibrate` searches that value with it; the
+        set-up work is done once, here). Raises ``ValueError`` (a line naming the config field)
+        when the config leaves nothing to calibrate. Default: ``lambda c: ledger(c, state)``
+        (a guarantee fixed by the config and the data sizes, not by what training does)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+    """The optional hooks of one algorithm, resolved (its own or :class:`Algorithm`'s default);
+    made by :func:`hooks`. ``seed_step`` / ``seeds_stepper`` stay None when absent."""
+
+    PHASES: tuple[str, ...]
+    private: bool
+    seed_dependent_ledger: bool
+    seed_step: Callable[[State], tuple[Callable, Any, Hashable]] | None
+    seeds_stepper: Callable[[list[State]], Callable | None] | None
+    prefetch: Callable[[State, jax.Array], None]
+    step_label: Callable[[Any, int], str]
+    artifacts: Callable[[State, Path | None, dict], dict]
+    planned_ledger: Callable[[Any, State, jax.Array], Callable[[Any], PrivacyLedger | tuple]]
+
+    @property
+    def can_vmap_seeds(self) -> bool:
+        """Whether the seeds of a run can step together (``seed_step`` or ``seeds_stepper``)."""
+        return self.seed_step is not None or self.seeds_stepper is not None
+
+
+#: The optional names of :class:`Algorithm`, in declaration order.
+OPTIONAL_HOOKS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Hooks))
+_FLAGS = {"private": True, "seed_dependent_ledger": False}
+
+
+def hooks(algorithm: Algorithm) -> Hooks:
+    """Every optional hook of ``algorithm`` (:data:`OPTIONAL_HOOKS`): the one it defines, else
+    :class:`Algorithm`'s default. Raises ``ValueError`` naming a hook of the wrong kind."""
+    own = {name: getattr(algorithm, name) for name in OPTIONAL_HOOKS if hasattr(algorithm, name)}
+    phases = own.get("PHASES", ())
+    if not (isinstance(phases, tuple) and all(isinstance(p, str) for p in phases)):
+        raise ValueError(f"algorithm.PHASES must be a tuple of str, got {phases!r}")
+    flags = {}
+    for name, default in _FLAGS.items():
+        flags[name] = own.get(name, default)
+        if not isinstance(flags[name], bool):
+            raise ValueError(f"algorithm.{name} must be a bool, got {flags[name]!r}")
+    for name in ("seed_step", "seeds_stepper", "prefetch", "step_label", "artifacts",
+                 "planned_ledger"):
+        if own.get(name) is not None and not callable(own[name]):
+            raise ValueError(f"algorithm.{name} must be callable, got {own[name]!r}")
+
+    def step_label(config: Any, t: int) -> str:
+        total = algorithm.num_steps(config)
+        return f"phase {t}/{total} {phases[t - 1]}" if phases else f"round {t}/{total}"
+
+    def planned_ledger(config: Any, state: State, key: jax.Array):
+        return lambda candidate: algorithm.ledger(candidate, state)
+
+    return Hooks(PHASES=phases, **flags,
+                 seed_step=own.get("seed_step"), seeds_stepper=own.get("seeds_stepper"),
+                 prefetch=own.get("prefetch") or _no_prefetch,
+                 step_label=own.get("step_label") or step_label,
+                 artifacts=own.get("artifacts") or _no_artifacts,
+                 planned_ledger=own.get("planned_ledger") or planned_ledger)
+
+
+def _no_prefetch(state: State, key: jax.Array) -> None:
+    """The default ``prefetch``: nothing to prepare."""
+
+
+def _no_artifacts(state: State, out_dir: Path | None, run_config: dict) -> dict:
+    """The default ``artifacts``: no extra files, no extra fields."""
+    return {}
 
 
 def init_key(key: jax.Array) -> jax.Array:
@@ -242,7 +361,7 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
         state = algorithm.init(key, data, model, config, runtime)
     total = algorithm.num_steps(config)
     history: list[dict] = []
-    prefetch = getattr(algorithm, "prefetch", None)
+    prefetch = hooks(algorithm).prefetch
     pending = None                      # (t, state after step t, its metrics on the device)
 
     def finish(t: int, done: State, metrics: dict) -> None:
@@ -255,7 +374,7 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
 
     for t in range(state.step, total):
         state, metrics = algorithm.step(state, step_key(key, t))
-        if prefetch is not None and t + 1 < total:     # overlaps the dispatched step's compute
+        if t + 1 < total:                       # overlaps the dispatched step's compute
             prefetch(state, step_key(key, t + 1))
         if pending is not None:         # step t is dispatched: now wait for step t-1's metrics
             finish(*pending)
@@ -268,8 +387,7 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
 def can_vmap_seeds(algorithm: Algorithm) -> bool:
     """Whether ``algorithm`` can step several seeds together: it exposes its step as a pure
     function (``seed_step``) or a batched step over seeds (``seeds_stepper``)."""
-    return (callable(getattr(algorithm, "seed_step", None))
-            or callable(getattr(algorithm, "seeds_stepper", None)))
+    return hooks(algorithm).can_vmap_seeds
 
 
 def run_seeds(algorithm: Algorithm, keys: Sequence[jax.Array], data: Sequence[FederatedData],
@@ -294,14 +412,15 @@ def run_seeds(algorithm: Algorithm, keys: Sequence[jax.Array], data: Sequence[Fe
         raise ValueError(f"keys and data must have one entry per seed (>= 1), got {len(keys)} "
                          f"keys and {len(data)} data")
     validation.check_int("eval_every", eval_every, minimum=0)
-    if not can_vmap_seeds(algorithm):
+    h = hooks(algorithm)
+    if not h.can_vmap_seeds:
         return None
     start = time.perf_counter()
     states = [algorithm.init(k, d, model, config, runtime) for k, d in zip(keys, data)]
-    if callable(getattr(algorithm, "seeds_stepper", None)):
-        return _run_seeds_batched(algorithm, keys, states, config, evaluate, eval_every, on_step,
-                                  start)
-    parts = [algorithm.seed_step(s) for s in states]
+    if h.seeds_stepper is not None:
+        return _run_seeds_batched(algorithm, h.seeds_stepper, keys, states, config, evaluate,
+                                  eval_every, on_step, start)
+    parts = [h.seed_step(s) for s in states]
     if len({sig for _, _, sig in parts}) != 1:
         return None
     shared, data_axis = share_or_stack([d for _, d, _ in parts])
@@ -339,11 +458,11 @@ def run_seeds(algorithm: Algorithm, keys: Sequence[jax.Array], data: Sequence[Fe
             for s in range(len(states))]
 
 
-def _run_seeds_batched(algorithm, keys, states, config, evaluate, eval_every, on_step,
-                       start) -> list[Result] | None:
+def _run_seeds_batched(algorithm, seeds_stepper, keys, states, config, evaluate, eval_every,
+                       on_step, start) -> list[Result] | None:
     """:func:`run_seeds` through the algorithm's ``seeds_stepper`` (host work per seed, compiled
     calls vmapped over the seeds)."""
-    batch = algorithm.seeds_stepper(states)
+    batch = seeds_stepper(states)
     if batch is None:
         return None
     total = algorithm.num_steps(config)

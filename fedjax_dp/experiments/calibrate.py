@@ -5,13 +5,16 @@
 The headline epsilon is the one :func:`fedjax_dp.experiments.records.headline` reads from a
 finished run (the first data-independent unit of the algorithm's ledger, the first accountant of
 ``privacy.accountants``, at ``privacy.delta``). Before any training it is computed from the
-**planned ledger** of the run (:func:`planned_ledgers`):
+**planned ledger** of the run (:func:`planned_ledgers`), which the algorithm gives through its
+``planned_ledger`` hook (:class:`fedjax_dp.algorithms.api.Algorithm`; an algorithm whose
+``private`` hook is False has nothing to calibrate):
 
-* DP-FedAvg, AE-DPFL, kNN-DPFL, DP-FNAS: the algorithm's own ledger of the initial state (their
-  guarantees are fixed by the config and the data sizes, not by what training does);
+* by default, the algorithm's own ledger of the initial state (DP-FedAvg, AE-DPFL, kNN-DPFL,
+  DP-FNAS: their guarantees are fixed by the config and the data sizes, not by what training
+  does);
 * DP-FedSGD: the instance ledger with each agent's participation replayed from the run's own
-  sampling keys (the same host draws the run makes: ``fedavg.sample_agents`` on step t's key), so
-  the calibrated run's epsilon is the target, not an upper bound;
+  sampling keys (the same host draws the run makes), so the calibrated run's epsilon is the
+  target, not an upper bound (its ``seed_dependent_ledger`` makes a sweep calibrate each seed);
 * FedKT-L1/L2: the data-independent Laplace composition over the run's noisy queries (the
   data-dependent LNMax bound needs the votes and is reported beside it, not calibrated);
 * the ISRL-DP / shuffle-DP family calibrates its own noise per silo to
@@ -30,8 +33,6 @@ from __future__ import annotations
 import copy
 import math
 from typing import Callable
-
-import numpy as np
 
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import records
@@ -63,65 +64,33 @@ def set_key(config: dict, key: str, value) -> dict:
 
 
 class _Planner:
-    """The planned ledger(s) of one config family, with the expensive set-up (data, init) done
-    once and re-used for every value of the key."""
+    """The planned ledger(s) of one config family, with the expensive set-up (data, init, the
+    algorithm's ``planned_ledger`` preparation) done once and re-used for every value of the
+    key."""
 
     def __init__(self, config: dict):
         from fedjax_dp.algorithms import api
-        from fedjax_dp.algorithms.averaging import dp_fedsgd
-        from fedjax_dp.algorithms.fedkt import fedkt
         from fedjax_dp.experiments import runner
         self.config = config
         p = runner.plan(config)
         self.name = config["algorithm"]["name"]
-        self.entry = p.entry
-        if p.entry is fedkt:
-            if p.algorithm_config.level == "L0":
-                raise config_lib.ConfigError("FedKT-L0 adds no noise: nothing to calibrate "
-                                             "(set algorithm.level to L1 or L2)")
-        if getattr(p.entry, "private", True) is False or self.name == "fedavg":
+        hooks = api.hooks(p.entry)
+        if not hooks.private:
             raise config_lib.ConfigError(f"algorithm {self.name!r} gives no privacy guarantee: "
                                          f"nothing to calibrate")
         s = runner.setup(config)
         runtime = api.Runtime(chunk_size=config["run"]["chunk_size"] or None)
-        self.state = p.entry.init(s.key, s.fed, s.model, p.algorithm_config, runtime)
-        self.participation = None
-        if p.entry is dp_fedsgd:
-            from fedjax_dp.algorithms.averaging import fedavg
-            n = s.fed.num_agents
-            part = np.zeros(n, np.int64)
-            sampling = p.algorithm_config.participation
-            for t in range(p.algorithm_config.rounds):
-                k_sample = fedavg.round_keys(api.step_key(s.key, t))[0]
-                part += np.asarray(fedavg.sample_agents(k_sample, n, sampling)).astype(np.int64)
-            self.participation = part
-            self.counts = np.asarray(s.fed.agents.counts)
+        state = p.entry.init(s.key, s.fed, s.model, p.algorithm_config, runtime)
+        try:
+            self._planned = hooks.planned_ledger(p.algorithm_config, state, s.key)
+        except ValueError as e:            # the config leaves nothing to calibrate
+            raise config_lib.ConfigError(str(e)) from None
 
     def ledgers(self, config: dict) -> tuple:
-        from fedjax_dp.algorithms import api
-        from fedjax_dp.algorithms.averaging import dp_fedsgd
-        from fedjax_dp.algorithms.fedkt import fedkt
         from fedjax_dp.experiments import runner
-        cfg = runner.plan(config).algorithm_config
-        if self.entry is dp_fedsgd:
-            return (dp_fedsgd.instance_ledger(cfg, self.counts, self.participation),)
-        if self.entry is fedkt:
-            ctx = self.state.context
-            if cfg.level == "L1":
-                nq = len(ctx.server_queries)
-            else:
-                nq = fedkt.num_noisy_queries("L2", party_queries=len(ctx.party_queries),
-                                             num_partitions=cfg.num_partitions)
-            events = fedkt.data_independent_events(cfg.level, cfg.gamma, nq,
-                                                   num_partitions=cfg.num_partitions,
-                                                   num_teachers=cfg.num_teachers)
-            from fedjax_dp.privacy import PrivacyLedger
-            led = PrivacyLedger()
-            for unit, relation in (("party", fedkt.PARTY_RELATION),
-                                   ("example", fedkt.EXAMPLE_RELATION)):
-                led.add_event(unit, events[unit], relation=relation)
-            return (led,)
-        return api.ledgers(self.entry, cfg, self.state)
+        from fedjax_dp.privacy import PrivacyLedger
+        out = self._planned(runner.plan(config).algorithm_config)
+        return (out,) if isinstance(out, PrivacyLedger) else tuple(out)
 
     def epsilon(self, config: dict, unit: str | None = None) -> float:
         delta = config["privacy"]["delta"]

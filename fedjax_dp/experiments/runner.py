@@ -105,11 +105,13 @@ _resized, _load, load_data = population._resized, population._load, population.l
 partition_indices, hold_out = population.partition_indices, population.hold_out
 
 
-def _jsonable(x):
+def jsonable(x):
+    """``x`` (nested dicts, lists, tuples, numpy / JAX scalars) as strict-JSON values: scalars
+    as Python numbers, tuples as lists, a non-finite float as None."""
     if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
+        return {k: jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
         x = x.item()
     if isinstance(x, float) and not math.isfinite(x):
@@ -192,7 +194,7 @@ def fresh_out(base: str | Path, name: str) -> Path:
 
 def _append_progress(out: Path, record: dict) -> None:
     with open(out / "progress.jsonl", "a") as f:
-        f.write(json.dumps(_jsonable(record)) + "\n")
+        f.write(json.dumps(jsonable(record)) + "\n")
 
 
 def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | None = None,
@@ -219,7 +221,7 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
                     checkpoint_lib.fingerprint(config):
                 raise checkpoint_lib.CheckpointError(
                     f"--resume {str(out)!r} holds a run of a different config")
-        (out / "config.json").write_text(json.dumps(_jsonable(config), indent=2))
+        (out / "config.json").write_text(json.dumps(jsonable(config), indent=2))
         (out / "progress.jsonl").write_text("")
     live = _Live()
     try:
@@ -351,8 +353,8 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
     model, fed, key = s.model, s.fed, s.key
     steps_total = p.entry.num_steps(p.algorithm_config)
     live.total = steps_total
-    phases = getattr(p.entry, "PHASES", None)             # one-shot: the steps are phases
-    label = getattr(p.entry, "step_label", None)          # optional: names a round-based step
+    hooks = api.hooks(p.entry)
+    phases = hooks.PHASES                                 # one-shot: the steps are phases
     name = config["algorithm"]["name"]
     on_nonfinite = config["run"]["on_nonfinite"]
 
@@ -370,7 +372,7 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
         live.state = state
         record_s = clock.lap()
         seconds.append(round(record_s, 6))
-        history_so_far.append(_jsonable(record))
+        history_so_far.append(jsonable(record))
         bad = _non_finite(record, tracking.finite_at(t))
         if bad and live.non_finite is None:
             live.non_finite = {"round": t, "what": bad}
@@ -393,12 +395,7 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
         elif show:
             shown = " ".join(f"{k}={v:.4g}" for k, v in record.items()
                              if k != "round" and isinstance(v, float))
-            if phases:
-                what = f"phase {t}/{steps_total} {phases[t - 1]}"
-            elif label is not None:                          # e.g. DP-FNAS's search / retrain
-                what = label(p.algorithm_config, t)
-            else:
-                what = f"round {t}/{steps_total}"
+            what = hooks.step_label(p.algorithm_config, t)   # e.g. "phase 2/3 vote"
             print(f"[{name}] {what} {shown}", file=sys.stderr, flush=True)
 
     chunk = config["run"]["chunk_size"] or None          # 0 -> all agents at once
@@ -461,8 +458,7 @@ def result_record(p: Plan, config: dict, s: Setup, state: api.State, history: li
     scores = s.evaluate(output)
     test_acc = scores["test_accuracy"]
     ledgers = api.ledgers(p.entry, p.algorithm_config, state)
-    hook = getattr(p.entry, "artifacts", None)     # optional: extra files and result fields
-    extra_fields = (hook(state, out, config) or {}) if hook is not None else {}
+    extra_fields = api.hooks(p.entry).artifacts(state, out, config) or {}   # extra files, fields
     delta = config["privacy"]["delta"]
     from fedjax_dp.privacy.ledger import coverage
     privacy = []
@@ -492,7 +488,7 @@ def result_record(p: Plan, config: dict, s: Setup, state: api.State, history: li
     if timing is not None:
         result["timing"] = timing
     result.update({k: v for k, v in extra_fields.items() if k not in result})
-    result = _jsonable(result)
+    result = jsonable(result)
     if out is not None:
         (out / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
     return result
@@ -513,7 +509,7 @@ def run_seeds(configs: list[dict], *, progress: bool = False) -> list[dict] | No
     p = plan(configs[0])
     if not api.can_vmap_seeds(p.entry):
         return None
-    phases = getattr(p.entry, "PHASES", None)     # one-shot: evaluated once, at the end
+    phases = api.hooks(p.entry).PHASES            # one-shot: evaluated once, at the end
     start = time.perf_counter()
     setups = [setup(c) for c in configs]
     config = configs[0]
@@ -536,7 +532,7 @@ def run_seeds(configs: list[dict], *, progress: bool = False) -> list[dict] | No
     wall = (time.perf_counter() - start) / len(configs)
     results = []
     for c, s, r in zip(configs, setups, done):
-        rec = result_record(p, c, s, r.state, [_jsonable(h) for h in r.history], None, wall)
+        rec = result_record(p, c, s, r.state, [jsonable(h) for h in r.history], None, wall)
         rec["vmapped_seeds"] = len(configs)
         results.append(rec)
     return results

@@ -428,8 +428,12 @@ def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = 
 
 
 def _seed_dependent_calibration(config: dict) -> bool:
-    """DP-FedSGD's planned ledger replays each seed's agent sampling: one calibration per seed."""
-    return config["algorithm"]["name"] == "dp_fedsgd"
+    """Whether the algorithm's planned ledger depends on the run's key (its
+    ``seed_dependent_ledger`` hook, e.g. DP-FedSGD replays each seed's agent sampling): then
+    every seed is calibrated on its own."""
+    from fedjax_dp.algorithms import api
+    from fedjax_dp.experiments import runner
+    return api.hooks(runner.plan(config).entry).seed_dependent_ledger
 
 
 def _write(out: Path, r: Run, config: dict, rid: str, result: dict, calibrated, i: int,
@@ -443,8 +447,8 @@ def _write(out: Path, r: Run, config: dict, rid: str, result: dict, calibrated, 
     rec.update(run_id=rid, sweep=sw.name, base=r.base,
                vmapped_seeds=int(result.get("vmapped_seeds", 1)))
     rec["config"] = config
-    from fedjax_dp.experiments.runner import _jsonable
-    _append(out, _jsonable(rec))
+    from fedjax_dp.experiments.runner import jsonable
+    _append(out, jsonable(rec))
 
 
 def _line(r: Run, result: dict, k: int, total: int, t0: float, unit: str | None) -> str:
