@@ -101,7 +101,7 @@ def plan(config: dict) -> Plan:
 
 
 # the data-building steps live in population.py; their names stay importable from here
-_resized, _load, load_data = population._resized, population._load, population.load_data
+load_data = population.load_data
 partition_indices, hold_out = population.partition_indices, population.hold_out
 
 

@@ -202,13 +202,18 @@ def train_agents(key: jax.Array, params: Params, data: StackedData, model: Model
     check_trainable(data)
     keys = jax.random.split(key, data.num_agents)
     chunk_size = resolve_chunk_size(chunk_size, params, data.num_agents)
-    lifted = _lifted_update(model, config, shared_init, chunk_size, mesh, backend)
+    lifted = lifted_update(model, config, shared_init, chunk_size, mesh, backend)
     return lifted(keys, params, data.x, data.y, data.mask, data.counts)
 
 
 @functools.lru_cache(maxsize=64)
-def _lifted_update(model, config, shared_init, chunk_size, mesh, backend):
-    """Compiled once per (model, config, execution plan) and shared by every caller."""
+def lifted_update(model: Model, config: LocalTrainConfig, shared_init: bool, chunk_size: int | None,
+                  mesh: Any, backend: str) -> Callable:
+    """The local update of every agent, ``(keys [N], params, x, y, mask, counts) -> (stacked
+    params [N, ...], mean loss [N])`` (:func:`make_local_update` lifted over agents by
+    :func:`fedjax_dp.core.for_each_agent`; ``params`` shared when ``shared_init``, else stacked).
+    Compiled once per (model, config, execution plan) and shared by every caller
+    (:func:`train_agents`, FedKT's learners)."""
     update = make_local_update(model, config)
     lifted = for_each_agent(update, (0, None if shared_init else 0, 0, 0, 0, 0),
                             chunk_size=chunk_size, mesh=mesh, backend=backend)
