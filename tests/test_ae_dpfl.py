@@ -18,6 +18,7 @@ from fedjax_dp.experiments import runner
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import accounting, vote
 from fedjax_dp.train import LocalTrainConfig, accuracy, train_agents
+from voting_fixtures import run_voting
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["data.num_agents=10", "train.steps=3", "model.hidden=[8]", "algorithm.num_queries=20",
@@ -33,7 +34,7 @@ def problem():
     cfg = ae_dpfl.Config(sigma=1.0, num_queries=120, student_steps=100,
                          local=LocalTrainConfig(steps=40, batch_size=16, learning_rate=0.2),
                          agent_chunk=3, query_chunk=50)
-    res = ae_dpfl.run(jax.random.key(0), data, model, cfg, ds.x_public, chunk_size=None)
+    res = run_voting(ae_dpfl, jax.random.key(0), data, model, cfg, ds.x_public, chunk_size=None)
     return ds, data, model, cfg, res
 
 
@@ -71,7 +72,7 @@ def test_run_outputs_and_accuracy(problem):
     assert np.mean(res.labels == ds.y_public[res.query_indices]) > 0.8
     assert accuracy(model, res.params, ds.x_test, ds.y_test) > 0.75
     # deterministic given the key; a different key draws different noise / queries
-    again = ae_dpfl.run(jax.random.key(0), data, model, cfg, ds.x_public, chunk_size=None)
+    again = run_voting(ae_dpfl, jax.random.key(0), data, model, cfg, ds.x_public, chunk_size=None)
     np.testing.assert_array_equal(again.labels, res.labels)
 
 
@@ -104,14 +105,14 @@ def test_config_validation():
 def test_bad_inputs_raise_before_work(problem):
     ds, data, model, cfg, res = problem
     with pytest.raises(ValueError, match="num_queries"):
-        ae_dpfl.run(jax.random.key(0), data, model, ae_dpfl.Config(num_queries=151),
-                    ds.x_public)
+        run_voting(ae_dpfl, jax.random.key(0), data, model, ae_dpfl.Config(num_queries=151),
+                   ds.x_public)
     with pytest.raises(ValueError, match="x_public"):
-        ae_dpfl.run(jax.random.key(0), data, model, cfg, ds.x_public[:, :5])
+        run_voting(ae_dpfl, jax.random.key(0), data, model, cfg, ds.x_public[:, :5])
     bad = ds.x_public.copy()
     bad[0, 0] = np.nan
     with pytest.raises(ValueError, match="x_public"):
-        ae_dpfl.run(jax.random.key(0), data, model, cfg, bad)
+        run_voting(ae_dpfl, jax.random.key(0), data, model, cfg, bad)
 
 
 def test_shipped_config_runs_end_to_end_tiny(tmp_path, monkeypatch, capsys):
@@ -208,7 +209,7 @@ def test_abstention_sensitivities_brute_force(problem):
         rest = jax.tree.map(lambda l: np.delete(np.asarray(l), j, axis=0), res.agent_params)
         change = np.linalg.norm(full - sums(rest), axis=-1)
         assert change.max() <= 1.0 + 1e-6
-    # add/remove one record of agent 0: retrain everyone exactly as ae_dpfl.run does
+    # add/remove one record of agent 0: retrain everyone exactly as the run (api.run) does
     key = jax.random.key(0)
     init = jax.vmap(model.init)(rng.split_per_agent(rng.stream(key, "init"), n))
     xs = list(ds.x_train.reshape(8, 60, 6))
@@ -229,7 +230,7 @@ def test_abstention_sensitivities_brute_force(problem):
 def test_abstention_run_and_ledger(problem):
     ds, data, model, cfg, res = problem
     acfg = dataclasses.replace(cfg, abstain_below=0.9)
-    ares = ae_dpfl.run(jax.random.key(0), data, model, acfg, ds.x_public, chunk_size=None)
+    ares = run_voting(ae_dpfl, jax.random.key(0), data, model, acfg, ds.x_public, chunk_size=None)
     np.testing.assert_array_equal(ares.query_indices, res.query_indices)
     votes = ares.clean_vote_sums.sum(1)
     assert votes.max() <= data.num_agents and votes.min() < data.num_agents   # some abstain

@@ -16,6 +16,7 @@ from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import accounting, vote
+from voting_fixtures import run_voting
 
 ROOT = Path(__file__).resolve().parents[1]
 C, D = 3, 4
@@ -197,23 +198,23 @@ def test_run_end_to_end_on_synthetic_beats_chance():
     model = make_model("logistic", (8,), 3)
     cfg = knn_dpfl.Config(k=5, sigma=0.5, num_queries=100, feature_map="identity",
                           student_steps=100, agent_chunk=3, query_chunk=40)
-    res = knn_dpfl.run(jax.random.key(0), data, model, cfg, ds.x_public)
+    res = run_voting(knn_dpfl, jax.random.key(0), data, model, cfg, ds.x_public)
     assert res.labels.shape == (100,) and res.clean_vote_sums.shape == (100, 3)
     assert np.mean(res.labels == ds.y_public[res.query_indices]) > 0.8
     assert accuracy(model, res.params, ds.x_test, ds.y_test) > 0.7
     # the aggregate noise draw: the same queries and clean sums, labels as accurate
-    agg = knn_dpfl.run(jax.random.key(0), data, model,
-                       dataclasses.replace(cfg, vote_noise="aggregate"), ds.x_public)
+    agg = run_voting(knn_dpfl, jax.random.key(0), data, model,
+                     dataclasses.replace(cfg, vote_noise="aggregate"), ds.x_public)
     np.testing.assert_array_equal(agg.query_indices, res.query_indices)
     np.testing.assert_array_equal(agg.clean_vote_sums, res.clean_vote_sums)
     assert np.mean(agg.labels == ds.y_public[agg.query_indices]) > 0.8
     with pytest.raises(ValueError, match="algorithm.vote_noise"):
         knn_dpfl.Config(vote_noise="per_query")
     with pytest.raises(ValueError, match="num_queries"):
-        knn_dpfl.run(jax.random.key(0), data, model,
+        run_voting(knn_dpfl, jax.random.key(0), data, model,
                      knn_dpfl.Config(k=5, num_queries=121), ds.x_public)
     with pytest.raises(ValueError, match="algorithm.k"):
-        knn_dpfl.run(jax.random.key(0), data, model, knn_dpfl.Config(k=51), ds.x_public)
+        run_voting(knn_dpfl, jax.random.key(0), data, model, knn_dpfl.Config(k=51), ds.x_public)
 
 
 def test_shipped_config_runs_end_to_end_tiny(tmp_path):

@@ -17,6 +17,7 @@ from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import vote as vote_lib
 from fedjax_dp.train import LocalTrainConfig
+from voting_fixtures import run_voting
 
 N, M, D, C, Q = 7, 6, 4, 3, 6
 DELTA = 1e-5
@@ -117,8 +118,8 @@ def test_memory_mapped_population_end_to_end(problem, tmp_path):
     save_stacked(tmp_path / "agents", host)
     mapped = load_stacked(tmp_path / "agents", mmap=True)
     assert isinstance(mapped.x, np.memmap)
-    res = ae_dpfl.run(jax.random.key(3), mapped, model, dataclasses.replace(AE, agent_chunk=3),
-                      x_public, chunk_size=None)
+    res = run_voting(ae_dpfl, jax.random.key(3), mapped, model,
+                     dataclasses.replace(AE, agent_chunk=3), x_public, chunk_size=None)
     ref = _run(problem, ae_dpfl, AE, "device", None)
     np.testing.assert_array_equal(res.labels, ref.state.values["labels"])
     np.testing.assert_array_equal(res.clean_vote_sums, ref.state.values["clean_vote_sums"])

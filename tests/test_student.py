@@ -13,6 +13,7 @@ from fedjax_dp.core import from_ragged, rng
 from fedjax_dp.data import synthetic
 from fedjax_dp.models import make_model
 from fedjax_dp.train import LocalTrainConfig, accuracy
+from voting_fixtures import run_voting
 
 DELTA = 1e-5
 
@@ -57,8 +58,8 @@ def test_self_training_is_post_processing(problem, algorithm):
     assert ssl.semi_supervised == student_lib.SelfTraining(rounds=2, confidence=0.5)
     key = jax.random.key(3)
     kw = {"chunk_size": None} if algorithm == "ae" else {}
-    r0 = mod.run(key, data, model, base, ds.x_public, **kw)
-    r1 = mod.run(key, data, model, ssl, ds.x_public, **kw)
+    r0 = run_voting(mod, key, data, model, base, ds.x_public, **kw)
+    r1 = run_voting(mod, key, data, model, ssl, ds.x_public, **kw)
     np.testing.assert_array_equal(r0.query_indices, r1.query_indices)
     np.testing.assert_array_equal(r0.labels, r1.labels)
     np.testing.assert_array_equal(r0.clean_vote_sums, r1.clean_vote_sums)

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl, voting_seeds
+from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl, voting_dpfl
 from fedjax_dp.algorithms import api
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
@@ -86,7 +86,7 @@ def test_plan_shares_equal_agents_and_refuses_other_shapes():
     runtime = api.Runtime(chunk_size=None)
     init = [knn_dpfl.init(k, s0.fed, s0.model, plan.algorithm_config, runtime)
             for k in (jax.random.key(0), jax.random.key(1))]
-    p = voting_seeds.plan(init)
+    p = voting_dpfl.seed_plan(init)
     assert p is not None and p.agents_axis is None
     small = runner.setup(dict(config_lib.load(KNN, KNN_SETS + ["data.num_agents=8"]), seed=1))
     other = knn_dpfl.init(jax.random.key(1), small.fed, small.model, plan.algorithm_config,
@@ -109,7 +109,6 @@ def test_seeds_noise_is_independent():
     key's noise shares (bitwise), with the total std sigma, and the seeds' noise is
     uncorrelated (the seed axis carries distinct vote keys, never one broadcast key)."""
     import jax.numpy as jnp
-    from fedjax_dp.algorithms.voting import voting_dpfl
     from fedjax_dp.core import rng
     keys = [rng.stream(rng.stream(rng.as_key(s), "algorithm"), "vote") for s in (0, 1, 2)]
     num, n, q, c = 3, 10, 1000, 10
@@ -117,7 +116,8 @@ def test_seeds_noise_is_independent():
     ids, valid, std = jnp.arange(n), jnp.ones(n, bool), jnp.float32(1 / np.sqrt(n))
     zero = voting_dpfl.tally_init(q, c)
     tally = jax.tree.map(lambda l: jnp.broadcast_to(l, (num,) + l.shape), zero)
-    out = voting_seeds._tally_add_fn(c, True)(tally, jnp.stack(keys), ballots, ids, valid, std)
+    add = voting_dpfl.tally_fns(c, True, "per_agent", batched=True)[0]
+    out = add(tally, jnp.stack(keys), ballots, ids, valid, std)
     noise = np.asarray(out.noise).reshape(num, -1)
     for s in range(num):
         alone = voting_dpfl.tally_add(zero, keys[s], ballots[s], ids, valid, std, num_classes=c,

@@ -13,12 +13,16 @@ over agents leave a chunk. :func:`chunks` cuts the agent axis into chunks of ``s
 Every chunk has the same shape ``[size, ...]`` (the last one is padded with empty agents and a
 ``valid`` mask), so a vmapped per-chunk function compiles once. Peak memory is one or two chunks,
 not N. The Python loop is over chunks, never over agents.
+
+:func:`chunks` is the package's one chunker: it takes any pytree whose leaves share the agent
+axis (a :class:`~fedjax_dp.core.StackedData`, stored ballots, teachers' votes, arrays with a
+leading seed axis ``[S, N, ...]`` via ``axis = 1``) and a padding value ``fill``.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-from typing import Iterator
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +44,7 @@ class Chunk:
     index: int                 # chunk number
     start: int                 # global index of the first agent
     num_real: int              # real agents in the chunk (the rest is padding)
-    agents: StackedData        # [size, ...] device arrays; padded agents have no records
+    agents: Any                # the chunked tree, [size, ...] on the agent axis, on the device
     valid: jax.Array           # [size] bool, True for real agents
     extra: tuple = ()          # per-agent host arrays sliced alongside (e.g. keys), padded
 
@@ -76,49 +80,60 @@ def check_agents(data: StackedData, *, min_records: int = 1, what: str = "to vot
                                  f"{min(n, start + step) - 1}); features must be finite")
 
 
-def _pad_host(a: np.ndarray, size: int) -> np.ndarray:
-    a = np.asarray(a)
-    if len(a) == size:
-        return a
-    return np.concatenate([a, np.zeros((size - len(a),) + a.shape[1:], a.dtype)])
+def _rows(a, start: int, stop: int, size: int, axis: int, fill) -> jax.Array:
+    """Rows ``[start, stop)`` of ``a`` along ``axis``, padded with ``fill`` to ``size`` rows, on
+    the device (a host array is read only in these rows, then copied)."""
+    index = (slice(None),) * axis + (slice(start, stop),)
+    host = isinstance(a, np.ndarray)
+    xp = np if host else jnp
+    part = xp.asarray(a[index])
+    if stop - start < size:
+        shape = list(part.shape)
+        shape[axis] = size - (stop - start)
+        part = xp.concatenate([part, xp.full(shape, fill, part.dtype)], axis=axis)
+    return jax.device_put(part) if host else part
 
 
-def _pad_device(a: jax.Array, size: int) -> jax.Array:
-    if a.shape[0] == size:
-        return a
-    return jnp.concatenate([a, jnp.zeros((size - a.shape[0],) + a.shape[1:], a.dtype)])
-
-
-def _make(data: StackedData, index: int, start: int, size: int, extra: tuple) -> Chunk:
-    n = data.num_agents
-    stop = min(n, start + size)
-    host = is_on_host(data)
-    pad = _pad_host if host else _pad_device
-    leaves = [pad(a[start:stop], size) for a in (data.x, data.y, data.mask, data.counts)]
-    if host:
-        leaves = jax.device_put(leaves)
-    ex = tuple(jax.device_put(_pad_host(np.asarray(e[start:stop]), size)) for e in extra)
+def _make(tree, index: int, start: int, size: int, axis: int, fill, extra: tuple,
+          num: int) -> Chunk:
+    stop = min(num, start + size)
+    agents = jax.tree.map(lambda a: _rows(a, start, stop, size, axis, fill), tree)
+    ex = tuple(_rows(np.asarray(e[start:stop]), 0, stop - start, size, 0, 0) for e in extra)
     valid = jnp.arange(size) < (stop - start)
-    return Chunk(index=index, start=start, num_real=stop - start,
-                 agents=StackedData(*leaves), valid=valid, extra=ex)
+    return Chunk(index=index, start=start, num_real=stop - start, agents=agents, valid=valid,
+                 extra=ex)
 
 
-def chunks(data: StackedData, size: int, *, extra: tuple = (), prefetch: bool | None = None
-           ) -> Iterator[Chunk]:
-    """The agents in chunks of ``size`` (see the module); ``extra``: per-agent host arrays
-    (leading axis N) sliced and padded with zeros alongside. With ``prefetch`` and host data the
-    next chunk is prepared in a background thread while the caller works on the current one."""
-    n = data.num_agents
+def chunks(tree, size: int, *, axis: int = 0, fill=0, extra: tuple = (),
+           prefetch: bool | None = None) -> Iterator[Chunk]:
+    """The agents in chunks of ``size`` (see the module): the one chunker of the package.
+
+    ``tree``: a pytree (:class:`StackedData`, a tuple of arrays, ...) of host (numpy or
+    memory-mapped) or device arrays whose axis ``axis`` is the agent axis, of one length N
+    (``axis = 1`` for arrays ``[S, N, ...]`` that carry a leading seed axis). Each chunk's
+    ``agents`` is the tree's rows ``[start, start + size)`` along ``axis``, padded with
+    ``fill`` to ``size`` (a padded :class:`StackedData` agent has no records). ``extra``:
+    per-agent host arrays (leading axis N) sliced and padded with zeros alongside. With
+    ``prefetch`` (default :data:`PREFETCH`) and host leaves, the next chunk is prepared in a
+    background thread while the caller works on the current one."""
+    validation.check_int("size", size, minimum=1)
+    lengths = {int(np.shape(a)[axis]) for a in jax.tree.leaves(tree)}
+    if len(lengths) != 1:
+        raise ValueError(f"chunks: every leaf of tree must have one length on axis {axis} "
+                         f"(the agents), got {sorted(lengths)}")
+    n = lengths.pop()
     starts = range(0, n, size)
     prefetch = PREFETCH if prefetch is None else prefetch
-    if not (prefetch and is_on_host(data)) or len(starts) == 1:
+    host = any(isinstance(a, np.ndarray) for a in jax.tree.leaves(tree))
+    if not (prefetch and host) or len(starts) <= 1:
         for i, s in enumerate(starts):
-            yield _make(data, i, s, size, extra)
+            yield _make(tree, i, s, size, axis, fill, extra, n)
         return
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(_make, data, 0, 0, size, extra)
+        pending = pool.submit(_make, tree, 0, 0, size, axis, fill, extra, n)
         for i in range(len(starts)):
             current = pending.result()
             if i + 1 < len(starts):
-                pending = pool.submit(_make, data, i + 1, starts[i + 1], size, extra)
+                pending = pool.submit(_make, tree, i + 1, starts[i + 1], size, axis, fill,
+                                      extra, n)
             yield current

@@ -38,10 +38,11 @@ three steps, the phases ``local_training`` (values ``agent_ballots [N, Q]`` int8
 class on query t, -1 where it abstains; ``agent_losses [N]``; and ``agent_params [N, ...]`` for
 device-resident agents only), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and
 ``student`` (``params``). Keys: named streams of the run key, as in
-:mod:`fedjax_dp.algorithms.voting.voting_dpfl` (the same key gives the same run as the plain-Python
-:func:`run`, which drives the protocol). ``seeds_stepper``: S seeds together, each phase's chunk
+:mod:`fedjax_dp.algorithms.voting.voting_dpfl` (the same key gives the same run through
+:func:`fedjax_dp.algorithms.api.run`). ``seeds_stepper``: S seeds together, each phase's chunk
 loop run once with the compiled calls vmapped over the seeds
-(:mod:`fedjax_dp.algorithms.voting.voting_seeds`).
+(:func:`fedjax_dp.algorithms.voting.voting_dpfl.seeds_stepper`); a single run is the S = 1 case
+of the same chunk loop with the unbatched calls.
 
 Scale (host-resident agents, :func:`fedjax_dp.core.from_arrays` / ``load_stacked``). The local
 training phase never holds all N agents' models: chunk c of ``agent_chunk`` agents (default
@@ -67,8 +68,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -76,9 +76,9 @@ import numpy as np
 
 from fedjax_dp.core import agent_stream
 from fedjax_dp.algorithms import api
-from fedjax_dp.algorithms.voting import voting_dpfl, voting_seeds
+from fedjax_dp.algorithms.voting import voting_dpfl
 from fedjax_dp.train import student as student_lib
-from fedjax_dp.core import StackedData, auto_chunk_size, for_each_agent, is_on_host, rng
+from fedjax_dp.core import auto_chunk_size, for_each_agent, is_on_host, rng, seed_axis
 from fedjax_dp.core import memory
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model
@@ -154,19 +154,6 @@ def check_abstain_below(name: str, value) -> float | None:
         raise ValueError(f"{name} must be None (never abstain) or a number in (0, 1] (an agent "
                          f"abstains where its max softmax is below it), got {value!r}")
     return float(value)
-
-
-@dataclasses.dataclass
-class Result:
-    params: Params                  # the student (global) model
-    agent_params: Params            # [N, ...] local models (device-resident agents; else None)
-    agent_ballots: np.ndarray       # [N, Q] each agent's voted class per query (-1: abstain)
-    query_indices: np.ndarray       # [Q] indices into the public set
-    labels: np.ndarray              # [Q] released labels
-    clean_vote_sums: np.ndarray | None   # [Q, C] noise-free sums (privacy analysis only)
-    agent_losses: np.ndarray        # [N] mean local training loss
-    wall_time_s: float = 0.0
-    state: api.State | None = None  # the protocol state the run ended in
 
 
 def ballot_fn(model: Model, abstain_below: float | None = None):
@@ -267,7 +254,8 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
         size = agent_stream.resolve_size(cfg.agent_chunk, ctx.data.agents)
         n = len(ballots)
         values, metrics = voting_dpfl.streamed_vote_phase(
-            state, _ballot_blocks(ballots, size), agent_stream.num_chunks(n, size))
+            state, ballot_blocks([ballots], size, batched=False),
+            agent_stream.num_chunks(n, size))
     else:
         values, metrics = voting_dpfl.student_phase(state)
     return voting_dpfl.advance(state, values, phase, metrics)
@@ -287,49 +275,76 @@ def _local_training(state: api.State) -> tuple[dict, dict]:
     N at once), and casts its ballot on the Q queries: the class index of
     ``onehot(argmax f_i(x_t))`` or -1 for the zero ballot (abstention), stored as
     ``agent_ballots [N, Q]`` in :func:`ballot_dtype`. Device-resident agents also keep
-    ``agent_params [N, ...]`` (small populations: for analysis and the sharded vote).
+    ``agent_params [N, ...]`` (small populations: for analysis and the sharded vote). The S = 1
+    case of :func:`_train_and_vote` (the unbatched compiled calls).
     """
-    ctx: voting_dpfl.Context = state.context
-    cfg, model, data = ctx.config, ctx.model, ctx.data.agents
-    n, q = data.num_agents, len(ctx.query_indices)
-    size = agent_stream.resolve_size(cfg.agent_chunk, data)
-    keep_params = not is_on_host(data)
-    kdata = [np.asarray(jax.random.key_data(rng.split_per_agent(ctx.keys[s], n)))
-             for s in ("init", "train")]                                            # [N, 2]
-    impl = jax.random.key_impl(ctx.keys["init"])
-    queries = jnp.asarray(ctx.x_public[ctx.query_indices])                          # [Q, ...]
-    inner = _inner_chunk(ctx.runtime.chunk_size, model, size)
-    train = _train_fn(model, cfg.local, inner)
-    vote = _ballot_index_fn(model, cfg.abstain_below, cfg.query_chunk,
-                            np.dtype(ballot_dtype(model.num_classes)).name)
-    ballots = np.empty((n, q), ballot_dtype(model.num_classes))                     # [N, Q]
-    losses = np.empty((n,), np.float32)                                             # [N]
-    train_drivers, ballot_drivers = _memory_drivers(cfg, ctx.runtime.chunk_size, inner, size,
+    return _train_and_vote([state], None)[0]
+
+
+def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
+                    ) -> list[tuple[dict, dict]]:
+    """:func:`_local_training` of S seeds (``plan``; None: one seed, unbatched calls): one host
+    loop over the chunks, each chunk initialised, trained and made to vote for all seeds in
+    three compiled calls (vmapped over the seeds with a plan; seed s: its own agents' data, its
+    ``split(init, N)`` / ``split(train, N)`` keys and its queries)."""
+    ctxs: list[voting_dpfl.Context] = [st.context for st in states]
+    c0 = ctxs[0]
+    cfg, model = c0.config, c0.model
+    datas = [c.data.agents for c in ctxs]
+    num = len(states)
+    n, q = datas[0].num_agents, len(c0.query_indices)
+    size = agent_stream.resolve_size(cfg.agent_chunk, datas[0])
+    keep_params = not is_on_host(datas[0])
+    extras = [tuple(np.asarray(jax.random.key_data(rng.split_per_agent(c.keys[s], n)))
+                    for s in ("init", "train")) for c in ctxs]                   # [N, 2] each
+    impl = jax.random.key_impl(c0.keys["init"])
+    queries = [jnp.asarray(c.x_public[c.query_indices]) for c in ctxs]           # [Q, ...] each
+    inner = _inner_chunk(c0.runtime.chunk_size, model, size)
+    dtype = ballot_dtype(model.num_classes)
+    train_drivers, ballot_drivers = _memory_drivers(cfg, c0.runtime.chunk_size, inner, size,
                                                     model)
+    if plan is None:
+        init, train = _init_fn(model), _train_fn(model, cfg.local, inner)
+        vote = _ballot_index_fn(model, cfg.abstain_below, cfg.query_chunk, np.dtype(dtype).name)
+        chunks = agent_stream.chunks(datas[0], size, extra=extras[0])
+        queries = queries[0]
+    else:
+        init, train, vote = _seeds_chunk_fns(model, cfg.local, inner, cfg.abstain_below,
+                                             cfg.query_chunk, np.dtype(dtype).name,
+                                             plan.agents_axis)
+        chunks = voting_dpfl.seed_chunks(datas, plan.agents_axis, size, extras=extras)
+        queries = jnp.stack(queries)                                             # [S, Q, ...]
+    ballots = np.empty((num, n, q), dtype)                                        # [S, N, Q]
+    losses = np.empty((num, n), np.float32)                                       # [S, N]
     kept = []
-    total = agent_stream.num_chunks(n, size)
 
     def collect(pending):
         chunk, idx, loss = pending
         stop = chunk.start + chunk.num_real
-        ballots[chunk.start:stop] = np.asarray(idx)[:chunk.num_real]
-        losses[chunk.start:stop] = np.asarray(loss)[:chunk.num_real]
+        idx, loss = np.asarray(idx), np.asarray(loss)
+        if plan is None:
+            idx, loss = idx[None], loss[None]
+        ballots[:, chunk.start:stop] = idx[:, :chunk.num_real]
+        losses[:, chunk.start:stop] = loss[:, :chunk.num_real]
 
     pending = None
-    with ctx.runtime.progress.task("local training", total=total, unit="chunk") as task:
-        for chunk in agent_stream.chunks(data, size, extra=tuple(kdata)):
+    with c0.runtime.progress.task("local training", total=agent_stream.num_chunks(n, size),
+                                  unit="chunk") as task:
+        for chunk in chunks:
             init_keys, train_keys = (jax.random.wrap_key_data(k, impl=impl) for k in chunk.extra)
             a = chunk.agents
-            params0 = _init_fn(model)(init_keys)                                     # [S, ...]
+            params0 = init(init_keys)                                       # [(S,) size, ...]
             args = (train_keys, params0, a.x, a.y, a.mask, a.counts)
-            memory.check_call(train, *args, what=f"local training of a chunk of {size} agents",
-                              drivers=train_drivers)
+            if plan is None:
+                memory.check_call(train, *args, drivers=train_drivers,
+                                  what=f"local training of a chunk of {size} agents")
             params, loss = train(*args)
-            memory.check_call(vote, params, queries, drivers=ballot_drivers,
-                              what=f"the ballots of a chunk of {size} agents on {q} queries")
-            idx = vote(params, queries)                                             # [S, Q]
+            if plan is None:
+                memory.check_call(vote, params, queries, drivers=ballot_drivers,
+                                  what=f"the ballots of a chunk of {size} agents on {q} queries")
+            idx = vote(params, queries)                                     # [(S,) size, Q]
             if keep_params:
-                kept.append(params)
+                kept.append(params if plan is None else seed_axis.unstack_seeds(params, num))
             if pending is not None:          # fetch the previous chunk while this one computes
                 collect(pending)
                 task.update(1)
@@ -337,13 +352,17 @@ def _local_training(state: api.State) -> tuple[dict, dict]:
         if pending is not None:
             collect(pending)
             task.update(1)
-    values = {"agent_ballots": ballots, "agent_losses": losses}
-    if keep_params:
-        values["agent_params"] = (kept[0] if len(kept) == 1 and size == n else jax.tree.map(
-            lambda *ls: jnp.concatenate(ls)[:n], *kept))
-    abstained = float(np.mean(ballots < 0)) if cfg.abstain_below is not None else 0.0
-    return values, {"mean_agent_loss": float(losses.mean()), "abstain_rate": abstained,
-                    "agent_chunk": size}
+    outs = []
+    for s in range(num):
+        values = {"agent_ballots": ballots[s], "agent_losses": losses[s]}
+        if keep_params:
+            mine = kept if plan is None else [p[s] for p in kept]
+            values["agent_params"] = (mine[0] if len(mine) == 1 and size == n else jax.tree.map(
+                lambda *ls: jnp.concatenate(ls)[:n], *mine))
+        abstained = float(np.mean(ballots[s] < 0)) if cfg.abstain_below is not None else 0.0
+        outs.append((values, {"mean_agent_loss": float(losses[s].mean()),
+                              "abstain_rate": abstained, "agent_chunk": size}))
+    return outs
 
 
 def _memory_drivers(cfg: Config, chunk_size, inner: int | None, size: int, model: Model):
@@ -356,17 +375,13 @@ def _memory_drivers(cfg: Config, chunk_size, inner: int | None, size: int, model
                      **memory.model_driver(model)})
 
 
-def _ballot_blocks(ballots: np.ndarray, size: int):
-    """``(ballots [S, Q], agent ids [S], valid [S])`` per chunk of the stored ballots."""
-    n = len(ballots)
-    for start in range(0, n, size):
-        stop = min(n, start + size)
-        block = ballots[start:stop]
-        if stop - start < size:
-            block = np.concatenate([block, np.full((size - (stop - start),) + block.shape[1:],
-                                                   -1, block.dtype)])
-        yield (jax.device_put(block), jnp.arange(start, start + size),
-               jnp.arange(size) < stop - start)
+def ballot_blocks(ballots: Sequence[np.ndarray], size: int, *, batched: bool = True):
+    """``(ballots [(S,) size, Q], agent ids [size], valid [size])`` per chunk of S seeds' stored
+    ballots ``[N, Q]`` each (padding: -1, the zero ballot); ``batched`` False: one seed, no seed
+    axis."""
+    for chunk in agent_stream.chunks(tuple(ballots), size, fill=-1):
+        block = seed_axis.stack_seeds(chunk.agents) if batched else chunk.agents[0]
+        yield block, jnp.arange(chunk.start, chunk.start + size), chunk.valid
 
 
 def _inner_chunk(chunk_size, model: Model, size: int) -> int | None:
@@ -426,11 +441,11 @@ def seeds_stepper(states: list[api.State]):
     """Step S seeds of AE-DPFL together (:func:`fedjax_dp.algorithms.api.run_seeds`): each
     phase loops over the chunks of agents once, and a chunk's local training, ballots, tally and
     release, then the students, are the single-seed compiled calls vmapped over the seeds
-    (:mod:`fedjax_dp.algorithms.voting.voting_seeds`); seed s equals its own run. None where that
-    cannot apply (``runtime.mesh``, secure aggregation, different data shapes)."""
-    return voting_seeds.stepper(states, PHASES, {"local_training": _local_training_seeds,
-                                                 "vote": _vote_seeds,
-                                                 "student": voting_seeds.student_phase})
+    (:func:`voting_dpfl.seeds_stepper`); seed s equals its own run. None where that cannot apply
+    (``runtime.mesh``, secure aggregation, different data shapes)."""
+    return voting_dpfl.seeds_stepper(states, PHASES, {"local_training": _local_training_seeds,
+                                                      "vote": _vote_seeds,
+                                                      "student": voting_dpfl.student_phase_seeds})
 
 
 @functools.lru_cache(maxsize=32)
@@ -447,81 +462,22 @@ def _seeds_chunk_fns(model: Model, local: LocalTrainConfig, inner: int | None,
     return init, train, vote
 
 
-def _local_training_seeds(plan: voting_seeds.Plan, states: list[api.State]
+def _local_training_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]
                           ) -> list[tuple[dict, dict]]:
-    """:func:`_local_training` of S seeds: one host loop over the chunks, each chunk trained and
-    made to vote for all seeds in three vmapped calls (seed s: its own agents' data, its
-    ``split(init, N)`` / ``split(train, N)`` keys and its queries)."""
-    ctxs: list[voting_dpfl.Context] = [st.context for st in states]
-    c0 = ctxs[0]
-    cfg, model = c0.config, c0.model
-    datas = [c.data.agents for c in ctxs]
-    num = len(states)
-    n, q = datas[0].num_agents, len(c0.query_indices)
-    size = agent_stream.resolve_size(cfg.agent_chunk, datas[0])
-    keep_params = not is_on_host(datas[0])
-    extras = [tuple(np.asarray(jax.random.key_data(rng.split_per_agent(c.keys[s], n)))
-                    for s in ("init", "train")) for c in ctxs]                   # [N, 2] each
-    impl = jax.random.key_impl(c0.keys["init"])
-    queries = jnp.stack([jnp.asarray(c.x_public[c.query_indices]) for c in ctxs])  # [S, Q, ...]
-    inner = _inner_chunk(c0.runtime.chunk_size, model, size)
-    dtype = ballot_dtype(model.num_classes)
-    init, train, vote = _seeds_chunk_fns(model, cfg.local, inner, cfg.abstain_below,
-                                         cfg.query_chunk, np.dtype(dtype).name, plan.agents_axis)
-    ballots = np.empty((num, n, q), dtype)                                        # [S, N, Q]
-    losses = np.empty((num, n), np.float32)                                       # [S, N]
-    kept = []
-    total = agent_stream.num_chunks(n, size)
-
-    def collect(pending):
-        chunk, idx, loss = pending
-        stop = chunk.start + chunk.num_real
-        ballots[:, chunk.start:stop] = np.asarray(idx)[:, :chunk.num_real]
-        losses[:, chunk.start:stop] = np.asarray(loss)[:, :chunk.num_real]
-
-    pending = None
-    with c0.runtime.progress.task("local training", total=total, unit="chunk") as task:
-        for chunk in voting_seeds.seed_chunks(datas, plan.agents_axis, size, extras=extras):
-            init_keys, train_keys = (jax.random.wrap_key_data(k, impl=impl) for k in chunk.extra)
-            a = chunk.agents
-            params0 = init(init_keys)                                          # [S, size, ...]
-            params, loss = train(train_keys, params0, a.x, a.y, a.mask, a.counts)
-            idx = vote(params, queries)                                        # [S, size, Q]
-            if keep_params:
-                kept.append(params)
-            if pending is not None:
-                collect(pending)
-                task.update(1)
-            pending = (chunk, idx, loss)
-        if pending is not None:
-            collect(pending)
-            task.update(1)
-    outs = []
-    for s in range(num):
-        values = {"agent_ballots": ballots[s], "agent_losses": losses[s]}
-        if keep_params:
-            mine = [jax.tree.map(lambda l: l[s], p) for p in kept]
-            values["agent_params"] = (mine[0] if len(mine) == 1 and size == n else jax.tree.map(
-                lambda *ls: jnp.concatenate(ls)[:n], *mine))
-        abstained = float(np.mean(ballots[s] < 0)) if cfg.abstain_below is not None else 0.0
-        outs.append((values, {"mean_agent_loss": float(losses[s].mean()),
-                              "abstain_rate": abstained, "agent_chunk": size}))
-    return outs
+    """:func:`_local_training` of S seeds (:func:`_train_and_vote` with the vmapped calls)."""
+    return _train_and_vote(states, plan)
 
 
-def _vote_seeds(plan: voting_seeds.Plan, states: list[api.State]) -> list[tuple[dict, dict]]:
-    """The streamed vote of S seeds over their stored ballots (:func:`voting_seeds.streamed_vote`:
-    each chunk's ballots stacked ``[S, size, Q]``, one vmapped tally add per chunk)."""
+def _vote_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]
+                ) -> list[tuple[dict, dict]]:
+    """The streamed vote of S seeds over their stored ballots
+    (:func:`voting_dpfl.streamed_vote_seeds`: each chunk's ballots stacked ``[S, size, Q]``, one
+    vmapped tally add per chunk)."""
     c0: voting_dpfl.Context = states[0].context
     stored = [st.values["agent_ballots"] for st in states]                        # [N, Q] each
     size = agent_stream.resolve_size(c0.config.agent_chunk, c0.data.agents)
-
-    def blocks():
-        for parts in zip(*[_ballot_blocks(b, size) for b in stored]):
-            yield jnp.stack([p[0] for p in parts]), parts[0][1], parts[0][2]
-
-    return voting_seeds.streamed_vote(states, blocks(),
-                                      agent_stream.num_chunks(len(stored[0]), size))
+    return voting_dpfl.streamed_vote_seeds(states, ballot_blocks(stored, size),
+                                           agent_stream.num_chunks(len(stored[0]), size))
 
 
 output = voting_dpfl.output
@@ -535,23 +491,3 @@ def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
         "diagnostic metrics mean_agent_loss and abstain_rate of the local-training phase "
         "(history, progress.jsonl)",
         "computed from the agents' models and data without noise: not private")
-
-
-def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_public, *,
-        chunk_size: int | str | None = "auto") -> Result:
-    """AE-DPFL end to end (:func:`api.run`): train all agents, vote on Q public queries, train
-    the student. ``x_public [n_public, *feature_shape]``: the server's unlabelled data."""
-    if not isinstance(config, Config):
-        raise ValueError(f"config must be an ae_dpfl.Config, got {type(config).__name__}")
-    if not isinstance(agents, StackedData):
-        raise ValueError(f"agents must be a StackedData, got {type(agents).__name__}")
-    x_public = voting_dpfl.check_run_args(agents, model, x_public)
-    data = api.FederatedData(agents=agents, num_classes=model.num_classes, x_public=x_public)
-    done = api.run(sys.modules[__name__], key, data, model, config,
-                   runtime=api.Runtime(chunk_size=chunk_size))
-    v = done.state.values
-    return Result(params=v["params"], agent_params=v.get("agent_params"),
-                  agent_ballots=v["agent_ballots"],
-                  query_indices=done.state.context.query_indices, labels=v["labels"],
-                  clean_vote_sums=v.get("clean_vote_sums"), agent_losses=v["agent_losses"],
-                  wall_time_s=done.wall_time_s, state=done.state)

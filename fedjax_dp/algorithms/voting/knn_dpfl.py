@@ -44,10 +44,10 @@ fits the feature map (public data only); two steps, the phases ``vote`` (values 
 ``clean_vote_sums [Q, C]``) and ``student`` (``params``). There is no local training, so the
 kNN search, the noise and the secure sum are one phase: splitting them would put the noise-free
 per-agent ballots in the state. Keys: named streams of the run key, as in
-:mod:`fedjax_dp.algorithms.voting.voting_dpfl` (the same key gives the same run as the plain-Python
-:func:`run`, which drives the protocol). ``seeds_stepper``: S seeds together, the vote's chunk
-loop run once with the compiled calls vmapped over the seeds
-(:mod:`fedjax_dp.algorithms.voting.voting_seeds`).
+:mod:`fedjax_dp.algorithms.voting.voting_dpfl` (the same key gives the same run through
+:func:`fedjax_dp.algorithms.api.run`). ``seeds_stepper``: S seeds together, the vote's chunk
+loop (:func:`_count_blocks`, the single run's too) run once with the compiled calls vmapped
+over the seeds (:func:`fedjax_dp.algorithms.voting.voting_dpfl.seeds_stepper`).
 
 Scale. The vote streams the agents in chunks of ``agent_chunk`` (default
 :data:`~fedjax_dp.core.agent_stream.DEFAULT_CHUNK` = 4096, or all N if fewer; host data
@@ -66,8 +66,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import sys
-from typing import Any, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -75,9 +74,9 @@ import numpy as np
 
 from fedjax_dp.core import agent_stream
 from fedjax_dp.algorithms import api
-from fedjax_dp.algorithms.voting import voting_dpfl, voting_seeds
+from fedjax_dp.algorithms.voting import voting_dpfl
 from fedjax_dp.train import student as student_lib
-from fedjax_dp.core import StackedData, is_on_host, validation
+from fedjax_dp.core import StackedData, is_on_host, seed_axis, validation
 from fedjax_dp.core import memory
 from fedjax_dp.models import Model
 from fedjax_dp.ops import knn_search
@@ -256,17 +255,6 @@ def agent_features(phi: FeatureMap, data: StackedData) -> tuple[jax.Array, jax.A
 
 # --------------------------------------------------------------------------- run
 
-@dataclasses.dataclass
-class Result:
-    params: Params
-    feature_map: FeatureMap
-    query_indices: np.ndarray
-    labels: np.ndarray
-    clean_vote_sums: np.ndarray | None
-    wall_time_s: float = 0.0
-    state: api.State | None = None  # the protocol state the run ended in
-
-
 def check_k(k: int, data: StackedData) -> int:
     """``1 <= k <= the smallest agent's number of records`` (ValueError naming the agent)."""
     k = validation.check_int("algorithm.k", k, minimum=1)
@@ -337,9 +325,13 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
         data = ctx.data.agents
         size = agent_stream.resolve_size(cfg.agent_chunk, data)
         queries = phi.apply(ctx.x_public[ctx.query_indices], lead=1)              # [Q, m]
+        fn = _chunk_counts_fn(cfg.k, ctx.model.num_classes, cfg.knn_method)
+        mean = None if phi.mean is None else jnp.asarray(phi.mean, jnp.float32)
+        matrix = None if phi.matrix is None else jnp.asarray(phi.matrix, jnp.float32)
+        drivers = {"algorithm.agent_chunk": size, "algorithm.num_queries": int(queries.shape[0])}
         values, metrics = voting_dpfl.streamed_vote_phase(
-            state, _count_blocks(phi, data, queries, size, cfg.k, ctx.model.num_classes,
-                                 cfg.knn_method),
+            state, _count_blocks(fn, mean, matrix, agent_stream.chunks(data, size), queries,
+                                 size, drivers=drivers),
             agent_stream.num_chunks(data.num_agents, size), divisor=float(cfg.k))
         metrics = {**metrics, "k": cfg.k, "agent_chunk": size}
     else:
@@ -347,21 +339,20 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
     return voting_dpfl.advance(state, values, phase, metrics)
 
 
-def _count_blocks(phi: FeatureMap, data: StackedData, queries: jax.Array, size: int, k: int,
-                  num_classes: int, method: str):
-    """``(label counts [S, Q, C] int32, agent ids [S], valid [S])`` per streamed chunk: the
-    feature map and the kNN search of one chunk of agents in one compiled call."""
-    fn = _chunk_counts_fn(k, num_classes, method)
-    mean = None if phi.mean is None else jnp.asarray(phi.mean, jnp.float32)
-    matrix = None if phi.matrix is None else jnp.asarray(phi.matrix, jnp.float32)
-    drivers = {"algorithm.agent_chunk": size, "algorithm.num_queries": int(queries.shape[0])}
-    for chunk in agent_stream.chunks(data, size):
+def _count_blocks(fn: Callable, mean, matrix, chunks: Iterable[agent_stream.Chunk],
+                  queries: jax.Array, size: int, *, drivers: dict | None = None):
+    """``(label counts [(S,) size, Q, C] int32, agent ids [size], valid [size])`` per streamed
+    chunk: the feature map and the kNN search of one chunk of agents in one compiled call
+    (:func:`_chunk_counts_fn`, or vmapped over S seeds: :func:`_seeds_counts_fn`); with
+    ``drivers``, each call is first checked against the memory budget."""
+    for chunk in chunks:
         a = chunk.agents
         args = (mean, matrix, a.x, a.y, a.mask, queries)
-        memory.check_call(fn, *args, drivers=drivers, what=f"the kNN search of a chunk of {size} "
-                          f"agents ({a.x.shape[1]} records each) for {queries.shape[0]} queries")
-        counts = fn(*args)
-        yield counts, jnp.arange(chunk.start, chunk.start + size), chunk.valid
+        if drivers is not None:
+            memory.check_call(fn, *args, drivers=drivers,
+                              what=f"the kNN search of a chunk of {size} agents "
+                              f"({a.x.shape[1]} records each) for {queries.shape[0]} queries")
+        yield fn(*args), jnp.arange(chunk.start, chunk.start + size), chunk.valid
 
 
 @functools.lru_cache(maxsize=64)
@@ -379,12 +370,13 @@ def seeds_stepper(states: list[api.State]):
     """Step S seeds of kNN-DPFL together (:func:`fedjax_dp.algorithms.api.run_seeds`): the vote
     loops over the chunks of agents once, and a chunk's feature map and kNN counts, the tally's
     add and the release, then the students, are the single-seed compiled calls vmapped over the
-    seeds (:mod:`fedjax_dp.algorithms.voting.voting_seeds`); seed s equals its own run. None where that
-    cannot apply (``runtime.mesh``, secure aggregation, different data shapes or feature
+    seeds (:func:`voting_dpfl.seeds_stepper`); seed s equals its own run. None where that cannot
+    apply (``runtime.mesh``, secure aggregation, different data shapes or feature
     maps)."""
-    return voting_seeds.stepper(states, PHASES, {"vote": _vote_seeds,
-                                                 "student": voting_seeds.student_phase},
-                                extra_check=_same_feature_map_shapes)
+    return voting_dpfl.seeds_stepper(states, PHASES,
+                                     {"vote": _vote_seeds,
+                                      "student": voting_dpfl.student_phase_seeds},
+                                     extra_check=_same_feature_map_shapes)
 
 
 def _same_feature_map_shapes(states: list[api.State]) -> bool:
@@ -402,35 +394,31 @@ def _seeds_counts_fn(k: int, num_classes: int, method: str, mean_axis: int | Non
                             in_axes=(mean_axis, matrix_axis, ax, ax, ax, 0)))
 
 
-def _vote_seeds(plan: voting_seeds.Plan, states: list[api.State]) -> list[tuple[dict, dict]]:
+def _vote_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]) -> list[tuple[dict, dict]]:
     """The streamed vote of S seeds: one host loop over the chunks of agents, each chunk's kNN
     label counts ``[S, size, Q, C]`` in one vmapped call (seed s: its agents, feature map and
     queries), added to the seeds' tallies in one vmapped call
-    (:func:`voting_seeds.streamed_vote`)."""
+    (:func:`voting_dpfl.streamed_vote_seeds`)."""
     ctxs: list[voting_dpfl.Context] = [st.context for st in states]
     c0 = ctxs[0]
     cfg = c0.config
     datas = [c.data.agents for c in ctxs]
     size = agent_stream.resolve_size(cfg.agent_chunk, datas[0])
     phis: list[FeatureMap] = [c.extra for c in ctxs]
-    mean, mean_axis = voting_seeds.stack_or_share(
-        [None if phi.mean is None else np.asarray(phi.mean, np.float32) for phi in phis])
-    matrix, matrix_axis = voting_seeds.stack_or_share(
-        [None if phi.matrix is None else np.asarray(phi.matrix, np.float32) for phi in phis])
+    mean, mean_axis = seed_axis.share_or_stack(
+        [None if phi.mean is None else jnp.asarray(phi.mean, jnp.float32) for phi in phis])
+    matrix, matrix_axis = seed_axis.share_or_stack(
+        [None if phi.matrix is None else jnp.asarray(phi.matrix, jnp.float32) for phi in phis])
     queries = jnp.stack([phi.apply(c.x_public[c.query_indices], lead=1)
                          for phi, c in zip(phis, ctxs)])                             # [S, Q, m]
     fn = _seeds_counts_fn(cfg.k, c0.model.num_classes, cfg.knn_method, mean_axis, matrix_axis,
                           plan.agents_axis)
 
-    def blocks():
-        for chunk in voting_seeds.seed_chunks(datas, plan.agents_axis, size):
-            a = chunk.agents
-            counts = fn(mean, matrix, a.x, a.y, a.mask, queries)               # [S, size, Q, C]
-            yield counts, jnp.arange(chunk.start, chunk.start + size), chunk.valid
-
-    outs = voting_seeds.streamed_vote(states, blocks(),
-                                      agent_stream.num_chunks(datas[0].num_agents, size),
-                                      divisor=float(cfg.k))
+    blocks = _count_blocks(fn, mean, matrix,
+                           voting_dpfl.seed_chunks(datas, plan.agents_axis, size), queries, size)
+    outs = voting_dpfl.streamed_vote_seeds(states, blocks,
+                                           agent_stream.num_chunks(datas[0].num_agents, size),
+                                           divisor=float(cfg.k))
     return [(values, {**metrics, "k": cfg.k, "agent_chunk": size}) for values, metrics in outs]
 
 
@@ -441,20 +429,3 @@ def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
     """:func:`vote_ledger` with the run's noise-free sums (data-independent part only without a
     state, before the vote, or without ``config.data_dependent``)."""
     return vote_ledger(config, voting_dpfl.clean_sums(state))
-
-
-def run(key: jax.Array, agents: StackedData, model: Model, config: Config, x_public) -> Result:
-    """kNN-DPFL end to end (:func:`api.run`): feature map, kNN vote on Q public queries, student
-    training. ``x_public [n_public, *feature_shape]``: the server's unlabelled data."""
-    if not isinstance(config, Config):
-        raise ValueError(f"config must be a knn_dpfl.Config, got {type(config).__name__}")
-    if not isinstance(agents, StackedData):
-        raise ValueError(f"agents must be a StackedData, got {type(agents).__name__}")
-    x_public = voting_dpfl.check_run_args(agents, model, x_public)
-    data = api.FederatedData(agents=agents, num_classes=model.num_classes, x_public=x_public)
-    done = api.run(sys.modules[__name__], key, data, model, config)
-    v = done.state.values
-    return Result(params=v["params"], feature_map=done.state.context.extra,
-                  query_indices=done.state.context.query_indices, labels=v["labels"],
-                  clean_vote_sums=v.get("clean_vote_sums"), wall_time_s=done.wall_time_s,
-                  state=done.state)

@@ -68,16 +68,16 @@ design (``floor(p N)`` dropouts, ledger with ``sigma sqrt((N - d)/N)``) violated
 ``clean_vote_sums [Q, C]`` (noise-free, for the data-dependent privacy analysis ONLY; present when
 ``config.data_dependent``) and ``params`` (the student).
 
-Seeds. :mod:`fedjax_dp.algorithms.voting.voting_seeds` steps S seeds of either algorithm together (their
-``seeds_stepper``): one host loop over the chunks per phase, every compiled call above vmapped
-over the seeds, seed s equal to its own run.
+Seeds. :func:`seeds_stepper` (the end of this module) steps S seeds of either algorithm together:
+one host loop over the chunks per phase, every compiled call above vmapped over the seeds, seed
+s equal to its own run; the single run's streamed vote is the S = 1 case of the same loop.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -86,7 +86,7 @@ import numpy as np
 from fedjax_dp.core import agent_stream
 from fedjax_dp.algorithms import api
 from fedjax_dp.train import student as student_lib
-from fedjax_dp.core import StackedData, rng, validation
+from fedjax_dp.core import StackedData, is_on_host, rng, seed_axis, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import secagg, secagg_shares
 from fedjax_dp.privacy import vote as vote_lib
@@ -299,29 +299,74 @@ def streamed_vote_phase(state: api.State, blocks: Iterable[tuple], total: int, *
     ``N(0, sigma^2/N I_C)`` per query, from its own key (``per_agent``), or the sum's noise is
     drawn at once (``aggregate``); only the argmax leaves (:func:`tally_release`). The labels, the
     clean sums ``counts / divisor`` (float64, analysis only) and hence the ledger do not depend
-    on the chunking nor on where the agents' data lives.
+    on the chunking nor on where the agents' data lives. The S = 1 case of
+    :func:`streamed_vote_seeds` (with the unbatched compiled calls).
     """
-    ctx: Context = state.context
-    cfg = ctx.config
-    n, c = ctx.data.num_agents, ctx.model.num_classes
-    q = len(ctx.query_indices)
-    per_agent = cfg.vote_noise == "per_agent"
-    std = jnp.float32(cfg.sigma / math.sqrt(n))
-    key = ctx.keys["vote"]
-    if cfg.secagg is not None:
+    if state.context.config.secagg is not None:
         return _secagg_vote(state, blocks, total, divisor)
-    tally = tally_init(q, c)
-    with ctx.runtime.progress.task("vote", total=total, unit="chunk") as task:
+    return _streamed_vote([state], blocks, total, divisor, batched=False)[0]
+
+
+def streamed_vote_seeds(states: Sequence[api.State], blocks: Iterable[tuple], total: int, *,
+                        divisor: float = 1.0) -> list[tuple[dict, dict]]:
+    """:func:`streamed_vote_phase` of S seeds (no secure aggregation): ``blocks`` yields
+    ``(ballots [S, a, ...], agent ids [a], valid [a])`` per chunk of agents, every seed's tally
+    grows in one vmapped :func:`tally_add` per chunk (seed s's noise shares from its own
+    ``vote`` key) and one vmapped :func:`tally_release` releases all seeds' labels. Returns each
+    seed's ``(values, metrics)``."""
+    return _streamed_vote(list(states), blocks, total, divisor, batched=True)
+
+
+@functools.lru_cache(maxsize=32)
+def tally_fns(num_classes: int, per_agent: bool, noise: str, batched: bool):
+    """``(add, release)``: :func:`tally_add` and :func:`tally_release`, vmapped over a leading
+    seed axis of the tally, the vote key and the ballots (agent ids, padding, the noise share's
+    std, sigma and the divisor shared) when ``batched``."""
+    def add(tally, key, ballots, ids, valid, std):
+        return tally_add(tally, key, ballots, ids, valid, std, num_classes=num_classes,
+                         per_agent=per_agent)
+
+    def release(tally, key, sigma, divisor):
+        return tally_release(tally, key, sigma, divisor, noise=noise)
+
+    if not batched:
+        return add, release
+    return (jax.jit(jax.vmap(add, in_axes=(0, 0, 0, None, None, None))),
+            jax.jit(jax.vmap(release, in_axes=(0, 0, None, None))))
+
+
+def _streamed_vote(states: list, blocks: Iterable[tuple], total: int, divisor: float, *,
+                   batched: bool) -> list[tuple[dict, dict]]:
+    """The streamed vote of S seeds' states (``batched``: every array with a leading seed axis;
+    else S = 1 and the single-seed calls, unbatched)."""
+    ctxs: list[Context] = [st.context for st in states]
+    c0 = ctxs[0]
+    cfg = c0.config
+    n, c = c0.data.num_agents, c0.model.num_classes
+    q = len(c0.query_indices)
+    std = jnp.float32(cfg.sigma / math.sqrt(n))
+    add, release = tally_fns(c, cfg.vote_noise == "per_agent", cfg.vote_noise, batched)
+    if batched:
+        keys = jnp.stack([ctx.keys["vote"] for ctx in ctxs])                        # [S]
+        tally = jax.tree.map(lambda l: jnp.broadcast_to(l, (len(ctxs),) + l.shape),
+                             tally_init(q, c))
+    else:
+        keys, tally = c0.keys["vote"], tally_init(q, c)
+    with c0.runtime.progress.task("vote", total=total, unit="chunk") as task:
         for ballots, ids, valid in blocks:
-            tally = tally_add(tally, key, ballots, ids, valid, std, num_classes=c,
-                              per_agent=per_agent)
+            tally = add(tally, keys, ballots, ids, valid, std)
             task.update(1)
-    labels = np.asarray(tally_release(tally, key, jnp.float32(cfg.sigma), jnp.float32(divisor),
-                                      noise=cfg.vote_noise))
-    values = {**state.values, "labels": labels}
-    if cfg.data_dependent:
-        values["clean_vote_sums"] = np.asarray(tally.counts, np.float64) / divisor
-    return values, vote_metrics(ctx, labels)
+    labels = np.asarray(release(tally, keys, jnp.float32(cfg.sigma), jnp.float32(divisor)))
+    counts = np.asarray(tally.counts) if cfg.data_dependent else None
+    if not batched:
+        labels, counts = labels[None], None if counts is None else counts[None]
+    outs = []
+    for s, (state, ctx) in enumerate(zip(states, ctxs)):
+        values = {**state.values, "labels": labels[s]}
+        if counts is not None:
+            values["clean_vote_sums"] = np.asarray(counts[s], np.float64) / divisor
+        outs.append((values, vote_metrics(ctx, labels[s])))
+    return outs
 
 
 def secagg_keys(ctx: Context) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -450,3 +495,128 @@ def output(state: api.State) -> api.Output:
 def clean_sums(state: api.State | None):
     """The noise-free vote sums of a run (None before the vote or without ``data_dependent``)."""
     return None if state is None else state.values.get("clean_vote_sums")
+
+
+# --------------------------------------------------------------------------- seeds together
+# The ``seeds_stepper`` of AE-DPFL and kNN-DPFL. A voting phase is a host loop over chunks of
+# agents calling compiled functions (local training, ballots or kNN counts, the tally's add, the
+# release, the student's training), so the seeds of a sweep cannot share one pure
+# ``seed_step``. Instead the host loops over the chunks ONCE for all S seeds and every compiled
+# call of a chunk is the single-seed call ``jax.vmap``-ed over a leading seed axis: what differs
+# between the seeds carries that axis (their named key streams, their queries and -- when the
+# partition depends on the seed -- their agents' data), what they share does not (the agents'
+# data when equal, a PCA feature map, the agent ids and padding of a chunk, sigma;
+# :func:`fedjax_dp.core.seed_axis.share_or_stack`). Seed s computes exactly what its own
+# :func:`fedjax_dp.algorithms.api.run` computes, with the same keys, so its labels, clean sums
+# (exact integer counts), ledger and student equal its separate run's to float tolerance
+# (``tests/test_voting_seeds.py``). Host-only work that is not a compiled call (the per-seed
+# metrics, the self-training's confidence selection) stays per seed.
+
+#: ``phase(plan, states) -> [(values, metrics)] per seed``: one phase of S seeds.
+PhaseFn = Callable[["SeedPlan", list], list]
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedPlan:
+    """How S seeds of one voting configuration share their compiled calls.
+
+    ``agents_axis``: None when every seed has the same agents (one chunk stream, data not
+    batched), 0 when they differ (each chunk stacked on a leading seed axis).
+    """
+
+    num_seeds: int
+    agents_axis: int | None
+
+
+def _same_agents(datas: Sequence[StackedData]) -> bool:
+    """Whether every seed holds the same agents: the same object, or (device-resident data)
+    equal arrays. Host data (possibly a memory map) is never read whole to compare."""
+    if all(d is datas[0] for d in datas[1:]):
+        return True
+    if is_on_host(datas[0]):
+        return False
+    ref = [np.asarray(l) for l in jax.tree.leaves(datas[0])]
+    return all(all(np.array_equal(a, np.asarray(b)) for a, b in zip(ref, jax.tree.leaves(d)))
+               for d in datas[1:])
+
+
+def seed_plan(states: Sequence[api.State]) -> SeedPlan | None:
+    """The :class:`SeedPlan` of S seeds' states (fresh from ``init``), or None -- the caller runs
+    the seeds one by one -- where they cannot share compiled calls: ``runtime.mesh`` (the
+    sharded vote), secure aggregation (per-seed share streams and dropouts, not vmapped),
+    different configs, models or runtimes, host- and device-resident agents mixed, or data of
+    different shapes (agents, records per agent, public set)."""
+    states = list(states)
+    if not states or any(s.step != states[0].step for s in states):
+        return None
+    ctxs: list[Context] = [s.context for s in states]
+    c0 = ctxs[0]
+    if any(c.config != c0.config or c.model != c0.model or c.runtime != c0.runtime
+           for c in ctxs[1:]):
+        return None
+    if c0.runtime.mesh is not None or c0.config.secagg is not None:
+        return None
+    datas = [c.data.agents for c in ctxs]
+    if len({is_on_host(d) for d in datas}) != 1 or not seed_axis.same_layout(datas):
+        return None
+    if len({(np.shape(c.x_public), len(c.query_indices)) for c in ctxs}) != 1:
+        return None
+    return SeedPlan(num_seeds=len(states), agents_axis=None if _same_agents(datas) else 0)
+
+
+def seeds_stepper(states: Sequence[api.State], phases: tuple[str, ...],
+                  run_phase: dict[str, PhaseFn], *, extra_check: Callable | None = None):
+    """The ``seeds_stepper`` of a voting algorithm: ``batch(states, keys) -> (states, metrics)``
+    running the next phase of S seeds together (``run_phase[name](plan, states)`` gives each
+    seed's ``(values, metrics)``), or None (:func:`seed_plan`, or ``extra_check(states)``
+    False). ``keys`` are unused: each phase draws from the seeds' named streams, as ``step``
+    does."""
+    p = seed_plan(states)
+    if p is None or (extra_check is not None and not extra_check(states)):
+        return None
+
+    def batch(states, keys=None):
+        states = list(states)
+        if len(states) != p.num_seeds or any(s.step != states[0].step for s in states):
+            raise ValueError(f"the seeds' states must be {p.num_seeds} states at one step, got "
+                             f"steps {[s.step for s in states]}")
+        phase = check_step(states[0], phases)
+        outs = run_phase[phase](p, states)
+        pairs = [advance(st, values, phase, metrics)
+                 for st, (values, metrics) in zip(states, outs)]
+        return [st for st, _ in pairs], [m for _, m in pairs]
+
+    return batch
+
+
+def seed_chunks(datas: Sequence[StackedData], axis: int | None, size: int, *,
+                extras: Sequence[tuple] = ()) -> Iterator[agent_stream.Chunk]:
+    """The agents of S seeds in chunks of ``size`` (:func:`fedjax_dp.core.agent_stream.chunks`,
+    host data double-buffered): ``chunk.agents`` is the shared chunk (``axis`` None) or the
+    seeds' chunks stacked ``[S, size, ...]`` (``axis`` 0); ``extras[s]`` holds seed s's
+    per-agent host arrays ``[N, ...]``, returned as ``chunk.extra`` stacked ``[S, size, ...]``."""
+    extras = [tuple(e) for e in extras] or [() for _ in datas]
+    joint = tuple(np.stack([e[j] for e in extras], axis=1)                       # [N, S, ...]
+                  for j in range(len(extras[0])))
+    tree = datas[0] if axis is None else tuple(datas)
+    for chunk in agent_stream.chunks(tree, size, extra=joint):
+        agents = chunk.agents if axis is None else seed_axis.stack_seeds(chunk.agents)
+        yield dataclasses.replace(chunk, agents=agents,
+                                  extra=tuple(jnp.moveaxis(e, 1, 0) for e in chunk.extra))
+
+
+def student_phase_seeds(plan: SeedPlan, states: Sequence[api.State]
+                        ) -> list[tuple[dict, dict]]:
+    """:func:`student_phase` of S seeds: every training of the S students (the supervised one,
+    each self-training round) is one compiled call over the S students
+    (:func:`fedjax_dp.train.student.train_students`)."""
+    ctxs: list[Context] = [s.context for s in states]
+    c0 = ctxs[0]
+    semi = c0.config.semi_supervised
+    with c0.runtime.progress.task("student", total=student_lib.num_trainings(semi),
+                                  unit="model" if semi is None else "round") as task:
+        params = student_lib.train_students(
+            [ctx.keys["student"] for ctx in ctxs], c0.model, [ctx.x_public for ctx in ctxs],
+            [ctx.query_indices for ctx in ctxs], [st.values["labels"] for st in states],
+            c0.config.student, semi, on_round=task.update)
+    return [({**st.values, "params": p}, {}) for st, p in zip(states, params)]
