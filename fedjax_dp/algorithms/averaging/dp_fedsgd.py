@@ -17,7 +17,9 @@ Only the sampled agents train: the round gathers them into a padded cohort buffe
 (:class:`fedjax_dp.algorithms.averaging.fedavg.RoundRunner`, shared with FedAvg), so it costs the cohort.
 
 ``clip(g, C) = g min(1, C / ||g||_2)`` with the global L2 norm over all parameters
-(:func:`fedjax_dp.train.clipped_grad_sum`), so one record moves the clipped sum by at most C.
+(:mod:`fedjax_dp.train.private_grad`), so one record moves the clipped sum by at most C.
+Only the sampled records' gradients are computed (gathered in padded passes planned for the
+expected batch, :func:`expected_batch`): a local step costs ~ p_i n_i gradients, not n_max.
 The sum is divided by the *expected* batch size ``p_i n_i`` (a constant of the run, Abadi et
 al.'s fixed "lot size"), never by the realised batch size, which would leak it.
 
@@ -67,8 +69,8 @@ from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.averaging import fedavg
 from fedjax_dp.core import StackedData, auto_chunk_size, validation
 from fedjax_dp.models import Model
-from fedjax_dp.privacy import PrivacyLedger, accounting, mechanisms
-from fedjax_dp.train import check_trainable, clipped_grad_sum, cross_entropy
+from fedjax_dp.privacy import PrivacyLedger, accounting
+from fedjax_dp.train import check_trainable, cross_entropy, private_grad
 
 Params = Any
 
@@ -132,27 +134,34 @@ def expected_batch_sizes(config: Config, counts) -> np.ndarray:
 
 # --------------------------------------------------------------------------- one agent
 
-def sample_records(key: jax.Array, mask: jax.Array, rate) -> jax.Array:
-    """Poisson minibatch of one agent: weights ``[n_max]`` in {0., 1.}, ``Bernoulli(rate) & mask``.
-
-    Every real record is included independently with probability ``rate``; padded rows never.
-    """
-    keep = jax.random.bernoulli(key, rate, mask.shape)
-    return (keep & mask.astype(bool)).astype(jnp.float32)
+#: Poisson minibatch of one agent: weights ``[n_max]`` in {0., 1.}, ``Bernoulli(rate) & mask``
+#: (:func:`fedjax_dp.train.private_grad.poisson_weights`; padded rows never).
+sample_records = private_grad.poisson_weights
 
 
 def noisy_gradient(key: jax.Array, loss_fn: Callable, params: Params, x: jax.Array,
                    y: jax.Array, weights: jax.Array, clip_norm: float, noise_std: float,
-                   denominator) -> tuple[Params, jax.Array]:
+                   denominator, plan: private_grad.RowPlan | None = None) -> tuple[Params, dict]:
     """Equation (1) for given minibatch weights: ``(clipped sum + N(0, std^2)) / denominator``.
 
-    ``x [n_max, ...]``, ``y [n_max]``, ``weights [n_max]`` (the Poisson mask); returns the noisy
-    gradient pytree and the per-example norms before clipping ``[n_max]``.
+    ``x [n_max, ...]``, ``y [n_max]``, ``weights [n_max]`` (the Poisson mask). The private-gradient
+    primitive (:mod:`fedjax_dp.train.private_grad`): only the selected records' gradients are
+    computed, in the padded passes of ``plan`` (None: one pass over all rows); the noise is drawn
+    per leaf from ``key``. Returns the noisy gradient pytree and ``{"count", "clipped", "aux"}``
+    (``clipped``: selected records whose norm exceeded the clip).
     """
-    summed, norms = clipped_grad_sum(loss_fn, params, x, y, weights, clip_norm)
-    noise = mechanisms.gaussian_noise(key, summed, noise_std)
-    grad = jax.tree.map(lambda s, n: (s + n) / denominator, summed, noise)
-    return grad, norms
+    summed, stats = private_grad.clipped_sum(private_grad.gradient_fn(loss_fn, params), (x, y),
+                                             weights, clip_norm, plan)
+    grad = private_grad.release(key, summed, noise_std, denominator, per_leaf=True)
+    return grad, stats
+
+
+def expected_batch(config: Config, num_rows: int) -> float:
+    """The largest expected batch ``p_i n_i`` of an agent with ``num_rows`` padded rows: B
+    (``p_i = min(1, B / n_i)``) or ``p n_max`` (plans the gathered passes of (1))."""
+    if config.record_sampling_rate is None:
+        return float(config.local.batch_size)
+    return float(config.record_sampling_rate) * num_rows
 
 
 def make_local_dp_sgd(model: Model, config: Config) -> Callable:
@@ -169,15 +178,16 @@ def make_local_dp_sgd(model: Model, config: Config) -> Callable:
     steps = config.local.steps
 
     def local(key, params, x, y, mask, rate, denominator):
+        plan = private_grad.RowPlan.for_expected(expected_batch(config, x.shape[0]), x.shape[0])
+
         def body(carry, step_key):
             p, s = carry
             k_batch, k_noise = jax.random.split(step_key)
             w = sample_records(k_batch, mask, rate)                              # [n_max]
-            g, norms = noisy_gradient(k_noise, loss_fn, p, x, y, w, clip, noise_std,
-                                      denominator)
+            g, stats = noisy_gradient(k_noise, loss_fn, p, x, y, w, clip, noise_std,
+                                      denominator, plan)
             updates, s = opt.update(g, s, p)
-            clipped = jnp.sum(w * (norms > clip))
-            return (optax.apply_updates(p, updates), s), (jnp.sum(w), clipped)
+            return (optax.apply_updates(p, updates), s), (jnp.sum(w), stats["clipped"])
 
         keys = jax.random.split(key, steps)
         (params, _), (sizes, clipped) = jax.lax.scan(body, (params, opt.init(params)), keys)
