@@ -216,6 +216,7 @@ def _pld_epsilon(events: Sequence[Any], delta: float) -> float:
 
     The DpEvents go through dp_accounting's PLD accountant; its PLD (the accountant's ``_pld``,
     which dp_accounting exposes no other way) is composed with each shuffle event's exact PLD.
+    The two private fields read here are why pyproject.toml bounds dp-accounting (< 0.7).
     """
     dp_events = [e for e in events if not _is_shuffle(e)]
     shuffles = [e for e in events if _is_shuffle(e)]

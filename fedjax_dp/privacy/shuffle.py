@@ -584,7 +584,7 @@ def _subsampled(release: pld_lib.PrivacyLossDistribution, q: float, h: float
     ``P~(L) (q + (1-q) e^-L)`` and ``P~(L) e^-L``; ``Q~(-inf)`` sits at ``log(1-q)`` and
     ``-log(1-q)``; ``P~(inf)`` stays infinite (remove, mass ``q P~(inf)``). Losses are rounded
     up to the grid (pessimistic). Reads the dense pmf's arrays (dp_accounting has no public
-    accessor for them).
+    accessor for them: these private fields are why pyproject.toml bounds dp-accounting < 0.7).
     """
     dense = release._pmf_remove.to_dense_pmf()                    # pylint: disable=protected-access
     loss = (dense._lower_loss + np.arange(dense.size)) * dense._discretization  # [m]
