@@ -62,3 +62,45 @@ def test_unreachable_target_raises():
 def test_calibration_bad_inputs(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+# ----------------------------------------------------------------------------- the sweep's calibration
+
+#: ``experiments.calibrate`` on shipped configs (target epsilon, unit), pinned as the code gave
+#: them before calibration went through the algorithms' ``planned_ledger`` / ``private`` hooks
+#: (commit 0eaad72, where the experiment layer special-cased DP-FedSGD and FedKT): the hooks
+#: must not move a calibrated value.
+PINNED = [("dp_fedsgd/mnist5k", "algorithm.noise_multiplier", None, 4.0, 1.410775397207862),
+          ("dp_fedavg/mnist5k", "algorithm.noise_multiplier", None, 4.0, 2.207007308292202),
+          ("ae_dpfl/mnist5k", "algorithm.sigma", None, 4.0, 9.040611021648326),
+          ("knn_dpfl/mnist5k", "algorithm.sigma", None, 4.0, 12.7851005482089),
+          ("knn_dpfl/mnist5k", "algorithm.sigma", "instance", 4.0, 6.0269607276571495),
+          ("fedkt/digits", "algorithm.gamma", None, 2.0, 0.008804499258083315),
+          ("fedkt/digits", "algorithm.gamma", None, 16.0, 0.05410258871421805),
+          ("fedkt/wbcd", "algorithm.gamma", None, 2.0, 0.004457435655261554),
+          ("fedkt/wbcd", "algorithm.gamma", None, 16.0, 0.027712105855286013)]
+
+
+def _shipped(name: str, sets=()):
+    from fedjax_dp.experiments import config as config_lib
+    rounds = ["algorithm.rounds=3"] if name.startswith("dp_fedsgd") else []
+    return config_lib.load(f"configs/{name}.toml", rounds + list(sets))
+
+
+@pytest.mark.parametrize("name, key, unit, target, value", PINNED,
+                         ids=[f"{p[0]}-{p[2] or 'first'}-{p[3]:g}" for p in PINNED])
+def test_calibrated_values_of_shipped_configs_are_pinned(name, key, unit, target, value):
+    from fedjax_dp.experiments import calibrate
+    assert calibrate.calibrate(_shipped(name), key, target, unit=unit) == pytest.approx(
+        value, rel=1e-9)
+
+
+@pytest.mark.parametrize("name, sets, key, message", [
+    ("fedavg/mnist5k", (), "train.learning_rate", "'fedavg' gives no privacy guarantee"),
+    ("fedkt/digits", ('algorithm.level="L0"',), "algorithm.gamma", "FedKT-L0 adds no noise"),
+])
+def test_nothing_to_calibrate_is_a_config_error(name, sets, key, message):
+    from fedjax_dp.experiments import calibrate
+    from fedjax_dp.experiments.config import ConfigError
+    with pytest.raises(ConfigError, match=message):
+        calibrate.calibrate(_shipped(name, sets), key, 4.0)
