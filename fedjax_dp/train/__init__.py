@@ -1,5 +1,5 @@
 """Local training over stacked agents, evaluation, per-example clipped gradients."""
-from fedjax_dp.train.clipping import clipped_grad_sum, per_example_grads
+from fedjax_dp.train.private_grad import clipped_grad_sum, per_example_grads
 from fedjax_dp.train.evaluate import accuracy, per_agent_accuracy, predict
 from fedjax_dp.train.local import (LocalTrainConfig, check_trainable, cross_entropy,
                                    batch_indices, make_local_step, make_local_update, minibatch_loss,

@@ -46,7 +46,7 @@ from fedjax_dp.privacy import mechanisms
 Params = Any
 
 __all__ = ["RowPlan", "poisson_weights", "fixed_size_weights", "clip_to_norm", "clip_rows",
-           "weighted_clipped_sum", "clipped_sum", "masked_clipped_sum", "selected_rows", "add_noise", "release",
+           "weighted_clipped_sum", "clipped_sum", "per_example_grads", "clipped_grad_sum", "masked_clipped_sum", "selected_rows", "add_noise", "release",
            "gradient_fn", "private_gradient", "poisson_event", "fixed_size_event"]
 
 
@@ -149,6 +149,19 @@ def masked_clipped_sum(per_example_fn: Callable, data: Sequence[jax.Array], weig
     total, norms = weighted_clipped_sum(values, weights, clip)
     return total, _stats(jnp.sum(weights > 0), jnp.sum(weights * (norms > clip)),
                          jnp.sum(weights * aux))
+
+
+def per_example_grads(loss_fn: Callable, params: Params, x: jax.Array, y: jax.Array) -> Params:
+    """``vmap(grad(loss_fn))`` over EVERY row: a pytree whose leaves have leading axis B."""
+    return jax.vmap(jax.grad(loss_fn), in_axes=(None, 0, 0))(params, x, y)
+
+
+def clipped_grad_sum(loss_fn: Callable, params: Params, x: jax.Array, y: jax.Array,
+                     weights: jax.Array, clip_norm) -> tuple[Params, jax.Array]:
+    """Reference of (1) for gradients: ``(sum_b w_b clip_C(grad loss(params; x_b, y_b)),
+    norms [B] before clipping)`` computed for every row (cost B; :func:`clipped_sum` computes
+    only the selected rows)."""
+    return weighted_clipped_sum(per_example_grads(loss_fn, params, x, y), weights, clip_norm)
 
 
 def _selected_index(weights: jax.Array, length: int) -> tuple[jax.Array, jax.Array]:
