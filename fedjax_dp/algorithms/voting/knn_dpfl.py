@@ -23,7 +23,7 @@ the k nearest (``method``), with identical ballots (ties: lower index first):
 
 **Normalisation by k.** The ballot is always divided by k, also for an agent with fewer than k
 records (its ballot then sums to ``n_i / k < 1``): normalising by ``min(k, n_i)`` would let one
-record move a ballot by up to 1 and break the sensitivity below. :func:`run` nevertheless rejects
+record move a ballot by up to 1 and break the sensitivity below. :func:`init` nevertheless rejects
 ``k`` larger than the smallest agent's record count (such an agent would vote with partial
 weight, almost always a configuration mistake); :func:`knn_ballots` itself is defined for any
 sizes, which the brute-force sensitivity test uses.
@@ -253,7 +253,7 @@ def agent_features(phi: FeatureMap, data: StackedData) -> tuple[jax.Array, jax.A
     return phi.apply(data.x, lead=2), data.y, data.mask
 
 
-# --------------------------------------------------------------------------- run
+# --------------------------------------------------------------------------- protocol
 
 def check_k(k: int, data: StackedData) -> int:
     """``1 <= k <= the smallest agent's number of records`` (ValueError naming the agent)."""
