@@ -94,7 +94,7 @@ def main():
     l_shard = vote.mpc_vote(key, fn, agents, queries, 0.3, num_classes=3, mesh=mesh)
     # the noisy tallies themselves (inside the tallier boundary): each agent's noise is keyed by
     # its global index, so the sharded sum carries exactly the same noise
-    tally = lambda m: jax.jit(lambda k, a, q: vote._tally(
+    tally = lambda m: jax.jit(lambda k, a, q: vote.noisy_tally(
         k, a, q, 0.3, ballot_fn=fn, num_classes=3, agent_chunk=None, query_chunk=None,
         noisy=True, mesh=m))(key, agents, queries)
     agg = lambda m: vote.mpc_vote(key, fn, agents, queries, 0.3, num_classes=3, mesh=m,

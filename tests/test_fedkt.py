@@ -4,6 +4,7 @@ for every model type, noise independence, L1/L2 accounting vs independent comput
 reproducibility, errors, configs end to end, tree learners, baselines."""
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 
 import dp_accounting
 import jax
@@ -13,7 +14,8 @@ import pytest
 
 from fedjax_dp import data
 from fedjax_dp.algorithms import api
-from fedjax_dp.algorithms.fedkt import fedkt, baselines as fedkt_baselines, learners
+from fedjax_dp.algorithms.fedkt import baselines as fedkt_baselines
+from fedjax_dp.algorithms.fedkt import fedkt, files, learners, partition, phases, privacy, votes
 from fedjax_dp.core import from_ragged
 from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.experiments import config as config_lib
@@ -50,6 +52,24 @@ def setup():
     lrn["forest"] = learners.SklearnLearner("random_forest", C, max_depth=3, n_estimators=5)
     return dict(ds=ds, flat=flat, img=img, lrn=lrn)
 
+
+def run_fedkt(key, parties, xp, cfg, *, teacher, student, final, **kw):
+    """A FedKT run through api.run, its state's values as attributes (the tests' view)."""
+    d = api.FederatedData(agents=parties, num_classes=C, x_public=xp)
+    model = next((lr.model for lr in (final, teacher, student) if learners.is_jax(lr)),
+                 make_model("logistic", parties.feature_shape, C))
+    state = fedkt.init(key, d, model, cfg, teacher=teacher, student=student, final=final, **kw)
+    st = api.run(fedkt, key, d, model, cfg, state=state).state
+    kept = {n: fedkt.fitted(st, n) if n in st.values or not learners.is_jax(
+        st.context.learners[n]) else None for n in ("teachers", "students", "final")}
+    out = fedkt.output(st)
+    return SimpleNamespace(
+        state=st, config=cfg, party_queries=st.context.party_queries,
+        server_queries=st.context.server_queries, **kept,
+        **{f: st.values[f] for f in ("teacher_votes", "z", "party_labels", "student_preds",
+                                     "server_votes", "server_labels", "server_mask")},
+        accuracy=lambda x, y: float(np.mean(out.predict_labels(x) == np.asarray(y))))
+
 _RUNS = {}
 
 
@@ -75,8 +95,8 @@ def _run_small(setup, level, model, seed, **kw):
     else:
         parties, xp = setup["flat"], setup["ds"].x_public
         t = s = f = setup["lrn"][model]
-    return fedkt.run(jax.random.key(seed), parties, xp, cfg, num_classes=C, teacher=t,
-                     student=s, final=f), parties, xp, t, s
+    return run_fedkt(jax.random.key(seed), parties, xp, cfg, teacher=t, student=s,
+                     final=f), parties, xp, t, s
 
 # ----------------------------------------------------------------------------- streaming
 
@@ -175,13 +195,13 @@ def test_chunked_server_vote_matches_loop():
     preds[0, :, :10] = 1                                                   # some agreement
     want = loop_consistent_vote(preds, 3)
     for size in (2, 5):                                     # chunks 2, 2, padded 1; one chunk
-        np.testing.assert_array_equal(fedkt.server_votes(preds, 3, size), want)
+        np.testing.assert_array_equal(phases.server_votes(preds[None], 3, size)[0], want)
 
 
 def test_per_model_keys_slice_like_the_whole_run(setup):
     """fit_keyed on a slice of model_keys trains the same models as fit on all: the teacher of
     global index a gets the same keys in every chunk (shapes of the runs above: 18 and 12)."""
-    td = fedkt.teacher_data(jax.random.key(3), setup["flat"], 2, 3)          # [18, ...]
+    td = partition.teacher_data(jax.random.key(3), setup["flat"], 2, 3)          # [18, ...]
     lrn = setup["lrn"]["mlp"]
     ik, tk = learners.model_keys(jax.random.key(2), td.num_agents)
     whole = lrn.fit(jax.random.key(2), td)
@@ -193,8 +213,7 @@ def test_tree_learners_on_host_parties_equal_device(setup, mapped):
     """Tree learners are not streamed (all parties in one chunk, a host loop): host == device."""
     ref, parties, xp, t, s = run_small(setup, "L0", "trees")
     cfg = dataclasses.replace(ref.config, party_chunk=2)
-    got = fedkt.run(jax.random.key(0), mapped, xp, cfg, num_classes=C, teacher=t, student=s,
-                    final=s)
+    got = run_fedkt(jax.random.key(0), mapped, xp, cfg, teacher=t, student=s, final=s)
     for field in STREAM_FIELDS:
         np.testing.assert_array_equal(getattr(got, field), getattr(ref, field), err_msg=field)
     assert len(got.teachers) == parties.num_agents * 2 * 3             # trees are kept
@@ -210,7 +229,7 @@ def test_bad_party_chunk_is_rejected(bad):
 
 def test_teacher_split_is_a_disjoint_cover_and_partitions_differ(setup):
     parties = setup["flat"]
-    td = fedkt.teacher_data(jax.random.key(3), parties, 2, 3)
+    td = partition.teacher_data(jax.random.key(3), parties, 2, 3)
     n = parties.num_agents
     assert td.num_agents == n * 2 * 3
     counts = np.asarray(td.counts).reshape(n, 2, 3)
@@ -239,7 +258,7 @@ def test_party_too_small_is_an_error_before_training(setup):
                        [np.zeros(5, np.int32), np.zeros(2, np.int32)])
     cfg = fedkt.Config(num_teachers=3, local=TRAIN)
     with pytest.raises(ValueError, match="party 1 holds 2 records, fewer than num_teachers=3"):
-        fedkt.run(jax.random.key(0), tiny, np.zeros((4, 16), np.float32), cfg, num_classes=C,
+        run_fedkt(jax.random.key(0), tiny, np.zeros((4, 16), np.float32), cfg,
                   teacher=setup["lrn"]["mlp"], student=setup["lrn"]["mlp"],
                   final=setup["lrn"]["mlp"])
 
@@ -259,17 +278,17 @@ def test_run_input_errors(setup):
     lr = setup["lrn"]["mlp"]
     cfg = fedkt.Config(num_teachers=3, local=TRAIN)
     with pytest.raises(ValueError, match="x_public has feature shape"):
-        fedkt.run(jax.random.key(0), setup["flat"], np.zeros((4, 5), np.float32), cfg,
-                  num_classes=C, teacher=lr, student=lr, final=lr)
+        run_fedkt(jax.random.key(0), setup["flat"], np.zeros((4, 5), np.float32), cfg,
+                  teacher=lr, student=lr, final=lr)
     with pytest.raises(ValueError, match="x_public"):
-        fedkt.run(jax.random.key(0), setup["flat"], np.zeros((0, 16), np.float32), cfg,
-                  num_classes=C, teacher=lr, student=lr, final=lr)
+        run_fedkt(jax.random.key(0), setup["flat"], np.zeros((0, 16), np.float32), cfg,
+                  teacher=lr, student=lr, final=lr)
 
 # ----------------------------------------------------------------------------- training
 
 
 def test_teacher_training_one_call_matches_loop_and_chunks(setup):
-    td = fedkt.teacher_data(jax.random.key(1), setup["flat"], 2, 3)       # 18 teachers
+    td = partition.teacher_data(jax.random.key(1), setup["flat"], 2, 3)       # 18 teachers
     model = setup["lrn"]["logistic"].model
     key = jax.random.key(7)
     plain = learners.JaxLearner(model, TRAIN, chunk_size=None).fit(key, td)
@@ -298,19 +317,19 @@ def test_student_shared_input_training_matches_loop(setup):
 def loop_consistent_vote(preds, num_classes):
     """Reference: party i adds s to class c iff all its s students say c (Python loops)."""
     n, s, q = preds.shape
-    votes = np.zeros((q, num_classes), np.int64)
+    counts = np.zeros((q, num_classes), np.int64)
     for x in range(q):
         for i in range(n):
             first = preds[i, 0, x]
             if all(preds[i, j, x] == first for j in range(s)):
-                votes[x, first] += s
-    return votes
+                counts[x, first] += s
+    return counts
 
 
 def test_consistent_vote_function_matches_loop():
     preds = np.array(jax.random.randint(jax.random.key(0), (5, 3, 40), 0, 3))
     preds[0, :, :10] = 1                                                   # some agreement
-    got = np.asarray(fedkt.consistent_vote(jnp.asarray(preds), 3))
+    got = np.asarray(votes.consistent_vote(jnp.asarray(preds), 3))
     np.testing.assert_array_equal(got, loop_consistent_vote(preds, 3))
 
 
@@ -338,7 +357,7 @@ def test_consistent_voting_in_a_run_matches_loop_for_every_model_type(setup, mod
 def test_noisy_labels_are_independent_across_groups_and_queries():
     counts = jnp.zeros((6, 500, 10), jnp.int32)                            # no signal
     keys = jax.random.split(jax.random.key(0), 6)
-    labels = np.asarray(fedkt.noisy_labels(keys, counts, 1.0))
+    labels = np.asarray(votes.noisy_labels(keys, counts, 1.0))
     # each group: uniform over classes; two groups agree about 1/10 of the time
     for g in range(6):
         assert np.bincount(labels[g], minlength=10).min() > 20
@@ -347,7 +366,7 @@ def test_noisy_labels_are_independent_across_groups_and_queries():
     # consecutive queries are not correlated
     assert np.mean(labels[:, 1:] == labels[:, :-1]) < 0.2
     # a different key gives different noise; the same key the same
-    again = np.asarray(fedkt.noisy_labels(keys, counts, 1.0))
+    again = np.asarray(votes.noisy_labels(keys, counts, 1.0))
     np.testing.assert_array_equal(labels, again)
 
 
@@ -390,7 +409,7 @@ def test_l1_accounting_matches_independent_computation(setup):
         got = next(r for r in di.report(1e-5, ("pld",)) if r["unit"] == unit)
         assert got["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
         assert got["epsilon"] <= len(res.server_queries) * 2 * s * g + 1e-9
-    summary = fedkt.privacy_summary(res, 1e-5)
+    summary = privacy.privacy_summary(res.config, res.state.values, 1e-5)
     assert set(summary["units"]) == {"party", "example"}
     assert summary["units"]["party"]["data_dependent_rdp_epsilon"] <= \
         summary["units"]["party"]["moments_epsilon"] + 1e-9
@@ -424,10 +443,10 @@ def test_l0_has_no_ledger_entries(setup):
 
 
 def test_example_sensitivity_rules():
-    assert [fedkt.example_k(z, 4) for z in range(5)] == [0.0, 2.0, 2.0, 2.0, 4.0]
-    assert [fedkt.paper_example_k(z, 4) for z in range(5)] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert [privacy.example_k(z, 4) for z in range(5)] == [0.0, 2.0, 2.0, 2.0, 4.0]
+    assert [privacy.paper_example_k(z, 4) for z in range(5)] == [0.0, 1.0, 2.0, 3.0, 4.0]
     with pytest.raises(ValueError, match="z"):
-        fedkt.example_k(5, 4)
+        privacy.example_k(5, 4)
 
 
 def test_gap_threshold_two_is_safe_and_one_is_not():
@@ -443,25 +462,25 @@ def test_gap_threshold_two_is_safe_and_one_is_not():
                     w[a] -= 1
                     w[b] += 1
                     if w.argmax() != v.argmax():
-                        flips_at_gap.add(int(fedkt.top2_gaps(v)))
+                        flips_at_gap.add(int(votes.top2_gaps(v)))
     assert max(flips_at_gap) == 2                 # gap 2 can flip (tie-break): paper's 1 misses
-    votes = np.array([[[[3, 1, 0], [4, 0, 0]], [[5, 0, 0], [6, 0, 0]]]])   # [1, 2, 2, 3]
-    np.testing.assert_array_equal(fedkt.partitions_at_risk(votes, 2), [1])
-    np.testing.assert_array_equal(fedkt.partitions_at_risk(votes, 1), [0])
+    counts = np.array([[[[3, 1, 0], [4, 0, 0]], [[5, 0, 0], [6, 0, 0]]]])  # [1, 2, 2, 3]
+    np.testing.assert_array_equal(votes.partitions_at_risk(counts, 2), [1])
+    np.testing.assert_array_equal(votes.partitions_at_risk(counts, 1), [0])
 
 
 def test_account_function_and_votes_file(tmp_path):
-    votes = np.tile([18, 2], (1000, 1))
-    out = fedkt.account(votes, level="L1", gamma=0.05, delta=1e-5, z=1)
+    counts = np.tile([18, 2], (1000, 1))
+    out = privacy.account(counts, level="L1", gamma=0.05, delta=1e-5, z=1)
     assert out["units"]["example"]["moments_epsilon"] == pytest.approx(20.7565, abs=1e-3)
     assert out["units"]["party"]["moments_epsilon"] == pytest.approx(51.5129, abs=1e-3)
-    np.savez(tmp_path / "v.npz", votes=votes, z=1)
-    v, z = fedkt.load_votes(tmp_path / "v.npz")
+    np.savez(tmp_path / "v.npz", votes=counts, z=1)
+    v, z = files.load_votes(tmp_path / "v.npz")
     assert z == 1 and v.shape == (1000, 2)
     with pytest.raises(ValueError, match="npz or .json"):
-        fedkt.load_votes(__file__)
+        files.load_votes(__file__)
     with pytest.raises(ValueError, match="does not exist"):
-        fedkt.load_votes(tmp_path / "missing.json")
+        files.load_votes(tmp_path / "missing.json")
 
 
 def test_cli_account_fedkt(tmp_path, capsys):
@@ -515,13 +534,14 @@ def test_baselines_solo_pate_and_one_round(setup):
     ref = [np.mean(np.asarray(tree.predict(tree.fit(jax.random.key(0), parties)[i:i + 1],
                                            ds.x_test))[0] == ds.y_test) for i in range(3)]
     np.testing.assert_allclose(accs, ref)
-    pooled = fedkt_baselines.pool(parties)
+    pooled = partition.pool(parties)
     assert pooled.num_agents == 1 and int(pooled.counts[0]) == int(parties.counts.sum())
-    cfg = fedkt.Config(num_partitions=2, num_teachers=3, level="L1", local=TRAIN)
-    pate = fedkt_baselines.centralized_pate(jax.random.key(0), parties, ds.x_public, cfg,
-                                            num_classes=C, teacher=tree, student=forest,
-                                            final=forest)
-    assert pate.config.level == "L0" and pate.teacher_votes.shape[:2] == (1, 2)
+    cfg = fedkt.Config(num_partitions=2, num_teachers=3, centralized=True, local=TRAIN)
+    pate = run_fedkt(jax.random.key(0), parties, ds.x_public, cfg, teacher=tree,
+                     student=forest, final=forest)
+    assert pate.teacher_votes.shape[:2] == (1, 2)
+    with pytest.raises(ValueError, match="algorithm.centralized"):
+        fedkt.Config(centralized=True, level="L1")
     assert pate.accuracy(ds.x_test, ds.y_test) > 0.4            # chance: 1/3
     lr = setup["lrn"]["logistic"]
     acc = fedkt_baselines.one_round(jax.random.key(1), parties, lr.model, TRAIN, ds.x_test,

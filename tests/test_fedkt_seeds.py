@@ -1,4 +1,5 @@
-"""FedKT seeds in one vmapped compiled call per chunk (``fedkt.seeds_stepper``): runner.run_seeds
+"""FedKT seeds in one compiled call per chunk (``fedkt.seeds_stepper`` = the phases of
+:mod:`fedjax_dp.algorithms.fedkt.phases` over S seeds; a single run is S = 1): runner.run_seeds
 equals runner.run per seed (test accuracy, history, every epsilon); the protocol's batched steps
 equal separate runs array by array (L2 with seed-dependent party queries, streamed padded
 chunks of memory-mapped parties at different ``n_max``, kept models); tree learners and reused
@@ -11,7 +12,7 @@ import pytest
 
 from fedjax_dp import data
 from fedjax_dp.algorithms import api
-from fedjax_dp.algorithms.fedkt import fedkt, fedkt_seeds, learners
+from fedjax_dp.algorithms.fedkt import fedkt, learners, phases
 from fedjax_dp.core import from_ragged, load_stacked, save_stacked
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
@@ -173,7 +174,7 @@ def test_not_batched_returns_none(tiny):
     trees = learners.SklearnLearner("decision_tree", C, max_depth=3)
     states = [fedkt.init(jax.random.key(s), _data(ds, p), mlp.model, cfg, teacher=trees,
                          student=mlp, final=mlp) for s, p in zip((0, 1), parties)]
-    assert "not a JAX model" in fedkt_seeds.unsupported(states)
+    assert "not a JAX model" in phases.unsupported(states)
     assert fedkt.seeds_stepper(states) is None
     # reused fitted teachers; the reference loop backend; seeds with different configs
     _, _, states = _states(tiny, cfg, fitted_teachers=object())
@@ -186,7 +187,7 @@ def test_not_batched_returns_none(tiny):
     other = fedkt.init(jax.random.key(2), _data(ds, parties[1]), mlp.model,
                        dataclasses.replace(cfg, num_teachers=2), teacher=mlp, student=mlp,
                        final=mlp)
-    assert fedkt_seeds.unsupported([states[0], other]) == "the seeds' configs differ"
+    assert phases.unsupported([states[0], other]) == "the seeds' configs differ"
 
 
 @pytest.mark.parametrize("chunk, seed_axis", [(4, "map"), (None, "vmap"),

@@ -47,7 +47,7 @@ def test_vote_matches_a_loop_over_agents_and_queries(setup):
     assert labels.dtype == jnp.int32 and labels.shape == (Q,)
 
 
-_TALLY = jax.jit(vote._tally, static_argnames=("ballot_fn", "num_classes", "agent_chunk",
+_TALLY = jax.jit(vote.noisy_tally, static_argnames=("ballot_fn", "num_classes", "agent_chunk",
                                                "query_chunk", "noisy", "noise"))
 
 

@@ -169,7 +169,7 @@ def _gaussian_vote(weaken, *, sigma, unit, ballot, k, num_agents, num_classes, n
     ``instance`` + ``one_hot``: agent 0's vote moves from class 0 to class 1;
     ``instance`` + ``neighbour_counts``: one of agent 0's k neighbours changes label 0 -> 1
     (its ballot moves by 1/k in two coordinates, sensitivity sqrt(2)/k). The tally is
-    :func:`fedjax_dp.privacy.vote._tally` (every agent's own noise share, or the aggregate
+    :func:`fedjax_dp.privacy.vote.noisy_tally` (every agent's own noise share, or the aggregate
     noise), the statistic its projection on the change (the score difference of the two
     classes that change, scaled by 1/sqrt(2); the changed class's score at agent level).
     """
@@ -222,8 +222,8 @@ def _gaussian_vote(weaken, *, sigma, unit, ballot, k, num_agents, num_classes, n
 
     def one(key, inputs):
         w = inputs
-        tally = vote._tally(key, w["ballots"], w["queries"], w["sigma"], noisy=True,
-                            noise=noise, **kw)                    # [1, C]
+        tally = vote.noisy_tally(key, w["ballots"], w["queries"], w["sigma"], noisy=True,
+                                 noise=noise, **kw)               # [1, C]
         return jnp.dot(tally[0], w["u"])
 
     inputs = {nb: {"ballots": a, "queries": queries, "u": u, "sigma": jnp.float32(run_sigma)}
@@ -244,15 +244,16 @@ def _gaussian_vote(weaken, *, sigma, unit, ballot, k, num_agents, num_classes, n
 def _fedkt_laplace(weaken, *, gamma, num_teachers, gap, num_classes, accountant) -> Auditable:
     """FedKT's LNMax vote (FedKT Alg. 1, Thm 3; L2 example level), one query of one partition.
 
-    ``t`` teachers vote on one public point through :func:`fedjax_dp.algorithms.fedkt.fedkt.vote_counts`
-    and the label is released by :func:`fedjax_dp.algorithms.fedkt.fedkt.noisy_labels`
+    ``t`` teachers vote on one public point through :func:`fedjax_dp.algorithms.fedkt.votes.vote_counts`
+    and the label is released by :func:`fedjax_dp.algorithms.fedkt.votes.noisy_labels`
     (``argmax(counts + Lap(1/gamma))``). Neighbours (replace one training example, which changes
     one teacher's vote): in D' the top-2 gap is ``gap`` (class 0 ahead); in D teacher 0 votes
     class 1 instead (gap ``gap - 2``). Statistic: the released label is class 1 (0/1).
     Claimed: ``LaplaceDpEvent(1 / (2 gamma))`` (L1 sensitivity 2), by the library's
-    :func:`fedkt.data_independent_events`.
+    :func:`fedjax_dp.algorithms.fedkt.privacy.data_independent_events`.
     """
-    from fedjax_dp.algorithms.fedkt import fedkt
+    from fedjax_dp.algorithms.fedkt import privacy as fedkt_privacy
+    from fedjax_dp.algorithms.fedkt import votes as fedkt_votes
     from fedjax_dp.privacy import PrivacyLedger
     gamma = _check_finite_positive("gamma", gamma)
     t = validation.check_int("num_teachers", num_teachers, minimum=2)
@@ -274,21 +275,22 @@ def _fedkt_laplace(weaken, *, gamma, num_teachers, gap, num_classes, accountant)
 
     def one(key, inputs):
         w = inputs
-        counts = fedkt.vote_counts(w["preds"], c)                 # [1, 1, C]
-        label = fedkt.noisy_labels(key[None], counts, w["gamma"])   # [1, 1]
+        counts = fedkt_votes.vote_counts(w["preds"], c)                 # [1, 1, C]
+        label = fedkt_votes.noisy_labels(key[None], counts, w["gamma"])   # [1, 1]
         return (label[0, 0] == 1).astype(jnp.float32)
 
     inputs = {nb: {"preds": p, "gamma": jnp.float32(run_gamma)} for nb, p in worlds.items()}
 
     def claimed(delta):
-        event = fedkt.data_independent_events("L2", gamma, 1, num_partitions=1,
-                                              num_teachers=t)["example"]
-        ledger = PrivacyLedger().add_event("example", event, relation=fedkt.EXAMPLE_RELATION,
+        event = fedkt_privacy.data_independent_events("L2", gamma, 1, num_partitions=1,
+                                                      num_teachers=t)["example"]
+        ledger = PrivacyLedger().add_event("example", event,
+                                           relation=fedkt_privacy.EXAMPLE_RELATION,
                                            sensitivity=2.0)
         return ledger.epsilon("example", delta, accountant)
 
     params = dict(gamma=gamma, num_teachers=t, gap=gap, num_classes=c, accountant=accountant)
-    return Auditable("fedkt-laplace", params, weaken, "example", fedkt.EXAMPLE_RELATION,
+    return Auditable("fedkt-laplace", params, weaken, "example", fedkt_privacy.EXAMPLE_RELATION,
                      one, inputs, claimed, structure=(t, c))
 
 
@@ -598,7 +600,7 @@ MECHANISMS: dict[str, Spec] = {
              noise="per_agent", accountant="pld"),
         ("halve-noise",), _gaussian_vote),
     "fedkt-laplace": Spec(
-        "FedKT LNMax vote (algorithms/fedkt.py noisy_labels), one query, released label",
+        "FedKT LNMax vote (algorithms/fedkt/votes.py noisy_labels), one query, released label",
         dict(gamma=0.5, num_teachers=10, gap=4, num_classes=2, accountant="pld"),
         ("halve-noise",), _fedkt_laplace),
     "dp-sgd-step": Spec(

@@ -201,14 +201,15 @@ def _cmd_account(args) -> int:
 
 
 def _cmd_account_fedkt(args, accountants) -> int:
-    from fedjax_dp.algorithms.fedkt import fedkt
-    votes, z_file = fedkt.load_votes(args.votes)
+    from fedjax_dp.algorithms.fedkt import files as fedkt_files
+    from fedjax_dp.algorithms.fedkt import privacy as fedkt_privacy
+    votes, z_file = fedkt_files.load_votes(args.votes)
     units = ("party", "example") if args.unit == "both" else (args.unit,)
-    report = fedkt.account(votes, level=args.level, gamma=args.gamma, delta=args.delta,
-                           num_partitions=args.s, num_teachers=args.t,
-                           z=args.z if args.z is not None else z_file, units=units,
-                           moment_orders=args.orders, example_rule=args.example_rule,
-                           accountants=accountants)
+    report = fedkt_privacy.account(votes, level=args.level, gamma=args.gamma, delta=args.delta,
+                                   num_partitions=args.s, num_teachers=args.t,
+                                   z=args.z if args.z is not None else z_file, units=units,
+                                   moment_orders=args.orders, example_rule=args.example_rule,
+                                   accountants=accountants)
     print(json.dumps(report, indent=2))
     return 0
 

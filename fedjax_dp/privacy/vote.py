@@ -221,10 +221,11 @@ def _local_tally(key, agents, ids, valid, queries, std, *, ballot_fn: BallotFn, 
     return tallies.reshape(-1, num_classes)[:q]
 
 
-def _tally(key, agents, queries, sigma, *, ballot_fn: BallotFn, num_classes: int,
-           agent_chunk: int | None, query_chunk: int | None, noisy: bool,
-           mesh: Mesh | None = None, noise: str = "per_agent") -> jax.Array:
-    """Sum over agents of (ballot + own noise): ``[Q, C]``. Private to the tallier boundary.
+def noisy_tally(key, agents, queries, sigma, *, ballot_fn: BallotFn, num_classes: int,
+                agent_chunk: int | None, query_chunk: int | None, noisy: bool,
+                mesh: Mesh | None = None, noise: str = "per_agent") -> jax.Array:
+    """Sum over agents of (ballot + own noise): ``[Q, C]``, the talliers' secret: the protocol
+    (:func:`mpc_vote`) releases only its argmax; public for tests, audits and benchmarks.
 
     ``noise="aggregate"``: the noise-free sum plus :func:`aggregate_noise` (same distribution).
 
@@ -234,8 +235,9 @@ def _tally(key, agents, queries, sigma, *, ballot_fn: BallotFn, num_classes: int
     (keys use global agent indices), the same result up to float summation order.
     """
     if noisy and noise == "aggregate":
-        clean = _tally(None, agents, queries, 0.0, ballot_fn=ballot_fn, num_classes=num_classes,
-                       agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=False, mesh=mesh)
+        clean = noisy_tally(None, agents, queries, 0.0, ballot_fn=ballot_fn,
+                            num_classes=num_classes, agent_chunk=agent_chunk,
+                            query_chunk=query_chunk, noisy=False, mesh=mesh)
         return _add_aggregate_noise(key, clean, sigma)
     n = jax.tree.leaves(agents)[0].shape[0]
     std = sigma / math.sqrt(n) if noisy else 0.0
@@ -265,17 +267,17 @@ def _tally(key, agents, queries, sigma, *, ballot_fn: BallotFn, num_classes: int
                                              "query_chunk", "mesh", "noise"))
 def _release(key, agents, queries, sigma, *, ballot_fn, num_classes, agent_chunk, query_chunk,
              mesh=None, noise="per_agent"):
-    tally = _tally(key, agents, queries, sigma, ballot_fn=ballot_fn, num_classes=num_classes,
-                   agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=True, mesh=mesh,
-                   noise=noise)
+    tally = noisy_tally(key, agents, queries, sigma, ballot_fn=ballot_fn, num_classes=num_classes,
+                        agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=True, mesh=mesh,
+                        noise=noise)
     return jnp.argmax(tally, axis=-1).astype(jnp.int32)                   # only this leaves
 
 
 @functools.partial(jax.jit, static_argnames=("ballot_fn", "num_classes", "agent_chunk",
                                              "query_chunk", "mesh"))
 def _clean(agents, queries, *, ballot_fn, num_classes, agent_chunk, query_chunk, mesh=None):
-    return _tally(None, agents, queries, 0.0, ballot_fn=ballot_fn, num_classes=num_classes,
-                  agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=False, mesh=mesh)
+    return noisy_tally(None, agents, queries, 0.0, ballot_fn=ballot_fn, num_classes=num_classes,
+                       agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=False, mesh=mesh)
 
 
 def check_vote_args(sigma, num_agents: int, num_queries: int, num_classes: int,
@@ -332,8 +334,8 @@ def mpc_vote(key: jax.Array, ballot_fn: BallotFn, agents: Any, queries: jax.Arra
                                              "query_chunk", "mesh"))
 def _release_and_clean(key, agents, queries, sigma, *, ballot_fn, num_classes, agent_chunk,
                        query_chunk, mesh=None):
-    clean = _tally(None, agents, queries, 0.0, ballot_fn=ballot_fn, num_classes=num_classes,
-                   agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=False, mesh=mesh)
+    clean = noisy_tally(None, agents, queries, 0.0, ballot_fn=ballot_fn, num_classes=num_classes,
+                        agent_chunk=agent_chunk, query_chunk=query_chunk, noisy=False, mesh=mesh)
     noisy = _add_aggregate_noise(key, clean, sigma)
     return jnp.argmax(noisy, axis=-1).astype(jnp.int32), clean
 

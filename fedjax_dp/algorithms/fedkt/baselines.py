@@ -3,7 +3,8 @@
 * SOLO: every party trains one model on its own data only (all parties in one compiled call);
   reported as the mean (and spread) of the parties' test accuracies.
 * Centralized PATE (the upper bound of knowledge transfer through public data): FedKT with one
-  party that holds all training data and the same s partitions x t teachers, no noise.
+  party that holds all training data and the same s partitions x t teachers, no noise: the
+  FedKT config key ``algorithm.centralized = true`` (:mod:`.fedkt`).
 * FedAvg (McMahan et al. 2017) restricted to one round: every party trains from one shared
   initialisation for ``local.steps`` steps and the server averages once.
 * FedProx (Li et al. 2020) in one round: FedAvg whose local objective adds
@@ -18,9 +19,9 @@ import dataclasses
 import jax
 import numpy as np
 
+from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.averaging import fedavg
-from fedjax_dp.algorithms.fedkt import fedkt
-from fedjax_dp.core import StackedData, from_ragged, validation
+from fedjax_dp.core import StackedData, validation
 from fedjax_dp.models import Model
 from fedjax_dp.train import LocalTrainConfig, accuracy
 
@@ -32,19 +33,6 @@ def solo(key: jax.Array, parties: StackedData, learner, x_test, y_test) -> np.nd
     return np.mean(preds == np.asarray(y_test)[None], axis=1)
 
 
-def pool(parties: StackedData) -> StackedData:
-    """All parties' records as one party (the centralized setting)."""
-    xs, ys = zip(*(parties.local(i) for i in range(parties.num_agents)))    # host, not hot
-    return from_ragged([np.concatenate(xs)], [np.concatenate(ys)])
-
-
-def centralized_pate(key: jax.Array, parties: StackedData, x_public, config: fedkt.Config,
-                     **kwargs) -> fedkt.Result:
-    """FedKT with a single party holding everything (same s x t teachers), level L0."""
-    cfg = dataclasses.replace(config, level="L0", query_fraction=1.0)
-    return fedkt.run(key, pool(parties), x_public, cfg, **kwargs)
-
-
 def one_round(key: jax.Array, parties: StackedData, model: Model, local: LocalTrainConfig,
               x_test, y_test, *, prox_mu: float = 0.0,
               chunk_size: int | str | None = "auto") -> float:
@@ -52,5 +40,6 @@ def one_round(key: jax.Array, parties: StackedData, model: Model, local: LocalTr
     validation.check_nonnegative("prox_mu", prox_mu)
     local = dataclasses.replace(local, prox_mu=prox_mu)
     config = fedavg.Config(rounds=1, sampling_rate=1.0, server_lr=1.0, local=local)
-    history = fedavg.run(key, parties, model, config, chunk_size=chunk_size)
-    return accuracy(model, history.params, x_test, y_test)
+    data = api.FederatedData(agents=parties, num_classes=model.num_classes)
+    done = api.run(fedavg, key, data, model, config, runtime=api.Runtime(chunk_size=chunk_size))
+    return accuracy(model, done.state.values["params"], x_test, y_test)

@@ -10,7 +10,7 @@ A learner trains ``A`` independent models and predicts with all of them::
 :class:`JaxLearner` also trains S independent runs (seeds) in one compiled call:
 ``fit_keyed_seeds``, ``fit_shared_keyed_seeds`` and ``predict_seeds`` take every array with a
 leading seed axis, vmapped (accelerators) or looped inside the call (CPU: bit for bit equal to
-separate calls) (FedKT's ``seeds_stepper``, :mod:`fedjax_dp.algorithms.fedkt.fedkt_seeds`).
+separate calls; one seed: the single call itself) (FedKT's phases, :mod:`.phases`).
 
 Two kinds:
 
@@ -34,7 +34,7 @@ import numpy as np
 from fedjax_dp.core import StackedData, for_each_agent, numpy_rng, validation
 from fedjax_dp.models import Model
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
-from fedjax_dp.train.local import _lifted_update, resolve_chunk_size
+from fedjax_dp.train.local import lifted_update, resolve_chunk_size
 
 JAX_MODELS = ("logistic", "mlp", "cnn")
 TREE_MODELS = ("decision_tree", "random_forest", "gradient_boosting", "xgboost")
@@ -79,7 +79,7 @@ class JaxLearner:
         the models at a time. Agents without records (padding) give unused parameters."""
         params = _init_fn(self.model)(init_keys)
         chunk = resolve_chunk_size(self.chunk_size, params, data.num_agents)
-        fn = _lifted_update(self.model, self.train, False, chunk, None, self.backend)
+        fn = lifted_update(self.model, self.train, False, chunk, None, self.backend)
         params, _ = fn(train_keys, params, data.x, data.y, data.mask, data.counts)
         return params
 
@@ -121,11 +121,15 @@ class JaxLearner:
     def fit_keyed_seeds(self, init_keys: jax.Array, train_keys: jax.Array, data: StackedData, *,
                         seed_axis: str = "auto"):
         """:meth:`fit_keyed` of S seeds: ``init_keys`` / ``train_keys [S, A]``, ``data
-        [S, A, ...]`` -> params ``[S, A, ...]`` (seed s: ``fit_keyed(init_keys[s], ...)``)."""
+        [S, A, ...]`` -> params ``[S, A, ...]`` (seed s: ``fit_keyed(init_keys[s], ...)``; one
+        seed: that call itself)."""
         mode = resolve_seed_axis(seed_axis)
+        if init_keys.shape[0] == 1:
+            return _one_seed_axis(self.fit_keyed(init_keys[0], train_keys[0],
+                                                 jax.tree.map(lambda leaf: leaf[0], data)))
         params = _over_seeds(_init_fn(self.model), (0,), mode)(init_keys)
         chunk = resolve_chunk_size(self.chunk_size, _one_seed(params), init_keys.shape[1])
-        fn = _lifted_update(self.model, self.train, False, chunk, None, self.backend)
+        fn = lifted_update(self.model, self.train, False, chunk, None, self.backend)
         params, _ = _over_seeds(fn, (0,) * 6, mode)(train_keys, params, data.x, data.y,
                                                    data.mask, data.counts)
         return params
@@ -133,8 +137,12 @@ class JaxLearner:
     def fit_shared_keyed_seeds(self, init_keys: jax.Array, train_keys: jax.Array, x, y, mask, *,
                                x_axis: int | None = None, seed_axis: str = "auto"):
         """:meth:`fit_shared_keyed` of S seeds: keys ``[S, A]``, ``y`` / ``mask [S, A, Q]``;
-        ``x [Q, ...]`` shared by the seeds (``x_axis=None``) or ``[S, Q, ...]`` (``x_axis=0``)."""
+        ``x [Q, ...]`` shared by the seeds (``x_axis=None``) or ``[S, Q, ...]`` (``x_axis=0``;
+        one seed: that call itself)."""
         mode = resolve_seed_axis(seed_axis)
+        if init_keys.shape[0] == 1:
+            return _one_seed_axis(self.fit_shared_keyed(
+                init_keys[0], train_keys[0], x if x_axis is None else x[0], y[0], mask[0]))
         x = jnp.asarray(x)
         y = jnp.asarray(y, jnp.int32)
         mask = jnp.asarray(mask, bool)
@@ -149,12 +157,16 @@ class JaxLearner:
     def predict_seeds(self, params, x, *, x_axis: int | None = None,
                       seed_axis: str = "auto") -> jax.Array:
         """:meth:`predict` of S seeds: params ``[S, A, ...]``, ``x [M, ...]`` shared
-        (``x_axis=None``) or ``[S, M, ...]`` -> ``int32 [S, A, M]``."""
+        (``x_axis=None``) or ``[S, M, ...]`` -> ``int32 [S, A, M]`` (one seed: :meth:`predict`)."""
+        mode = resolve_seed_axis(seed_axis)
         x = jnp.asarray(x)
+        if jax.tree.leaves(params)[0].shape[0] == 1:
+            return self.predict(jax.tree.map(lambda leaf: leaf[0], params),
+                                x if x_axis is None else x[0])[None]
         one = _one_seed(params)
         chunk = resolve_chunk_size(self.chunk_size, one, jax.tree.leaves(one)[0].shape[0])
         fn = _predict_fn(self.model, chunk, self.backend)
-        return _over_seeds(fn, (0, x_axis), resolve_seed_axis(seed_axis))(params, x)
+        return _over_seeds(fn, (0, x_axis), mode)(params, x)
 
 
 #: How the ``*_seeds`` methods run the seed axis when asked for ``"auto"`` (None: "map" on the
@@ -208,6 +220,11 @@ def _predict_fn(model: Model, chunk_size, backend):
 
     lifted = for_each_agent(one, (0, None), chunk_size=chunk_size, backend=backend)
     return lifted if backend == "loop" else jax.jit(lifted)
+
+
+def _one_seed_axis(params):
+    """One seed's models with a leading seed axis of 1."""
+    return jax.tree.map(lambda leaf: leaf[None], params)
 
 
 def _one_seed(params):

@@ -1,0 +1,461 @@
+"""FedKT's three phases, written once over a seed axis: a run is the S = 1 case of S seeds.
+
+Paper Algorithm 1, with n parties, s partitions per party, t teachers per partition:
+
+* ``teachers`` (party side, lines 3-4): per chunk of P parties, the s*t teacher subsets of
+  every party (:func:`.partition.teacher_data_seeds`), the P*s*t teachers trained in ONE
+  compiled call, their vote counts on the parties' queries ``v_m(x) = #{k : T^i_{j,k}(x) = m}``
+  (:func:`.votes.chunk_votes`) and ``z`` (:func:`.votes.partitions_at_risk`); the teachers are
+  then dropped (kept only when the run is not :func:`streamed`);
+* ``students``: per chunk, the party labels ``y^i_j = argmax_m v_m`` (L2: ``+ Lap(1/gamma)``,
+  Theorem 3) from the stored votes (never the private data), the P*s students trained on them in
+  one call and their classes on the server's queries;
+* ``final`` (server side, Section 3.3): the consistent vote ``v_c(x) = s #{i : U^i_j(x) = c for
+  every j}`` summed over chunks of the stored predictions (exact integers), the server labels
+  (L1: ``+ Lap(1/gamma)``, Theorems 1 / 2) and the final model.
+
+Seeds. Every function takes the states of S runs that differ only in their root key (and in the
+parties their seed's partition drew) and returns theirs: the host loops over the chunks of
+parties ONCE, and each chunk's compiled work runs for all S seeds in one call over a leading
+seed axis (:meth:`~.learners.JaxLearner.fit_keyed_seeds`, ``fit_shared_keyed_seeds``,
+``predict_seeds``): vmapped on accelerators; on the CPU a loop over the seeds inside the call
+(``lax.map``) whose body is a single run's compiled function, because a vmap over the seeds
+changes the rounding of chunked training (measured on mnist5k: 258 of 600,000 teacher vote
+counts differed from separate runs, so data-dependent epsilons would too;
+:data:`.learners.SEED_AXIS` overrides the choice). With S = 1 those methods are the single
+run's calls themselves. Seed s uses exactly the keys of its own run (the named streams of its
+``init``), so its state and metrics equal its separate run's (bit for bit on the CPU; the models
+to float tolerance under a vmap; the timings ``*_s`` are the batch's). A public set, or a tier's
+public queries, that all seeds share is passed once (:func:`fedjax_dp.core.seed_axis.
+share_or_stack`); otherwise the seeds' sets are stacked.
+
+:func:`unsupported` says why seeds cannot step together (then each runs alone, S = 1): a tree
+learner (fitted in a host loop, not JAX; its phases take all n parties as one chunk and keep the
+fitted trees), the ``loop`` backend (the reference path), reused fitted teachers / students, or
+seeds whose configs, learners, party counts, feature shapes, classes, public sets or query
+counts differ.
+
+Scale: the parties are streamed in chunks of P = :func:`.config.party_chunk_size` parties
+(:func:`fedjax_dp.core.agent_stream.chunks`: host-resident parties are copied one chunk at a
+time, the next read meanwhile; the last chunk is padded with empty parties, so one compilation
+serves all chunks). Memory: O(S P s t params + S n s (Qp C + Qp + Qs)) bytes, the last term
+compact integers (:func:`.votes.int_dtype`). Keys do not depend on the chunking: partition j of
+party i re-splits with ``split(split, n s)[i s + j]``, teacher (i, j, k) has index
+``(i s + j) t + k`` of :func:`.learners.model_keys` ``(teachers, n s t)``, student (i, j) and its
+L2 noise index ``i s + j`` of ``model_keys(students, n s)`` / ``split(l2_noise, n s)``, so every
+chunking and host- or device-resident data give the same run. Progress: ``runtime.progress``
+tasks ``teachers`` and ``students`` (one update per chunk), ``server vote`` (one per chunk of
+the stored predictions) and ``final model`` (one unit).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.fedkt import learners as learners_lib
+from fedjax_dp.algorithms.fedkt import partition, votes
+from fedjax_dp.algorithms.fedkt.config import Config, party_chunk_size
+from fedjax_dp.core import agent_stream, is_on_host, seed_axis, validation
+from fedjax_dp.models import Model
+
+#: The steps of a run: train the teachers and count their votes; the party labels (noisy at L2),
+#: the students and their predictions on the server's queries; the server's consistent vote
+#: (noisy at L1) and the final model.
+PHASES = ("teachers", "students", "final")
+#: The models each phase fits, in phase order.
+FITTED = ("teachers", "students", "final")
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """The static part of a FedKT run's state.
+
+    ``fitted`` holds the fitted models of non-JAX learners (tree ensembles are not arrays, so
+    they cannot be in ``State.values``; a JAX learner's parameters are in ``values`` when kept,
+    see :func:`fitted`); ``reuse`` the teachers / students given to ``init`` to skip their
+    training.
+    """
+
+    data: api.FederatedData
+    model: Model
+    config: Config
+    learners: dict                   # {"teachers" / "students" / "final": learner}
+    keys: dict                       # {stream: key}
+    x_public: jax.Array              # [P, ...]
+    party_queries: np.ndarray        # [Qp]
+    server_queries: np.ndarray       # [Qs]
+    fitted: dict = dataclasses.field(default_factory=dict)
+    reuse: dict = dataclasses.field(default_factory=dict)
+    runtime: api.Runtime = api.Runtime()
+
+
+def streamed(state: api.State) -> bool:
+    """Whether the run streams its parties (JAX learners: host-resident parties, or more than
+    one chunk), so that the teachers' and students' parameters are not kept (:func:`fitted`)."""
+    ctx: Context = state.context
+    n = ctx.data.num_agents
+    return is_on_host(ctx.data.agents) or party_chunk_size(ctx.config, n) < n
+
+
+def fitted(state: api.State, name: str):
+    """The fitted ``teachers`` / ``students`` / ``final`` of a run (after their phase).
+
+    JAX teachers and students are kept only when the run is not streamed (device-resident
+    parties in one chunk, :func:`streamed`): a streamed run keeps their votes and predictions
+    instead (an error says so). Tree learners are always kept (not streamed).
+    """
+    validation.check_choice("name", name, FITTED)
+    ctx: Context = state.context
+    if state.step <= FITTED.index(name):
+        raise ValueError(f"the {name} are fitted in phase {FITTED.index(name)} "
+                         f"({PHASES[FITTED.index(name)]!r}); state.step is {state.step}")
+    if not learners_lib.is_jax(ctx.learners[name]):
+        return ctx.fitted[name]
+    if name not in state.values:
+        n = ctx.data.num_agents
+        where = ("the parties are host-resident" if is_on_host(ctx.data.agents) else
+                 f"party_chunk={party_chunk_size(ctx.config, n)} < {n} parties")
+        raise ValueError(
+            f"the {name}' parameters are not kept: this run streams its parties in chunks "
+            f"({where}), and each chunk's {name} are dropped once they have voted / predicted "
+            f"(State.values keeps teacher_votes and student_preds); use device-resident parties "
+            f"in one chunk (algorithm.party_chunk >= {n}) to keep them")
+    return state.values[name]
+
+
+def unsupported(states: list[api.State]) -> str | None:
+    """Why ``states`` (fresh or equally advanced FedKT states, one per seed) cannot step
+    together, or None when they can (a single state always can)."""
+    if not states:
+        return "no seeds"
+    ctxs = [st.context for st in states]
+    c0 = ctxs[0]
+    if any(not isinstance(cx, Context) for cx in ctxs):
+        return "not FedKT states"
+    if len(states) == 1:
+        return None
+    if len({st.step for st in states}) != 1:
+        return "the seeds are at different phases"
+    if any(cx.config != c0.config for cx in ctxs[1:]):
+        return "the seeds' configs differ"
+    for name, learner in c0.learners.items():
+        if not learners_lib.is_jax(learner):
+            return f"the {name} learner {learner.name!r} is not a JAX model (host loop)"
+        if learner.backend != "vmap":
+            return f"the {name} learner uses backend {learner.backend!r}"
+    if any(cx.learners != c0.learners for cx in ctxs[1:]):
+        return "the seeds' learners differ"
+    if any(cx.reuse for cx in ctxs):
+        return "reused fitted teachers / students"
+    for what, get in (("number of parties", lambda cx: cx.data.num_agents),
+                      ("feature shape", lambda cx: cx.data.feature_shape),
+                      ("number of classes", lambda cx: cx.data.num_classes),
+                      ("public set shape", lambda cx: tuple(cx.x_public.shape)),
+                      ("number of party queries", lambda cx: len(cx.party_queries)),
+                      ("number of server queries", lambda cx: len(cx.server_queries)),
+                      ("placement of the parties (host / device)",
+                       lambda cx: is_on_host(cx.data.agents)),
+                      ("presence of diagnostic public labels",
+                       lambda cx: cx.data.y_public is None)):
+        if any(get(cx) != get(c0) for cx in ctxs[1:]):
+            return f"the seeds differ in the {what}"
+    return None
+
+
+def run_phase(states: list[api.State]) -> tuple[list[api.State], list[dict]]:
+    """Phase ``states[0].step`` of every seed (S = ``len(states)`` >= 1, see the module):
+    ``(states after it, metrics per seed)``."""
+    reason = unsupported(states)
+    if reason is not None:
+        raise ValueError(f"these FedKT seeds cannot step together: {reason}")
+    t = states[0].step
+    if not 0 <= t < len(PHASES):
+        raise ValueError(f"state.step must be in [0, {len(PHASES)}) (phases {list(PHASES)}), "
+                         f"got {t}")
+    phase = PHASES[t]
+    tic = time.perf_counter()
+    out = {"teachers": teachers, "students": students, "final": final}[phase](states)
+    seconds = time.perf_counter() - tic
+    new, metrics = [], []
+    for values, ctx, m in out:
+        if phase == "teachers":
+            m = {"teachers_s": seconds, **m}
+        new.append(api.State(step=t + 1, values=values, context=ctx))
+        metrics.append({"phase": phase, **m})
+    return new, metrics
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _key_data(keys: jax.Array) -> np.ndarray:
+    return np.asarray(jax.random.key_data(keys))
+
+
+def _wrap(data: jax.Array, impl) -> jax.Array:
+    return jax.random.wrap_key_data(data, impl=impl)
+
+
+def _stack_host(arrays: list) -> np.ndarray:
+    """The seeds' host arrays ``[S, ...]`` (one seed: a view, no copy)."""
+    return np.asarray(arrays[0])[None] if len(arrays) == 1 else np.stack(arrays)
+
+
+def _with_fitted(ctx: Context, values: dict, name: str, model, keep: bool
+                 ) -> tuple[dict, Context]:
+    if learners_lib.is_jax(ctx.learners[name]):
+        return ({**values, name: model} if keep else values), ctx
+    return values, dataclasses.replace(ctx, fitted={**ctx.fitted, name: model})
+
+
+def _predict(learner, models, x, x_axis) -> jax.Array:
+    """``int32 [S, A, M]``: seed-stacked JAX ``models`` or one seed's fitted trees ``[models]``."""
+    if learners_lib.is_jax(learner):
+        return learner.predict_seeds(models, x, x_axis=x_axis)
+    return learner.predict(models[0], x)[None]
+
+
+def _seed_models(learner, models, num: int) -> list:
+    """Seed s's fitted models of seed-stacked ``models`` (trees: ``[fitted]``, one seed)."""
+    if learners_lib.is_jax(learner):
+        return list(seed_axis.unstack_seeds(models, num))
+    return list(models)
+
+
+def _reused(learner, fitted_models):
+    """Reused fitted models with a seed axis of 1 (a single run)."""
+    if learners_lib.is_jax(learner):
+        return jax.tree.map(lambda leaf: jnp.asarray(leaf)[None], fitted_models)
+    return [fitted_models]
+
+
+# --------------------------------------------------------------------------- phases
+
+def teachers(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
+    """Train the teachers and keep their votes ``teacher_votes [n, s, Qp, C]`` and ``z [n]``.
+
+    Chunk of P parties of every seed: the seed's s*t teacher subsets per party (partition j of
+    party i keyed ``split(split, n s)[i s + j]``), its P s t teachers trained in one call (teacher
+    (i, j, k) with the keys of index ``(i s + j) t + k`` of :func:`learners.model_keys` of the
+    ``teachers`` stream over all n s t), their votes on the seed's party queries; then the
+    teachers are dropped (kept only unstreamed). Tree teachers or reused ones (one seed): one
+    chunk of all n parties.
+    """
+    ctxs = [st.context for st in states]
+    ctx, num = ctxs[0], len(states)
+    cfg = ctx.config
+    n, s, t, c = ctx.data.num_agents, cfg.num_partitions, cfg.num_teachers, ctx.data.num_classes
+    learner, reuse = ctx.learners["teachers"], ctx.reuse.get("teachers")
+    jax_fit = learners_lib.is_jax(learner) and reuse is None
+    size = party_chunk_size(cfg, n) if jax_fit else n
+    keep = not (jax_fit and streamed(states[0]))
+    xq, xq_axis = seed_axis.share_or_stack([cx.x_public[cx.party_queries] for cx in ctxs])
+    nq = len(ctx.party_queries)
+    impl = jax.random.key_impl(ctx.keys["split"])
+    extras = []
+    for cx in ctxs:                          # per seed: the keys its chunks slice, [n, ...]
+        extra = [_key_data(partition.split_keys(cx.keys["split"], n, s))]        # [n, s, 2]
+        if jax_fit:
+            extra += [_key_data(kk).reshape(n, s * t, -1)
+                      for kk in learners_lib.model_keys(cx.keys["teachers"], n * s * t)]
+        extras.append(tuple(extra))
+    counts = np.empty((num, n, s, nq, c), votes.int_dtype(t))                  # [S, n, s, Qp, C]
+    kept = []
+
+    def collect(pending):
+        start, real, v = pending
+        counts[:, start:start + real] = np.asarray(v)[:, :real]
+        task.update(1)
+
+    pending = None
+    streams = [agent_stream.chunks(cx.data.agents, size, extra=ex)
+               for cx, ex in zip(ctxs, extras)]
+    with ctx.runtime.progress.task("teachers", total=agent_stream.num_chunks(n, size),
+                                   unit="chunk") as task:
+        for chunks in zip(*streams):         # one chunk of every seed
+            start, real = chunks[0].start, chunks[0].num_real
+            ex = [jnp.stack([ch.extra[i] for ch in chunks]) for i in range(len(extras[0]))]
+            if reuse is not None:
+                models = _reused(learner, reuse)
+            else:
+                tdata = partition.teacher_data_seeds(_wrap(ex[0], impl),
+                                                     tuple(ch.agents for ch in chunks), s, t)
+                if jax_fit:
+                    ik, tk = (_wrap(e, impl).reshape(num, -1) for e in ex[1:])  # [S, P s t]
+                    models = learner.fit_keyed_seeds(ik, tk, tdata)             # [S, P s t..]
+                else:                                # trees: all n at once, one seed
+                    models = [learner.fit(ctx.keys["teachers"],
+                                          jax.tree.map(lambda leaf: leaf[0], tdata))]
+            preds = _predict(learner, models, xq, xq_axis)                      # [S, P s t, Qp]
+            v = votes.chunk_votes(preds.reshape(num * size * s * t, nq), (num * size, s, t),
+                                  c).reshape(num, size, s, nq, c)
+            if keep:
+                kept.append(models)
+            if pending is not None:          # fetch the previous chunk while this one computes
+                collect(pending)
+            pending = (start, real, v)
+        if pending is not None:
+            collect(pending)
+    per_seed = _seed_models(learner, kept[0], num) if keep else [None] * num
+    out = []
+    for i, st in enumerate(states):
+        values = {**st.values, "teacher_votes": counts[i],
+                  "z": votes.partitions_at_risk(counts[i], cfg.gap_threshold)}
+        values, cx = _with_fitted(ctxs[i], values, "teachers", per_seed[i], keep)
+        out.append((values, cx, {"party_chunk": size}))
+    return out
+
+
+def students(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
+    """The party labels (noisy at L2), the students, and their predictions on the server's
+    queries ``student_preds [n, s, Qs]`` (what the final phase needs), chunk by chunk.
+
+    Chunk of P parties of every seed: the labels ``y^i_j = argmax_m v_m (+ Lap(1/gamma) at L2,
+    key split(l2_noise, n s)[i s + j])`` of its P s partitions from the stored ``teacher_votes``
+    (the S seeds' groups one batch of :func:`.votes.noisy_labels`, one key per group), its P s
+    students (keys of index ``i s + j`` of :func:`learners.model_keys` of the ``students``
+    stream over all n s) trained on them in one call, their predictions on the server queries;
+    then the students are dropped (kept only unstreamed). The parties' private data is not read.
+    """
+    ctxs = [st.context for st in states]
+    ctx, num = ctxs[0], len(states)
+    cfg = ctx.config
+    n, s, c = ctx.data.num_agents, cfg.num_partitions, ctx.data.num_classes
+    learner, reuse = ctx.learners["students"], ctx.reuse.get("students")
+    jax_fit = learners_lib.is_jax(learner) and reuse is None
+    size = party_chunk_size(cfg, n) if jax_fit else n
+    keep = not (jax_fit and streamed(states[0]))
+    xq, xq_axis = seed_axis.share_or_stack([cx.x_public[cx.party_queries] for cx in ctxs])
+    xs, xs_axis = seed_axis.share_or_stack([cx.x_public[cx.server_queries] for cx in ctxs])
+    nq, ns = len(ctx.party_queries), len(ctx.server_queries)
+    impl = jax.random.key_impl(ctx.keys["l2_noise"])
+    arrays = [_stack_host([st.values["teacher_votes"] for st in states]),      # [S, n, s, Qp, C]
+              _stack_host([_key_data(partition.split_keys(cx.keys["l2_noise"], n, s))
+                           for cx in ctxs])]                                   # [S, n, s, 2]
+    if jax_fit:
+        per_seed = [[_key_data(kk).reshape(n, s, -1)
+                     for kk in learners_lib.model_keys(cx.keys["students"], n * s)]
+                    for cx in ctxs]
+        arrays += [_stack_host(list(pair)) for pair in zip(*per_seed)]         # 2 x [S, n, s, 2]
+    dtype = votes.int_dtype(c)
+    labels_all = np.empty((num, n, s, nq), dtype)                              # [S, n, s, Qp]
+    preds_all = np.empty((num, n, s, ns), dtype)                               # [S, n, s, Qs]
+    kept = []
+    tic = time.perf_counter()
+
+    def collect(pending):
+        start, real, labels, preds = pending
+        labels_all[:, start:start + real] = np.asarray(labels).reshape(num, size, s, -1)[:, :real]
+        preds_all[:, start:start + real] = np.asarray(preds).reshape(num, size, s, -1)[:, :real]
+        task.update(1)
+
+    pending = None
+    with ctx.runtime.progress.task("students", total=agent_stream.num_chunks(n, size),
+                                   unit="chunk") as task:
+        for chunk in agent_stream.chunks(tuple(arrays), size, axis=1):
+            block = chunk.agents
+            tv = block[0].reshape(num * size * s, nq, c)                       # [S P s, Qp, C]
+            if cfg.level == "L2":
+                labels = votes.noisy_labels(_wrap(block[1], impl).reshape(-1), tv, cfg.gamma)
+            else:
+                labels = votes.argmax_labels(tv)                               # [S P s, Qp]
+            labels = labels.reshape(num, size * s, nq)
+            ones = jnp.ones(labels.shape, bool)
+            if reuse is not None:
+                models = _reused(learner, reuse)
+            elif jax_fit:
+                ik, tk = (_wrap(b, impl).reshape(num, -1) for b in block[2:])   # [S, P s]
+                models = learner.fit_shared_keyed_seeds(ik, tk, xq, labels, ones,
+                                                        x_axis=xq_axis)        # [S, P s, ...]
+            else:                                    # trees: all n at once, one seed
+                models = [learner.fit_shared(ctx.keys["students"], xq, labels[0], ones[0])]
+            preds = _predict(learner, models, xs, xs_axis)                     # [S, P s, Qs]
+            if keep:
+                kept.append(models)
+            if pending is not None:
+                collect(pending)
+            pending = (chunk.start, chunk.num_real, labels, preds)
+        if pending is not None:
+            collect(pending)
+    per_seed = _seed_models(learner, kept[0], num) if keep else [None] * num
+    seconds = time.perf_counter() - tic
+    out = []
+    for i, st in enumerate(states):
+        values = {**st.values, "party_labels": labels_all[i], "student_preds": preds_all[i]}
+        values, cx = _with_fitted(ctxs[i], values, "students", per_seed[i], keep)
+        out.append((values, cx, {"students_s": seconds, "num_party_queries": int(nq)}))
+    return out
+
+
+def server_votes(student_preds: np.ndarray, num_classes: int, size: int, *,
+                 on_chunk=None) -> np.ndarray:
+    """The consistent-voting histograms ``[S, Qs, C]`` (int32) of S seeds' ``student_preds
+    [S, n, s, Qs]``, summed over chunks of ``size`` parties (padding predicts -1: no vote);
+    exact integers, so the same for every ``size``. ``on_chunk()`` (optional) after each chunk
+    (progress)."""
+    total = None
+    for chunk in agent_stream.chunks(np.asarray(student_preds), size, axis=1, fill=-1):
+        v = votes.consistent_votes_seeds(chunk.agents, num_classes)              # [S, Qs, C]
+        total = v if total is None else total + v
+        if on_chunk is not None:
+            on_chunk()
+    return np.asarray(total)
+
+
+def final(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
+    """Server: consistent voting on the stored student predictions (noisy at L1), then the final
+    model (Section 3.3): the S seeds' votes in one pass over the chunks, their final models in
+    one call."""
+    ctxs = [st.context for st in states]
+    ctx, num = ctxs[0], len(states)
+    cfg = ctx.config
+    n, c = ctx.data.num_agents, ctx.data.num_classes
+    xs, xs_axis = seed_axis.share_or_stack([cx.x_public[cx.server_queries] for cx in ctxs])
+    size = party_chunk_size(cfg, n)
+    preds = _stack_host([st.values["student_preds"] for st in states])         # [S, n, s, Qs]
+    with ctx.runtime.progress.task("server vote", total=agent_stream.num_chunks(n, size),
+                                   unit="chunk") as task:
+        svotes = jnp.asarray(server_votes(preds, c, size, on_chunk=task.update))  # [S, Qs, C]
+    if cfg.level == "L1":
+        slabels = votes.noisy_labels(jnp.stack([cx.keys["l1_noise"] for cx in ctxs]), svotes,
+                                     cfg.gamma)
+        smask = jnp.ones(slabels.shape, bool)
+    else:
+        slabels = jnp.argmax(svotes, -1).astype(jnp.int32)
+        smask = jnp.sum(svotes, -1) > 0
+    smask_host = np.asarray(smask)
+    if not smask_host.any(axis=-1).all():
+        raise ValueError("no public query received a consistent vote from any party, so the "
+                         "final model has nothing to learn; use more public data or parties")
+    tic = time.perf_counter()
+    learner = ctx.learners["final"]
+    with ctx.runtime.progress.task("final model", total=1, unit="model") as task:
+        if learners_lib.is_jax(learner):
+            ik, tk = (jnp.stack(ks) for ks in
+                      zip(*[learners_lib.model_keys(cx.keys["final"], 1) for cx in ctxs]))
+            finals = learner.fit_shared_keyed_seeds(ik, tk, xs, slabels[:, None],
+                                                    smask[:, None], x_axis=xs_axis)  # [S, 1..]
+        else:                                        # trees: one seed
+            finals = [learner.fit_shared(ctx.keys["final"], xs, slabels[0][None],
+                                         smask[0][None])]
+        task.update(1)
+    seconds = time.perf_counter() - tic
+    per_seed = _seed_models(learner, finals, num)
+    svotes_host, slabels_host = np.asarray(svotes), np.asarray(slabels)
+    out = []
+    for i, (st, cx) in enumerate(zip(states, ctxs)):
+        values = {**st.values, "server_votes": svotes_host[i], "server_labels": slabels_host[i],
+                  "server_mask": smask_host[i]}
+        values, cx = _with_fitted(cx, values, "final", per_seed[i], True)
+        metrics = {"final_s": seconds, "num_server_queries": int(len(cx.server_queries)),
+                   "z": int(np.max(values["z"]))}
+        if cx.data.y_public is not None:                 # diagnostics only
+            truth = np.asarray(cx.data.y_public)[cx.server_queries]
+            hit = (values["server_labels"] == truth)[values["server_mask"]]
+            metrics["server_label_accuracy"] = float(np.mean(hit))
+        out.append((values, cx, metrics))
+    return out
