@@ -157,8 +157,8 @@ def test_score_moments_from_record_statistics():
 
 def test_query_block_sizes():
     """Multiples of 64 (fast GEMMs) padding Q least; small Q in one block."""
-    assert knn_search._query_block_size(1000, 128) == 128          # 8 blocks, 24 padded
-    assert knn_search._query_block_size(1000, 256) == 256          # 1024 either way: larger
-    assert knn_search._query_block_size(1152, 256) == 192          # 6 x 192, no padding
-    assert knn_search._query_block_size(9, 256) == 9
-    assert knn_search._query_block_size(11, 5) == 5                # below 64: as given
+    assert knn_search.query_block_size(1000, 128) == 128          # 8 blocks, 24 padded
+    assert knn_search.query_block_size(1000, 256) == 256          # 1024 either way: larger
+    assert knn_search.query_block_size(1152, 256) == 192          # 6 x 192, no padding
+    assert knn_search.query_block_size(9, 256) == 9
+    assert knn_search.query_block_size(11, 5) == 5                # below 64: as given

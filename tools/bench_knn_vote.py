@@ -99,14 +99,14 @@ def child(args) -> dict:
     def dist_only(ag, qs):         # the scores GEMMs of knn_search alone (same blocks), + a min
         xb, _, m = ag
         a = xb.shape[0]
-        ab = knn_search._block_size(a, knn_search.AGENT_BLOCK)
-        qb = knn_search._query_block_size(q, knn_search.QUERY_BLOCK)
+        ab = knn_search.agent_block_size(a, knn_search.AGENT_BLOCK)
+        qb = knn_search.query_block_size(q, knn_search.QUERY_BLOCK)
         xa = knn_search.augment_records(xb, m)
         xa = jnp.pad(xa, ((0, (-a) % ab), (0, 0), (0, 0))).reshape(-1, ab, n, d + 1)
         qa = knn_search.augment_queries(qs)
         qa = jnp.pad(qa, ((0, (-q) % qb), (0, 0))).reshape(-1, qb, d + 1)
         mins = jax.lax.map(lambda xblk: jax.lax.map(
-            lambda qblk: jnp.min(knn_search._scores(xblk, qblk), axis=1), qa), xa)
+            lambda qblk: jnp.min(knn_search.augmented_scores(xblk, qblk), axis=1), qa), xa)
         mins = jnp.transpose(mins, (0, 2, 1, 3)).reshape(-1, qa.shape[0] * qb)[:a, :q]
         return jnp.broadcast_to(mins[..., None], (a, q, c))
 
@@ -117,9 +117,9 @@ def child(args) -> dict:
                 agent_chunk=chunk, query_chunk=None, noisy=False, mesh=mesh))
         if name in ("vote", "vote_aggregate"):
             noise = "aggregate" if name == "vote_aggregate" else "per_agent"
-            return jax.jit(lambda key, ag, qs: vote._release(
+            return jax.jit(lambda key, ag, qs: jnp.argmax(vote.noisy_tally(   # mpc_vote's release
                 key, ag, qs, jnp.float32(1.0), ballot_fn=fn, num_classes=c, agent_chunk=chunk,
-                query_chunk=None, mesh=mesh, noise=noise))
+                query_chunk=None, noisy=True, mesh=mesh, noise=noise), axis=-1).astype(jnp.int32))
         f = fn if name == "clean" else dist_only
         return jax.jit(lambda key, ag, qs: vote.noisy_tally(
             key, ag, qs, 0.0, ballot_fn=f, num_classes=c, agent_chunk=chunk, query_chunk=None,

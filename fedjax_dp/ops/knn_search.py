@@ -279,7 +279,7 @@ def augment_queries(queries: jax.Array) -> jax.Array:
     return jnp.concatenate([-2.0 * queries, jnp.ones((queries.shape[0], 1), queries.dtype)], 1)
 
 
-def _scores(xa: jax.Array, qa: jax.Array) -> jax.Array:
+def augmented_scores(xa: jax.Array, qa: jax.Array) -> jax.Array:
     """``s [a, n, q] = ||b_j||^2 - 2 <b_j, x_t>`` (``+inf`` for padded records): ONE GEMM
     ``[a n, d + 1] x [d + 1, q]`` on the augmented records and queries, no elementwise pass."""
     a, n, d1 = xa.shape
@@ -289,7 +289,7 @@ def _scores(xa: jax.Array, qa: jax.Array) -> jax.Array:
 def scores(x: jax.Array, mask: jax.Array, queries: jax.Array) -> jax.Array:
     """The scores the search ranks by, ``[a, n, q]``, from plain records ``x [a, n, d]``,
     ``mask [a, n]`` and ``queries [q, d]``."""
-    return _scores(augment_records(x, mask), augment_queries(queries))
+    return augmented_scores(augment_records(x, mask), augment_queries(queries))
 
 
 def _agent_stats(x: jax.Array, mask: jax.Array):
@@ -340,7 +340,7 @@ def _block_counts(xa, y, codes, n_real, stats, qa, k: int, num_classes: int,
                   search_steps: int, walk_width: int, compact: int):
     """``[a, q, C]`` neighbour label counts of one block (its scores stay in cache).
     ``codes [a, n, W]``: :func:`_label_codes` of ``y`` (per agent block)."""
-    s = _scores(xa, qa)                                                       # [a, n, q]
+    s = augmented_scores(xa, qa)                                              # [a, n, q]
     mean, sd = _score_moments(stats, qa)
     tau, _ = kth_smallest_key(s, k, n_real, mean, sd, search_steps=search_steps,
                               walk_width=walk_width, compact=compact)
@@ -355,7 +355,7 @@ def _block_counts(xa, y, codes, n_real, stats, qa, k: int, num_classes: int,
     return lax.cond(ok, lambda _: counts, lambda _: _topk_counts(s, y, k, num_classes), None)
 
 
-def _block_size(a: int, target: int) -> int:
+def agent_block_size(a: int, target: int) -> int:
     """Agents per block: ``target`` if it divides ``a``, else a divisor in ``[target/2, target]``
     (no padding), else ``target`` (the last block is padded)."""
     target = max(1, min(target, a))
@@ -365,7 +365,7 @@ def _block_size(a: int, target: int) -> int:
     return target
 
 
-def _query_block_size(q: int, target: int) -> int:
+def query_block_size(q: int, target: int) -> int:
     """Queries per block: all ``q`` if ``q <= target``; else the multiple of 64 in
     ``[64, target]`` that pads ``q`` least (ties: the larger), else ``target``.
 
@@ -394,8 +394,8 @@ def neighbour_label_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries:
     """
     a, n, d = x.shape
     q = queries.shape[0]
-    ab = _block_size(a, int(agent_block))
-    qb = _query_block_size(q, int(query_block))
+    ab = agent_block_size(a, int(agent_block))
+    qb = query_block_size(q, int(query_block))
     apad, qpad = (-a) % ab, (-q) % qb
     if apad:       # padded agents have no real records: zero counts, sliced off below
         x = jnp.concatenate([x, jnp.zeros((apad, n, d), x.dtype)])
