@@ -38,14 +38,14 @@ class Killed(Exception):
 
 def _killed_after(monkeypatch, rounds: int):
     """Make the runner die right after it has written round ``rounds`` to progress.jsonl."""
-    real = runner._append_progress
+    real = runner.append_progress
 
     def append(out, record):
         real(out, record)
         if record["round"] == rounds:
             raise Killed
 
-    monkeypatch.setattr(runner, "_append_progress", append)
+    monkeypatch.setattr(runner, "append_progress", append)
 
 
 def _same_run(a: dict, b: dict) -> None:
@@ -68,7 +68,7 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(tmp_path, monkeypat
         with pytest.raises(Killed):
             runner.run(cfg, tmp_path / "killed")
     folder = tmp_path / "killed"
-    assert [p.name for _, p in checkpoint._steps(folder)] == ["step_00000002"]
+    assert [p.name for _, p in checkpoint.saved_steps(folder)] == ["step_00000002"]
     assert len((folder / "progress.jsonl").read_text().splitlines()) == 3
     meta = checkpoint.read_meta(checkpoint.latest(folder))
     assert meta["step"] == 2 and [r["round"] for r in meta["history"]] == [1, 2]

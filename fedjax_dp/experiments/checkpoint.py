@@ -155,7 +155,8 @@ def directory(out: str | Path) -> Path:
     return Path(out) / FOLDER
 
 
-def _steps(out: str | Path) -> list[tuple[int, Path]]:
+def saved_steps(out: str | Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every checkpoint folder under ``out``, oldest first."""
     root = directory(out)
     if not root.is_dir():
         return []
@@ -168,7 +169,7 @@ def _steps(out: str | Path) -> list[tuple[int, Path]]:
 
 def latest(out: str | Path) -> Path | None:
     """The newest complete checkpoint folder under ``out`` (None if there is none)."""
-    steps = _steps(out)
+    steps = saved_steps(out)
     return steps[-1][1] if steps else None
 
 
@@ -226,7 +227,7 @@ def _save(out: str | Path, state: api.State, *, config: dict, history: list[dict
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    for _, old in _steps(out)[:-keep]:
+    for _, old in saved_steps(out)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 

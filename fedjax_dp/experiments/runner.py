@@ -192,7 +192,8 @@ def fresh_out(base: str | Path, name: str) -> Path:
     return out
 
 
-def _append_progress(out: Path, record: dict) -> None:
+def append_progress(out: Path, record: dict) -> None:
+    """One line of ``out/progress.jsonl``: a finished step's record (strict JSON)."""
     with open(out / "progress.jsonl", "a") as f:
         f.write(json.dumps(jsonable(record)) + "\n")
 
@@ -286,8 +287,7 @@ def _spent_config(p: Plan, finished: int):
     algorithm's ``rounds`` cut to them (its ledger is a function of the rounds run); None where
     the steps are not rounds (a one-shot method releases nothing before its last phase)."""
     cfg = p.algorithm_config
-    if finished < 1 or not hasattr(cfg, "rounds") or \
-            p.entry.num_steps(cfg) != getattr(cfg, "rounds"):
+    if finished < 1 or not hasattr(cfg, "rounds") or p.entry.num_steps(cfg) != cfg.rounds:
         return None
     try:
         return dataclasses.replace(cfg, rounds=finished)
@@ -381,7 +381,7 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
             new = compiles.take()
             if new:
                 line["compilations"] = new
-            _append_progress(out, line)
+            append_progress(out, line)
             if every and t % every == 0 and t < steps_total and not bad:
                 checkpoint_lib.save(out, state, config=config, history=history_so_far,
                                     ledgers=[lg.to_json() for lg in
@@ -415,7 +415,7 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
             history_so_far.extend(meta["history"])
             live.state = start_state
             for record in meta["history"]:
-                _append_progress(out, record)
+                append_progress(out, record)
             if bar_task is not None:
                 bar_task.update(start_state.step)
         done = api.run(tracking, key, fed, model, p.algorithm_config,
