@@ -23,22 +23,17 @@ teachers) on an Adult-like synthetic task: 14 features, two classes.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
+from bench_common import best_time, block, environment, matmul_gflops, write_json
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import (best_time, block, environment, matmul_gflops,  # noqa: E402
-                          write_json)
-
-from fedjax_dp import data  # noqa: E402
-from fedjax_dp.algorithms.fedkt import fedkt, learners  # noqa: E402
-from fedjax_dp.core import from_partition  # noqa: E402
-from fedjax_dp.models import forward_flops, make_model  # noqa: E402
-from fedjax_dp.train import LocalTrainConfig  # noqa: E402
+from fedjax_dp import data
+from fedjax_dp.algorithms.fedkt import learners, partition
+from fedjax_dp.core import from_partition
+from fedjax_dp.models import forward_flops, make_model
+from fedjax_dp.train import LocalTrainConfig
 
 
 def count_compiles(fn):
@@ -81,7 +76,7 @@ def main(argv=None) -> dict:
         ds = data.load_dataset("mnist5k")
     idx = data.partition("dirichlet", ds.y_train, args.parties, 0, beta=0.5)
     parties = from_partition(ds.x_train, ds.y_train, idx)
-    td = fedkt.teacher_data(jax.random.key(0), parties, args.partitions, args.teachers)
+    td = partition.teacher_data(jax.random.key(0), parties, args.partitions, args.teachers)
     num = td.num_agents
     model = make_model(args.model, ds.feature_shape, ds.num_classes, hidden=tuple(args.hidden))
     train = LocalTrainConfig(steps=args.steps, batch_size=args.batch_size, learning_rate=1e-3,
