@@ -250,9 +250,9 @@ def test_run_plot_training_curve(tmp_path, capsys):
     # no eval_every: the first numeric metric; a phase name (text) is skipped
     no_eval = [{"round": t, "phase": "train", "loss": 1.0 / t} for t in (1, 2)]
     assert plots.default_curve_metric([records.from_result(_result(no_eval))]) == "loss"
-    _check_files(cli._plot_run(_result(no_eval), tmp_path / "b"))
+    _check_files(cli.plot_run(_result(no_eval), tmp_path / "b"))
     # nothing to draw: the run still succeeded, so a warning and no files
-    assert cli._plot_run(_result([]), tmp_path / "c") is None
+    assert cli.plot_run(_result([]), tmp_path / "c") is None
     assert "warning: --plot: no training curve written" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
     with warnings.catch_warnings():

@@ -72,12 +72,12 @@ def _cmd_run(args) -> int:
     if result.get("non_finite"):
         report["non_finite"] = result["non_finite"]
     if args.plot:
-        report["plot"] = _plot_run(result, out)
+        report["plot"] = plot_run(result, out)
     print(json.dumps(report, indent=2))
     return 0
 
 
-def _plot_run(result: dict, out: Path) -> list[str] | None:
+def plot_run(result: dict, out: Path) -> list[str] | None:
     """``run --plot``: the run's training curve; a run whose history has nothing to draw still
     succeeded, so that is a warning, not an error."""
     from fedjax_dp.experiments import plots
