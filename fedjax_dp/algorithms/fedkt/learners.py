@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.core import StackedData, for_each_agent, numpy_rng, validation
-from fedjax_dp.models import Model
+from fedjax_dp.models import Model, make_model
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
 from fedjax_dp.train.local import lifted_update, resolve_chunk_size
 
@@ -358,7 +358,6 @@ def make_learner(name: str, *, feature_shape, num_classes: int, train: LocalTrai
     """A learner by name: ``logistic`` / ``mlp`` / ``cnn`` (JAX) or a tree model."""
     validation.check_choice("learner", name, LEARNERS)
     if name in JAX_MODELS:
-        from fedjax_dp.models import make_model
         model = make_model(name, feature_shape, num_classes, hidden=tuple(hidden))
         return JaxLearner(model, train, chunk_size=chunk_size, backend=backend)
     return SklearnLearner(name, num_classes, max_depth=max_depth, n_estimators=n_estimators)
