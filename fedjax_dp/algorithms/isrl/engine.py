@@ -21,12 +21,17 @@ Round r (every method):
     u_i      = silo i's upload (uploads.py) for the M gathered silos, in one vmapped (or chunked /
              sharded) call
     avg      = (1/M) sum_{i in S_r} u_i                                                 secure sum
-    v_r      = estimator (estimators.py): avg (MB-SGD), SPIDER or SVRG update
+    v_r      = the method's estimator: avg (MB-SGD), SPIDER or SVRG update (estimators.py)
     w_{r+1}  = prox_{eta f1}(w_r - eta v_r)
     scatter  uploads[ids] += this round's releases per kind
 
 Local SGD instead runs K local noisy prox-SGD steps in every available silo from w_r (each step an
 upload of eq. (1) of :mod:`uploads`, kept inside the silo) and averages the M local models.
+
+Each method's update rule (which uploads it asks for, how it turns their average into w_{r+1},
+its own state) lives in its module (:mod:`mb_sgd`, :mod:`spider`, :mod:`svrg`,
+:mod:`local_sgd`) as an :class:`UpdateRule` registered under its name; the round looks the rule
+up by ``RoundSpec.method`` once, at compile time, and calls ``rule.update(RoundTools, values)``.
 
 Cost per round. M is static, so the gather is a fixed-shape gather inside the compiled round (it
 scans and vmaps over seeds like any array op; no host round trip): a round computes M uploads,
@@ -46,7 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,15 +66,103 @@ from fedjax_dp.core.cohort import masked_sum, take_rows
 
 Params = Any
 
-METHODS = ("mb_sgd", "spider", "svrg", "local_sgd")
+class Update(NamedTuple):
+    """What a method's update rule returns for one round.
 
-#: The kinds of upload of each method (columns of ``values["uploads"]`` and ``SiloData.rates``).
-UPLOAD_KINDS = {
-    "mb_sgd": ("gradient",),
-    "spider": ("refresh", "difference"),
-    "svrg": ("snapshot", "difference"),
-    "local_sgd": ("local_step",),
-}
+    params: w_{r+1}. state: the method's own entries of ``values`` that change (e.g. SPIDER's
+    ``v``). uploads: int32 ``[U]``, the releases of each kind one available silo made this round.
+    stats: the silos' summed upload stats (``batch_size``, ``clipped``). metrics: extra round
+    metrics (e.g. ``difference_clip``).
+    """
+
+    params: Params
+    state: dict
+    uploads: jax.Array
+    stats: dict
+    metrics: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundTools:
+    """What a round hands a method's update rule (built inside the compiled round).
+
+    w, t, lr, clip: the iterate, the round index and the hyper-parameters. prox: f1. k_extra: a
+    key the rule may use (never used by the uploads). spec: the round's static description.
+    gradients(col) / differences(ref, tau): thunks ``() -> (avg, stats)``, the server's average
+    of the available silos' gradient (eq. (1) of :mod:`uploads`, kind column ``col``) or
+    difference (eq. (2), column 1) uploads. local(): ``(local models [M, ...], stats)``, K local
+    noisy prox-SGD steps in every available silo. average(tree): ``(1/M) sum_{i in S_r}``.
+    """
+
+    w: Params
+    t: jax.Array
+    lr: jax.Array
+    clip: jax.Array
+    prox: prox_lib.Prox
+    k_extra: jax.Array
+    spec: Any
+    gradients: Callable
+    differences: Callable
+    local: Callable
+    average: Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateRule:
+    """One ISRL method: its upload kinds, its per-config plans and its server update.
+
+    Each method module (:mod:`mb_sgd`, :mod:`spider`, :mod:`svrg`, :mod:`local_sgd`) defines a
+    subclass and registers one instance (:func:`register`); the round calls ``update``.
+
+    name: the method (``RoundSpec.method``). kinds: the upload kinds (columns of
+    ``values["uploads"]`` and ``SiloData.rates``). shuffle: the SDP variant exists (the shuffled
+    vector sum replaces the Gaussian uploads). differences: the method sends difference uploads
+    (two per-record gradients per record; sensitivity tau <= 2C).
+    """
+
+    name: str
+    kinds: tuple[str, ...]
+    shuffle: bool = False
+    differences: bool = False
+
+    def batch_sizes(self, config) -> tuple[int, ...]:
+        """K of each upload kind (config fields)."""
+        return (config.batch_size,)
+
+    def spec_fields(self, config) -> dict:
+        """The method's static :class:`RoundSpec` fields."""
+        return {}
+
+    def planned(self, config) -> tuple[int, ...]:
+        """Uploads of each kind of a silo available every round (what z is calibrated for)."""
+        return (config.rounds,)
+
+    def init_state(self, spec: "RoundSpec", params: Params) -> dict:
+        """The method's own entries of ``values`` before round 0."""
+        return {}
+
+    def update(self, r: RoundTools, values: dict) -> Update:
+        """One round's server update (pure; traced inside the compiled round)."""
+        raise NotImplementedError
+
+
+#: name -> update rule (filled by the method modules, :func:`register`).
+RULES: dict[str, UpdateRule] = {}
+
+
+def register(rule: UpdateRule) -> UpdateRule:
+    """Add ``rule`` under ``rule.name`` (a method module does this once, on import)."""
+    if rule.name in RULES and RULES[rule.name] != rule:
+        raise ValueError(f"ISRL method {rule.name!r} is registered twice")
+    RULES[rule.name] = rule
+    return rule
+
+
+def rule_for(method: str) -> UpdateRule:
+    """The update rule of ``method`` (a registered name)."""
+    if method not in RULES:
+        raise ValueError(f"method must be one of {sorted(RULES)}, got {method!r}")
+    return RULES[method]
 
 
 @jax.tree_util.register_dataclass
@@ -128,8 +221,12 @@ class RoundSpec:
     batch_sizes: tuple[int, ...] = ()    # expected batch K of each upload kind (() : unplanned)
 
     @property
+    def rule(self) -> UpdateRule:
+        return rule_for(self.method)
+
+    @property
     def kinds(self) -> tuple[str, ...]:
-        return UPLOAD_KINDS[self.method]
+        return self.rule.kinds
 
 
 def hyper(learning_rate: float, clip_norm: float, noise_multiplier) -> dict:
@@ -147,19 +244,13 @@ def hyper(learning_rate: float, clip_norm: float, noise_multiplier) -> dict:
 
 def initial_values(spec: RoundSpec, params: Params, hyper_values: dict) -> dict:
     """The state before round 0 (pure, so it can be vmapped over initial parameters)."""
-    zeros = jax.tree.map(jnp.zeros_like, params)
     hyper_values = dict(hyper_values)
     hyper_values["noise_multiplier"] = jnp.broadcast_to(
         hyper_values["noise_multiplier"], (spec.num_silos,))                   # [N]
     values = {"params": params, "round": jnp.zeros((), jnp.int32),
               "uploads": jnp.zeros((spec.num_silos, len(spec.kinds)), jnp.int32),
               "hyper": hyper_values}
-    if spec.method == "spider":
-        values.update(prev_params=params, v=zeros)
-    if spec.method == "svrg":
-        values.update(snapshot=params, snapshot_grad=zeros)
-        if spec.restart_every:
-            values["candidate"] = params
+    values.update(spec.rule.init_state(spec, params))
     return values
 
 
@@ -232,9 +323,12 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
     diff_up = lift(one["difference"], (0, None, None, 0, 0, 0, 0, 0, None, None, 0))
     local_up = lift(one["local_sgd"], (0, None, 0, 0, 0, 0, 0, None, 0, None))
     objective = lift(one["loss"], (None, 0, 0, 0))
+    rule = spec.rule
     if spec.shuffle is not None:
-        if spec.method not in ("mb_sgd", "spider"):
-            raise ValueError(f"shuffle applies to methods mb_sgd and spider, got {spec.method!r}")
+        if not rule.shuffle:
+            raise ValueError(f"shuffle applies to methods "
+                             f"{sorted(n for n, r in RULES.items() if r.shuffle)}, got "
+                             f"{spec.method!r}")
         grad_rep = lift(uploads.gradient_reports(loss_fn, spec.shuffle, expected(spec, 0)),
                         (0, None, 0, 0, 0, 0))
         diff_rep = lift(uploads.difference_reports(loss_fn, spec.shuffle, expected(spec, 1)),
@@ -299,48 +393,17 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
                                             spec.shuffle)                        # [d]
             return unravel(est * scale / total(denom)), st
 
+        def local():
+            return local_up(keys, w, a.x, a.y, a.mask, rates[:, 0], denoms[:, 0], clip, z, lr)
+
+        tools = RoundTools(w=w, t=t, lr=lr, clip=clip, prox=prox, k_extra=k_extra, spec=spec,
+                           gradients=gradients, differences=differences, local=local,
+                           average=average)
+        out = rule.update(tools, values)                     # the method's own update rule
         new = dict(values)
-        metrics = {}
-        if spec.method == "mb_sgd":
-            v, st = gradients(0)()
-            new_w = estimators.prox_step(prox, w, v, lr)
-            inc = jnp.ones((1,), jnp.int32)
-        elif spec.method == "spider":
-            refresh = estimators.is_refresh(t, spec.period)
-            tau = estimators.difference_clip(w, values["prev_params"], clip, spec.smoothness)
-            avg, st = jax.lax.cond(refresh, gradients(0),
-                                   differences(values["prev_params"], tau))
-            v = estimators.spider_update(values["v"], avg, refresh)
-            new_w = estimators.prox_step(prox, w, v, lr)
-            new.update(prev_params=w, v=v)
-            inc = jnp.stack([refresh, ~refresh]).astype(jnp.int32)
-            metrics["difference_clip"] = jnp.where(refresh, jnp.nan, tau)
-        elif spec.method == "svrg":
-            snap = estimators.is_refresh(t, spec.period)
-            tau = estimators.difference_clip(w, values["snapshot"], clip, spec.smoothness)
-            avg, st = jax.lax.cond(snap, gradients(0), differences(values["snapshot"], tau))
-            g, v = estimators.svrg_update(values["snapshot_grad"], avg, snap)
-            new_w = estimators.prox_step(prox, w, v, lr)
-            new.update(snapshot=jax.tree.map(lambda s, x: jnp.where(snap, x, s),
-                                             values["snapshot"], w), snapshot_grad=g)
-            inc = jnp.stack([snap, ~snap]).astype(jnp.int32)
-            metrics["difference_clip"] = jnp.where(snap, jnp.nan, tau)
-            if spec.restart_every:
-                # Prox-PL-SVRG (Alg. 2): the output of each restart is a uniformly random iterate
-                # of it (reservoir sampling: iterate j of the restart replaces the kept one with
-                # probability 1 / (j + 1)); the next restart starts from it.
-                j = t % spec.restart_every
-                keep_new = jax.random.uniform(k_extra) * (j + 1) < 1.0
-                cand = jax.tree.map(lambda c, x: jnp.where(keep_new, x, c), values["candidate"],
-                                    new_w)
-                end = (t + 1) % spec.restart_every == 0
-                new_w = jax.tree.map(lambda c, x: jnp.where(end, c, x), cand, new_w)
-                new["candidate"] = cand
-        else:                                                               # local_sgd
-            local, st = local_up(keys, w, a.x, a.y, a.mask, rates[:, 0], denoms[:, 0], clip, z,
-                                 lr)
-            new_w = average(local)
-            inc = jnp.full((1,), spec.local_steps, jnp.int32)
+        new.update(out.state)
+        metrics = dict(out.metrics)
+        new_w, inc, st = out.params, out.uploads, out.stats
         new["params"] = new_w
         new["round"] = t + 1
         if gather:       # scatter back: only the M available silos' counters move (ids distinct)

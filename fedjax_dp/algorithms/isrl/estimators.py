@@ -38,6 +38,12 @@ def is_refresh(t, period: int):
     return (t % period) == 0
 
 
+def refresh_counts(rounds: int, period: int) -> tuple[int, int]:
+    """``(refresh rounds, other rounds)`` of ``rounds`` rounds: ``ceil(R / period)``, the rest."""
+    refresh = -(-rounds // period)
+    return (refresh, rounds - refresh)
+
+
 def spider_update(v: Params, avg: Params, refresh) -> Params:
     """``avg`` on a refresh round, ``v + avg`` otherwise (``refresh`` may be traced)."""
     return jax.tree.map(lambda a, b: jnp.where(refresh, b, a + b), v, avg)

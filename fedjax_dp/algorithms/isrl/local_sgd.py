@@ -14,8 +14,34 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
+
+from fedjax_dp.algorithms.isrl import engine
 from fedjax_dp.algorithms.isrl.protocol import Algorithm, Config as _Base, PrivateConfig
 from fedjax_dp.core import validation
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule(engine.UpdateRule):
+    """``w_{r+1} = (1/M) sum_{i in S_r} w_i^K``: K local noisy prox-SGD steps per silo."""
+
+    name: str = "local_sgd"
+    kinds: tuple[str, ...] = ("local_step",)
+
+    def spec_fields(self, config) -> dict:
+        return dict(local_steps=config.local_steps)
+
+    def planned(self, config) -> tuple[int, ...]:
+        return (config.rounds * config.local_steps,)
+
+    def update(self, r: engine.RoundTools, values: dict) -> engine.Update:
+        local, st = r.local()
+        return engine.Update(params=r.average(local), state={},
+                             uploads=jnp.full((1,), r.spec.local_steps, jnp.int32), stats=st,
+                             metrics={})
+
+
+RULE = engine.register(Rule())
 
 
 #: checked with the base's fields (validation.check_config)
@@ -41,8 +67,8 @@ class NonPrivateConfig(_Base):
 
 
 ISRL_LOCAL_SGD = Algorithm(
-    name="isrl_local_sgd", Config=Config, method="local_sgd", private=True,
+    name="isrl_local_sgd", Config=Config, method=RULE.name, private=True,
     DESCRIPTION="ISRL-DP Local SGD: K noisy local steps per round, all accounted (Lowy et al.)")
 LOCAL_SGD = Algorithm(
-    name="local_sgd", Config=NonPrivateConfig, method="local_sgd", private=False,
+    name="local_sgd", Config=NonPrivateConfig, method=RULE.name, private=False,
     DESCRIPTION="Local SGD (FedAvg with prox local steps), non-private baseline (ISRL family)")

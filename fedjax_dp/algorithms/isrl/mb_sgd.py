@@ -13,7 +13,27 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
+
+from fedjax_dp.algorithms.isrl import engine, estimators
 from fedjax_dp.algorithms.isrl.protocol import Algorithm, Config as _Base, PrivateConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule(engine.UpdateRule):
+    """``w_{r+1} = prox_{eta f1}(w_r - eta avg)``, avg the gradient uploads' average."""
+
+    name: str = "mb_sgd"
+    kinds: tuple[str, ...] = ("gradient",)
+    shuffle: bool = True
+
+    def update(self, r: engine.RoundTools, values: dict) -> engine.Update:
+        v, st = r.gradients(0)()
+        return engine.Update(params=estimators.prox_step(r.prox, r.w, v, r.lr), state={},
+                             uploads=jnp.ones((1,), jnp.int32), stats=st, metrics={})
+
+
+RULE = engine.register(Rule())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +47,8 @@ class NonPrivateConfig(_Base):
 
 
 ISRL_MB_SGD = Algorithm(
-    name="isrl_mb_sgd", Config=Config, method="mb_sgd", private=True,
+    name="isrl_mb_sgd", Config=Config, method=RULE.name, private=True,
     DESCRIPTION="ISRL-DP MB-SGD / Noisy Prox-SGD, per-silo record-level DP (Lowy et al. 2023)")
 MB_SGD = Algorithm(
-    name="mb_sgd", Config=NonPrivateConfig, method="mb_sgd", private=False,
+    name="mb_sgd", Config=NonPrivateConfig, method=RULE.name, private=False,
     DESCRIPTION="Minibatch SGD (prox), non-private baseline of the ISRL-DP family")

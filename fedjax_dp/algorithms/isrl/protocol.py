@@ -157,7 +157,8 @@ class Context:
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-    """One member of the family: ``method`` of :data:`engine.METHODS`, private or not.
+    """One member of the family: ``method``, a registered update rule's name
+    (:func:`engine.rule_for`; each method module registers its own), private or not.
 
     ``batch_sizes(config)`` gives K per upload kind, ``spec_fields(config)`` the method's static
     round fields, ``planned(config)`` the number of uploads of each kind a silo available every
@@ -172,31 +173,19 @@ class Algorithm:
     USES_LOCAL_TRAIN: bool = False
 
     # ----------------------------------------------------------------- per-method plans
+    @property
+    def rule(self) -> engine.UpdateRule:
+        """The method's update rule (registered by its module: :mod:`mb_sgd`, ...)."""
+        return engine.rule_for(self.method)
+
     def batch_sizes(self, config) -> tuple[int, ...]:
-        if self.method in ("spider", "svrg"):
-            k2 = config.diff_batch_size or config.batch_size
-            return (config.batch_size, k2)
-        return (config.batch_size,)
+        return self.rule.batch_sizes(config)
 
     def spec_fields(self, config) -> dict:
-        if self.method == "spider":
-            return dict(period=config.phase_length, smoothness=config.smoothness)
-        if self.method == "svrg":
-            return dict(period=config.epoch_length, smoothness=config.smoothness,
-                        restart_every=getattr(config, "restart_every", 0))
-        if self.method == "local_sgd":
-            return dict(local_steps=config.local_steps)
-        return {}
+        return self.rule.spec_fields(config)
 
     def planned(self, config) -> tuple[int, ...]:
-        r = config.rounds
-        if self.method in ("spider", "svrg"):
-            period = config.phase_length if self.method == "spider" else config.epoch_length
-            refresh = -(-r // period)
-            return (refresh, r - refresh)
-        if self.method == "local_sgd":
-            return (r * config.local_steps,)
-        return (r,)
+        return self.rule.planned(config)
 
     # ----------------------------------------------------------------- protocol
     def noise_multiplier(self, config, rates: np.ndarray) -> np.ndarray:
@@ -246,7 +235,7 @@ class Algorithm:
                                 batch_sizes=tuple(int(k) for k in self.batch_sizes(config)),
                                 **self.spec_fields(config), **extra)
         chunk = resolve_chunk_size(runtime.chunk_size, params, agents)
-        if self.method in ("spider", "svrg") and chunk is not None:
+        if self.rule.differences and chunk is not None:
             chunk = max(1, chunk // 2)          # two per-record gradients per silo
         round_fn = engine.make_round(loss_fn or engine.loss_for(model), spec, chunk_size=chunk,
                                      mesh=runtime.mesh, backend=runtime.backend,
@@ -301,8 +290,8 @@ class Algorithm:
         keep = calibration.worst_silos(ctx.rates, counts, z)
         kinds = ", ".join(ctx.spec.kinds)
         sens = ("sensitivity C for gradient uploads, tau = min(2C, beta_hat ||w - w_ref||) <= 2C "
-                "for difference uploads (noise std z times it)" if self.method in
-                ("spider", "svrg") else "sensitivity C (noise std z C)")
+                "for difference uploads (noise std z times it)" if self.rule.differences
+                else "sensitivity C (noise std z C)")
         note = (f"{self.name}: each silo composes its own uploads ({kinds}; {sens}; Poisson record "
                 f"sampling, noise multipliers {z.min():.6g}..{z.max():.6g}, no amplification from "
                 f"silo availability); worst silo by parallel composition; members = silos "

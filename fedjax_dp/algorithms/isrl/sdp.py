@@ -31,7 +31,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from fedjax_dp.algorithms.isrl import calibration, protocol
+from fedjax_dp.algorithms.isrl import calibration, mb_sgd, protocol, spider
 from fedjax_dp.algorithms.isrl.protocol import Algorithm
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import PrivacyLedger, shuffle
@@ -117,9 +117,9 @@ class ShuffleAlgorithm(Algorithm):
 
 
 SDP_MB_SGD = ShuffleAlgorithm(
-    name="sdp_mb_sgd", Config=Config, method="mb_sgd", private=True,
+    name="sdp_mb_sgd", Config=Config, method=mb_sgd.RULE.name, private=True,
     DESCRIPTION="SDP MB-SGD: shuffled binomial vector sums of per-record gradients (Lowy et al.)")
 SDP_SPIDER = ShuffleAlgorithm(
-    name="sdp_spider", Config=SpiderConfig, method="spider", private=True,
+    name="sdp_spider", Config=SpiderConfig, method=spider.RULE.name, private=True,
     DESCRIPTION="SDP FedProx-SPIDER: refresh and difference sums through the shuffle protocol "
                 "(Lowy et al. 2023, Alg. 10)")

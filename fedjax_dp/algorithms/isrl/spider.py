@@ -23,7 +23,47 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
+
+from fedjax_dp.algorithms.isrl import engine, estimators
 from fedjax_dp.algorithms.isrl.protocol import SPIDER_FIELDS, Algorithm, PrivateConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule(engine.UpdateRule):
+    """The SPIDER round of the module docstring (state: ``v`` and the previous iterate)."""
+
+    name: str = "spider"
+    kinds: tuple[str, ...] = ("refresh", "difference")
+    shuffle: bool = True
+    differences: bool = True
+
+    def batch_sizes(self, config) -> tuple[int, ...]:
+        return (config.batch_size, config.diff_batch_size or config.batch_size)
+
+    def spec_fields(self, config) -> dict:
+        return dict(period=config.phase_length, smoothness=config.smoothness)
+
+    def planned(self, config) -> tuple[int, ...]:
+        return estimators.refresh_counts(config.rounds, config.phase_length)
+
+    def init_state(self, spec, params) -> dict:
+        return dict(prev_params=params, v=jax.tree.map(jnp.zeros_like, params))
+
+    def update(self, r: engine.RoundTools, values: dict) -> engine.Update:
+        spec = r.spec
+        refresh = estimators.is_refresh(r.t, spec.period)
+        tau = estimators.difference_clip(r.w, values["prev_params"], r.clip, spec.smoothness)
+        avg, st = jax.lax.cond(refresh, r.gradients(0), r.differences(values["prev_params"], tau))
+        v = estimators.spider_update(values["v"], avg, refresh)
+        return engine.Update(
+            params=estimators.prox_step(r.prox, r.w, v, r.lr), state=dict(prev_params=r.w, v=v),
+            uploads=jnp.stack([refresh, ~refresh]).astype(jnp.int32), stats=st,
+            metrics={"difference_clip": jnp.where(refresh, jnp.nan, tau)})
+
+
+RULE = engine.register(Rule())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +79,6 @@ class Config(PrivateConfig):
 
 
 ISRL_SPIDER = Algorithm(
-    name="isrl_spider", Config=Config, method="spider", private=True,
+    name="isrl_spider", Config=Config, method=RULE.name, private=True,
     DESCRIPTION="ISRL-DP FedProx-SPIDER, phase length q, smoothness-based difference clip "
                 "(Lowy et al. 2023, Alg. 3)")
