@@ -2,9 +2,12 @@
 
 Every entry is a module (or a protocol object, like the ISRL family's) on the protocol of
 :mod:`fedjax_dp.algorithms.api` (``Config``, ``DESCRIPTION``, ``USES_LOCAL_TRAIN``, ``init``,
-``num_steps``, ``step``, ``ledger``, ``output``); the runner drives it with
-:func:`fedjax_dp.algorithms.api.run`. Every algorithm also runs from plain Python without this
-layer. Adding an algorithm is one line in :data:`ALGORITHMS`.
+``num_steps``, ``step``, ``ledger``, ``output``, and any optional hook of
+:class:`fedjax_dp.algorithms.api.Algorithm`); the runner drives it with
+:func:`fedjax_dp.algorithms.api.run` and reads its hooks through
+:func:`fedjax_dp.algorithms.api.hooks`, never its name. Every algorithm also runs from plain
+Python without this layer. Adding an algorithm is one module and one line in
+:data:`ALGORITHMS` (docs/protocol.md's worked example).
 """
 from __future__ import annotations
 
