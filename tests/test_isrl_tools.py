@@ -49,3 +49,21 @@ def test_bench_isrl_cohort_smoke(tmp_path):
     run, = written["runs"]                                  # M = 9 > N = 4 is skipped
     assert (run["silos"], run["available"]) == (4, 2) and run["results_agree"] is True
     assert run["ratio_refresh"] == run["masked_refresh_s"] / run["gather_refresh_s"] > 0
+
+
+def test_bench_isrl_rates_smoke(tmp_path):
+    """``--rates``: one upload at two sampling rates, sampled records only vs every record; the
+    two agree and the ratios are written."""
+    spec = importlib.util.spec_from_file_location("bench_isrl", TOOLS / "bench_isrl.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "rates.json"
+    record = bench.main(["--rates", "--rate-list", "0.25,1.0", "--available", "2",
+                         "--local-size", "8", "--features", "3", "--hidden", "2", "--repeats",
+                         "1", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert written["runs"] == record["runs"] and [r["rate"] for r in written["runs"]] == [0.25, 1.0]
+    for run in written["runs"]:
+        assert run["results_agree"] is True
+        assert run["sampled_gradient_over_rate_1"] == (run["sampled_gradient_s"]
+                                                       / written["runs"][1]["sampled_gradient_s"])

@@ -27,24 +27,31 @@ library's SPIDER (``--method``) round with ``cohort="gather"`` (the M available 
 compiled round: M uploads) and ``cohort="masked"`` (all N silos compute, a mask keeps M), both
 with the library's chunking rule, timed for a refresh and a difference round; written with the
 ratios masked / gathered and whether the two rounds' new parameters agree.
+
+``--rates``: ONE upload of ``--available`` silos (vmapped, as in a round) of ``--local-size``
+records each, at record-sampling rates p of ``--rate-list`` (expected batch K = p n): the
+library's upload (:func:`uploads.gradient_upload` / :func:`uploads.difference_upload` planned for
+K: only the sampled records' gradients, :mod:`fedjax_dp.train.private_grad`) and the all-records
+upload (the same function with no plan: every record's gradient, the cost of the masked
+computation), timed in the same run; written with the ratios t(p) / t(1) (expected ~ p) and
+all-records / sampled at each p, and whether the two agree for the same key.
+
+    python tools/bench_isrl.py --rates --local-size 10000 --available 4 \
+        --out results/private_grad/bench_upload_rates.json
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import best_time, block, environment, write_json  # noqa: E402
+from bench_common import best_time, block, environment, write_json
 
 from fedjax_dp.algorithms.averaging.dp_fedsgd import resolve_chunk_size
-from fedjax_dp.algorithms.isrl import engine
+from fedjax_dp.algorithms.isrl import engine, uploads
 from fedjax_dp.core import StackedData
 from fedjax_dp.models import make_model
 
@@ -61,7 +68,7 @@ def bench_one(n: int, args, model, loss_fn, params) -> dict:
     agents = _data(n, args.local_size, args.features, args.classes, seed=n)
     sdata = engine.silo_data(agents, (args.batch_size, args.batch_size))
     spec = engine.RoundSpec(method="spider", num_silos=n, num_available=n, period=2,
-                            report_objective=False)
+                            report_objective=False, batch_sizes=(args.batch_size,) * 2)
     chunk = resolve_chunk_size("auto", params, agents)
     chunk = None if chunk is None else max(1, chunk // 2)
     round_fn = engine.make_round(loss_fn, spec, chunk_size=chunk)
@@ -123,10 +130,11 @@ def bench_cohort(n: int, m: int, args, loss_fn, params) -> dict:
     """One round (``--method``: SPIDER or MB-SGD) over N silos with M available: gathered vs
     masked (same key, same data). MB-SGD's second round is a gradient round again."""
     agents = _data(n, args.local_size, args.features, args.classes, seed=n)
-    kinds = len(engine.UPLOAD_KINDS[args.method])
+    kinds = len(engine.rule_for(args.method).kinds)
     sdata = engine.silo_data(agents, (args.batch_size,) * kinds)
     spec = engine.RoundSpec(method=args.method, num_silos=n, num_available=m,
-                            period=2 if args.method == "spider" else 1, report_objective=False)
+                            period=2 if args.method == "spider" else 1, report_objective=False,
+                            batch_sizes=(args.batch_size,) * kinds)
     chunk = resolve_chunk_size("auto", params, agents)          # as protocol.init: from N
     chunk = None if chunk is None else max(1, chunk // 2)
     values0 = engine.initial_values(spec, params, engine.hyper(0.1, 1.0, 1.0))
@@ -182,6 +190,62 @@ def main_cohort(args, model, loss_fn, params) -> dict:
     return record
 
 
+def bench_rates(args, loss_fn, params) -> dict:
+    """One gradient and one difference upload of M silos x n records at each rate p: sampled
+    records only (planned for K = p n) vs every record (unplanned), same keys."""
+    m, n = int(args.available.split(",")[0]), args.local_size
+    agents = _data(m, n, args.features, args.classes, seed=n)
+    rates = [float(r) for r in args.rate_list.split(",") if r]
+    keys = jax.random.split(jax.random.key(0), m)
+    ref = jax.tree.map(lambda l: l + 0.01, params)
+    load_before = os.getloadavg()[0]
+    runs = []
+    for p in rates:
+        k_exp = p * n
+        rec = {"rate": p, "expected_batch": k_exp}
+        out = {}
+        for path, expected in (("sampled", k_exp), ("all_records", None)):
+            grad = jax.jit(jax.vmap(uploads.gradient_upload(loss_fn, True, expected),
+                                    in_axes=(0, None, 0, 0, 0, None, None, None, None)))
+            diff = jax.jit(jax.vmap(uploads.difference_upload(loss_fn, True, expected),
+                                    in_axes=(0, None, None, 0, 0, 0, None, None, None, None,
+                                             None)))
+            g_args = (keys, params, agents.x, agents.y, agents.mask, p, k_exp, 1.0, 1.0)
+            d_args = (keys, params, ref, agents.x, agents.y, agents.mask, p, k_exp, 1.0, 2.0,
+                      1.0)
+            rec[f"{path}_gradient_s"] = best_time(lambda: grad(*g_args), args.repeats)
+            rec[f"{path}_difference_s"] = best_time(lambda: diff(*d_args), args.repeats)
+            out[path] = (block(grad(*g_args)), block(diff(*d_args)))
+        rec["realised_batch_mean"] = float(jnp.mean(out["sampled"][0][1]["batch_size"]))
+        rec["results_agree"] = bool(all(
+            np.allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+            for a, b in zip(jax.tree.leaves(out["sampled"]), jax.tree.leaves(out["all_records"]))))
+        for kind in ("gradient", "difference"):
+            rec[f"all_records_over_sampled_{kind}"] = (rec[f"all_records_{kind}_s"]
+                                                       / rec[f"sampled_{kind}_s"])
+        runs.append(rec)
+    full = next((r for r in runs if r["rate"] == 1.0), runs[-1])
+    for rec in runs:
+        for kind in ("gradient", "difference"):
+            rec[f"sampled_{kind}_over_rate_1"] = rec[f"sampled_{kind}_s"] / full[f"sampled_{kind}_s"]
+        print(f"p={rec['rate']:<5} K={rec['expected_batch']:>7.0f}: sampled gradient "
+              f"{rec['sampled_gradient_s'] * 1e3:8.2f} ms ({rec['sampled_gradient_over_rate_1']:.3f}"
+              f" of p=1), difference {rec['sampled_difference_s'] * 1e3:8.2f} ms "
+              f"({rec['sampled_difference_over_rate_1']:.3f}) | all records "
+              f"{rec['all_records_gradient_s'] * 1e3:8.2f} / {rec['all_records_difference_s'] * 1e3:8.2f}"
+              f" ms = {rec['all_records_over_sampled_gradient']:.1f}x / "
+              f"{rec['all_records_over_sampled_difference']:.1f}x | agree {rec['results_agree']}",
+              flush=True)
+    record = {"benchmark": "isrl_upload_vs_sampling_rate", "model": f"mlp {args.features}-"
+              f"{args.hidden}-{args.classes}", "num_params": int(sum(
+                  np.size(l) for l in jax.tree.leaves(params))),
+              "silos": m, "local_size": n, "environment": environment(),
+              "load_average_1m": [load_before, os.getloadavg()[0]], "runs": runs}
+    if args.out:
+        write_json(args.out, record)
+    return record
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--silos", default="25,1000,10000", help="comma-separated N values")
@@ -202,6 +266,11 @@ def main(argv=None) -> dict:
                     help="with --cohort: comma-separated M values (available silos per round)")
     ap.add_argument("--method", default="spider", choices=("spider", "mb_sgd"),
                     help="with --cohort: the round timed")
+    ap.add_argument("--rates", action="store_true",
+                    help="time one upload at the record-sampling rates of --rate-list "
+                         "(--available silos of --local-size records)")
+    ap.add_argument("--rate-list", default="0.01,0.05,0.2,1.0",
+                    help="with --rates: comma-separated record-sampling rates p")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     silos = [int(s) for s in args.silos.split(",") if s]
@@ -210,6 +279,8 @@ def main(argv=None) -> dict:
     params = model.init(jax.random.key(0))
     if args.cohort:
         return main_cohort(args, model, loss_fn, params)
+    if args.rates:
+        return bench_rates(args, loss_fn, params)
     runs = []
     for n in silos:
         rec = bench_one(n, args, model, loss_fn, params)
