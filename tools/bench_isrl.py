@@ -227,12 +227,15 @@ def bench_rates(args, loss_fn, params) -> dict:
     full = next((r for r in runs if r["rate"] == 1.0), runs[-1])
     for rec in runs:
         for kind in ("gradient", "difference"):
-            rec[f"sampled_{kind}_over_rate_1"] = rec[f"sampled_{kind}_s"] / full[f"sampled_{kind}_s"]
+            rec[f"sampled_{kind}_over_rate_1"] = (rec[f"sampled_{kind}_s"]
+                                                  / full[f"sampled_{kind}_s"])
         print(f"p={rec['rate']:<5} K={rec['expected_batch']:>7.0f}: sampled gradient "
-              f"{rec['sampled_gradient_s'] * 1e3:8.2f} ms ({rec['sampled_gradient_over_rate_1']:.3f}"
-              f" of p=1), difference {rec['sampled_difference_s'] * 1e3:8.2f} ms "
+              f"{rec['sampled_gradient_s'] * 1e3:8.2f} ms "
+              f"({rec['sampled_gradient_over_rate_1']:.3f} of p=1), difference "
+              f"{rec['sampled_difference_s'] * 1e3:8.2f} ms "
               f"({rec['sampled_difference_over_rate_1']:.3f}) | all records "
-              f"{rec['all_records_gradient_s'] * 1e3:8.2f} / {rec['all_records_difference_s'] * 1e3:8.2f}"
+              f"{rec['all_records_gradient_s'] * 1e3:8.2f} / "
+              f"{rec['all_records_difference_s'] * 1e3:8.2f}"
               f" ms = {rec['all_records_over_sampled_gradient']:.1f}x / "
               f"{rec['all_records_over_sampled_difference']:.1f}x | agree {rec['results_agree']}",
               flush=True)

@@ -46,8 +46,9 @@ from fedjax_dp.privacy import mechanisms
 Params = Any
 
 __all__ = ["RowPlan", "poisson_weights", "fixed_size_weights", "clip_to_norm", "clip_rows",
-           "weighted_clipped_sum", "clipped_sum", "per_example_grads", "clipped_grad_sum", "masked_clipped_sum", "selected_rows", "add_noise", "release",
-           "gradient_fn", "private_gradient", "poisson_event", "fixed_size_event"]
+           "weighted_clipped_sum", "clipped_sum", "per_example_grads", "clipped_grad_sum",
+           "masked_clipped_sum", "selected_rows", "add_noise", "release", "gradient_fn",
+           "private_gradient", "poisson_event", "fixed_size_event"]
 
 
 # --------------------------------------------------------------------------- selection

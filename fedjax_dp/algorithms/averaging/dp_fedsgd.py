@@ -69,7 +69,7 @@ from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.averaging import fedavg
 from fedjax_dp.core import StackedData, auto_chunk_size, validation
 from fedjax_dp.models import Model
-from fedjax_dp.privacy import PrivacyLedger, accounting
+from fedjax_dp.privacy import PrivacyLedger
 from fedjax_dp.train import check_trainable, cross_entropy, private_grad
 
 Params = Any
@@ -266,7 +266,7 @@ def dp_events(config: Config, counts, participation=None) -> list:
     """Equation (3) for every agent: ``SelfComposed(PoissonSampled(p_i, Gaussian(z)), E T_i)``."""
     rates = record_sampling_rates(config, counts)
     steps = _steps(config, len(rates), participation)
-    return [accounting.sampled_gaussian_event(config.noise_multiplier, float(p), int(s))
+    return [private_grad.poisson_event(config.noise_multiplier, float(p), int(s))
             for p, s in zip(rates, steps)]
 
 
