@@ -46,6 +46,29 @@ def test_paper_scale_sweep_file_dry_run(path, capsys):
     assert "tools/" not in path.read_text()
 
 
+def test_tied_grid_key_sets_its_keys_together():
+    """``"k1+k2" = [[a1, a2], ...]``: one run per pair (not the product), each key set; a value
+    of the wrong length and a key set by two grid keys are refused before anything runs."""
+    sw = sweep_lib.load([str(ROOT / "configs" / "experiments" / "fnas_table2.toml")])
+    runs = sweep_lib.expand(sw)
+    pairs = [(r.config["algorithm"]["noise_weights"], r.config["algorithm"]["noise_arch"])
+             for r in runs]
+    assert pairs == [(0.5, 0.5), (1.0, 1.0), (2.0, 2.0), (4.0, 4.0)]
+    other = sweep_lib.load([str(ROOT / "configs" / "experiments" / "fnas_table2.toml")],
+                           grid=["algorithm.noise_weights+algorithm.noise_arch=[0.5,4.0],[4,0.5]",
+                                 "data.num_agents=2,4"])
+    got = {(r.config["data"]["num_agents"], r.config["algorithm"]["noise_weights"],
+            r.config["algorithm"]["noise_arch"]) for r in sweep_lib.expand(other)}
+    assert got == {(n, a, b) for n in (2, 4) for a, b in ((0.5, 4.0), (4.0, 0.5))}
+    assert sweep_lib.assignments("a.x", 3) == [("a.x", 3)]
+    with pytest.raises(sweep_lib.ConfigError, match="list of 2 values"):
+        sweep_lib.load([str(ROOT / "configs" / "experiments" / "fnas_table2.toml")],
+                       grid=["algorithm.noise_weights+algorithm.noise_arch=1,2"])
+    with pytest.raises(sweep_lib.ConfigError, match="both set 'algorithm.noise_arch'"):
+        sweep_lib.load([str(ROOT / "configs" / "experiments" / "fnas_table2.toml")],
+                       grid=["algorithm.noise_arch=1,2"])
+
+
 def test_fnas_random_genotype_is_drawn_from_the_run_key_and_skips_the_search():
     """``algorithm.fixed_genotype = "random"``: no search step, a genotype of the configured
     size drawn from the run's key (the same for the same key, another for another key)."""

@@ -16,8 +16,11 @@ a ``[sweep]`` table (``configs/experiments/``)::
     set = { "algorithm.rounds" = 5 }               # applied to every run
     [sweep.grid]
     "data.num_agents" = [50, 100]
+    "algorithm.noise_weights+algorithm.noise_arch" = [[0.5, 0.5], [1.0, 1.0]]   # tied keys
 
-Command-line flags add to the file's (``--grid`` replaces a key's values, ``--seeds`` and
+A grid key ``"k1+k2"`` ties its keys: each value is a list of one value per key, set together
+(:func:`assignments`), so the grid is the product over the OTHER keys only (e.g. a paper's
+sigma = tau, or (batch, steps, rounds) triples). Command-line flags add to the file's (``--grid`` replaces a key's values, ``--seeds`` and
 ``--target-epsilon`` replace). The runs are every base config x grid point x target x seed.
 
 Order of work: every run's config is resolved and validated (:func:`runner.plan`) before any
@@ -51,7 +54,7 @@ from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import records as records_lib
 
 __all__ = ["Sweep", "Run", "load", "expand", "run", "summarize", "split_values",
-           "summary_markdown"]
+           "summary_markdown", "tied_keys", "assignments"]
 
 ConfigError = config_lib.ConfigError
 
@@ -118,6 +121,42 @@ def split_values(text: str) -> list:
     if any(isinstance(v, str) and not v for v in values):
         raise ConfigError(f"empty value in {text!r} (values are separated by commas)")
     return values
+
+
+def tied_keys(key: str) -> list[str]:
+    """The dotted keys a grid key sets: ``"a.x+b.y"`` (tied) -> ``["a.x", "b.y"]``; a plain key
+    -> ``[key]``."""
+    return [k.strip() for k in key.split("+")]
+
+
+def assignments(key: str, value) -> list[tuple[str, object]]:
+    """``(dotted key, value)`` pairs of one grid value: ``[(key, value)]`` for a plain key; for a
+    tied key ``"k1+...+km"`` the value must be a list of m values, ``v_i`` going to ``k_i``."""
+    keys = tied_keys(key)
+    if len(keys) == 1:
+        return [(key, value)]
+    if not isinstance(value, list) or len(value) != len(keys):
+        raise ConfigError(f"grid key {key!r} ties {len(keys)} keys: each of its values must be a "
+                          f"list of {len(keys)} values (one per key), got {value!r}")
+    return list(zip(keys, value))
+
+
+def _check_grid(grid: dict[str, list]) -> None:
+    """Every value of a tied key has one value per key, and no dotted key is set by two grid
+    keys (``"a"`` beside ``"a+b"``)."""
+    seen: dict[str, str] = {}
+    for key, values in grid.items():
+        if not values:
+            raise ConfigError(f"--grid {key} has no values")
+        for k in tied_keys(key):
+            if not k or not all(k.split(".")):
+                raise ConfigError(f"grid key {key!r}: {k!r} is not a dotted key like "
+                                  f"algorithm.sigma")
+            if k in seen:
+                raise ConfigError(f"grid keys {seen[k]!r} and {key!r} both set {k!r}")
+            seen[k] = key
+        for v in values:
+            assignments(key, v)
 
 
 def _grid_arg(assignment: str) -> tuple[str, list]:
@@ -243,9 +282,7 @@ def load(paths: list[str], *, grid: list[str] = (), seeds=None, target_epsilon=N
     for g in grid:
         k, values = _grid_arg(g)
         sw.grid[k] = values
-    for k, values in sw.grid.items():
-        if not values:
-            raise ConfigError(f"--grid {k} has no values")
+    _check_grid(sw.grid)
     if seeds is not None:
         sw.seeds = _seeds_arg(seeds)
     if target_epsilon is not None:
@@ -301,7 +338,8 @@ def expand(sw: Sweep) -> list[Run]:
         raise ConfigError(f"a config is given twice: {names}")
     runs: list[Run] = []
     for (name, raw), point, target in itertools.product(sw.bases, points, targets):
-        sets = list(sw.overrides) + [f"{k}={_toml_value(v)}" for k, v in point.items()]
+        sets = list(sw.overrides) + [f"{k}={_toml_value(v)}" for key, value in point.items()
+                                     for k, v in assignments(key, value)]
         base_cfg = config_lib.resolve(raw, sets)
         algo = base_cfg["algorithm"]["name"]
         key = None
