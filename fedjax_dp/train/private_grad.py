@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from fedjax_dp.privacy import mechanisms
+from fedjax_dp.privacy import accounting, mechanisms
 
 Params = Any
 
@@ -315,14 +315,14 @@ def poisson_event(noise_multiplier: float, rate: float, steps: int = 1):
     """``SelfComposed(PoissonSampled(q, Gaussian(z)), steps)`` (q = 1: no sampling wrapper):
     the event of ``steps`` Poisson releases with noise std ``z C``. Relation: add/remove one
     record."""
-    from fedjax_dp.privacy import accounting
     return accounting.sampled_gaussian_event(noise_multiplier, rate, steps)
 
 
 def fixed_size_event(noise_multiplier: float, num_records: int, size: int, steps: int = 1):
     """``SelfComposed(SampledWithoutReplacement(n, m, Gaussian(z)), steps)``: fixed-size
-    selection of ``m`` of ``n`` records. Relation: replace one record (the sensitivity of one
-    replaced record is 2C under add/remove clipping; the caller scales z accordingly)."""
+    selection of ``m`` of ``n`` records. Relation: replace one record (dp-accounting's relation
+    for this event; a replaced record moves the clipped sum by up to 2C, so ``z`` is the noise
+    std over 2C)."""
     event = dp_accounting.SampledWithoutReplacementDpEvent(
         int(num_records), int(size), dp_accounting.GaussianDpEvent(float(noise_multiplier)))
     return event if steps == 1 else dp_accounting.SelfComposedDpEvent(event, int(steps))

@@ -39,7 +39,10 @@ not N. What stays O(N) is cheap bookkeeping: N uniform scores and their sort (th
 draw), the N silo keys, the scatter into the ``[N, U]`` upload counters, and -- only with
 ``report_objective`` -- the objective diagnostic, a forward pass over every silo's records. The
 estimators' state (SPIDER's v and previous iterate, SVRG's snapshot and its gradient) is the
-server's, not the silos', so nothing else is gathered or scattered.
+server's, not the silos', so nothing else is gathered or scattered. Within a silo an upload
+computes only its Poisson-sampled records' gradients (the private-gradient primitive,
+:mod:`fedjax_dp.train.private_grad`, in passes planned for ``RoundSpec.batch_sizes``): ~ p_i n_i
+per-record gradients, not n_max (``results/private_grad/``).
 
 ``make_round(..., cohort="masked")`` is the reference execution: all N silos compute their upload
 (same keys) and a mask keeps the M available ones; it equals the gathered round up to float
