@@ -442,6 +442,21 @@ def test_l0_has_no_ledger_entries(setup):
     assert len(dd) == 0 and len(di) == 0
 
 
+def test_planned_ledger_is_the_runs_data_independent_ledger(setup):
+    # the calibration hook: before training, the Laplace compositions the run will report
+    res, *_ = run_small(setup, "L1", "mlp")
+    plan = fedkt.planned_ledger(res.config, res.state, jax.random.key(0))
+    _, di = fedkt.ledger(res.config, res.state)
+    for cfg in (res.config, dataclasses.replace(res.config, gamma=0.25)):
+        planned = plan(cfg)
+        ref = privacy.ledgers_from_votes(cfg, server_votes=res.server_votes, z=res.z)[1]
+        for unit in ("party", "example"):
+            assert planned.epsilon(unit, 1e-5) == ref.epsilon(unit, 1e-5)
+    assert plan(res.config).epsilon("party", 1e-5) == di.epsilon("party", 1e-5)
+    with pytest.raises(ValueError, match="FedKT-L0 adds no noise"):
+        fedkt.planned_ledger(dataclasses.replace(res.config, level="L0"), res.state, None)
+
+
 def test_example_sensitivity_rules():
     assert [privacy.example_k(z, 4) for z in range(5)] == [0.0, 2.0, 2.0, 2.0, 4.0]
     assert [privacy.paper_example_k(z, 4) for z in range(5)] == [0.0, 1.0, 2.0, 3.0, 4.0]
