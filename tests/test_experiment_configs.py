@@ -46,6 +46,19 @@ def test_paper_scale_sweep_file_dry_run(path, capsys):
     assert "tools/" not in path.read_text()
 
 
+def test_output_score_is_the_accuracy_the_runner_reports():
+    """``api.Output.score``: the fraction of correct predictions, or the output's own
+    ``accuracy(x, y)`` when it defines one (a result that is not one model)."""
+    import numpy as np
+    from fedjax_dp.algorithms import api
+    x, y = np.zeros((4, 2)), np.array([0, 1, 1, 1])
+    out = api.Output(model=None, predict=lambda x: np.ones(len(x), np.int32))
+    assert out.score(x, y) == 0.75
+    mean_of_two = api.Output(model=None, predict=lambda x: np.ones(len(x), np.int32),
+                             accuracy=lambda x, y: (1.0 + 0.5) / 2)
+    assert mean_of_two.score(x, y) == 0.75 and isinstance(mean_of_two.score(x, y), float)
+
+
 def test_tied_grid_key_sets_its_keys_together():
     """``"k1+k2" = [[a1, a2], ...]``: one run per pair (not the product), each key set; a value
     of the wrong length and a key set by two grid keys are refused before anything runs."""

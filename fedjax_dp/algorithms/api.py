@@ -144,11 +144,22 @@ class State:
 class Output:
     """The final model: ``model`` / ``params`` (a JAX model) or ``predict(x [M, ...]) -> [M]``
     (e.g. a tree ensemble). ``model`` is always set (the model the run was configured with when
-    the final model is not a JAX model)."""
+    the final model is not a JAX model). ``accuracy(x, y) -> float``, optional, replaces the
+    default score of :meth:`score` (for a result that is not one model)."""
 
     model: Model
     params: Params = None
     predict: Callable[[Any], Any] | None = None
+    accuracy: Callable[[Any, Any], float] | None = None
+
+    def score(self, x, y) -> float:
+        """Accuracy on ``(x [M, ...], y [M])``: ``accuracy(x, y)`` when the output defines it
+        (a result that is not one model, e.g. the mean test accuracy of n models each trained
+        alone), else ``mean(predict_labels(x) == y)``. The runner's ``test_accuracy`` and
+        ``val_accuracy``."""
+        if self.accuracy is not None:
+            return float(self.accuracy(x, y))
+        return float(np.mean(self.predict_labels(x) == np.asarray(y)))
 
     def predict_labels(self, x) -> np.ndarray:
         """Predicted classes ``[M]`` (host array) for ``x [M, ...]``."""

@@ -309,10 +309,9 @@ class Setup:
 
     def evaluate(self, output: api.Output) -> dict:
         """``test_accuracy`` (and ``val_accuracy`` with a validation split) of a model."""
-        out = {"test_accuracy": float(np.mean(output.predict_labels(self.dataset.x_test)
-                                              == self.dataset.y_test))}
+        out = {"test_accuracy": output.score(self.dataset.x_test, self.dataset.y_test)}
         if self.x_val is not None:
-            out["val_accuracy"] = float(np.mean(output.predict_labels(self.x_val) == self.y_val))
+            out["val_accuracy"] = output.score(self.x_val, self.y_val)
         return out
 
 
