@@ -243,3 +243,20 @@ def test_local_sgd_ledger_counts_k_steps_per_round_available():
 # The silo axis sharded over 8 devices (SPIDER and SDP SPIDER, gathered == masked == one
 # device) is checked by tests/isrl_sharded_check.py, run in the one 8-device subprocess
 # of tests/test_sharding.py::test_eight_cpu_devices_equal_one_device.
+
+
+def test_each_method_update_rule_lives_in_its_module():
+    """mb_sgd / spider / svrg / local_sgd each register their own engine.UpdateRule; the engine
+    and the protocol look them up by name (no method names in if-chains)."""
+    import inspect
+
+    from fedjax_dp.algorithms.isrl import local_sgd, mb_sgd, protocol, spider, svrg
+    for module in (mb_sgd, spider, svrg, local_sgd):
+        assert engine.rule_for(module.RULE.name) is module.RULE
+        assert type(module.RULE).update is not engine.UpdateRule.update
+    assert engine.rule_for("spider").kinds == ("refresh", "difference")
+    with pytest.raises(ValueError, match="method must be one of"):
+        engine.rule_for("adam")
+    for module in (engine, protocol):
+        src = inspect.getsource(module)
+        assert "method ==" not in src and "method in (" not in src
