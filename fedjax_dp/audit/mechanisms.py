@@ -323,8 +323,8 @@ def _dp_sgd_step(weaken, *, noise_multiplier, clip_norm, num_examples, canary_sc
                  accountant) -> Auditable:
     """One DP-FedSGD step of one agent (eq. (1) of :mod:`fedjax_dp.algorithms.averaging.dp_fedsgd`):
     :func:`dp_fedsgd.sample_records` (rate 1) then :func:`dp_fedsgd.noisy_gradient` (per-example
-    clip to C, ``N(0, (z C)^2)``, divided by the fixed ``p n``) on a logistic model at zero
-    parameters. Neighbours: the canary example (gradient norm ``>= canary_scale * C``) present
+    clip to C, ``N(0, (z C)^2)``, divided by the fixed ``p n``: the private-gradient primitive
+    :mod:`fedjax_dp.train.private_grad`) on a logistic model at zero parameters. Neighbours: the canary example (gradient norm ``>= canary_scale * C``) present
     vs removed (mask 0). Statistic: the noisy gradient's projection on the canary's clipped
     gradient. Claimed: :func:`dp_fedsgd.instance_ledger` of one round of one step with record
     sampling rate 1.
@@ -493,7 +493,7 @@ def _isrl_upload(weaken, *, noise_multiplier, clip_norm, num_records, canary_sca
                  accountant) -> Auditable:
     """One ISRL-DP gradient upload of one silo (eq. (1) of
     :mod:`fedjax_dp.algorithms.isrl.uploads`, :func:`uploads.gradient_upload` with
-    ``private=True``): Poisson records at rate 1, per-record clip to C, ``N(0, (z C)^2)``,
+    ``private=True``, i.e. :func:`fedjax_dp.train.private_grad.private_gradient`): Poisson records at rate 1, per-record clip to C, ``N(0, (z C)^2)``,
     divided by ``n``. Neighbours: the silo's canary record present vs removed (the library's
     relation, add/remove one record of one silo). Statistic: the upload's projection on the
     canary's clipped gradient. Claimed: :func:`isrl.calibration.silo_event` with one upload at
