@@ -16,7 +16,8 @@ from fedjax_dp import data
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.fedkt import baselines as fedkt_baselines
 from fedjax_dp.algorithms.fedkt import fedkt, files, learners, partition, phases, privacy, votes
-from fedjax_dp.core import from_ragged
+from fedjax_dp.algorithms.fedkt import solo
+from fedjax_dp.core import from_ragged, rng
 from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
@@ -387,6 +388,19 @@ def test_query_fraction_selects_the_noisy_tier(setup):
     assert len(l2.party_queries) == 15 and len(l2.server_queries) == 30
     assert l1.server_mask.all()                          # L1 never drops queries on clean votes
 
+
+def test_rows_of_one_seed_share_their_teachers_and_l1_students(setup):
+    # "teacher reuse" (the removed tools/exp_fedkt.py trained Table 2's teachers once per seed):
+    # every random draw has a named stream of the run key, so runs of one seed that differ in
+    # level, gamma or query fraction train the same teachers (L2: their votes on its queries)
+    # and, at L0 / L1, the same students; a sweep's rows differ only in the noisy tier
+    l0, *_ = run_small(setup, "L0", "mlp")
+    l1, *_ = run_small(setup, "L1", "mlp")
+    l2, *_ = run_small(setup, "L2", "mlp", gamma=0.3)
+    np.testing.assert_array_equal(l1.teacher_votes, l0.teacher_votes)
+    np.testing.assert_array_equal(l2.teacher_votes, l0.teacher_votes[:, :, l2.party_queries])
+    np.testing.assert_array_equal(l1.student_preds, l0.student_preds[:, :, l1.server_queries])
+
 # ----------------------------------------------------------------------------- accounting
 
 
@@ -542,13 +556,55 @@ def test_xgboost_learner_when_installed():
 # ----------------------------------------------------------------------------- baselines
 
 
-def test_baselines_solo_pate_and_one_round(setup):
+def solo_reference(key, parties, learner, x_test, y_test) -> np.ndarray:
+    """The removed ``baselines.solo``: each party's test accuracy ``[n]``, its model fitted on
+    its own records by ONE learner call with ``key``."""
+    fitted_models = learner.fit(key, parties)
+    preds = np.asarray(learner.predict(fitted_models, x_test))                     # [n, M]
+    return np.mean(preds == np.asarray(y_test)[None], axis=1)
+
+
+@pytest.mark.parametrize("which, cfg", [
+    ("logistic", dict(learner="model")),
+    ("forest", dict(learner="random_forest", tree_max_depth=3, tree_estimators=5)),
+])
+def test_solo_is_the_mean_of_the_parties_accuracies(setup, which, cfg):
+    # the registered algorithm "fedkt_solo" (learner built from its config) gives the numbers of
+    # the removed baselines.solo with the run key's stream "solo"; the trees' host loop too
+    ds, parties = setup["ds"], setup["flat"]
+    lr = setup["lrn"][which]
+    model = lr.model if learners.is_jax(lr) else make_model("logistic", (16,), C)
+    data_ = api.FederatedData(agents=parties, num_classes=C)
+    config = solo.Config(local=TRAIN, **cfg)
+    key = jax.random.key(3)
+    done = api.run(solo, key, data_, model, config, runtime=api.Runtime(chunk_size=None))
+    per_party = solo_reference(rng.stream(key, "solo"), parties, lr, ds.x_test, ds.y_test)
+    out = solo.output(done.state)
+    assert out.score(ds.x_test, ds.y_test) == float(np.mean(per_party))
+    np.testing.assert_array_equal(
+        solo.party_accuracies(lr, solo.fitted(done.state), ds.x_test, ds.y_test), per_party)
+    assert len(set(per_party.tolist())) > 1 or parties.num_agents == 1   # n models, not one
+    assert solo.ledger(config, done.state).entries == () and not api.hooks(solo).private
+    with pytest.raises(ValueError, match="n models"):
+        out.predict_labels(ds.x_test)
+    with pytest.raises(ValueError, match="algorithm.learner"):
+        solo.Config(learner="svm")
+
+
+def test_solo_sweep_base_runs_end_to_end(tmp_path):
+    # the SOLO column's tree row through the runner (host learners: no compilation)
+    base = ROOT / "configs" / "experiments" / "bases" / "fedkt_solo_wbcd_trees.toml"
+    cfg = config_lib.load(base,
+                          ["algorithm.tree_estimators=5", "algorithm.tree_max_depth=3",
+                           "data.validation_fraction=0.1", "run.progress=false"])
+    result = runner.run(cfg, tmp_path, progress=False)
+    assert result["algorithm"] == "fedkt_solo" and result["privacy"] == []
+    assert 0.0 <= result["test_accuracy"] <= 1.0 and "val_accuracy" in result
+
+
+def test_baselines_pate_and_one_round(setup):
     ds, parties = setup["ds"], setup["flat"]
     tree, forest = setup["lrn"]["trees"], setup["lrn"]["forest"]     # host learners: no compile
-    accs = fedkt_baselines.solo(jax.random.key(0), parties, tree, ds.x_test, ds.y_test)
-    ref = [np.mean(np.asarray(tree.predict(tree.fit(jax.random.key(0), parties)[i:i + 1],
-                                           ds.x_test))[0] == ds.y_test) for i in range(3)]
-    np.testing.assert_allclose(accs, ref)
     pooled = partition.pool(parties)
     assert pooled.num_agents == 1 and int(pooled.counts[0]) == int(parties.counts.sum())
     cfg = fedkt.Config(num_partitions=2, num_teachers=3, centralized=True, local=TRAIN)

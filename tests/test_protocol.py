@@ -14,7 +14,7 @@ import pytest
 from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
-from fedjax_dp.algorithms.fedkt import fedkt
+from fedjax_dp.algorithms.fedkt import fedkt, solo as fedkt_solo
 from fedjax_dp.core import from_ragged
 from fedjax_dp.data import synthetic
 from fedjax_dp.algorithms import isrl
@@ -43,6 +43,7 @@ TINY = {
     # one teacher per partition: teachers and students are both n * s models (fewer compiles)
     "fedkt": fedkt.Config(num_partitions=2, num_teachers=1, level="L1", gamma=0.5,
                           local=LOCAL),
+    "fedkt_solo": fedkt_solo.Config(local=LOCAL),
 }
 #: The ISRL-DP family: fixed noise multipliers / noise trials (no calibration in this test).
 _ISRL = dict(rounds=3, learning_rate=0.1, batch_size=4, report_objective=False)
@@ -159,9 +160,13 @@ def test_protocol_conformance(problem, name, tmp_path):
         for row in lg.report(DELTA, accountants):
             assert row["epsilon"] >= 0
     out, out_run = module.output(state), module.output(done.state)
-    pred = out.predict_labels(ds.x_test)
-    assert pred.shape == (len(ds.x_test),) and set(np.unique(pred)) <= set(range(C))
-    np.testing.assert_array_equal(pred, out_run.predict_labels(ds.x_test))
+    if out.accuracy is not None:        # a result that is not one model (SOLO: n models)
+        acc = out.score(ds.x_test, ds.y_test)
+        assert 0.0 <= acc <= 1.0 and acc == out_run.score(ds.x_test, ds.y_test)
+    else:
+        pred = out.predict_labels(ds.x_test)
+        assert pred.shape == (len(ds.x_test),) and set(np.unique(pred)) <= set(range(C))
+        np.testing.assert_array_equal(pred, out_run.predict_labels(ds.x_test))
 
     # another key, another run
     other = _api_run(problem, name, seed=1)
@@ -224,7 +229,7 @@ def test_every_registered_algorithm_resolves_its_hooks(name):
     h = api.hooks(module)
     assert len(h.PHASES) in (0, module.num_steps(TINY[name]))
     assert api.can_vmap_seeds(module) == h.can_vmap_seeds
-    assert h.private == (name not in ("fedavg", "mb_sgd", "local_sgd"))
+    assert h.private == (name not in ("fedavg", "mb_sgd", "local_sgd", "fedkt_solo"))
 
 
 def test_no_algorithm_is_special_cased_in_the_experiment_layer():

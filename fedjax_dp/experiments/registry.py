@@ -15,7 +15,7 @@ from typing import Any
 
 from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl
 from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
-from fedjax_dp.algorithms.fedkt import fedkt
+from fedjax_dp.algorithms.fedkt import fedkt, solo as fedkt_solo
 from fedjax_dp.algorithms import isrl
 
 ALGORITHMS: dict[str, Any] = {
@@ -25,6 +25,7 @@ ALGORITHMS: dict[str, Any] = {
     "ae_dpfl": ae_dpfl,
     "knn_dpfl": knn_dpfl,
     "fedkt": fedkt,
+    "fedkt_solo": fedkt_solo,       # FedKT Table 1 baseline: every party alone
     # ISRL-DP / shuffle-DP federated optimisation (Lowy, Ghafelebashi, Razaviyayn 2023)
     "isrl_mb_sgd": isrl.ISRL_MB_SGD,
     "isrl_prox_svrg": isrl.ISRL_PROX_SVRG,

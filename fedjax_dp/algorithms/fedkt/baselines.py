@@ -1,7 +1,8 @@
 """FedKT's Table 1 baselines, each in one round: SOLO, centralized PATE, FedAvg, FedProx.
 
 * SOLO: every party trains one model on its own data only (all parties in one compiled call);
-  reported as the mean (and spread) of the parties' test accuracies.
+  reported as the mean of the parties' test accuracies: the algorithm ``fedkt_solo``
+  (:mod:`.solo`; :func:`.solo.party_accuracies` gives the parties' accuracies).
 * Centralized PATE (the upper bound of knowledge transfer through public data): FedKT with one
   party that holds all training data and the same s partitions x t teachers, no noise: the
   FedKT config key ``algorithm.centralized = true`` (:mod:`.fedkt`).
@@ -17,20 +18,12 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import numpy as np
 
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.averaging import fedavg
 from fedjax_dp.core import StackedData, validation
 from fedjax_dp.models import Model
 from fedjax_dp.train import LocalTrainConfig, accuracy
-
-
-def solo(key: jax.Array, parties: StackedData, learner, x_test, y_test) -> np.ndarray:
-    """Test accuracy of each party's model trained on its own data alone: ``[n]``."""
-    fitted = learner.fit(key, parties)
-    preds = np.asarray(learner.predict(fitted, x_test))                     # [n, M]
-    return np.mean(preds == np.asarray(y_test)[None], axis=1)
 
 
 def one_round(key: jax.Array, parties: StackedData, model: Model, local: LocalTrainConfig,

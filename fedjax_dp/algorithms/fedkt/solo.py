@@ -1,0 +1,176 @@
+"""SOLO: every party trains one model on its own data alone (FedKT paper, Table 1 baseline).
+
+FedKT's lower baseline (Li, He, Song, IJCAI 2021, Section 5, Table 1 "SOLO"): no federation at
+all. Party i trains model ``f_i`` on its local data ``D^i`` only, and the reported number is the
+mean over the n parties of each party's test accuracy::
+
+    f_i = train(D^i)                                            i = 1..n, one compiled call
+    SOLO accuracy = (1/n) sum_i (1/M) sum_m [f_i(x_m) = y_m]    on the test set (x_m, y_m)
+
+The n models are ONE learner call over the party axis (:meth:`.learners.JaxLearner.fit`:
+vmapped, chunked by ``runtime.chunk_size``; a tree learner is fitted in the learners' host loop,
+the documented exception), model i from key ``model_keys(stream(key, "solo"), n)[.][i]``
+(:func:`.learners.model_keys`). The output is not one model: :func:`output` defines
+``api.Output.accuracy`` (the mean above), which the runner's ``test_accuracy`` and
+``val_accuracy`` use. No privacy guarantee (:data:`private` is False, :func:`ledger` is empty):
+nothing leaves a party, but nothing is claimed either.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.fedkt import learners as learners_lib
+from fedjax_dp.core import agent_stream, rng, validation
+from fedjax_dp.models import Model
+from fedjax_dp.privacy import PrivacyLedger
+from fedjax_dp.train import LocalTrainConfig
+
+__all__ = ["Config", "DESCRIPTION", "PHASES", "STREAMS", "USES_LOCAL_TRAIN", "fitted", "init",
+           "ledger", "make_learner", "num_steps", "output", "party_accuracies", "private",
+           "step"]
+
+DESCRIPTION = ("SOLO (FedKT Table 1 baseline): every party trains alone on its own data; "
+               "accuracy = mean over the parties (no privacy)")
+USES_LOCAL_TRAIN = True
+PHASES = ("train",)
+STREAMS = ("solo",)
+#: No privacy guarantee: the ledger is empty and nothing is calibrated.
+private = False
+
+
+def _check_local(name: str, value: Any) -> Any:
+    return validation.Instance(LocalTrainConfig, optional=True)(name, value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """SOLO: each party's ``learner`` trained on its own records.
+
+    learner: ``"model"`` (the experiment's [model] table), a JAX model (``logistic``, ``mlp``,
+      ``cnn``; hidden layer 200) or a tree learner (``decision_tree``, ``random_forest``,
+      ``gradient_boosting``, ``xgboost``), as FedKT's ``teacher`` / ``student``.
+    tree_max_depth / tree_estimators: the tree learners' depth and number of trees.
+    local: the JAX learners' local training (the [train] table; ``local.steps`` steps).
+    """
+
+    learner: str = "model"
+    tree_max_depth: int = 6
+    tree_estimators: int = 100
+    local: Any = None                # LocalTrainConfig (the [train] table)
+
+    FIELDS = {"learner": validation.Choice(("model",) + learners_lib.LEARNERS),
+              "tree_max_depth": validation.Int(1, 1024),
+              "tree_estimators": validation.Int(1, 100_000),
+              "local": validation.Custom(_check_local)}
+
+    def __post_init__(self):
+        validation.check_config(self, "algorithm")
+        if self.local is None:
+            object.__setattr__(self, "local", LocalTrainConfig())
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """The static part of a SOLO run: the parties, the learner, the key; ``fitted`` holds tree
+    models (not arrays, so not in ``State.values``)."""
+
+    data: api.FederatedData
+    model: Model
+    config: Config
+    learner: Any
+    key: jax.Array                   # stream(run key, "solo")
+    fitted: dict = dataclasses.field(default_factory=dict)
+
+
+def make_learner(config: Config, model: Model, *, feature_shape, num_classes: int,
+                 runtime: api.Runtime = api.Runtime()):
+    """The learner of ``config.learner``: ``"model"`` is ``model`` trained with ``config.local``
+    (vmapped over the parties, ``runtime.chunk_size`` / ``backend``), else
+    :func:`.learners.make_learner` of that name."""
+    if config.learner == "model":
+        return learners_lib.JaxLearner(model, config.local, chunk_size=runtime.chunk_size,
+                                       backend=runtime.backend)
+    return learners_lib.make_learner(
+        config.learner, feature_shape=feature_shape, num_classes=num_classes, train=config.local,
+        chunk_size=runtime.chunk_size, backend=runtime.backend,
+        max_depth=config.tree_max_depth, n_estimators=config.tree_estimators)
+
+
+def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
+         runtime: api.Runtime = api.Runtime(), *, learner=None) -> api.State:
+    """Checks (every party holds at least one record, finite features) before any training;
+    ``learner`` overrides :func:`make_learner` (any learner of :mod:`.learners`)."""
+    if not isinstance(config, Config):
+        raise ValueError(f"config must be a solo.Config, got {type(config).__name__}")
+    if not isinstance(data, api.FederatedData):
+        raise ValueError(f"data must be an api.FederatedData, got {type(data).__name__}")
+    agent_stream.check_agents(data.agents, what="to train its own model")
+    if learner is None:
+        learner = make_learner(config, model, feature_shape=data.feature_shape,
+                               num_classes=data.num_classes, runtime=runtime)
+    ctx = Context(data=data, model=model, config=config, learner=learner,
+                  key=rng.stream(rng.as_key(key), "solo"))
+    return api.State(step=0, values={}, context=ctx)
+
+
+def num_steps(config: Config) -> int:
+    return len(PHASES)
+
+
+def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dict]:
+    """Train the n parties' models, each on its own records, in one learner call
+    (``learner.fit(stream(run key, "solo"), parties)``). ``key`` is unused (the run key's stream
+    ``"solo"``, derived in :func:`init`)."""
+    if state.step >= len(PHASES):
+        raise ValueError(f"SOLO has {len(PHASES)} step; state.step is {state.step}")
+    ctx: Context = state.context
+    fit = ctx.learner.fit(ctx.key, ctx.data.agents)
+    values = dict(state.values)
+    if learners_lib.is_jax(ctx.learner):
+        values["params"] = fit                              # [n, ...]
+    else:
+        ctx.fitted["params"] = fit                          # n tree models (host)
+    return api.State(step=state.step + 1, values=values, context=ctx), {}
+
+
+def fitted(state: api.State):
+    """The n parties' fitted models: stacked parameters ``[n, ...]`` (JAX) or a list (trees)."""
+    if state.step < len(PHASES):
+        raise ValueError(f"the parties' models are trained in phase 1 ('train'); state.step is "
+                         f"{state.step}")
+    ctx: Context = state.context
+    return state.values["params"] if learners_lib.is_jax(ctx.learner) else ctx.fitted["params"]
+
+
+def party_accuracies(learner, models, x, y) -> np.ndarray:
+    """``[n]``: party i's accuracy ``(1/M) sum_m [f_i(x_m) = y_m]`` on ``(x [M, ...], y [M])``,
+    every party's predictions from one ``learner.predict`` call (``[n, M]``)."""
+    preds = np.asarray(learner.predict(models, x))                          # [n, M]
+    return np.mean(preds == np.asarray(y)[None], axis=1)
+
+
+def output(state: api.State) -> api.Output:
+    """n models, not one: ``accuracy(x, y)`` is the mean over parties of
+    :func:`party_accuracies` (the paper's SOLO number); ``predict`` refuses (there is no single
+    model's prediction)."""
+    ctx: Context = state.context
+    models = fitted(state)
+
+    def predict(x):
+        raise ValueError("SOLO's result is n models, one per party, not one model: score it "
+                         "with Output.score / Output.accuracy (the mean of the parties' "
+                         "accuracies), or predict with solo.fitted(state)")
+
+    return api.Output(model=ctx.model, predict=predict,
+                      accuracy=lambda x, y: float(np.mean(party_accuracies(ctx.learner, models,
+                                                                           x, y))))
+
+
+def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
+    """SOLO gives no privacy guarantee: an empty ledger (as FedAvg's)."""
+    return PrivacyLedger()
