@@ -239,3 +239,51 @@ def test_cli_reaches_every_mechanism_parameter():
     for name, spec in mechanisms.MECHANISMS.items():
         assert set(spec.defaults) <= flags, name
         assert name in cli.build_parser().parse_args(["audit", name]).mechanism
+
+
+# --------------------------------------------------------------------------- layout
+
+#: mechanism -> the family package whose audit.py holds its harness.
+FAMILY = {"gaussian-vote": "voting", "fedkt-laplace": "fedkt", "dp-sgd-step": "averaging",
+          "dp-fedavg-round": "averaging", "isrl-upload": "isrl", "sdp-upload": "isrl"}
+
+
+def _imports(path):
+    """``(module-level imported module names, imports inside functions, imported names)``."""
+    import ast
+    tree = ast.parse(path.read_text())
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    nested = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+              and n not in top]
+    modules = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
+    modules |= {n.module for n in top if isinstance(n, ast.ImportFrom)}
+    names = {a.name for n in top for a in n.names}
+    return modules, nested, names
+
+
+def test_each_family_holds_its_harness_and_imports_point_down():
+    from pathlib import Path
+    import fedjax_dp
+    from fedjax_dp.privacy import audit_harness
+    assert list(mechanisms.MECHANISMS) == list(FAMILY)         # names and order unchanged
+    for name, spec in mechanisms.MECHANISMS.items():
+        assert spec.builder.__module__ == f"fedjax_dp.algorithms.{FAMILY[name]}.audit", name
+        assert not spec.builder.__name__.startswith("_")
+    root = Path(fedjax_dp.__file__).parent
+    # The shared machinery sits in privacy/: it knows no algorithm, model, trainer or registry.
+    modules, nested, _ = _imports(Path(audit_harness.__file__))
+    assert not nested and not any(m.startswith(("fedjax_dp.algorithms", "fedjax_dp.audit",
+                                                "fedjax_dp.models", "fedjax_dp.train"))
+                                  for m in modules)
+    # A family's harness imports its own family and the layers below, never the registry above
+    # or another family; no import hides in a function; no private name crosses a module.
+    for family in sorted(set(FAMILY.values())):
+        modules, nested, names = _imports(root / "algorithms" / family / "audit.py")
+        assert not nested, family
+        assert not any(n.startswith("_") for n in names if n != "annotations"), family
+        for m in modules:
+            assert not m.startswith("fedjax_dp.audit"), (family, m)
+            if m.startswith("fedjax_dp.algorithms."):
+                assert m.split(".")[2] == family, (family, m)
+    modules, nested, names = _imports(root / "audit" / "mechanisms.py")
+    assert not nested and not any(n.startswith("_") for n in names if n != "annotations")

@@ -1,0 +1,78 @@
+"""Audit harness of the FedKT family: the LNMax vote of one partition on one query.
+
+Registered as ``fedkt-laplace`` by :mod:`fedjax_dp.audit.mechanisms` (see
+:mod:`fedjax_dp.privacy.audit_harness` for what an :class:`Auditable` is and how it is run).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp.algorithms.fedkt import privacy as fedkt_privacy
+from fedjax_dp.algorithms.fedkt import votes as fedkt_votes
+from fedjax_dp.core import validation
+from fedjax_dp.privacy import PrivacyLedger
+from fedjax_dp.privacy.audit_harness import (Auditable, Spec, check_accountant,
+                                             check_finite_positive)
+
+__all__ = ["fedkt_laplace_harness", "SPECS"]
+
+
+def fedkt_laplace_harness(weaken, *, gamma, num_teachers, gap, num_classes,
+                          accountant) -> Auditable:
+    """FedKT's LNMax vote (FedKT Alg. 1, Thm 3; L2 example level), one query of one partition.
+
+    ``t`` teachers vote on one public point through :func:`fedjax_dp.algorithms.fedkt.votes.vote_counts`
+    and the label is released by :func:`fedjax_dp.algorithms.fedkt.votes.noisy_labels`
+    (``argmax(counts + Lap(1/gamma))``). Neighbours (replace one training example, which changes
+    one teacher's vote): in D' the top-2 gap is ``gap`` (class 0 ahead); in D teacher 0 votes
+    class 1 instead (gap ``gap - 2``). Statistic: the released label is class 1 (0/1).
+    Claimed: ``LaplaceDpEvent(1 / (2 gamma))`` (L1 sensitivity 2), by the library's
+    :func:`fedjax_dp.algorithms.fedkt.privacy.data_independent_events`.
+    """
+    gamma = check_finite_positive("gamma", gamma)
+    t = validation.check_int("num_teachers", num_teachers, minimum=2)
+    c = validation.check_int("num_classes", num_classes, minimum=2)
+    gap = validation.check_int("gap", gap, minimum=0, maximum=t)
+    if (t + gap) % 2:
+        raise ValueError(f"gap must have the parity of num_teachers ({t}) so the votes split "
+                         f"into integers, got {gap}")
+    check_accountant(accountant)
+    a = (t + gap) // 2                                            # class-0 votes in D'
+    if a < 1:
+        raise ValueError(f"gap must leave teacher 0 a class-0 vote to change, got {gap}")
+    preds_dp = np.asarray([0] * a + [1] * (t - a), np.int32)      # teacher 0 votes class 0
+    preds_d = preds_dp.copy()
+    preds_d[0] = 1                                                # ... or class 1
+    worlds = {False: jnp.asarray(preds_d)[None, :, None],         # [G=1, t, Q=1]
+              True: jnp.asarray(preds_dp)[None, :, None]}
+    run_gamma = 2 * gamma if weaken == "halve-noise" else gamma
+
+    def one(key, inputs):
+        w = inputs
+        counts = fedkt_votes.vote_counts(w["preds"], c)                 # [1, 1, C]
+        label = fedkt_votes.noisy_labels(key[None], counts, w["gamma"])   # [1, 1]
+        return (label[0, 0] == 1).astype(jnp.float32)
+
+    inputs = {nb: {"preds": p, "gamma": jnp.float32(run_gamma)} for nb, p in worlds.items()}
+
+    def claimed(delta):
+        event = fedkt_privacy.data_independent_events("L2", gamma, 1, num_partitions=1,
+                                                      num_teachers=t)["example"]
+        ledger = PrivacyLedger().add_event("example", event,
+                                           relation=fedkt_privacy.EXAMPLE_RELATION,
+                                           sensitivity=2.0)
+        return ledger.epsilon("example", delta, accountant)
+
+    params = dict(gamma=gamma, num_teachers=t, gap=gap, num_classes=c, accountant=accountant)
+    return Auditable("fedkt-laplace", params, weaken, "example", fedkt_privacy.EXAMPLE_RELATION,
+                     one, inputs, claimed, structure=(t, c))
+
+
+#: This family's entries of the audit registry (:data:`fedjax_dp.audit.MECHANISMS`).
+SPECS: dict[str, Spec] = {
+    "fedkt-laplace": Spec(
+        "FedKT LNMax vote (algorithms/fedkt/votes.py noisy_labels), one query, released label",
+        dict(gamma=0.5, num_teachers=10, gap=4, num_classes=2, accountant="pld"),
+        ("halve-noise",), fedkt_laplace_harness),
+}

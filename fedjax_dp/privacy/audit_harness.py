@@ -1,0 +1,170 @@
+"""Audit harness machinery shared by every family: what an auditable mechanism is, and checks.
+
+A family's harness (``fedjax_dp/algorithms/<family>/audit.py``) builds, from its parameters, an
+:class:`Auditable`:
+
+* ``one_trial(key, neighbour) -> statistic`` (a float32 scalar): ONE run of the library's
+  mechanism on dataset D (``neighbour=False``, the world where the statistic tends to be larger:
+  the canary is present / the changed vote is cast) or on its neighbour D' (``neighbour=True``),
+  reduced to a scalar statistic;
+* ``trials(key, num_trials, neighbour) -> [num_trials]``: ``one_trial`` over the keys
+  ``split(key, num_trials)`` in ONE jit-compiled call (``jax.lax.map`` over chunks of trials,
+  each chunk vmapped), compiled once per (mechanism, parameters, num_trials, world);
+* ``claimed_epsilon(delta)``: the epsilon the library's own accounting (its ledger for exactly
+  what ran, through ``dp_accounting``) claims for that one release.
+
+Statistic for the Gaussian mechanisms: the projection ``<release, u>`` of the release on the
+unit vector ``u`` along the noise-free difference ``f(D) - f(D')`` (computed once by the same
+code with zero noise). For ``release = f + N(0, s^2 I)`` it is ``N(<f, u>, s^2)``: the
+Neyman-Pearson optimal statistic of the pair, so a threshold test on it is the best test there
+is. The vote mechanisms release only an argmax: the Gaussian vote is audited on its noisy tally
+(what Theorem 5's accounting covers; the argmax is post-processing), the FedKT LNMax vote on its
+released label (its noisy counts are never materialised by the library).
+
+Worst-case inputs: the canary's contribution is always at the sensitivity bound (a gradient or
+update of norm ``canary_scale`` times the clip, clipped down to the clip), the other inputs are
+fixed, and the mechanism's only randomness left is its noise (record / agent sampling rate 1).
+Auditing the un-sampled single release is deliberate: the accounting's claim for it is tight,
+so the audit can come close to it; amplification by sampling and composition over rounds are
+outside what a single pair of worlds can probe with modest trial counts.
+
+Weakened variants (``weaken=``), built by the same code path and audited against the ORIGINAL
+claim: ``"halve-noise"`` runs with half the noise std (noise multiplier / 2, sigma / 2,
+Laplace scale / 2, or a quarter of the binomial noise trials); ``"no-clip"`` runs with a clip
+that never binds (``clip = inf``, no clipping, or a clip far above the canary with the noise
+std kept at ``z C``). A correct audit must report a lower bound ABOVE the claim for them.
+
+The registry of mechanism names and the audit runner sit on top
+(:mod:`fedjax_dp.audit.mechanisms`, :mod:`fedjax_dp.audit.audit`); this module knows no
+algorithm.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from fedjax_dp.core import validation
+
+__all__ = ["WEAKENINGS", "ACCOUNTANTS", "DEFAULT_CHUNK", "Auditable", "Spec", "unit_vector",
+           "flat", "direction", "check_accountant", "check_finite_positive", "check_scale"]
+
+#: The weakened variants any mechanism may offer (each entry lists those it supports).
+WEAKENINGS = ("halve-noise", "no-clip")
+ACCOUNTANTS = ("rdp", "pld")
+#: Trials per vmapped chunk inside one compiled call (bounds memory, not the result).
+DEFAULT_CHUNK = 1 << 18
+
+
+@dataclasses.dataclass(frozen=True)
+class Auditable:
+    """A mechanism ready to audit (see the module docstring)."""
+
+    name: str
+    params: dict                                   # resolved parameters (JSON-able)
+    weaken: str | None
+    unit: str
+    relation: str
+    one: Callable[..., jax.Array]                  # one(key, inputs) -> scalar statistic
+    inputs: dict                                   # {neighbour: pytree of arrays}
+    claimed: Callable[[float], float]
+    structure: tuple = ()                          # what the compiled code depends on
+    chunk: int = DEFAULT_CHUNK
+
+    def one_trial(self, key: jax.Array, neighbour: bool) -> jax.Array:
+        """One run of the mechanism in world D (``neighbour=False``) or D' -> scalar statistic."""
+        return self.one(key, self.inputs[bool(neighbour)])
+
+    def trials(self, key: jax.Array, num_trials: int, neighbour: bool) -> jax.Array:
+        """``[num_trials]`` float32: ``one_trial(k, neighbour)`` for ``k`` in
+        ``split(key, num_trials)``, in one compiled call (the world's arrays are arguments, not
+        constants, so XLA does not constant-fold the batched mechanism)."""
+        num_trials = validation.check_int("trials", num_trials, minimum=1)
+        sig = (self.name, self.structure or id(self), num_trials, self.chunk)
+        fn = _COMPILED.get(sig)
+        if fn is None:
+            chunk = min(self.chunk, num_trials)
+
+            def run(key, inputs):
+                keys = jax.random.split(key, num_trials)                  # [T] trial keys
+                one = functools.partial(self.one, inputs=inputs)
+                if num_trials <= chunk:
+                    return jax.vmap(one)(keys)                            # [T]
+                return jax.lax.map(one, keys, batch_size=chunk)           # [T], chunked
+
+            fn = _COMPILED[sig] = jax.jit(run)
+        return fn(key, self.inputs[bool(neighbour)])
+
+    def jitted_one_trial(self, key: jax.Array, neighbour: bool) -> jax.Array:
+        """:meth:`one_trial`, compiled (once per structure): for loops over a few trials."""
+        sig = (self.name, self.structure or id(self), "one")
+        fn = _COMPILED.get(sig)
+        if fn is None:
+            fn = _COMPILED[sig] = jax.jit(self.one)
+        return fn(key, self.inputs[bool(neighbour)])
+
+    def claimed_epsilon(self, delta: float) -> float:
+        """The library's accounting: epsilon at ``delta`` of the (unweakened) release."""
+        return float(self.claimed(validation.check_open_unit("delta", delta)))
+
+
+#: Compiled trial runners, shared by every Auditable with the same (name, structure): variants
+#: that differ only in array inputs (noise scale, clip) reuse one compilation.
+_COMPILED: dict = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """A registry entry: defaults of its parameters, the weakenings it supports, its builder
+    ``builder(weaken, **params) -> Auditable``."""
+
+    description: str
+    defaults: dict
+    weakenings: tuple
+    builder: Callable[..., Auditable]
+
+
+def unit_vector(diff: np.ndarray, what: str) -> np.ndarray:
+    """``diff / ||diff||`` (float32, host); ``ValueError`` naming ``what`` if ``diff = 0``."""
+    n = float(np.linalg.norm(diff))
+    if not n > 0:
+        raise ValueError(f"{what}: the neighbouring worlds do not differ (zero difference)")
+    return (diff / n).astype(np.float32)
+
+
+def flat(tree) -> jax.Array:
+    """The pytree's leaves raveled into one vector (``ravel_pytree``)."""
+    return ravel_pytree(tree)[0]
+
+
+def direction(tree) -> jax.Array:
+    """The unit vector along a pytree (flattened), traced: ``v / ||v||``."""
+    v = flat(tree)
+    return v / jnp.linalg.norm(v)
+
+
+def check_accountant(accountant: str) -> str:
+    """``accountant`` in :data:`ACCOUNTANTS` (``ValueError`` naming ``accountant``)."""
+    return validation.check_choice("accountant", accountant, ACCOUNTANTS)
+
+
+def check_finite_positive(name: str, value) -> float:
+    """``value`` as a finite float ``> 0`` (``ValueError`` naming ``name``)."""
+    v = validation.check_positive(name, value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return v
+
+
+def check_scale(canary_scale) -> float:
+    """``canary_scale`` in ``[1, 1e6)``: the canary's gradient norm over the clip."""
+    scale = validation.check_number("canary_scale", canary_scale)
+    if not 1.0 <= scale < 1e6:
+        raise ValueError(f"canary_scale must be in [1, 1e6), got {canary_scale!r}")
+    return scale
