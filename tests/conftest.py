@@ -3,9 +3,9 @@ import os
 # Tests run on the CPU; keep XLA from grabbing every core's worth of threads per process.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# A persistent XLA compilation cache per test worker (pytest -n), shared with the processes it
-# starts (8-device checks, CLI runs, notebook kernels): a function that the worker and its
-# subprocesses compile alike is compiled once. A fresh folder per test session; "off" disables it.
+# A persistent XLA compilation cache per test worker (pytest -n) for the processes it starts
+# (8-device checks, CLI runs, notebook kernels): a function that they compile alike is compiled
+# once. A fresh folder per test session; "off" disables it.
 _CREATED_CACHE = None
 if "FEDJAX_DP_TEST_JAX_CACHE" not in os.environ:
     import tempfile
@@ -24,9 +24,11 @@ if os.environ["FEDJAX_DP_TEST_JAX_CACHE"] != "off":
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     import jax  # noqa: E402  (in case a plugin imported jax before the variables were set)
 
-    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    # The workers themselves neither write nor read it (also after an in-process CLI call turns
+    # it on): XLA:CPU aborted twice in ``executable.serialize()`` while writing an entry in a
+    # worker (CI; a flaky "Fatal Python error: Aborted" that lost the worker). Their CLI and
+    # notebook subprocesses, which gain most from it, use it.
+    jax.config.update("jax_enable_compilation_cache", False)
 
 
 def pytest_unconfigure(config):
