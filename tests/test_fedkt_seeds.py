@@ -190,7 +190,10 @@ def test_not_batched_returns_none(tiny):
     assert phases.unsupported([states[0], other]) == "the seeds' configs differ"
 
 
-@pytest.mark.parametrize("chunk, seed_axis", [(4, "map"), (None, "vmap"),
+# (4, "map") under -m sweep (suite time): the "map" seed mode is checked bit for bit through
+# whole runs by the L2 test above
+@pytest.mark.parametrize("chunk, seed_axis", [(None, "vmap"),
+                                              pytest.param(4, "map", marks=pytest.mark.sweep),
                                               pytest.param(4, "vmap", marks=pytest.mark.sweep)])
 def test_learner_seed_methods_equal_one_call_per_seed(chunk, seed_axis):
     # S = 2 seeds x A = 10 models, in chunks of 4 (two and a remainder of 2) or unchunked: a
