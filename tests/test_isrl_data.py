@@ -91,3 +91,57 @@ def test_wbcd_one_class_two_silos():
         labels = sorted(set(np.unique(ds.y_train[p]).tolist()) for p in parts)
         assert labels == [{0}, {1}]                     # one malignant-only, one benign-only
         assert sorted(np.concatenate(parts).tolist()) == list(range(len(ds.y_train)))
+
+
+# ------------------------------------------------------ per-silo validation split (fixed seed)
+
+def test_per_group_holdout_takes_the_smallest_scores_of_each_group():
+    from fedjax_dp.data.splits import per_group_holdout
+    scores = np.array([.5, .1, .9, .3, .7, .2, .8, .4])            # groups of 5 and 3
+    held, m = per_group_holdout(np.array([5, 3]), scores, 0.4)
+    assert m.tolist() == [2, 1]                                     # round(2.0), max(1, round(1.2))
+    assert np.flatnonzero(held).tolist() == [1, 3, 5]               # .1, .3 | .2
+    perm = np.array([4, 2, 0, 1, 3, 7, 5, 6])                       # order within groups changed
+    held2, _ = per_group_holdout(np.array([5, 3]), scores[perm], 0.4)
+    assert sorted(perm[held2].tolist()) == [1, 3, 5]                # the same records held out
+    with pytest.raises(ValueError, match="group 1"):
+        per_group_holdout(np.array([5, 1]), scores[:6], 0.2)        # 1 record: nothing left
+
+
+def test_per_agent_validation_split_is_fixed_by_validation_seed():
+    from fedjax_dp.experiments import checkpoint, config as config_lib, population
+    path = "configs/isrl/wbcd_isrl_spider.toml"
+    per_agent = ["data.validation_fraction=0.2", "data.validation_split=\"per_agent\""]
+
+    def pop(seed, extra):
+        cfg = config_lib.load(path, [f"seed={seed}", "run.agents_on=\"host\""] + extra)
+        p = population.build(cfg)
+        return p, sorted(map(tuple, np.asarray(p.x_val).round(5).tolist()))
+
+    n = np.sort(np.bincount(wbcd().y_train))                        # [127, 214]
+    a, val_a = pop(0, per_agent + ["data.validation_seed=7"])
+    b, val_b = pop(1, per_agent + ["data.validation_seed=7"])
+    assert np.sort(np.asarray(a.agents.counts)).tolist() == (n - np.round(0.2 * n)).tolist()
+    assert len(val_a) == int(np.round(0.2 * n).sum()) and val_a == val_b   # same for every seed
+    assert len(a.dataset.y_train) == n.sum() - len(val_a)
+    for p in (a, b):                                                # each silo keeps one class
+        y, mask = np.asarray(p.agents.y), np.asarray(p.agents.mask)
+        assert [len(np.unique(y[i][mask[i]])) for i in range(2)] == [1, 1]
+    _, val_c = pop(1, per_agent)                                    # -1: drawn with the seed
+    assert val_c != val_a
+    # Configs that do not set the new keys keep their fingerprint (earlier sweeps resume).
+    cfg = config_lib.load(path)
+    old = {k: v for k, v in cfg["data"].items() if k not in ("validation_split",
+                                                               "validation_seed")}
+    assert checkpoint.fingerprint(cfg) == checkpoint.fingerprint({**cfg, "data": old})
+    assert checkpoint.fingerprint(config_lib.load(path, per_agent)) != \
+        checkpoint.fingerprint(config_lib.load(path, per_agent[:1]))
+    with pytest.raises(ValueError, match=r"data.validation_split must be one of \['per_agent', "
+                                         r"'pooled'\]"):
+        config_lib.load(path, ["data.validation_fraction=0.2", "data.validation_split=\"x\""])
+    with pytest.raises(config_lib.ConfigError, match="data.validation_split = 'per_agent' needs "
+                                                     "a validation split"):
+        config_lib.load(path, per_agent[1:])
+    with pytest.raises(config_lib.ConfigError, match="leaves an agent no training record"):
+        population.build(config_lib.load(path, ["data.validation_fraction=0.999",
+                                                "data.validation_split=\"per_agent\""]))

@@ -67,3 +67,34 @@ def split_counts(n: int, test_fraction: float, public_fraction: float) -> tuple[
         raise ValueError(f"with {n} records, test_fraction={test_fraction} and "
                          f"public_fraction={public_fraction} leave no training records")
     return num_test, num_public
+
+
+def per_group_holdout(counts: np.ndarray, scores: np.ndarray, fraction: float
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Hold out ``m_i = max(1, round(fraction n_i))`` records of every group, vectorised.
+
+    The records are laid out group after group (group i: the next ``n_i = counts[i]`` entries of
+    ``scores``); group i holds out its ``m_i`` records of smallest score (ties: the earlier one),
+    so which records a group holds out depends only on its own records' scores, not on their
+    order. Returns ``(held [sum n_i] bool, m [N] int64)``.
+
+    Raises ValueError naming the group when ``m_i >= n_i`` (no record left to it).
+    """
+    counts = np.asarray(counts, np.int64)
+    scores = np.asarray(scores)
+    validation.check_probability("fraction", fraction)
+    if scores.shape != (int(counts.sum()),):
+        raise ValueError(f"scores must hold sum(counts) = {int(counts.sum())} values, got shape "
+                         f"{scores.shape}")
+    m = np.maximum(1, np.round(fraction * counts).astype(np.int64))                  # [N]
+    short = np.flatnonzero(m >= counts)
+    if short.size:
+        i = int(short[0])
+        raise ValueError(f"fraction = {fraction} leaves group {i} ({int(counts[i])} records) "
+                         f"no record")
+    group = np.repeat(np.arange(counts.size), counts)                                # [sum]
+    order = np.lexsort((scores, group))             # group by group, by score within a group
+    rank = np.arange(group.size) - np.repeat(np.cumsum(counts) - counts, counts)     # sorted
+    held = np.zeros(group.size, bool)
+    held[order] = rank < np.repeat(m, counts)
+    return held, m

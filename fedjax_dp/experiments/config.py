@@ -5,7 +5,8 @@ A config has these tables (see ``configs/``)::
     seed = 0
     [data]       dataset, dataset_options, partition, partition_options, num_agents,
                  server_dataset, server_dataset_options, image_size (cross-domain runs),
-                 validation_fraction (training records held out for val_accuracy)
+                 validation_fraction (training records held out for val_accuracy),
+                 validation_split ("pooled" | "per_agent"), validation_seed (-1: the run's)
     [model]      name, hidden
     [train]      local training: steps, batch_size, learning_rate, optimizer, weight_decay,
                  prox_mu, batching ("replacement": uniform draws; "stored": stored order)
@@ -39,7 +40,13 @@ DEFAULTS: dict[str, Any] = {
              # a held-out fraction of the training split (before partitioning) on which the
              # final model is also evaluated (val_accuracy): for choosing hyper-parameters
              # without looking at the test set (fedjax-dp sweep --select val_accuracy)
-             "validation_fraction": 0.0},
+             "validation_fraction": 0.0,
+             # where the hold-out comes from: "pooled" (the whole training split, before
+             # partitioning) or "per_agent" (each agent's own records, after partitioning:
+             # max(1, round(f n_i)) of agent i's n_i), and the seed it is drawn with (-1: the
+             # run's seed; s >= 0: the same hold-out for every run). Fingerprints leave both out
+             # at these defaults (checkpoint.LATER_KEYS), so earlier runs still resume.
+             "validation_split": "pooled", "validation_seed": -1},
     "model": {"name": "mlp", "hidden": [200]},
     "train": {"steps": 50, "batch_size": 32, "learning_rate": 0.1, "optimizer": "sgd",
               "weight_decay": 0.0, "prox_mu": 0.0, "batching": "replacement"},
@@ -54,6 +61,10 @@ DEFAULTS: dict[str, Any] = {
             # folder, experiments/compilation.py), "off", or a folder
             "compilation_cache": "user"},
 }
+
+#: ``data.validation_split`` values: the hold-out from the whole training split before
+#: partitioning, or from every agent's own records after it (experiments/population.py)
+VALIDATION_SPLITS = ("pooled", "per_agent")
 
 # Tables whose keys are free-form (passed through to a dataset, partitioner or algorithm).
 _OPEN_TABLES = {("data", "dataset_options"), ("data", "partition_options"), ("algorithm",),
@@ -134,6 +145,8 @@ FIELDS: dict[tuple[str, ...], Any] = {
     ("data", "server_dataset_options"): validation.Table(),
     ("data", "image_size"): validation.Int(0, 4096),
     ("data", "validation_fraction"): validation.Float(0.0, 1.0, high_open=True),
+    ("data", "validation_split"): validation.Choice(VALIDATION_SPLITS),
+    ("data", "validation_seed"): validation.Int(-1, 2 ** 32 - 1),
     ("model", "name"): validation.Text("a model name"),
     ("model", "hidden"): validation.ListOf(validation.Int(1, validation.WIDTH_MAX)),
     ("privacy", "delta"): validation.Float(0.0, 1.0, low_open=True, high_open=True),
@@ -171,6 +184,11 @@ def resolve(raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> dict:
         node[path[-1]] = spec(".".join(path), node[path[-1]])
     validation.check_choice("run.agents_on", resolved["run"]["agents_on"],
                             ("auto", "device", "host"))
+    d = resolved["data"]
+    for key, unset in (("validation_split", "pooled"), ("validation_seed", -1)):
+        if d[key] != unset and not d["validation_fraction"]:
+            raise ConfigError(f"data.{key} = {d[key]!r} needs a validation split: set "
+                              f"data.validation_fraction > 0 (e.g. 0.2)")
     return resolved
 
 

@@ -6,6 +6,11 @@ The agents' records are copied once, into the stacked arrays ``x [N, n_max, ...]
   its training split: its labels are partitioned (index arrays), then its features are generated
   block by block and written straight into the agents' rows (:func:`fedjax_dp.core.stack_records`);
   a validation hold-out (``data.validation_fraction``) only drops records from the stream;
+* the hold-out (``data.validation_fraction = f``) is drawn from the whole training split before
+  partitioning (``data.validation_split = "pooled"``, default) or from every agent's own records
+  after partitioning (``"per_agent"``: agent i keeps ``n_i - max(1, round(f n_i))``,
+  :func:`hold_out_per_agent`), with the run's seed, or with ``data.validation_seed = s >= 0``
+  for every run (the same hold-out whatever the seed);
 * other sources load their training split (the files or package data they read) and the agents'
   rows are gathered from it in blocks, with no per-agent copies;
 * ``data.dataset = "stacked:PATH"`` reads a population saved by :func:`save` (or
@@ -40,6 +45,7 @@ import numpy as np
 from fedjax_dp import data as data_lib
 from fedjax_dp.core import (StackedData, load_stacked, place, record_rows, rng, save_stacked,
                             stack_records)
+from fedjax_dp.data import splits
 from fedjax_dp.experiments import config as config_lib
 
 SERVER_FILE = "server.npz"
@@ -167,7 +173,45 @@ def hold_out(dataset: AnyDataset, fraction: float, key) -> tuple[AnyDataset, np.
         raise config_lib.ConfigError(f"data.validation_fraction = {fraction} leaves no training "
                                      f"record of {n}")
     perm = np.asarray(jax.random.permutation(key, n))
-    val, keep = perm[:m], np.sort(perm[m:])
+    return _without(dataset, perm[:m], np.sort(perm[m:]))
+
+
+def hold_out_per_agent(dataset: AnyDataset, parts: list, fraction: float, key
+                       ) -> tuple[AnyDataset, list, np.ndarray, np.ndarray]:
+    """``data.validation_split = "per_agent"``: every agent holds out
+    ``m_i = max(1, round(fraction n_i))`` of its own ``n_i`` records (the partition ``parts`` is
+    drawn first, on the whole training split).
+
+    Record r gets a score ``u_r ~ U[0, 1)`` (``jax.random.uniform(key, [n])[r]``) and agent i
+    holds out its m_i records of smallest score (:func:`fedjax_dp.data.splits.per_group_holdout`,
+    one sort, no loop over agents), so the held-out records depend only on ``key`` and each
+    agent's set of records -- not on their order. Returns ``(dataset without the held-out records,
+    the agents' remaining records as indices into it (each agent's in its partition order),
+    x_val, y_val)``; the validation records are pooled, agent after agent.
+    """
+    counts = np.fromiter((np.size(q) for q in parts), np.int64, count=len(parts))     # [N]
+    flat = np.concatenate([np.asarray(q, np.int64) for q in parts])                  # [sum]
+    n = len(dataset.y_train)
+    scores = np.asarray(jax.random.uniform(key, (n,)))[flat]
+    try:
+        held, m = splits.per_group_holdout(counts, scores, fraction)
+    except ValueError as e:
+        raise config_lib.ConfigError(
+            f"data.validation_fraction = {fraction} with data.validation_split = \"per_agent\" "
+            f"leaves an agent no training record ({str(e).replace('group', 'agent')}); lower "
+            f"the fraction or use data.validation_split = \"pooled\"") from None
+    val = flat[held]
+    kept = np.ones(n, bool)
+    kept[val] = False
+    new_index = np.cumsum(kept) - 1                                 # [n] old -> new index
+    rest = new_index[flat[~held]]
+    reduced, x_val, y_val = _without(dataset, val, np.flatnonzero(kept))
+    return reduced, np.split(rest, np.cumsum(counts - m)[:-1]), x_val, y_val
+
+
+def _without(dataset: AnyDataset, val: np.ndarray, keep: np.ndarray
+             ) -> tuple[AnyDataset, np.ndarray, np.ndarray]:
+    """``(dataset with only the training records keep (sorted), x_train[val], y_train[val])``."""
     if isinstance(dataset, data_lib.StreamedDataset):
         return dataset.subset(keep), dataset.rows(val), dataset.y_train[val]
     dom = None if dataset.domain_train is None else dataset.domain_train[keep]
@@ -192,11 +236,17 @@ def build(config: dict, *, path=None) -> Population:
     root = rng.as_key(config["seed"])
     dataset = load_data(d, stream=True)
     x_val = y_val = None
-    if d.get("validation_fraction", 0.0):
-        dataset, x_val, y_val = hold_out(dataset, d["validation_fraction"],
-                                         rng.stream(root, "validation"))
-    rows = record_rows(partition_indices(d, dataset, rng.stream(root, "partition")),
-                       len(dataset.y_train))                       # the N index arrays freed
+    fraction = d.get("validation_fraction", 0.0)
+    per_agent = d.get("validation_split", "pooled") == "per_agent"
+    seed = d.get("validation_seed", -1)                          # -1: the run's seed
+    val_key = rng.stream(root if seed < 0 else rng.as_key(seed), "validation")
+    if fraction and not per_agent:
+        dataset, x_val, y_val = hold_out(dataset, fraction, val_key)
+    parts = partition_indices(d, dataset, rng.stream(root, "partition"))
+    if fraction and per_agent:
+        dataset, parts, x_val, y_val = hold_out_per_agent(dataset, parts, fraction, val_key)
+    rows = record_rows(parts, len(dataset.y_train))
+    del parts                                                      # the N index arrays freed
     _trim_heap()
     agents = stack_records(data_lib.train_blocks(dataset), dataset.y_train, rows, path=path)
     del rows
