@@ -201,6 +201,35 @@ def test_cohort_plan_covers_every_draw(rate, n, align):
         assert sum(min(b, max(0, m - s)) for s, b in passes) == m     # every agent, once
 
 
+def test_common_passes_of_one_cohort_are_the_plans_passes():
+    """S = 1 of cohort.common_passes (the layout of SeedRounds) is the plan's own passes,
+    padded by pad_ids: a single run's round is laid out exactly as before."""
+    plan = cohort.CohortPlan.for_sampling(_poisson(0.3), 50, align=2, pass_size=6)
+    r = np.random.default_rng(3)
+    for m in (0, 1, 3, 6, 7, 13, 20):
+        ix = np.sort(r.choice(50, size=m, replace=False))
+        got = cohort.common_passes(plan, [ix])
+        want = [cohort.pad_ids(ix, start, b) for start, b in plan.passes(m)]
+        assert len(got) == len(want)
+        for (ids, valid), (w_ids, w_valid) in zip(got, want):
+            np.testing.assert_array_equal(ids, w_ids[None])
+            np.testing.assert_array_equal(valid, w_valid[None])
+    # S cohorts: P the most passes, B_j the bucket holding every seed's rows of pass j
+    got = cohort.common_passes(plan, [np.arange(2), np.arange(9)])
+    assert [ids.shape for ids, _ in got] == [(2, 6), (2, 4)]
+    assert got[1][1][0].sum() == 0 and got[1][1][1].sum() == 3
+
+
+def test_single_run_is_the_one_seed_driver(setup):
+    """RoundRunner's round is SeedRounds with S = 1, calling the unbatched compiled pieces."""
+    data, model, _ = setup
+    runner = _runner(model, _FULL, data)
+    train_sum, server, fused = runner.parts
+    assert runner.rounds.runners == [runner] and runner.rounds.one
+    assert (runner.rounds.calls.fused, runner.rounds.calls.train,
+            runner.rounds.calls.server) == (fused, train_sum, server)
+
+
 def test_runs_learn_and_report_history(setup):
     data, model, params = setup
     x = np.concatenate([data.local(i)[0] for i in range(data.num_agents)])

@@ -1,6 +1,7 @@
-"""Seeds of FedAvg / DP-FedAvg / DP-FedSGD in one vmapped compiled call per round
-(:class:`fedjax_dp.algorithms.averaging.fedavg.SeedRounds`) equal the seeds run one by one: the
-same cohorts, the same metrics, the same models, the same ledgers."""
+"""Seeds of FedAvg / DP-FedAvg / DP-FedSGD in one vmapped compiled call per pass
+(:class:`fedjax_dp.algorithms.averaging.fedavg.SeedRounds` with S > 1; a single run is its S = 1
+case) equal the seeds run one by one: the same cohorts, the same metrics, the same models, the
+same ledgers."""
 import dataclasses
 
 import jax

@@ -33,7 +33,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -197,6 +197,28 @@ def pad_ids(indices: np.ndarray, start: int, bucket: int) -> tuple[np.ndarray, n
     return ids.astype(np.int32), valid
 
 
+def common_passes(plan: CohortPlan, cohorts: Sequence[np.ndarray]
+                  ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """S >= 1 cohorts (each sorted agent indices ``[M_s]``) laid out in common passes:
+    ``[(ids [S, B_j] int32, valid [S, B_j] bool), ...]``, j = 1..P, where
+
+        P   = max_s len(plan.passes(M_s))                      the most passes any cohort needs
+        B_j = plan.bucket(max_s min(max(M_s - (j-1) pass_size, 0), pass_size))
+
+    and row s of pass j is ``pad_ids(cohort_s, (j-1) pass_size, B_j)``. A cohort with fewer
+    passes than P gets all-padding passes (every row invalid). For S = 1 these are exactly the
+    passes of :meth:`CohortPlan.passes` (the same starts and buckets)."""
+    num_passes = max(len(plan.passes(len(ix))) for ix in cohorts)
+    out = []
+    for j in range(num_passes):
+        start = j * plan.pass_size
+        bucket = plan.bucket(max(min(max(len(ix) - start, 0), plan.pass_size)
+                                 for ix in cohorts))
+        rows = [pad_ids(ix, start, bucket) for ix in cohorts]
+        out.append((np.stack([ids for ids, _ in rows]), np.stack([v for _, v in rows])))
+    return out
+
+
 def gather_host(data: StackedData, ids: np.ndarray) -> StackedData:
     """Rows ``ids`` of host-resident (numpy / memory-mapped) stacked data, as numpy arrays."""
     return jax.tree.map(lambda a: np.take(a, ids, axis=0), data)
@@ -241,8 +263,9 @@ class CohortFeeder:
     def prepare(self, key: jax.Array) -> Cohort:
         indices = sample_cohort(key, self.num_agents, self.sampling)
         passes = []
-        for start, bucket in self.plan.passes(len(indices)):
-            ids, valid = pad_ids(indices, start, bucket)
+        for ids, valid in common_passes(self.plan, [indices]):        # one cohort: S = 1
+            ids, valid = ids[0], valid[0]
+            bucket = len(ids)
             if self.sharding is not None:
                 positions = np.arange(bucket)
                 ids_d, valid_d = self._sharded(positions, ids), self._sharded(positions, valid)
@@ -271,8 +294,9 @@ class CohortFeeder:
 
 
 def population_pass(data: StackedData, mask) -> CohortPass:
-    """Every agent as one pass with ``valid = mask`` (the masked all-agent reference round)."""
-    n = data.num_agents
+    """Every agent as one pass with ``valid = mask`` (the masked all-agent reference round);
+    ``mask`` is ``[N]`` or, for S seeds sharing the pass, ``[S, N]`` (ids ``[N]`` shared)."""
+    n = int(np.shape(mask)[-1])
     return CohortPass(ids=jnp.arange(n, dtype=jnp.int32), valid=jnp.asarray(mask) > 0,
                       data=data)
 
@@ -295,12 +319,3 @@ def cohort_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
     """One key per agent of the pass: ``fold_in(key, id)`` (agent i's key does not depend on
     which other agents were sampled, nor on the pass it lands in)."""
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
-
-
-def run_passes(cohort: Cohort, pass_fn: Callable, combine: Callable):
-    """Run ``pass_fn(cohort_pass)`` on every pass and add the results with ``combine``."""
-    total = None
-    for p in cohort.passes:          # usually one pass; more only when a draw exceeds its bucket
-        out = pass_fn(p)
-        total = out if total is None else combine(total, out)
-    return total

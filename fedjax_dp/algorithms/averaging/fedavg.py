@@ -13,9 +13,11 @@ a few bucket sizes and trained in one vectorised call; only their sum reaches th
 trains with ``fold_in(k_train, i)``, so the gathered round equals the reference round that trains
 all N agents and masks the unsampled ones (``runtime.cohort = "masked"``), which the tests check.
 
-Seeds. S seeds' rounds run as one vmapped compiled call per round (:class:`SeedRounds`, the
-``seeds_stepper`` of FedAvg, DP-FedAvg and DP-FedSGD): each seed draws its own cohort, the
-cohorts are padded to common passes, and seed s equals its separate run to float tolerance.
+Seeds. One host driver runs the round of S >= 1 seeds (:class:`SeedRounds`): a single run is
+S = 1 (the unbatched compiled pieces); S seeds' rounds (the ``seeds_stepper`` of FedAvg,
+DP-FedAvg and DP-FedSGD) run as one vmapped compiled call per pass: each seed draws its own
+cohort, the cohorts are padded to common passes, and seed s equals its separate run to float
+tolerance.
 """
 from __future__ import annotations
 
@@ -257,6 +259,7 @@ class RoundRunner:
     a few bucket sizes (:class:`~fedjax_dp.core.cohort.CohortPlan`); device-resident agents are
     gathered inside the compiled round, host-resident ones on the host by a
     :class:`~fedjax_dp.core.cohort.CohortFeeder` that prefetches the next round's cohort.
+    The round itself is driven by :class:`SeedRounds` with S = 1 (``self.rounds``).
     """
 
     def __init__(self, model: Model, local: LocalTrainConfig, spec: RoundSpec,
@@ -288,12 +291,7 @@ class RoundRunner:
             lambda: {"train.batch_size": local.batch_size,
                      "run.chunk_size": memory.chunk_driver(chunk_size, chunk_size),
                      **memory.model_driver(model)})
-
-    def _run_checked(self, fn, num_rows: int, *args):
-        """``fn(*args)``, refused before its first run per shape if it cannot fit in memory."""
-        memory.check_call(fn, *args, what=f"a round's local training ({num_rows} agents per "
-                          "pass)", drivers=self.memory_drivers)
-        return fn(*args)
+        self.rounds = SeedRounds.single(self)      # the round's driver (S = 1)
 
     @property
     def compiled_pass_sizes(self) -> tuple[int, ...]:
@@ -306,29 +304,9 @@ class RoundRunner:
             self.feeder.prefetch(round_keys(key)[0])
 
     def __call__(self, key: jax.Array, params: Params) -> tuple[Params, dict]:
-        k_sample, k_train, k_noise = round_keys(key)
-        train_sum, server, fused = self.parts
-        if self.mode == "masked":
-            if is_on_host(self.agents):
-                raise ValueError("runtime.cohort='masked' trains every agent at once and needs "
-                                 "device-resident agents; use cohort='gather' for host data")
-            mask = sample_agents(k_sample, self.num_agents, self.spec.sampling)
-            self.last_indices = np.flatnonzero(mask)
-            p = cohort_lib.population_pass(self.agents, mask)
-            return self._run_checked(fused, len(p.ids), k_train, k_noise, params, self.agents,
-                                     None, p.ids, p.valid, self.extras)
-        cohort = self.feeder.get(k_sample)
-        self.last_indices = cohort.indices
-
-        def one_pass(p: cohort_lib.CohortPass, fn, *head):
-            source, rows = (p.data, None) if p.data is not None else (self.agents, p.ids)
-            return self._run_checked(fn, len(p.ids), *head, params, source, rows, p.ids,
-                                     p.valid, self.extras)
-
-        if len(cohort.passes) == 1:
-            return one_pass(cohort.passes[0], fused, k_train, k_noise)
-        sums = cohort_lib.run_passes(cohort, lambda p: one_pass(p, train_sum, k_train), _add)
-        return server(k_noise, params, sums)
+        """One round: ``(params, metrics)`` (device arrays); the S = 1 case of
+        :class:`SeedRounds` (the unbatched compiled pieces, the feeder's cohort)."""
+        return self.rounds.round(key, params)
 
 
 # --------------------------------------------------------------------------- S seeds' rounds
@@ -358,13 +336,14 @@ def seed_rounds_stepper(states: Sequence[api.State], *, participation: bool = Fa
         if len(states) != len(runners) or any(s.context.round_fn is not r
                                               for s, r in zip(states, runners)):
             raise ValueError("seeds_stepper: batch() must get the states it was built for")
-        counts = [s.values["participation"] for s in states] if participation else None
-        params, metrics, counts = rounds([s.values["params"] for s in states], keys, counts)
+        params, metrics = rounds([s.values["params"] for s in states], keys)
         out = []
-        for i, s in enumerate(states):
+        for i, (s, r) in enumerate(zip(states, runners)):
             values = {**s.values, "params": params[i]}
-            if participation:
-                values["participation"] = counts[i]
+            if participation:          # as the algorithm's step: + 1 for each participant
+                took_part = jnp.asarray(r.last_indices, jnp.int32)
+                values["participation"] = jnp.asarray(s.values["participation"]).at[
+                    took_part].add(1)
             out.append(api.State(step=s.step + 1, values=values, context=s.context))
         return out, metrics
 
@@ -372,21 +351,29 @@ def seed_rounds_stepper(states: Sequence[api.State], *, participation: bool = Fa
 
 
 class SeedRounds:
-    """The rounds of S seeds' :class:`RoundRunner` stepped together
-    (:meth:`create`, then ``rounds(params, keys, counts) -> (params, metrics, counts)``).
+    """The rounds of S >= 1 seeds' :class:`RoundRunner`: the ONE host driver of a round
+    (cohorts laid out in passes, the pass loop, the passes' sums added, the server). A single
+    run is S = 1 (:meth:`single`, what :class:`RoundRunner` calls); S seeds step together as
+    one compiled call per pass (:meth:`create`, then ``rounds(params, keys) -> (params,
+    metrics)``, one entry per seed).
 
-    A round of one seed (:class:`RoundRunner`) draws its cohort on the host, pads it into
-    passes of a few bucket sizes and runs the compiled ``train_sum`` / ``server`` (or
-    ``fused``). Seeds draw cohorts of different sizes, so their rounds cannot share one call as
-    they are. Here, per round::
+    Per round::
 
-        (k_sample_s, k_train_s, k_noise_s) = round_keys(key_s)    s = 1..S (one vmapped call)
+        (k_sample_s, k_train_s, k_noise_s) = round_keys(key_s)    s = 1..S (one call)
         cohort_s = sample_cohort(k_sample_s, N, sampling)         host, exactly as run s draws
-        passes   = B_1, ..., B_P  common to all seeds: P the most passes any seed needs, B_j
-                   the smallest bucket of the plan holding every seed's rows of pass j
+        passes   = B_1, ..., B_P  common to all seeds (cohort.common_passes: P the most passes
+                   any seed needs, B_j the smallest bucket of the plan holding every seed's
+                   rows of pass j; for S = 1 the plan's own passes)
         (params_s, metrics_s) = server(k_noise_s, params_s,
                                        sum_j train_sum(k_train_s, params_s, ..., ids_sj,
-                                                       valid_sj))  vmapped over s, ONE call
+                                                       valid_sj))
+        (one pass: the fused train_sum + server, one compiled call)
+
+    S = 1 calls the runner's compiled ``train_sum`` / ``server`` / ``fused``
+    (:func:`make_round_parts`) unbatched, and takes its cohort from the runner's
+    :class:`~fedjax_dp.core.cohort.CohortFeeder` (prefetched, gathered on the host for
+    host-resident agents, sharded over a mesh); S > 1 calls the same functions vmapped over the
+    seeds (:func:`seed_calls`) on cohorts laid out here.
 
     Why each seed's result is its separate run's: agent i trains with ``fold_in(k_train_s,
     i)`` whatever pass or padding it lands in; padding rows are selected away by ``valid`` (the
@@ -394,8 +381,8 @@ class SeedRounds:
     passes than P adds all-padding passes, which add exact zeros. No cohort is ever truncated (a
     draw larger than one pass runs as several passes, as in the separate run). Only float
     summation order differs, so results agree to float tolerance. The ledgers read the config
-    and the state exactly as before (DP-FedSGD's ``participation`` counts are updated here from
-    the same cohorts).
+    and the state exactly as before (DP-FedSGD's ``participation`` counts are updated from the
+    runners' ``last_indices``, as its step does).
 
     The seeds' agents (and per-agent ``extras``) are shared when equal and stacked on a seed
     axis otherwise (:func:`fedjax_dp.core.seed_axis.share_or_stack`).
@@ -407,18 +394,30 @@ class SeedRounds:
     with its own mask.
 
     Each seed's runner records the pass sizes actually run (``compiled_pass_sizes`` in the run's
-    ``artifacts``: the common sizes, which may exceed the seed's own buckets) and the round's
-    participants (``last_indices``).
+    ``artifacts``: for S > 1 the common sizes, which may exceed the seed's own buckets) and the
+    round's participants (``last_indices``).
     """
 
-    def __init__(self, runners, source, source_axis, extras, extras_axis):
+    def __init__(self, runners: Sequence[RoundRunner], source, source_axis, extras,
+                 extras_axis):
         self.runners = list(runners)
         r = self.runners[0]
+        self.one = len(self.runners) == 1
         self.masked = r.mode == "masked"
         self.num_agents, self.sampling, self.plan = r.num_agents, r.spec.sampling, r.plan
         self.source, self.source_axis = source, source_axis
         self.extras, self.extras_axis = extras, extras_axis
-        self.train_sum, self.server = r.parts[0], r.parts[1]
+        train_sum, server, fused = r.parts
+        if self.one:        # one seed: the compiled pieces themselves
+            self.calls = SimpleNamespace(keys=round_keys, fused=fused, train=train_sum,
+                                         add=_add, stack=lambda params: params, server=server)
+        else:
+            self.calls = seed_calls(train_sum, server, source_axis, extras_axis)
+
+    @classmethod
+    def single(cls, runner: RoundRunner) -> "SeedRounds":
+        """One run's rounds (S = 1): its own agents and extras."""
+        return cls([runner], runner.agents, None, runner.extras, None)
 
     @classmethod
     def create(cls, runners: Sequence[RoundRunner],
@@ -440,66 +439,68 @@ class SeedRounds:
 
     # ------------------------------------------------------------------ host: the cohorts
 
-    def _cohorts(self, k_sample: jax.Array):
-        """Every seed's cohort drawn as its own run draws it, laid out in common passes:
-        ``(indices per seed, sizes (B_1..B_P), ids, valid)`` (ids ``[S, sum B]`` or, masked,
-        the shared ``[N]``; valid ``[S, sum B]``)."""
-        n, S = self.num_agents, len(self.runners)
+    def _cohorts(self, k_sample: jax.Array) -> tuple[list[np.ndarray],
+                                                      list[cohort_lib.CohortPass]]:
+        """Every seed's cohort drawn as its own run draws it, and the round's passes (ids and
+        valid ``[B]`` for S = 1, ``[S, B]`` for S seeds; masked: the population pass, ids
+        ``[N]`` shared)."""
+        n = self.num_agents
+        seed_keys = [k_sample] if self.one else [k_sample[s] for s in range(len(self.runners))]
         if self.masked:
-            masks = np.stack([sample_agents(k_sample[s], n, self.sampling) for s in range(S)])
-            indices = [np.flatnonzero(m) for m in masks]
-            return indices, (n,), np.arange(n, dtype=np.int32), masks > 0
-        indices = [cohort_lib.sample_cohort(k_sample[s], n, self.sampling) for s in range(S)]
-        plan = self.plan
-        num_passes = max(len(plan.passes(len(ix))) for ix in indices)
-        sizes = tuple(plan.bucket(max(min(max(len(ix) - j * plan.pass_size, 0), plan.pass_size)
-                                      for ix in indices)) for j in range(num_passes))
-        # pass j of seed s: its cohort's rows [j pass_size, j pass_size + B_j), padded as
-        # cohort.CohortFeeder pads a pass (repeating a real agent, marked invalid)
-        padded = [[cohort_lib.pad_ids(ix, j * plan.pass_size, b) for j, b in enumerate(sizes)]
-                  for ix in indices]
-        ids = np.stack([np.concatenate([i for i, _ in seed]) for seed in padded])
-        valid = np.stack([np.concatenate([v for _, v in seed]) for seed in padded])
-        return indices, sizes, ids, valid
+            if is_on_host(self.source):
+                raise ValueError("runtime.cohort='masked' trains every agent at once and needs "
+                                 "device-resident agents; use cohort='gather' for host data")
+            masks = [sample_agents(k, n, self.sampling) for k in seed_keys]
+            p = cohort_lib.population_pass(self.source, masks[0] if self.one else np.stack(masks))
+            return [np.flatnonzero(m) for m in masks], [p]
+        if self.one:        # the runner's feeder: prefetched, host-gathered, sharded
+            cohort = self.runners[0].feeder.get(k_sample)
+            return [cohort.indices], cohort.passes
+        indices = [cohort_lib.sample_cohort(k, n, self.sampling) for k in seed_keys]
+        passes = [cohort_lib.CohortPass(ids=ids, valid=valid, data=None)
+                  for ids, valid in cohort_lib.common_passes(self.plan, indices)]
+        for r in self.runners:
+            r.feeder.shapes_used.update(int(p.valid.shape[-1]) for p in passes)
+        return indices, passes
 
     # ------------------------------------------------------------------ one round, S seeds
 
-    def __call__(self, params: Sequence[Params], keys: Sequence[jax.Array],
-                 counts: Sequence[jax.Array] | None = None):
-        """Round t of every seed: ``(params per seed, metrics per seed (host), counts per seed
-        or None)``; ``counts`` (rounds per agent ``[N]``) gain one for each participant."""
-        k_sample, k_train, k_noise = _round_keys(tuple(keys))
-        indices, sizes, ids, valid = self._cohorts(k_sample)
-        fns = _compiled(self.train_sum, self.server, self.source_axis, self.extras_axis,
-                        not self.masked)
-        params = tuple(params)
-        counts = None if counts is None else tuple(counts)
-        what = (f"a round's local training of {len(self.runners)} seeds ({max(sizes)} agents "
-                "per pass)")
-        drivers = self.runners[0].memory_drivers           # refused before its first run
-        if len(sizes) == 1:                   # the usual round: one pass, one compiled call
-            args = (k_train, k_noise, params, self.source, ids, valid, self.extras, counts)
-            memory.check_call(fns.fused, *args, what=what, drivers=drivers)
-            params, metrics, counts = fns.fused(*args)
-        else:                                 # a draw larger than a pass: the passes' sums added
-            stacked, total, at = fns.stack(params), None, 0
-            for b in sizes:
-                pass_ids, pass_valid = ids[:, at:at + b], valid[:, at:at + b]
-                args = (k_train, stacked, self.source, pass_ids, pass_valid, self.extras)
-                memory.check_call(fns.train, *args, what=what, drivers=drivers)
-                sums = fns.train(*args)
-                total = sums if total is None else fns.add(total, sums)
-                if counts is not None:
-                    counts = fns.count(counts, pass_ids, pass_valid)
-                at += b
-            params, metrics = fns.server(k_noise, stacked, total)
+    def _run(self, fn, p: cohort_lib.CohortPass, *head):
+        """``fn(*head, source, rows, ids, valid, extras)`` on pass ``p`` (its gathered agents,
+        or the population's rows ``ids`` gathered inside the call), refused before its first
+        run per shape if it cannot fit in memory."""
+        source, rows = (p.data, None) if p.data is not None else (self.source, p.ids)
+        args = (*head, source, rows, p.ids, p.valid, self.extras)
+        seeds = "" if self.one else f" of {len(self.runners)} seeds"
+        memory.check_call(fn, *args, what=f"a round's local training{seeds} "
+                          f"({int(p.valid.shape[-1])} agents per pass)",
+                          drivers=self.runners[0].memory_drivers)
+        return fn(*args)
+
+    def round(self, key, params):
+        """Round t: ``(params, metrics)`` from the round's ``key`` and ``params`` -- one key and
+        one tree for S = 1; S keys and S trees (a tuple) otherwise, giving S trees and metrics
+        ``[S]`` (device arrays)."""
+        calls = self.calls
+        k_sample, k_train, k_noise = calls.keys(key)
+        indices, passes = self._cohorts(k_sample)
         for r, ix in zip(self.runners, indices):
             r.last_indices = ix
-            if not self.masked:
-                r.feeder.shapes_used.update(sizes)
+        if len(passes) == 1:                  # the usual round: one pass, one compiled call
+            return self._run(calls.fused, passes[0], k_train, k_noise, params)
+        params = calls.stack(params)          # a draw larger than a pass: the passes' sums added
+        total = None
+        for p in passes:
+            sums = self._run(calls.train, p, k_train, params)
+            total = sums if total is None else calls.add(total, sums)
+        return calls.server(k_noise, params, total)
+
+    def __call__(self, params: Sequence[Params], keys: Sequence[jax.Array]):
+        """Round t of every seed: ``(params per seed, metrics per seed (host))``."""
+        params, metrics = self.round(tuple(keys), tuple(params))
         host = jax.device_get(metrics)
         per_seed = [{k: v[s] for k, v in host.items()} for s in range(len(self.runners))]
-        return list(params), per_seed, None if counts is None else list(counts)
+        return list(params), per_seed
 
 
 @jax.jit
@@ -508,48 +509,40 @@ def _round_keys(keys: tuple) -> tuple[jax.Array, jax.Array, jax.Array]:
     return jax.vmap(round_keys)(jnp.stack(keys))
 
 
-def _count(counts: tuple, ids, valid) -> tuple:
-    """Each seed's rounds-per-agent counts plus one for its pass's real rows (ids ``[S, B]``, or
-    ``[B]`` shared by the seeds)."""
-    return tuple(c.at[ids if ids.ndim == 1 else ids[s]].add(valid[s].astype(c.dtype))
-                 for s, c in enumerate(counts))
-
-
 @functools.lru_cache(maxsize=64)
-def _compiled(train_sum: Callable, server: Callable, source_axis, extras_axis,
-              gather: bool) -> SimpleNamespace:
-    """The compiled pieces of :class:`RoundRunner`'s round vmapped over the seeds (the
-    seeds' params as a tuple of trees, unstacked inside the calls; ids ``[S, B]`` or, for the
-    masked population pass, ``[N]`` shared; every other per-seed input ``[S]``):
+def seed_calls(train_sum: Callable, server: Callable, source_axis,
+               extras_axis) -> SimpleNamespace:
+    """The compiled pieces of a round (:func:`make_round_parts`) vmapped over S seeds, with the
+    unbatched pieces' signatures (the seeds' params a tuple of trees, stacked inside the calls;
+    ids ``[S, B]`` or, for the masked population pass, ``[N]`` shared; rows None or the ids;
+    every other per-seed input ``[S]``):
 
-    ``fused(k_train, k_noise, params, source, ids, valid, extras, counts | None) -> (params,
-    metrics, counts)``: a one-pass round (train_sum + server + participation counts);
-    ``stack(params)``, ``train(k_train, stacked, source, ids, valid, extras) -> sums``,
-    ``add``, ``count(counts, ids, valid)``, ``server(k_noise, stacked, sums) -> (params,
-    metrics)``: a round of several passes. One compilation per pass size B (few: the plan's
-    buckets), as for one seed."""
+    ``keys(keys) -> (k_sample, k_train, k_noise)`` ``[S]`` each;
+    ``fused(k_train, k_noise, params, source, rows, ids, valid, extras) -> (params, metrics)``:
+    a one-pass round; ``stack(params)``, ``train(k_train, stacked, source, rows, ids, valid,
+    extras) -> sums``, ``add``, ``server(k_noise, stacked, sums) -> (params, metrics)``: a round
+    of several passes. One compilation per pass size B (few: the plan's buckets), as for one
+    seed."""
 
-    def one_train(k_train, params, source, ids, valid, extras):
-        return train_sum(k_train, params, source, ids if gather else None, ids, valid, extras)
-
-    def train(k_train, stacked, source, ids, valid, extras):
+    def train(k_train, stacked, source, rows, ids, valid, extras):
         ids_axis = None if ids.ndim == 1 else 0
-        return jax.vmap(one_train, in_axes=(0, 0, source_axis, ids_axis, 0, extras_axis))(
-            k_train, stacked, source, ids, valid, extras)
+        rows_axis = None if rows is None else ids_axis
+        return jax.vmap(train_sum, in_axes=(0, 0, source_axis, rows_axis, ids_axis, 0,
+                                            extras_axis))(
+            k_train, stacked, source, rows, ids, valid, extras)
 
     def finish(k_noise, stacked, sums):
         new, metrics = jax.vmap(server)(k_noise, stacked, sums)
         return seed_axis.unstack_seeds(new, k_noise.shape[0]), metrics
 
-    def fused(k_train, k_noise, params, source, ids, valid, extras, counts):
+    def fused(k_train, k_noise, params, source, rows, ids, valid, extras):
         stacked = seed_axis.stack_seeds(params)
-        new, metrics = finish(k_noise, stacked,
-                              train(k_train, stacked, source, ids, valid, extras))
-        return new, metrics, None if counts is None else _count(counts, ids, valid)
+        return finish(k_noise, stacked, train(k_train, stacked, source, rows, ids, valid,
+                                              extras))
 
-    return SimpleNamespace(fused=jax.jit(fused), stack=jax.jit(seed_axis.stack_seeds),
-                           train=jax.jit(train), add=jax.jit(_add), count=jax.jit(_count),
-                           server=jax.jit(finish))
+    return SimpleNamespace(keys=_round_keys, fused=jax.jit(fused),
+                           stack=jax.jit(seed_axis.stack_seeds), train=jax.jit(train),
+                           add=jax.jit(_add), server=jax.jit(finish))
 
 
 # --------------------------------------------------------------------------- the protocol
