@@ -17,6 +17,7 @@ from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl
 from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
 from fedjax_dp.algorithms.fedkt import fedkt, solo as fedkt_solo
 from fedjax_dp.algorithms import isrl
+from fedjax_dp.algorithms.fnas import dp_fnas
 
 ALGORITHMS: dict[str, Any] = {
     "fedavg": fedavg,
@@ -36,12 +37,9 @@ ALGORITHMS: dict[str, Any] = {
     "local_sgd": isrl.LOCAL_SGD,
     "sdp_mb_sgd": isrl.SDP_MB_SGD,
     "sdp_spider": isrl.SDP_SPIDER,
+    # DP-FNAS (dp-fnas paper): federated DP DARTS search, then DP retraining
+    "dp_fnas": dp_fnas,
 }
-
-# DP-FNAS (dp-fnas paper): federated DP DARTS search, then DP retraining.
-from fedjax_dp.algorithms.fnas import dp_fnas as _dp_fnas  # noqa: E402
-
-ALGORITHMS["dp_fnas"] = _dp_fnas
 
 
 def get(name: str):
