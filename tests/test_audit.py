@@ -235,7 +235,7 @@ def test_cli_audit_prints_json_and_exits_2_on_bad_arguments(capsys):
 
 def test_cli_reaches_every_mechanism_parameter():
     from fedjax_dp.experiments import cli
-    flags = {("clip_norm" if n == "clip" else n) for n in cli._AUDIT_PARAMS}
+    flags = {("clip_norm" if n == "clip" else n) for n in cli.AUDIT_PARAMS}
     for name, spec in mechanisms.MECHANISMS.items():
         assert set(spec.defaults) <= flags, name
         assert name in cli.build_parser().parse_args(["audit", name]).mechanism

@@ -103,9 +103,9 @@ def test_prefetched_cohort_equals_fresh_one(setup):
     key = jax.random.key(7)
     want = runner(key, params)
     runner.prefetch(key)
-    assert len(runner.feeder._pending) == 1
+    assert runner.feeder.pending_rounds == 1
     _close(runner(key, params), want)
-    assert not runner.feeder._pending
+    assert runner.feeder.pending_rounds == 0
 
 
 def test_chunked_round_equals_plain(setup):

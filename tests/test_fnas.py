@@ -53,7 +53,7 @@ def test_mixed_op_weights_sum_to_one_and_mix_ops():
     np.testing.assert_allclose(np.asarray(w.sum(-1)), 1.0, rtol=1e-6)
     assert np.all(np.asarray(w) > 0)
     x = jax.random.normal(jax.random.key(1), (4, 4, 2))
-    params = darts._init_mixed(jax.random.key(2), PRIMS, 2, 1)
+    params = darts.init_mixed(jax.random.key(2), PRIMS, 2, 1)
     mixed = darts.mixed_op(PRIMS, 1, params, x, w[0])
     direct = sum(float(w[0, k]) * darts.apply_op(p, params[p], x, 1, mixed=True)
                  for k, p in enumerate(PRIMS))
@@ -302,7 +302,7 @@ def test_chunked_sampled_rows_equal_masked_sum():
 
 
 def test_one_party_path_equals_the_vmapped_one():
-    """``_over_parties`` calls the party function directly when K = 1 (a size-1 vmapped program
+    """``over_parties`` calls the party function directly when K = 1 (a size-1 vmapped program
     crashes XLA's CPU runtime): same values as ``vmap`` (keys, mapped and broadcast arguments,
     noisy_mean's sampled-rows loop)."""
     parties = 1
@@ -317,7 +317,7 @@ def test_one_party_path_equals_the_vmapped_one():
 
     keys = jax.random.split(jax.random.key(2), parties)
     axes = (0, None, 0, 0, 0)
-    got = jax.jit(steps._over_parties(party, axes, chunk_size=None, backend="vmap"))(
+    got = jax.jit(steps.over_parties(party, axes, chunk_size=None, backend="vmap"))(
         keys, 2.0, x, y, mask)
     want = jax.jit(jax.vmap(party, axes))(keys, 2.0, x, y, mask)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):

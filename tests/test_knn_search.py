@@ -69,7 +69,7 @@ def test_equal_to_top_k_on_ties_lower_index_first():
                                  num_classes=3))
         s = knn_search.scores(jnp.asarray(x[None]), jnp.ones((1, len(x)), bool),
                               jnp.asarray(queries))
-        ref = np.asarray(knn_search._topk_counts(s, jnp.asarray(y[None]), k, 3))
+        ref = np.asarray(knn_search.topk_counts(s, jnp.asarray(y[None]), k, 3))
         np.testing.assert_array_equal(got, ref)
 
 
@@ -115,7 +115,7 @@ def test_threshold_has_exactly_k_keys_below_and_few_passes(compact):
     s = jnp.asarray(rng.normal(size=(2, 200, 64)).astype(np.float32) * 30 + 5)
     good = (jnp.mean(s, axis=1), jnp.std(s, axis=1))
     bad = (jnp.full((2, 64), -1e3), jnp.full((2, 64), 1e-3))
-    keys = np.asarray(knn_search._to_key(s))
+    keys = np.asarray(knn_search.to_key(s))
     for k in (1, 10, 199):
         for mean, sd in (good, bad):
             tau, passes = knn_search.kth_smallest_key(s, k, jnp.array([200, 200]), mean, sd,
@@ -146,8 +146,8 @@ def test_score_moments_from_record_statistics():
     q = rng.normal(size=(5, 3)).astype(np.float32)
     xa = knn_search.augment_records(jnp.asarray(x), jnp.asarray(mask))
     qa = knn_search.augment_queries(jnp.asarray(q))
-    mean, sd = knn_search._score_moments(
-        knn_search._agent_stats(jnp.asarray(x), jnp.asarray(mask)), qa)
+    mean, sd = knn_search.score_moments(
+        knn_search.agent_stats(jnp.asarray(x), jnp.asarray(mask)), qa)
     for i in range(2):
         xi = x[i][mask[i]].astype(np.float64)
         s = np.sum(xi ** 2, 1)[:, None] - 2 * xi @ q.T.astype(np.float64)   # [n_i, q]

@@ -155,7 +155,7 @@ def test_isrl_round_refused(monkeypatch):
 
 
 def test_dp_fnas_compiled_step_refused(monkeypatch):
-    """DP-FNAS compiles its iterations ahead (dp_fnas._compiled): a new one is checked there,
+    """DP-FNAS compiles its iterations ahead (dp_fnas.compile_checked): a new one is checked there,
     naming the phase's config keys (a stand-in step: the real search step compiles slowly)."""
     from fedjax_dp.algorithms.fnas import dp_fnas
     monkeypatch.setenv(memory.ENV, "1kB")
@@ -164,11 +164,11 @@ def test_dp_fnas_compiled_step_refused(monkeypatch):
     with pytest.raises(memory.MemoryBudgetError,
                        match=r"a search iteration.*algorithm\.batch_size \(64\), "
                              r"algorithm\.channels \(3\)"):
-        dp_fnas._compiled(step, jnp.ones((41, 7)), what="a search iteration",
-                          drivers=dp_fnas._memory_drivers(cfg, "search"))
-    assert "algorithm.retrain_channels" in dp_fnas._memory_drivers(cfg, "retrain")
+        dp_fnas.compile_checked(step, jnp.ones((41, 7)), what="a search iteration",
+                          drivers=dp_fnas.memory_drivers(cfg, "search"))
+    assert "algorithm.retrain_channels" in dp_fnas.memory_drivers(cfg, "retrain")
     monkeypatch.setenv(memory.ENV, "1GB")
-    fn, _ = dp_fnas._compiled(step, jnp.ones((41, 7)), what="a search iteration")
+    fn, _ = dp_fnas.compile_checked(step, jnp.ones((41, 7)), what="a search iteration")
     assert fn(jnp.ones((41, 7))).shape == (41, 41)
 
 

@@ -245,6 +245,11 @@ class CohortFeeder:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: dict[bytes, concurrent.futures.Future] = {}
 
+    @property
+    def pending_rounds(self) -> int:
+        """How many prefetched cohorts (:meth:`prefetch`) are not yet taken by :meth:`get`."""
+        return len(self._pending)
+
     @staticmethod
     def _tag(key: jax.Array) -> bytes:
         return np.asarray(jax.random.key_data(key)).tobytes()

@@ -215,16 +215,16 @@ def _cmd_account_fedkt(args, accountants) -> int:
 
 
 #: ``fedjax-dp audit`` flags -> the mechanisms' parameter names (:mod:`fedjax_dp.audit.mechanisms`).
-_AUDIT_PARAMS = {"sigma": float, "noise_multiplier": float, "clip": float, "gamma": float,
-                 "k": int, "unit": str, "ballot": str, "noise": str, "num_agents": int,
-                 "num_classes": int, "num_teachers": int, "gap": int, "num_examples": int,
-                 "num_records": int, "canary_scale": float, "noise_trials": int,
-                 "granularity": int, "accountant": str}
+AUDIT_PARAMS = {"sigma": float, "noise_multiplier": float, "clip": float, "gamma": float,
+                "k": int, "unit": str, "ballot": str, "noise": str, "num_agents": int,
+                "num_classes": int, "num_teachers": int, "gap": int, "num_examples": int,
+                "num_records": int, "canary_scale": float, "noise_trials": int,
+                "granularity": int, "accountant": str}
 
 
 def _cmd_audit(args) -> int:
     from fedjax_dp.audit import audit
-    params = {name: getattr(args, name) for name in _AUDIT_PARAMS
+    params = {name: getattr(args, name) for name in AUDIT_PARAMS
               if getattr(args, name) is not None}
     if "clip" in params:
         params["clip_norm"] = params.pop("clip")
@@ -395,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     aud.add_argument("--confidence", type=float, default=0.95)
     aud.add_argument("--weaken", choices=("halve-noise", "no-clip"), default=None,
                      help="audit a deliberately broken variant against the original claim")
-    for name, kind in _AUDIT_PARAMS.items():
+    for name, kind in AUDIT_PARAMS.items():
         flags = ("--clip", "--clip-norm") if name == "clip" else ("--" + name.replace("_", "-"),)
         aud.add_argument(*flags, dest=name, type=kind, default=None,
                          help="mechanism parameter" + (" (clip_norm)" if name == "clip" else ""))

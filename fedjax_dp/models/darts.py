@@ -256,7 +256,8 @@ def mixed_op_weights(alpha: jax.Array) -> jax.Array:
     return jax.nn.softmax(alpha, axis=-1)
 
 
-def _init_mixed(key, primitives: tuple[str, ...], c: int, stride: int) -> dict:
+def init_mixed(key, primitives: tuple[str, ...], c: int, stride: int) -> dict:
+    """Initial parameters of one MixedOp edge: ``{primitive name: its op's params}``."""
     keys = jax.random.split(key, len(primitives))
     return {name: _init_op(k, name, c, stride) for k, name in zip(keys, primitives)}
 
@@ -322,9 +323,9 @@ def _init_search_weights(key, space: SearchSpace, c_in: int, num_classes: int) -
         stride = 2 if red else 1
         cp = _init_pre(k_pre, c_pp, c_p, c, red_prev)
         # input edges of all nodes: [n, 2, ...]; node i's edges from nodes m < i: [i, ...]
-        cp["input"] = jax.vmap(lambda k: _stacked(lambda kk: _init_mixed(kk, prims, c, stride),
+        cp["input"] = jax.vmap(lambda k: _stacked(lambda kk: init_mixed(kk, prims, c, stride),
                                                   k, 2))(jax.random.split(k_in, n))
-        cp["inner"] = [_stacked(lambda kk: _init_mixed(kk, prims, c, 1), k_inner[i], i)
+        cp["inner"] = [_stacked(lambda kk: init_mixed(kk, prims, c, 1), k_inner[i], i)
                        for i in range(1, n)]
         cells.append(cp)
     return {"stem": stem, "cells": cells, "head": head}

@@ -13,10 +13,10 @@ histogram only needs the *set* of the k nearest, and that set is ``{j : s_j <= t
    major, so every count below is a reduction over a major axis, vectorised across queries.
 2. **Threshold** (:func:`kth_smallest_key`): per row (agent, query) a bracket of thresholds
    ``lo < hi`` with exact counts ``c(lo) < k < c(hi)``, ``c(t) = #{j : s_j <= t}``, kept as int32
-   keys (an order-preserving bit map of float32, :func:`_to_key`). A *count pass* evaluates ``c``
+   keys (an order-preserving bit map of float32, :func:`to_key`). A *count pass* evaluates ``c``
    at one threshold per row: the first pass at two, around the normal quantile
    ``mean + Phi^{-1}((k - 1/2)/n) sd`` of the row (mean and sd from per-agent record
-   statistics, :func:`_score_moments`: three tiny GEMMs), then Newton / regula-falsi guesses,
+   statistics, :func:`score_moments`: three tiny GEMMs), then Newton / regula-falsi guesses,
    then bisection on the keys. Counting alone rarely
    lands exactly on ``c = k`` (the gap between the k-th and (k+1)-th record can be tiny), so once
    every row of the block is within ``walk_width`` records of the k-th, *walk passes* (one masked
@@ -27,7 +27,7 @@ histogram only needs the *set* of the k nearest, and that set is ``{j : s_j <= t
    are sums of bit-packed one-hot codes (``ceil(log2(k + 1))`` bits a class, several classes per
    int32 word). If any row has not exactly ``min(k, n_i)`` chosen records -- a tie at the k-th
    distance (duplicated records), where the walk's counting assumption fails -- the block is
-   recomputed with ``lax.top_k`` (:func:`_topk_counts`). So the chosen set is always exactly
+   recomputed with ``lax.top_k`` (:func:`topk_counts`). So the chosen set is always exactly
    ``lax.top_k(-s, k)``'s, ties included (lower index first), and an agent with ``n_i < k``
    records contributes all of them.
 
@@ -59,14 +59,14 @@ FIRST_SPREAD = 6.0        # the first pass counts at the model quantile -+ this 
 _IMAX = 2 ** 31 - 1
 
 
-def _to_key(f: jax.Array) -> jax.Array:
+def to_key(f: jax.Array) -> jax.Array:
     """Order-preserving map float32 -> int32 (``a < b`` iff ``key(a) < key(b)``, for non-NaN)."""
     i = lax.bitcast_convert_type(f, jnp.int32)
     return i ^ ((i >> 31) & 0x7FFFFFFF)
 
 
 def _from_key(k: jax.Array) -> jax.Array:
-    """Inverse of :func:`_to_key` (the map is an involution on the bit pattern)."""
+    """Inverse of :func:`to_key` (the map is an involution on the bit pattern)."""
     return lax.bitcast_convert_type(k ^ ((k >> 31) & 0x7FFFFFFF), jnp.float32)
 
 
@@ -85,7 +85,7 @@ def _passes(s: jax.Array, k: int, target, t0: jax.Array, dens: jax.Array, state,
     unconditionally first (no activity check or branch). Returns the new state.
     """
     count_dtype = jnp.int16 if s.shape[1] < 2 ** 15 else jnp.int32
-    big = _to_key(jnp.float32(jnp.finfo(jnp.float32).max))
+    big = to_key(jnp.float32(jnp.finfo(jnp.float32).max))
 
     def count(t):
         # c(t) [a, q] for float thresholds t [a, q]: float compare (same order as the keys, but
@@ -101,7 +101,7 @@ def _passes(s: jax.Array, k: int, target, t0: jax.Array, dens: jax.Array, state,
         regula = lo_v + (hi_v - lo_v) * ((target - cl) / (ch - cl))
         newton = jnp.where(lo_inf, hi_v - (ch - target) / dens, lo_v + (target - cl) / dens)
         guess = jnp.where(it == 0, t0, jnp.where(lo_inf | (hi_key == big), newton, regula))
-        g_key = _to_key(guess)
+        g_key = to_key(guess)
         mid = (lo_key >> 1) + (hi_key >> 1) + (lo_key & hi_key & 1)           # floor average
         use = (it < search_steps) & jnp.isfinite(guess) & (g_key > lo_key) & (g_key < hi_key)
         t_key = jnp.where(use, g_key, mid)
@@ -118,7 +118,7 @@ def _passes(s: jax.Array, k: int, target, t0: jax.Array, dens: jax.Array, state,
         # XLA's float min also handles NaN and is slower)
         flip = jnp.where(go_up, 0, -1).astype(jnp.int32)
         bound = jnp.where(go_up, lo_key, ~hi_key - 1)[:, None, :]
-        flipped = _to_key(s) ^ flip[:, None, :]
+        flipped = to_key(s) ^ flip[:, None, :]
         nxt = jnp.min(jnp.where(flipped > bound, flipped, _IMAX), axis=1)
         up, down = act & go_up, act & ~go_up
         return (jnp.where(up, nxt, lo_key), jnp.where(down, ~nxt - 1, hi_key),
@@ -144,7 +144,7 @@ def _passes(s: jax.Array, k: int, target, t0: jax.Array, dens: jax.Array, state,
         # records; lo / hi become the nearest points with c < k / c >= k
         t_a, t_b = t0 - FIRST_SPREAD / dens, t0 + FIRST_SPREAD / dens
         c_a, c_b = count(t_a), count(t_b)
-        k_a, k_b = _to_key(t_a), _to_key(t_b)
+        k_a, k_b = to_key(t_a), to_key(t_b)
         ok_a = jnp.isfinite(t_a) & (k_a > lo_key) & (k_a < hi_key)   # else: ignored
         ok_b = jnp.isfinite(t_b) & (k_b > lo_key) & (k_b < hi_key)
         below_a, below_b = ok_a & (c_a < k), ok_b & (c_b < k)
@@ -173,7 +173,7 @@ def kth_smallest_key(s: jax.Array, k: int, n_real: jax.Array, mean: jax.Array,
     ``s [a, n, q]`` float32 scores (reduced over axis 1; absent records ``+inf``), ``n_real [a]``
     finite entries per agent, ``mean``/``sd [a, q]`` of each row's finite scores (only steer the
     first guesses; any values give the same result). Keeps per row a bracket of threshold keys
-    (:func:`_to_key`) ``lo < hi`` with exact counts ``c(lo) < k < c(hi)`` and narrows it:
+    (:func:`to_key`) ``lo < hi`` with exact counts ``c(lo) < k < c(hi)`` and narrows it:
 
     * count pass at ``t`` (one compare-and-count over the block): the first pass counts at two
       thresholds ``t0 -+ FIRST_SPREAD / density`` around the normal quantile
@@ -201,8 +201,8 @@ def kth_smallest_key(s: jax.Array, k: int, n_real: jax.Array, mean: jax.Array,
     a, n, q = s.shape
     n_real = jnp.broadcast_to(n_real[:, None], (a, q)).astype(jnp.int32)
     nf = jnp.maximum(n_real, 1).astype(jnp.float32)
-    lo_key = jnp.full((a, q), _to_key(jnp.float32(-jnp.inf)), jnp.int32)   # c(lo) = 0
-    hi_key = jnp.full((a, q), _to_key(jnp.float32(jnp.finfo(jnp.float32).max)), jnp.int32)
+    lo_key = jnp.full((a, q), to_key(jnp.float32(-jnp.inf)), jnp.int32)   # c(lo) = 0
+    hi_key = jnp.full((a, q), to_key(jnp.float32(jnp.finfo(jnp.float32).max)), jnp.int32)
     c_lo, c_hi = jnp.zeros_like(n_real), n_real
     target = jnp.float32(k - 0.5)
     z = ndtri(jnp.clip(target / nf, 1e-6, 1 - 1e-6))
@@ -292,7 +292,7 @@ def scores(x: jax.Array, mask: jax.Array, queries: jax.Array) -> jax.Array:
     return augmented_scores(augment_records(x, mask), augment_queries(queries))
 
 
-def _agent_stats(x: jax.Array, mask: jax.Array):
+def agent_stats(x: jax.Array, mask: jax.Array):
     """Per agent, over its real records ``b`` of ``x [a, n, d]``: ``E[b] [a, d]``,
     ``Var(b_d) [a, d]``, ``E[sq] [a]``, ``Var(sq) [a]``, ``Cov(sq, b) [a, d]`` (``sq = ||b||^2``)
     as batched mat-vecs over the records, for all agents of a call at once (raw moments: they
@@ -311,7 +311,7 @@ def _agent_stats(x: jax.Array, mask: jax.Array):
             msqb - msq[:, None] * mb)
 
 
-def _score_moments(stats, qa: jax.Array) -> tuple[jax.Array, jax.Array]:
+def score_moments(stats, qa: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Mean and sd ``[a, q]`` of ``s_j = sq_j - 2 <b_j, x_t>`` over each agent's records::
 
         mean = E[sq] - 2 E[b].x,   var = Var(sq) - 4 Cov(sq, b).x + 4 x' Cov(b) x
@@ -326,7 +326,7 @@ def _score_moments(stats, qa: jax.Array) -> tuple[jax.Array, jax.Array]:
     return mean, jnp.sqrt(jnp.maximum(var, 1e-30))
 
 
-def _topk_counts(s: jax.Array, y: jax.Array, k: int, num_classes: int) -> jax.Array:
+def topk_counts(s: jax.Array, y: jax.Array, k: int, num_classes: int) -> jax.Array:
     """Reference / fallback: ``lax.top_k`` over each row of ``s [a, n, q]`` -> ``[a, q, C]``."""
     st = jnp.transpose(s, (0, 2, 1))                                          # [a, q, n]
     kk = min(k, st.shape[-1])
@@ -341,7 +341,7 @@ def _block_counts(xa, y, codes, n_real, stats, qa, k: int, num_classes: int,
     """``[a, q, C]`` neighbour label counts of one block (its scores stay in cache).
     ``codes [a, n, W]``: :func:`_label_codes` of ``y`` (per agent block)."""
     s = augmented_scores(xa, qa)                                              # [a, n, q]
-    mean, sd = _score_moments(stats, qa)
+    mean, sd = score_moments(stats, qa)
     tau, _ = kth_smallest_key(s, k, n_real, mean, sd, search_steps=search_steps,
                               walk_width=walk_width, compact=compact)
     bits, per = _code_layout(k)
@@ -352,7 +352,7 @@ def _block_counts(xa, y, codes, n_real, stats, qa, k: int, num_classes: int,
     counts = _unpack(sums, bits, per, num_classes)                            # [a, q, C]
     # verify: exactly min(k, n_i) chosen; otherwise (a tie at the k-th) the exact top-k
     ok = jnp.all(jnp.sum(counts, -1) == jnp.minimum(k, n_real)[:, None].astype(jnp.float32))
-    return lax.cond(ok, lambda _: counts, lambda _: _topk_counts(s, y, k, num_classes), None)
+    return lax.cond(ok, lambda _: counts, lambda _: topk_counts(s, y, k, num_classes), None)
 
 
 def agent_block_size(a: int, target: int) -> int:
@@ -405,7 +405,7 @@ def neighbour_label_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries:
         queries = jnp.concatenate([queries, jnp.zeros((qpad, d), queries.dtype)])
     qblocks = augment_queries(queries).reshape(-1, qb, d + 1)               # [q/qb, qb, d+1]
     na = (a + apad) // ab
-    stats = jax.tree.map(lambda v: v.reshape((na, ab) + v.shape[1:]), _agent_stats(x, mask))
+    stats = jax.tree.map(lambda v: v.reshape((na, ab) + v.shape[1:]), agent_stats(x, mask))
 
     def per_agent_block(blk):
         xb, yb, mb, stats = blk

@@ -276,7 +276,7 @@ class Context:
 _COMPILED: dict = {}
 
 
-def _compiled(fn, *args, what: str = "a step", drivers=None) -> tuple[Any, float]:
+def compile_checked(fn, *args, what: str = "a step", drivers=None) -> tuple[Any, float]:
     """``fn`` (a jitted function) compiled for the shapes of ``args``, and the seconds compiling
     took (0 when an equal run already compiled it: runs with equal configs and shapes share it).
     A new compilation that cannot fit in memory is refused (:func:`memory.check_fits`, naming
@@ -293,7 +293,7 @@ def _compiled(fn, *args, what: str = "a step", drivers=None) -> tuple[Any, float
     return compiled, time.perf_counter() - start
 
 
-def _memory_drivers(config: Config, phase: str) -> dict:
+def memory_drivers(config: Config, phase: str) -> dict:
     """The config keys (-> values) that drive a ``phase`` iteration's memory."""
     if phase == "search":
         return {f"algorithm.{k}": getattr(config, k)
@@ -461,13 +461,13 @@ def _epoch(states: list[api.State], values: list[dict], k_epochs: list, phase: s
     if compiled:
         args = (value, k_epoch, np.int32(0), data)
         what = f"a {phase} iteration" + (f" of {len(states)} seeds" if many else "")
-        drivers = _memory_drivers(ctx.config, phase)
+        drivers = memory_drivers(ctx.config, phase)
         if phase in ctx.compiled:
-            fn, seconds = _compiled(fn, *args, what=what, drivers=drivers)
+            fn, seconds = compile_checked(fn, *args, what=what, drivers=drivers)
         else:
             with ctx.runtime.progress.task(f"compile {phase} step", total=1,
                                            unit="step") as task:
-                fn, seconds = _compiled(fn, *args, what=what, drivers=drivers)
+                fn, seconds = compile_checked(fn, *args, what=what, drivers=drivers)
                 task.update(1)
     start = time.perf_counter()
     records: list = []

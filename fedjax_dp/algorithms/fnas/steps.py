@@ -187,8 +187,8 @@ def alpha_optimizer(h: SearchHyper) -> optax.GradientTransformation:
                        optax.adam(h.alpha_lr, b1=h.alpha_b1, b2=h.alpha_b2))
 
 
-def _over_parties(fn: Callable, in_axes: tuple, *, chunk_size: int | None,
-                  backend: str) -> Callable:
+def over_parties(fn: Callable, in_axes: tuple, *, chunk_size: int | None,
+                 backend: str) -> Callable:
     """``for_each_agent(fn, in_axes)`` over the party axis, except that ONE party (K = 1) calls
     ``fn`` on party 0 and restores the axis: the vmapped program with a party axis of size 1
     (a batched ``while_loop`` of size 1 in :func:`noisy_mean`) crashes XLA's CPU runtime with a
@@ -260,7 +260,7 @@ def make_search(model: SearchModel, h: SearchHyper, *, chunk_size: int | None = 
             return c, jnp.zeros(())
         return noisy_mean(key, per_example, x, y, mask, rate, denom, h.second)
 
-    lift = functools.partial(_over_parties, chunk_size=chunk_size, backend=backend)
+    lift = functools.partial(over_parties, chunk_size=chunk_size, backend=backend)
     weights_all = lift(party_weights, (0, None, None, 0, 0, 0, 0, 0))
     arch_all = lift(party_arch, (0, None, None, 0, 0, 0, 0, 0))
     second_all = lift(party_second, (0, None, None, None, None, 0, 0, 0, 0, 0))
@@ -353,8 +353,8 @@ def make_retrain(model, h: RetrainHyper, *, chunk_size: int | None = None,
             return g, value
         return noisy_mean(key, per_example, x, y, mask, rate, denom, h.mech)
 
-    all_parties = _over_parties(party, (0, None, 0, 0, 0, 0, 0), chunk_size=chunk_size,
-                                backend=backend)
+    all_parties = over_parties(party, (0, None, 0, 0, 0, 0, 0), chunk_size=chunk_size,
+                               backend=backend)
 
     def init(key):
         params = model.init(key)
