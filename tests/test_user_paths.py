@@ -113,9 +113,17 @@ def _sets(sets):
     return [a for s in sets for a in ("--set", s)]
 
 
+def _default_sigint() -> None:
+    """In the child before exec: Ctrl-C's default disposition. A test session started as a
+    background job (``cmd &`` without job control) ignores SIGINT, and a Python started with it
+    ignored never raises KeyboardInterrupt: the run would just finish."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(copy: Path, argv: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen([_fedjax_dp(copy), "run", *argv, "--quiet"], cwd=copy, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
 
 
 def _wait_for_rounds(proc: subprocess.Popen, progress: Path, rounds: int) -> None:
