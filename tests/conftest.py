@@ -2,6 +2,9 @@ import os
 
 # Tests run on the CPU; keep XLA from grabbing every core's worth of threads per process.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# glibc's fatal messages (heap corruption before an abort) to stderr, not only to a terminal: a
+# worker that dies in native code then says why in the test log.
+os.environ.setdefault("LIBC_FATAL_STDERR_", "1")
 
 # A persistent XLA compilation cache per test worker (pytest -n) for the processes it starts
 # (8-device checks, CLI runs, notebook kernels): a function that they compile alike is compiled
