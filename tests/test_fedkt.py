@@ -148,7 +148,9 @@ STREAM_FIELDS = ("teacher_votes", "z", "party_labels", "student_preds", "server_
 
 
 @pytest.mark.parametrize("level", ["L1", "L2"])
-@pytest.mark.parametrize("where,chunk", [("host", 2), ("device", 2), ("host", None)])
+# ("host", None) under -m sweep (suite time): host parties in one chunk; ("host", 2) streams them
+@pytest.mark.parametrize("where,chunk", [("host", 2), ("device", 2),
+                                         pytest.param("host", None, marks=pytest.mark.sweep)])
 def test_streamed_runs_equal_the_unchunked_device_run(setup, mapped, level, where, chunk):
     """Same key: the same teacher votes, party labels (the L2 noise keyed by the global party
     index), student predictions, server votes and labels, ledgers and final model whatever the
