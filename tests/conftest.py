@@ -9,9 +9,8 @@ os.environ.setdefault("LIBC_FATAL_STDERR_", "1")
 # One persistent XLA compilation cache shared by the test workers (pytest -n) and the processes
 # they start (8-device checks, CLI runs, notebook kernels): a function two processes compile
 # (module fixtures, shared configs) is compiled once. A fresh folder per test session; "off"
-# disables it. (Measured: with a folder per worker and the workers off the cache, the suite took
-# 800 s instead of about 690 s. The native aborts seen in workers happened with the cache on and
-# off; pyproject's --reruns handles a worker that dies.)
+# disables it. (The native aborts seen in workers happened with the cache on and off; pyproject's
+# --reruns handles a worker that dies.)
 _CREATED_CACHE = None
 if "FEDJAX_DP_TEST_JAX_CACHE" not in os.environ:
     import tempfile
