@@ -31,6 +31,9 @@ class Model(NamedTuple):
     name: str
     feature_shape: tuple[int, ...]
     num_classes: int
+    #: the learning task (:mod:`fedjax_dp.train.tasks`; None: classification), set by
+    #: ``tasks.attach`` from the data: it defines the per-example loss and the accuracy
+    task: Any = None
 
     def logits(self, params: Params, x: jax.Array) -> jax.Array:
         """Batched apply: ``x [B, *feature_shape] -> [B, num_classes]``."""
