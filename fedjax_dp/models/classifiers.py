@@ -1,4 +1,9 @@
-"""Flax classifiers: logistic regression, MLP and a LeNet-style CNN.
+"""Flax classifiers: logistic regression, MLP and a LeNet-style CNN; registry of all models.
+
+The benchmark models of :mod:`fedjax_dp.models.image` (``cnn_emnist``, ``resnet18_gn``) and
+:mod:`fedjax_dp.models.sequence` (``char_lstm``, ``word_lstm``, ``transformer_lm``; one example is
+a token sequence ``x [T] int32`` and ``apply`` returns per-position logits ``[T, V]``) are built
+here too, with their size options (:data:`MODEL_OPTIONS`).
 
 Every model is exposed as a :class:`Model`, a pair of pure functions
 
@@ -12,13 +17,14 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from fedjax_dp.core import validation
+from fedjax_dp.models import image, sequence
 
 Params = Any
 
@@ -82,9 +88,9 @@ class LeNet(nn.Module):
         return nn.Dense(self.num_classes)(x)  # [B, C]
 
 
-def _wrap(module: nn.Module, name: str, feature_shape: tuple[int, ...], num_classes: int
-          ) -> Model:
-    dummy = jnp.zeros((1,) + tuple(feature_shape), jnp.float32)
+def _wrap(module: nn.Module, name: str, feature_shape: tuple[int, ...], num_classes: int,
+          dtype: Any = jnp.float32) -> Model:
+    dummy = jnp.zeros((1,) + tuple(feature_shape), dtype)
 
     def init(key: jax.Array) -> Params:
         return module.init(key, dummy)
@@ -96,12 +102,64 @@ def _wrap(module: nn.Module, name: str, feature_shape: tuple[int, ...], num_clas
                  num_classes=num_classes)
 
 
-MODELS = ("logistic", "mlp", "cnn")
+MODELS = ("logistic", "mlp", "cnn", "cnn_emnist", "resnet18_gn", "char_lstm", "word_lstm",
+          "transformer_lm")
+#: Models whose example is an image ``[H, W, channels]``.
+IMAGE_MODELS = ("cnn", "cnn_emnist", "resnet18_gn")
+#: Next-token models: an example is ``x [T] int32`` and ``apply`` returns logits ``[T, V]``.
+SEQUENCE_MODELS = ("char_lstm", "word_lstm", "transformer_lm")
+#: Size options of the benchmark models and their defaults (the published sizes; see the docs of
+#: :mod:`fedjax_dp.models.image` and :mod:`fedjax_dp.models.sequence`).
+MODEL_OPTIONS: dict[str, dict[str, Any]] = {
+    "cnn_emnist": image.CNN_EMNIST_DEFAULTS,
+    "resnet18_gn": image.RESNET18_GN_DEFAULTS,
+    "char_lstm": sequence.CHAR_LSTM_DEFAULTS,
+    "word_lstm": sequence.WORD_LSTM_DEFAULTS,
+    "transformer_lm": sequence.TRANSFORMER_LM_DEFAULTS,
+}
+
+
+def model_options(name: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The validated size options of model ``name``: its defaults (:data:`MODEL_OPTIONS`) updated
+    by ``options``. Errors name the key as ``model.options.<key>``."""
+    validation.check_choice("model.name", name, MODELS)
+    options = dict(options or {})
+    defaults = MODEL_OPTIONS.get(name, {})
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        allowed = sorted(defaults) if defaults else "none"
+        raise ValueError(f"model.options: unknown option(s) {unknown} for model {name!r}; "
+                         f"allowed: {allowed}")
+    out = {**defaults, **options}
+    for key, value in out.items():
+        where = f"model.options.{key}"
+        if key == "stem":
+            validation.check_choice(where, value, image.RESNET_STEMS)
+        elif key == "conv_channels":
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+                raise ValueError(f"{where} must be a non-empty list of channel counts, "
+                                 f"got {value!r}")
+            out[key] = tuple(validation.check_int(f"{where}[]", c, minimum=1) for c in value)
+        else:
+            out[key] = validation.check_int(where, value, minimum=0 if key == "projection" else 1)
+    if name == "resnet18_gn" and out["width"] % out["groups"]:
+        raise ValueError(f"model.options.width ({out['width']}) must be a multiple of "
+                         f"model.options.groups ({out['groups']}): GroupNorm splits channels")
+    if name == "transformer_lm" and out["embed_dim"] % out["heads"]:
+        raise ValueError(f"model.options.embed_dim ({out['embed_dim']}) must be a multiple of "
+                         f"model.options.heads ({out['heads']})")
+    return out
 
 
 def make_model(name: str, feature_shape: Sequence[int], num_classes: int, *,
-               hidden: Sequence[int] = (200,)) -> Model:
-    """Build a registered model by name (``logistic``, ``mlp``, ``cnn``).
+               hidden: Sequence[int] = (200,), options: Mapping[str, Any] | None = None) -> Model:
+    """Build a registered model by name (one of :data:`MODELS`).
+
+    ``hidden`` is the MLP's layer widths (ignored by the other models); ``options`` sets the size
+    options of a benchmark model (:data:`MODEL_OPTIONS`, e.g. ``{"hidden": 32}`` for a narrow
+    ``char_lstm``, ``{"width": 4}`` for ``resnet18_gn``); the classic models take none. Image
+    models need ``feature_shape = (H, W, channels)``; sequence models ``(T,)`` with ``num_classes``
+    the vocabulary size.
 
     The same arguments give the same :class:`Model` object, so every compiled function keyed on
     the model (local training, rounds, votes, evaluation) is compiled once per process, however
@@ -112,32 +170,56 @@ def make_model(name: str, feature_shape: Sequence[int], num_classes: int, *,
     if not feature_shape or any(s < 1 for s in feature_shape):
         raise ValueError(f"feature_shape must be a non-empty tuple of positive sizes, "
                          f"got {feature_shape}")
+    if name in IMAGE_MODELS and len(feature_shape) != 3:
+        raise ValueError(f"model {name!r} needs image features [H, W, channels], got feature "
+                         f"shape {feature_shape} (use 'mlp' or 'logistic' for flat features)")
+    if name in SEQUENCE_MODELS and len(feature_shape) != 1:
+        raise ValueError(f"model {name!r} needs token sequences, feature shape (T,), got "
+                         f"{feature_shape}")
     if name == "mlp":
         hidden = tuple(validation.check_int("model.hidden[]", h, minimum=1) for h in hidden)
     else:
         hidden = ()
-    return _make_model(name, feature_shape, int(num_classes), hidden)
+    opts = tuple(sorted(model_options(name, options).items()))
+    return _make_model(name, feature_shape, int(num_classes), hidden, opts)
 
 
 @functools.lru_cache(maxsize=128)
 def _make_model(name: str, feature_shape: tuple[int, ...], num_classes: int,
-                hidden: tuple[int, ...]) -> Model:
+                hidden: tuple[int, ...], opts: tuple[tuple[str, Any], ...] = ()) -> Model:
+    o = dict(opts)
     if name == "logistic":
         module = Logistic(num_classes)
     elif name == "mlp":
         module = MLP(num_classes, hidden)
-    else:
-        if len(feature_shape) != 3:
-            raise ValueError(f"model 'cnn' needs image features [H, W, channels], got feature "
-                             f"shape {feature_shape} (use 'mlp' or 'logistic' for flat features)")
+    elif name == "cnn":
         module = LeNet(num_classes)
-    return _wrap(module, name, feature_shape, num_classes)
+    elif name == "cnn_emnist":
+        module = image.CNNEmnist(num_classes, **o)
+    elif name == "resnet18_gn":
+        module = image.ResNet18GN(num_classes, **o)
+    elif name == "transformer_lm":
+        module = sequence.TransformerLM(num_classes, max_len=feature_shape[0], **o)
+    else:                                      # char_lstm, word_lstm
+        module = sequence.LSTMLM(num_classes, **o)
+    dtype = jnp.int32 if name in SEQUENCE_MODELS else jnp.float32
+    return _wrap(module, name, feature_shape, num_classes, dtype)
 
 
 def forward_flops(model: Model, params: Params) -> int:
-    """Approximate multiply-add FLOPs (2 per MAC) of one forward pass of a dense model.
+    """Approximate multiply-add FLOPs (2 per MAC) of one forward pass of one example.
 
-    Exact for ``logistic`` and ``mlp`` (sum over Dense kernels of 2 * fan_in * fan_out); for the CNN
-    use XLA's cost analysis instead.
+    Exact for ``logistic`` and ``mlp`` (sum over Dense kernels of 2 * fan_in * fan_out); for
+    ``cnn`` this counts only its dense layers (use XLA's cost analysis for its convolutions). For
+    the benchmark models (:data:`MODEL_OPTIONS`) it is XLA's cost analysis of ``apply`` on one
+    example (``jit(apply).lower(...).cost_analysis()["flops"]``: convolutions, every time step of
+    a recurrence, attention, and the elementwise work).
     """
+    if model.name in MODEL_OPTIONS:
+        dtype = jnp.int32 if model.name in SEQUENCE_MODELS else jnp.float32
+        x = jax.ShapeDtypeStruct(model.feature_shape, dtype)
+        cost = jax.jit(model.apply).lower(params, x).cost_analysis()
+        if isinstance(cost, (list, tuple)):      # older jax: one dict per computation
+            cost = cost[0]
+        return int(cost["flops"])
     return sum(2 * math.prod(l.shape) for l in jax.tree.leaves(params) if l.ndim == 2)

@@ -1,0 +1,92 @@
+"""Next-token models of the federated text benchmarks: LSTMs (Shakespeare, StackOverflow) and a
+small causal transformer.
+
+Each is a flax module over a batch of token ids ``x [B, T] int32 -> logits [B, T, V]`` (logits at
+position t predict token t + 1 and depend only on ``x[:, :t + 1]``);
+:func:`fedjax_dp.models.make_model` (names ``"char_lstm"``, ``"word_lstm"``, ``"transformer_lm"``)
+wraps them as a pure ``init``/``apply`` pair over ONE sequence: ``apply(params, x [T]) -> [T, V]``,
+with ``feature_shape = (T,)`` and ``num_classes = V`` (the vocabulary, input and output). The
+recurrences are ``lax.scan``s (``flax.linen.RNN``), nothing is shared across examples, so
+per-example gradients are ``jax.vmap(jax.grad(loss))``. Padding (id 0) is not masked inside the
+model: the benchmarks pad at the end of a sequence, so a causal model's outputs at real positions
+never see it, and the loss ignores padded targets.
+
+* ``char_lstm`` (:class:`LSTMLM`) — the Shakespeare next-character model of McMahan et al. 2017
+  (section 3: 8-dimensional character embedding, two LSTM layers of 256 units, softmax over
+  characters) as built by TensorFlow Federated's simulation baselines and used by Reddi et al.
+  2021 (vocabulary of 86 characters + pad/oov/bos/eos = 90, sequences of 80). Parameters at default
+  sizes: embedding 90*8 = 720, LSTM 4*(256*(8+256) + 256) = 271,360 and 4*(256*512 + 256) = 525,312,
+  output 256*90 + 90 = 23,130: **820,522**. (McMahan et al. print 866,578 for their own
+  tokenisation, which is not published in enough detail to reproduce.)
+* ``word_lstm`` (:class:`LSTMLM` with a projection) — the StackOverflow next-word model of Reddi
+  et al. 2021 (appendix on models, after TFF's ``create_recurrent_model``): embedding 96, one LSTM of
+  670 units, a dense projection to 96, and a dense layer to the 10,004-word vocabulary (10,000
+  words + pad, oov, bos, eos). Parameters at default sizes: 960,384 + 2,055,560 + 64,416 +
+  970,388 = **4,050,748**.
+* ``transformer_lm`` (:class:`TransformerLM`) — a small pre-LayerNorm causal transformer (Vaswani
+  et al. 2017 decoder blocks, learned positions); default sizes (2 layers, d_model 128, 4 heads,
+  MLP 512) are this library's choice for a per-example-gradient-friendly alternative, not a
+  published benchmark model. LayerNorm normalises one token's features, so it is per-example.
+
+An LSTM cell (Hochreiter & Schmidhuber 1997, with a forget gate): ``i, f, g, o = W_x x_t + W_h
+h_{t-1} + b``; ``c_t = sigma(f) c_{t-1} + sigma(i) tanh(g)``; ``h_t = sigma(o) tanh(c_t)``; its
+``4 * (hidden * (input + hidden) + hidden)`` parameters are those of a Keras LSTM (one bias per
+gate).
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+#: Option names and defaults (the literature's sizes) of each sequence model.
+CHAR_LSTM_DEFAULTS = {"embed_dim": 8, "hidden": 256, "layers": 2, "projection": 0}
+WORD_LSTM_DEFAULTS = {"embed_dim": 96, "hidden": 670, "layers": 1, "projection": 96}
+TRANSFORMER_LM_DEFAULTS = {"embed_dim": 128, "heads": 4, "layers": 2, "mlp": 512}
+
+
+class LSTMLM(nn.Module):
+    """Embedding -> ``layers`` LSTMs of ``hidden`` units -> [dense ``projection``] -> dense to V.
+
+    ``projection = 0`` means no projection layer (the Shakespeare model); the StackOverflow model
+    projects to 96 (linear, no activation, as in TFF) before the output layer."""
+    vocab_size: int
+    embed_dim: int = 8
+    hidden: int = 256
+    layers: int = 2
+    projection: int = 0
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:        # x [B, T] int32
+        h = nn.Embed(self.vocab_size, self.embed_dim)(x)   # [B, T, E]
+        for _ in range(self.layers):
+            h = nn.RNN(nn.OptimizedLSTMCell(self.hidden))(h)   # [B, T, hidden]
+        if self.projection:
+            h = nn.Dense(self.projection)(h)               # [B, T, projection]
+        return nn.Dense(self.vocab_size)(h)                # [B, T, V]
+
+
+class TransformerLM(nn.Module):
+    """Causal pre-LN transformer: ``h_0 = E[x] + P[:T]``; per layer
+    ``h = h + MHA(LN(h), mask = j <= i)``, ``h = h + W_2 gelu(W_1 LN(h))``; logits ``W LN(h)``."""
+    vocab_size: int
+    max_len: int
+    embed_dim: int = 128
+    heads: int = 4
+    layers: int = 2
+    mlp: int = 512
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:        # x [B, T] int32
+        t = x.shape[1]
+        pos = self.param("positions", nn.initializers.normal(0.02),
+                         (self.max_len, self.embed_dim))   # [T_max, d]
+        h = nn.Embed(self.vocab_size, self.embed_dim)(x) + pos[:t]   # [B, T, d]
+        mask = nn.make_causal_mask(jnp.ones(x.shape, jnp.int32))      # [B, 1, T, T]
+        for _ in range(self.layers):
+            a = nn.LayerNorm()(h)
+            h = h + nn.MultiHeadDotProductAttention(self.heads, qkv_features=self.embed_dim)(
+                a, a, mask=mask)
+            m = nn.LayerNorm()(h)
+            h = h + nn.Dense(self.embed_dim)(nn.gelu(nn.Dense(self.mlp)(m)))
+        return nn.Dense(self.vocab_size)(nn.LayerNorm()(h))   # [B, T, V]
