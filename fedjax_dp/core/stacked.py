@@ -7,6 +7,10 @@ Layout (the contract every algorithm relies on)::
     mask   [N, n_max]                   bool    True exactly for rows < counts[i]
     counts [N]                          int32   number of real records per agent
 
+A next-token task (:mod:`fedjax_dp.train.tasks`) stacks sequences: ``x [N, n_max, T]`` int32
+input token ids and ``y [N, n_max, T]`` int32 target ids (a label per position; padded rows and
+positions hold the pad id 0); ``mask`` and ``counts`` stay per record (per sequence).
+
 Real records always come first and padding last, so "draw a uniformly random real record" is
 ``randint(0, counts[i])`` and "is this row real" is ``mask``. Padded rows hold zeros and must never
 contribute to a loss, a vote or a neighbour search: every consumer multiplies by or selects on
@@ -38,7 +42,7 @@ class StackedData:
     """Padded local datasets of N agents (a pytree; every leaf has leading axis N)."""
 
     x: jax.Array       # [N, n_max, *feature_shape]
-    y: jax.Array       # [N, n_max]
+    y: jax.Array       # [N, n_max] (a next-token task: [N, n_max, T])
     mask: jax.Array    # [N, n_max]
     counts: jax.Array  # [N]
 
@@ -59,7 +63,7 @@ class StackedData:
         return jax.tree.map(lambda a: a[i:i + 1], self)
 
     def local(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Agent ``i``'s real records (unpadded) as host arrays ``(x [n_i, ...], y [n_i])``."""
+        """Agent ``i``'s real records (unpadded) as host arrays ``(x [n_i, ...], y [n_i, ...])``."""
         n = int(self.counts[i])
         return np.asarray(self.x[i, :n]), np.asarray(self.y[i, :n])
 
@@ -97,7 +101,7 @@ def from_arrays(x, y, counts, *, check: bool = True) -> StackedData:
 
     Args:
       x: ``[N, n_max, *feature_shape]`` float records, real rows first in every agent.
-      y: ``[N, n_max]`` integer labels.
+      y: ``[N, n_max]`` integer labels (a next-token task: ``[N, n_max, T]`` target ids).
       counts: ``[N]`` number of real records per agent, in ``[0, n_max]``.
       check: validate shapes, counts and (in chunks, so a memory map is never read whole at once)
         that the features are finite.
@@ -109,8 +113,9 @@ def from_arrays(x, y, counts, *, check: bool = True) -> StackedData:
         n, n_max = x.shape[:2]
         if n == 0:
             raise ValueError("x must hold at least one agent, got N = 0")
-        if tuple(np.shape(y)) != (n, n_max):
-            raise ValueError(f"y must have shape [{n}, {n_max}] to match x, got {np.shape(y)}")
+        if tuple(np.shape(y)[:2]) != (n, n_max):
+            raise ValueError(f"y must have shape [{n}, {n_max}] (or [{n}, {n_max}, T] for "
+                             f"sequences) to match x, got {np.shape(y)}")
         if counts.shape != (n,):
             raise ValueError(f"counts must have shape [{n}], got {counts.shape}")
         if counts.dtype.kind not in "iu":
@@ -160,7 +165,7 @@ def from_ragged(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], *,
 
     Args:
       xs: N arrays ``[n_i, *feature_shape]`` (same feature shape for all agents).
-      ys: N integer label arrays ``[n_i]``.
+      ys: N integer label arrays ``[n_i]`` (sequences: ``[n_i, T]``, one shape ``[T]`` for all).
       pad_to: common length (default: the largest ``n_i``); must be ``>= max n_i``.
       allow_empty: accept agents with no records (they carry an all-False mask).
     """
@@ -170,13 +175,14 @@ def from_ragged(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], *,
     xs = [validation.check_finite_array(f"xs[{i}]", x) for i, x in enumerate(xs)]
     ys = [np.asarray(y) for y in ys]
     feature_shape = xs[0].shape[1:]
+    label_shape = ys[0].shape[1:]                 # () for class labels, (T,) for sequences
     for i, (x, y) in enumerate(zip(xs, ys)):
         if x.shape[1:] != feature_shape:
             raise ValueError(f"xs[{i}] has feature shape {x.shape[1:]}, expected {feature_shape} "
                              "(all agents must share one feature shape)")
-        if y.ndim != 1 or y.shape[0] != x.shape[0]:
-            raise ValueError(f"ys[{i}] must have shape [{x.shape[0]}] to match xs[{i}], "
-                             f"got {y.shape}")
+        if y.ndim < 1 or y.shape != (x.shape[0],) + label_shape:
+            raise ValueError(f"ys[{i}] must have shape {[x.shape[0], *label_shape]} to match "
+                             f"xs[{i}] and ys[0], got {list(y.shape)}")
         if y.size and y.dtype.kind not in "iu":
             raise ValueError(f"ys[{i}] must hold integer labels, got dtype {y.dtype}")
         if x.shape[0] == 0 and not allow_empty:
@@ -188,7 +194,7 @@ def from_ragged(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], *,
     n_max = max(n_max, 1)
     num = len(xs)
     x_out = np.zeros((num, n_max) + tuple(feature_shape), dtype=dtype)
-    y_out = np.zeros((num, n_max), dtype=np.int32)
+    y_out = np.zeros((num, n_max) + tuple(label_shape), dtype=np.int32)
     for i, (x, y) in enumerate(zip(xs, ys)):  # host-side construction, not a hot path
         x_out[i, :len(x)] = x
         y_out[i, :len(y)] = y
@@ -253,7 +259,7 @@ def record_rows(indices: Sequence[np.ndarray], num_records: int) -> RecordRows:
 
 
 def stack_records(blocks: Iterable[np.ndarray], y, indices: Sequence[np.ndarray] | RecordRows,
-                  *, path=None, dtype=np.float32) -> StackedData:
+                  *, path=None, dtype=None) -> StackedData:
     """Host-resident stacked agents written straight from a stream of records.
 
     The streamed :func:`from_partition`: agent i holds records ``indices[i]`` (in that order) of
@@ -265,31 +271,33 @@ def stack_records(blocks: Iterable[np.ndarray], y, indices: Sequence[np.ndarray]
 
     Args:
       blocks: the record features in order, in blocks of any sizes summing to ``n``.
-      y: ``[n]`` integer labels.
+      y: ``[n]`` integer labels (a next-token task: ``[n, T]`` target ids).
       indices: N pairwise disjoint record-index arrays (a partition; every agent needs >= 1), or
         their :func:`record_rows` (so that the caller can free the N arrays first).
       path: a folder: ``x`` is written to ``path/x.npy`` as a memory map (with ``y.npy`` and
         ``counts.npy``, :func:`save_stacked`'s format) and the result is :func:`load_stacked`'s.
-      dtype: feature dtype of the result.
+      dtype: feature dtype of the result (None: float32, or int32 for integer blocks: token ids).
     """
     y = np.asarray(y)
-    if y.ndim != 1 or (y.size and y.dtype.kind not in "iu"):
-        raise ValueError(f"y must be a 1-D integer label array, got shape {y.shape} dtype "
-                         f"{y.dtype}")
+    if y.ndim < 1 or (y.size and y.dtype.kind not in "iu"):
+        raise ValueError(f"y must be an integer label array [n] (or [n, T] target ids), got "
+                         f"shape {y.shape} dtype {y.dtype}")
     rows_of = indices if isinstance(indices, RecordRows) else record_rows(indices, len(y))
     row_of, counts = rows_of.row_of, rows_of.counts
     if len(row_of) != len(y):
         raise ValueError(f"the record rows cover {len(row_of)} records but y holds {len(y)}")
     num, n_max = len(counts), rows_of.n_max
     held = row_of >= 0
-    y_out = np.zeros((num, n_max), np.int32)
-    y_out.reshape(-1)[row_of[held]] = y[held]
+    y_out = np.zeros((num, n_max) + y.shape[1:], np.int32)
+    y_out.reshape((num * n_max,) + y.shape[1:])[row_of[held]] = y[held]
     del held
     x_out = rows = None
     start = 0
     for block in blocks:
         block = validation.check_finite_array(f"records {start}..", block)
         if x_out is None:
+            if dtype is None:
+                dtype = np.int32 if block.dtype.kind in "iu" else np.float32
             shape = (num, n_max) + tuple(block.shape[1:])
             if path is None:
                 x_out = np.zeros(shape, dtype)            # pages appear as rows are written

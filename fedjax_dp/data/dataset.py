@@ -10,6 +10,10 @@ Layout::
     y_test        [n_test]                    int32
     domain_train  [n_train] int64 or None              domain id per record (for by_domain)
 
+A next-token task (``task = NextToken(...)``, :mod:`fedjax_dp.train.tasks`) holds sequences
+instead: ``x_* [n, T]`` int32 input token ids and ``y_* [n, T]`` int32 target ids (the next
+token; ``pad_id`` where there is none), ``num_classes`` = the vocabulary size.
+
 ``y_public`` exists only so that experiments can *report* how accurate a vote or a teacher ensemble
 was on the public queries. The public split models data the server holds without labels:
 algorithms must never train on, select with, or otherwise read ``y_public``.
@@ -22,6 +26,7 @@ import math
 import numpy as np
 
 from fedjax_dp.core import validation
+from fedjax_dp.train import tasks as tasks_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +35,9 @@ class Dataset:
 
     Arrays are converted on construction: features to float32, labels to int32. Construction
     validates that every split has matching x/y lengths, all splits share one feature shape,
-    labels lie in ``[0, num_classes)`` and every feature is finite.
+    labels lie in ``[0, num_classes)`` and every feature is finite. ``task`` (None:
+    classification) says what a record is: with a ``NextToken`` task x and y are ``[n, T]``
+    int32 token ids in ``[0, num_classes)`` (:meth:`~fedjax_dp.train.tasks.NextToken.check_split`).
     """
 
     name: str
@@ -42,33 +49,30 @@ class Dataset:
     y_test: np.ndarray     # [n_test] int32
     num_classes: int
     domain_train: np.ndarray | None = None  # [n_train] int64 domain id per training record
+    task: tasks_lib.Task | None = None      # None: classification (fedjax_dp.train.tasks)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name must be a non-empty string, got {self.name!r}")
         num_classes = validation.check_int("num_classes", self.num_classes, minimum=1)
         object.__setattr__(self, "num_classes", num_classes)
+        if self.task is not None and not isinstance(self.task, (tasks_lib.Classification,
+                                                                  tasks_lib.NextToken)):
+            raise ValueError(f"task must be a fedjax_dp.train.tasks.Classification or NextToken "
+                             f"(or None), got {type(self.task).__name__}")
+        task = tasks_lib.CLASSIFICATION if self.task is None else self.task
         feature_shape = None
         for split in ("train", "public", "test"):
             xname, yname = f"x_{split}", f"y_{split}"
-            x = validation.check_finite_array(xname, getattr(self, xname))
-            y = np.asarray(getattr(self, yname))
-            if x.ndim < 2:
-                raise ValueError(f"{xname} must have shape [n, *feature_shape] (ndim >= 2), "
-                                 f"got shape {x.shape}")
-            if y.ndim != 1:
-                raise ValueError(f"{yname} must be a 1-D label array, got shape {y.shape}")
-            validation.check_same_length((xname, yname), x, y)
+            x, y = task.check_split((xname, yname), getattr(self, xname), getattr(self, yname),
+                                    num_classes)
             if feature_shape is None:
                 feature_shape = x.shape[1:]
             elif x.shape[1:] != feature_shape:
                 raise ValueError(f"{xname} has feature shape {x.shape[1:]}, expected "
                                  f"{feature_shape} (all splits must share one feature shape)")
-            if y.size == 0:  # an empty split: any dtype is fine
-                y = y.astype(np.int32)
-            y = validation.check_labels(yname, y, num_classes)
-            object.__setattr__(self, xname, x.astype(np.float32, copy=False))
-            object.__setattr__(self, yname, y.astype(np.int32, copy=False))
+            object.__setattr__(self, xname, x)
+            object.__setattr__(self, yname, y)
         if len(self.x_train) == 0:
             raise ValueError("x_train must hold at least one record, got 0")
         if self.domain_train is not None:
@@ -99,5 +103,7 @@ class Dataset:
     def __repr__(self) -> str:  # the default repr would print every array
         s = self.sizes
         return (f"Dataset(name={self.name!r}, feature_shape={self.feature_shape}, "
-                f"num_classes={self.num_classes}, train={s['train']}, public={s['public']}, "
+                f"num_classes={self.num_classes}, "
+                + (f"task={self.task.kind}, " if self.task is not None else "")
+                + f"train={s['train']}, public={s['public']}, "
                 f"test={s['test']}, domains={'yes' if self.domain_train is not None else 'no'})")

@@ -37,6 +37,7 @@ from fedjax_dp.experiments import population
 from fedjax_dp.experiments import registry
 from fedjax_dp.models import make_model
 from fedjax_dp.train import LocalTrainConfig
+from fedjax_dp.train import tasks
 
 _PACKAGES = ("fedjax-dp", "jax", "jaxlib", "flax", "optax", "chex", "numpy", "scipy",
              "dp-accounting", "scikit-learn")
@@ -308,10 +309,24 @@ class Setup:
     y_val: Any = None               # [n_val]
 
     def evaluate(self, output: api.Output) -> dict:
-        """``test_accuracy`` (and ``val_accuracy`` with a validation split) of a model."""
-        out = {"test_accuracy": output.score(self.dataset.x_test, self.dataset.y_test)}
-        if self.x_val is not None:
-            out["val_accuracy"] = output.score(self.x_val, self.y_val)
+        """``test_accuracy`` (and ``val_accuracy`` with a validation split) of a model.
+
+        A next-token task (:mod:`fedjax_dp.train.tasks`): per-token accuracies, counted over
+        all test sequences and positions, ``test_accuracy`` over the real tokens (y != pad),
+        ``test_accuracy_no_oov`` without the OOV ids, ``test_accuracy_no_oov_or_eos`` without
+        OOV and EOS (TFF's StackOverflow metrics), and ``test_num_tokens``; ``val_`` likewise."""
+        task = tasks.of(self.model)
+        if isinstance(task, tasks.Classification) or output.accuracy is not None:
+            out = {"test_accuracy": output.score(self.dataset.x_test, self.dataset.y_test)}
+            if self.x_val is not None:
+                out["val_accuracy"] = output.score(self.x_val, self.y_val)
+            return out
+        out = {}
+        for split, x, y in (("test", self.dataset.x_test, self.dataset.y_test),
+                            ("val", self.x_val, self.y_val)):
+            if x is not None:
+                metrics = task.metrics(output.predict_labels(x), y)
+                out.update({f"{split}_{k}": v for k, v in metrics.items()})
         return out
 
 
@@ -323,6 +338,7 @@ def setup(config: dict) -> Setup:
     dataset = pop.dataset
     model = make_model(config["model"]["name"], tuple(dataset.feature_shape),
                        dataset.num_classes, hidden=tuple(config["model"]["hidden"]))
+    model = tasks.attach(model, getattr(dataset, "task", None))   # the data's task (loss, accuracy)
     fed = FederatedData(agents=pop.agents, num_classes=dataset.num_classes,
                         x_public=dataset.x_public, y_public=dataset.y_public)
     return Setup(dataset=dataset, fed=fed, model=model, key=rng.stream(root, "algorithm"),
@@ -474,6 +490,8 @@ def result_record(p: Plan, config: dict, s: Setup, state: api.State, history: li
         "num_agents": s.fed.num_agents,
         "test_accuracy": test_acc,
         **({"val_accuracy": scores["val_accuracy"]} if "val_accuracy" in scores else {}),
+        # a next-token task's other per-token metrics (test_accuracy_no_oov, ...; none otherwise)
+        **{k: v for k, v in scores.items() if k not in ("test_accuracy", "val_accuracy")},
         "privacy": privacy,
         "wall_time_s": wall_time_s,
         "seed": config["seed"],

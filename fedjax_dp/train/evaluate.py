@@ -1,6 +1,12 @@
-"""Evaluation: accuracy of one model, or of every agent's model, on a labelled set."""
+"""Evaluation: accuracy of one model, or of every agent's model, on a labelled set.
+
+The accuracy is the model's task's (:mod:`fedjax_dp.train.tasks`): the fraction of examples
+classified correctly, or for a next-token task the fraction of real tokens (``y != pad``)
+predicted correctly, counted over all examples and positions.
+"""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -9,12 +15,22 @@ import numpy as np
 
 from fedjax_dp.core import for_each_agent
 from fedjax_dp.models import Model
+from fedjax_dp.train import tasks
 
 Params = Any
 
+#: A next-token model's prediction batch holds at most this many logits (``B T V`` floats:
+#: 64 MiB), e.g. 335 sequences of StackOverflow's T = 20, V = 10004.
+LOGITS_PER_BATCH = 1 << 24
+
 
 def predict(model: Model, params: Params, x: jax.Array, batch_size: int = 1024) -> jax.Array:
-    """Predicted class per example, ``x [M, ...] -> [M]`` (batched to bound memory)."""
+    """Predicted class per example, ``x [M, ...] -> [M]`` (a next-token task: the predicted
+    token at every position, ``x [M, T] -> [M, T]``), batched to bound memory (a next-token
+    model's batch is cut to :data:`LOGITS_PER_BATCH` logits)."""
+    if isinstance(tasks.of(model), tasks.NextToken):
+        per_example = model.num_classes * math.prod(model.feature_shape)     # T V logits
+        batch_size = max(1, min(batch_size, LOGITS_PER_BATCH // max(1, per_example)))
     outs = []
     for start in range(0, x.shape[0], batch_size):   # host batching over examples, not agents
         outs.append(jnp.argmax(model.logits(params, x[start:start + batch_size]), -1))
@@ -22,19 +38,32 @@ def predict(model: Model, params: Params, x: jax.Array, batch_size: int = 1024) 
 
 
 def accuracy(model: Model, params: Params, x, y, batch_size: int = 1024) -> float:
-    """Fraction of ``x`` classified as ``y`` (0..1)."""
+    """Fraction of ``x`` classified as ``y`` (0..1); a next-token task: the per-token accuracy
+    over the real tokens (:meth:`fedjax_dp.train.tasks.NextToken.metrics`)."""
     y = jnp.asarray(y)
     if y.shape[0] == 0:
         raise ValueError("accuracy needs at least one labelled example, got an empty set")
+    task = tasks.of(model)
+    if isinstance(task, tasks.NextToken):
+        return task.accuracy(predict(model, params, jnp.asarray(x), batch_size), y)
     return float(jnp.mean(predict(model, params, jnp.asarray(x), batch_size) == y))
 
 
 def per_agent_accuracy(model: Model, stacked_params: Params, x, y, *,
                        chunk_size: int | None = None) -> np.ndarray:
-    """Accuracy of every agent's model on the same set: ``[N]`` (vmapped over agents)."""
+    """Accuracy of every agent's model on the same set: ``[N]`` (vmapped over agents); a
+    next-token task: per-token over ``y != pad``."""
     x, y = jnp.asarray(x), jnp.asarray(y)
+    task = tasks.of(model)
 
-    def one(params):
-        return jnp.mean(jnp.argmax(model.logits(params, x), -1) == y)
+    if isinstance(task, tasks.NextToken):
+        real = (y != task.pad_id).astype(jnp.float32)                           # [M, T]
+
+        def one(params):
+            hit = (jnp.argmax(model.logits(params, x), -1) == y).astype(jnp.float32)
+            return jnp.sum(hit * real) / jnp.maximum(jnp.sum(real), 1.0)
+    else:
+        def one(params):
+            return jnp.mean(jnp.argmax(model.logits(params, x), -1) == y)
 
     return np.asarray(jax.jit(for_each_agent(one, chunk_size=chunk_size))(stacked_params))

@@ -2,7 +2,7 @@
 
 ``make_local_update`` builds a pure one-agent function
 
-    local_update(key, params, x [n_max, ...], y [n_max], count []) -> (params, mean_loss)
+    local_update(key, params, x [n_max, ...], y [n_max, ...], count []) -> (params, mean_loss)
 
 running ``steps`` optax steps on minibatches of the agent's *real* records (``batching``):
 ``"replacement"`` draws them uniformly with replacement, indices in ``[0, count)`` for all steps
@@ -24,6 +24,7 @@ import optax
 from fedjax_dp.core import StackedData, auto_chunk_size, for_each_agent, validation
 from fedjax_dp.core import memory
 from fedjax_dp.models import Model
+from fedjax_dp.train import tasks
 
 Params = Any
 
@@ -65,15 +66,20 @@ class LocalTrainConfig:
 
 
 def cross_entropy(model: Model) -> Callable[[Params, jax.Array, jax.Array], jax.Array]:
-    """Per-example loss ``l(params, x, y) = -log softmax(f(x))_y`` (scalar)."""
+    """Per-example loss ``l(params, x, y)`` (scalar) of the model's task
+    (:func:`fedjax_dp.train.tasks.of`): ``-log softmax(f(x))_y`` for classification; for a
+    next-token task the mean of the per-token cross-entropies over the sequence's real tokens
+    ``y_t != pad`` (:meth:`fedjax_dp.train.tasks.NextToken.example_loss`, eq. (1))."""
+    example_loss = tasks.of(model).example_loss
+
     def loss(params, x, y):
-        logits = model.apply(params, x)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y)
+        return example_loss(model.apply(params, x), y)
     return loss
 
 
 def minibatch_loss(model: Model):
-    """Mask-weighted mean loss over a minibatch: ``sum_b w_b l_b / max(1, sum_b w_b)``."""
+    """Mask-weighted mean loss over a minibatch: ``sum_b w_b l_b / max(1, sum_b w_b)`` (every
+    record weighted equally; a sequence's ``l_b`` is already its per-token mean)."""
     per_example = jax.vmap(cross_entropy(model), in_axes=(None, 0, 0))
 
     def loss(params, xb, yb, wb):      # xb [B, ...], yb [B], wb [B]
