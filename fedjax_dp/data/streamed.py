@@ -18,6 +18,7 @@ import numpy as np
 
 from fedjax_dp.core import validation
 from fedjax_dp.data.dataset import Dataset
+from fedjax_dp.train import tasks as tasks_lib
 
 #: records per block when a stream is read (4 MiB of float64 features at 32 features)
 BLOCK = 1 << 14
@@ -29,6 +30,9 @@ class StreamedDataset:
 
     ``blocks(size)`` yields float32 ``[<= size, *feature_shape]`` blocks of the training features,
     records ``0 .. n_train - 1`` in order; every call yields the same values whatever ``size``.
+    ``task`` as :class:`~fedjax_dp.data.Dataset`'s (None: classification); a next-token task
+    has ``y_train [n_train, T]`` and int32 ``[n, T]`` public / test splits, and its blocks are
+    int32 token ids.
     """
 
     name: str
@@ -41,9 +45,16 @@ class StreamedDataset:
     y_test: np.ndarray                        # [n_test] int32
     num_classes: int
     domain_train: np.ndarray | None = None    # [n_train] int64
+    task: tasks_lib.Task | None = None        # None: classification (fedjax_dp.train.tasks)
 
     def __post_init__(self):
         num_classes = validation.check_int("num_classes", self.num_classes, minimum=1)
+        if isinstance(self.task, tasks_lib.NextToken):
+            self._check_sequences(self.task, num_classes)
+            return
+        if self.task is not None and not isinstance(self.task, tasks_lib.Classification):
+            raise ValueError(f"task must be a fedjax_dp.train.tasks.Classification or NextToken "
+                             f"(or None), got {type(self.task).__name__}")
         y = validation.check_labels("y_train", self.y_train, num_classes)   # min / max: no copy
         if y.ndim != 1 or len(y) == 0:
             raise ValueError(f"y_train must be a non-empty 1-D label array, got {y.shape}")
@@ -59,6 +70,32 @@ class StreamedDataset:
                                  f"{self.feature_shape}")
             object.__setattr__(self, f"x_{split}", x.astype(np.float32, copy=False))
             object.__setattr__(self, f"y_{split}", yy.astype(np.int32))
+        if self.domain_train is not None:
+            d = np.asarray(self.domain_train)
+            validation.check_same_length(("domain_train", "y_train"), d, y)
+            object.__setattr__(self, "domain_train", d.astype(np.int64, copy=False))
+
+    def _check_sequences(self, task: tasks_lib.NextToken, num_classes: int) -> None:
+        """A next-token task's splits: ``y_train [n, T]`` (checked like the public and test
+        splits by :meth:`~fedjax_dp.train.tasks.NextToken.check_split`, on y alone)."""
+        y = np.asarray(self.y_train)
+        if y.ndim != 2 or len(y) == 0:
+            raise ValueError(f"y_train must be a non-empty [n, T] array of target ids for a "
+                             f"next-token task, got shape {y.shape}")
+        _, y = task.check_split(("y_train", "y_train"), y, y, num_classes)
+        object.__setattr__(self, "y_train", y)
+        object.__setattr__(self, "feature_shape", tuple(int(s) for s in self.feature_shape))
+        if self.feature_shape != y.shape[1:]:
+            raise ValueError(f"feature_shape {self.feature_shape} must be (T,) = {y.shape[1:]} "
+                             f"for a next-token task")
+        for split in ("public", "test"):
+            x, yy = task.check_split((f"x_{split}", f"y_{split}"), getattr(self, f"x_{split}"),
+                                     getattr(self, f"y_{split}"), num_classes)
+            if x.shape[1:] != self.feature_shape:
+                raise ValueError(f"x_{split} has feature shape {x.shape[1:]}, expected "
+                                 f"{self.feature_shape}")
+            object.__setattr__(self, f"x_{split}", x)
+            object.__setattr__(self, f"y_{split}", yy)
         if self.domain_train is not None:
             d = np.asarray(self.domain_train)
             validation.check_same_length(("domain_train", "y_train"), d, y)
@@ -93,7 +130,8 @@ class StreamedDataset:
         indices = np.asarray(indices, dtype=np.int64)
         order = np.argsort(indices, kind="stable")
         wanted = indices[order]
-        out = np.empty((len(indices),) + self.feature_shape, np.float32)
+        dtype = np.int32 if isinstance(self.task, tasks_lib.NextToken) else np.float32
+        out = np.empty((len(indices),) + self.feature_shape, dtype)
         start = 0
         for block in self.blocks(BLOCK):
             lo, hi = np.searchsorted(wanted, [start, start + len(block)])
@@ -106,7 +144,8 @@ class StreamedDataset:
         x = np.concatenate(list(self.blocks(BLOCK)))
         return Dataset(name=self.name, x_train=x, y_train=self.y_train, x_public=self.x_public,
                        y_public=self.y_public, x_test=self.x_test, y_test=self.y_test,
-                       num_classes=self.num_classes, domain_train=self.domain_train)
+                       num_classes=self.num_classes, domain_train=self.domain_train,
+                       task=self.task)
 
     def __repr__(self) -> str:
         s = self.sizes
