@@ -159,7 +159,8 @@ def test_synthetic_validation(kwargs, match):
 
 
 def test_registry():
-    assert set(DATASETS) == {"digits", "wbcd", "mnist5k", "mnist5k_oddeven", "synthetic"}
+    assert set(DATASETS) == {"digits", "wbcd", "mnist5k", "mnist5k_oddeven", "synthetic",
+                             "fedprox_synthetic"}
     _assert_same(load_dataset("digits", seed=2), digits(seed=2))
     assert load_dataset("synthetic", num_train=10, num_features=3).x_train.shape == (10, 3)
     with pytest.raises(ValueError, match=r"unknown dataset 'mnist'.*digits.*mnist5k"):

@@ -212,7 +212,8 @@ def test_by_domain():
 # ------------------------------------------------------------------------------- registry
 
 def test_registry_dispatch():
-    assert set(PARTITIONS) == {"iid", "dirichlet", "label_shards", "one_class", "by_domain"}
+    assert set(PARTITIONS) == {"iid", "dirichlet", "label_shards", "one_class", "by_domain",
+                               "natural"}
     assert same(partition("iid", LABELS, 4, 0), iid(LABELS, 4, 0))
     assert same(partition("dirichlet", LABELS, 10, 1, beta=0.5), dirichlet(LABELS, 10, 0.5, 1))
     assert same(partition("label_shards", LABELS, 10, 2, classes_per_agent=6),

@@ -9,13 +9,16 @@
 * User files: :func:`load_npz`, :func:`load_idx`, :func:`load_libsvm`, :func:`load_csv`, then
   :func:`dataset_from_arrays`; TFDS (optional): :func:`load_tfds`.
 * Partitioners (index lists, one per agent): :func:`iid`, :func:`dirichlet`,
-  :func:`label_shards`, :func:`one_class`, :func:`by_domain`, by name through :func:`partition`.
+  :func:`label_shards`, :func:`one_class`, :func:`by_domain`, :func:`natural` (the data's own
+  clients), by name through :func:`partition`.
+* FedProx's Synthetic(alpha, beta) with natural clients: :func:`fedprox_synthetic`.
 """
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.data.files import (dataset_from_arrays, load_csv, load_idx, load_libsvm, load_npz,
                                   read_idx, remap_labels)
+from fedjax_dp.data.fedprox_synthetic import fedprox_synthetic
 from fedjax_dp.data.partition import (PARTITIONS, by_domain, class_counts, dirichlet, iid,
-                                      label_shards, one_class, partition)
+                                      label_shards, natural, one_class, partition)
 from fedjax_dp.data.sources import (DATASETS, STACKED_PREFIX, STREAMED, digits, load_dataset,
                                     mnist5k, mnist5k_oddeven, oddeven_pair_id, resize_images,
                                     synthetic, synthetic_stream, wbcd)
@@ -30,4 +33,5 @@ __all__ = [
     "resize_images", "load_npz", "load_idx", "read_idx", "load_libsvm", "load_csv",
     "remap_labels", "dataset_from_arrays", "split_indices", "load_tfds", "PARTITIONS",
     "partition", "iid", "dirichlet", "label_shards", "one_class", "by_domain", "class_counts",
+    "natural", "fedprox_synthetic",
 ]

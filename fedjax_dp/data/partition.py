@@ -13,6 +13,7 @@ dirichlet        FedKT / NIID-Bench label skew, Dir(beta) per class             
 label_shards     each agent holds exactly ``classes_per_agent`` classes          no [1]_
 one_class        ``label_shards`` with 1 (or 2) classes per agent                no [1]_
 by_domain        agents formed within each domain id                             yes
+natural          one agent per client id (the dataset's own clients)             yes
 ===============  =============================================================  =========
 
 .. [1] all records of every held class are used unless ``samples_per_agent`` caps them;
@@ -237,6 +238,25 @@ def by_domain(domains: Any, seed_or_key: Any = None, agents_per_domain: int = 1
     return _finish(parts)
 
 
+def natural(domains: Any, num_agents: int | None = None) -> list[np.ndarray]:
+    """The dataset's own clients as agents: agent ``i`` holds exactly the records whose client id
+    is the ``i``-th smallest of ``unique(domains)`` (e.g. ``domain_train`` of
+    :func:`fedjax_dp.data.fedprox_synthetic.fedprox_synthetic`: one agent per FedProx device).
+
+    ``num_agents`` (None: the number of clients) must equal the number of distinct client ids.
+    Deterministic (no randomness); covers every index. One stable argsort, no loop over clients.
+    """
+    domains = _ids("domains", domains)
+    order = np.argsort(domains, kind="stable")                         # [n] grouped by client
+    ids, counts = np.unique(domains, return_counts=True)               # [K], [K]
+    if num_agents is not None:
+        num_agents = validation.check_int("num_agents", num_agents, minimum=1)
+        if num_agents != len(ids):
+            raise ValueError(f"num_agents must equal the number of clients ({len(ids)}) for the "
+                             f"natural partition (one agent per client id), got {num_agents}")
+    return np.split(order.astype(np.int64), np.cumsum(counts)[:-1])
+
+
 # ----------------------------------------------------------------------------- diagnostics
 
 def class_counts(labels: Any, parts: list[np.ndarray], num_classes: int | None = None
@@ -279,6 +299,16 @@ def _by_domain_dispatch(labels: Any, num_agents: int, seed_or_key: Any, *,
     return by_domain(domains, seed_or_key, agents_per_domain=num_agents // num_domains)
 
 
+def _natural_dispatch(labels: Any, num_agents: int, seed_or_key: Any, *,
+                      domains: Any) -> list[np.ndarray]:
+    """:func:`natural` behind the common signature: ``domains`` (one client id per record of
+    ``labels``) is required, ``num_agents`` must equal the number of clients, the seed is unused
+    (the partition is the data's own)."""
+    domains = _ids("domains", domains)
+    validation.check_same_length(("domains", "labels"), domains, np.asarray(labels))
+    return natural(domains, num_agents)
+
+
 # name -> fn(labels, num_agents, seed_or_key, **kwargs): the uniform signature of `partition`.
 PARTITIONS: dict[str, Callable[..., list[np.ndarray]]] = {
     "iid": iid,
@@ -286,6 +316,7 @@ PARTITIONS: dict[str, Callable[..., list[np.ndarray]]] = {
     "label_shards": _label_shards_dispatch,  # classes_per_agent=..., optional samples_per_agent=
     "one_class": one_class,                  # optional classes_per_agent= (1 or 2)
     "by_domain": _by_domain_dispatch,        # domains=...
+    "natural": _natural_dispatch,            # domains=... (one agent per client id)
 }
 
 

@@ -15,6 +15,10 @@ mnist5k_oddeven  mnist5k, PCA fit on public;      (pca_dim,)       3000   1000  
 synthetic        Gaussian mixture, any size       (num_features,)  any    any     any
 ===============  ===============================  ===============  =====  ======  =====
 
+``fedprox_synthetic`` (:mod:`fedjax_dp.data.fedprox_synthetic`): FedProx's Synthetic(alpha, beta),
+30 natural clients (``domain_train``, for the ``natural`` partition), 60 features, 10 classes,
+90% / 10% of each client's records for train / test, further clients' records as public split.
+
 :data:`STREAMED` names the sources that also generate their training features block by block
 (:func:`synthetic_stream`, a :class:`~fedjax_dp.data.streamed.StreamedDataset`), so a large
 population is written straight into the agents' stacked rows.
@@ -29,6 +33,7 @@ import numpy as np
 
 from fedjax_dp.core import validation
 from fedjax_dp.data.dataset import Dataset
+from fedjax_dp.data.fedprox_synthetic import fedprox_synthetic
 from fedjax_dp.data.splits import split_indices
 from fedjax_dp.data.streamed import StreamedDataset
 
@@ -306,6 +311,7 @@ DATASETS: dict[str, Callable[..., Dataset]] = _Names({
     "mnist5k": mnist5k,
     "mnist5k_oddeven": mnist5k_oddeven,
     "synthetic": synthetic,
+    "fedprox_synthetic": fedprox_synthetic,   # FedProx Synthetic(alpha, beta), natural clients
 })
 
 #: sources that can also stream their training features (same arguments, same values):

@@ -141,13 +141,15 @@ def partition_indices(d: dict, dataset: AnyDataset, key) -> list:
     """The agents' training-record indices for a resolved ``[data]`` table.
 
     ``partition = "by_domain"`` uses the dataset's own training domains (e.g. mnist5k_oddeven's
-    (even, odd) digit pairs) unless ``partition_options.domains`` is given.
+    (even, odd) digit pairs) unless ``partition_options.domains`` is given; so does
+    ``partition = "natural"`` (one agent per client id, e.g. fedprox_synthetic's clients).
     """
     options = dict(d["partition_options"])
-    if d["partition"] == "by_domain" and "domains" not in options:
+    if d["partition"] in ("by_domain", "natural") and "domains" not in options:
         if dataset.domain_train is None:
-            raise config_lib.ConfigError(f"data.partition = \"by_domain\" needs a dataset with "
-                                         f"training domains; {dataset.name!r} has none")
+            raise config_lib.ConfigError(f"data.partition = \"{d['partition']}\" needs a "
+                                         f"dataset with training domains (client ids); "
+                                         f"{dataset.name!r} has none")
         options["domains"] = dataset.domain_train
     try:
         return data_lib.partition(d["partition"], dataset.y_train, d["num_agents"], key,
