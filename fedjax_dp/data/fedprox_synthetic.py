@@ -1,9 +1,10 @@
 """FedProx's Synthetic(alpha, beta): per-client logistic-regression data with natural clients.
 
 Li, Sahu, Zaheer, Sanjabi, Talwalkar and Smith, "Federated Optimization in Heterogeneous
-Networks", MLSys 2020, Section 5.1 ("Synthetic data") and Appendix C.1; the generator as
-published in the authors' repository (``data/synthetic_{0_0,0.5_0.5,1_1}/generate_synthetic.py``
-and ``data/synthetic_iid/generate_iid.py``). For client ``k = 0..K-1`` (``K = num_clients``,
+Networks", MLSys 2020, Section 5.1 ("Synthetic data") and the appendix's dataset details; the
+generator as published in the authors' repository
+(``data/synthetic_{0_0,0.5_0.5,1_1}/generate_synthetic.py``,
+``data/synthetic_iid/generate_iid.py``). For client ``k = 0..K-1`` (``K = num_clients``,
 ``d = num_features``, ``C = num_classes``)::
 
     n_k  = floor(exp(N(4, 2^2))) + 50               records (lognormal sizes, a power-law tail)
