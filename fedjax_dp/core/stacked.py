@@ -126,13 +126,28 @@ def from_arrays(x, y, counts, *, check: bool = True) -> StackedData:
         if np.dtype(y.dtype).kind not in "iu":
             raise ValueError(f"y must hold integer labels, got dtype {y.dtype}")
         step = max(1, (64 << 20) // max(1, x[:1].nbytes))
-        for start in range(0, n, step):
+        for start in range(0, n if np.dtype(x.dtype).kind == "f" else 0, step):
             if not np.isfinite(x[start:start + step]).all():
                 raise ValueError(f"x has NaN or infinite features (agents {start}.."
                                  f"{min(n, start + step) - 1}); features must be finite")
+            release_pages(x)
     n_max = x.shape[1]
     mask = np.arange(n_max)[None, :] < counts[:, None]
     return StackedData(x=x, y=y, mask=mask, counts=counts.astype(np.int32))
+
+
+def release_pages(a) -> None:
+    """Drop the pages of a read-only memory map ``a`` that this process has read (they are
+    re-read from the file when touched again), so that scanning a memory-mapped population does
+    not leave it all counted in the process's resident memory. Nothing for other arrays."""
+    import mmap
+    m = getattr(a, "_mmap", None)
+    if m is None or getattr(a, "mode", None) != "r" or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    try:
+        m.madvise(mmap.MADV_DONTNEED)
+    except (OSError, ValueError):
+        pass
 
 
 def save_stacked(path, data: StackedData) -> None:

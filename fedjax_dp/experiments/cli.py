@@ -1,4 +1,4 @@
-"""``fedjax-dp`` command line: ``run``, ``list``, ``account``, ``audit``.
+"""``fedjax-dp`` command line: ``run``, ``sweep``, ``list``, ``account``, ``audit``, ``plot``, ``data``.
 
     fedjax-dp run CONFIG [--set key=value ...] [--out DIR] [--quiet] [--plot]
     fedjax-dp run --resume DIR [--set run.key=value ...]
@@ -14,6 +14,8 @@
         [--weaken halve-noise|no-clip] [--sigma S --noise-multiplier Z --clip C --gamma G ...]
     fedjax-dp plot RESULTS... [--x epsilon] [--y test_accuracy] [--hue algorithm] [--curve]
         [--out STEM] [--title T] [--logx | --no-logx]
+    fedjax-dp data convert FORMAT SRC DST [--max-clients K] [--max-records k]
+        [--max-test-records M] [--vocab-size V] [--vocab FILE] [--seq-len T] [--seed S] [--quiet]
 
 Errors in the arguments or the config print one line naming the parameter and exit with status 2.
 """
@@ -283,6 +285,25 @@ def _cmd_plot(args) -> int:
     return 0
 
 
+def _cmd_data(args) -> int:
+    from fedjax_dp.data import convert
+    summary = convert.convert(args.format, args.src, args.dst, vocab_size=args.vocab_size,
+                              vocab_file=args.vocab, seq_len=args.seq_len,
+                              max_clients=args.max_clients, max_records=args.max_records,
+                              max_test_records=args.max_test_records, seed=args.seed,
+                              progress=not args.quiet)
+    summary["run_with"] = (f'data.dataset = "{summary["dataset"]}", data.num_agents = '
+                           f'{summary["clients"]}')
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+#: ``fedjax-dp data convert`` formats (kept here so that building the parser imports no data
+#: module; fedjax_dp.data.convert.FORMATS is the list the command checks against)
+DATA_FORMATS = ("tff_emnist", "tff_emnist_digits", "tff_shakespeare", "tff_stackoverflow",
+                "tff_cifar100", "leaf_femnist", "leaf_shakespeare", "leaf_sent140")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedjax-dp", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -422,6 +443,36 @@ def build_parser() -> argparse.ArgumentParser:
     plt.add_argument("--logx", action=argparse.BooleanOptionalAction, default=None,
                      help="log-scale x axis (default: on for epsilon, off otherwise)")
     plt.set_defaults(func=_cmd_plot)
+
+    dat = sub.add_parser("data", help="federated datasets from the files they are published in")
+    dsub = dat.add_subparsers(dest="data_command", required=True)
+    cv = dsub.add_parser("convert", help="write a published federated dataset (TFF HDF5, LEAF "
+                         "JSON) as a memory-mapped stacked population, one agent per client, "
+                         "for data.dataset = \"stacked:DST\"")
+    cv.add_argument("format", metavar="FORMAT", help=", ".join(DATA_FORMATS))
+    cv.add_argument("src", metavar="SRC", help="the downloaded files: TFF: the folder holding "
+                    "<name>_train.h5 and <name>_test.h5 (or the _train.h5 file); LEAF: the data "
+                    "folder holding train/ and test/")
+    cv.add_argument("dst", metavar="DST", help="a new folder for the stacked population")
+    cv.add_argument("--max-clients", type=int, default=None, metavar="K",
+                    help="keep the first K train clients (default: all)")
+    cv.add_argument("--max-records", type=int, default=None, metavar="k",
+                    help="keep the first k records of every client (default: all)")
+    cv.add_argument("--max-test-records", type=int, default=None, metavar="M",
+                    help="a uniform random subset of M test records (default: all)")
+    cv.add_argument("--vocab-size", type=int, default=None, metavar="V",
+                    help="tff_stackoverflow / leaf_sent140: the V most frequent training words "
+                    "(default 10000), or the first V words of --vocab")
+    cv.add_argument("--vocab", default=None, metavar="FILE", help="a vocabulary file, one word "
+                    "per line, most frequent first (e.g. TFF's stackoverflow.word_count)")
+    cv.add_argument("--seq-len", type=int, default=None, metavar="T",
+                    help="tokens per record (defaults: Shakespeare 80, StackOverflow 20, "
+                    "Sent140 25)")
+    cv.add_argument("--seed", type=int, default=0, help="seed of --max-test-records' subset")
+    cv.add_argument("--quiet", action="store_true", help="no progress bar")
+    cv.add_argument("--debug", action="store_true",
+                    help="show the Python traceback of an error instead of one line")
+    cv.set_defaults(func=_cmd_data)
     return parser
 
 

@@ -29,7 +29,10 @@ test splits (``x_public``, ``y_public``, ``x_test``, ``y_test``, ``num_classes``
 :func:`save` writes them. ``data.server_dataset`` replaces those splits (and is required when
 ``server.npz`` is missing). The agents are already partitioned: ``data.partition`` and its options
 are not used, ``data.num_agents`` must equal the saved N, and ``dataset_options``,
-``image_size`` and ``validation_fraction`` must be left unset.
+``image_size`` and ``validation_fraction`` must be left unset. ``fedjax-dp data convert`` writes
+such a folder from a published federated dataset (:mod:`fedjax_dp.data.convert`: one agent per
+client, the published test split in ``server.npz``), with ``task.json`` beside it for
+next-token data (:mod:`fedjax_dp.train.tasks`; the loaded splits then carry that task).
 """
 from __future__ import annotations
 
@@ -340,9 +343,24 @@ def load_population(d: dict) -> tuple[data_lib.StreamedDataset, StackedData]:
         for a in range(0, agents.num_agents, step):
             yield np.asarray(agents.x[a:a + step])[mask[a:a + step]]
 
+    task = _task(folder, where)
+    if task is not None:
+        splits["task"] = task
     try:
         dataset = data_lib.StreamedDataset(y_train=np.asarray(agents.y)[mask], blocks=blocks,
                                            feature_shape=agents.feature_shape, **splits)
     except ValueError as e:
         raise config_lib.ConfigError(f"{where}: {str(e).splitlines()[0]}") from None
     return dataset, agents
+
+
+def _task(folder: Path, where: str):
+    """The task saved beside a stacked population (``task.json``, written by
+    ``fedjax-dp data convert`` for next-token data), or None (classification)."""
+    if not (folder / "task.json").is_file():
+        return None
+    from fedjax_dp.train import tasks
+    try:
+        return tasks.load(folder)
+    except ValueError as e:
+        raise config_lib.ConfigError(f"{where}: {str(e).splitlines()[0]}") from None

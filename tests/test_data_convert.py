@@ -1,0 +1,178 @@
+"""``fedjax-dp data convert``: published federated files -> a memory-mapped stacked population
+(fedjax_dp.data.convert), its memory bound, and a run of the result through the CLI."""
+import json
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from federated_fixtures import write_emnist, write_leaf, write_tff
+from fedjax_dp.data import convert
+from fedjax_dp.experiments import cli
+
+
+@pytest.fixture(scope="module")
+def emnist(tmp_path_factory):
+    """A digits-only EMNIST fixture (12 train writers of 3..6 records, 5 test writers) and its
+    conversion."""
+    root = tmp_path_factory.mktemp("emnist")
+    rng = np.random.default_rng(0)
+    sizes = [3 + c % 4 for c in range(12)]
+    write_emnist(root, rng, sizes, [2, 1, 3, 1, 2], digits=True)
+    summary = convert.convert("tff_emnist_digits", root, root / "pop", progress=False)
+    return root, summary
+
+
+def _h5(path):
+    import h5py
+    with h5py.File(path) as f:
+        return {cid: {k: g[k][()] for k in g} for cid, g in f["examples"].items()}
+
+
+def test_emnist_conversion_stacks_every_client_and_keeps_the_test_split(emnist):
+    root, summary = emnist
+    pop = root / "pop"
+    train, test = _h5(root / "fed_emnist_digitsonly_train.h5"), \
+        _h5(root / "fed_emnist_digitsonly_test.h5")
+    x, y = np.load(pop / "x.npy"), np.load(pop / "y.npy")
+    counts = np.load(pop / "counts.npy")
+    ids = json.loads((pop / "clients.json").read_text())["train"]
+    assert ids == sorted(train) and counts.tolist() == [len(train[c]["label"]) for c in ids]
+    assert x.shape == (12, 6, 28, 28, 1) and y.shape == (12, 6)
+    for i, cid in enumerate(ids):
+        n = counts[i]
+        np.testing.assert_array_equal(x[i, :n, :, :, 0], train[cid]["pixels"])
+        np.testing.assert_array_equal(y[i, :n], train[cid]["label"])
+        assert not x[i, n:].any() and not y[i, n:].any()          # padding is zeros
+    with np.load(pop / "server.npz") as z:
+        assert z["x_public"].shape == (0, 28, 28, 1) and int(z["num_classes"]) == 10
+        tids = z["test_client_ids"].tolist()
+        assert tids == sorted(test)
+        for j, cid in enumerate(tids):                           # test records keep their client
+            rows = z["test_client"] == j
+            np.testing.assert_array_equal(z["y_test"][rows], test[cid]["label"])
+            np.testing.assert_array_equal(z["x_test"][rows][..., 0], test[cid]["pixels"])
+    assert summary["clients"] == 12 and summary["test_records"] == 9
+    assert not (pop / "task.json").exists()                       # classification
+
+
+def test_caps_and_test_subset(emnist, tmp_path):
+    root, _ = emnist
+    s = convert.convert("tff_emnist_digits", root, tmp_path / "p", max_clients=4, max_records=3,
+                        max_test_records=5, seed=3, progress=False)
+    assert np.load(tmp_path / "p" / "counts.npy").tolist() == [3, 3, 3, 3]
+    full = np.load(root / "pop" / "y.npy")[:4, :3]
+    np.testing.assert_array_equal(np.load(tmp_path / "p" / "y.npy"), full)
+    with np.load(tmp_path / "p" / "server.npz") as z, np.load(root / "pop" / "server.npz") as a:
+        assert len(z["y_test"]) == 5 and s["test_records_published"] == 9
+        picked = [np.flatnonzero((a["x_test"] == xt).all(axis=(1, 2, 3)))[0]
+                  for xt in z["x_test"]]
+        assert picked == sorted(set(picked))                      # distinct, in client order
+        np.testing.assert_array_equal(a["test_client"][picked], z["test_client"])
+
+
+def test_sequences_write_task_and_vocab(tmp_path):
+    write_tff(tmp_path / "shakespeare_train.h5", {"A": {"snippets": [b"dh", b"d" * 100]},
+                                                   "B": {"snippets": [b"hl"]}})
+    write_tff(tmp_path / "shakespeare_test.h5", {"A": {"snippets": [b"lp"]}})
+    convert.convert("tff_shakespeare", tmp_path, tmp_path / "p", progress=False)
+    y = np.load(tmp_path / "p" / "y.npy")
+    assert y.shape == (2, 3, 80) and y.dtype == np.int32
+    assert np.load(tmp_path / "p" / "counts.npy").tolist() == [3, 1]
+    from fedjax_dp.train import tasks
+    task = tasks.load(tmp_path / "p")
+    assert (task.vocab_size, tuple(task.oov_ids), task.bos_id, task.eos_id) == (90, (87,), 88, 89)
+    assert len((tmp_path / "p" / "vocab.txt").read_text().split("\n")) == 86 + 1
+    from fedjax_dp.experiments import population          # "stacked:PATH" carries the task
+    dataset, agents = population.load_population({"dataset": f"stacked:{tmp_path / 'p'}",
+                                                  "num_agents": 2})
+    assert dataset.task == task and dataset.num_classes == 90
+    assert dataset.x_test.shape == (1, 80) and dataset.x_test.dtype == np.int32
+    assert agents.y.shape == (2, 3, 80) and dataset.y_train.shape == (4, 80)
+
+
+def test_leaf_femnist_converts(tmp_path):
+    rng = np.random.default_rng(4)
+    def user(n):
+        return rng.random((n, 784)).round(2).tolist(), rng.integers(0, 62, n).tolist()
+    write_leaf(tmp_path, "train", [{"u0": user(2)}, {"u1": user(1), "u2": user(3)}])
+    write_leaf(tmp_path, "test", [{"u0": user(1)}])
+    s = convert.convert("leaf_femnist", tmp_path, tmp_path / "p", progress=False)
+    assert (s["clients"], s["n_max"], s["test_records"]) == (3, 3, 1)
+    assert json.loads((tmp_path / "p" / "clients.json").read_text())["train"] == \
+        ["u0", "u1", "u2"]
+
+
+def test_conversion_memory_is_one_client_not_the_population(tmp_path):
+    """tracemalloc peak (numpy buffers included) of converting 300 clients (15 MB of pixels)
+    stays far below the population: clients are read and written one at a time into the
+    memory maps (whose pages are not Python allocations and are handed back as written)."""
+    rng = np.random.default_rng(5)
+    write_emnist(tmp_path, rng, [16] * 300, [2, 2])
+    one_client = 16 * 28 * 28 * 4
+    population = 300 * one_client
+    tracemalloc.start()
+    try:
+        convert.convert("tff_emnist", tmp_path, tmp_path / "p", progress=False)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert np.load(tmp_path / "p" / "x.npy", mmap_mode="r").nbytes == population
+    assert peak < 10 * one_client < population / 20, (peak, one_client, population)
+
+
+def test_bad_input_is_named_before_any_work(emnist, tmp_path, capsys):
+    root, _ = emnist
+    bad = [(["bogus", str(root), str(tmp_path / "a")], "unknown FORMAT 'bogus'"),
+           (["tff_emnist", str(tmp_path / "missing"), str(tmp_path / "a")], "does not exist"),
+           (["tff_emnist_digits", str(root), str(root / "pop")], "is not an empty folder"),
+           (["tff_emnist_digits", str(root), str(tmp_path / "a"), "--vocab-size", "5"],
+            "--vocab-size / --vocab apply to"),
+           (["tff_emnist_digits", str(root), str(tmp_path / "a"), "--max-clients", "0"],
+            "--max-clients must be an integer >= 1"),
+           (["leaf_femnist", str(root), str(tmp_path / "a")], "train/ folder")]
+    for argv, msg in bad:
+        assert cli.main(["data", "convert", *argv, "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1, err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "a.partial").exists()
+
+
+def test_cli_converts_then_runs_dp_fedavg_on_the_population(emnist, tmp_path, capsys):
+    """The CLI path end to end: ``data convert`` prints the config lines, ``run`` trains
+    DP-FedAvg with an MLP on ``stacked:DST`` (the writers as agents, the published test split)."""
+    root, _ = emnist
+    dst = tmp_path / "pop"
+    assert cli.main(["data", "convert", "tff_emnist_digits", str(root / "fed_emnist_digitsonly"
+                                                                "_train.h5"), str(dst),
+                     "--quiet"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["dataset"] == f"stacked:{dst}" and printed["clients"] == 12
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"""seed = 0
+[data]
+dataset = "stacked:{dst}"
+partition = "iid"
+num_agents = 12
+[model]
+name = "mlp"
+hidden = [8]
+[train]
+steps = 1
+batch_size = 4
+learning_rate = 0.1
+optimizer = "sgd"
+[algorithm]
+name = "dp_fedavg"
+rounds = 1
+sampling_rate = 0.5
+clip_norm = 1.0
+noise_multiplier = 1.0
+[privacy]
+delta = 1e-5
+accountants = ["rdp"]
+""")
+    assert cli.main(["run", str(cfg), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert 0.0 <= result["test_accuracy"] <= 1.0
+    assert result["privacy"][0]["unit"] == "agent" and result["privacy"][0]["epsilon"] > 0
