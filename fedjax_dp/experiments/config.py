@@ -16,7 +16,8 @@ A config has these tables (see ``configs/``)::
                  agents' records live; "host" copies only each round's cohort / chunk over;
                  "auto": host when large, fedjax_dp.core.auto_placement),
                  checkpoint_every (rounds between checkpoints of a round-based run; 0: none),
-                 on_nonfinite ("stop" | "continue"), compilation_cache ("user" | "off" | DIR)
+                 on_nonfinite ("stop" | "continue"), compilation_cache ("user" | "off" | DIR),
+                 log (["tensorboard", "wandb"]: experiment tracking), wandb_project
 
 Unknown keys are errors that name the key, so a typo never silently falls back to a default.
 """
@@ -59,8 +60,15 @@ DEFAULTS: dict[str, Any] = {
             "on_nonfinite": "stop",
             # JAX's persistent compilation cache of the command line: "user" (a user-level
             # folder, experiments/compilation.py), "off", or a folder
-            "compilation_cache": "user"},
+            "compilation_cache": "user",
+            # experiment tracking (experiments/tracking.py): [] (none), "tensorboard" (event
+            # files in <out>/tensorboard, the `tensorboard` extra), "wandb" (Weights & Biases,
+            # the `wandb` extra) and the W&B project its runs go to
+            "log": [], "wandb_project": "fedjax-dp"},
 }
+
+#: the backends ``run.log`` may name (:mod:`fedjax_dp.experiments.tracking`)
+LOG_BACKENDS = ("tensorboard", "wandb")
 
 #: ``data.validation_split`` values: the hold-out from the whole training split before
 #: partitioning, or from every agent's own records after it (experiments/population.py)
@@ -124,6 +132,18 @@ def _chunk_size(name: str, value: Any) -> int | str:
     return validation.Int(0)(name, value)
 
 
+def _log(name: str, value: Any) -> list[str]:
+    """``run.log``: a list of distinct backends from :data:`LOG_BACKENDS` (``[]``: none)."""
+    allowed = list(LOG_BACKENDS)
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(v, str) and v in LOG_BACKENDS for v in value):
+        raise ConfigError(f"{name} must be a list of backends from {allowed} (e.g. "
+                          f"[\"tensorboard\"]; [] logs nowhere but progress.jsonl), got {value!r}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{name} names a backend twice: {list(value)}")
+    return list(value)
+
+
 def _train_fields() -> dict:
     from fedjax_dp.train import LocalTrainConfig
     return validation.field_specs(LocalTrainConfig)
@@ -159,6 +179,9 @@ FIELDS: dict[tuple[str, ...], Any] = {
     ("run", "checkpoint_every"): validation.Int(0),
     ("run", "on_nonfinite"): validation.Choice(("stop", "continue")),
     ("run", "compilation_cache"): validation.Text("\"user\", \"off\" or a folder"),
+    ("run", "log"): validation.Custom(_log, bad=("tensorboard", ["tensorboardx"], [3],
+                                                 ["wandb", "wandb"])),
+    ("run", "wandb_project"): validation.Text("a Weights & Biases project name"),
     ("algorithm", "name"): validation.Text("an algorithm name"),
 }
 

@@ -35,6 +35,7 @@ from fedjax_dp.experiments import compilation
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import population
 from fedjax_dp.experiments import registry
+from fedjax_dp.experiments import tracking as tracking_lib
 from fedjax_dp.models import make_model
 from fedjax_dp.train import LocalTrainConfig
 from fedjax_dp.train import tasks
@@ -82,6 +83,7 @@ def plan(config: dict) -> Plan:
                                      f"got {hidden!r}")
     for h in hidden:
         validation.check_int("model.hidden[]", h, minimum=1)
+    tracking_lib.check_available(config["run"].get("log", []))   # its extra is installed
     server = d.get("server_dataset", "")
     if server and server not in data_lib.DATASETS:
         raise config_lib.ConfigError(f"data.server_dataset must be \"\" or one of "
@@ -200,17 +202,23 @@ def append_progress(out: Path, record: dict) -> None:
 
 
 def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | None = None,
-        resume: bool = False) -> dict:
+        resume: bool = False, tracker: tracking_lib.Tracker | None = None) -> dict:
     """Run a resolved config; return the result record (also written to ``out_dir``).
 
     ``resume=True``: continue the run held in ``out_dir`` (same config, except the execution keys
     :data:`checkpoint.EXECUTION_KEYS`) from its last checkpoint; without one it starts over.
+    ``tracker``: where the rounds are logged instead of the trackers ``run.log`` opens in
+    ``out_dir`` (:mod:`fedjax_dp.experiments.tracking`; a sweep's per-run folder); the caller
+    closes it.
     """
     p = plan(config)
     show = config["run"]["progress"] if progress is None else progress
     out = Path(out_dir) if out_dir is not None else None
     if resume and out is None:
         raise config_lib.ConfigError("resume needs the run's folder (--resume DIR)")
+    if tracker is None and out is None and config["run"].get("log"):
+        raise config_lib.ConfigError(f"run.log = {config['run']['log']!r} needs the run's "
+                                     f"folder (--out DIR; runner.run(config, out_dir))")
     restart = None                               # the checkpoint a resumed run starts from
     created = out is not None and not out.exists()
     if out is not None:
@@ -226,8 +234,13 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
         (out / "config.json").write_text(json.dumps(jsonable(config), indent=2))
         (out / "progress.jsonl").write_text("")
     live = _Live()
+    own_tracker = tracker is None
     try:
-        return _run(p, config, out, show, restart, live)
+        if own_tracker:
+            tracker = tracking_lib.open_run(
+                config, out, restart_step=None if restart is None else
+                checkpoint_lib.read_meta(restart)["step"])
+        return _run(p, config, out, show, restart, live, tracker)
     except BaseException as e:
         progress_file = None if out is None else out / "progress.jsonl"
         if out is not None and not resume and not checkpoint_lib.latest(out) and \
@@ -247,6 +260,9 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
             e.fedjax_dp_stop = stop          # the command line prints it as its one line
             e.add_note(stop)
         raise
+    finally:
+        if own_tracker and tracker is not None:
+            tracker.close()
 
 
 class _Live:
@@ -281,6 +297,31 @@ def stop_report(p: Plan, config: dict, out: Path, live: _Live) -> str:
                          f"(RDP, delta={config['privacy']['delta']:.3g})")
     parts.append(f"progress kept in {out}; resume with: fedjax-dp run --resume {out}")
     return "; ".join(parts)
+
+
+def epsilon_spent(p: Plan, config: dict, finished: int, state: api.State) -> dict[str, float]:
+    """``{"epsilon/<unit>/<accountant>": epsilon}`` spent by the rounds 1..``finished`` of a
+    round-based run whose state after them is ``state`` (each ledger reported at
+    ``privacy.delta`` with RDP, or PLD where RDP does not apply, e.g. shuffle units); ``{}``
+    where the steps are not rounds (:func:`_spent_config`). Side-by-side ledgers with one unit
+    get ``_1``, ``_2``, ... suffixes."""
+    spent = _spent_config(p, finished)
+    if spent is None:
+        return {}
+    delta = config["privacy"]["delta"]
+    out: dict[str, float] = {}
+    for ledger in api.ledgers(p.entry, spent, state):
+        try:
+            rows = ledger.report(delta, accountants=("rdp",))
+        except ValueError:                           # a unit only PLD applies to
+            rows = ledger.report(delta, accountants=("pld",))
+        for g in rows:
+            tag, i = f"epsilon/{g['unit']}/{g['accountant']}", 1
+            while tag in out:
+                tag, i = f"epsilon/{g['unit']}/{g['accountant']}_{i}", i + 1
+            e = g["epsilon"]
+            out[tag] = math.inf if e is None else float(e)
+    return out
 
 
 def _spent_config(p: Plan, finished: int):
@@ -346,25 +387,32 @@ def setup(config: dict) -> Setup:
 
 
 def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | None,
-         live: _Live) -> dict:
+         live: _Live, tracker: tracking_lib.Tracker) -> dict:
     start = time.perf_counter()
     with compilation.CompileLog() as compiles:
         s = setup(config)
         setup_s = time.perf_counter() - start
-        done, history_so_far, seconds = _steps(p, config, out, show, restart, live, s, compiles)
+        done, history_so_far, seconds = _steps(p, config, out, show, restart, live, s, compiles,
+                                               tracker)
         timing = {"setup_s": round(setup_s, 4), "round_s": seconds, **compiles.summary()}
         result = result_record(p, config, s, done.state, history_so_far, out,
                                time.perf_counter() - start, timing=timing,
                                non_finite=live.non_finite)
+    if tracker.enabled:
+        tracker.finish(len(history_so_far), tracking_lib.final_scalars(result))
     if show:
         print(summary_line(config["algorithm"]["name"], result, out), file=sys.stderr)
     return result
 
 
 def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | None,
-           live: _Live, s: "Setup", compiles: compilation.CompileLog):
+           live: _Live, s: "Setup", compiles: compilation.CompileLog,
+           tracker: tracking_lib.Tracker | None = None):
     """Drive the algorithm's steps: progress, checkpoints, per-round seconds and compilations,
-    the non-finite check. Returns ``(api.Result, history, seconds per round)``."""
+    the non-finite check, the tracker (every progress.jsonl record's scalars and the epsilon
+    spent so far, :func:`epsilon_spent`). Returns ``(api.Result, history, seconds per
+    round)``."""
+    tracker = tracker if tracker is not None else tracking_lib.NoTracker()
     model, fed, key = s.model, s.fed, s.key
     steps_total = p.entry.num_steps(p.algorithm_config)
     live.total = steps_total
@@ -391,16 +439,20 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
         bad = _non_finite(record, tracking.finite_at(t))
         if bad and live.non_finite is None:
             live.non_finite = {"round": t, "what": bad}
-        if out is not None:
+        if out is not None or tracker.enabled:
             line = dict(record, seconds=round(record_s, 6))
             new = compiles.take()
             if new:
                 line["compilations"] = new
+        if out is not None:
             append_progress(out, line)
             if every and t % every == 0 and t < steps_total and not bad:
                 checkpoint_lib.save(out, state, config=config, history=history_so_far,
                                     ledgers=[lg.to_json() for lg in
                                              api.ledgers(p.entry, p.algorithm_config, state)])
+        if tracker.enabled:
+            tracker.log(t, {**tracking_lib.scalars(line),
+                            **epsilon_spent(p, config, t, state)})
         if bad and on_nonfinite == "stop":
             raise NonFiniteError(divergence_message(config, t, bad))
         if bar_task is not None:
@@ -424,6 +476,8 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
             bar_task = None
         runtime = api.Runtime(chunk_size=chunk, progress=reporter)
         start_state = None
+        if tracker.enabled:
+            tracker.start(jsonable(config))
         if restart is not None:
             fresh = p.entry.init(key, fed, model, p.algorithm_config, runtime)
             start_state, meta = checkpoint_lib.restore(restart, fresh, config)
@@ -431,6 +485,8 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
             live.state = start_state
             for record in meta["history"]:
                 append_progress(out, record)
+                if tracker.enabled:        # logged by the interrupted process, if it tracked
+                    tracker.log(record["round"], tracking_lib.scalars(record), restored=True)
             if bar_task is not None:
                 bar_task.update(start_state.step)
         done = api.run(tracking, key, fed, model, p.algorithm_config,

@@ -32,7 +32,11 @@ finished run is appended to ``OUT/results.jsonl`` at once (a record of
 :mod:`fedjax_dp.experiments.records`), so a killed sweep keeps what it computed and
 ``--resume OUT`` runs only the missing ones (a run is identified by the fingerprint of its
 resolved config). At the end ``summary.csv`` and ``summary.md`` give, per cell, the mean and
-standard deviation over seeds of test accuracy and epsilon.
+standard deviation over seeds of test accuracy and epsilon. With ``run.log`` (e.g.
+``--set 'run.log=["tensorboard"]'``) every run also logs to its own folder ``OUT/runs/<label>/``
+(:func:`run_folder`; ``tensorboard --logdir OUT/runs`` compares them;
+:mod:`fedjax_dp.experiments.tracking`): live, round by round, when the seeds run one after
+another; once finished (no per-round epsilon) when they run vmapped.
 """
 from __future__ import annotations
 
@@ -52,8 +56,9 @@ from fedjax_dp.core import validation
 from fedjax_dp.experiments import calibrate as calibrate_lib
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import records as records_lib
+from fedjax_dp.experiments import tracking as tracking_lib
 
-__all__ = ["Sweep", "Run", "load", "expand", "run", "summarize", "split_values",
+__all__ = ["Sweep", "Run", "load", "expand", "run", "run_folder", "summarize", "split_values",
            "summary_markdown", "tied_keys", "assignments"]
 
 ConfigError = config_lib.ConfigError
@@ -449,12 +454,23 @@ def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = 
         if results is None:
             results = []
             for i in todo:
-                results.append(runner.run(configs[i], None, progress=False))
+                tracker = _tracker(out, cell_runs[i], configs[i], ids[i], sw)
+                try:
+                    results.append(runner.run(configs[i], None, progress=False,
+                                              tracker=tracker))
+                finally:
+                    tracker.close()
                 _write(out, cell_runs[i], configs[i], ids[i], results[-1], calibrated, i, sw)
                 finished += 1
                 log(_line(cell_runs[i], results[-1], finished, len(runs), t0, sw.unit))
         else:
             for i, res in zip(todo, results):
+                tracker = _tracker(out, cell_runs[i], configs[i], ids[i], sw)
+                try:                          # the vmapped seeds are logged once finished
+                    if tracker.enabled:
+                        tracking_lib.log_result(tracker, configs[i], res)
+                finally:
+                    tracker.close()
                 _write(out, cell_runs[i], configs[i], ids[i], res, calibrated, i, sw)
                 finished += 1
                 log(_line(cell_runs[i], res, finished, len(runs), t0, sw.unit))
@@ -463,6 +479,24 @@ def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = 
     if sw.select is not None:
         write_selection(records, out, sw.select, sw.select_over or list(sw.grid))
     return records
+
+
+def run_folder(out: Path, r: Run, rid: str) -> Path:
+    """``OUT/runs/<label>``: a sweep run's own folder (its ``tensorboard/`` events, W&B's files),
+    labelled by base, grid point, target epsilon, seed and run id."""
+    parts = [r.base.replace("/", "_"), *(f"{k}={v}" for k, v in r.params.items())]
+    if r.target_epsilon is not None:
+        parts.append(f"eps={r.target_epsilon:g}")
+    return out / "runs" / tracking_lib.label(*parts, f"seed={r.seed}", rid[:8])
+
+
+def _tracker(out: Path, r: Run, config: dict, rid: str, sw: Sweep) -> tracking_lib.Tracker:
+    """The tracker ``run.log`` asks for, in the run's :func:`run_folder` (a run done again --
+    a resumed sweep's unfinished one -- starts its events over)."""
+    if not config["run"].get("log"):
+        return tracking_lib.NoTracker()
+    folder = run_folder(out, r, rid)
+    return tracking_lib.open_run(config, folder, name=folder.name, group=sw.name)
 
 
 def _seed_dependent_calibration(config: dict) -> bool:
