@@ -135,10 +135,10 @@ def model_options(name: str, options: Mapping[str, Any] | None) -> dict[str, Any
         where = f"model.options.{key}"
         if key == "stem":
             validation.check_choice(where, value, image.RESNET_STEMS)
-        elif key == "conv_channels":
+        elif key in ("conv_channels", "stage_blocks"):
             if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
-                raise ValueError(f"{where} must be a non-empty list of channel counts, "
-                                 f"got {value!r}")
+                raise ValueError(f"{where} must be a non-empty list of positive integers "
+                                 f"(channels per convolution / blocks per stage), got {value!r}")
             out[key] = tuple(validation.check_int(f"{where}[]", c, minimum=1) for c in value)
         else:
             out[key] = validation.check_int(where, value, minimum=0 if key == "projection" else 1)
@@ -209,12 +209,21 @@ def _make_model(name: str, feature_shape: tuple[int, ...], num_classes: int,
 def forward_flops(model: Model, params: Params) -> int:
     """Approximate multiply-add FLOPs (2 per MAC) of one forward pass of one example.
 
-    Exact for ``logistic`` and ``mlp`` (sum over Dense kernels of 2 * fan_in * fan_out); for
-    ``cnn`` this counts only its dense layers (use XLA's cost analysis for its convolutions). For
-    the benchmark models (:data:`MODEL_OPTIONS`) it is XLA's cost analysis of ``apply`` on one
-    example (``jit(apply).lower(...).cost_analysis()["flops"]``: convolutions, every time step of
-    a recurrence, attention, and the elementwise work).
+    * ``logistic``, ``mlp``: exact, the sum over Dense kernels of ``2 * fan_in * fan_out``;
+      ``cnn``: the same sum, so only its dense layers (its convolutions are not counted).
+    * ``char_lstm``, ``word_lstm``: ``2 * T * (sum of the sizes of every matrix but the
+      embedding)`` (each LSTM kernel and dense layer is applied once per position; the
+      elementwise gate arithmetic and the embedding lookup are not counted).
+    * ``cnn_emnist``, ``resnet18_gn``, ``transformer_lm``: XLA's cost analysis of ``apply`` on one
+      example (``jit(apply).lower(...).cost_analysis()["flops"]``; convolutions count only the
+      taps inside the image, attention is counted). Not used for the LSTMs: XLA counts a
+      ``scan`` body once, not once per step.
     """
+    if model.name in ("char_lstm", "word_lstm"):
+        leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+        macs = sum(math.prod(l.shape) for path, l in leaves
+                   if l.ndim >= 2 and "Embed" not in jax.tree_util.keystr(path))
+        return 2 * model.feature_shape[0] * macs
     if model.name in MODEL_OPTIONS:
         dtype = jnp.int32 if model.name in SEQUENCE_MODELS else jnp.float32
         x = jax.ShapeDtypeStruct(model.feature_shape, dtype)

@@ -33,7 +33,7 @@ import jax
 
 #: Option names and defaults (the literature's sizes) of each image model.
 CNN_EMNIST_DEFAULTS = {"conv_channels": (32, 64), "dense": 512}
-RESNET18_GN_DEFAULTS = {"width": 64, "groups": 2, "stem": "cifar"}
+RESNET18_GN_DEFAULTS = {"width": 64, "groups": 2, "stem": "cifar", "stage_blocks": (2, 2, 2, 2)}
 RESNET_STEMS = ("cifar", "imagenet")
 
 
@@ -81,13 +81,17 @@ class ResNet18GN(nn.Module):
     """ResNet-18 with GroupNorm (``groups`` groups per norm layer, Reddi et al. 2021 use 2).
 
     Stages of two basic blocks with ``width * (1, 2, 4, 8)`` channels (stride 1, 2, 2, 2), global
-    average pooling and a linear classifier. Each GroupNorm normalises one example's activations
-    over (H, W, channels of a group): ``(a - mean_g) / sqrt(var_g + 1e-6) * gamma + beta``
-    (Wu & He 2018, eq. 1), so nothing is shared across examples."""
+    average pooling and a linear classifier; ``stage_blocks`` (default ``(2, 2, 2, 2)``,
+    ResNet-18) sets the number of stages and of blocks per stage (stage s has ``width * 2**s``
+    channels), so tests can build a shallow model of the same layers. Each GroupNorm normalises
+    one example's activations over (H, W, channels of a group):
+    ``(a - mean_g) / sqrt(var_g + 1e-6) * gamma + beta`` (Wu & He 2018, eq. 1), so nothing is
+    shared across examples."""
     num_classes: int
     width: int = 64
     groups: int = 2
     stem: str = "cifar"
+    stage_blocks: Sequence[int] = (2, 2, 2, 2)
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:       # x [B, H, W, channels]
@@ -99,9 +103,9 @@ class ResNet18GN(nn.Module):
                         use_bias=False)(x)
             x = nn.relu(nn.GroupNorm(num_groups=self.groups)(x))
             x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
-        for stage, mult in enumerate((1, 2, 4, 8)):
-            for block in range(2):
+        for stage, blocks in enumerate(self.stage_blocks):
+            for block in range(blocks):
                 strides = 2 if stage > 0 and block == 0 else 1
-                x = _BasicBlock(self.width * mult, strides, self.groups)(x)
-        x = x.mean(axis=(1, 2))                           # [B, 8 * width]
+                x = _BasicBlock(self.width * 2 ** stage, strides, self.groups)(x)
+        x = x.mean(axis=(1, 2))                           # [B, width * 2**(stages - 1)]
         return nn.Dense(self.num_classes)(x)              # [B, C]

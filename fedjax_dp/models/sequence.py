@@ -14,14 +14,15 @@ never see it, and the loss ignores padded targets.
 * ``char_lstm`` (:class:`LSTMLM`) — the Shakespeare next-character model of McMahan et al. 2017
   (section 3: 8-dimensional character embedding, two LSTM layers of 256 units, softmax over
   characters) as built by TensorFlow Federated's simulation baselines and used by Reddi et al.
-  2021 (vocabulary of 86 characters + pad/oov/bos/eos = 90, sequences of 80). Parameters at default
-  sizes: embedding 90*8 = 720, LSTM 4*(256*(8+256) + 256) = 271,360 and 4*(256*512 + 256) = 525,312,
-  output 256*90 + 90 = 23,130: **820,522**. (McMahan et al. print 866,578 for their own
-  tokenisation, which is not published in enough detail to reproduce.)
+  2021 (vocabulary of 86 characters + pad/oov/bos/eos = 90, sequences of 80). Parameters at
+  default sizes: embedding 90*8 = 720, LSTMs 4*(256*(8+256) + 256) = 271,360 and
+  4*(256*512 + 256) = 525,312, output 256*90 + 90 = 23,130: **820,522**. (McMahan et al. report
+  866,578 for their model; no whole vocabulary size gives that count with these layers, so their
+  character set or cell differed.)
 * ``word_lstm`` (:class:`LSTMLM` with a projection) — the StackOverflow next-word model of Reddi
-  et al. 2021 (appendix on models, after TFF's ``create_recurrent_model``): embedding 96, one LSTM of
-  670 units, a dense projection to 96, and a dense layer to the 10,004-word vocabulary (10,000
-  words + pad, oov, bos, eos). Parameters at default sizes: 960,384 + 2,055,560 + 64,416 +
+  et al. 2021 (appendix on models, after TFF's ``create_recurrent_model``): embedding 96, one
+  LSTM of 670 units, a dense projection to 96, and a dense layer to the 10,004-word vocabulary
+  (10,000 words + pad, oov, bos, eos). Parameters at default sizes: 960,384 + 2,055,560 + 64,416 +
   970,388 = **4,050,748**.
 * ``transformer_lm`` (:class:`TransformerLM`) — a small pre-LayerNorm causal transformer (Vaswani
   et al. 2017 decoder blocks, learned positions); default sizes (2 layers, d_model 128, 4 heads,
