@@ -1,6 +1,7 @@
 """FedProx's Synthetic(alpha, beta) generator (Li et al. 2020, Section 5.1) and the natural
 partition: statistics against the published generator's formulas, determinism, bad input."""
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -170,3 +171,19 @@ def test_natural_partition_one_agent_per_client(het):
 def test_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         fedprox_synthetic(**kwargs)
+
+
+def test_shipped_config_builds_one_agent_per_client(het):
+    """configs/fedavg/synthetic_1_1.toml's population (no training): agent k holds exactly
+    client k's training records, in their order."""
+    path = Path(__file__).resolve().parents[1] / "configs" / "fedavg" / "synthetic_1_1.toml"
+    config = config_lib.load(path, ["run.agents_on=\"host\""])
+    assert config["data"]["partition"] == "natural"
+    agents = population.build(config).agents
+    counts = np.bincount(het.domain_train)
+    assert np.array_equal(np.asarray(agents.counts), counts)
+    x = np.asarray(agents.x)
+    for k in (0, int(np.argmax(counts)), 29):
+        assert np.array_equal(x[k, :counts[k]], het.x_train[het.domain_train == k])
+    with pytest.raises(config_lib.ConfigError, match=r"data\.num_agents must equal"):
+        population.build(config_lib.load(path, ["data.num_agents=10"]))
