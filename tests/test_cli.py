@@ -106,7 +106,8 @@ def test_list(capsys):
     assert {"digits", "wbcd", "mnist5k", "synthetic"} <= set(listing["datasets"])
     assert {"iid", "dirichlet", "label_shards", "one_class", "by_domain"} <= set(
         listing["partitions"])
-    assert listing["models"] == ["logistic", "mlp", "cnn"]
+    assert listing["models"] == ["logistic", "mlp", "cnn", "cnn_emnist", "resnet18_gn",
+                                 "char_lstm", "word_lstm", "transformer_lm"]
 
 
 def test_account_sampled_gaussian_matches_dp_accounting(capsys):
