@@ -224,3 +224,14 @@ def test_logging_keys_may_change_on_resume():
     a = config_lib.resolve(RAW)
     b = config_lib.resolve(RAW, ["run.log=[]", 'run.wandb_project="x"'])
     assert checkpoint.fingerprint(a) == checkpoint.fingerprint(b)
+
+
+def test_run_failing_before_its_first_round_leaves_no_tracking_files(tmp_path, monkeypatch):
+    def setup(config):
+        raise ValueError("bad data")
+
+    monkeypatch.setitem(sys.modules, "wandb", FakeWandb())
+    monkeypatch.setattr(runner, "setup", setup)
+    with pytest.raises(ValueError, match="bad data"):
+        runner.run(config_lib.resolve(RAW), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -249,6 +249,10 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
             # behind, so the same --out can be used once the input is fixed
             for name in ("config.json", "progress.jsonl"):
                 (out / name).unlink(missing_ok=True)
+            if own_tracker and tracker is not None and tracker.enabled:
+                tracker.close()                  # and what it began: events, the W&B run id
+                tracker = None
+                tracking_lib.remove(out)
             if created and not any(out.iterdir()):
                 out.rmdir()
         elif out is not None:

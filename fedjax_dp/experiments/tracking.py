@@ -343,6 +343,15 @@ def open_run(config: dict, folder: str | Path | None, *, restart_step: int | Non
     return Trackers(out)
 
 
+def remove(folder: str | Path) -> None:
+    """Remove what :func:`open_run` wrote in a run folder (a run that failed before its first
+    round leaves nothing behind): the event folder and the W&B run id."""
+    import shutil
+    folder = Path(folder)
+    shutil.rmtree(folder / FOLDER, ignore_errors=True)
+    (folder / STATE_FILE).unlink(missing_ok=True)
+
+
 def log_result(tracker: Tracker, config: dict, result: dict) -> None:
     """Log a finished run's ``result.json`` record after the fact (a sweep's vmapped seeds):
     the config, every history record (with its round's seconds where the result has
