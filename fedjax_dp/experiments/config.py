@@ -17,7 +17,8 @@ A config has these tables (see ``configs/``)::
                  "auto": host when large, fedjax_dp.core.auto_placement),
                  checkpoint_every (rounds between checkpoints of a round-based run; 0: none),
                  on_nonfinite ("stop" | "continue"), compilation_cache ("user" | "off" | DIR),
-                 log (["tensorboard", "wandb"]: experiment tracking), wandb_project
+                 log (["tensorboard", "wandb"]: experiment tracking), wandb_project,
+                 log_epsilon_every (rounds between the tracked epsilons; 0: none)
 
 Unknown keys are errors that name the key, so a typo never silently falls back to a default.
 """
@@ -63,8 +64,10 @@ DEFAULTS: dict[str, Any] = {
             "compilation_cache": "user",
             # experiment tracking (experiments/tracking.py): [] (none), "tensorboard" (event
             # files in <out>/tensorboard, the `tensorboard` extra), "wandb" (Weights & Biases,
-            # the `wandb` extra) and the W&B project its runs go to
-            "log": [], "wandb_project": "fedjax-dp"},
+            # the `wandb` extra) and the W&B project its runs go to; the epsilon spent so far is
+            # logged every log_epsilon_every rounds and at the last (0: never; its accounting
+            # costs up to ~0.2 s a round for some ledgers)
+            "log": [], "wandb_project": "fedjax-dp", "log_epsilon_every": 1},
 }
 
 #: the backends ``run.log`` may name (:mod:`fedjax_dp.experiments.tracking`)
@@ -182,6 +185,7 @@ FIELDS: dict[tuple[str, ...], Any] = {
     ("run", "log"): validation.Custom(_log, bad=("tensorboard", ["tensorboardx"], [3],
                                                  ["wandb", "wandb"])),
     ("run", "wandb_project"): validation.Text("a Weights & Biases project name"),
+    ("run", "log_epsilon_every"): validation.Int(0),
     ("algorithm", "name"): validation.Text("an algorithm name"),
 }
 

@@ -455,8 +455,10 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
                                     ledgers=[lg.to_json() for lg in
                                              api.ledgers(p.entry, p.algorithm_config, state)])
         if tracker.enabled:
-            tracker.log(t, {**tracking_lib.scalars(line),
-                            **epsilon_spent(p, config, t, state)})
+            eps_every = config["run"].get("log_epsilon_every", 1)
+            eps = (epsilon_spent(p, config, t, state) if eps_every and
+                   (t % eps_every == 0 or t == steps_total) else {})
+            tracker.log(t, {**tracking_lib.scalars(line), **eps})
         if bad and on_nonfinite == "stop":
             raise NonFiniteError(divergence_message(config, t, bad))
         if bar_task is not None:

@@ -8,8 +8,8 @@
   ``key/0``, ``key/1``, ...; the ``compilations`` list as ``compilations/count`` and
   ``compilations/seconds``; strings are left out) -- :func:`scalars`;
 * the epsilon spent by rounds 1..t per unit of privacy, ``epsilon/<unit>/<accountant>`` at the
-  run's ``privacy.delta`` (RDP, which is cheap to recompute every round; PLD only for a unit RDP
-  does not apply to);
+  run's ``privacy.delta`` (RDP; PLD only for a unit RDP does not apply to), every
+  ``run.log_epsilon_every`` rounds (default 1) and at the last;
 
 and once: the resolved config (a ``config`` text of its JSON, and the flat keys as TensorBoard
 hparams / the W&B run config), and at the end the scalars of ``result.json``
