@@ -240,3 +240,22 @@ def test_run_failing_before_its_first_round_leaves_no_tracking_files(tmp_path, m
     with pytest.raises(ValueError, match="bad data"):
         runner.run(config_lib.resolve(RAW), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_sweep_run_one_by_one_is_logged_round_by_round(tmp_path, resumed):
+    # the fixture's config (compiled already in this process), one seed: runner.run(tracker=...)
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text('[data]\ndataset = "wbcd"\npartition = "iid"\nnum_agents = 4\n'
+                        '[model]\nname = "logistic"\n'
+                        '[train]\nsteps = 2\nbatch_size = 8\nlearning_rate = 0.1\n'
+                        '[privacy]\naccountants = ["rdp"]\n'
+                        '[algorithm]\nname = "dp_fedavg"\nrounds = 2\nsampling_rate = 1.0\n'
+                        'clip_norm = 1.0\nnoise_multiplier = 1.0\n')
+    sw = sweep.load([str(cfg_file)], seeds=[3], overrides=['run.log=["tensorboard"]'])
+    (rec,) = sweep.run(sw, tmp_path / "sw", vmap_seeds=False)
+    (folder,) = (tmp_path / "sw" / "runs").iterdir()
+    assert "seed=3" in folder.name and rec["run_id"][:8] in folder.name
+    scalars = tracking.read_scalars(folder / tracking.FOLDER)
+    assert [s for s, _ in scalars["train_loss"]] == [1, 2]
+    assert [s for s, _ in scalars["epsilon/agent/rdp"]] == [1, 2]
+    assert scalars["final/test_accuracy"] == [(2, pytest.approx(rec["test_accuracy"]))]
