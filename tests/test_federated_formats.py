@@ -49,6 +49,8 @@ def test_vocab_file_with_counts_and_top_words(tmp_path):
     p = tmp_path / "stackoverflow.word_count"
     p.write_text("the 900\nto 800\ni 700\n")
     assert V.load_vocab(p, 2).tokens == ("the", "to")
+    assert V.load_vocab(p, default=2).tokens == ("the", "to")     # no size: the default's
+    assert V.load_vocab(p, default=10).tokens == ("the", "to", "i")
     with pytest.raises(ValueError, match="holds 3 tokens"):
         V.load_vocab(p, 5)
     import collections
@@ -135,6 +137,12 @@ def test_tff_stackoverflow_vocab_counts_clients_not_occurrences(tmp_path):
     assert x.shape == (1, 20)
     assert x[0, :5].tolist() == [4, 3, 1, 3, 5]          # bos a(oov) b zz(oov) eos
     assert r.task["oov_ids"] == [3] and r.task["eos_id"] == 5
+    (tmp_path / "words").write_text("zz 9\nb 1\n")                # a word_count file
+    r = tff_hdf5.StackOverflow(tmp_path, vocab_file=tmp_path / "words")
+    r.prepare()
+    assert r.vocab.tokens == ("zz", "b")
+    x, _ = _all(r, "test")["9"]
+    assert x[0, :5].tolist() == [4, 3, 2, 1, 5]          # bos a(oov) b zz eos
 
 
 def test_tff_bad_layouts_are_named(tmp_path):

@@ -22,7 +22,8 @@ JSON shard) whatever N. The test split is written the same way into temporary me
 streamed into ``server.npz``. The folder is built as ``DST.partial`` and renamed at the end, so
 an interrupted conversion never leaves a folder that loads.
 
-Options: ``max_clients`` keeps the first K train clients (the format's order), ``max_records``
+Options: ``max_clients`` keeps the first K train clients (the format's order; the test split
+keeps every test client: cap it with ``max_test_records``), ``max_records``
 the first k records of every client (e.g. StackOverflow's users hold up to tens of thousands of
 sentences: the stacked arrays are padded to the largest client), ``max_test_records`` a uniform
 random subset (``seed``) of the test records (kept in client order; e.g. 10,000 for

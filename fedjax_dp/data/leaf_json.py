@@ -207,7 +207,8 @@ class Sent140(LeafClients):
 
     def prepare(self, progress: bool = False) -> None:
         if self.vocab_file is not None:
-            self.vocab = vocab_lib.load_vocab(self.vocab_file, self.vocab_size)
+            self.vocab = vocab_lib.load_vocab(self.vocab_file, self.vocab_size,
+                                              default=vocab_lib.STACKOVERFLOW_VOCAB)
         else:
             self.vocab = vocab_lib.top_words(self.word_counts(progress),
                                              self.vocab_size or vocab_lib.STACKOVERFLOW_VOCAB)

@@ -115,8 +115,9 @@ def _unescape(text: str) -> str:
 SHAKESPEARE = Vocab(tuple(CHAR_VOCAB))
 
 
-def load_vocab(path, size: int | None = None) -> Vocab:
-    """The first ``size`` (default: all) tokens of a vocabulary file, one token per line.
+def load_vocab(path, size: int | None = None, *, default: int | None = None) -> Vocab:
+    """The first ``size`` tokens of a vocabulary file, one token per line (``size`` None: the
+    first ``default`` tokens, or all when the file holds fewer or ``default`` is None).
 
     A line may carry a count after the token (``word 1234``, the format of TFF's
     ``stackoverflow.word_count``): only its first field is the token, so the file's order (most
@@ -134,6 +135,8 @@ def load_vocab(path, size: int | None = None) -> Vocab:
         tokens.append(_unescape(field))
         if size is not None and len(tokens) >= size:
             break
+    if size is None and default is not None:
+        tokens = tokens[:default]
     if size is not None and len(tokens) < size:
         raise ValueError(f"--vocab {str(p)!r} holds {len(tokens)} tokens but --vocab-size "
                          f"{size} were asked")
