@@ -176,3 +176,41 @@ accountants = ["rdp"]
     result = json.loads((tmp_path / "out" / "result.json").read_text())
     assert 0.0 <= result["test_accuracy"] <= 1.0
     assert result["privacy"][0]["unit"] == "agent" and result["privacy"][0]["epsilon"] > 0
+
+
+def _tweet(text):
+    return ["1467810369", "Mon Apr 06 22:19:45 PDT 2009", "NO_QUERY", "user", text]
+
+
+@pytest.mark.parametrize("fmt, x_shape, x_dtype, y_shape, classes", [
+    ("tff_stackoverflow", (2, 2, 20), np.int32, (2, 2, 20), 7),
+    ("tff_cifar100", (2, 2, 32, 32, 3), np.float32, (2, 2), 100),
+    ("leaf_shakespeare", (1, 2, 80), np.int32, (1, 2, 80), 90),
+    ("leaf_sent140", (2, 2, 25), np.float32, (2, 2), 2)])
+def test_every_format_converts_to_its_record_layout(tmp_path, fmt, x_shape, x_dtype, y_shape,
+                                                    classes):
+    rng = np.random.default_rng(6)
+    if fmt == "tff_stackoverflow":
+        for split in ("train", "test"):
+            write_tff(tmp_path / f"stackoverflow_{split}.h5",
+                      {"1": {"tokens": [b"a b", b"c a"]}, "2": {"tokens": [b"b"]}})
+    elif fmt == "tff_cifar100":
+        for split in ("train", "test"):
+            write_tff(tmp_path / f"fed_cifar100_{split}.h5", {c: {
+                "image": rng.integers(0, 256, (2, 32, 32, 3)).astype(np.uint8),
+                "label": rng.integers(0, 100, 2)} for c in ("0", "1")})
+    elif fmt == "leaf_shakespeare":
+        for split in ("train", "test"):
+            write_leaf(tmp_path, split, [{"KING": (["d" * 80, "h" * 80], ["l", "p"])}])
+    else:
+        for split in ("train", "test"):
+            write_leaf(tmp_path, split, [{"u1": ([_tweet("good day"), _tweet("bad")], [1, 0]),
+                                          "u2": ([_tweet("day")], [1])}])
+    options = {"vocab_size": 3} if fmt in ("tff_stackoverflow", "leaf_sent140") else {}
+    s = convert.convert(fmt, tmp_path, tmp_path / "p", progress=False, **options)
+    x, y = np.load(tmp_path / "p" / "x.npy"), np.load(tmp_path / "p" / "y.npy")
+    assert (x.shape, x.dtype, y.shape, y.dtype) == (x_shape, x_dtype, y_shape, np.int32)
+    assert s["num_classes"] == classes
+    assert (tmp_path / "p" / "task.json").exists() == (len(y_shape) == 3)
+    with np.load(tmp_path / "p" / "server.npz") as z:
+        assert z["x_test"].shape[1:] == x_shape[2:] and z["y_test"].shape[1:] == y_shape[2:]
