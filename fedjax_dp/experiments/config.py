@@ -7,7 +7,7 @@ A config has these tables (see ``configs/``)::
                  server_dataset, server_dataset_options, image_size (cross-domain runs),
                  validation_fraction (training records held out for val_accuracy),
                  validation_split ("pooled" | "per_agent"), validation_seed (-1: the run's)
-    [model]      name, hidden
+    [model]      name, hidden, options (size options of the benchmark models)
     [train]      local training: steps, batch_size, learning_rate, optimizer, weight_decay,
                  prox_mu, batching ("replacement": uniform draws; "stored": stored order)
     [algorithm]  name and the algorithm's own fields (rounds, sampling_rate, clip_norm, ...)
@@ -49,7 +49,9 @@ DEFAULTS: dict[str, Any] = {
              # run's seed; s >= 0: the same hold-out for every run). Fingerprints leave both out
              # at these defaults (checkpoint.LATER_KEYS), so earlier runs still resume.
              "validation_split": "pooled", "validation_seed": -1},
-    "model": {"name": "mlp", "hidden": [200]},
+    # options: the model's size options (fedjax_dp.models.MODEL_OPTIONS, e.g. {hidden = 6,
+    # embed_dim = 3} for char_lstm; {} = the literature's sizes)
+    "model": {"name": "mlp", "hidden": [200], "options": {}},
     "train": {"steps": 50, "batch_size": 32, "learning_rate": 0.1, "optimizer": "sgd",
               "weight_decay": 0.0, "prox_mu": 0.0, "batching": "replacement"},
     "algorithm": {"name": "fedavg"},
@@ -79,7 +81,7 @@ VALIDATION_SPLITS = ("pooled", "per_agent")
 
 # Tables whose keys are free-form (passed through to a dataset, partitioner or algorithm).
 _OPEN_TABLES = {("data", "dataset_options"), ("data", "partition_options"), ("algorithm",),
-                ("data", "server_dataset_options")}
+                ("data", "server_dataset_options"), ("model", "options")}
 
 
 class ConfigError(ValueError):
@@ -172,6 +174,7 @@ FIELDS: dict[tuple[str, ...], Any] = {
     ("data", "validation_seed"): validation.Int(-1, 2 ** 32 - 1),
     ("model", "name"): validation.Text("a model name"),
     ("model", "hidden"): validation.ListOf(validation.Int(1, validation.WIDTH_MAX)),
+    ("model", "options"): validation.Table(),
     ("privacy", "delta"): validation.Float(0.0, 1.0, low_open=True, high_open=True),
     ("privacy", "accountants"): validation.ListOf(validation.Choice(("rdp", "pld")),
                                                   min_length=1),

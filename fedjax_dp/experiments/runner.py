@@ -83,6 +83,11 @@ def plan(config: dict) -> Plan:
                                      f"got {hidden!r}")
     for h in hidden:
         validation.check_int("model.hidden[]", h, minimum=1)
+    from fedjax_dp.models import model_options
+    try:                                    # model.options: the model's size options
+        model_options(config["model"]["name"], config["model"].get("options") or {})
+    except ValueError as e:
+        raise config_lib.ConfigError(str(e)) from None
     tracking_lib.check_available(config["run"].get("log", []))   # its extra is installed
     server = d.get("server_dataset", "")
     if server and server not in data_lib.DATASETS:
@@ -382,7 +387,8 @@ def setup(config: dict) -> Setup:
     pop = population.build(config)     # streamed into the stacked agents, placed by agents_on
     dataset = pop.dataset
     model = make_model(config["model"]["name"], tuple(dataset.feature_shape),
-                       dataset.num_classes, hidden=tuple(config["model"]["hidden"]))
+                       dataset.num_classes, hidden=tuple(config["model"]["hidden"]),
+                       options=config["model"].get("options") or None)
     model = tasks.attach(model, getattr(dataset, "task", None))   # the data's task (loss, accuracy)
     fed = FederatedData(agents=pop.agents, num_classes=dataset.num_classes,
                         x_public=dataset.x_public, y_public=dataset.y_public)
