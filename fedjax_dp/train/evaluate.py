@@ -6,6 +6,7 @@ predicted correctly, counted over all examples and positions.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -27,14 +28,31 @@ LOGITS_PER_BATCH = 1 << 24
 def predict(model: Model, params: Params, x: jax.Array, batch_size: int = 1024) -> jax.Array:
     """Predicted class per example, ``x [M, ...] -> [M]`` (a next-token task: the predicted
     token at every position, ``x [M, T] -> [M, T]``), batched to bound memory (a next-token
-    model's batch is cut to :data:`LOGITS_PER_BATCH` logits)."""
-    if isinstance(tasks.of(model), tasks.NextToken):
+    model's batch is cut to :data:`LOGITS_PER_BATCH` logits, and compiled: one program for
+    every batch, the last padded)."""
+    task = tasks.of(model)
+    if isinstance(task, tasks.NextToken):
         per_example = model.num_classes * math.prod(model.feature_shape)     # T V logits
-        batch_size = max(1, min(batch_size, LOGITS_PER_BATCH // max(1, per_example)))
+        size = max(1, min(batch_size, LOGITS_PER_BATCH // max(1, per_example), x.shape[0]))
+        step = token_predictor(model)
+        outs = []
+        for start in range(0, x.shape[0], size):     # host batching over examples
+            xb = jnp.asarray(x[start:start + size])
+            n = xb.shape[0]
+            if n < size:                              # pad: the same compiled shape
+                xb = jnp.pad(xb, ((0, size - n), (0, 0)), constant_values=task.pad_id)
+            outs.append(step(params, xb)[:n])
+        return jnp.concatenate(outs) if outs else jnp.zeros((0,) + tuple(x.shape[1:]), jnp.int32)
     outs = []
     for start in range(0, x.shape[0], batch_size):   # host batching over examples, not agents
         outs.append(jnp.argmax(model.logits(params, x[start:start + batch_size]), -1))
     return jnp.concatenate(outs) if outs else jnp.zeros((0,), jnp.int32)
+
+
+@functools.lru_cache(maxsize=32)
+def token_predictor(model: Model):
+    """``(params, x [B, T]) -> argmax logits [B, T]``, compiled once per model."""
+    return jax.jit(lambda params, x: jnp.argmax(model.logits(params, x), -1))
 
 
 def accuracy(model: Model, params: Params, x, y, batch_size: int = 1024) -> float:
