@@ -27,7 +27,8 @@ AGENTS = "agents"
 
 
 def agent_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A 1-D mesh whose single axis ``agents`` spans ``devices`` (default: all local devices)."""
+    """A 1-D mesh whose single axis ``agents`` spans ``devices`` (default: ``jax.devices()``,
+    every device of every process under ``jax.distributed``; tests/test_multiprocess.py)."""
     devs = np.asarray(jax.devices() if devices is None else list(devices))
     return Mesh(devs, (AGENTS,))
 

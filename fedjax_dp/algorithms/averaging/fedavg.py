@@ -306,6 +306,12 @@ class RoundRunner:
     def __call__(self, key: jax.Array, params: Params) -> tuple[Params, dict]:
         """One round: ``(params, metrics)`` (device arrays); the S = 1 case of
         :class:`SeedRounds` (the unbatched compiled pieces, the feeder's cohort)."""
+        if self.mesh is not None:
+            # replicated over the mesh, as the round returns them: the first round compiles the
+            # program every later round runs (a single-device ``model.init`` output compiled a
+            # second program at round 2); under jax.distributed every process holds the same
+            # parameters and places its own devices' copies
+            params = jax.device_put(params, NamedSharding(self.mesh, P()))
         return self.rounds.round(key, params)
 
 
