@@ -14,10 +14,12 @@ half) is four small pure parts:
                (fixed size: SampledWithoutReplacement(n, m, Gaussian(z)))
 
 ``v(x_j)`` is a per-example vector pytree (usually ``grad_w loss(w; x_j, y_j)``, the whole
-parameter vector) and ``||.||_2`` is the GLOBAL L2 norm over all its leaves, so adding or removing
-one record moves ``S`` by at most C (the Gaussian mechanism's sensitivity; clipping leaves
-separately would understate it by up to sqrt(#leaves)). ``D`` never depends on the realised
-batch size ``|b|``, which would leak it.
+parameter vector; a record j is one example: one labelled feature vector, or for a next-token
+task one whole sequence ``x_j, y_j [T]`` whose loss is its per-token mean,
+:mod:`fedjax_dp.train.tasks`, so the unit of privacy stays the record) and ``||.||_2`` is
+the GLOBAL L2 norm over all its leaves, so adding or removing one record moves ``S`` by at most
+C (the Gaussian mechanism's sensitivity; clipping leaves separately would understate it by up to
+sqrt(#leaves)). ``D`` never depends on the realised batch size ``|b|``, which would leak it.
 
 Cost ~ the sample, not the party. Only the selected rows are computed (:func:`clipped_sum`):
 their indices are moved to the front (order kept), and a static :class:`RowPlan` gathers them
@@ -296,7 +298,8 @@ def private_gradient(key: jax.Array, loss_fn: Callable, params: Params, x: jax.A
         b = poisson_weights(k_batch, mask, rate)                                     [n]
         g = ( sum_j b_j clip_C(grad loss(params; x_j, y_j)) + N(0, std^2 I) ) / D
 
-    ``x [n, ...]``, ``y [n]``, ``mask [n]``; ``private=False``: no clipping and no noise.
+    ``x [n, ...]``, ``y [n]`` (sequences: ``[n, T]``), ``mask [n]``; ``private=False``: no
+    clipping and no noise.
     Event (one release): :func:`poisson_event` ``(std / C, rate)``.
     Returns ``(g, {"count", "clipped", "aux"})``."""
     k_batch, k_noise = jax.random.split(key)
