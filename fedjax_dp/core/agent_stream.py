@@ -28,10 +28,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.core import StackedData, is_on_host, validation
+from fedjax_dp.core import StackedData, defaults as defaults_lib, is_on_host, validation
 
-#: Double-buffer host chunks by default (a switch for benchmarks; results never depend on it).
-PREFETCH = True
+#: Double-buffer host chunks: None (default) as :func:`fedjax_dp.core.defaults.defaults` decides
+#: (``prefetch``: on, every platform), True/False forces it (a switch for benchmarks; results
+#: never depend on it).
+PREFETCH: bool | None = None
 
 #: Agents per chunk when the config says None (fewer agents: all at once).
 DEFAULT_CHUNK = 4096
@@ -123,7 +125,8 @@ def chunks(tree, size: int, *, axis: int = 0, fill=0, extra: tuple = (),
                          f"(the agents), got {sorted(lengths)}")
     n = lengths.pop()
     starts = range(0, n, size)
-    prefetch = PREFETCH if prefetch is None else prefetch
+    if prefetch is None:
+        prefetch = defaults_lib.defaults().prefetch if PREFETCH is None else PREFETCH
     host = any(isinstance(a, np.ndarray) for a in jax.tree.leaves(tree))
     if not (prefetch and host) or len(starts) <= 1:
         for i, s in enumerate(starts):

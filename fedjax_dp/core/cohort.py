@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.core import validation
+from fedjax_dp.core import defaults as defaults_lib, validation
 from fedjax_dp.core.rng import numpy_rng
 from fedjax_dp.core.stacked import StackedData, is_on_host
 
@@ -283,12 +283,17 @@ class CohortFeeder:
         return Cohort(indices=indices, passes=passes)
 
     def prefetch(self, key: jax.Array) -> None:
-        """Start preparing the cohort of ``key`` in the background (no-op if already started)."""
+        """Start preparing the cohort of ``key`` in the background (no-op if already started,
+        or where :func:`fedjax_dp.core.defaults.defaults` turns prefetching off)."""
         tag = self._tag(key)
         if tag in self._pending:
             return
         if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cohort")
+            d = defaults_lib.defaults()
+            if not d.prefetch:
+                return
+            self._pool = concurrent.futures.ThreadPoolExecutor(d.prefetch_threads,
+                                                               thread_name_prefix="cohort")
         self._pending[tag] = self._pool.submit(self.prepare, key)
 
     def get(self, key: jax.Array) -> Cohort:

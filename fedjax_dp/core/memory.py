@@ -31,6 +31,8 @@ from typing import Any, Callable, Mapping
 import jax
 import numpy as np
 
+from fedjax_dp.core import defaults as defaults_lib
+
 ENV = "FEDJAX_DP_MEMORY_LIMIT"
 
 Drivers = Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None
@@ -94,13 +96,11 @@ def memory_limit(device: jax.Device | None = None) -> Limit | None:
     if text:
         return Limit(parse_bytes(text), f"{ENV}={text}", True)
     device = jax.local_devices()[0] if device is None else device
-    try:
-        stats = device.memory_stats()
-    except Exception:                       # not implemented on this platform
-        stats = None
+    stats = defaults_lib.memory_stats(device)     # None where the platform reports none
     if stats and stats.get("bytes_limit"):
         free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-        return Limit(free, f"free {device.platform.upper()} memory", False)
+        platform = defaults_lib.read_device(device)[0]
+        return Limit(free, f"free {platform.upper()} memory", False)
     avail = _host_available()
     return None if avail is None else Limit(avail, "available host memory", False)
 

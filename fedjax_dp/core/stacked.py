@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.core import validation
+from fedjax_dp.core import defaults as defaults_lib, validation
 
 
 @jax.tree_util.register_dataclass
@@ -341,35 +341,28 @@ def stack_records(blocks: Iterable[np.ndarray], y, indices: Sequence[np.ndarray]
 
 
 #: ``agents_on = "auto"``: host-resident when the agents exceed this fraction of the device's
-#: memory (where the device reports it) ...
-AUTO_HOST_FRACTION = 0.25
-#: ... or, on a device that does not report its memory (the CPU), this many bytes.
-AUTO_HOST_BYTES = 64 << 20
+#: memory (where the device reports it) or, on a device that does not report its memory (the
+#: CPU), this many bytes (both decided in :mod:`fedjax_dp.core.defaults`).
+AUTO_HOST_FRACTION = defaults_lib.AUTO_HOST_FRACTION
+AUTO_HOST_BYTES = defaults_lib.AUTO_HOST_BYTES
 
 
 def auto_placement(nbytes: int, device=None) -> str:
     """``"host"`` or ``"device"``: where ``run.agents_on = "auto"`` keeps ``nbytes`` of agents.
 
-    Host when they exceed :data:`AUTO_HOST_FRACTION` (25%) of ``device.memory_stats()
-    ["bytes_limit"]`` (GPU, TPU: the rest is left to parameters, activations and XLA), else on
-    the device. A device without memory statistics (the CPU, whose "device" memory is host
-    memory) keeps populations above :data:`AUTO_HOST_BYTES` (64 MiB) on the host: placing them
-    on the device would be a second copy of the data (and device-resident agents let an
-    algorithm keep per-agent state beside them: AE-DPFL keeps every agent's parameters, 2.1 GB
-    against 1.0 GB host-resident for 10^5 agents of 0.2 GB), while host-resident agents are
-    streamed a chunk or a cohort at a time, as fast there, with the same results; the offline
-    datasets' populations (a few MB) stay on the device. ``device``: default
-    ``jax.devices()[0]``.
+    Host when they exceed ``placement_host_bytes`` of :func:`fedjax_dp.core.defaults.defaults`
+    for ``device`` (default: the first local device): :data:`AUTO_HOST_FRACTION` (25%) of
+    ``device.memory_stats()["bytes_limit"]`` (GPU, TPU: the rest is left to parameters,
+    activations and XLA), else on the device. A device without memory statistics (the CPU,
+    whose "device" memory is host memory) keeps populations above :data:`AUTO_HOST_BYTES`
+    (64 MiB) on the host: placing them on the device would be a second copy of the data (and
+    device-resident agents let an algorithm keep per-agent state beside them: AE-DPFL keeps
+    every agent's parameters, 2.1 GB against 1.0 GB host-resident for 10^5 agents of 0.2 GB),
+    while host-resident agents are streamed a chunk or a cohort at a time, as fast there, with
+    the same results; the offline datasets' populations (a few MB) stay on the device.
     """
-    device = jax.devices()[0] if device is None else device
-    try:
-        stats = device.memory_stats()
-    except Exception:              # backends without the statistics raise or return None
-        stats = None
-    limit = (stats or {}).get("bytes_limit")
-    if limit:
-        return "host" if nbytes > AUTO_HOST_FRACTION * limit else "device"
-    return "host" if nbytes > AUTO_HOST_BYTES else "device"
+    limit = defaults_lib.defaults(device=device).placement_host_bytes
+    return "host" if nbytes > limit else "device"
 
 
 def place(data: StackedData, agents_on: str, device=None) -> StackedData:

@@ -1,4 +1,5 @@
-"""``fedjax-dp`` command line: ``run``, ``sweep``, ``list``, ``account``, ``audit``, ``plot``, ``data``.
+"""``fedjax-dp`` command line: ``run``, ``sweep``, ``list``, ``account``, ``audit``, ``plot``, ``data``,
+``devices``.
 
     fedjax-dp run CONFIG [--set key=value ...] [--out DIR] [--quiet] [--plot]
     fedjax-dp run --resume DIR [--set run.key=value ...]
@@ -16,6 +17,7 @@
         [--out STEM] [--title T] [--logx | --no-logx]
     fedjax-dp data convert FORMAT SRC DST [--max-clients K] [--max-records k]
         [--max-test-records M] [--vocab-size V] [--vocab FILE] [--seq-len T] [--seed S] [--quiet]
+    fedjax-dp devices [--json]
 
 Errors in the arguments or the config print one line naming the parameter and exit with status 2.
 """
@@ -298,6 +300,25 @@ def _cmd_data(args) -> int:
     return 0
 
 
+def _cmd_devices(args) -> int:
+    from fedjax_dp.core import defaults as defaults_lib
+    from fedjax_dp.core.memory import format_bytes
+    info = defaults_lib.describe()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"jax {info['jax']}: platform {info['platform']}, {len(info['devices'])} device(s), "
+          f"{info['process_count']} process(es)")
+    for dv in info["devices"]:
+        mem = dv.get("memory_bytes")
+        print(f"  {dv['repr']} ({dv['kind']}, process {dv['process']}"
+              + (f", {format_bytes(mem)}" if mem else "") + ")")
+    print("defaults (fedjax_dp.core.defaults, docs/devices.md):")
+    for key, value in info["defaults"].items():
+        print(f"  {key} = {value}")
+    return 0
+
+
 #: ``fedjax-dp data convert`` formats (kept here so that building the parser imports no data
 #: module; fedjax_dp.data.convert.FORMATS is the list the command checks against)
 DATA_FORMATS = ("tff_emnist", "tff_emnist_digits", "tff_shakespeare", "tff_stackoverflow",
@@ -473,6 +494,11 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--debug", action="store_true",
                     help="show the Python traceback of an error instead of one line")
     cv.set_defaults(func=_cmd_data)
+
+    dev = sub.add_parser("devices", help="the platform, the devices JAX sees (with their "
+                         "memory) and the device-aware defaults chosen for them")
+    dev.add_argument("--json", action="store_true", help="print it as JSON")
+    dev.set_defaults(func=_cmd_devices)
     return parser
 
 

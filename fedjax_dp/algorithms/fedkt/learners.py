@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.core import StackedData, for_each_agent, numpy_rng, validation
+from fedjax_dp.core import defaults as defaults_lib
 from fedjax_dp.models import Model, make_model
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
 from fedjax_dp.train.local import lifted_update, resolve_chunk_size
@@ -169,20 +170,21 @@ class JaxLearner:
         return _over_seeds(fn, (0, x_axis), mode)(params, x)
 
 
-#: How the ``*_seeds`` methods run the seed axis when asked for ``"auto"`` (None: "map" on the
-#: CPU, "vmap" on accelerators; see :class:`JaxLearner`).
+#: How the ``*_seeds`` methods run the seed axis when asked for ``"auto"`` (None: the
+#: ``seed_axis`` of :func:`fedjax_dp.core.defaults.defaults`: "map" on the CPU, "vmap" on
+#: accelerators, "map" on one with little memory; see :class:`JaxLearner`).
 SEED_AXIS: str | None = None
 
 
 def resolve_seed_axis(seed_axis: str) -> str:
-    """``"map"`` or ``"vmap"`` for ``seed_axis`` (``"auto"``: :data:`SEED_AXIS`, else by
-    backend)."""
+    """``"map"`` or ``"vmap"`` for ``seed_axis`` (``"auto"``: :data:`SEED_AXIS`, else the
+    device's default, :func:`fedjax_dp.core.defaults.defaults`)."""
     validation.check_choice("seed_axis", seed_axis, ("auto", "map", "vmap"))
     if seed_axis != "auto":
         return seed_axis
     if SEED_AXIS is not None:
         return validation.check_choice("learners.SEED_AXIS", SEED_AXIS, ("map", "vmap"))
-    return "map" if jax.default_backend() == "cpu" else "vmap"
+    return defaults_lib.defaults().seed_axis
 
 
 def model_keys(key: jax.Array, num: int) -> tuple[jax.Array, jax.Array]:

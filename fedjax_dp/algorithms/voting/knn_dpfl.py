@@ -13,9 +13,11 @@
 
 Distances: ``||a - b||^2 = ||a||^2 - 2 a.b + ||b||^2``; ``||a||^2`` is constant per query and does
 not change any ranking, so it is left out; padded rows are at ``+inf``. Two exact ways to find
-the k nearest (``method``), with identical ballots (ties: lower index first):
+the k nearest (``method``), with identical ballots (ties: lower index first); ``"auto"`` (the
+default) takes the device's choice, :func:`fedjax_dp.core.defaults.defaults` (``"threshold"`` on
+the CPU, ``"top_k"`` on GPU / TPU, where the threshold search's blocks run one after another):
 
-* ``"threshold"`` (default, :mod:`fedjax_dp.ops.knn_search`): per cache-sized block of
+* ``"threshold"`` (the CPU's, :mod:`fedjax_dp.ops.knn_search`): per cache-sized block of
   agents x queries one GEMM for the scores, then the k-th smallest score per (agent, query) by a
   few vectorised counting passes, and the label counts of the records at or below it -- no sort;
 * ``"top_k"``: one GEMM ``[q, d] x [d, a n]`` per chunk of agents and ``lax.top_k`` on the negated
@@ -77,6 +79,7 @@ from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.voting import voting_dpfl
 from fedjax_dp.train import student as student_lib
 from fedjax_dp.core import StackedData, is_on_host, seed_axis, validation
+from fedjax_dp.core import defaults as defaults_lib
 from fedjax_dp.core import memory
 from fedjax_dp.models import Model
 from fedjax_dp.ops import knn_search
@@ -91,7 +94,7 @@ DESCRIPTION = ("kNN-DPFL: MPC vote of every agent's k nearest neighbours, instan
 USES_LOCAL_TRAIN = False
 PHASES = ("vote", "student")
 FEATURE_MAPS = ("identity", "random_projection", "pca")
-KNN_METHODS = ("threshold", "top_k")
+KNN_METHODS = ("auto", "threshold", "top_k")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +107,7 @@ class Config(student_lib.StudentSettings, secagg.SecAggOptions):
     feature_map: str = "pca"             # identity | random_projection | pca (public data only)
     feature_dim: int = 64                # output dimension of random_projection / pca
     instance_sensitivity: str = "derived"   # derived: sqrt(2)/k; paper: sqrt(2/k)
-    knn_method: str = "threshold"        # threshold (fast exact search) | top_k (lax.top_k)
+    knn_method: str = "auto"             # auto (the device's) | threshold | top_k (lax.top_k)
     student_steps: int = 500
     student_batch_size: int = 32
     student_learning_rate: float = 0.1
@@ -199,22 +202,23 @@ def fit_feature_map(kind: str, key: jax.Array, x_public, dim: int) -> FeatureMap
 # --------------------------------------------------------------------------- ballots
 
 def knn_ballots(x: jax.Array, y: jax.Array, mask: jax.Array, queries: jax.Array, k: int,
-                num_classes: int, method: str = "threshold") -> jax.Array:
+                num_classes: int, method: str = "auto") -> jax.Array:
     """kNN ballots of a chunk of agents: ``[a, q, C]``, ``(1/k) sum_{j in kNN} onehot(y_j)``.
 
     ``x [a, n, d]`` (features), ``y [a, n]``, ``mask [a, n]`` (real rows), ``queries [q, d]``.
     Padded rows are never chosen (an agent with fewer than k real rows votes with all of them,
     still divided by k). ``method``: ``"threshold"`` (threshold search,
-    :func:`fedjax_dp.ops.knn_search.neighbour_label_counts`) or ``"top_k"``
-    (``lax.top_k``); both give the same neighbour sets.
+    :func:`fedjax_dp.ops.knn_search.neighbour_label_counts`), ``"top_k"`` (``lax.top_k``) or
+    ``"auto"`` (:func:`resolve_method`); all give the same neighbour sets.
     """
     return knn_counts(x, y, mask, queries, k, num_classes, method) / k
 
 
 def knn_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries: jax.Array, k: int,
-               num_classes: int, method: str = "threshold") -> jax.Array:
+               num_classes: int, method: str = "auto") -> jax.Array:
     """``k`` times :func:`knn_ballots`: how many of each agent's k nearest records carry each
     label, ``[a, q, C]`` float32 holding small integers."""
+    method = resolve_method(method)
     if method == "threshold":
         return knn_search.neighbour_label_counts(x, y, mask, queries, k, num_classes)
     if method != "top_k":
@@ -237,8 +241,15 @@ def knn_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries: jax.Array, 
     return jnp.transpose(counts, (1, 0, 2))                               # [a, q, C]
 
 
+def resolve_method(method: str) -> str:
+    """``"threshold"`` or ``"top_k"``: ``method`` itself, or for ``"auto"`` the device's
+    ``knn_method`` (:func:`fedjax_dp.core.defaults.defaults`)."""
+    validation.check_choice("method", method, KNN_METHODS)
+    return defaults_lib.defaults().knn_method if method == "auto" else method
+
+
 @functools.lru_cache(maxsize=64)
-def ballot_fn(k: int, num_classes: int, method: str = "threshold"):
+def ballot_fn(k: int, num_classes: int, method: str = "auto"):
     """``((x, y, mask) [a, ...], queries [q, d]) -> [a, q, C]`` for :func:`vote_lib.mpc_vote`."""
     validation.check_choice("method", method, KNN_METHODS)
 
