@@ -56,8 +56,10 @@ def run_all(folder, mesh, times: dict | None = None) -> dict[str, np.ndarray]:
     """DP-FedAvg (``ROUNDS`` rounds) and AE-DPFL on the population in ``folder``, with the agent
     axis over ``mesh`` (None: one device). Returns host arrays: the final DP-FedAvg parameters
     (``fedavg/<i>``, leaf order) and per-round train losses; AE-DPFL's released labels, agent
-    ballots and noise-free vote sums (``data_dependent``: exact counts, summed over the mesh).
-    ``times``: filled with each algorithm's seconds (compiles included)."""
+    ballots and noise-free vote sums (``data_dependent``: exact counts, summed over the mesh);
+    ``round_compilations``: programs compiled for DP-FedAvg's fused round (1: every round ran
+    the first round's program). ``times``: filled with each algorithm's seconds (compiles
+    included)."""
     import jax
 
     from fedjax_dp.algorithms import api
