@@ -180,8 +180,9 @@ def check_trainable(data: StackedData) -> None:
 
 def resolve_chunk_size(chunk_size: int | str | None, params: Params, num_agents: int
                        ) -> int | None:
-    """``"auto"``: chunk so a chunk's parameters, gradients and updates (3 copies) fit the CPU
-    cache (:func:`fedjax_dp.core.auto_chunk_size`); an int or None is used as given."""
+    """``"auto"``: chunk so a chunk's parameters, gradients and updates (3 copies) fit the
+    device's budget (:func:`fedjax_dp.core.auto_chunk_size`: the CPU cache, a quarter of an
+    accelerator's memory); an int or None is used as given."""
     if chunk_size != "auto":
         return chunk_size
     leaves = jax.tree.leaves(params)
@@ -201,7 +202,8 @@ def train_agents(key: jax.Array, params: Params, data: StackedData, model: Model
       params: the starting parameters: one pytree shared by all agents (``shared_init=True``), or a
         stacked pytree with leading axis N.
       chunk_size: agents per chunk (identical results, bounded memory); ``"auto"`` sizes chunks
-        to the CPU cache and does not chunk on accelerators; None: all agents at once.
+        to the CPU cache and, on accelerators, chunks only agents whose working set exceeds a
+        quarter of the device memory (:mod:`fedjax_dp.core.defaults`); None: all agents at once.
     Returns:
       (stacked params [N, ...], mean training loss per agent [N]).
     """
