@@ -2,6 +2,7 @@
 and (``--cohort``) the gathered round (M available silos) vs the masked all-silo round.
 
     python tools/bench_isrl.py --silos 25,1000,10000 --out results/isrl/bench_isrl.json
+    fedjax-dp bench --only isrl_spider_round    # the same round vs loop, in the one command
     python tools/bench_isrl.py --cohort --silos 1000,10000 --available 10,100 \
         --out results/isrl/bench_cohort.json
 

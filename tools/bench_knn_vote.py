@@ -1,6 +1,7 @@
 """Benchmark: kNN-DPFL voting (distances, per-agent top-k, noise, secure sum, argmax) at scale.
 
     python tools/bench_knn_vote.py --out results/bench/knn_vote.json
+    fedjax-dp bench --only knn_vote    # the vote vs the matmul in one process (no memory figures)
 
 Default workload (issue 3): N = 1000 agents x n = 600 local points x Q = 1000 queries x d = 64
 features, C = 10 classes, k = 30 (the paper's 5% of the local size), and the same with

@@ -23,6 +23,9 @@ Parts (each writes into one JSON record, ``results/scale/bench_scale.json`` by d
   agents' data size.
 * ``oneshot``: AE-DPFL and kNN-DPFL end to end (``tools/bench_scale_oneshot.py``).
 
+``fedjax-dp bench`` (:mod:`fedjax_dp.bench`) runs the peers' workload against the plain-JAX
+reference (re-expressed in the package) and AE-DPFL at N = 100,000 in one process.
+
 Run: ``.venv/bin/python tools/bench_scale.py [--parts peers,population,oneshot] [--agents
 1000,10000,100000,1000000]``; ``--plot`` redraws the figure from the JSON.
 """

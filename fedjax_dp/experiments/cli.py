@@ -15,6 +15,7 @@
         [--weaken halve-noise|no-clip] [--sigma S --noise-multiplier Z --clip C --gamma G ...]
     fedjax-dp plot RESULTS... [--x epsilon] [--y test_accuracy] [--hue algorithm] [--curve]
         [--out STEM] [--title T] [--logx | --no-logx]
+    fedjax-dp bench [--suite quick|full] [--out FILE] [--only PART,PART]
     fedjax-dp data convert FORMAT SRC DST [--max-clients K] [--max-records k]
         [--max-test-records M] [--vocab-size V] [--vocab FILE] [--seq-len T] [--seed S] [--quiet]
     fedjax-dp devices [--json]
@@ -287,6 +288,21 @@ def _cmd_plot(args) -> int:
     return 0
 
 
+def _cmd_bench(args) -> int:
+    from fedjax_dp.bench import suite as bench_suite
+    only = [s for s in args.only.split(",") if s] if args.only else None
+    bench_suite.check_request(args.suite, only, args.sizes)
+    record = bench_suite.run(args.suite, args.out, only=only, sizes=args.sizes,
+                             log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(bench_suite.markdown(record), end="")
+    if args.out:
+        print(f"wrote {args.out}.json and {args.out}.md", file=sys.stderr)
+    if record["errors"]:
+        print(f"fedjax-dp: error: bench part(s) failed: {record['errors']}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_data(args) -> int:
     from fedjax_dp.data import convert
     summary = convert.convert(args.format, args.src, args.dst, vocab_size=args.vocab_size,
@@ -464,6 +480,20 @@ def build_parser() -> argparse.ArgumentParser:
     plt.add_argument("--logx", action=argparse.BooleanOptionalAction, default=None,
                      help="log-scale x axis (default: on for epsilon, off otherwise)")
     plt.set_defaults(func=_cmd_plot)
+
+    be = sub.add_parser("bench", help="the headline measurements in one process: one JSON and "
+                        "one markdown table of ratios timed in the same run (docs/bench.md)")
+    be.add_argument("--suite", default="quick", help="quick (under 3 minutes on a 2-core CPU) "
+                    "or full")
+    be.add_argument("--out", metavar="FILE", default=None,
+                    help="writes FILE.json and FILE.md (default: the table on stdout only)")
+    be.add_argument("--only", metavar="PART,PART", default=None, help="run these parts only: "
+                    "local_training, peers_dp_fedavg, dp_sgd_step, knn_vote, "
+                    "isrl_spider_round, dp_fnas_search_step, ae_dpfl_end_to_end")
+    be.add_argument("--sizes", default=None, help=argparse.SUPPRESS)    # "tiny": the tests
+    be.add_argument("--debug", action="store_true",
+                    help="show the Python traceback of an error instead of one line")
+    be.set_defaults(func=_cmd_bench)
 
     dat = sub.add_parser("data", help="federated datasets from the files they are published in")
     dsub = dat.add_subparsers(dest="data_command", required=True)

@@ -1,0 +1,93 @@
+"""``fedjax-dp bench``: the suite at tiny sizes writes one JSON and one table of finite, positive
+ratios (the whole suite, every part: ``-m sweep``), the command's errors, and the benchmark
+reference's workload equals the peers' own definition when their folder is present."""
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedjax_dp.experiments import cli
+
+PEERS = Path(os.environ.get("FEDJAX_DP_PEERS", Path(__file__).resolve().parents[2] / "shared"
+                            / "peers"))
+CHEAP_PARTS = ("dp_sgd_step", "knn_vote")
+
+
+def _check_outputs(stem: Path, parts) -> dict:
+    record = json.loads(stem.with_name(stem.name + ".json").read_text())
+    table = stem.with_name(stem.name + ".md").read_text()
+    assert record["errors"] == []
+    assert [p["name"] for p in record["parts"]] == list(parts)
+    dev = record["device"]
+    assert dev["platform"] == "cpu" and dev["cpu_count"] >= 1 and dev["device_kind"]
+    assert record["matmul"]["gflops"] > 0
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    for part in record["parts"]:
+        assert part["ratios"], part["name"]
+        for name, value in part["ratios"].items():
+            assert math.isfinite(value) and value > 0, (part["name"], name, value)
+            assert any(r.startswith(f"| {part['name']} | {name} |") for r in rows), name
+        for label, t in part["times"].items():
+            assert 0 < t["min_s"] <= t["median_s"], (part["name"], label)
+        assert part["compilations"]["count"] >= 1          # the warm-up compiled something
+    return record
+
+
+def test_bench_command_tiny(tmp_path, capsys):
+    stem = tmp_path / "bench"
+    rc = cli.main(["bench", "--suite", "quick", "--sizes", "tiny", "--only",
+                   ",".join(CHEAP_PARTS), "--out", str(stem)])
+    assert rc == 0
+    record = _check_outputs(stem, CHEAP_PARTS)
+    assert record["suite"] == "quick" and record["sizes"] == "tiny"
+    assert "| dp_sgd_step | private_over_non_private |" in capsys.readouterr().out
+    knn = record["parts"][1]
+    # the vote's fraction of the matmul is its GEMM FLOPs over its time over the matmul's speed
+    expected = (knn["sizes"]["gemm_gflop"] / knn["times"]["vote"]["median_s"]
+                / record["matmul"]["gflops"])
+    assert knn["ratios"]["vote_fraction_of_matmul"] == pytest.approx(expected)
+
+
+@pytest.mark.sweep
+def test_bench_every_part_tiny(tmp_path):
+    from fedjax_dp import bench
+    stem = tmp_path / "all"
+    bench.run("quick", stem, sizes="tiny", log=lambda line: None)
+    record = _check_outputs(stem, bench.PARTS)
+    lt = record["parts"][0]
+    assert lt["checks"]["results_agree"]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--suite", "huge"], "--suite must be one of ['quick', 'full']"),
+    (["--only", "local_training,nope"], "--only: unknown part(s) ['nope']"),
+    (["--sizes", "giant"], "--sizes must be one of"),
+])
+def test_bench_bad_arguments(argv, needle, capsys):
+    assert cli.main(["bench", *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (PEERS / "workload.py").exists(), reason="the peers' folder is absent")
+def test_reference_workload_equals_the_peers_definition():
+    import importlib.util
+    from fedjax_dp.bench import peers_reference as ref
+    spec = importlib.util.spec_from_file_location("peers_workload", PEERS / "workload.py")
+    W = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(W)
+    w = ref.WORKLOAD
+    assert (w.clients, w.examples, w.dim, w.hidden, w.classes, w.batch, w.local_steps) == (
+        W.NUM_CLIENTS, W.EXAMPLES_PER_CLIENT, W.DIM, W.HIDDEN, W.NUM_CLASSES, W.BATCH,
+        W.LOCAL_STEPS)
+    assert (w.client_lr, w.server_lr, w.clip, w.noise_multiplier) == (
+        W.CLIENT_LR, W.SERVER_LR, W.CLIP, W.NOISE_MULTIPLIER)
+    x, y = ref.make_data()
+    X, Y = W.make_data()
+    np.testing.assert_array_equal(x, X)
+    np.testing.assert_array_equal(y, Y)
+    theirs = W.init_params()
+    for k, v in ref.init_params().items():
+        np.testing.assert_array_equal(v, theirs[k])
