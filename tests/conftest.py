@@ -5,6 +5,15 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # glibc's fatal messages (heap corruption before an abort) to stderr, not only to a terminal: a
 # worker that dies in native code then says why in the test log.
 os.environ.setdefault("LIBC_FATAL_STDERR_", "1")
+# XLA:CPU's backend optimisation level 0 in the tests and every process they start: compiling
+# dominates the suite's time (tiny shapes run in microseconds), and level 0 halves it (measured:
+# tests/test_round_seeds.py + test_fedavg.py, 129 s -> 68 s of CPU). Results stay within the
+# tests' tolerances (the equality tests compare two paths compiled the same way). Users' runs keep
+# XLA's default level. FEDJAX_DP_TEST_XLA_OPT=default keeps the default here too.
+if (os.environ.get("FEDJAX_DP_TEST_XLA_OPT", "0") != "default"
+        and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_backend_optimization_level=0").strip()
 
 # One persistent XLA compilation cache shared by the test workers (pytest -n) and the processes
 # they start (8-device checks, CLI runs, notebook kernels): a function two processes compile

@@ -41,7 +41,7 @@ import numpy as np
 
 from fedjax_dp.core import defaults as defaults_lib, validation
 from fedjax_dp.core.rng import numpy_rng
-from fedjax_dp.core.stacked import StackedData, is_on_host
+from fedjax_dp.core.stacked import StackedData, is_on_host, release_pages
 
 SAMPLINGS = ("poisson", "fixed")
 
@@ -220,8 +220,14 @@ def common_passes(plan: CohortPlan, cohorts: Sequence[np.ndarray]
 
 
 def gather_host(data: StackedData, ids: np.ndarray) -> StackedData:
-    """Rows ``ids`` of host-resident (numpy / memory-mapped) stacked data, as numpy arrays."""
-    return jax.tree.map(lambda a: np.take(a, ids, axis=0), data)
+    """Rows ``ids`` of host-resident (numpy / memory-mapped) stacked data, as numpy arrays.
+
+    A read-only memory map's pages are handed back after the copy
+    (:func:`fedjax_dp.core.stacked.release_pages`), so a run's resident memory grows with the
+    cohort, not with how many agents rounds have touched so far."""
+    rows = jax.tree.map(lambda a: np.take(a, ids, axis=0), data)
+    jax.tree.map(release_pages, data)
+    return rows
 
 
 class CohortFeeder:
