@@ -43,9 +43,10 @@ def pytest_unconfigure(config):
         shutil.rmtree(_CREATED_CACHE, ignore_errors=True)
 
 
-#: the longest tests (the subprocess with 8 devices, the notebooks) start first, so that with
+#: the longest tests (the subprocesses with 8 devices and 2 processes, the notebooks) start first, so that with
 #: ``-n 2 --dist worksteal`` no worker is left with one of them at the end while the other idles
 _LONG_FIRST = ("test_sharding.py::test_eight_cpu_devices_equal_one_device",
+               "test_multiprocess.py::test_two_processes_equal_one_process",
                "test_user_paths.py::test_killed_interrupted_and_resumed",
                "test_user_paths.py::test_readme_first_command",
                "fnas.ipynb", "isrl.ipynb", "fedkt.ipynb", "voting_dpfl.ipynb", "quickstart.ipynb")
