@@ -90,7 +90,7 @@ def test_next_character_dp_fedavg_through_the_cli(tmp_path):
     assert result["privacy"][0]["unit"] == "agent" and result["privacy"][0]["epsilon"] > 0
 
 
-@pytest.mark.sweep              # ~7 s of CPU (compiles): the next-character run is the default
+@pytest.mark.sweep              # ~4 s of CPU (compiles): the next-character run is the default
 def test_next_word_fedavg_through_the_cli(tmp_path):
     rng = np.random.default_rng(1)
     words = ["w%d" % i for i in range(8)]

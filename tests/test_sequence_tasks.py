@@ -3,8 +3,7 @@ against loops over examples and positions, the data checks, per-example clipping
 and FedAvg, DP-FedAvg, DP-FedSGD and ISRL-DP MB-SGD learning a generated next-token rule.
 
 Tiny shapes: T = 6, vocabulary 12, 4 agents, a bigram stand-in model (an embedding and a
-dense layer per position) so that the compiled functions stay small. The DP-FedAvg and DP-FedSGD
-cases of the learning test run with ``-m sweep`` (their rounds take ~4-6 s of CPU to compile).
+dense layer per position) so that the compiled functions stay small.
 """
 import json
 
@@ -233,13 +232,7 @@ CASES = {
 }
 
 
-# DP-FedAvg (also run by default end to end: tests/test_sequence_cli.py) and DP-FedSGD (its
-# per-sequence clipping is tested above) compile a larger round: -m sweep keeps the suite's time
-SLOW = {"dp_fedavg", "dp_fedsgd"}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.sweep) if n in SLOW else n
-                                  for n in sorted(CASES)])
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_algorithms_learn_a_next_token_rule(fed, name):
     algo, cfg = CASES[name]
     key = jax.random.key(5)
