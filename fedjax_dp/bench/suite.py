@@ -44,12 +44,12 @@ SUITES: dict[str, dict] = {
     "quick": {
         "repeats": 3, "matmul": 1024,
         local_training.NAME: dict(agents=1000, local_size=64, features=64, hidden=128, steps=20,
-                                  batch_size=32, loop_max=100),
+                                  batch_size=32, loop_max=100, loop_repeats=3),
         peers.NAME: dict(clients=1000, examples=64, cohorts=[10, 100, 1000], rounds=5),
-        dp_sgd.NAME: dict(model="cnn", feature_shape=[28, 28, 1], batch_size=64),
+        dp_sgd.NAME: dict(model="cnn", feature_shape=[28, 28, 1], batch_size=64, repeats=20),
         knn_vote.NAME: dict(agents=200, local_size=600, queries=500, features=64, k=30),
         isrl.NAME: dict(silos=200, local_size=16, features=10, hidden=16, batch_size=8,
-                        loop_max=200),
+                        loop_max=200, loop_repeats=3),
         fnas.NAME: dict(nodes=1, channels=4, cells=1, image=8, parties=4, records=32, batch=8),
         ae_dpfl.NAME: dict(agents=10_000, records=16, features=32, hidden=32, steps=5,
                            public=2000, queries=200, student_steps=200, repeats=1),
@@ -57,12 +57,12 @@ SUITES: dict[str, dict] = {
     "full": {
         "repeats": 5, "matmul": 2048,
         local_training.NAME: dict(agents=10_000, local_size=64, features=64, hidden=128,
-                                  steps=20, batch_size=32, loop_max=500),
+                                  steps=20, batch_size=32, loop_max=500, loop_repeats=3),
         peers.NAME: dict(clients=1000, examples=64, cohorts=[10, 100, 1000], rounds=10),
-        dp_sgd.NAME: dict(model="cnn", feature_shape=[28, 28, 1], batch_size=128),
+        dp_sgd.NAME: dict(model="cnn", feature_shape=[28, 28, 1], batch_size=128, repeats=20),
         knn_vote.NAME: dict(agents=1000, local_size=600, queries=1000, features=64, k=30),
         isrl.NAME: dict(silos=1000, local_size=16, features=10, hidden=16, batch_size=8,
-                        loop_max=1000),
+                        loop_max=1000, loop_repeats=3),
         fnas.NAME: dict(nodes=2, channels=4, cells=1, image=8, parties=8, records=64, batch=16),
         ae_dpfl.NAME: dict(agents=100_000, records=16, features=32, hidden=32, steps=5,
                            public=2000, queries=200, student_steps=200, repeats=1),
@@ -108,7 +108,7 @@ def run(suite: str = "quick", out: str | Path | None = None, *, only: list[str] 
         t0, c0 = time.perf_counter(), time.process_time()
         with compilation.CompileLog() as compiles:
             try:
-                rec = PARTS[name].measure(dict(sizes[name]), repeats)
+                rec = PARTS[name].measure(dict(sizes[name]), sizes[name].get("repeats", repeats))
             except Exception as e:                          # recorded; the others still run
                 rec = {"name": name, "title": PARTS[name].TITLE, "sizes": sizes[name],
                        "error": f"{type(e).__name__}: {e}"}
