@@ -45,19 +45,11 @@ CHOICES = ALGORITHMS + ("fedkt",)
 
 def make_agents(num_agents: int, records: int, features: int, classes: int, seed: int,
                 block: int = 1 << 15):
-    """Host arrays ``x [N, records, features] float32``, ``y [N, records] int32`` (class means
-    plus unit Gaussian noise), generated in blocks of agents so no float64 copy of the whole
-    population ever exists; and the class means (the public / test points share them)."""
-    import numpy as np
-    rng = np.random.default_rng(seed)
-    means = rng.normal(size=(classes, features)).astype(np.float32) * 0.4
-    x = np.empty((num_agents, records, features), np.float32)
-    y = rng.integers(0, classes, size=(num_agents, records)).astype(np.int32)
-    for s in range(0, num_agents, block):
-        e = min(num_agents, s + block)
-        x[s:e] = rng.standard_normal((e - s, records, features), dtype=np.float32)
-        x[s:e] += means[y[s:e]]
-    return x, y, means
+    """Host arrays ``x [N, records, features] float32``, ``y [N, records] int32`` and the class
+    means: :func:`fedjax_dp.bench.ae_dpfl.make_agents` (the generator of ``fedjax-dp bench``'s
+    AE-DPFL part), imported here so the parent process stays free of JAX."""
+    from fedjax_dp.bench.ae_dpfl import make_agents as generate
+    return generate(num_agents, records, features, classes, seed, block)
 
 
 def _points(means, num: int, seed: int):

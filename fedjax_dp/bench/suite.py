@@ -54,20 +54,28 @@ SUITES: dict[str, dict] = {
         ae_dpfl.NAME: dict(agents=10_000, records=16, features=32, hidden=32, steps=5,
                            public=2000, queries=200, student_steps=200, repeats=1),
     },
-    "full": {
-        "repeats": 5, "matmul": 2048,
-        local_training.NAME: dict(agents=10_000, local_size=64, features=64, hidden=128,
-                                  steps=20, batch_size=32, loop_max=500, loop_repeats=3),
-        peers.NAME: dict(clients=1000, examples=64, cohorts=[10, 100, 1000], rounds=10),
-        dp_sgd.NAME: dict(model="cnn", feature_shape=[28, 28, 1], batch_size=128, repeats=20),
-        knn_vote.NAME: dict(agents=1000, local_size=600, queries=1000, features=64, k=30),
-        isrl.NAME: dict(silos=1000, local_size=16, features=10, hidden=16, batch_size=8,
-                        loop_max=1000, loop_repeats=3),
-        fnas.NAME: dict(nodes=2, channels=4, cells=1, image=8, parties=8, records=64, batch=16),
-        ae_dpfl.NAME: dict(agents=100_000, records=16, features=32, hidden=32, steps=5,
-                           public=2000, queries=200, student_steps=200, repeats=1),
-    },
 }
+
+
+def _with(base: dict, **changes: dict) -> dict:
+    """``base`` with some parts' sizes updated (``changes``: part name -> the sizes it changes)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for name, sizes in changes.items():
+        if isinstance(sizes, dict):
+            out[name].update(sizes)
+        else:
+            out[name] = sizes
+    return out
+
+
+SUITES["full"] = _with(SUITES["quick"], repeats=5, matmul=2048, **{
+    local_training.NAME: dict(agents=10_000, loop_max=500),
+    peers.NAME: dict(rounds=10),
+    dp_sgd.NAME: dict(batch_size=128),
+    knn_vote.NAME: dict(agents=1000, queries=1000),
+    isrl.NAME: dict(silos=1000, loop_max=1000),
+    fnas.NAME: dict(nodes=2, parties=8, records=64, batch=16),
+    ae_dpfl.NAME: dict(agents=100_000)})
 
 
 #: the suites a user picks (``tiny`` is for the tests: ``sizes="tiny"``)
