@@ -31,6 +31,7 @@ from typing import Iterator
 import numpy as np
 
 from fedjax_dp.data import vocab as vocab_lib
+from fedjax_dp.data.convert import ClientReader
 
 KEYS = ("users", "num_samples", "user_data")
 
@@ -73,20 +74,12 @@ def read_shard(path) -> dict:
     return d
 
 
-class LeafClients:
+class LeafClients(ClientReader):
     """The users of one LEAF dataset's train and test shards (a base class; one per dataset).
 
-    Same interface as :class:`fedjax_dp.data.tff_hdf5.TFFClients`: ``sizes(split)`` yields
-    ``(user, number of records)``, ``clients(split)`` yields ``(user, x, y)``, in the same
-    order, one shard in memory at a time.
+    :class:`fedjax_dp.data.convert.ClientReader`'s interface, the users as clients, one shard in
+    memory at a time.
     """
-
-    feature_shape: tuple[int, ...] = ()
-    label_shape: tuple[int, ...] = ()
-    x_dtype = np.float32
-    num_classes = 0
-    task: dict | None = None
-    vocab: vocab_lib.Vocab | None = None
 
     def __init__(self, fmt: str, src):
         self.name = fmt
@@ -96,12 +89,6 @@ class LeafClients:
                              f"train/ and test/)")
         self.files = {split: shard_files(root, split) for split in ("train", "test")}
         self.paths = {split: root / split for split in ("train", "test")}
-
-    def prepare(self, progress: bool = False) -> None:
-        """Work needed before the records (a vocabulary); nothing by default."""
-
-    def close(self) -> None:
-        pass
 
     def sizes(self, split: str) -> Iterator[tuple[str, int]]:
         for path in self.files[split]:
@@ -151,12 +138,7 @@ class Shakespeare(LeafClients):
     """LEAF Shakespeare (by speaking role): next-character records ``x, y [80]`` int32."""
 
     def __init__(self, src, *, seq_len: int = vocab_lib.SHAKESPEARE_T):
-        self.seq_len = seq_len
-        self.vocab = vocab_lib.SHAKESPEARE
-        self.feature_shape = self.label_shape = (seq_len,)
-        self.x_dtype = np.int32
-        self.num_classes = self.vocab.size
-        self.task = self.vocab.task_dict()
+        vocab_lib.set_next_token(self, seq_len, vocab_lib.SHAKESPEARE)
         super().__init__("leaf_shakespeare", src)
 
     def _records(self, xs, ys):
@@ -206,12 +188,8 @@ class Sent140(LeafClients):
         return counts
 
     def prepare(self, progress: bool = False) -> None:
-        if self.vocab_file is not None:
-            self.vocab = vocab_lib.load_vocab(self.vocab_file, self.vocab_size,
-                                              default=vocab_lib.STACKOVERFLOW_VOCAB)
-        else:
-            self.vocab = vocab_lib.top_words(self.word_counts(progress),
-                                             self.vocab_size or vocab_lib.STACKOVERFLOW_VOCAB)
+        self.vocab = vocab_lib.choose_vocab(self.vocab_file, self.vocab_size,
+                                            lambda: self.word_counts(progress))
 
     def _records(self, xs, ys):
         x = np.zeros((len(xs), self.seq_len), np.float32)

@@ -40,6 +40,7 @@ from typing import Iterator
 import numpy as np
 
 from fedjax_dp.data import vocab as vocab_lib
+from fedjax_dp.data.convert import ClientReader
 
 EXAMPLES = "examples"
 
@@ -104,21 +105,13 @@ def client_ids(group) -> list[str]:
     return sorted(group.keys())
 
 
-class TFFClients:
+class TFFClients(ClientReader):
     """The clients of one TFF dataset's train and test files (a base class; one per format).
 
-    ``sizes(split)`` yields ``(client_id, number of records)`` and ``clients(split)`` yields
-    ``(client_id, x [n, *feature_shape], y [n, *label_shape])``, client after client, in the
-    same order, reading one client at a time (``split``: ``"train"`` or ``"test"``).
+    :class:`fedjax_dp.data.convert.ClientReader`'s interface, reading one client at a time.
     """
 
-    features: tuple[str, ...] = ()
-    feature_shape: tuple[int, ...] = ()
-    label_shape: tuple[int, ...] = ()
-    x_dtype = np.float32
-    num_classes = 0
-    task: dict | None = None
-    vocab: vocab_lib.Vocab | None = None
+    features: tuple[str, ...] = ()          # the datasets every client group must hold
 
     def __init__(self, fmt: str, src):
         self.name = fmt
@@ -135,9 +128,6 @@ class TFFClients:
                 raise ValueError(f"{str(path)!r}: client {ids[0]!r} has no {missing} (a {fmt} "
                                  f"file has examples/<client_id>/{{{', '.join(self.features)}}}; "
                                  f"found {sorted(group[ids[0]].keys())})")
-
-    def prepare(self, progress: bool = False) -> None:
-        """Work needed before the records (a vocabulary); nothing by default."""
 
     def close(self) -> None:
         for f, _ in self._files.values():
@@ -225,12 +215,7 @@ class Shakespeare(TFFClients):
     features = ("snippets",)
 
     def __init__(self, src, *, seq_len: int = vocab_lib.SHAKESPEARE_T):
-        self.seq_len = seq_len
-        self.vocab = vocab_lib.SHAKESPEARE
-        self.feature_shape = self.label_shape = (seq_len,)
-        self.x_dtype = np.int32
-        self.num_classes = self.vocab.size
-        self.task = self.vocab.task_dict()
+        vocab_lib.set_next_token(self, seq_len, vocab_lib.SHAKESPEARE)
         super().__init__("tff_shakespeare", src)
 
     def _size(self, split, cid):
@@ -238,11 +223,9 @@ class Shakespeare(TFFClients):
         return sum(vocab_lib.num_char_windows(len(s), self.seq_len) for s in snippets)
 
     def _records(self, split, cid):
-        pairs = [vocab_lib.char_windows(s, self.seq_len, self.vocab)
-                 for s in _strings(self._feature(split, cid, "snippets"))]
-        if not pairs:
-            return (np.zeros((0, self.seq_len), np.int32),) * 2
-        return np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs])
+        return vocab_lib.stack_sequences(
+            [vocab_lib.char_windows(s, self.seq_len, self.vocab)
+             for s in _strings(self._feature(split, cid, "snippets"))], self.seq_len)
 
 
 class StackOverflow(TFFClients):
@@ -253,9 +236,8 @@ class StackOverflow(TFFClients):
 
     def __init__(self, src, *, vocab_size: int | None = None,
                  vocab_file=None, seq_len: int = vocab_lib.STACKOVERFLOW_T):
-        self.seq_len, self.vocab_size, self.vocab_file = seq_len, vocab_size, vocab_file
-        self.feature_shape = self.label_shape = (seq_len,)
-        self.x_dtype = np.int32
+        self.vocab_size, self.vocab_file = vocab_size, vocab_file
+        vocab_lib.set_next_token(self, seq_len)
         super().__init__("tff_stackoverflow", src)
 
     def word_counts(self, progress: bool = False) -> collections.Counter:
@@ -273,18 +255,11 @@ class StackOverflow(TFFClients):
         return counts
 
     def prepare(self, progress: bool = False) -> None:
-        if self.vocab_file is not None:
-            self.vocab = vocab_lib.load_vocab(self.vocab_file, self.vocab_size,
-                                              default=vocab_lib.STACKOVERFLOW_VOCAB)
-        else:
-            self.vocab = vocab_lib.top_words(self.word_counts(progress),
-                                             self.vocab_size or vocab_lib.STACKOVERFLOW_VOCAB)
-        self.num_classes = self.vocab.size
-        self.task = self.vocab.task_dict()
+        vocab = vocab_lib.choose_vocab(self.vocab_file, self.vocab_size,
+                                       lambda: self.word_counts(progress))
+        vocab_lib.set_next_token(self, self.seq_len, vocab)
 
     def _records(self, split, cid):
-        rows = [vocab_lib.word_sequence(s, self.vocab, self.seq_len)
-                for s in _strings(self._feature(split, cid, "tokens"))]
-        if not rows:
-            return (np.zeros((0, self.seq_len), np.int32),) * 2
-        return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+        return vocab_lib.stack_sequences(
+            [vocab_lib.word_sequence(s, self.vocab, self.seq_len)
+             for s in _strings(self._feature(split, cid, "tokens"))], self.seq_len)

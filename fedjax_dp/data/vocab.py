@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -59,9 +59,7 @@ class Vocab:
         if len(set(self.tokens)) != len(self.tokens):
             raise ValueError("the vocabulary's tokens must be distinct (a token listed twice)")
 
-    @property
-    def pad_id(self) -> int:
-        return 0
+    pad_id = 0                                    # a class constant, not a field
 
     @property
     def oov_id(self) -> int:
@@ -141,6 +139,36 @@ def load_vocab(path, size: int | None = None, *, default: int | None = None) -> 
         raise ValueError(f"--vocab {str(p)!r} holds {len(tokens)} tokens but --vocab-size "
                          f"{size} were asked")
     return Vocab(tuple(tokens))
+
+
+def choose_vocab(vocab_file, vocab_size: int | None,
+                 counts: Callable[[], collections.Counter]) -> Vocab:
+    """A word vocabulary: the first ``vocab_size`` words of ``vocab_file`` when given, else the
+    ``vocab_size`` most frequent of ``counts()`` (default size :data:`STACKOVERFLOW_VOCAB` in
+    both cases; the file may hold fewer)."""
+    if vocab_file is not None:
+        return load_vocab(vocab_file, vocab_size, default=STACKOVERFLOW_VOCAB)
+    return top_words(counts(), vocab_size or STACKOVERFLOW_VOCAB)
+
+
+def set_next_token(reader, seq_len: int, vocab: Vocab | None = None) -> None:
+    """Make a federated reader's records next-token sequences of ``seq_len`` ids: ``x, y [T]``
+    int32; with ``vocab``, also its number of classes (``vocab.size``), vocabulary and task."""
+    reader.seq_len = seq_len
+    reader.feature_shape = reader.label_shape = (seq_len,)
+    reader.x_dtype = np.int32
+    if vocab is not None:
+        reader.vocab, reader.num_classes, reader.task = vocab, vocab.size, vocab.task_dict()
+
+
+def stack_sequences(pairs: list[tuple[np.ndarray, np.ndarray]], seq_len: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """One client's records ``(x [n, T], y [n, T])`` from per-text ``(x, y)`` pairs of shape
+    ``[k, T]`` or ``[T]`` (a text's records, in order); an empty client gives ``[0, T]``."""
+    if not pairs:
+        return np.zeros((0, seq_len), np.int32), np.zeros((0, seq_len), np.int32)
+    return (np.concatenate([np.reshape(p[0], (-1, seq_len)) for p in pairs]),
+            np.concatenate([np.reshape(p[1], (-1, seq_len)) for p in pairs]))
 
 
 def top_words(counts: collections.Counter, size: int) -> Vocab:
