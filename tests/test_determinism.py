@@ -17,7 +17,7 @@ from fedjax_dp.experiments import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*/*.toml")
-                 if p.parent.name != "experiments")     # sweep files: test_experiment_configs
+                 if p.parent.name not in ("experiments", "benchmarks"))  # sweeps; user data
 #: checked in the default suite; the others are marked ``sweep``
 DEFAULT = {"dp_fedavg/mnist5k", "fedkt/wbcd", "isrl/wbcd_isrl_mb_sgd"}
 
