@@ -1,6 +1,8 @@
 """``fedjax-dp data convert``: published federated files -> a memory-mapped stacked population
-(fedjax_dp.data.convert), its memory bound, and a run of the result through the CLI."""
+(fedjax_dp.data.convert), its memory bound, and every shipped benchmark config run on a
+converted file of its format (one of them through the CLI)."""
 import json
+from pathlib import Path
 import tracemalloc
 
 import numpy as np
@@ -138,46 +140,6 @@ def test_bad_input_is_named_before_any_work(emnist, tmp_path, capsys):
     assert not (tmp_path / "a").exists() and not (tmp_path / "a.partial").exists()
 
 
-def test_cli_converts_then_runs_dp_fedavg_on_the_population(emnist, tmp_path, capsys):
-    """The CLI path end to end: ``data convert`` prints the config lines, ``run`` trains
-    DP-FedAvg with an MLP on ``stacked:DST`` (the writers as agents, the published test split)."""
-    root, _ = emnist
-    dst = tmp_path / "pop"
-    assert cli.main(["data", "convert", "tff_emnist_digits", str(root / "fed_emnist_digitsonly"
-                                                                "_train.h5"), str(dst),
-                     "--quiet"]) == 0
-    printed = json.loads(capsys.readouterr().out)
-    assert printed["dataset"] == f"stacked:{dst}" and printed["clients"] == 12
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(f"""seed = 0
-[data]
-dataset = "stacked:{dst}"
-partition = "iid"
-num_agents = 12
-[model]
-name = "mlp"
-hidden = [8]
-[train]
-steps = 1
-batch_size = 4
-learning_rate = 0.1
-optimizer = "sgd"
-[algorithm]
-name = "dp_fedavg"
-rounds = 1
-sampling_rate = 0.5
-clip_norm = 1.0
-noise_multiplier = 1.0
-[privacy]
-delta = 1e-5
-accountants = ["rdp"]
-""")
-    assert cli.main(["run", str(cfg), "--out", str(tmp_path / "out"), "--quiet"]) == 0
-    result = json.loads((tmp_path / "out" / "result.json").read_text())
-    assert 0.0 <= result["test_accuracy"] <= 1.0
-    assert result["privacy"][0]["unit"] == "agent" and result["privacy"][0]["epsilon"] > 0
-
-
 def _tweet(text):
     return ["1467810369", "Mon Apr 06 22:19:45 PDT 2009", "NO_QUERY", "user", text]
 
@@ -214,3 +176,81 @@ def test_every_format_converts_to_its_record_layout(tmp_path, fmt, x_shape, x_dt
     assert (tmp_path / "p" / "task.json").exists() == (len(y_shape) == 3)
     with np.load(tmp_path / "p" / "server.npz") as z:
         assert z["x_test"].shape[1:] == x_shape[2:] and z["y_test"].shape[1:] == y_shape[2:]
+
+
+# ---- every shipped benchmark config runs (tiny) on a generated file of its format ----------
+
+BENCHMARKS = sorted((Path(__file__).resolve().parents[1] / "configs" / "benchmarks")
+                    .glob("*.toml"))
+#: compile-cheap model sizes for the benchmark models (the configs use the literature's)
+TINY_MODEL = {"cnn_emnist": "{conv_channels = [2, 2], dense = 4}",
+              "char_lstm": "{embed_dim = 2, hidden = 3}",
+              "word_lstm": "{embed_dim = 2, hidden = 3, projection = 2}",
+              "resnet18_gn": "{width = 2, stage_blocks = [1, 1, 1, 1]}"}
+
+
+def _benchmark_fixture(root, fmt):
+    """A converted 4-client population of ``fmt`` (TFF layout) in ``root``; its folder."""
+    rng = np.random.default_rng(7)
+    if fmt == "tff_emnist":
+        write_emnist(root, rng, [2, 3, 2, 1], [1, 1])
+    elif fmt == "tff_shakespeare":
+        for split in ("train", "test"):
+            write_tff(root / f"shakespeare_{split}.h5",
+                      {f"R{i}": {"snippets": [b"to be or not to be" * (i + 1)]} for i in range(4)})
+    elif fmt == "tff_stackoverflow":
+        for split in ("train", "test"):
+            write_tff(root / f"stackoverflow_{split}.h5",
+                      {str(i): {"tokens": [b"how do i sort a list", b"use sorted"]}
+                       for i in range(4)})
+    else:
+        for split in ("train", "test"):
+            write_tff(root / f"fed_cifar100_{split}.h5", {str(c): {
+                "image": rng.integers(0, 256, (2, 32, 32, 3)).astype(np.uint8),
+                "label": rng.integers(0, 100, 2)} for c in range(4)})
+    options = {"vocab_size": 5} if fmt == "tff_stackoverflow" else {}
+    options.update(seq_len=8) if fmt in ("tff_shakespeare", "tff_stackoverflow") else None
+    return convert.convert(fmt, root, root / "pop", progress=False, **options)["folder"]
+
+
+#: run in the default suite (the rest under -m sweep: tests/test_sequence_cli.py runs the
+#: char_lstm DP-FedAvg and word_lstm FedAvg paths by default; ResNet-18 compiles for ~15 s)
+DEFAULT_BENCHMARKS = ("emnist_dp_fedavg", "emnist_fedavg")
+
+
+@pytest.mark.parametrize("path", [p if p.stem in DEFAULT_BENCHMARKS
+                                  else pytest.param(p, marks=pytest.mark.sweep)
+                                  for p in BENCHMARKS], ids=lambda p: p.stem)
+def test_every_benchmark_config_runs_on_a_file_of_its_format(path, tmp_path, capsys):
+    """Each configs/benchmarks/*.toml as shipped (algorithm, model, its privacy and sampling
+    settings), made tiny by overrides: 1 round, 1 local step, small model sizes, on a converted
+    4-client file of its dataset's format. The EMNIST DP-FedAvg one goes through the CLI end to
+    end: ``data convert`` prints the config lines, ``run`` trains on ``stacked:DST`` (the writers
+    as agents, the published test split)."""
+    from fedjax_dp.experiments import config as config_lib
+    from fedjax_dp.experiments import runner
+    fmt = "tff_" + path.stem.split("_")[0]
+    folder = _benchmark_fixture(tmp_path, fmt)
+    if path.stem == "emnist_dp_fedavg":                  # again, through the CLI
+        folder = str(tmp_path / "cli_pop")
+        assert cli.main(["data", "convert", fmt, str(tmp_path / "fed_emnist_train.h5"),
+                         folder, "--quiet"]) == 0
+        printed = json.loads(capsys.readouterr().out)
+        assert printed["dataset"] == f"stacked:{folder}" and printed["clients"] == 4
+    shipped = config_lib.load(path)
+    overrides = [f'data.dataset="stacked:{folder}"', "data.num_agents=4", "algorithm.rounds=1",
+                 "train.steps=1", "train.batch_size=2",
+                 f"model.options={TINY_MODEL[shipped['model']['name']]}"]
+    if shipped["algorithm"].get("sampling") == "fixed":
+        overrides.append("algorithm.cohort_size=2")
+    else:
+        overrides.append("algorithm.sampling_rate=0.5")
+    if path.stem == "emnist_dp_fedavg":
+        argv = [f"--set={o}" for o in overrides]
+        assert cli.main(["run", str(path), *argv, "--out", str(tmp_path / "out"), "--quiet"]) == 0
+        result = json.loads((tmp_path / "out" / "result.json").read_text())
+    else:
+        result = runner.run(config_lib.load(path, overrides), tmp_path / "out", progress=False)
+    assert 0.0 <= result["test_accuracy"] <= 1.0
+    private = shipped["algorithm"]["name"].startswith("dp_")
+    assert bool(result["privacy"]) == private
