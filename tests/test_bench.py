@@ -27,8 +27,10 @@ def _check_outputs(stem: Path, parts) -> dict:
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
     for part in record["parts"]:
         assert part["ratios"], part["name"]
+        assert part["ratios_of_minima"].keys() == part["ratios"].keys()
         for name, value in part["ratios"].items():
-            assert math.isfinite(value) and value > 0, (part["name"], name, value)
+            for v in (value, part["ratios_of_minima"][name]):
+                assert math.isfinite(v) and v > 0, (part["name"], name, v)
             assert any(r.startswith(f"| {part['name']} | {name} |") for r in rows), name
         for label, t in part["times"].items():
             assert 0 < t["min_s"] <= t["median_s"], (part["name"], label)

@@ -67,6 +67,6 @@ def measure(sizes: dict, repeats: int) -> dict:
     med = times["end_to_end"]["median_s"]
     return {"name": NAME, "title": TITLE,
             "sizes": {**sizes, "data_gb": x.nbytes / 2 ** 30, "train_gflop": flops / 1e9},
-            "times": times, "ratios": {},
+            "times": times, "pairs": {}, "flops": {"end_to_end": flops},
             "gflops": {"end_to_end": flops / med / 1e9},
             "rates": {"agents_per_s": n / med}}

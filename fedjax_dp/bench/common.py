@@ -99,6 +99,11 @@ def device_description() -> dict:
             "load_average": load_average(), "defaults": info["defaults"]}
 
 
+def ratios(times: dict, pairs: dict[str, tuple[str, str]], stat: str = "median_s") -> dict:
+    """``{name: times[num][stat] / times[den][stat]}`` for ``pairs = {name: (num, den)}``."""
+    return {name: times[num][stat] / times[den][stat] for name, (num, den) in pairs.items()}
+
+
 def num_params(params: Any) -> int:
     return int(sum(l.size for l in jax.tree.leaves(params)))
 

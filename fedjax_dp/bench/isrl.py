@@ -76,7 +76,6 @@ def measure(sizes: dict, repeats: int) -> dict:
     return {"name": NAME, "title": TITLE,
             "sizes": {**sizes, "chunk_size": chunk, "num_params": common.num_params(params)},
             "times": times,
-            "ratios": {f"loop_over_vectorised_{kind}": times[f"loop_{kind}"]["median_s"]
-                       / times[f"vectorised_{kind}"]["median_s"]
-                       for kind in ("refresh", "difference")},
+            "pairs": {f"loop_over_vectorised_{kind}": (f"loop_{kind}", f"vectorised_{kind}")
+                      for kind in ("refresh", "difference")},
             "checks": {"loop_silos_timed": looped}}

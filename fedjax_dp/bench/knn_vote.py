@@ -43,5 +43,5 @@ def measure(sizes: dict, repeats: int) -> dict:
     gemm = 2.0 * q * d * n_agents * n
     return {"name": NAME, "title": TITLE, "sizes": {**sizes, "classes": c,
                                                       "gemm_gflop": gemm / 1e9},
-            "times": times, "ratios": {},
+            "times": times, "pairs": {}, "flops": {"vote": gemm},
             "gflops": {"vote": gemm / times["vote"]["median_s"] / 1e9}}

@@ -99,7 +99,7 @@ def measure(sizes: dict, repeats: int) -> dict:
     return {"name": NAME, "title": TITLE,
             "sizes": {**sizes, "num_params": common.num_params(params), "model_gflop": flops / 1e9},
             "times": times,
-            "ratios": {"loop_agent_over_vmap": times["loop_agent"]["median_s"] / med,
-                       "loop_step_over_vmap": times["loop_step"]["median_s"] / med},
-            "gflops": {"vmap": flops / med / 1e9},
+            "pairs": {"loop_agent_over_vmap": ("loop_agent", "vmap"),
+                      "loop_step_over_vmap": ("loop_step", "vmap")},
+            "flops": {"vmap": flops}, "gflops": {"vmap": flops / med / 1e9},
             "checks": {"results_agree": bool(agree), "loop_agents_timed": looped}}

@@ -9,9 +9,10 @@ ratio, the device description and the machine's load average before and after ea
 after the last; ratios against it use the faster of the two (a slow spell of a shared machine
 never inflates them).
 
-Every figure in the table is a ratio of two timings taken in the same process. Timings are the
-median of ``repeats`` calls after a warm-up call that compiles (min, median, all calls and the
-first call are in the JSON).
+Every figure in the table is a ratio of two timings taken in the same process, after a warm-up
+call that compiles: of the medians of ``repeats`` calls (``ratios``) and of their minima
+(``ratios_of_minima``: less sensitive to other processes on a shared machine); min, median, all
+calls and the first call of every timing are in the JSON, with each part's compilations.
 """
 from __future__ import annotations
 
@@ -120,6 +121,11 @@ def run(suite: str = "quick", out: str | Path | None = None, *, only: list[str] 
             except Exception as e:                          # recorded; the others still run
                 rec = {"name": name, "title": PARTS[name].TITLE, "sizes": sizes[name],
                        "error": f"{type(e).__name__}: {e}"}
+        if "error" not in rec:
+            pairs = rec.pop("pairs")
+            rec["ratios"] = common.ratios(rec["times"], pairs, "median_s")
+            rec["ratios_of_minima"] = common.ratios(rec["times"], pairs, "min_s")
+            rec["ratio_pairs"] = pairs
         rec["wall_s"] = time.perf_counter() - t0
         rec["process_cpu_s"] = time.process_time() - c0
         summary = compiles.summary()
@@ -133,8 +139,10 @@ def run(suite: str = "quick", out: str | Path | None = None, *, only: list[str] 
     mm.append(common.matmul(sizes["matmul"], max(repeats, 3)))
     ref = max(m["gflops"] for m in mm)
     for rec in parts:
-        for label, g in rec.get("gflops", {}).items():
-            rec["ratios"][f"{label}_fraction_of_matmul"] = g / ref
+        for label, flops in rec.get("flops", {}).items():
+            for stat, key in (("median_s", "ratios"), ("min_s", "ratios_of_minima")):
+                rec[key][f"{label}_fraction_of_matmul"] = (
+                    flops / rec["times"][label][stat] / 1e9 / ref)
     record.update(matmul={"before": mm[0], "after": mm[1], "gflops": ref}, parts=parts,
                   total_s=time.perf_counter() - start,
                   errors=[r["name"] for r in parts if "error" in r])
@@ -167,16 +175,19 @@ def markdown(record: dict) -> str:
              f"start {d['load_average']}; started {record['started']}, took "
              f"{record['total_s']:.0f} s. Float32 matmul {record['matmul']['before']['n']}^3: "
              f"{record['matmul']['gflops']:.1f} GFLOP/s (the faster of before / after).", "",
-             "Every value is a ratio of timings taken in this run (medians after a warm-up "
-             "call).", "",
-             "| measurement | ratio | value | medians (s) | sizes |", "|---|---|---|---|---|"]
+             "Every value is a ratio of timings taken in this run, after a warm-up call: of "
+             "the medians over the repeats, and of the minima (less sensitive to other "
+             "processes on a shared machine).", "",
+             "| measurement | ratio | of medians | of minima | medians (s) | sizes |",
+             "|---|---|---|---|---|---|"]
     for rec in record["parts"]:
         if "error" in rec:
-            lines.append(f"| {rec['name']} | ERROR | - | {rec['error'][:120]} | |")
+            lines.append(f"| {rec['name']} | ERROR | - | - | {rec['error'][:120]} | |")
             continue
         med = ", ".join(f"{k} {_fmt(t['median_s'])}" for k, t in rec["times"].items())
         for i, (k, v) in enumerate(rec["ratios"].items()):
-            lines.append(f"| {rec['name']} | {k} | {_fmt(v)} | {med if i == 0 else ''} | "
+            lines.append(f"| {rec['name']} | {k} | {_fmt(v)} | "
+                         f"{_fmt(rec['ratios_of_minima'][k])} | {med if i == 0 else ''} | "
                          f"{_sizes_text(rec['sizes']) if i == 0 else ''} |")
     return "\n".join(lines) + "\n"
 
