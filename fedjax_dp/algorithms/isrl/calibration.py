@@ -105,3 +105,21 @@ def worst_silos(rates: np.ndarray, counts: np.ndarray, noise_multipliers=None) -
 
     keep = [rows[a] for a in keys if not any(dominated(a, b) for b in keys)]
     return np.asarray(sorted(keep), np.int64)
+
+
+def reference_calibrate(target_epsilon: float, delta: float,
+                        releases: Sequence[tuple[float, int]], accountant: str = "rdp") -> float:
+    """The noise multiplier the ISRL reference code uses (``DP_FL2.py``, ``spider``): EACH kind
+    of upload sized alone for the full budget,
+
+        z_ref = max_u calibrate(target, delta, [(p_u, c_u)])
+
+    so every kind's own series of c_u releases meets (target, delta), and the silo's whole
+    transcript (eq. (1), all kinds composed) does NOT: for SPIDER at q = 2 (as many refresh as
+    difference uploads) its epsilon is ~1.4-1.5x the target. Only to reproduce the authors' runs;
+    the run's ledger composes what was really sent and reports that epsilon (:func:`calibrate` is
+    the correct calibration)."""
+    kinds = [(float(p), int(c)) for p, c in releases if int(c) > 0]
+    if not kinds:
+        raise ValueError("releases must hold at least one kind of upload with count >= 1")
+    return max(calibrate(target_epsilon, delta, [kind], accountant) for kind in kinds)

@@ -204,10 +204,20 @@ class Algorithm:
         # one calibration per DISTINCT row of rates (host side, once per run; equal-size silos
         # share one), then every silo reads its row's z
         distinct, inverse = np.unique(np.asarray(rows, np.float64), axis=0, return_inverse=True)
-        z = np.array([calibration.calibrate(config.target_epsilon, config.delta,
-                                            list(zip(row, planned)), config.accountant)
+        z = np.array([self.calibrate_silo(config, list(zip(row, planned)))
                       for row in distinct.tolist()])
         return z[np.reshape(inverse, -1)]
+
+    def calibrate_silo(self, config, releases: list[tuple[float, int]]) -> float:
+        """z of one silo whose planned transcript is ``releases`` ``[(rate, count)]`` per kind:
+        the smallest meeting the target for all kinds composed (:func:`calibration.calibrate`).
+        SPIDER's ``accounting = "reference"`` overrides it (:mod:`spider`)."""
+        return calibration.calibrate(config.target_epsilon, config.delta, releases,
+                                     config.accountant)
+
+    def accounting_note(self, config) -> str:
+        """Extra words for the ledger's note (default none; SPIDER's reference accounting)."""
+        return ""
 
     def init(self, key: jax.Array, data: api.FederatedData, model: Model, config,
              runtime: api.Runtime = api.Runtime(), *, loss_fn=None) -> api.State:
@@ -296,7 +306,7 @@ class Algorithm:
                 f"sampling, noise multipliers {z.min():.6g}..{z.max():.6g}, no amplification from "
                 f"silo availability); worst silo by parallel composition; members = silos "
                 f"{keep.tolist()[:20]}{' ...' if len(keep) > 20 else ''} (the others are "
-                f"dominated in rates, counts and noise)")
+                f"dominated in rates, counts and noise){self.accounting_note(config)}")
         return declare_uncovered(config, PrivacyLedger()).add_parallel(
             calibration.UNIT, [events[i] for i in keep], relation=calibration.RELATION,
             sensitivity=config.clip_norm, note=note)
