@@ -84,6 +84,12 @@ class Config:
     genotype of the same size (:func:`darts.random_genotype`, drawn from the run's key stream
     ``"random_genotype"``, independent of the data: the paper's searched-vs-random comparison
     is the grid ``algorithm.fixed_genotype = ["", "random"]``).
+    ``private_retrain`` (default true): retraining is private when the run is; false retrains
+    WITHOUT clipping or noise after a private search (the paper's protocol: its guarantee covers
+    the search only; the ledger then covers the search and declares the retrained network
+    uncovered). ``retrain_seed`` (default -1: the run's key): >= 0 draws the retraining's
+    initialisation, sampling and noise from ``key(retrain_seed)`` instead, so one search (or one
+    random genotype, both from the run's seed) is retrained under several retraining seeds.
     """
 
     nodes: int = 4
@@ -119,6 +125,8 @@ class Config:
     clip_retrain: float = 1.0
     noise_retrain: float = 1.0
     fixed_genotype: str = ""
+    private_retrain: bool = True
+    retrain_seed: int = -1
 
     FIELDS = {"nodes": _v.Int(1, 64), "channels": _v.Int(1, _v.WIDTH_MAX),
               "cells": _v.Int(1, 1024),
@@ -140,7 +148,8 @@ class Config:
               "retrain_lr": _v.Float(0.0, low_open=True),
               "retrain_channels": _v.Int(0, _v.WIDTH_MAX), "retrain_cells": _v.Int(0, 1024),
               "clip_retrain": _v.Float(0.0, low_open=True), "noise_retrain": _v.Float(0.0),
-              "fixed_genotype": _v.Text("a genotype JSON string, \"random\" or \"\"")}
+              "fixed_genotype": _v.Text("a genotype JSON string, \"random\" or \"\""),
+              "private_retrain": _v.Bool(), "retrain_seed": _v.Int(-1)}
 
     def __post_init__(self):
         validation.check_config(self, "algorithm")
@@ -159,6 +168,11 @@ class Config:
                 raise ValueError("algorithm.retrain_epochs must be >= 1 with a fixed_genotype")
 
     @property
+    def retrain_private(self) -> bool:
+        """Whether retraining clips and adds noise (``private`` and ``private_retrain``)."""
+        return self.private and self.private_retrain
+
+    @property
     def search_steps(self) -> int:
         """Search epochs run (0 when ``fixed_genotype`` skips the search)."""
         return 0 if self.fixed_genotype else self.search_epochs
@@ -174,9 +188,10 @@ class Config:
                                  primitives=self.primitives, stem_multiplier=self.stem_multiplier)
 
 
-def _mech(config: Config, clip: str, noise: str) -> steps.Mechanism:
+def _mech(config: Config, clip: str, noise: str, private: bool | None = None
+          ) -> steps.Mechanism:
     return steps.Mechanism(clip=float(getattr(config, clip)), noise=float(getattr(config, noise)),
-                           private=config.private)
+                           private=config.private if private is None else private)
 
 
 def search_hyper(config: Config, total_iterations: int) -> steps.SearchHyper:
@@ -405,7 +420,8 @@ def _retrain_fns(ctx: Context, geno: darts.Genotype, feature_shape, num_classes)
                                 channels=c.retrain_channels or c.channels,
                                 cells=c.retrain_cells or c.cells,
                                 stem_multiplier=c.stem_multiplier)
-    hyper = steps.RetrainHyper(mech=_mech(c, "clip_retrain", "noise_retrain"), lr=c.retrain_lr,
+    hyper = steps.RetrainHyper(mech=_mech(c, "clip_retrain", "noise_retrain", c.retrain_private),
+                               lr=c.retrain_lr,
                                total_iterations=ctx.retrain_iterations * c.retrain_epochs)
     return fixed, steps.make_retrain(fixed, hyper, backend=ctx.runtime.backend)
 
@@ -495,6 +511,9 @@ def _step_seeds(states: list[api.State], keys: list, group_data: Any
     """
     t = states[0].step
     config: Config = states[0].context.config
+    if t >= config.search_steps and config.retrain_seed >= 0:
+        # retraining keys from their own root (one search retrained under several seeds)
+        keys = [api.step_key(jax.random.key(config.retrain_seed), t)] * len(keys)
     splits = [jax.random.split(k) for k in keys]
     k_inits, k_epochs = [s[0] for s in splits], [s[1] for s in splits]
     values = [dict(s.values) for s in states]
@@ -600,7 +619,7 @@ def _record_events(config: Config, ctx: Context) -> list[tuple]:
     tr, va, re = (np.asarray(ctx.search_data.train.rate), np.asarray(ctx.search_data.val.rate),
                   np.asarray(ctx.retrain_data.rate))
     t = ctx.search_iterations * config.search_steps
-    t_re = ctx.retrain_iterations * config.retrain_epochs
+    t_re = ctx.retrain_iterations * config.retrain_epochs if config.retrain_private else 0
     return [fnas_privacy.record_events(
         rate_train=float(tr[k]), rate_val=float(va[k]), rate_retrain=float(re[k]), iterations=t,
         retrain_iterations=t_re, noise_weights=config.noise_weights, noise_arch=config.noise_arch,
@@ -619,12 +638,21 @@ def ledger(config: Config, state: api.State) -> tuple[PrivacyLedger, ...]:
             + (", the second-order mechanism" if config.order == "second" else "")
             + " and retraining; validation-half records the architecture mechanism and "
               "retraining")
+    if not config.retrain_private:
+        note += ("; retraining is NOT private (private_retrain = false): this guarantee covers "
+                 "the search (the genotype) only")
+    out = fnas_privacy.ledgers(_record_events(config, state.context), note=note)
+    if not config.retrain_private:
+        out = tuple(lg.declare_uncovered(
+            "the retrained network (algorithm.private_retrain = false)",
+            "trained on every party's records without clipping or noise: not private")
+            for lg in out)
     return tuple(lg.declare_uncovered(
         "diagnostic metrics train_loss, val_loss, clipped_w, clipped_alpha, clipped_second, "
         "batch_train, batch_val (realised batch sizes), retrain_loss and clipped_retrain of "
         "every epoch (history, progress.jsonl)",
         "computed from the parties' records without noise: not private")
-        for lg in fnas_privacy.ledgers(_record_events(config, state.context), note=note))
+        for lg in out)
 
 
 def paper_gdp(config: Config, state: api.State, delta: float) -> dict | None:

@@ -1,0 +1,74 @@
+"""DP-FNAS retraining options of the discriminative experiment
+(configs/experiments/fnas_discriminative.toml): ``private_retrain = false`` retrains a privately
+searched genotype without clipping or noise (the paper's protocol; the ledger covers the search
+only and says so), and ``retrain_seed`` draws the retraining from its own key, independent of
+the run's seed (one search retrained under several seeds).
+
+Tiny shapes as in tests/test_fnas_seeds.py (4x4 images, 2 channels, 1 node, 1 cell).
+"""
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.fnas import dp_fnas
+from fedjax_dp.core import from_ragged
+
+SHAPE, CLASSES = (4, 4, 1), 3
+PRIMS = ("none", "skip_connect", "avg_pool_3x3")
+TINY = dp_fnas.Config(nodes=1, channels=2, cells=1, primitives=PRIMS, stem_multiplier=1,
+                      search_epochs=1, batch_size=2, retrain_epochs=2, retrain_batch_size=2)
+GENOTYPE = json.dumps(dp_fnas.fixed_genotype(
+    jax.random.key(0), dataclasses.replace(TINY, fixed_genotype="random")).to_json())
+
+
+def tiny_data(n: int = 6) -> api.FederatedData:
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(n,) + SHAPE).astype(np.float32) for _ in range(2)]
+    ys = [rng.integers(0, CLASSES, n) for _ in range(2)]
+    return api.FederatedData(agents=from_ragged(xs, ys), num_classes=CLASSES)
+
+
+def retrained(config: dp_fnas.Config, seed: int) -> list[np.ndarray]:
+    """The retrained parameters of a run of ``config`` with root key ``key(seed)``."""
+    key = jax.random.key(seed)
+    state = dp_fnas.init(key, tiny_data(), None, config)
+    for t in range(dp_fnas.num_steps(config)):
+        state, _ = dp_fnas.step(state, api.step_key(key, t))
+    return [np.asarray(x) for x in jax.tree.leaves(state.values["retrain"].params)]
+
+
+def test_non_private_retraining_with_its_own_seed():
+    """A private run with private_retrain = false retrains exactly as a non-private run (same
+    genotype, same retrain_seed) even under another run seed; another retrain_seed gives other
+    parameters."""
+    fixed = dataclasses.replace(TINY, fixed_genotype=GENOTYPE, retrain_seed=0)
+    plain = retrained(dataclasses.replace(fixed, private=True, private_retrain=False), seed=1)
+    for a, b in zip(plain, retrained(dataclasses.replace(fixed, private=False), seed=2),
+                    strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    other_seed = retrained(dataclasses.replace(fixed, private=False, retrain_seed=1), seed=2)
+    assert any(not np.allclose(a, b) for a, b in zip(plain, other_seed))
+
+
+def test_ledger_covers_the_search_only_without_private_retraining():
+    cfg = dataclasses.replace(TINY, private=True, private_retrain=False)
+    state = dp_fnas.init(jax.random.key(0), tiny_data(), None, cfg)
+    ledger, = dp_fnas.ledger(cfg, state)
+    search_only, = dp_fnas.ledger(dataclasses.replace(TINY, retrain_epochs=0), state)
+    with_retrain, = dp_fnas.ledger(TINY, state)
+    eps = ledger.epsilon("instance", 1e-5)
+    assert eps == pytest.approx(search_only.epsilon("instance", 1e-5), rel=1e-12)
+    assert eps < with_retrain.epsilon("instance", 1e-5)
+    assert any("retrained network" in u.release for u in ledger.uncovered)
+    assert not any("retrained network" in u.release for u in with_retrain.uncovered)
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(private_retrain="no"), "algorithm.private_retrain"),
+                                          (dict(retrain_seed=-2), "algorithm.retrain_seed")])
+def test_bad_retraining_options_are_refused(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        dp_fnas.Config(**kwargs)
