@@ -100,10 +100,11 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from fedjax_dp.core import validation
-from fedjax_dp.privacy import accounting
+from fedjax_dp.privacy import accounting, shuffle_l2
+from fedjax_dp.privacy.shuffle_l2 import ANALYSES
 
 __all__ = [
-    "NORMS", "RELATIONS", "METHODS", "ShuffleConfig", "BinomialSumEvent", "clip",
+    "NORMS", "RELATIONS", "METHODS", "ANALYSES", "ShuffleConfig", "BinomialSumEvent", "clip",
     "randomized_round", "binomial_noise", "shuffle_vector_sum", "shuffle_tree_sum",
     "tree_dimension", "decode", "estimate_variance",
     "per_coordinate_sensitivity", "make_event", "coordinate_pmfs", "coordinate_pld", "pld",
@@ -391,13 +392,17 @@ class BinomialSumEvent:
     ``dimension * count`` times. With ``sampling_probability = q < 1`` every record enters each
     release independently with probability ``q`` (Poisson; add/remove only): each release's
     pair is subsampled before the ``count`` releases compose (:func:`pld`).
-    JSON: :meth:`to_json` / :meth:`from_json`.
+    ``analysis``: ``'per_coordinate'`` (default: the pair above, Cheu et al.'s analysis) or
+    ``'l2'`` (one release's dominating pair from the L2-clipped report's rounded set,
+    :mod:`fedjax_dp.privacy.shuffle_l2`; add/remove, ``sensitivity`` = K, L2 clipping).
+    JSON: :meth:`to_json` / :meth:`from_json` (``analysis`` written only when ``'l2'``).
     """
     noise_trials: int
     sensitivity: int
     dimension: int
     count: int = 1
     sampling_probability: float = 1.0
+    analysis: str = "per_coordinate"
 
     CLASS_NAME = "BinomialSumEvent"
 
@@ -411,6 +416,7 @@ class BinomialSumEvent:
         object.__setattr__(self, "count", validation.check_int("count", self.count, minimum=1))
         object.__setattr__(self, "sampling_probability", validation.check_probability(
             "sampling_probability", self.sampling_probability))
+        validation.check_choice("analysis", self.analysis, ANALYSES)
 
     @property
     def compositions(self) -> int:
@@ -420,7 +426,8 @@ class BinomialSumEvent:
         return {"class_name": self.CLASS_NAME, "module_name": __name__,
                 "noise_trials": self.noise_trials, "noise_probability": NOISE_PROBABILITY,
                 "sensitivity": self.sensitivity, "dimension": self.dimension,
-                "count": self.count, "sampling_probability": self.sampling_probability}
+                "count": self.count, "sampling_probability": self.sampling_probability,
+                **({} if self.analysis == "per_coordinate" else {"analysis": self.analysis})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> "BinomialSumEvent":
@@ -431,25 +438,38 @@ class BinomialSumEvent:
                              f"analysis covers), got {data['noise_probability']!r}")
         return cls(noise_trials=data["noise_trials"], sensitivity=data["sensitivity"],
                    dimension=data["dimension"], count=data.get("count", 1),
-                   sampling_probability=data.get("sampling_probability", 1.0))
+                   sampling_probability=data.get("sampling_probability", 1.0),
+                   analysis=data.get("analysis", "per_coordinate"))
 
 
 def make_event(config: ShuffleConfig, dimension: int, releases: int = 1,
-               relation: str = "add_remove", sampling_probability: float = 1.0
-               ) -> BinomialSumEvent:
+               relation: str = "add_remove", sampling_probability: float = 1.0,
+               analysis: str = "per_coordinate") -> BinomialSumEvent:
     """The event for ``releases`` adaptive releases of :func:`shuffle_vector_sum` on ``[n, d]``.
 
     ``sampling_probability``: each record is a report of a release independently with this
     probability (Poisson sampling, e.g. the weights of a silo's minibatch); amplification is
-    analysed for the add/remove relation only.
+    analysed for the add/remove relation only. ``analysis``: ``'per_coordinate'`` or ``'l2'``
+    (:mod:`fedjax_dp.privacy.shuffle_l2`; needs ``config.norm == 'l2'`` and add/remove).
     """
     q = validation.check_probability("sampling_probability", sampling_probability)
+    _check_analysis(analysis, relation, _check_config(config).norm)
     if q < 1 and relation != "add_remove":
         raise ValueError(f"sampling_probability < 1 needs relation='add_remove' (Poisson "
                          f"subsampling is analysed for add/remove only), got {relation!r}")
     return BinomialSumEvent(noise_trials=config.noise_trials,
                             sensitivity=per_coordinate_sensitivity(config, relation),
-                            dimension=dimension, count=releases, sampling_probability=q)
+                            dimension=dimension, count=releases, sampling_probability=q,
+                            analysis=analysis)
+
+
+def _check_analysis(analysis: str, relation: str, norm: str = "l2") -> None:
+    validation.check_choice("analysis", analysis, ANALYSES)
+    if analysis == "l2" and relation != "add_remove":
+        raise ValueError(f"analysis='l2' covers relation='add_remove' only, got {relation!r}")
+    if analysis == "l2" and norm != "l2":
+        raise ValueError(f"analysis='l2' needs reports clipped in L2 (config.norm='l2'), got "
+                         f"norm={norm!r}")
 
 
 def _log_binom(o: np.ndarray, n: int) -> np.ndarray:
@@ -549,9 +569,17 @@ def pld(event: BinomialSumEvent, *,
     """
     event = _check_event(event)
     h = value_discretization_interval
+    q = event.sampling_probability
+    if event.analysis == "l2":
+        # One release's dominating pair from the L2 analysis, then the same subsampling and
+        # composition as below.
+        release = shuffle_l2.release_pld(event.noise_trials, event.sensitivity,
+                                         event.dimension, h)
+        if q < 1:
+            release = _subsampled(release, q, h)
+        return release if event.count == 1 else release.self_compose(event.count)
     one = coordinate_pld(event.noise_trials, event.sensitivity,
                          value_discretization_interval=h, method=method)
-    q = event.sampling_probability
     per_release = event.dimension if q < 1 else event.compositions
     if per_release == 1:
         release = one
@@ -610,21 +638,25 @@ def _subsampled(release: pld_lib.PrivacyLossDistribution, q: float, h: float
 
 def epsilon(config: ShuffleConfig, dimension: int, releases: int, delta: float, *,
             relation: str = "add_remove", method: str = "connect_dots",
-            value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION) -> float:
-    """Epsilon at ``delta`` of ``releases`` releases of the ``dimension``-coordinate sum (PLD)."""
+            value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
+            sampling_probability: float = 1.0, analysis: str = "per_coordinate") -> float:
+    """Epsilon at ``delta`` of ``releases`` releases of the ``dimension``-coordinate sum (PLD;
+    ``analysis`` ``'per_coordinate'`` or ``'l2'``, see :class:`BinomialSumEvent`)."""
     delta = validation.check_open_unit("delta", delta)
-    event = make_event(_check_config(config), dimension, releases, relation)
+    event = make_event(_check_config(config), dimension, releases, relation,
+                       sampling_probability, analysis)
     return float(pld(event, value_discretization_interval=value_discretization_interval,
                      method=method).get_epsilon_for_delta(delta))
 
 
 def delta_for_epsilon(config: ShuffleConfig, dimension: int, releases: int, epsilon: float, *,
                       relation: str = "add_remove", method: str = "connect_dots",
-                      value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION
-                      ) -> float:
+                      value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
+                      analysis: str = "per_coordinate") -> float:
     """Delta at ``epsilon`` (the hockey-stick divergence of the composed PLD, both directions)."""
     epsilon = validation.check_nonnegative("epsilon", epsilon)
-    event = make_event(_check_config(config), dimension, releases, relation)
+    event = make_event(_check_config(config), dimension, releases, relation,
+                       analysis=analysis)
     return float(pld(event, value_discretization_interval=value_discretization_interval,
                      method=method).get_delta_for_epsilon(epsilon))
 
@@ -633,8 +665,8 @@ def calibrate_noise_trials(target_epsilon: float, delta: float, *, granularity: 
                            dimension: int, releases: int, relation: str = "add_remove",
                            max_trials: int = 2 ** 40, rtol: float = 0.0,
                            sampling_probability: float = 1.0,
-                           value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION
-                           ) -> int:
+                           value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
+                           analysis: str = "per_coordinate") -> int:
     """Smallest ``N`` with ``epsilon <= target_epsilon`` at ``delta`` (discrete search), for
     ``releases`` releases of ``dimension`` coordinates (Poisson-sampled at
     ``sampling_probability``).
@@ -643,6 +675,9 @@ def calibrate_noise_trials(target_epsilon: float, delta: float, *, granularity: 
     post-processing), so doubling brackets the answer and integer bisection finds it (stopped
     once the bracket is within ``rtol`` relative width; ``rtol = 0``: the exact smallest ``N``).
     The result always meets the target. Raises ``ValueError`` if ``max_trials`` is not enough.
+    ``analysis``: ``'per_coordinate'`` or ``'l2'`` (:class:`BinomialSumEvent`; for ``'l2'`` the
+    bound is not proven monotone in ``N``, but the returned ``N`` is always one that was
+    evaluated and meets the target).
     """
     target = validation.check_positive("target_epsilon", target_epsilon)
     if not math.isfinite(target):
@@ -659,26 +694,37 @@ def calibrate_noise_trials(target_epsilon: float, delta: float, *, granularity: 
     max_trials = validation.check_int("max_trials", max_trials, minimum=1,
                                       maximum=MAX_NOISE_TRIALS)
     rtol = validation.check_nonnegative("rtol", rtol)
+    _check_analysis(analysis, relation)
     s = k * (2 if relation == "replace" else 1)
+    # Largest N with no privacy at all (the L2 analysis needs N >= 2K: shuffle_l2.window).
+    floor = 2 * k - 1 if analysis == "l2" else s - 1
 
     def eps_at(n: int) -> float:
-        return float(pld(BinomialSumEvent(n, s, dimension, releases, q),
+        if n <= floor:
+            return math.inf
+        return float(pld(BinomialSumEvent(n, s, dimension, releases, q, analysis),
                          value_discretization_interval=value_discretization_interval
                          ).get_epsilon_for_delta(delta))
 
     # Start from the Gaussian approximation (std sqrt(N)/2, sensitivity s, d*T compositions),
     # then bracket [lo, hi] with eps(lo) > target >= eps(hi) by doubling / halving.
-    z = dp_accounting.get_sigma_gaussian(target, delta) * math.sqrt(dimension * releases)
-    hi = int(min(max_trials, max(s, math.ceil(4 * (s * z) ** 2))))
+    # (L2: sensitivity max_rounded_l2 grid steps, T compositions.)
+    if analysis == "l2":
+        z = dp_accounting.get_sigma_gaussian(target, delta) * math.sqrt(releases)
+        sens = shuffle_l2.max_rounded_l2(k, dimension)
+    else:
+        z = dp_accounting.get_sigma_gaussian(target, delta) * math.sqrt(dimension * releases)
+        sens = s
+    hi = int(min(max_trials, max(floor + 1, math.ceil(4 * (sens * z) ** 2))))
     while eps_at(hi) > target:
         if hi >= max_trials:
             raise ValueError(f"target_epsilon={target:g} is unreachable with noise_trials <= "
                              f"max_trials={max_trials} (epsilon={eps_at(hi):.4g} at delta="
                              f"{delta:g}); raise max_trials or the target")
         hi = min(2 * hi, max_trials)
-    lo = max(s - 1, hi // 2)
-    while lo >= s and eps_at(lo) <= target:
-        hi, lo = lo, max(s - 1, lo // 2)                # below s: no privacy at all
+    lo = max(floor, hi // 2)
+    while lo > floor and eps_at(lo) <= target:
+        hi, lo = lo, max(floor, lo // 2)                # below floor + 1: no privacy at all
     while hi - lo > max(1.0, rtol * lo):
         mid = (lo + hi) // 2
         if eps_at(mid) <= target:

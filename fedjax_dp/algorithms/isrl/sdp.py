@@ -45,16 +45,20 @@ class Config(protocol.Config):
     """SDP MB-SGD. clip_norm: C (L2 over the whole vector, also the protocol's bound).
     target_epsilon / delta: the central guarantee after shuffling (delta defaults to
     ``[privacy].delta`` from a config file). granularity: K, grid step C / K. noise_trials: N
-    (skip calibration)."""
+    (skip calibration). shuffle_analysis: how the binomial sums are accounted (calibration and
+    ledger): ``'per_coordinate'`` (default; Cheu et al.'s analysis, the paper's) or ``'l2'``
+    (the L2-clipped report's rounded set, :mod:`fedjax_dp.privacy.shuffle_l2`)."""
 
     clip_norm: float = 1.0
     target_epsilon: float = 1.0
     delta: float = 1e-5
     granularity: int = 16
     noise_trials: int | None = None
+    shuffle_analysis: str = "per_coordinate"
 
     FIELDS = {**protocol.BUDGET_FIELDS, "granularity": validation.Int(1, 2 ** 20),
-              "noise_trials": validation.Int(1, 2 ** 52, optional=True)}
+              "noise_trials": validation.Int(1, 2 ** 52, optional=True),
+              "shuffle_analysis": validation.Choice(shuffle.ANALYSES)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +89,7 @@ class ShuffleAlgorithm(Algorithm):
             trials = shuffle.calibrate_noise_trials(
                 config.target_epsilon, config.delta, granularity=config.granularity,
                 dimension=dimension(params), releases=config.rounds,
-                sampling_probability=float(np.max(rates)))
+                sampling_probability=float(np.max(rates)), analysis=config.shuffle_analysis)
         cfg = shuffle.ShuffleConfig(clip_norm=float(config.clip_norm),
                                     granularity=int(config.granularity), noise_trials=int(trials))
         return 0.0, {"shuffle": cfg}
@@ -103,7 +107,8 @@ class ShuffleAlgorithm(Algorithm):
         keep = [i for i in calibration.worst_silos(rates[:, None], counts[:, None]).tolist()
                 if counts[i] > 0]
         note = (f"{self.name}: shuffled binomial vector sums (N = {cfg.noise_trials} noise "
-                f"trials, granularity K = {cfg.granularity}, C = {cfg.clip_norm:g}, d = {d}); "
+                f"trials, granularity K = {cfg.granularity}, C = {cfg.clip_norm:g}, d = {d}"
+                f"{'; L2 analysis' if config.shuffle_analysis == 'l2' else ''}); "
                 f"silo i's records are Poisson-sampled with its largest record rate in each of "
                 f"the releases of the rounds it was available (no amplification from silo "
                 f"availability); members = silos {keep[:20]} (the others are dominated)")
@@ -111,8 +116,8 @@ class ShuffleAlgorithm(Algorithm):
         if not keep:
             import dp_accounting
             return out.add_event(UNIT, dp_accounting.NoOpDpEvent(), relation=RELATION, note=note)
-        events = [shuffle.make_event(cfg, d, int(counts[i]),
-                                     sampling_probability=float(rates[i])) for i in keep]
+        events = [shuffle.make_event(cfg, d, int(counts[i]), sampling_probability=float(rates[i]),
+                                     analysis=config.shuffle_analysis) for i in keep]
         return out.add_parallel(UNIT, events, relation=RELATION, note=note)
 
 
