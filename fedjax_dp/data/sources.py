@@ -187,12 +187,21 @@ def mnist5k_oddeven(seed: int = 0, *, pca_dim: int = 50, standardize: bool = Fal
 def synthetic(num_train: int = 1000, num_public: int = 200, num_test: int = 200,
               num_features: int = 20, num_classes: int = 10, seed: int = 0,
               separation: float = 3.0, *, num_domains: int = 1,
-              domain_shift: float = 1.0) -> Dataset:
+              domain_shift: float = 1.0, clusters_per_class: int = 1,
+              num_informative: int = 0) -> Dataset:
     """A Gaussian mixture: class ``k`` records are ``mu_k + N(0, I)`` in ``num_features`` dims.
 
     The class means ``mu_k`` point in random directions and have norm ``separation`` (so the
     distance between two means is about ``separation * sqrt(2)``); the default 3.0 makes the task
     clearly learnable by a linear classifier yet not trivial. Labels are balanced.
+
+    Harder tasks (defaults: the task above, bit for bit): ``clusters_per_class = K > 1`` makes
+    every class a mixture of K clusters (``C K`` means of norm ``separation``; record r of
+    cluster ``z_r`` has label ``z_r mod C``, so a class is not linearly separable from the others
+    and a linear model's ceiling drops while a non-linear one's stays); ``num_informative = m``
+    (``0 < m < num_features``) puts the means in the first m coordinates only, the other
+    ``num_features - m`` being pure noise (a high-dimensional task with a low-dimensional
+    signal, which PCA on the public split recovers and noise on every coordinate does not).
 
     With ``num_domains > 1`` every record also gets a domain id and a domain offset
     ``delta_d ~ N(0, domain_shift^2 I)`` is added to its features (covariate shift); training
@@ -203,14 +212,16 @@ def synthetic(num_train: int = 1000, num_public: int = 200, num_test: int = 200,
     same dataset with the training features generated block by block (for large ``num_train``).
     """
     return synthetic_stream(num_train, num_public, num_test, num_features, num_classes, seed,
-                            separation, num_domains=num_domains,
-                            domain_shift=domain_shift).materialize()
+                            separation, num_domains=num_domains, domain_shift=domain_shift,
+                            clusters_per_class=clusters_per_class,
+                            num_informative=num_informative).materialize()
 
 
 def synthetic_stream(num_train: int = 1000, num_public: int = 200, num_test: int = 200,
                      num_features: int = 20, num_classes: int = 10, seed: int = 0,
                      separation: float = 3.0, *, num_domains: int = 1,
-                     domain_shift: float = 1.0) -> StreamedDataset:
+                     domain_shift: float = 1.0, clusters_per_class: int = 1,
+                     num_informative: int = 0) -> StreamedDataset:
     """:func:`synthetic` (the same arguments and values) whose training features are generated
     in blocks when read, never held whole: labels and domains are drawn at once, then the
     training stream's state is kept, and every read of the features replays it from there."""
@@ -223,16 +234,27 @@ def synthetic_stream(num_train: int = 1000, num_public: int = 200, num_test: int
     separation = validation.check_nonnegative("separation", separation)
     num_domains = validation.check_int("num_domains", num_domains, minimum=1)
     domain_shift = validation.check_nonnegative("domain_shift", domain_shift)
+    clusters = validation.check_int("clusters_per_class", clusters_per_class, minimum=1)
+    num_informative = validation.check_int("num_informative", num_informative, minimum=0)
+    if num_informative > num_features:
+        raise ValueError(f"num_informative must be in [0, num_features = {num_features}] "
+                         f"(0: every feature), got {num_informative}")
+    num_means = num_classes * clusters                                  # C K cluster means
 
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)]
-    directions = streams[0].normal(size=(num_classes, num_features))        # [C, d]
+    directions = streams[0].normal(size=(num_means, num_features))          # [C K, d]
+    if num_informative:
+        directions[:, num_informative:] = 0.0       # the signal in the first m coordinates
     norms = np.linalg.norm(directions, axis=1, keepdims=True)
-    means = separation * directions / np.where(norms > 0, norms, 1.0)        # [C, d]
+    means = separation * directions / np.where(norms > 0, norms, 1.0)        # [C K, d]
     offsets = domain_shift * streams[0].normal(size=(num_domains, num_features))  # [D, d]
 
     def draw(rng: np.random.Generator, n: int):
         """Labels and domains of ``n`` records now; their features from ``blocks(size)``."""
-        y = rng.permutation(np.arange(n) % num_classes).astype(np.int32)    # [n] balanced
+        # cluster ids z (K = 1: z = y, the same draws); (r mod C K) mod C = r mod C, so the
+        # labels are exactly as balanced as with one cluster per class
+        z = rng.permutation(np.arange(n) % num_means)                       # [n]
+        y = (z % num_classes).astype(np.int32)                              # [n] balanced
         dom = rng.permutation(np.arange(n) % num_domains).astype(np.int64)  # [n]
         if num_domains == 1:
             dom = None                          # drawn only to keep the stream's position
@@ -243,7 +265,7 @@ def synthetic_stream(num_train: int = 1000, num_public: int = 200, num_test: int
             for s in range(0, n, size):
                 e = min(n, s + size)
                 x = g.normal(size=(e - s, num_features))                    # [b, d]
-                x += means[y[s:e]]          # in place: the same sums as means[y] + normal
+                x += means[z[s:e]]          # in place: the same sums as means[z] + normal
                 if num_domains > 1:
                     x += offsets[dom[s:e]]
                 yield x.astype(np.float32)

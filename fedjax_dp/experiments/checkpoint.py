@@ -55,7 +55,7 @@ class CheckpointError(ValueError):
 # keys added to the config after runs were stored, with the value every earlier run had: left
 # out of the fingerprint when they hold it, so those runs still resume and match
 LATER_KEYS = {("train", "batching"): "replacement", ("data", "validation_split"): "pooled",
-              ("data", "validation_seed"): -1, ("model", "options"): {}}
+              ("data", "validation_seed"): -1, ("model", "options"): {}, ("data", "features"): {}}
 
 
 def fingerprint(config: dict) -> str:

@@ -6,7 +6,8 @@ A config has these tables (see ``configs/``)::
     [data]       dataset, dataset_options, partition, partition_options, num_agents,
                  server_dataset, server_dataset_options, image_size (cross-domain runs),
                  validation_fraction (training records held out for val_accuracy),
-                 validation_split ("pooled" | "per_agent"), validation_seed (-1: the run's)
+                 validation_split ("pooled" | "per_agent"), validation_seed (-1: the run's),
+                 features (a frozen feature map fitted on the public split: {map, dim, seed})
     [model]      name, hidden, options (size options of the benchmark models)
     [train]      local training: steps, batch_size, learning_rate, optimizer, weight_decay,
                  prox_mu, batching ("replacement": uniform draws; "stored": stored order)
@@ -48,7 +49,11 @@ DEFAULTS: dict[str, Any] = {
              # max(1, round(f n_i)) of agent i's n_i), and the seed it is drawn with (-1: the
              # run's seed; s >= 0: the same hold-out for every run). Fingerprints leave both out
              # at these defaults (checkpoint.LATER_KEYS), so earlier runs still resume.
-             "validation_split": "pooled", "validation_seed": -1},
+             "validation_split": "pooled", "validation_seed": -1,
+             # frozen features: {} (the raw features) or {map = "pca" | "random_projection" |
+             # "identity", dim = m, seed = s}: a fixed map fitted on the PUBLIC split only,
+             # applied to every split before training (fedjax_dp.data.features)
+             "features": {}},
     # options: the model's size options (fedjax_dp.models.MODEL_OPTIONS, e.g. {hidden = 6,
     # embed_dim = 3} for char_lstm; {} = the literature's sizes)
     "model": {"name": "mlp", "hidden": [200], "options": {}},
@@ -81,7 +86,7 @@ VALIDATION_SPLITS = ("pooled", "per_agent")
 
 # Tables whose keys are free-form (passed through to a dataset, partitioner or algorithm).
 _OPEN_TABLES = {("data", "dataset_options"), ("data", "partition_options"), ("algorithm",),
-                ("data", "server_dataset_options"), ("model", "options")}
+                ("data", "server_dataset_options"), ("model", "options"), ("data", "features")}
 
 
 class ConfigError(ValueError):
@@ -149,6 +154,16 @@ def _log(name: str, value: Any) -> list[str]:
     return list(value)
 
 
+def _features(name: str, value: Any) -> dict:
+    """``data.features``: ``{}`` or a frozen feature map's table
+    (:func:`fedjax_dp.data.features.check_spec`)."""
+    from fedjax_dp.data import features
+    try:
+        return features.check_spec(name, value)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def _train_fields() -> dict:
     from fedjax_dp.train import LocalTrainConfig
     return validation.field_specs(LocalTrainConfig)
@@ -172,6 +187,9 @@ FIELDS: dict[tuple[str, ...], Any] = {
     ("data", "validation_fraction"): validation.Float(0.0, 1.0, high_open=True),
     ("data", "validation_split"): validation.Choice(VALIDATION_SPLITS),
     ("data", "validation_seed"): validation.Int(-1, 2 ** 32 - 1),
+    ("data", "features"): validation.Custom(_features, bad=("pca", {"map": "svd", "dim": 2},
+                                                             {"map": "pca"}, {"dim": 2},
+                                                             {"map": "pca", "dim": 0})),
     ("model", "name"): validation.Text("a model name"),
     ("model", "hidden"): validation.ListOf(validation.Int(1, validation.WIDTH_MAX)),
     ("model", "options"): validation.Table(),

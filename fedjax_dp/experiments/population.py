@@ -228,6 +228,20 @@ def _without(dataset: AnyDataset, val: np.ndarray, keep: np.ndarray
     return reduced, dataset.x_train[val], dataset.y_train[val]
 
 
+def frozen_features(dataset: AnyDataset, spec: dict) -> AnyDataset:
+    """``data.features`` (``{}``: ``dataset`` unchanged): a fixed map fitted on the PUBLIC split
+    only, every split mapped before the hold-out and the partition
+    (:func:`fedjax_dp.data.features.frozen`). The public split is not private under the
+    papers' threat model, so no algorithm's privacy accounting changes."""
+    if not spec:
+        return dataset
+    from fedjax_dp.data import features
+    try:
+        return features.frozen(dataset, spec)
+    except ValueError as e:
+        raise config_lib.ConfigError(str(e).splitlines()[0]) from None
+
+
 def build(config: dict, *, path=None) -> Population:
     """The population of a resolved config, placed by ``run.agents_on`` (the seed's root key
     drives the hold-out and the partition). ``path``: write the agents there as memory-mapped
@@ -239,7 +253,7 @@ def build(config: dict, *, path=None) -> Population:
         dataset, agents = load_population(d)
         return Population(dataset=dataset, agents=place(agents, config["run"]["agents_on"]))
     root = rng.as_key(config["seed"])
-    dataset = load_data(d, stream=True)
+    dataset = frozen_features(load_data(d, stream=True), d.get("features", {}))
     x_val = y_val = None
     fraction = d.get("validation_fraction", 0.0)
     per_agent = d.get("validation_split", "pooled") == "per_agent"
@@ -310,7 +324,8 @@ def load_population(d: dict) -> tuple[data_lib.StreamedDataset, StackedData]:
                                      f"(missing {', '.join(missing)}; write one with "
                                      f"fedjax_dp.experiments.population.save or "
                                      f"fedjax_dp.core.save_stacked)")
-    for key, unset in (("dataset_options", {}), ("image_size", 0), ("validation_fraction", 0)):
+    for key, unset in (("dataset_options", {}), ("image_size", 0), ("validation_fraction", 0),
+                       ("features", {})):
         if d.get(key, unset) != unset:
             raise config_lib.ConfigError(f"data.{key} cannot be used with a stacked population "
                                          f"({where}); got {d[key]!r}")

@@ -67,8 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -81,6 +80,7 @@ from fedjax_dp.train import student as student_lib
 from fedjax_dp.core import StackedData, is_on_host, seed_axis, validation
 from fedjax_dp.core import defaults as defaults_lib
 from fedjax_dp.core import memory
+from fedjax_dp.data.features import FEATURE_MAPS, FeatureMap, fit_feature_map
 from fedjax_dp.models import Model
 from fedjax_dp.ops import knn_search
 from fedjax_dp.privacy import PrivacyLedger
@@ -93,7 +93,6 @@ DESCRIPTION = ("kNN-DPFL: MPC vote of every agent's k nearest neighbours, instan
                "(voting-dpfl)")
 USES_LOCAL_TRAIN = False
 PHASES = ("vote", "student")
-FEATURE_MAPS = ("identity", "random_projection", "pca")
 KNN_METHODS = ("auto", "threshold", "top_k")
 
 
@@ -148,55 +147,8 @@ class Config(student_lib.StudentSettings, secagg.SecAggOptions):
 
 
 # --------------------------------------------------------------------------- feature maps
-
-class FeatureMap(NamedTuple):
-    """``phi(x) = (flatten(x) - mean) @ matrix`` (``matrix`` None: identity after flattening)."""
-
-    kind: str
-    mean: np.ndarray | None       # [D]
-    matrix: np.ndarray | None     # [D, m]
-
-    @property
-    def out_dim(self) -> int | None:
-        return None if self.matrix is None else int(self.matrix.shape[1])
-
-    def apply(self, x, lead: int) -> jax.Array:
-        """``x [*lead_shape, *feature_shape]`` (``lead`` leading axes) -> ``[*lead_shape, m]``."""
-        x = jnp.asarray(x, jnp.float32)
-        flat = x.reshape(x.shape[:lead] + (-1,))
-        if self.mean is not None:
-            flat = flat - jnp.asarray(self.mean, jnp.float32)
-        if self.matrix is not None:
-            flat = flat @ jnp.asarray(self.matrix, jnp.float32)
-        return flat
-
-
-def fit_feature_map(kind: str, key: jax.Array, x_public, dim: int) -> FeatureMap:
-    """A data-independent feature map (never fitted on private data).
-
-    * ``identity``: flatten;
-    * ``random_projection``: ``flatten(x) @ G / sqrt(dim)``, ``G ~ N(0, 1)^{D x dim}`` from ``key``;
-    * ``pca``: centre with the mean of ``x_public`` and project on its top ``dim`` principal
-      directions (SVD of the server's unlabelled public data).
-    """
-    validation.check_choice("feature_map", kind, FEATURE_MAPS)
-    dim = validation.check_int("feature_dim", dim, minimum=1)
-    x_public = validation.check_finite_array("x_public", x_public)
-    flat = x_public.reshape(len(x_public), -1).astype(np.float64)          # [P, D]
-    d_in = flat.shape[1]
-    if kind == "identity":
-        return FeatureMap("identity", None, None)
-    if dim > d_in:
-        raise ValueError(f"feature_dim must be <= the input dimension {d_in}, got {dim}")
-    if kind == "random_projection":
-        g = np.asarray(jax.random.normal(key, (d_in, dim), jnp.float32)) / math.sqrt(dim)
-        return FeatureMap("random_projection", None, g.astype(np.float32))
-    if dim > len(flat):
-        raise ValueError(f"feature_dim must be <= the number of public records ({len(flat)}) "
-                         f"for pca, got {dim}")
-    mean = flat.mean(axis=0)
-    _, _, vt = np.linalg.svd(flat - mean, full_matrices=False)             # vt [r, D]
-    return FeatureMap("pca", mean.astype(np.float32), vt[:dim].T.astype(np.float32))
+# phi is the shared frozen map of fedjax_dp.data.features (also ``data.features`` of every
+# algorithm): FeatureMap, fit_feature_map and FEATURE_MAPS are re-exported here.
 
 
 # --------------------------------------------------------------------------- ballots

@@ -1,0 +1,183 @@
+"""Frozen feature maps fitted on PUBLIC data only, shared by every algorithm.
+
+One module holds the fixed maps ``phi`` (voting-dpfl, Sec. 4.2 / Algorithm 3: kNN-DPFL votes on
+"data-independent" features):
+
+* ``identity``: ``phi(x) = flatten(x)``;
+* ``random_projection``: ``phi(x) = flatten(x) @ G / sqrt(m)``, ``G ~ N(0, 1)^{D x m}`` drawn
+  from a key (no data at all);
+* ``pca``: ``phi(x) = (flatten(x) - mu) @ V_m``, ``mu`` the mean and ``V_m [D, m]`` the top
+  ``m`` right singular vectors of the server's public split ``x_public - mu`` (its SVD).
+
+Two users:
+
+* kNN-DPFL (:mod:`fedjax_dp.algorithms.voting.knn_dpfl`, ``algorithm.feature_map``) maps the
+  agents' records and the queries inside its vote (:meth:`FeatureMap.apply`, traced);
+* ``data.features = {map = "pca", dim = 16}`` (:func:`apply_features`, resolved by
+  ``fedjax_dp.experiments.population.build``) maps EVERY split (train, public, test, and so the
+  validation hold-out) once before anything trains, so any algorithm with the ``logistic``
+  model trains a linear head on the frozen features -- e.g. DP-FedAvg / DP-FedSGD head-only on
+  the very features kNN-DPFL votes on (its ``feature_map = "identity"`` then).
+
+Privacy. The map reads only the public split (``x_public``), which the paper's threat model
+treats as public (the server's unlabelled data, voting-dpfl Sec. 3): no private record is ever
+read when fitting it, so every algorithm's privacy accounting is unchanged (the map is a fixed
+pre-processing of each record; a record's neighbour differs only in that record, before and
+after the map). ``y_public`` is never read.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp.core import validation
+from fedjax_dp.data.dataset import Dataset
+from fedjax_dp.data.streamed import StreamedDataset
+from fedjax_dp.train import tasks as tasks_lib
+
+FEATURE_MAPS = ("identity", "random_projection", "pca")
+#: the keys of ``data.features`` (``{}``: no map, the raw features)
+OPTIONS = ("map", "dim", "seed")
+
+
+class FeatureMap(NamedTuple):
+    """``phi(x) = (flatten(x) - mean) @ matrix`` (``matrix`` None: identity after flattening)."""
+
+    kind: str
+    mean: np.ndarray | None       # [D]
+    matrix: np.ndarray | None     # [D, m]
+
+    @property
+    def out_dim(self) -> int | None:
+        return None if self.matrix is None else int(self.matrix.shape[1])
+
+    def apply(self, x, lead: int) -> jax.Array:
+        """``x [*lead_shape, *feature_shape]`` (``lead`` leading axes) -> ``[*lead_shape, m]``
+        (jax, traceable)."""
+        x = jnp.asarray(x, jnp.float32)
+        flat = x.reshape(x.shape[:lead] + (-1,))
+        if self.mean is not None:
+            flat = flat - jnp.asarray(self.mean, jnp.float32)
+        if self.matrix is not None:
+            flat = flat @ jnp.asarray(self.matrix, jnp.float32)
+        return flat
+
+    def transform(self, x) -> np.ndarray:
+        """The same map on the host (numpy, float32): ``x [n, *feature_shape] -> [n, m]``."""
+        flat = np.asarray(x, np.float32).reshape(len(x), -1)
+        if self.mean is not None:
+            flat = flat - self.mean.astype(np.float32)
+        if self.matrix is not None:
+            flat = flat @ self.matrix.astype(np.float32)
+        return np.ascontiguousarray(flat, dtype=np.float32)
+
+
+def fit_feature_map(kind: str, key: jax.Array, x_public, dim: int) -> FeatureMap:
+    """A data-independent feature map (never fitted on private data).
+
+    * ``identity``: flatten;
+    * ``random_projection``: ``flatten(x) @ G / sqrt(dim)``, ``G ~ N(0, 1)^{D x dim}`` from ``key``;
+    * ``pca``: centre with the mean of ``x_public`` and project on its top ``dim`` principal
+      directions (SVD of the server's unlabelled public data).
+    """
+    validation.check_choice("feature_map", kind, FEATURE_MAPS)
+    dim = validation.check_int("feature_dim", dim, minimum=1)
+    x_public = validation.check_finite_array("x_public", x_public)
+    flat = x_public.reshape(len(x_public), -1).astype(np.float64)          # [P, D]
+    d_in = flat.shape[1]
+    if kind == "identity":
+        return FeatureMap("identity", None, None)
+    if dim > d_in:
+        raise ValueError(f"feature_dim must be <= the input dimension {d_in}, got {dim}")
+    if kind == "random_projection":
+        g = np.asarray(jax.random.normal(key, (d_in, dim), jnp.float32)) / math.sqrt(dim)
+        return FeatureMap("random_projection", None, g.astype(np.float32))
+    if dim > len(flat):
+        raise ValueError(f"feature_dim must be <= the number of public records ({len(flat)}) "
+                         f"for pca, got {dim}")
+    mean = flat.mean(axis=0)
+    _, _, vt = np.linalg.svd(flat - mean, full_matrices=False)             # vt [r, D]
+    return FeatureMap("pca", mean.astype(np.float32), vt[:dim].T.astype(np.float32))
+
+
+# --------------------------------------------------------------------------- data.features
+
+def check_spec(name: str, value: Any) -> dict:
+    """``data.features``: ``{}`` (no map) or ``{map = <FEATURE_MAPS>, dim = m >= 1, seed = s >= 0}``
+    (``dim`` required unless ``map = "identity"``; ``seed`` (default 0) draws the random
+    projection). Errors name ``<name>.<key>``."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a table such as {{map = \"pca\", dim = 16}} ({{}}: the "
+                         f"raw features), got {value!r}")
+    unknown = sorted(set(value) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown key(s) {[f'{name}.{k}' for k in unknown]}; {name} accepts "
+                         f"{list(OPTIONS)}")
+    if not value:
+        return {}
+    if "map" not in value:
+        raise ValueError(f"{name}.map is required (one of {list(FEATURE_MAPS)})")
+    kind = validation.check_choice(f"{name}.map", value["map"], FEATURE_MAPS)
+    out: dict = {"map": kind}
+    if "dim" in value:
+        out["dim"] = validation.Int(1, validation.WIDTH_MAX)(f"{name}.dim", value["dim"])
+    elif kind != "identity":
+        raise ValueError(f"{name}.dim is required for map = {kind!r} (an integer >= 1)")
+    if "seed" in value:
+        out["seed"] = validation.Int(0, 2 ** 32 - 1)(f"{name}.seed", value["seed"])
+    return out
+
+
+def fit(spec: dict, x_public, where: str = "data.features") -> FeatureMap:
+    """The map of a checked ``data.features`` table, fitted on ``x_public`` only (the key of a
+    random projection: ``jax.random.key(spec.get('seed', 0))``, the same for every run)."""
+    spec = check_spec(where, spec)
+    key = jax.random.key(spec.get("seed", 0))
+    try:
+        return fit_feature_map(spec["map"], key, x_public, spec.get("dim", 1))
+    except ValueError as e:
+        msg = str(e)
+        if msg.startswith("feature_dim"):
+            raise ValueError(f"{where}.dim{msg[len('feature_dim'):]}") from None
+        raise
+
+
+def apply_features(dataset: Dataset | StreamedDataset, phi: FeatureMap
+                   ) -> Dataset | StreamedDataset:
+    """Every split of ``dataset`` mapped by ``phi`` (feature shape ``(m,)``); a streamed dataset
+    stays streamed (each training block mapped when read). Labels, domains and the name's
+    prefix are kept (name ``"<name>+<kind><m>"``)."""
+    if isinstance(dataset.task, tasks_lib.NextToken):
+        raise ValueError(f"data.features applies to classification data; {dataset.name!r} "
+                         f"holds {type(dataset.task).__name__} records")
+    m = phi.out_dim if phi.out_dim is not None else int(np.prod(dataset.feature_shape))
+    name = f"{dataset.name}+{phi.kind}{m}"
+    splits = dict(x_public=phi.transform(dataset.x_public), y_public=dataset.y_public,
+                  x_test=phi.transform(dataset.x_test), y_test=dataset.y_test,
+                  num_classes=dataset.num_classes, domain_train=dataset.domain_train)
+    if isinstance(dataset, Dataset):
+        return Dataset(name=name, x_train=phi.transform(dataset.x_train),
+                       y_train=dataset.y_train, **splits)
+    parent = dataset.blocks
+
+    def blocks(size: int):
+        for block in parent(size):
+            yield phi.transform(block)                                   # [b, m]
+    return StreamedDataset(name=name, y_train=dataset.y_train, blocks=blocks,
+                           feature_shape=(m,), **splits)
+
+
+def frozen(dataset: Dataset | StreamedDataset, spec: dict,
+           where: str = "data.features") -> Dataset | StreamedDataset:
+    """``dataset`` with ``data.features = spec`` applied (``{}``: unchanged): the map fitted on
+    ``dataset.x_public`` only (:func:`fit`), then every split mapped (:func:`apply_features`)."""
+    spec = check_spec(where, spec)
+    if not spec:
+        return dataset
+    return apply_features(dataset, fit(spec, dataset.x_public, where))
+
+
