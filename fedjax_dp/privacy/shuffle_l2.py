@@ -188,10 +188,13 @@ def coordinate_rdp(noise_trials: int, granularity: int, orders: tuple = ORDERS) 
     o = np.arange(a, b + 1, dtype=np.int64)                               # [W]
     log_p = stats.binom.logpmf(o, n, 0.5) - math.log1p(-pi)               # log P'_k(o + k)
     out = np.zeros((al.shape[0], k + 1))
+    rows = max(1, int(4e6 // len(o)))                  # orders per chunk: [rows, W] <= 4M floats
     for s in range(1, k + 1):
         log_q = stats.binom.logpmf(o + s, n, 0.5)                         # log P(B = o + k)
-        terms = al * log_p[None, :] + (1.0 - al) * log_q[None, :]         # [A, W]
-        out[:, s] = np.maximum(logsumexp(terms, axis=1) / (al[:, 0] - 1.0), 0.0)
+        for i in range(0, al.shape[0], rows):
+            a_ = al[i:i + rows]
+            terms = a_ * log_p[None, :] + (1.0 - a_) * log_q[None, :]     # [rows, W]
+            out[i:i + rows, s] = np.maximum(logsumexp(terms, axis=1) / (a_[:, 0] - 1.0), 0.0)
     return out
 
 
