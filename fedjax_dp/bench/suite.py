@@ -6,8 +6,8 @@ Runs the parts in :data:`PARTS` at the sizes of the suite (:data:`SUITES`; ``tin
 tests' size, hidden from the command's help), then writes ``FILE.json`` (every timing, size and
 ratio, the device description and the machine's load average before and after each part) and
 ``FILE.md`` (one table row per ratio). A large float32 matmul is timed before the first part and
-after the last; ratios against it use the faster of the two (a slow spell of a shared machine
-never inflates them).
+after every part; a part's ratios against it use the faster of the two matmuls around it (a slow
+spell at one end of the part does not inflate them).
 
 Every figure in the table is a ratio of two timings taken in the same process, after a warm-up
 call that compiles: of the medians of ``repeats`` calls (``ratios``) and of their minima
@@ -136,14 +136,16 @@ def run(suite: str = "quick", out: str | Path | None = None, *, only: list[str] 
                                                  for k, v in rec["ratios"].items()})
         log(f"{name}: {rec['wall_s']:.1f} s (cpu {rec['process_cpu_s']:.1f} s, "
             f"{summary['compilations']} compilations {summary['compile_s']:.1f} s) {ratios}")
-    mm.append(common.matmul(sizes["matmul"], max(repeats, 3)))
-    ref = max(m["gflops"] for m in mm)
-    for rec in parts:
-        for label, flops in rec.get("flops", {}).items():
-            for stat, key in (("median_s", "ratios"), ("min_s", "ratios_of_minima")):
-                rec[key][f"{label}_fraction_of_matmul"] = (
-                    flops / rec["times"][label][stat] / 1e9 / ref)
-    record.update(matmul={"before": mm[0], "after": mm[1], "gflops": ref}, parts=parts,
+        mm.append(common.matmul(sizes["matmul"], max(repeats, 3)))       # after every part
+        if "flops" in rec and "error" not in rec:
+            # this part's reference: the faster of the matmuls just before and just after it
+            ref = rec["matmul_gflops"] = max(mm[-2]["gflops"], mm[-1]["gflops"])
+            for label, flops in rec["flops"].items():
+                for stat, key in (("median_s", "ratios"), ("min_s", "ratios_of_minima")):
+                    rec[key][f"{label}_fraction_of_matmul"] = (
+                        flops / rec["times"][label][stat] / 1e9 / ref)
+    record.update(matmul={"before": mm[0], "after": mm[-1], "gflops": max(m["gflops"] for m in mm),
+                          "all_gflops": [m["gflops"] for m in mm]}, parts=parts,
                   total_s=time.perf_counter() - start,
                   errors=[r["name"] for r in parts if "error" in r])
     if out is not None:
@@ -174,7 +176,8 @@ def markdown(record: dict) -> str:
              f"{d['cpu_count']} CPUs ({d['cpu_model']}), jax {d['jax']}; load average at the "
              f"start {d['load_average']}; started {record['started']}, took "
              f"{record['total_s']:.0f} s. Float32 matmul {record['matmul']['before']['n']}^3: "
-             f"{record['matmul']['gflops']:.1f} GFLOP/s (the faster of before / after).", "",
+             f"{record['matmul']['gflops']:.1f} GFLOP/s at best (timed before the first part "
+             "and after each; a part's fractions use the two around it).", "",
              "Every value is a ratio of timings taken in this run, after a warm-up call: of "
              "the medians over the repeats, and of the minima (less sensitive to other "
              "processes on a shared machine).", "",
