@@ -172,3 +172,27 @@ def test_bad_options_found_when_building_name_the_key(tmp_path):
         sources.synthetic(num_features=4, num_informative=5)
     with pytest.raises(ValueError, match="clusters_per_class"):
         sources.synthetic(clusters_per_class=0)
+
+
+def test_network_map_trained_on_a_disjoint_labelled_public_dataset():
+    """``map = "network"``: the hidden layer of an MLP trained on another dataset (here wbcd's 30
+    features for a 30-feature generated task); the task's own splits are not read to fit it."""
+    spec = {"map": "network", "dim": 4, "source": "wbcd", "steps": 30, "learning_rate": 0.5}
+    ds = sources.synthetic(**dict(SMALL, num_features=30))
+    phi = features.fit(spec, ds.x_public)
+    again = features.fit(spec, ds.x_public[:5] * 7.0)       # other public records: same map
+    np.testing.assert_array_equal(phi.matrix, again.matrix)
+    out = features.frozen(ds, spec)
+    direct = np.maximum(ds.x_train @ phi.matrix + phi.bias, 0.0)
+    np.testing.assert_allclose(out.x_train, direct, rtol=1e-5, atol=1e-5)
+    assert out.name == "synthetic+network4" and out.feature_shape == (4,)
+    np.testing.assert_allclose(np.asarray(phi.apply(ds.x_test, lead=1)), phi.transform(ds.x_test),
+                               atol=1e-5)
+    for bad, match in (({"map": "network", "dim": 4}, r"data\.features\.source is required"),
+                       ({"map": "pca", "dim": 2, "source": "wbcd"}, r"data\.features\.source"),
+                       ({"map": "network", "dim": 4, "source": "wbcd", "steps": 0},
+                        r"data\.features\.steps")):
+        with pytest.raises(config_lib.ConfigError, match=match):
+            _resolved(features=bad)
+    with pytest.raises(ValueError, match=r"data\.features\.source 'wbcd' has feature shape"):
+        features.frozen(sources.synthetic(**SMALL), spec)

@@ -7,7 +7,12 @@ One module holds the fixed maps ``phi`` (voting-dpfl, Sec. 4.2 / Algorithm 3: kN
 * ``random_projection``: ``phi(x) = flatten(x) @ G / sqrt(m)``, ``G ~ N(0, 1)^{D x m}`` drawn
   from a key (no data at all);
 * ``pca``: ``phi(x) = (flatten(x) - mu) @ V_m``, ``mu`` the mean and ``V_m [D, m]`` the top
-  ``m`` right singular vectors of the server's public split ``x_public - mu`` (its SVD).
+  ``m`` right singular vectors of the server's public split ``x_public - mu`` (its SVD);
+* ``network`` (``data.features`` only): ``phi(x) = relu(flatten(x) @ W + b)``, the hidden layer
+  of a one-hidden-layer MLP (width m) trained, without noise, on the LABELLED records of a
+  DIFFERENT public dataset ``source`` (e.g. scikit-learn's ``digits`` for mnist5k, images resized
+  to the task's size): a frozen network "pretrained" on disjoint public data, as the paper's
+  ImageNet features (:func:`fit_network`).
 
 Two users:
 
@@ -40,8 +45,68 @@ from fedjax_dp.data.streamed import StreamedDataset
 from fedjax_dp.train import tasks as tasks_lib
 
 FEATURE_MAPS = ("identity", "random_projection", "pca")
-#: the keys of ``data.features`` (``{}``: no map, the raw features)
-OPTIONS = ("map", "dim", "seed")
+#: the maps ``data.features`` takes: :data:`FEATURE_MAPS` and ``network`` (:func:`fit_network`)
+DATA_MAPS = FEATURE_MAPS + ("network",)
+#: the keys of ``data.features`` (``{}``: no map, the raw features); ``source``, ``steps``,
+#: ``learning_rate``: ``map = "network"`` only
+OPTIONS = ("map", "dim", "seed", "source", "steps", "learning_rate")
+NETWORK_OPTIONS = ("source", "steps", "learning_rate")
+
+
+class NetworkMap(NamedTuple):
+    """``phi(x) = relu(flatten(x) @ matrix + bias)`` (the hidden layer of :func:`fit_network`)."""
+
+    kind: str
+    matrix: np.ndarray            # [D, m]
+    bias: np.ndarray              # [m]
+    source: str
+
+    @property
+    def out_dim(self) -> int:
+        return int(self.matrix.shape[1])
+
+    def apply(self, x, lead: int) -> jax.Array:
+        """``x [*lead_shape, *feature_shape] -> [*lead_shape, m]`` (jax, traceable)."""
+        x = jnp.asarray(x, jnp.float32)
+        flat = x.reshape(x.shape[:lead] + (-1,))
+        return jax.nn.relu(flat @ jnp.asarray(self.matrix) + jnp.asarray(self.bias))
+
+    def transform(self, x) -> np.ndarray:
+        """The same map on the host (numpy, float32): ``x [n, *feature_shape] -> [n, m]``."""
+        flat = np.asarray(x, np.float32).reshape(len(x), -1)
+        return np.maximum(flat @ self.matrix + self.bias, 0.0).astype(np.float32)
+
+
+def fit_network(x: np.ndarray, y: np.ndarray, num_classes: int, dim: int, key: jax.Array,
+                steps: int = 500, learning_rate: float = 0.5, source: str = "") -> NetworkMap:
+    """Train ``softmax(relu(x W + b) V + c)`` on labelled PUBLIC records ``(x [n, D], y [n])`` by
+    full-batch gradient descent on the mean cross-entropy (``steps`` steps, step size
+    ``learning_rate``; Glorot-normal W, V from ``key``, zero biases) and keep its hidden layer
+    ``(W [D, m], b [m])`` as the frozen map. Deterministic given its arguments."""
+    flat = jnp.asarray(np.asarray(x, np.float32).reshape(len(x), -1))     # [n, D]
+    labels = jnp.asarray(y, jnp.int32)                                      # [n]
+    d_in = flat.shape[1]
+    k1, k2 = jax.random.split(key)
+    params = {"w": jax.random.normal(k1, (d_in, dim)) * jnp.sqrt(2.0 / (d_in + dim)),
+              "b": jnp.zeros((dim,)),
+              "v": jax.random.normal(k2, (dim, num_classes)) * jnp.sqrt(2.0 / (dim + num_classes)),
+              "c": jnp.zeros((num_classes,))}
+
+    def loss(p):
+        h = jax.nn.relu(flat @ p["w"] + p["b"])                             # [n, m]
+        logp = jax.nn.log_softmax(h @ p["v"] + p["c"])                      # [n, C]
+        return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+    @jax.jit
+    def train(p):
+        def body(_, p):
+            g = jax.grad(loss)(p)
+            return jax.tree.map(lambda a, b: a - learning_rate * b, p, g)
+        return jax.lax.fori_loop(0, steps, body, p)
+
+    p = train(params)
+    return NetworkMap("network", np.asarray(p["w"], np.float32), np.asarray(p["b"], np.float32),
+                      source)
 
 
 class FeatureMap(NamedTuple):
@@ -107,9 +172,11 @@ def fit_feature_map(kind: str, key: jax.Array, x_public, dim: int) -> FeatureMap
 # --------------------------------------------------------------------------- data.features
 
 def check_spec(name: str, value: Any) -> dict:
-    """``data.features``: ``{}`` (no map) or ``{map = <FEATURE_MAPS>, dim = m >= 1, seed = s >= 0}``
+    """``data.features``: ``{}`` (no map) or ``{map = <DATA_MAPS>, dim = m >= 1, seed = s >= 0}``
     (``dim`` required unless ``map = "identity"``; ``seed`` (default 0) draws the random
-    projection). Errors name ``<name>.<key>``."""
+    projection or the network's initialisation); ``map = "network"`` also takes ``source`` (a
+    dataset name, required), ``steps`` (500) and ``learning_rate`` (0.5). Errors name
+    ``<name>.<key>``."""
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a table such as {{map = \"pca\", dim = 16}} ({{}}: the "
                          f"raw features), got {value!r}")
@@ -121,8 +188,22 @@ def check_spec(name: str, value: Any) -> dict:
         return {}
     if "map" not in value:
         raise ValueError(f"{name}.map is required (one of {list(FEATURE_MAPS)})")
-    kind = validation.check_choice(f"{name}.map", value["map"], FEATURE_MAPS)
+    kind = validation.check_choice(f"{name}.map", value["map"], DATA_MAPS)
     out: dict = {"map": kind}
+    if kind != "network":
+        extra = sorted(set(value) & set(NETWORK_OPTIONS))
+        if extra:
+            raise ValueError(f"{[f'{name}.{k}' for k in extra]} apply to map = \"network\" "
+                             f"only, not {kind!r}")
+    else:
+        if not isinstance(value.get("source"), str) or not value["source"]:
+            raise ValueError(f"{name}.source is required for map = \"network\": a dataset name "
+                             f"(a labelled public dataset disjoint from the agents', e.g. "
+                             f"\"digits\"), got {value.get('source')!r}")
+        out["source"] = value["source"]
+        out["steps"] = validation.Int(1, 10 ** 6)(f"{name}.steps", value.get("steps", 500))
+        out["learning_rate"] = validation.Float(0.0, 100.0, low_open=True)(
+            f"{name}.learning_rate", value.get("learning_rate", 0.5))
     if "dim" in value:
         out["dim"] = validation.Int(1, validation.WIDTH_MAX)(f"{name}.dim", value["dim"])
     elif kind != "identity":
@@ -132,11 +213,14 @@ def check_spec(name: str, value: Any) -> dict:
     return out
 
 
-def fit(spec: dict, x_public, where: str = "data.features") -> FeatureMap:
+def fit(spec: dict, x_public, where: str = "data.features") -> FeatureMap | NetworkMap:
     """The map of a checked ``data.features`` table, fitted on ``x_public`` only (the key of a
-    random projection: ``jax.random.key(spec.get('seed', 0))``, the same for every run)."""
+    random projection: ``jax.random.key(spec.get('seed', 0))``, the same for every run); for
+    ``map = "network"`` trained on the labelled ``source`` dataset instead (:func:`network_map`)."""
     spec = check_spec(where, spec)
     key = jax.random.key(spec.get("seed", 0))
+    if spec["map"] == "network":
+        return network_map(spec, tuple(np.shape(x_public)[1:]), key, where)
     try:
         return fit_feature_map(spec["map"], key, x_public, spec.get("dim", 1))
     except ValueError as e:
@@ -146,7 +230,30 @@ def fit(spec: dict, x_public, where: str = "data.features") -> FeatureMap:
         raise
 
 
-def apply_features(dataset: Dataset | StreamedDataset, phi: FeatureMap
+def network_map(spec: dict, feature_shape: tuple, key: jax.Array,
+                where: str = "data.features") -> NetworkMap:
+    """:func:`fit_network` on every split of the dataset ``spec['source']`` (train, public and
+    test: all of it is public, and disjoint from the agents' data), its images resized to
+    ``feature_shape`` when both are images ``(H, W, C)`` with the same C."""
+    from fedjax_dp.data.sources import DATASETS, load_dataset, resize_images
+    source = spec["source"]
+    if source not in DATASETS:
+        raise ValueError(f"{where}.source must be a dataset name such as \"digits\", got "
+                         f"{source!r}")
+    ds = load_dataset(source)
+    x = np.concatenate([ds.x_train, ds.x_public, ds.x_test])
+    y = np.concatenate([ds.y_train, ds.y_public, ds.y_test])
+    if x.shape[1:] != tuple(feature_shape):
+        if x.ndim == 4 and len(feature_shape) == 3 and x.shape[-1] == feature_shape[-1]:
+            x = resize_images(x, tuple(feature_shape[:2]))
+        else:
+            raise ValueError(f"{where}.source {source!r} has feature shape {x.shape[1:]}, the "
+                             f"task {tuple(feature_shape)} (only images are resized)")
+    return fit_network(x, y, ds.num_classes, spec["dim"], key, spec["steps"],
+                       spec["learning_rate"], source)
+
+
+def apply_features(dataset: Dataset | StreamedDataset, phi: FeatureMap | NetworkMap
                    ) -> Dataset | StreamedDataset:
     """Every split of ``dataset`` mapped by ``phi`` (feature shape ``(m,)``); a streamed dataset
     stays streamed (each training block mapped when read). Labels, domains and the name's
