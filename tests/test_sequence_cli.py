@@ -1,8 +1,7 @@
 """Sequence tasks end to end through the CLI: ``fedjax-dp data convert`` of a Shakespeare-format
 and a StackOverflow-format fixture (TFF's HDF5 layouts, generated), then ``fedjax-dp run``:
 DP-FedAvg next-character prediction with ``char_lstm`` and FedAvg next-word prediction with
-``word_lstm`` (tiny sizes), with per-token accuracies in result.json and its history. The
-next-word run is under ``-m sweep`` (suite time)."""
+``word_lstm`` (tiny sizes), with per-token accuracies in result.json and its history."""
 import json
 
 import numpy as np
@@ -90,7 +89,6 @@ def test_next_character_dp_fedavg_through_the_cli(tmp_path):
     assert result["privacy"][0]["unit"] == "agent" and result["privacy"][0]["epsilon"] > 0
 
 
-@pytest.mark.sweep              # ~4 s of CPU (compiles): the next-character run is the default
 def test_next_word_fedavg_through_the_cli(tmp_path):
     rng = np.random.default_rng(1)
     words = ["w%d" % i for i in range(8)]
