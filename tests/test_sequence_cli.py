@@ -5,7 +5,6 @@ DP-FedAvg next-character prediction with ``char_lstm`` and FedAvg next-word pred
 import json
 
 import numpy as np
-import pytest
 
 from fedjax_dp.experiments import cli
 from fedjax_dp.train import tasks
