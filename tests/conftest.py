@@ -47,6 +47,7 @@ def pytest_unconfigure(config):
 #: ``-n 2 --dist worksteal`` no worker is left with one of them at the end while the other idles
 _LONG_FIRST = ("test_sharding.py::test_eight_cpu_devices_equal_one_device",
                "test_multiprocess.py::test_two_processes_equal_one_process",
+               "test_bench.py::test_bench_quick_suite_tiny_through_the_cli",
                "test_user_paths.py::test_killed_interrupted_and_resumed",
                "test_user_paths.py::test_readme_first_command",
                "fnas.ipynb", "isrl.ipynb", "fedkt.ipynb", "voting_dpfl.ipynb", "quickstart.ipynb")

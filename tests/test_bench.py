@@ -1,5 +1,5 @@
-"""``fedjax-dp bench``: the suite at tiny sizes writes one JSON and one table of finite, positive
-ratios (the whole suite, every part: ``-m sweep``), the command's errors, and the benchmark
+"""``fedjax-dp bench``: the quick suite at tiny sizes, every part, writes one JSON and one table
+of finite, positive ratios; the command's errors, and the benchmark
 reference's workload equals the peers' own definition when their folder is present."""
 import json
 import math
@@ -13,7 +13,6 @@ from fedjax_dp.experiments import cli
 
 PEERS = Path(os.environ.get("FEDJAX_DP_PEERS", Path(__file__).resolve().parents[2] / "shared"
                             / "peers"))
-CHEAP_PARTS = ("dp_sgd_step", "knn_vote")
 
 
 def _check_outputs(stem: Path, parts) -> dict:
@@ -39,30 +38,24 @@ def _check_outputs(stem: Path, parts) -> dict:
     return record
 
 
-def test_bench_command_tiny(tmp_path, capsys):
+def test_bench_quick_suite_tiny_through_the_cli(tmp_path, capsys):
+    """``fedjax-dp bench --suite quick`` with every part, at tiny sizes."""
+    from fedjax_dp import bench
     stem = tmp_path / "bench"
-    rc = cli.main(["bench", "--suite", "quick", "--sizes", "tiny", "--only",
-                   ",".join(CHEAP_PARTS), "--out", str(stem)])
+    rc = cli.main(["bench", "--suite", "quick", "--sizes", "tiny", "--out", str(stem)])
     assert rc == 0
-    record = _check_outputs(stem, CHEAP_PARTS)
+    record = _check_outputs(stem, bench.PARTS)
     assert record["suite"] == "quick" and record["sizes"] == "tiny"
     assert "| dp_sgd_step | private_over_non_private |" in capsys.readouterr().out
-    knn = record["parts"][1]
+    names = [p["name"] for p in record["parts"]]
+    assert record["parts"][names.index("local_training")]["checks"]["results_agree"]
+    i = names.index("knn_vote")
+    knn = record["parts"][i]
     # the vote's fraction of the matmul is its GEMM FLOPs over its time over the matmul's speed
-    around = record["matmul"]["all_gflops"][1:3]                 # timed before and after it
+    around = record["matmul"]["all_gflops"][i:i + 2]             # timed before and after it
     assert knn["matmul_gflops"] == max(around)
     expected = knn["sizes"]["gemm_gflop"] / knn["times"]["vote"]["median_s"] / max(around)
     assert knn["ratios"]["vote_fraction_of_matmul"] == pytest.approx(expected)
-
-
-@pytest.mark.sweep
-def test_bench_every_part_tiny(tmp_path):
-    from fedjax_dp import bench
-    stem = tmp_path / "all"
-    bench.run("quick", stem, sizes="tiny", log=lambda line: None)
-    record = _check_outputs(stem, bench.PARTS)
-    lt = record["parts"][0]
-    assert lt["checks"]["results_agree"]
 
 
 @pytest.mark.parametrize("argv,needle", [
