@@ -168,3 +168,14 @@ def check_scale(canary_scale) -> float:
     if not 1.0 <= scale < 1e6:
         raise ValueError(f"canary_scale must be in [1, 1e6), got {canary_scale!r}")
     return scale
+
+
+def check_gaussian_params(noise_multiplier, clip_norm, canary_scale, accountant
+                          ) -> tuple[float, float, float]:
+    """The common parameters of a clipped-Gaussian harness, checked (errors name each one):
+    ``(z, C, canary_scale)`` with ``z, C`` finite and ``> 0``, and the accountant's name."""
+    z = check_finite_positive("noise_multiplier", noise_multiplier)
+    clip = check_finite_positive("clip_norm", clip_norm)
+    scale = check_scale(canary_scale)
+    check_accountant(accountant)
+    return z, clip, scale

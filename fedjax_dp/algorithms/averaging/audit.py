@@ -17,9 +17,8 @@ from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import from_arrays, validation
 from fedjax_dp.models import make_model
-from fedjax_dp.privacy.audit_harness import (Auditable, Spec, check_accountant,
-                                             check_finite_positive, check_scale, direction,
-                                             flat, unit_vector)
+from fedjax_dp.privacy.audit_harness import (Auditable, Spec, check_gaussian_params,
+                                             direction, flat, unit_vector)
 from fedjax_dp.train import LocalTrainConfig, cross_entropy
 
 __all__ = ["logistic", "canary_examples", "dp_sgd_step_harness", "dp_fedavg_round_harness",
@@ -60,11 +59,8 @@ def dp_sgd_step_harness(weaken, *, noise_multiplier, clip_norm, num_examples, ca
     gradient. Claimed: :func:`dp_fedsgd.instance_ledger` of one round of one step with record
     sampling rate 1.
     """
-    z = check_finite_positive("noise_multiplier", noise_multiplier)
-    clip = check_finite_positive("clip_norm", clip_norm)
+    z, clip, scale = check_gaussian_params(noise_multiplier, clip_norm, canary_scale, accountant)
     n = validation.check_int("num_examples", num_examples, minimum=1)
-    scale = check_scale(canary_scale)
-    check_accountant(accountant)
     model, params = logistic(2, 2)
     loss_fn = cross_entropy(model)
     x, y = canary_examples(n, scale, clip)
@@ -119,11 +115,8 @@ def dp_fedavg_round_harness(weaken, *, noise_multiplier, clip_norm, num_agents, 
     agent from a round; the denominator ``q N`` is a public constant in both worlds).
     Statistic: the new model's projection on the canary's clipped update.
     """
-    z = check_finite_positive("noise_multiplier", noise_multiplier)
-    clip = check_finite_positive("clip_norm", clip_norm)
+    z, clip, scale = check_gaussian_params(noise_multiplier, clip_norm, canary_scale, accountant)
     n = validation.check_int("num_agents", num_agents, minimum=1)
-    scale = check_scale(canary_scale)
-    check_accountant(accountant)
     model, params = logistic(2, 2)
     x, y = canary_examples(n, scale, clip)
     data = jax.tree.map(jnp.asarray, from_arrays(x[:, None], y[:, None], np.ones(n, np.int64)))

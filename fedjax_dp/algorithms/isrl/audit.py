@@ -12,8 +12,8 @@ import numpy as np
 from fedjax_dp.algorithms.isrl import calibration, sdp, uploads
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import PrivacyLedger, shuffle
-from fedjax_dp.privacy.audit_harness import (Auditable, Spec, check_accountant,
-                                             check_finite_positive, check_scale, direction,
+from fedjax_dp.privacy.audit_harness import (Auditable, Spec, check_finite_positive,
+                                             check_gaussian_params, check_scale, direction,
                                              flat)
 
 __all__ = ["scalar_loss", "silo_records", "silo_inputs", "isrl_upload_harness",
@@ -55,10 +55,7 @@ def isrl_upload_harness(weaken, *, noise_multiplier, clip_norm, num_records, can
     rate 1. ``no-clip``: clip ``10 * canary_scale * C`` with noise multiplier scaled so the
     noise std stays ``z C``.
     """
-    z = check_finite_positive("noise_multiplier", noise_multiplier)
-    clip = check_finite_positive("clip_norm", clip_norm)
-    scale = check_scale(canary_scale)
-    check_accountant(accountant)
+    z, clip, scale = check_gaussian_params(noise_multiplier, clip_norm, canary_scale, accountant)
     n, x, y, worlds = silo_inputs(num_records, scale, clip)
     params = {"w": jnp.zeros((1,), jnp.float32)}
     upload = uploads.gradient_upload(scalar_loss, True)
