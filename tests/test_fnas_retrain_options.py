@@ -72,3 +72,47 @@ def test_ledger_covers_the_search_only_without_private_retraining():
 def test_bad_retraining_options_are_refused(kwargs, name):
     with pytest.raises(ValueError, match=name):
         dp_fnas.Config(**kwargs)
+
+
+def search_alpha(config: dp_fnas.Config, seed: int) -> tuple[list[np.ndarray], list]:
+    """The search's final alpha and the search epochs' losses of a run of ``config``."""
+    key = jax.random.key(seed)
+    state = dp_fnas.init(key, tiny_data(), None, config)
+    losses = []
+    for t in range(dp_fnas.num_steps(config)):
+        state, m = dp_fnas.step(state, api.step_key(key, t))
+        if t < config.search_steps:
+            losses.append(m["loss"] if "loss" in m else sorted(m.items()))
+    return [np.asarray(a) for a in jax.tree.leaves(state.values["search"].alpha)], losses
+
+
+def test_a_search_retrained_under_another_seed_is_replayed_not_recomputed(monkeypatch):
+    """Runs that differ only in retraining share the search: the second run replays the first
+    one's search epochs (no search iteration runs) and ends with the same alpha as a search
+    computed from scratch; a run with another seed or another search setting recomputes."""
+    from fedjax_dp.algorithms.fnas import search_memo
+    cfg = dataclasses.replace(TINY, search_epochs=2, private=True, private_retrain=False,
+                              retrain_seed=0)
+    search_memo.clear()
+    fresh, fresh_losses = search_alpha(cfg, seed=3)
+    epochs = []
+    real_epoch = dp_fnas._epoch
+    monkeypatch.setattr(dp_fnas, "_epoch", lambda states, values, k, phase, *a:
+                        epochs.append(phase) or real_epoch(states, values, k, phase, *a))
+    replayed, replayed_losses = search_alpha(dataclasses.replace(cfg, retrain_seed=1), seed=3)
+    assert epochs == ["retrain", "retrain"]                    # the search was replayed
+    for a, b in zip(replayed, fresh, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert replayed_losses == fresh_losses
+    epochs.clear()
+    search_alpha(dataclasses.replace(cfg, retrain_seed=1), seed=4)       # another search key
+    assert epochs.count("search") == 2
+    epochs.clear()
+    search_alpha(dataclasses.replace(cfg, noise_arch=0.5), seed=4)       # another search
+    assert epochs.count("search") == 2
+    search_memo.clear()
+    epochs.clear()
+    again, _ = search_alpha(dataclasses.replace(cfg, retrain_seed=2), seed=3)
+    assert epochs.count("search") == 2                         # cleared: recomputed, equal
+    for a, b in zip(again, fresh, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -21,6 +21,10 @@ iterations of S seeds of one config run as ONE call of the same function vmapped
 Retraining needs host work per seed (the derived genotype decides the network), so the hook is a
 ``seeds_stepper``, not a ``seed_step``: seeds with equal genotypes retrain together.
 
+Search replay (:mod:`fedjax_dp.algorithms.fnas.search_memo`): a search epoch equal to one run
+earlier in the process (same config but for the retraining fields, same step key, same data)
+is replayed, not recomputed, so a grid over ``retrain_seed`` costs one search.
+
 The ``[model]`` table of an experiment config is not used: the networks are built from the
 algorithm's own fields (``nodes``, ``channels``, ``cells``, ``primitives``, ...).
 
@@ -46,7 +50,7 @@ import numpy as np
 
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.fnas import privacy as fnas_privacy
-from fedjax_dp.algorithms.fnas import steps
+from fedjax_dp.algorithms.fnas import search_memo, steps
 from fedjax_dp.core import memory, rng
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model, darts
@@ -286,6 +290,7 @@ class Context:
     retrain: dict                          # lazily built: model, fns, genotype
     compiled: set = dataclasses.field(default_factory=set)   # phases whose call is compiled
     fixed: darts.Genotype | None = None    # the genotype retrained without search, if any
+    data_id: str = ""                      # search_memo.fingerprint of search_data (lazy)
 
 
 _COMPILED: dict = {}
@@ -526,12 +531,26 @@ def _step_seeds(states: list[api.State], keys: list, group_data: Any
             by_fns.setdefault(id(state.context.retrain["fns"]), []).append(s)
         groups = list(by_fns.values())
     metrics: list = [None] * len(states)
+    if phase == "search":                      # replay an equal search run earlier, if any
+        ids = [_data_id(state.context) for state in states]
+        hits = [search_memo.lookup(state.context.config, ids[s], keys[s], t)
+                for s, state in enumerate(states)]
+        if all(h is not None for h in hits):
+            for s, (value, m, seconds) in enumerate(hits):
+                values[s]["search"], metrics[s] = value, dict(m)
+                states[s].context.timings["search"] += seconds
+            groups = []
+        before = [state.context.timings["search"] for state in states]
     for members in groups:
         data, axis = group_data(members, phase)
         got = _epoch([states[s] for s in members], [values[s] for s in members],
                      [k_epochs[s] for s in members], phase, data, axis)
         for s, m in zip(members, got):
             metrics[s] = m
+            if phase == "search":
+                ctx = states[s].context
+                search_memo.store(ctx.config, ids[s], keys[s], t, values[s]["search"], m,
+                                  ctx.timings["search"] - before[s])
     out = []
     for s, state in enumerate(states):
         ctx: Context = state.context
@@ -540,6 +559,13 @@ def _step_seeds(states: list[api.State], keys: list, group_data: Any
                           retrain_time_s=ctx.timings["retrain"])
         out.append(api.State(step=t + 1, values=values[s], context=ctx))
     return out, metrics
+
+
+def _data_id(ctx: Context) -> str:
+    """The fingerprint of the parties' search data (computed once per run)."""
+    if not ctx.data_id:
+        ctx.data_id = search_memo.fingerprint(ctx.search_data)
+    return ctx.data_id
 
 
 def _own_data(ctx: Context, phase: str):

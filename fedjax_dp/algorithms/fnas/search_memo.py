@@ -1,0 +1,83 @@
+"""Replay of search epochs already run in this process, so one search retrained several ways
+(the ``algorithm.retrain_seed`` grid of ``configs/experiments/fnas_discriminative.toml``) costs
+one search.
+
+A search epoch is a deterministic function of the search's config (every field but the
+retraining ones), the step's key and the parties' data: two runs that differ only in how they
+retrain compute identical search epochs. :func:`lookup` returns the stored outcome of such an
+epoch (the new search value, its metrics and the seconds it took) and :func:`store` keeps it.
+Replaying changes neither results nor accounting: the replayed run's search *happened* (its
+privacy cost is charged as before); it is computed once.
+
+The memo holds ONE search at a time (the last config and data seen; a new one clears it) and
+at most :data:`MAX_BYTES` of search values; past that it stops storing (a run then recomputes).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import jax
+import numpy as np
+
+#: Config fields that only shape the retraining (normalised away from the memo key).
+RETRAIN_FIELDS = ("retrain_epochs", "retrain_batch_size", "retrain_lr", "retrain_channels",
+                  "retrain_cells", "clip_retrain", "noise_retrain", "private_retrain",
+                  "retrain_seed")
+
+#: The most bytes of search values the memo holds (one search's epochs of all its seeds).
+MAX_BYTES = 512 * 2 ** 20
+
+_memo: dict = {}
+_owner: list = [None]             # (search config, data fingerprint) the memo holds
+_bytes: list = [0]
+
+
+def search_config(config: Any) -> Any:
+    """``config`` with every retraining field at its default: equal for runs whose searches are
+    equal."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config) if f.name in RETRAIN_FIELDS}
+    return dataclasses.replace(config, **defaults)
+
+
+def fingerprint(tree: Any) -> str:
+    """A SHA-256 of every leaf's shape, dtype and bytes (the parties' search data)."""
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(tree):
+        a = np.asarray(leaf)
+        h.update(repr((a.shape, a.dtype.str)).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def _key(config: Any, data_id: str, step_key: jax.Array, t: int) -> tuple:
+    return (search_config(config), data_id, int(t),
+            np.asarray(jax.random.key_data(step_key)).tobytes())
+
+
+def lookup(config: Any, data_id: str, step_key: jax.Array, t: int) -> tuple | None:
+    """``(value, metrics, seconds)`` of search epoch ``t`` run with ``step_key``, or None."""
+    return _memo.get(_key(config, data_id, step_key, t))
+
+
+def store(config: Any, data_id: str, step_key: jax.Array, t: int, value: Any, metrics: dict,
+          seconds: float) -> None:
+    """Keep search epoch ``t``'s outcome (clears the memo first if it held another search)."""
+    owner = (search_config(config), data_id)
+    if _owner[0] != owner:
+        clear()
+        _owner[0] = owner
+    size = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(value))
+    if _bytes[0] + size > MAX_BYTES:
+        return
+    _bytes[0] += size
+    _memo[_key(config, data_id, step_key, t)] = (value, dict(metrics), float(seconds))
+
+
+def clear() -> None:
+    """Forget every stored epoch."""
+    _memo.clear()
+    _owner[0] = None
+    _bytes[0] = 0
