@@ -142,3 +142,7 @@ def test_sweep_vmaps_the_seeds(tmp_path):
     recs = records.read([out / "results.jsonl"])
     assert sorted(r["seed"] for r in recs) == [0, 1]
     assert all(r["vmapped_seeds"] == 2 for r in recs)
+    # the algorithm's artifacts travel with each record: the genotype each seed retrained
+    for r in recs:
+        assert set(r["extras"]["genotype"]) >= {"normal", "reduce"}
+        assert r["extras"]["search_iterations"] > 0

@@ -55,9 +55,17 @@ def headline(privacy: list[dict], accountants: Iterable[str] = ("rdp", "pld"),
     return (None if eps is None else float(eps)), unit, g["accountant"]
 
 
+#: ``result.json`` fields a record carries as they are, or leaves out (the rest, e.g. an
+#: algorithm's ``artifacts`` such as DP-FNAS's genotype, go to the record's ``extras``).
+_RESULT_FIELDS = {"algorithm", "dataset", "num_agents", "seed", "test_accuracy", "val_accuracy",
+                  "privacy", "history", "wall_time_s", "config", "versions", "devices"}
+
+
 def from_result(result: dict, unit: str | None = None, **extra) -> dict:
     """The record of a ``result.json`` (``extra`` sets ``params``, ``target_epsilon``, ...);
-    ``unit`` picks the headline unit (default: the algorithm's first)."""
+    ``unit`` picks the headline unit (default: the algorithm's first). Fields of the result
+    beyond the common ones (an algorithm's artifacts, timings, other metrics) are kept under
+    ``extras``."""
     config = result.get("config", {})
     accountants = config.get("privacy", {}).get("accountants", ("rdp", "pld"))
     eps, unit, acc = headline(result.get("privacy", []), accountants, unit)
@@ -69,7 +77,8 @@ def from_result(result: dict, unit: str | None = None, **extra) -> dict:
            "val_accuracy": result.get("val_accuracy"), "epsilon": eps,
            "epsilon_unit": unit, "epsilon_accountant": acc, "delta": delta,
            "privacy": result.get("privacy", []), "history": result.get("history", []),
-           "wall_time_s": result.get("wall_time_s"), "config": config}
+           "wall_time_s": result.get("wall_time_s"), "config": config,
+           "extras": {k: v for k, v in result.items() if k not in _RESULT_FIELDS}}
     rec.update(extra)
     return rec
 
