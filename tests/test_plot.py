@@ -258,3 +258,17 @@ def test_run_plot_training_curve(tmp_path, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("error")       # a single run's curve warns about nothing
         plots.plot_run(_result(with_eval), tmp_path / "d")
+
+
+def test_a_gzipped_results_file_reads_as_the_plain_one(grid, tmp_path):
+    """Large committed sweeps are stored as results.jsonl.gz: its folder, or the file, reads
+    to the same records as the plain results.jsonl."""
+    import gzip
+    recs, _ = grid
+    text = "".join(json.dumps(r) + "\n" for r in recs)
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    plain.mkdir(), packed.mkdir()
+    (plain / "results.jsonl").write_text(text)
+    (packed / "results.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    assert records.read([packed]) == records.read([plain]) == recs
+    assert records.read([packed / "results.jsonl.gz"]) == recs

@@ -20,6 +20,7 @@ Field look-up for plots and tables (:func:`field`) accepts a top-level name, a g
 """
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any, Iterable
@@ -103,20 +104,22 @@ def field(record: dict, name: str) -> Any:
 
 
 def read(paths: Iterable[str | Path]) -> list[dict]:
-    """Records from ``results.jsonl`` files (a sweep's), ``result.json`` files (one run's) or
-    folders holding either."""
+    """Records from ``results.jsonl`` files (a sweep's; or ``results.jsonl.gz``, as large
+    committed sweeps are stored), ``result.json`` files (one run's) or folders holding either."""
     out: list[dict] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = [p / "results.jsonl"] if (p / "results.jsonl").is_file() else \
-                [p / "result.json"] if (p / "result.json").is_file() else []
+            found = [p / n for n in ("results.jsonl", "results.jsonl.gz", "result.json")
+                     if (p / n).is_file()]
             if not found:
-                raise ValueError(f"{str(p)!r} holds neither results.jsonl nor result.json")
+                raise ValueError(f"{str(p)!r} holds neither results.jsonl(.gz) nor result.json")
             p = found[0]
         if not p.is_file():
             raise ValueError(f"results file {str(p)!r} does not exist")
-        if p.suffix == ".jsonl":
-            for i, line in enumerate(p.read_text().splitlines()):
+        if p.name.endswith(".jsonl.gz") or p.suffix == ".jsonl":
+            text = gzip.decompress(p.read_bytes()).decode() if p.suffix == ".gz" else \
+                p.read_text()
+            for i, line in enumerate(text.splitlines()):
                 if line.strip():
                     try:
                         out.append(json.loads(line))
