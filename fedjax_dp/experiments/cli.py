@@ -288,6 +288,29 @@ def _cmd_plot(args) -> int:
     return 0
 
 
+def _cmd_compare(args) -> int:
+    from fedjax_dp.experiments import compare
+    if args.compare_command == "selected":
+        names = args.names.split(",") if args.names else None
+        rows = args.rows.split(",") if args.rows else None
+        md, data = compare.selected_table(args.sweeps, names=names, rows=rows,
+                                          ceiling=args.ceiling, title=args.title or "")
+        written = compare.write(args.out, md, data)
+    else:
+        from fedjax_dp.experiments import records
+        recs = records.read(args.results)
+        labels = args.labels.split(",") if args.labels else None
+        data = compare.arms(recs, args.arm, unit=args.unit, labels=labels, metric=args.y)
+        md = compare.arms_markdown(data, title=args.title or "",
+                                   source=", ".join(map(str, args.results)))
+        written = compare.write(args.out, md, {"sources": list(map(str, args.results)), **data})
+        _need_matplotlib("fedjax-dp compare arms")
+        written += compare.arms_plot(data, args.out, title=args.title or "")
+    print(md, end="")
+    print(json.dumps({"written": written}), file=sys.stderr)
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from fedjax_dp.bench import suite as bench_suite
     only = [s for s in args.only.split(",") if s] if args.only else None
@@ -480,6 +503,37 @@ def build_parser() -> argparse.ArgumentParser:
     plt.add_argument("--logx", action=argparse.BooleanOptionalAction, default=None,
                      help="log-scale x axis (default: on for epsilon, off otherwise)")
     plt.set_defaults(func=_cmd_plot)
+
+    cmp_ = sub.add_parser("compare", help="sweeps compared: chosen cells side by side, or the "
+                          "arms of one grid key with Welch tests (OUT.md, OUT.json)")
+    csub = cmp_.add_subparsers(dest="compare_command", required=True)
+    cs = csub.add_parser("selected", help="several sweeps' validation-chosen cells (their "
+                         "selected.json) in one table, a column per sweep")
+    cs.add_argument("sweeps", nargs="+", metavar="SWEEP", help="sweep output folders")
+    cs.add_argument("--names", default=None, help="column names, comma-separated (default: "
+                    "each sweep's algorithm)")
+    cs.add_argument("--rows", default=None, help="row keys, comma-separated (default: every key "
+                    "the chosen cells are grouped by)")
+    cs.add_argument("--ceiling", default=None, metavar="SWEEP",
+                    help="a sweep without privacy; its best chosen cell is the reference line")
+    ca = csub.add_parser("arms", help="the runs split by one grid key's values: pooled and "
+                         "per-unit mean / std, Welch's t-test on unit means (OUT.png too)")
+    ca.add_argument("results", nargs="+", metavar="RESULTS",
+                    help="sweep results.jsonl(.gz) files or their folders")
+    ca.add_argument("--arm", required=True, metavar="KEY", help="the grid key whose values are "
+                    "the arms, e.g. algorithm.private+algorithm.fixed_genotype")
+    ca.add_argument("--unit", default="seed", metavar="KEY", help="the unit a test counts once "
+                    "(its runs averaged first; default seed)")
+    ca.add_argument("--labels", default=None, help="the arms' names in their order of first "
+                    "appearance, comma-separated")
+    ca.add_argument("--y", default="test_accuracy", help="the metric (default test_accuracy)")
+    for c in (cs, ca):
+        c.add_argument("--title", default=None)
+        c.add_argument("--out", required=True, metavar="STEM", help="writes STEM.md and "
+                       "STEM.json" + (" and STEM.png / .svg" if c is ca else ""))
+        c.add_argument("--debug", action="store_true",
+                       help="show the Python traceback of an error instead of one line")
+        c.set_defaults(func=_cmd_compare)
 
     be = sub.add_parser("bench", help="the headline measurements in one process: one JSON and "
                         "one markdown table of ratios timed in the same run (docs/bench.md)")

@@ -1,0 +1,99 @@
+"""fedjax-dp compare: chosen cells of several sweeps side by side, and the arms of one grid key
+with Welch's test on unit means, checked against numpy / scipy on hand-made records."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from fedjax_dp.experiments import cli, compare
+
+KEY = "algorithm.private+algorithm.fixed_genotype"
+
+
+def _records():
+    """3 arms x 4 units (seeds) x 3 repeats (retrain_seed), accuracies from a fixed draw."""
+    rng = np.random.default_rng(0)
+    recs, acc = [], {}
+    for arm, shift in (([True, ""], 0.1), ([False, ""], 0.12), ([False, "random"], 0.0)):
+        for seed in range(4):
+            for rs in range(3):
+                a = float(0.5 + shift + rng.normal(0, 0.03))
+                acc[json.dumps(arm), seed, rs] = a
+                recs.append({"seed": seed, "test_accuracy": a,
+                             "params": {KEY: arm, "algorithm.retrain_seed": rs}})
+    return recs, acc
+
+
+def test_arms_statistics_and_welch_tests_match_numpy_and_scipy():
+    recs, acc = _records()
+    s = compare.arms(recs, KEY, labels=["dp", "search", "random"])
+    assert list(s["arms"]) == ["dp", "search", "random"]
+    for name, arm in zip(s["arms"], ([True, ""], [False, ""], [False, "random"])):
+        a = s["arms"][name]
+        runs = [v for (k, _, _), v in acc.items() if k == json.dumps(arm)]
+        means = [np.mean([acc[json.dumps(arm), u, r] for r in range(3)]) for u in range(4)]
+        assert a["runs"] == 12 and a["units"] == 4 and a["runs_per_unit"] == [3]
+        assert a["pooled_mean"] == pytest.approx(np.mean(runs))
+        assert a["pooled_std"] == pytest.approx(np.std(runs, ddof=1))
+        assert list(a["unit_means"].values()) == pytest.approx(means)
+        assert a["between_unit_std"] == pytest.approx(np.std(means, ddof=1))
+        assert a["within_unit_std"] == pytest.approx(np.mean(
+            [np.std([acc[json.dumps(arm), u, r] for r in range(3)], ddof=1) for u in range(4)]))
+    t = s["tests"]["dp vs random"]
+    want = stats.ttest_ind(list(s["arms"]["dp"]["unit_means"].values()),
+                           list(s["arms"]["random"]["unit_means"].values()), equal_var=False)
+    assert (t["t"], t["p_value"]) == pytest.approx((want.statistic, want.pvalue))
+    assert set(s["tests"]) == {"dp vs search", "dp vs random", "search vs random"}
+    md = compare.arms_markdown(s)
+    assert "| dp | 12 | 4 |" in md and "dp vs random" in md
+
+
+def test_arms_refuses_what_it_cannot_group():
+    recs, _ = _records()
+    with pytest.raises(ValueError, match="labels: 2 labels for 3 arms"):
+        compare.arms(recs, KEY, labels=["a", "b"])
+    with pytest.raises(ValueError, match="algorithm.nope"):
+        compare.arms(recs, "algorithm.nope")
+
+
+def _selected(folder, algorithm, cells):
+    folder.mkdir()
+    (folder / "selected.json").write_text(json.dumps([
+        {"base": "b", "algorithm": algorithm, "data.num_agents": n, "target_epsilon": e,
+         "selected": {"algorithm.rounds": 10}, "n_candidates": 2, "val_accuracy_mean": m,
+         "n": 3, "test_accuracy_mean": m, "test_accuracy_std": 0.01, "epsilon_mean": e,
+         "epsilon_std": 0.0, "epsilon_unit": "agent", "calibrated_value": 1.0}
+        for n, e, m in cells]))
+    return folder
+
+
+def test_selected_table_lines_up_sweeps_and_marks_the_best(tmp_path, capsys):
+    a = _selected(tmp_path / "a", "dp_fedavg", [(50, 1.0, 0.6), (50, 4.0, 0.8)])
+    b = _selected(tmp_path / "b", "ae_dpfl", [(50, 1.0, 0.7)])
+    top = _selected(tmp_path / "top", "fedavg", [(1, None, 0.9)])
+    md, data = compare.selected_table([a, b], ceiling=top)
+    assert data["row_keys"] == ["data.num_agents", "target_epsilon"]
+    assert [r["best"] for r in data["rows"]] == [["ae_dpfl"], ["dp_fedavg"]]
+    assert "| 50 | 4.0 | **0.800 ± 0.010** (rounds=10, eps 4) | - |" in md
+    assert "Ceiling without privacy" in md and "0.900" in md
+    out = tmp_path / "cmp"
+    assert cli.main(["compare", "selected", str(a), str(b), "--names", "x,y",
+                     "--out", str(out)]) == 0
+    assert json.loads((tmp_path / "cmp.json").read_text())["names"] == ["x", "y"]
+    assert cli.main(["compare", "selected", str(tmp_path), "--out", str(out)]) == 2
+    assert "holds no selected.json" in capsys.readouterr().err
+
+
+def test_cli_compare_arms_writes_the_table_the_json_and_the_plot(tmp_path):
+    recs, _ = _records()
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    out = tmp_path / "arms"
+    assert cli.main(["compare", "arms", str(tmp_path), "--arm", KEY, "--out", str(out)]) == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert [a["value"] for a in data["arms"].values()] == [[True, ""], [False, ""],
+                                                            [False, "random"]]
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    assert "Welch" in out.with_suffix(".md").read_text()
