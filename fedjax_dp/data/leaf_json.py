@@ -31,7 +31,7 @@ from typing import Iterator
 import numpy as np
 
 from fedjax_dp.data import vocab as vocab_lib
-from fedjax_dp.data.convert import ClientReader
+from fedjax_dp.data.client_reader import ClientReader
 
 KEYS = ("users", "num_samples", "user_data")
 
@@ -77,7 +77,7 @@ def read_shard(path) -> dict:
 class LeafClients(ClientReader):
     """The users of one LEAF dataset's train and test shards (a base class; one per dataset).
 
-    :class:`fedjax_dp.data.convert.ClientReader`'s interface, the users as clients, one shard in
+    :class:`fedjax_dp.data.client_reader.ClientReader`'s interface, the users as clients, one shard in
     memory at a time.
     """
 

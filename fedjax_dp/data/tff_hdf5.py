@@ -40,7 +40,7 @@ from typing import Iterator
 import numpy as np
 
 from fedjax_dp.data import vocab as vocab_lib
-from fedjax_dp.data.convert import ClientReader
+from fedjax_dp.data.client_reader import ClientReader
 
 EXAMPLES = "examples"
 
@@ -108,7 +108,7 @@ def client_ids(group) -> list[str]:
 class TFFClients(ClientReader):
     """The clients of one TFF dataset's train and test files (a base class; one per format).
 
-    :class:`fedjax_dp.data.convert.ClientReader`'s interface, reading one client at a time.
+    :class:`fedjax_dp.data.client_reader.ClientReader`'s interface, reading one client at a time.
     """
 
     features: tuple[str, ...] = ()          # the datasets every client group must hold
