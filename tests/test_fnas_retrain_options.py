@@ -116,3 +116,12 @@ def test_a_search_retrained_under_another_seed_is_replayed_not_recomputed(monkey
     assert epochs.count("search") == 2                         # cleared: recomputed, equal
     for a, b in zip(again, fresh, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    # past its memory budget the memo stores nothing: the next run recomputes (and is equal)
+    search_memo.clear()
+    monkeypatch.setattr(search_memo, "max_bytes", lambda: 0)
+    search_alpha(dataclasses.replace(cfg, retrain_seed=0), seed=3)
+    epochs.clear()
+    capped, _ = search_alpha(dataclasses.replace(cfg, retrain_seed=1), seed=3)
+    assert epochs.count("search") == 2
+    for a, b in zip(capped, fresh, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

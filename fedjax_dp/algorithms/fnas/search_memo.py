@@ -9,13 +9,16 @@ epoch (the new search value, its metrics and the seconds it took) and :func:`sto
 Replaying changes neither results nor accounting: the replayed run's search *happened* (its
 privacy cost is charged as before); it is computed once.
 
-The memo holds ONE search at a time (the last config and data seen; a new one clears it) and
-at most :data:`MAX_BYTES` of search values; past that it stops storing (a run then recomputes).
+The memo holds ONE search at a time (the last config and data seen; a new one clears it), in
+host memory (never on an accelerator), and at most :func:`max_bytes` of search values (a
+quarter of the machine's memory, at most 8 GiB); past that it stops storing and a run then
+recomputes the epochs not stored.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from typing import Any
 
 import jax
@@ -26,8 +29,17 @@ RETRAIN_FIELDS = ("retrain_epochs", "retrain_batch_size", "retrain_lr", "retrain
                   "retrain_cells", "clip_retrain", "noise_retrain", "private_retrain",
                   "retrain_seed")
 
-#: The most bytes of search values the memo holds (one search's epochs of all its seeds).
-MAX_BYTES = 512 * 2 ** 20
+#: The most bytes of search values the memo holds, whatever the machine's memory.
+MAX_BYTES = 8 * 2 ** 30
+
+
+def max_bytes() -> int:
+    """The memo's budget: a quarter of the host's physical memory, at most :data:`MAX_BYTES`."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 4 * 2 ** 30
+    return min(MAX_BYTES, total // 4)
 
 _memo: dict = {}
 _owner: list = [None]             # (search config, data fingerprint) the memo holds
@@ -57,8 +69,13 @@ def _key(config: Any, data_id: str, step_key: jax.Array, t: int) -> tuple:
 
 
 def lookup(config: Any, data_id: str, step_key: jax.Array, t: int) -> tuple | None:
-    """``(value, metrics, seconds)`` of search epoch ``t`` run with ``step_key``, or None."""
-    return _memo.get(_key(config, data_id, step_key, t))
+    """``(value, metrics, seconds)`` of search epoch ``t`` run with ``step_key`` (the value back
+    on the default device), or None."""
+    hit = _memo.get(_key(config, data_id, step_key, t))
+    if hit is None:
+        return None
+    value, metrics, seconds = hit
+    return jax.tree.map(jax.numpy.asarray, value), dict(metrics), seconds
 
 
 def store(config: Any, data_id: str, step_key: jax.Array, t: int, value: Any, metrics: dict,
@@ -70,10 +87,11 @@ def store(config: Any, data_id: str, step_key: jax.Array, t: int, value: Any, me
         _owner[0] = owner
     size = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
                for x in jax.tree.leaves(value))
-    if _bytes[0] + size > MAX_BYTES:
+    if _bytes[0] + size > max_bytes():
         return
     _bytes[0] += size
-    _memo[_key(config, data_id, step_key, t)] = (value, dict(metrics), float(seconds))
+    host = jax.device_get(value)                     # numpy leaves: host memory
+    _memo[_key(config, data_id, step_key, t)] = (host, dict(metrics), float(seconds))
 
 
 def clear() -> None:
