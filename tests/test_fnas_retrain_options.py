@@ -125,3 +125,22 @@ def test_a_search_retrained_under_another_seed_is_replayed_not_recomputed(monkey
     assert epochs.count("search") == 2
     for a, b in zip(capped, fresh, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_the_memo_keeps_the_seeds_of_one_search_config_side_by_side():
+    """Seeds stepped together store epoch t one after the other, each with its own data: all
+    are kept (a new search config clears them)."""
+    from fedjax_dp.algorithms.fnas import search_memo
+    search_memo.clear()
+    keys = [jax.random.key(s) for s in range(3)]
+    for s, k in enumerate(keys):
+        search_memo.store(TINY, f"data{s}", k, 0, {"w": np.full(2, s, np.float32)}, {"m": s}, 1.0)
+    for s, k in enumerate(keys):
+        value, metrics, _ = search_memo.lookup(dataclasses.replace(TINY, retrain_seed=5),
+                                               f"data{s}", k, 0)
+        assert float(value["w"][0]) == s and metrics == {"m": s}
+    assert search_memo.lookup(TINY, "data0", keys[1], 0) is None       # another key
+    search_memo.store(dataclasses.replace(TINY, noise_arch=3.0), "data0", keys[0], 0,
+                      {"w": np.zeros(2, np.float32)}, {}, 1.0)
+    assert search_memo.lookup(TINY, "data1", keys[1], 0) is None       # cleared
+    search_memo.clear()

@@ -9,7 +9,8 @@ epoch (the new search value, its metrics and the seconds it took) and :func:`sto
 Replaying changes neither results nor accounting: the replayed run's search *happened* (its
 privacy cost is charged as before); it is computed once.
 
-The memo holds ONE search at a time (the last config and data seen; a new one clears it), in
+The memo holds ONE search config at a time (a new one clears it; its seeds, each with its own
+data, side by side), in
 host memory (never on an accelerator), and at most :func:`max_bytes` of search values (a
 quarter of the machine's memory, at most 8 GiB); past that it stops storing and a run then
 recomputes the epochs not stored.
@@ -42,7 +43,7 @@ def max_bytes() -> int:
     return min(MAX_BYTES, total // 4)
 
 _memo: dict = {}
-_owner: list = [None]             # (search config, data fingerprint) the memo holds
+_owner: list = [None]             # the search config the memo holds
 _bytes: list = [0]
 
 
@@ -80,8 +81,9 @@ def lookup(config: Any, data_id: str, step_key: jax.Array, t: int) -> tuple | No
 
 def store(config: Any, data_id: str, step_key: jax.Array, t: int, value: Any, metrics: dict,
           seconds: float) -> None:
-    """Keep search epoch ``t``'s outcome (clears the memo first if it held another search)."""
-    owner = (search_config(config), data_id)
+    """Keep search epoch ``t``'s outcome (clears the memo first if it held another search
+    config; the seeds of one config, each with its own data, are kept side by side)."""
+    owner = search_config(config)
     if _owner[0] != owner:
         clear()
         _owner[0] = owner
