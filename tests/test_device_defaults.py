@@ -7,6 +7,7 @@ import concurrent.futures
 import dataclasses
 import importlib.metadata
 import json
+import os
 import re
 import subprocess
 import sys
@@ -129,6 +130,142 @@ def test_prefetching_follows_the_one_function(monkeypatch):
     assert [c.num_real for c in agent_stream.chunks(host, 4)] == [4, 2] and len(pools) == 1
 
 
+# ----------------------------------------------------------------------------- XLA flags
+
+TRITON = "--xla_gpu_enable_triton_gemm=false"
+
+
+def test_the_triton_gemm_flag_is_set_for_a_gpu_only():
+    assert dl.TRITON_GEMM_FLAG == TRITON
+    assert dl.xla_flags("gpu") == TRITON
+    assert dl.xla_flags("gpu", "--xla_backend_optimization_level=0") == \
+        "--xla_backend_optimization_level=0 " + TRITON
+    for platform in ("cpu", "tpu", "other"):
+        assert dl.xla_flags(platform) == ""
+        assert dl.xla_flags(platform, "--xla_dump_to=/tmp/x") == "--xla_dump_to=/tmp/x"
+    # the reason, the failing check and the versions are written beside the flag
+    assert "subdim_size_accumulator == dim_size (16 vs. 8)" in dl.TRITON_GEMM_REASON
+    assert "jaxlib 0.11.2" in dl.TRITON_GEMM_REASON
+
+
+@pytest.mark.parametrize("user", ["--xla_gpu_enable_triton_gemm=true",
+                                  "--xla_gpu_enable_triton_gemm=false",
+                                  "--xla_gpu_enable_triton_gemm",
+                                  "--xla_foo=1 -xla_gpu_enable_triton_gemm=True --xla_bar=2"])
+def test_the_users_xla_flags_win(user):
+    assert dl.xla_flags("gpu", user) == user                  # kept as written, nothing added
+    # a different flag whose name only starts the same is not the user's choice of this one
+    assert dl.xla_flags("gpu", "--xla_gpu_enable_triton_gemm_any=true") == \
+        "--xla_gpu_enable_triton_gemm_any=true " + TRITON
+
+
+def test_bad_xla_flags_arguments_are_refused_naming_them():
+    with pytest.raises(ValueError, match="platform must be one of"):
+        dl.xla_flags("cuda")
+    with pytest.raises(ValueError, match="current .* must be a string"):
+        dl.xla_flags("gpu", None)
+
+
+@pytest.mark.parametrize("env, plugins, configured, expected", [
+    ({}, [], None, "cpu"),
+    ({}, ["xla_cuda13"], None, "gpu"),
+    ({}, ["xla_cuda12", "jax_cuda12_plugin"], None, "gpu"),
+    ({}, ["xla_rocm7"], None, "gpu"),
+    ({}, ["libtpu"], None, "tpu"),
+    ({}, ["some_other_plugin"], None, "cpu"),
+    ({"JAX_PLATFORMS": "cpu"}, ["xla_cuda13"], None, "cpu"),       # restricted to the CPU
+    ({"JAX_PLATFORMS": "cpu,cuda"}, [], None, "gpu"),
+    ({"JAX_PLATFORMS": "tpu,cpu"}, ["xla_cuda13"], None, "tpu"),
+    ({"JAX_PLATFORMS": "METAL"}, [], None, "other"),
+    ({"JAX_PLATFORMS": "cuda"}, [], "cpu", "cpu"),                 # jax.config wins over env
+    ({"JAX_PLATFORM_NAME": "cpu"}, ["xla_cuda13"], None, "gpu"),   # a GPU backend still starts
+    ({"JAX_PLATFORM_NAME": "gpu"}, [], None, "gpu"),
+])
+def test_the_planned_platform_is_read_without_starting_jax(env, plugins, configured, expected):
+    assert dl.planned_platform(env, plugins, configured) == expected
+
+
+def test_apply_sets_the_flag_before_a_backend_starts_and_never_claims_it_after():
+    env = {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
+    state = dl.apply_xla_flags(env, platform="gpu", backend_started=lambda: False)
+    assert env["XLA_FLAGS"] == "--xla_backend_optimization_level=0 " + TRITON
+    assert state["xla_flags"] == env["XLA_FLAGS"] and state["backend_started_before"] is False
+    assert [(f["flag"], f["status"], f["in_effect"]) for f in state["flags"]] == \
+        [(TRITON, "applied", True)]
+    # the user's own value: kept, reported as theirs (in effect only if it is the same value)
+    env = {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=true"}
+    state = dl.apply_xla_flags(env, platform="gpu", backend_started=lambda: False)
+    assert env["XLA_FLAGS"] == "--xla_gpu_enable_triton_gemm=true"
+    assert [(f["status"], f["in_effect"]) for f in state["flags"]] == [("user", False)]
+    # a backend already started: XLA has read its flags; nothing is set, a warning says so
+    env = {}
+    with pytest.warns(RuntimeWarning, match="NOT in effect"):
+        state = dl.apply_xla_flags(env, platform="gpu", backend_started=lambda: True)
+    assert "XLA_FLAGS" not in env and state["backend_started_before"] is True
+    assert [(f["status"], f["in_effect"]) for f in state["flags"]] == [("too_late", False)]
+    # the CPU: nothing to do, nothing written
+    env = {}
+    assert dl.apply_xla_flags(env, platform="cpu", backend_started=lambda: False)["flags"] == []
+    assert env == {}
+
+
+def _fake_cuda_plugin(tmp_path: Path) -> Path:
+    """A ``jax_plugins.xla_cuda13`` module (namespace package, as jax-cuda13-pjrt installs it)
+    that registers nothing: JAX imports it and still starts only its CPU backend."""
+    (tmp_path / "jax_plugins").mkdir(exist_ok=True)
+    (tmp_path / "jax_plugins" / "xla_cuda13.py").write_text("def initialize():\n    pass\n")
+    return tmp_path
+
+
+def _python(code: str, tmp_path: Path, **env_changes) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(_fake_cuda_plugin(tmp_path)), str(ROOT)])
+    env.update(env_changes)
+    done = subprocess.run([sys.executable, "-W", "always", "-c", code], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]) | {"stderr": done.stderr}
+
+
+def test_importing_the_library_sets_the_flag_before_the_backend_starts(tmp_path):
+    """A CUDA plugin installed (faked) and no JAX_PLATFORMS: importing the library sets the flag
+    before any backend starts; XLA then starts with it (this XLA knows the flag: an unknown one
+    aborts the process) and ``fedjax-dp devices --json`` says it is in effect."""
+    code = ("import json, os, jax, jax.numpy as jnp\n"
+            "from fedjax_dp.algorithms import api\n"            # imports the defaults module
+            "from fedjax_dp.core import defaults as dl\n"
+            "flags = os.environ.get('XLA_FLAGS')\n"
+            "assert float(jnp.ones(3).sum()) == 3.0\n"           # the backend starts now
+            "print(json.dumps({'flags': flags, 'state': dl.XLA_FLAGS_STATE, "
+            "'plugins': dl.installed_plugins(), 'described': dl.describe()['xla_workarounds']}))")
+    out = _python(code, tmp_path, XLA_FLAGS="--xla_backend_optimization_level=0")
+    assert "xla_cuda13" in out["plugins"]
+    assert out["flags"] == "--xla_backend_optimization_level=0 " + TRITON
+    state = out["state"]
+    assert state["platform"] == "gpu" and state["backend_started_before"] is False
+    assert [(f["flag"], f["status"], f["in_effect"]) for f in state["flags"]] == \
+        [(TRITON, "applied", True)]
+    assert out["described"] == state
+    # the same with the CPU asked for: nothing set
+    out = _python(code, tmp_path, JAX_PLATFORMS="cpu")
+    assert out["flags"] is None and out["state"]["platform"] == "cpu"
+    assert out["state"]["flags"] == []
+
+
+def test_imported_after_the_backend_started_the_flag_is_reported_not_in_effect(tmp_path):
+    code = ("import json, os, jax, jax.numpy as jnp\n"
+            "assert float(jnp.ones(3).sum()) == 3.0\n"           # the user computed first
+            "from fedjax_dp.core import defaults as dl\n"
+            "print(json.dumps({'flags': os.environ.get('XLA_FLAGS'), "
+            "'state': dl.XLA_FLAGS_STATE}))")
+    out = _python(code, tmp_path)
+    assert out["flags"] is None                     # nothing claimed in the environment
+    assert out["state"]["backend_started_before"] is True
+    assert [(f["status"], f["in_effect"]) for f in out["state"]["flags"]] == \
+        [("too_late", False)]
+    assert "RuntimeWarning" in out["stderr"] and "NOT in effect" in out["stderr"]
+
+
 # ----------------------------------------------------------------------------- one reader
 
 READ_ATTRS = ("default_backend", "platform", "memory_stats")
@@ -210,6 +347,10 @@ def test_devices_command_prints_the_platform_devices_and_defaults(capsys):
     assert info["platform"] == "cpu" and info["jax"] == jax.__version__
     assert [d["repr"] for d in info["devices"]] == [str(d) for d in jax.devices()]
     assert info["defaults"] == dl.defaults().as_dict()
+    # the tests run with JAX_PLATFORMS=cpu: no workaround flag, decided before any backend
+    assert info["xla_workarounds"] == {"platform": "cpu", "xla_flags": os.environ.get(
+        "XLA_FLAGS", ""), "backend_started_before": False, "flags": []}
     assert cli.main(["devices"]) == 0
     text = capsys.readouterr().out
     assert text.startswith(f"jax {jax.__version__}: platform cpu") and "knn_method = " in text
+    assert "XLA flags for platform cpu (decided at import, before any backend started)" in text

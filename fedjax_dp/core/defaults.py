@@ -32,17 +32,40 @@ numbers up to float rounding; both kNN methods choose the same neighbours; prefe
 nothing): they only move time and memory. ``fedjax-dp devices`` prints them for this machine;
 docs/devices.md is their page. No other module calls ``jax.default_backend()``, reads a device's
 ``.platform`` or calls ``memory_stats()`` (tests/test_device_defaults.py checks the source).
+
+XLA flags (workarounds of compiler defects) are decided here too, BEFORE any JAX backend starts
+(XLA reads ``XLA_FLAGS`` once, when the first backend is created): :func:`planned_platform`
+reads, without starting JAX, whether a GPU backend may start (``JAX_PLATFORMS``,
+``JAX_PLATFORM_NAME``, the PJRT plugins installed); :func:`xla_flags` is the pure decision;
+:func:`apply_xla_flags` runs once, when this module is first imported (importing any part of
+the library that computes imports it; importing never starts a backend), and records what it
+did in :data:`XLA_FLAGS_STATE` (``fedjax-dp devices --json``: ``xla_workarounds``).
+
+======================================  ================  ==============================
+flag                                    platforms         why
+======================================  ================  ==============================
+``--xla_gpu_enable_triton_gemm=false``  gpu (CUDA, ROCm)  :data:`TRITON_GEMM_REASON`
+======================================  ================  ==============================
+
+A flag whose name the user's own ``XLA_FLAGS`` already mention is never added: the user's value
+wins.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import importlib.util
+import os
+import sys
+import warnings
+from typing import Any, Callable, Iterable, Mapping, MutableMapping
 
 import jax
 
 __all__ = ["Defaults", "PLATFORMS", "defaults", "read_device", "memory_stats",
            "CPU_CACHE_BUDGET_BYTES", "CHUNK_FRACTION", "SMALL_DEVICE_BYTES",
-           "AUTO_HOST_FRACTION", "AUTO_HOST_BYTES"]
+           "AUTO_HOST_FRACTION", "AUTO_HOST_BYTES", "TRITON_GEMM_FLAG", "TRITON_GEMM_REASON",
+           "XLA_WORKAROUNDS", "PLANNED_PLATFORMS", "xla_flags", "planned_platform", "installed_plugins",
+           "apply_xla_flags", "XLA_FLAGS_STATE"]
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 #: CPU: the agents' working set of one chunk (the last-level cache a 2-core machine offers;
@@ -147,7 +170,9 @@ def defaults(platform: str | None = None, device_memory: int | None = None, *,
 
 def describe() -> dict[str, Any]:
     """What ``fedjax-dp devices`` prints: JAX's version, the platform, every device JAX sees
-    (with its memory where reported) and this machine's :func:`defaults`."""
+    (with its memory where reported), this machine's :func:`defaults` and ``xla_workarounds``
+    (:data:`XLA_FLAGS_STATE`: the XLA flags decided at import, each with its status and whether
+    it is in effect)."""
     local = jax.local_devices()
     devices = []
     for dv in jax.devices():
@@ -159,4 +184,186 @@ def describe() -> dict[str, Any]:
         devices.append(entry)
     return {"jax": jax.__version__, "platform": read_device()[0],
             "process_count": int(jax.process_count()), "devices": devices,
-            "defaults": defaults().as_dict()}
+            "defaults": defaults().as_dict(),
+            "xla_workarounds": {k: v for k, v in XLA_FLAGS_STATE.items()}}
+
+
+# ----------------------------------------------------------------------------- XLA flags
+
+#: Triton GEMM off on GPUs (the reason: :data:`TRITON_GEMM_REASON`)
+TRITON_GEMM_FLAG = "--xla_gpu_enable_triton_gemm=false"
+TRITON_GEMM_REASON = (
+    "XLA's GPU compiler aborts the process while tiling a dot of the DARTS search (DP-FNAS: "
+    "fedjax-dp run configs/fnas/digits_dp.toml, bench part dp_fnas_search_step) for its Triton "
+    "GEMM emitter: 'triton_tiling_propagation.cc:703 Check failed: subdim_size_accumulator == "
+    "dim_size (16 vs. 8)', exit 134; seen with jax 0.11.2 / jaxlib 0.11.2 (the XLA bundled with "
+    "jaxlib 0.11.2, CUDA 13 plugin) on an NVIDIA H100, 2026-11-27. With the Triton GEMM off XLA "
+    "uses cuBLAS for every dot: every shipped config runs, and the float32 2048^3 matmul went "
+    "from 57 to 107 TFLOP/s on that H100 (shared/measurements/h100-2026-11-27)")
+#: platform -> the workaround flags set for it (flag, reason); no other platform gets any
+XLA_WORKAROUNDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "gpu": ((TRITON_GEMM_FLAG, TRITON_GEMM_REASON),),
+}
+#: what :func:`planned_platform` may return: a platform of :data:`PLATFORMS`, or "other" (a
+#: backend from another plugin: Intel's oneapi, Apple's METAL, ...), which gets no XLA flag
+#: (such a plugin carries its own XLA, whose flag parser may not know a CUDA workaround's flag
+#: and would then abort)
+PLANNED_PLATFORMS = PLATFORMS + ("other",)
+#: a JAX platform name (``JAX_PLATFORMS`` entries) -> one of :data:`PLANNED_PLATFORMS`
+_PLATFORM_NAMES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
+#: top-level modules of JAX's GPU builds besides the ``jax_plugins.xla_*`` PJRT modules
+_GPU_MODULES = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
+                "jax_rocm7_plugin")
+
+
+def _flag_name(token: str) -> str:
+    """``--xla_gpu_x=false`` -> ``xla_gpu_x`` (the name XLA's flag parser matches)."""
+    return token.lstrip("-").split("=", 1)[0].strip()
+
+
+def xla_flags(platform: str, current: str = "") -> str:
+    """The ``XLA_FLAGS`` a process on ``platform`` should start with, given the user's
+    ``current`` ``XLA_FLAGS``: ``current`` followed by each workaround flag of the platform
+    (:data:`XLA_WORKAROUNDS`: ``--xla_gpu_enable_triton_gemm=false`` on "gpu", nothing on
+    "cpu" / "tpu" / "other") whose name ``current`` does not already mention. The user's flags win: a
+    flag they set, to any value, is kept as they wrote it and never added twice."""
+    if platform not in PLANNED_PLATFORMS:
+        raise ValueError(f"platform must be one of {PLANNED_PLATFORMS}, got {platform!r}")
+    if not isinstance(current, str):
+        raise ValueError(f"current (the XLA_FLAGS value) must be a string, got {current!r}")
+    named = {_flag_name(t) for t in current.split()}
+    added = [flag for flag, _ in XLA_WORKAROUNDS.get(platform, ())
+             if _flag_name(flag) not in named]
+    return " ".join([current.strip()] + added).strip() if added else current
+
+
+def installed_plugins() -> list[str]:
+    """Names of the JAX PJRT plugins installed, found as JAX finds them but without importing
+    them (:func:`jax._src.xla_bridge.discover_pjrt_plugins` imports the modules of the
+    ``jax_plugins`` namespace package and of the ``jax_plugins`` entry points, e.g.
+    ``jax_plugins.xla_cuda13``), plus JAX's GPU kernel packages (``jax_cuda12_plugin``,
+    ``jax_cuda13_plugin``, ROCm's) and ``libtpu``."""
+    import importlib.metadata
+    import pkgutil
+    names: set[str] = set()
+    try:
+        spec = importlib.util.find_spec("jax_plugins")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        names |= {m.name for m in pkgutil.iter_modules(list(spec.submodule_search_locations))}
+    try:
+        names |= {ep.value.split(":")[0].rsplit(".", 1)[-1]
+                  for ep in importlib.metadata.entry_points(group="jax_plugins")}
+    except Exception:                  # a broken distribution's metadata: plugins as found so far
+        pass
+    for module in _GPU_MODULES + ("libtpu",):
+        try:
+            if importlib.util.find_spec(module) is not None:
+                names.add(module)
+        except (ImportError, ValueError):
+            pass
+    return sorted(names)
+
+
+def _plugin_platform(name: str) -> str | None:
+    name = name.lower()
+    if "cuda" in name or "rocm" in name:
+        return "gpu"
+    if "tpu" in name:
+        return "tpu"
+    return None
+
+
+def planned_platform(environ: Mapping[str, str] | None = None,
+                     plugins: Iterable[str] | None = None,
+                     configured: str | None = None) -> str:
+    """The platform of the backends JAX will start, read without starting one: "gpu" when a
+    CUDA or ROCm backend may start (the XLA flags of a GPU are then needed), else "tpu", "cpu"
+    or "other" (:data:`PLANNED_PLATFORMS`).
+
+    In JAX's order: ``configured`` (``jax.config.jax_platforms`` when JAX is imported, else
+    None) or ``JAX_PLATFORMS`` restricts the backends to those listed ("gpu" if any of them is
+    cuda / rocm / gpu); otherwise every installed plugin starts (``plugins``, default
+    :func:`installed_plugins`): "gpu" if a CUDA or ROCm one is installed, "tpu" if libtpu is.
+    ``JAX_PLATFORM_NAME`` (deprecated) only names the default backend, so it adds a GPU when it
+    names one and takes none away (JAX still starts an installed GPU backend beside a "cpu"
+    default)."""
+    environ = os.environ if environ is None else environ
+    listed = configured if configured else environ.get("JAX_PLATFORMS", "")
+    names = [p.strip().lower() for p in str(listed).split(",") if p.strip()]
+    if names:
+        kinds = [_PLATFORM_NAMES.get(p, "other") for p in names]
+        return "gpu" if "gpu" in kinds else kinds[0]
+    found = {_plugin_platform(p) for p in (installed_plugins() if plugins is None else plugins)}
+    default = _PLATFORM_NAMES.get(environ.get("JAX_PLATFORM_NAME", "").strip().lower())
+    if "gpu" in found or default == "gpu":
+        return "gpu"
+    if "tpu" in found or default == "tpu":
+        return "tpu"
+    return "cpu"
+
+
+def _backend_started() -> bool | None:
+    """Whether a JAX backend exists in this process (then XLA has read ``XLA_FLAGS`` already);
+    False while JAX is not even imported; None where this JAX does not tell."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    if bridge is None:
+        return False
+    try:
+        return bool(bridge.backends_are_initialized())
+    except Exception:                 # a JAX without the function: unknown
+        return None
+
+
+def _configured_platforms() -> str | None:
+    """``jax.config.jax_platforms`` when JAX is imported (a program may have set it), else None."""
+    if "jax" not in sys.modules:
+        return None
+    try:
+        return sys.modules["jax"].config.jax_platforms or None
+    except Exception:
+        return None
+
+
+def apply_xla_flags(environ: MutableMapping[str, str] | None = None, *,
+                    platform: str | None = None,
+                    backend_started: Callable[[], bool | None] = _backend_started) -> dict:
+    """Set ``environ["XLA_FLAGS"]`` (default ``os.environ``) to :func:`xla_flags` of the
+    :func:`planned_platform`, unless a backend has already started (XLA has read its flags:
+    setting them now would claim a workaround that is not in effect; a warning says what to do).
+    Returns the record of what was decided (:data:`XLA_FLAGS_STATE` holds the import-time one):
+    ``platform``, ``xla_flags`` (the value now in ``environ``), ``backend_started_before``
+    (True / False / None: unknown) and, per workaround flag of the platform, its ``status``:
+    "applied" (set here before any backend started), "user" (the user's XLA_FLAGS name it:
+    their value is kept), "too_late" (not set: a backend had already started), and whether
+    the workaround is ``in_effect``."""
+    environ = os.environ if environ is None else environ
+    platform = planned_platform(environ, configured=_configured_platforms()) \
+        if platform is None else platform
+    current = environ.get("XLA_FLAGS", "")
+    started = backend_started()
+    wanted = xla_flags(platform, current)
+    users = {_flag_name(t): t for t in current.split()}      # the last of a name counts
+    flags = []
+    for flag, reason in XLA_WORKAROUNDS.get(platform, ()):
+        if _flag_name(flag) in users:            # in effect only if the user chose our value
+            status, in_effect = "user", users[_flag_name(flag)].lower() == flag.lower()
+        else:
+            status, in_effect = ("too_late", False) if started else ("applied", True)
+        flags.append({"flag": flag, "status": status, "in_effect": in_effect,
+                      "reason": reason})
+    late = [f["flag"] for f in flags if f["status"] == "too_late"]
+    if late:
+        warnings.warn(f"fedjax_dp was imported after a JAX backend started, so the XLA flags "
+                      f"this {platform} needs ({' '.join(late)}) are NOT in effect; start the "
+                      f"process with XLA_FLAGS='{wanted}' or import fedjax_dp before computing "
+                      f"with JAX (docs/devices.md)", RuntimeWarning, stacklevel=2)
+    elif wanted != current:
+        environ["XLA_FLAGS"] = wanted
+    return {"platform": platform, "xla_flags": environ.get("XLA_FLAGS", ""),
+            "backend_started_before": started, "flags": flags}
+
+
+#: what :func:`apply_xla_flags` did when this module was first imported (``fedjax-dp devices``)
+XLA_FLAGS_STATE: dict[str, Any] = apply_xla_flags()

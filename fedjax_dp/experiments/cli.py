@@ -355,6 +355,16 @@ def _cmd_devices(args) -> int:
     print("defaults (fedjax_dp.core.defaults, docs/devices.md):")
     for key, value in info["defaults"].items():
         print(f"  {key} = {value}")
+    xla = info["xla_workarounds"]
+    when = {False: "before any backend started", True: "after a backend had started",
+            None: "unknown whether a backend had started"}[xla["backend_started_before"]]
+    print(f"XLA flags for platform {xla['platform']} (decided at import, {when}): "
+          f"XLA_FLAGS={xla['xla_flags']!r}")
+    for flag in xla["flags"]:
+        print(f"  {flag['flag']}: {flag['status']}, "
+              f"{'in effect' if flag['in_effect'] else 'NOT in effect'}")
+    if not xla["flags"]:
+        print("  no workaround needed")
     return 0
 
 
