@@ -109,6 +109,10 @@ class Runtime:
       into a padded buffer: the round costs the cohort) or ``"masked"`` (every agent trains and
       a mask selects the participants: the reference the gathered rounds are tested against).
     progress: where long steps report progress (:mod:`fedjax_dp.core.progress`; silent by default).
+    rounds_per_call: how many rounds :func:`run` runs per compiled call of an algorithm with a
+      ``multi_step`` hook (the round-based averaging algorithms on device-resident agents):
+      ``"auto"`` (sized from the calls' measured time, :class:`fedjax_dp.algorithms.rounds.CallSizer`)
+      or an int k >= 1 (k = 1: one round per call). Results do not depend on it.
     """
 
     chunk_size: int | str | None = "auto"
@@ -116,10 +120,13 @@ class Runtime:
     backend: str = "vmap"
     cohort: str = "gather"
     progress: Any = progress_lib.SILENT
+    rounds_per_call: int | str = "auto"
 
     def __post_init__(self):
         if self.chunk_size not in ("auto", None):
             validation.check_int("runtime.chunk_size", self.chunk_size, minimum=1)
+        if self.rounds_per_call != "auto":
+            validation.check_int("runtime.rounds_per_call", self.rounds_per_call, minimum=1)
         validation.check_choice("runtime.backend", self.backend, ("vmap", "loop"))
         validation.check_choice("runtime.cohort", self.cohort, ("gather", "masked"))
 
@@ -220,6 +227,17 @@ class Algorithm(Protocol):
     #: Default None: absent.
     seed_step: Callable[[State], tuple[Callable, Any, Hashable]] | None = None
 
+    #: ``multi_step(state, key, start, count) -> (state, metrics)``: steps ``start .. start +
+    #: count - 1`` of the run with root ``key`` in one compiled call, equal to ``count`` calls of
+    #: ``step`` with keys :func:`step_key` ``(key, t)``; every metric has a leading axis of at
+    #: least ``count`` (row i: step ``start + i``). Used by :func:`run` where
+    #: ``rounds_per_call(state)`` > 0 (the most steps one call can run). Default None: absent.
+    multi_step: Callable[[State, jax.Array, int, int], tuple[State, dict]] | None = None
+
+    def rounds_per_call(self, state: State) -> int:
+        """The most steps one ``multi_step`` call of ``state`` runs; 0: ``multi_step`` cannot run
+        this state (the steps then run one by one). Default: 0."""
+
     #: ``seeds_stepper(states) -> batch | None``: for a step with host-side work (a cohort drawn
     #: on the host, a host loop over chunks of agents), ``batch(states, keys) -> (states,
     #: metrics)`` runs step t of S seeds together (per-seed host work, then compiled calls
@@ -263,6 +281,8 @@ class Hooks:
     seed_dependent_ledger: bool
     seed_step: Callable[[State], tuple[Callable, Any, Hashable]] | None
     seeds_stepper: Callable[[list[State]], Callable | None] | None
+    multi_step: Callable[[State, jax.Array, int, int], tuple[State, dict]] | None
+    rounds_per_call: Callable[[State], int]
     prefetch: Callable[[State, jax.Array], None]
     step_label: Callable[[Any, int], str]
     artifacts: Callable[[State, Path | None, dict], dict]
@@ -291,8 +311,8 @@ def hooks(algorithm: Algorithm) -> Hooks:
         flags[name] = own.get(name, default)
         if not isinstance(flags[name], bool):
             raise ValueError(f"algorithm.{name} must be a bool, got {flags[name]!r}")
-    for name in ("seed_step", "seeds_stepper", "prefetch", "step_label", "artifacts",
-                 "planned_ledger"):
+    for name in ("seed_step", "seeds_stepper", "multi_step", "rounds_per_call", "prefetch",
+                 "step_label", "artifacts", "planned_ledger"):
         if own.get(name) is not None and not callable(own[name]):
             raise ValueError(f"algorithm.{name} must be callable, got {own[name]!r}")
 
@@ -305,10 +325,17 @@ def hooks(algorithm: Algorithm) -> Hooks:
 
     return Hooks(PHASES=phases, **flags,
                  seed_step=own.get("seed_step"), seeds_stepper=own.get("seeds_stepper"),
+                 multi_step=own.get("multi_step"),
+                 rounds_per_call=own.get("rounds_per_call") or _no_multi_step,
                  prefetch=own.get("prefetch") or _no_prefetch,
                  step_label=own.get("step_label") or step_label,
                  artifacts=own.get("artifacts") or _no_artifacts,
                  planned_ledger=own.get("planned_ledger") or planned_ledger)
+
+
+def _no_multi_step(state: State) -> int:
+    """The default ``rounds_per_call``: 0 (no ``multi_step``: one step per call)."""
+    return 0
 
 
 def _no_prefetch(state: State, key: jax.Array) -> None:
@@ -355,15 +382,21 @@ class Result:
 def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model, config: Any, *,
         runtime: Runtime = Runtime(), evaluate: Callable[[Output], dict] | None = None,
         eval_every: int = 0, on_step: Callable[[int, dict], None] | None = None,
-        state: State | None = None) -> Result:
+        state: State | None = None, boundaries: Sequence[int] = ()) -> Result:
     """Drive ``algorithm`` from ``init`` (or from ``state``, to resume) to its last step.
 
     Metrics become host floats; ``evaluate(output)`` runs every ``eval_every`` steps and after the
     last; ``on_step(t + 1, record)`` sees every record (progress display, ``progress.jsonl``,
-    checkpoints), so a long run never loses the steps already done. Step t's record is made
-    once step t + 1 has been dispatched (its metrics are fetched while the device works on the
-    next step, so the host never stalls the device between steps); the last step's record is
-    made before returning.
+    checkpoints), so a long run never loses the steps already done.
+
+    Where the algorithm has a ``multi_step`` hook that can run this state
+    (``rounds_per_call(state) > 0``), steps run ``runtime.rounds_per_call`` at a time in one
+    compiled call each (:func:`_run_calls`): a call ends at every multiple of ``eval_every`` and
+    of each entry of ``boundaries`` (the runner's checkpoints), so evaluations and checkpoints
+    see the exact state after their step; the records of a call are made once the next call has
+    been dispatched. Otherwise step t's record is made once step t + 1 has been dispatched (its
+    metrics are fetched while the device works on the next step, so the host never stalls the
+    device between steps); the last step's record is made before returning.
     """
     if not isinstance(config, algorithm.Config):
         raise ValueError(f"config must be a {algorithm.Config.__module__}.Config, got "
@@ -374,7 +407,8 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
         state = algorithm.init(key, data, model, config, runtime)
     total = algorithm.num_steps(config)
     history: list[dict] = []
-    prefetch = hooks(algorithm).prefetch
+    h = hooks(algorithm)
+    prefetch = h.prefetch
     pending = None                      # (t, state after step t, its metrics on the device)
 
     def finish(t: int, done: State, metrics: dict) -> None:
@@ -385,6 +419,11 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
         if on_step is not None:
             on_step(t + 1, record)
 
+    capacity = h.rounds_per_call(state) if h.multi_step is not None else 0
+    if capacity and state.step < total:
+        state = _run_calls(h.multi_step, capacity, key, state, total, runtime.rounds_per_call,
+                           (eval_every, *boundaries), finish)
+        return Result(state=state, history=history, wall_time_s=time.perf_counter() - start)
     for t in range(state.step, total):
         state, metrics = algorithm.step(state, step_key(key, t))
         if t + 1 < total:                       # overlaps the dispatched step's compute
@@ -395,6 +434,44 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
     if pending is not None:
         finish(*pending)
     return Result(state=state, history=history, wall_time_s=time.perf_counter() - start)
+
+
+def _run_calls(multi_step: Callable, capacity: int, key: jax.Array, state: State, total: int,
+               setting: int | str, boundaries: Sequence[int],
+               finish: Callable[[int, State, dict], None]) -> State:
+    """:func:`run`'s steps ``state.step .. total - 1`` in calls of ``multi_step``: each call's
+    size from :class:`fedjax_dp.algorithms.rounds.CallSizer` (``setting``: ``"auto"`` or k),
+    cut at the next multiple of every nonzero entry of ``boundaries`` and at ``total``; a call's
+    records are made (``finish`` per step, with the state after the call) once the next call has
+    been dispatched, and the sizer is told each call's host wall time."""
+    from fedjax_dp.algorithms.rounds import CallSizer     # the engine's policy (rounds.py)
+    sizer = CallSizer(setting, capacity)
+    every = [int(b) for b in boundaries if b]
+    pending = None                       # (first step, count, state after the call, metrics)
+    last = time.perf_counter()
+
+    def flush(first: int, count: int, done: State, metrics: dict) -> None:
+        nonlocal last
+        host = jax.device_get(metrics)
+        now = time.perf_counter()
+        sizer.observe(count, now - last)
+        last = now
+        for i in range(count):
+            finish(first + i, done, {k: np.asarray(v)[i] for k, v in host.items()})
+
+    t = state.step
+    while t < total:
+        count = min(sizer.next(), total - t)
+        for b in every:
+            count = min(count, b - t % b)
+        state, metrics = multi_step(state, key, t, count)
+        if pending is not None:          # the call is dispatched: now fetch the previous one's
+            flush(*pending)
+        pending = (t, count, state, metrics)
+        t += count
+    if pending is not None:
+        flush(*pending)
+    return state
 
 
 def can_vmap_seeds(algorithm: Algorithm) -> bool:

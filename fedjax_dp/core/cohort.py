@@ -8,12 +8,16 @@ A round-based algorithm with agent sampling trains only the round's participants
     (ids [B] int32, valid [B] bool)                             padding rows repeat a real agent
                                                                 and are excluded by ``valid``
 
-Sampling (:func:`sample_cohort`) is exact: Poisson sampling with rate q is drawn as
-``M ~ Binomial(N, q)`` followed by a uniformly random M-subset, which has the same distribution
-as N independent Bernoulli(q) coins (every subset S has probability q^|S| (1-q)^(N-|S|)) at
-O(M) cost instead of O(N). Fixed-size sampling draws a uniformly random C-subset. Both are drawn
-with a numpy Generator derived from the round's sampling key (:func:`fedjax_dp.core.numpy_rng`),
-so the same key gives the same cohort on every path (gathered, masked, sharded, streamed).
+Sampling is ONE device function of the round's sampling key, :func:`cohort_coins` (a
+participation mask ``[N]``), so the same key gives the same cohort on every path: the rounds
+fused on the device (:mod:`fedjax_dp.algorithms.rounds`, which sample inside the compiled
+round), the host drivers (:func:`sample_cohort` fetches the mask), masked, sharded, streamed.
+Poisson sampling with rate q draws N independent coins ``bits_i < floor(q 2^32)`` from 32
+uniform random bits each, i.e. Bernoulli(q') with ``q' = floor(q 2^32) / 2^32`` in
+``(q - 2^-32, q]``: never above the rate the ledger accounts (privacy amplification by
+subsampling is monotone in the rate), and q = 1 takes every agent. Fixed-size sampling takes
+the first C of a uniformly random permutation (:func:`jax.random.permutation`): a uniform
+C-subset.
 
 Buckets (:class:`CohortPlan`) keep compilations few: a *pass* holds at most ``pass_size``
 agents (``C`` for fixed-size sampling; ``ceil(qN + 2 sqrt(qN(1-q)))`` for Poisson, rounded up to
@@ -40,7 +44,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.core import defaults as defaults_lib, validation
-from fedjax_dp.core.rng import numpy_rng
 from fedjax_dp.core.stacked import StackedData, is_on_host, release_pages
 
 SAMPLINGS = ("poisson", "fixed")
@@ -76,27 +79,50 @@ class Sampling:
         return self.rate * num_agents if self.kind == "poisson" else float(self.size)
 
 
-def sample_cohort(key: jax.Array, num_agents: int, sampling: Sampling) -> np.ndarray:
-    """Sorted int64 indices of the round's participants (host array, O(cohort) work).
+#: Poisson coins compare 32 random bits with ``floor(q 2^32)``: the realised rate's resolution
+POISSON_BITS = 32
 
-    Poisson: ``M ~ Binomial(N, q)``, then a uniform M-subset (the law of N independent
-    Bernoulli(q) coins). Fixed: a uniform C-subset.
-    """
-    rng = numpy_rng(key)
+
+def poisson_threshold(rate: float) -> int:
+    """``floor(q 2^32)``: agent i participates iff its 32 random bits are below it, so the
+    realised rate ``floor(q 2^32) / 2^32`` is in ``(q - 2^-32, q]`` (q = 1: every agent, handled
+    by :func:`cohort_coins` without bits)."""
+    return int(math.floor(float(rate) * 2.0 ** POISSON_BITS))
+
+
+def realised_rate(rate: float) -> float:
+    """The Bernoulli rate :func:`cohort_coins` draws for a nominal rate q (at most q)."""
+    return 1.0 if rate >= 1.0 else poisson_threshold(rate) / 2.0 ** POISSON_BITS
+
+
+def cohort_coins(key: jax.Array, num_agents: int, sampling: Sampling) -> jax.Array:
+    """The round's participation mask ``[N]`` bool, traceable (the fused rounds call it inside
+    their compiled loop; :func:`sample_cohort` and :func:`sample_mask` fetch it to the host).
+
+    Poisson(q): ``coin_i = bits_i < floor(q 2^32)`` with ``bits = random_bits(key, [N])``
+    (q = 1: all True); fixed C: the first C entries of ``permutation(key, N)``."""
     if sampling.kind == "poisson":
-        m = int(rng.binomial(num_agents, sampling.rate))
-    else:
-        m = int(sampling.size)
-    if m == num_agents:
-        return np.arange(num_agents, dtype=np.int64)
-    return np.sort(rng.choice(num_agents, size=m, replace=False)).astype(np.int64)
+        if sampling.rate >= 1.0:
+            return jnp.ones((num_agents,), bool)
+        bits = jax.random.bits(key, (num_agents,), jnp.uint32)
+        return bits < jnp.uint32(poisson_threshold(sampling.rate))
+    chosen = jax.random.permutation(key, num_agents)[:sampling.size]
+    return jnp.zeros((num_agents,), bool).at[chosen].set(True)
+
+
+_coins_jit = jax.jit(cohort_coins, static_argnums=(1, 2))
+
+
+def sample_cohort(key: jax.Array, num_agents: int, sampling: Sampling) -> np.ndarray:
+    """Sorted int64 indices of the round's participants (host array): the nonzeros of
+    :func:`cohort_coins` (one compiled call per (N, sampling), then an O(N) fetch)."""
+    coins = np.asarray(jax.device_get(_coins_jit(key, num_agents, sampling)))
+    return np.flatnonzero(coins).astype(np.int64)
 
 
 def sample_mask(key: jax.Array, num_agents: int, sampling: Sampling) -> np.ndarray:
     """The cohort of :func:`sample_cohort` as a float32 mask ``[N]`` (the masked reference path)."""
-    mask = np.zeros((num_agents,), np.float32)
-    mask[sample_cohort(key, num_agents, sampling)] = 1.0
-    return mask
+    return np.asarray(jax.device_get(_coins_jit(key, num_agents, sampling))).astype(np.float32)
 
 
 def _round_up(value: int, multiple: int) -> int:

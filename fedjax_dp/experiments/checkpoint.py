@@ -43,6 +43,7 @@ _PREFIX = "step_"
 # run-table keys that change how a run executes, never what it computes (tested equal), so a
 # run may resume with other values; every other key must match the checkpoint's config
 EXECUTION_KEYS = ("progress", "checkpoint_every", "chunk_size", "agents_on", "on_nonfinite",
+                  "rounds_per_call",
                   "compilation_cache", "log", "wandb_project", "log_epsilon_every")
 # modules whose named tuples may appear in a state (optax states, the library's own)
 _TRUSTED_MODULES = ("fedjax_dp.", "optax.", "flax.", "chex.")

@@ -17,6 +17,7 @@ A config has these tables (see ``configs/``)::
                  agents' records live; "host" copies only each round's cohort / chunk over;
                  "auto": host when large, fedjax_dp.core.auto_placement),
                  checkpoint_every (rounds between checkpoints of a round-based run; 0: none),
+                 rounds_per_call ("auto" | k >= 1: rounds fused in one compiled call),
                  on_nonfinite ("stop" | "continue"), compilation_cache ("user" | "off" | DIR),
                  log (["tensorboard", "wandb"]: experiment tracking), wandb_project,
                  log_epsilon_every (rounds between the tracked epsilons; 0: none)
@@ -63,6 +64,9 @@ DEFAULTS: dict[str, Any] = {
     "privacy": {"delta": 1e-5, "accountants": ["rdp", "pld"]},
     "run": {"eval_every": 0, "chunk_size": "auto", "progress": True, "agents_on": "auto",
             "checkpoint_every": 10,
+            # rounds run per compiled call of the round engine (algorithms/rounds.py):
+            # "auto" (each call sized to ~0.5 s from the calls' measured time) or k >= 1
+            "rounds_per_call": "auto",
             # a loss or the parameters become NaN / inf: "stop" (one line, what was written
             # kept) or "continue" (finish, the result marked non_finite)
             "on_nonfinite": "stop",
@@ -142,6 +146,15 @@ def _chunk_size(name: str, value: Any) -> int | str:
     return validation.Int(0)(name, value)
 
 
+def _rounds_per_call(name: str, value: Any) -> int | str:
+    """``"auto"`` or rounds per compiled call (>= 1)."""
+    if isinstance(value, str) and value == "auto":
+        return value
+    if isinstance(value, str) or isinstance(value, bool):
+        raise ConfigError(f"{name} must be \"auto\" or an integer >= 1, got {value!r}")
+    return validation.Int(1)(name, value)
+
+
 def _log(name: str, value: Any) -> list[str]:
     """``run.log``: a list of distinct backends from :data:`LOG_BACKENDS` (``[]``: none)."""
     allowed = list(LOG_BACKENDS)
@@ -201,6 +214,8 @@ FIELDS: dict[tuple[str, ...], Any] = {
     ("run", "progress"): validation.Bool(),
     ("run", "agents_on"): validation.Text("a placement name"),   # its choices: resolve
     ("run", "checkpoint_every"): validation.Int(0),
+    ("run", "rounds_per_call"): validation.Custom(_rounds_per_call,
+                                                  bad=(0, -1, 2.5, "x", True)),
     ("run", "on_nonfinite"): validation.Choice(("stop", "continue")),
     ("run", "compilation_cache"): validation.Text("\"user\", \"off\" or a folder"),
     ("run", "log"): validation.Custom(_log, bad=("tensorboard", ["tensorboardx"], [3],

@@ -443,7 +443,7 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
     def on_round(t: int, record: dict) -> None:
         state = tracking.state_at(t)
         live.state = state
-        record_s = clock.lap()
+        record_s = tracking.round_seconds(t, clock)
         seconds.append(round(record_s, 6))
         history_so_far.append(jsonable(record))
         bad = _non_finite(record, tracking.finite_at(t))
@@ -486,7 +486,8 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
     with reporter.task(name, total=steps_total, unit="phase" if phases else "round") as bar_task:
         if not reporter.enabled:
             bar_task = None
-        runtime = api.Runtime(chunk_size=chunk, progress=reporter)
+        runtime = api.Runtime(chunk_size=chunk, progress=reporter,
+                              rounds_per_call=config["run"].get("rounds_per_call", "auto"))
         start_state = None
         if tracker.enabled:
             tracker.start(jsonable(config))
@@ -503,7 +504,7 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
                 bar_task.update(start_state.step)
         done = api.run(tracking, key, fed, model, p.algorithm_config,
                        runtime=runtime, evaluate=evaluate, eval_every=eval_every,
-                       on_step=on_round, state=start_state)
+                       on_step=on_round, state=start_state, boundaries=(every,))
     return done, history_so_far, seconds
 
 
@@ -633,30 +634,67 @@ class _Tracking:
                  clock: compilation.RoundClock, check_finite: bool):
         self._algorithm, self._compiles, self._clock = algorithm, compiles, clock
         self._check_finite = check_finite
-        self._states: dict[int, tuple[api.State, Any]] = {}
+        self._states: dict[int, tuple[api.State, Any]] = {}     # call's last step -> state
+        self._calls: dict[int, int] = {}         # call's last step -> its first step
+        self._share = 0.0                        # seconds per step of the call being recorded
+        if getattr(algorithm, "multi_step", None) is not None:
+            self.multi_step = self._multi_step   # hooks() sees it only where the algorithm has it
 
     def __getattr__(self, name):
         return getattr(self._algorithm, name)
 
-    def step(self, state, key):
-        self._clock.start()
-        self._compiles.step = state.step + 1
-        state, metrics = self._algorithm.step(state, key)
+    def _keep(self, first: int, state) -> None:
+        """The state after a call of steps ``first+1 .. state.step`` (1-based), and whether its
+        parameters are finite (a device scalar, not waited for)."""
         finite = None
         if self._check_finite:                   # the model's parameters, when it has them
             params = getattr(self._algorithm.output(state), "params", None)
             finite = None if params is None else _all_finite(params)
         self._states[state.step] = (state, finite)
-        for old in [k for k in self._states if k < state.step - 1]:
+        self._calls[state.step] = first + 1
+        for old in sorted(self._states)[:-2]:
             del self._states[old]
+            del self._calls[old]
+
+    def step(self, state, key):
+        self._clock.start()
+        self._compiles.step = state.step + 1
+        first = state.step
+        state, metrics = self._algorithm.step(state, key)
+        self._keep(first, state)
         return state, metrics
 
+    def _multi_step(self, state, key, start, count):
+        self._clock.start()
+        self._compiles.step = state.step + 1
+        state, metrics = self._algorithm.multi_step(state, key, start, count)
+        self._keep(start, state)
+        return state, metrics
+
+    def _end(self, t: int) -> int:
+        """The last step of the call that ran step ``t``."""
+        return min(end for end in self._states if end >= t)
+
     def state_at(self, t: int) -> api.State:
-        return self._states[t][0]
+        """The state after step ``t`` where a call ended there (checkpoints and evaluations
+        land on call boundaries), else after the call that ran it."""
+        return self._states[self._end(t)][0]
 
     def finite_at(self, t: int) -> bool | None:
-        finite = self._states[t][1]
-        return None if finite is None else bool(finite)
+        """Whether the parameters after step ``t``'s call are finite (None: not checked, or
+        ``t`` is not the call's last step)."""
+        end = self._end(t)
+        finite = self._states[end][1]
+        return None if finite is None or end != t else bool(finite)
+
+    def round_seconds(self, t: int, clock: compilation.RoundClock) -> float:
+        """Step ``t``'s share of the wall time: the time since the previous call's records,
+        spread evenly over the steps of ``t``'s call."""
+        end = self._end(t)
+        first = self._calls[end]
+        if t == first:
+            self._share = clock.lap() / (end - first + 1)
+        return self._share
 
 
 @jax.jit

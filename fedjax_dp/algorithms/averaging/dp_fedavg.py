@@ -112,6 +112,8 @@ USES_LOCAL_TRAIN = True
 
 num_steps = fedavg.num_steps
 step = fedavg.step
+multi_step = fedavg.multi_step            # K rounds fused in one compiled call (rounds.py)
+rounds_per_call = fedavg.rounds_per_call
 prefetch = fedavg.prefetch
 artifacts = fedavg.artifacts
 output = fedavg.output

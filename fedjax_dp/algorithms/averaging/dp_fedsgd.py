@@ -225,7 +225,8 @@ def round_spec(config: Config) -> fedavg.RoundSpec:
 
 def make_round(model: Model, config: Config, data: StackedData, rates, denominators, *,
                chunk_size: int | None = None, mesh=None, cohort: str = "gather",
-               pass_size: int | None = None) -> fedavg.RoundRunner:
+               pass_size: int | None = None,
+               rounds_per_call: int | str = "auto") -> fedavg.RoundRunner:
     """The round as a :class:`fedavg.RoundRunner`: ``runner(key, params) -> (params, metrics)``,
     ``runner.last_indices`` the agents that took part. Only the sampled agents train
     (``cohort="gather"``; ``"masked"`` trains all and masks, the reference). Agent i trains with
@@ -234,7 +235,8 @@ def make_round(model: Model, config: Config, data: StackedData, rates, denominat
     return fedavg.RoundRunner(model, config.local, round_spec(config), data,
                               chunk_size=chunk_size, mesh=mesh, cohort=cohort,
                               pass_size=pass_size, agent_update=agent_update(model, one_round),
-                              extras={"rate": rates, "denominator": denominators})
+                              extras={"rate": rates, "denominator": denominators},
+                              participation=True, rounds_per_call=rounds_per_call)
 
 
 def resolve_chunk_size(chunk_size, params: Params, data: StackedData,
@@ -329,7 +331,8 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     expected = max(1, math.ceil(config.participation.expected(agents.num_agents)))
     chunk = resolve_chunk_size(runtime.chunk_size, params, agents, expected)
     round_fn = make_round(model, config, agents, rates, denominators, chunk_size=chunk,
-                          mesh=runtime.mesh, cohort=runtime.cohort)
+                          mesh=runtime.mesh, cohort=runtime.cohort,
+                          rounds_per_call=runtime.rounds_per_call)
     ctx = Context(agents=agents, model=model, round_fn=round_fn, rates=rates,
                   denominators=denominators)
     values = {"params": params, "participation": jnp.zeros((agents.num_agents,), jnp.int32)}
@@ -341,13 +344,13 @@ def num_steps(config: Config) -> int:
 
 
 def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
-    """One round (:func:`make_round`); adds one to the participants' counts."""
-    ctx: Context = state.context
-    params, metrics = ctx.round_fn(key, state.values["params"])
-    took_part = jnp.asarray(ctx.round_fn.last_indices, jnp.int32)
-    participation = jnp.asarray(state.values["participation"]).at[took_part].add(1)
-    values = {"params": params, "participation": participation}
-    return api.State(step=state.step + 1, values=values, context=ctx), metrics
+    """One round (:func:`make_round`); adds one to the participants' counts (on the device
+    where the round is fused, from the host cohort otherwise)."""
+    return fedavg.step(state, key)
+
+
+multi_step = fedavg.multi_step            # K rounds fused in one compiled call (rounds.py)
+rounds_per_call = fedavg.rounds_per_call
 
 
 def seeds_stepper(states: list[api.State]):

@@ -1,0 +1,785 @@
+"""The round engine of every averaging-style algorithm (FedAvg, DP-FedAvg, DP-FedSGD, and what
+composes them): cohort sampling, the agents' clipped updates summed, the server's noise and step.
+
+One round t with round key ``key_t = fold_in(split(root)[1], t)`` (:func:`api.step_key`)::
+
+    (k_sample, k_train, k_noise) = split(key_t, 3)                       (round_keys)
+    coins   = cohort_coins(k_sample, N, sampling)        [N] bool          (core.cohort)
+    sums    = sum_{i: coins_i} clip(agent_update(fold_in(k_train, i), theta_t; D_i) - theta_t)
+    theta_{t+1}, metrics = server(k_noise, theta_t, sums)      noise on the sum, divide, apply
+
+Two drivers run it, with the same result for the same keys:
+
+* **Fused on the device** (:func:`make_fused_rounds`; device-resident agents, no mesh): up to
+  ``K`` rounds in ONE compiled call, a loop over rounds whose trip count ``count <= K`` is a
+  traced argument (one compilation whatever the count). Inside a round the cohort is sampled on
+  the device and trained in fixed-size chunks of ``c`` agents (``c`` the plan's pass size, about
+  ``qN + 2 sqrt(qN(1-q))``) by a loop over the chunks actually filled: with ``rank =
+  cumsum(coins)`` and ``M = rank[-1]``, chunk j trains the agents of ranks ``jc+1 .. jc+c``
+  (``searchsorted(rank, r)``), for ``j < ceil(M / c)``. The cost follows the realised cohort
+  ``M``, never the capacity; a cohort larger than one chunk runs in more chunks, so no draw is
+  truncated or resampled (the sampling law the ledger assumes is kept exactly). Shapes never
+  change, so Poisson cohorts compile nothing after the first call. DP-FedSGD's per-agent
+  participation counts are updated on the device (``+ coins``). Metrics come back once per call
+  (``[K]`` per metric, the first ``count`` rows filled).
+* **On the host** (:class:`SeedRounds`): host-resident agents (the cohort gathered on the host
+  and prefetched by a :class:`~fedjax_dp.core.cohort.CohortFeeder`), a mesh of devices, and S
+  seeds stepped together. The cohort is the same :func:`~fedjax_dp.core.cohort.cohort_coins`
+  draw, fetched to the host and laid out in padded passes of a few bucket sizes.
+
+Agent i trains with ``fold_in(k_train, i)`` whichever chunk or pass it lands in, so every path
+equals the masked reference round (``runtime.cohort = "masked"``: every agent trains and the
+coins select the participants) up to float summation order; tests check the fused rounds
+against one round per call, against the masked round, and a cohort forced past one chunk.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from types import SimpleNamespace
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from fedjax_dp.algorithms import api
+from fedjax_dp.core import (AGENTS, StackedData, for_each_agent, for_each_agent_sum, is_on_host,
+                            rng, validation)
+from fedjax_dp.core import cohort as cohort_lib
+from fedjax_dp.core import memory, seed_axis
+from fedjax_dp.models import Model
+from fedjax_dp.privacy import mechanisms
+from fedjax_dp.privacy import secagg as secagg_lib
+from fedjax_dp.privacy import secagg_masks
+from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
+from fedjax_dp.train.local import resolve_chunk_size
+
+Params = Any
+
+#: ``rounds_per_call = "auto"``: the compiled loop holds up to this many rounds per call ...
+AUTO_CAPACITY = 256
+#: ... and the driver sizes each call to take about this long (progress lines, checkpoints and
+#: Ctrl-C land on call boundaries; measured from the calls themselves)
+AUTO_CALL_SECONDS = 0.5
+
+
+def sample_agents(key: jax.Array, num_agents: int, sampling: cohort_lib.Sampling) -> np.ndarray:
+    """The round's participation mask ``[N]`` float32 in {0, 1} (host): the same draw as every
+    round's cohort (:func:`fedjax_dp.core.cohort.cohort_coins`)."""
+    return cohort_lib.sample_mask(key, num_agents, sampling)
+
+
+@jax.jit
+def round_keys(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(k_sample, k_train, k_noise) = split(key, 3)``; agent i trains with
+    ``fold_in(k_train, i)`` whichever agents are sampled with it. (Jitted: one dispatch.)"""
+    k_sample, k_train, k_noise = jax.random.split(key, 3)
+    return k_sample, k_train, k_noise
+
+
+@functools.lru_cache(maxsize=64)
+def local_sgd_update(model: Model, local: LocalTrainConfig) -> Callable:
+    """FedAvg's agent update: ``(key, params, x, y, mask, count, extras) -> (params, metrics)``,
+    E local optax steps (:func:`fedjax_dp.train.make_local_update`); ``extras`` unused."""
+    update = make_local_update(model, local)
+
+    def agent(key, params, x, y, mask, count, extras):
+        new, loss = update(key, params, x, y, mask, count)
+        return new, {"train_loss": loss}
+
+    return agent
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundSpec:
+    """What one federated-averaging round does with the agents' updates.
+
+    sampling: how the round's participants are drawn (:class:`fedjax_dp.core.cohort.Sampling`).
+    clip_norm: clip each agent's update to this global L2 norm (None: no clipping).
+    noise_std: std of the Gaussian noise added once to the *sum* of updates.
+    denominator: ``'sampled'`` divides the sum by the realised number of participants
+      (FedAvg; the voting-dpfl paper's Algorithm 1), ``'expected'`` by the fixed q*N or C
+      (McMahan et al. 2018's fixed-denominator estimator, needed for DP-FedAvg's guarantee).
+
+    secagg: None (the plain masked sum) or secure aggregation of the clipped updates
+      (:func:`fedjax_dp.privacy.secagg_masks.secure_tree_sum`: fixed point, pairwise masks on a
+      k-regular graph, each agent dropping independently after masking); needs ``clip_norm``
+      (the range bound).
+    """
+
+    sampling: cohort_lib.Sampling
+    server_lr: float
+    clip_norm: float | None = None
+    noise_std: float = 0.0
+    denominator: str = "sampled"
+    secagg: secagg_lib.SecAggConfig | None = None
+    diagnostics: bool = True        # False: the server reports no metrics (see Config)
+
+
+@functools.lru_cache(maxsize=64)
+def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *,
+                     chunk_size: int | None = None, mesh=None) -> tuple[Callable, Callable,
+                                                                        Callable]:
+    """The compiled pieces of a round: ``(train_sum, server, fused)``.
+
+    ``agent_update(key, params, x, y, mask, count, extras) -> (params, metrics)`` is one agent's
+    local work (:func:`local_sgd_update`; DP-FedSGD's local DP-SGD); ``extras`` is a pytree of
+    per-agent values ``[N]`` (e.g. sampling rates) gathered with the agents.
+
+    ``train_sum(k_train, params, source, rows, ids, valid, extras) -> sums``: the agents ``ids
+    [B]`` (their records ``source`` if ``rows`` is None, else ``source[rows]`` gathered on the
+    device) run ``agent_update`` with key ``fold_in(k_train, id)``; their updates are clipped and
+    summed over the rows with ``valid [B]``::
+
+        sums = (sum_b valid_b Delta_b, {metric: sum_b valid_b metric_b}, M)
+
+    ``server(k_noise, params, sums) -> (params, metrics)``: noise on the sum, divide, apply.
+    ``fused``: both in one compiled call (the one-pass round). Compiled once per (update, spec,
+    N, execution plan) and shared by every caller; each distinct pass size B is one compilation.
+    """
+    axes = (0, None, 0, 0, 0, 0, 0)
+
+    def clipped_update(key, params, x, y, mask, count, extras):
+        """One agent's contribution to the sum: its update Delta (clipped) and its metrics."""
+        local_params, metrics = agent_update(key, params, x, y, mask, count, extras)
+        delta = jax.tree.map(jnp.subtract, local_params, params)
+        metrics = {**metrics, "mean_update_norm": optax.tree.norm(delta)}
+        if spec.clip_norm is not None:
+            delta = mechanisms.clip_by_global_norm(delta, spec.clip_norm)[0]
+        return delta, metrics
+
+    # the plain sum never materialises the agents' updates [B, ...] (a scan over chunks adds
+    # each chunk's sum); secure aggregation needs them stacked (pairwise masks per agent)
+    summed = for_each_agent_sum(clipped_update, axes, chunk_size=chunk_size, mesh=mesh)
+    stacked = for_each_agent(clipped_update, axes, chunk_size=chunk_size, mesh=mesh)
+
+    def gathered_update(key, params, row, population: StackedData, extras):
+        """Agent ``row`` of the device-resident population, read inside the chunk (the cohort's
+        records are never copied out as a whole ``[B, n_max, ...]`` buffer)."""
+        return clipped_update(key, params, population.x[row], population.y[row],
+                              population.mask[row], population.counts[row], extras)
+
+    summed_rows = for_each_agent_sum(gathered_update, (0, None, 0, None, 0),
+                                     chunk_size=chunk_size)
+
+    def train_sum(k_train, params, source: StackedData, rows, ids, valid, extras):
+        keys = cohort_lib.cohort_keys(k_train, ids)                             # [B]
+        mine = jax.tree.map(lambda e: jnp.take(e, ids, axis=0), extras)
+        if spec.secagg is None and rows is not None and mesh is None:
+            total, metric_sums = summed_rows(keys, params, rows, source, mine, where=valid)
+            return total, metric_sums, jnp.sum(valid.astype(jnp.float32))
+        agents = source if rows is None else cohort_lib.take_rows(source, rows)
+        if spec.secagg is None:
+            total, metric_sums = summed(keys, params, agents.x, agents.y, agents.mask,
+                                        agents.counts, mine, where=valid)
+            return total, metric_sums, jnp.sum(valid.astype(jnp.float32))
+        deltas, metrics = stacked(keys, params, agents.x, agents.y, agents.mask,   # [B, ...]
+                                  agents.counts, mine)
+        # secure aggregation: the pass's own masking / dropout keys (its first agent's id tells
+        # passes apart; the pair seeds use the agents' ids), padding rows never deliver. The
+        # stream fold_in(k_train, crc32("secagg") = 1951061648) differs from every agent's
+        # training key fold_in(k_train, id) for N < 1.95e9 agents.
+        k_pass = jax.random.fold_in(rng.stream(k_train, "secagg"), ids[0])
+        k_mask, k_drop = jax.random.split(k_pass)
+        # every agent drops independently, its coin from fold_in(k_drop, id) (dp_fedavg's proof)
+        alive = (secagg_lib.drop_within(k_drop, valid, spec.secagg.dropout, ids)   # [B]
+                 if spec.secagg.dropout else valid)
+        total = secagg_masks.secure_tree_sum(k_mask, deltas, ids, alive, spec.secagg)
+        return (total, cohort_lib.masked_sum(metrics, alive),
+                jnp.sum(alive.astype(jnp.float32)))
+
+    def server(k_noise, params, sums):
+        total, metric_sums, num_sampled = sums
+        if spec.noise_std > 0:
+            total = jax.tree.map(jnp.add, total,
+                                 mechanisms.gaussian_noise(k_noise, total, spec.noise_std))
+        if spec.denominator == "expected":
+            denom = spec.sampling.expected(num_agents)
+        else:
+            denom = jnp.maximum(num_sampled, 1.0)
+        new_params = jax.tree.map(lambda g, s: g + spec.server_lr * s / denom, params, total)
+        seen = jnp.maximum(num_sampled, 1.0)
+        metrics = {"num_sampled": num_sampled,
+                   **{k: v / seen for k, v in metric_sums.items()}}    # means over the cohort
+        if not spec.diagnostics:
+            metrics = {}
+        return new_params, metrics
+
+    def fused(k_train, k_noise, params, source, rows, ids, valid, extras):
+        return server(k_noise, params, train_sum(k_train, params, source, rows, ids, valid,
+                                                 extras))
+
+    return jax.jit(train_sum), jax.jit(server), jax.jit(fused)
+
+
+def check_secagg_range(spec: RoundSpec, rows: int) -> None:
+    """Secure aggregation needs a bound on the sum (before any work): every coordinate of a
+    clipped update is at most ``clip_norm`` in absolute value, so a pass of ``rows`` agents sums
+    to at most ``rows * clip_norm`` per coordinate, which must fit the ring
+    (:func:`fedjax_dp.privacy.secagg.check_range`)."""
+    if spec.secagg is None:
+        return
+    if spec.clip_norm is None:
+        raise ValueError("algorithm.aggregation = 'secagg' needs clipped updates (clip_norm): "
+                         "the fixed-point range is bounded by the number of agents x clip_norm")
+    secagg_lib.check_range(f"algorithm.clip_norm x agents per pass ({rows})",
+                           rows * float(spec.clip_norm), spec.secagg.frac_bits, rows)
+
+
+def _add(a, b):
+    return jax.tree.map(jnp.add, a, b)
+
+
+class RoundRunner:
+    """Runs rounds on the gathered cohort (``cohort="gather"``) or on every agent with a
+    participation mask (``"masked"``, the reference); both give the same result for a key.
+
+    Gathered: the cohort (:func:`fedjax_dp.core.cohort.sample_cohort`) is padded into passes of
+    a few bucket sizes (:class:`~fedjax_dp.core.cohort.CohortPlan`); device-resident agents are
+    gathered inside the compiled round, host-resident ones on the host by a
+    :class:`~fedjax_dp.core.cohort.CohortFeeder` that prefetches the next round's cohort.
+    Device-resident agents without a mesh run fused on the device (:meth:`run_rounds`,
+    :meth:`one`; :func:`make_fused_rounds`, chunks of ``plan.pass_size`` agents); otherwise the
+    round is driven on the host by :class:`SeedRounds` with S = 1 (``self.rounds``).
+
+    ``participation``: the run's values carry ``"participation" [N] int32`` (DP-FedSGD's rounds
+    per agent), increased by each round's cohort. ``rounds_per_call``: ``"auto"`` or an int,
+    the capacity K of a fused call (:func:`resolve_capacity`).
+    """
+
+    def __init__(self, model: Model, local: LocalTrainConfig, spec: RoundSpec,
+                 agents: StackedData, *, chunk_size: int | None = None, mesh=None,
+                 cohort: str = "gather", pass_size: int | None = None,
+                 agent_update: Callable | None = None, extras: Any = None,
+                 memory_drivers: dict | None = None, participation: bool = False,
+                 rounds_per_call: int | str = "auto"):
+        """``agent_update``: one agent's work (default :func:`local_sgd_update` of ``model`` and
+        ``local``); ``extras``: per-agent arrays ``[N]`` it reads (kept on the device);
+        ``memory_drivers``: the config keys (-> values) named when a pass cannot fit in memory
+        (:mod:`fedjax_dp.core.memory`; default: batch size, chunk size and model)."""
+        validation.check_choice("runtime.cohort", cohort, ("gather", "masked"))
+        n = agents.num_agents
+        spec.sampling.check(n)
+        self.agents, self.spec, self.mode, self.mesh = agents, spec, cohort, mesh
+        self.num_agents = n
+        self.extras = jax.tree.map(jnp.asarray, {} if extras is None else extras)
+        update = local_sgd_update(model, local) if agent_update is None else agent_update
+        self.parts = make_round_parts(update, spec, n, chunk_size=chunk_size, mesh=mesh)
+        align = 1 if mesh is None else mesh.shape[AGENTS]
+        self.plan = cohort_lib.CohortPlan.for_sampling(spec.sampling, n, align=align,
+                                                       pass_size=pass_size)
+        check_secagg_range(spec, n if cohort == "masked" else self.plan.pass_size)
+        sharding = None if mesh is None else NamedSharding(mesh, P(AGENTS))
+        self.feeder = cohort_lib.CohortFeeder(agents, spec.sampling, self.plan,
+                                              sharding=sharding)
+        self.last_indices: np.ndarray | None = None
+        self.memory_drivers = memory_drivers if memory_drivers is not None else (
+            lambda: {"train.batch_size": local.batch_size,
+                     "run.chunk_size": memory.chunk_driver(chunk_size, chunk_size),
+                     **memory.model_driver(model)})
+        self.rounds = SeedRounds.single(self)      # the host driver (S = 1)
+        self.participation = participation
+        self.capacity = resolve_capacity(rounds_per_call)
+        self.fusable = mesh is None and not is_on_host(agents)
+        train_sum, server, _ = self.parts
+        self.fused = make_fused_rounds(train_sum, server, spec, n, self.plan.pass_size,
+                                       cohort == "masked", participation, self.capacity) \
+            if self.fusable else None
+
+    def _check_memory(self, fn, *args) -> None:
+        """Refuse, before its first run, a fused call whose chunk cannot fit in memory."""
+        rows = self.num_agents if self.mode == "masked" else self.plan.pass_size
+        memory.check_call(fn, *args, what=f"a round's local training ({rows} agents per chunk)",
+                          drivers=self.memory_drivers)
+
+    def run_rounds(self, values: dict, root: jax.Array, start: int, count: int
+                   ) -> tuple[dict, dict]:
+        """Rounds ``start .. start + count - 1`` of the run with root key ``root``, fused in one
+        compiled call (device-resident agents; ``count <= capacity``): ``(values, metrics)``,
+        metrics ``[capacity]`` per metric with the first ``count`` rows filled."""
+        if not 1 <= count <= self.capacity:
+            raise ValueError(f"count must be in [1, {self.capacity}] (run.rounds_per_call), "
+                             f"got {count}")
+        args = (values, root, jnp.int32(start), jnp.int32(count), self.agents, self.extras)
+        self._check_memory(self.fused.rounds, *args)
+        return self.fused.rounds(*args)
+
+    def one(self, values: dict, key: jax.Array) -> tuple[dict, dict]:
+        """One round with round key ``key``: ``(values, metrics)``, fused on the device where
+        the agents allow it, else on the host (participation counted from the cohort)."""
+        if self.fusable:
+            args = (values, key, self.agents, self.extras)
+            self._check_memory(self.fused.one, *args)
+            return self.fused.one(*args)
+        params, metrics = self(key, values["params"])
+        out = {**values, "params": params}
+        if self.participation:
+            took_part = jnp.asarray(self.last_indices, jnp.int32)
+            out["participation"] = jnp.asarray(values["participation"]).at[took_part].add(1)
+        return out, metrics
+
+    @property
+    def compiled_pass_sizes(self) -> tuple[int, ...]:
+        """The pass (bucket) sizes run so far: one compilation each."""
+        return tuple(sorted(self.feeder.shapes_used))
+
+    def prefetch(self, key: jax.Array) -> None:
+        """Prepare round ``key``'s cohort in the background (host-resident agents only)."""
+        if self.mode == "gather" and self.feeder.on_host:
+            self.feeder.prefetch(round_keys(key)[0])
+
+    def __call__(self, key: jax.Array, params: Params) -> tuple[Params, dict]:
+        """One round: ``(params, metrics)`` (device arrays); the S = 1 case of
+        :class:`SeedRounds` (the unbatched compiled pieces, the feeder's cohort)."""
+        if self.mesh is not None:
+            # replicated over the mesh, as the round returns them: the first round compiles the
+            # program every later round runs (a single-device ``model.init`` output compiled a
+            # second program at round 2); under jax.distributed every process holds the same
+            # parameters and places its own devices' copies
+            params = jax.device_put(params, NamedSharding(self.mesh, P()))
+        return self.rounds.round(key, params)
+
+
+# --------------------------------------------------------------------------- rounds fused on the device
+
+def cohort_chunk(rank: jax.Array, count: jax.Array, j: jax.Array, chunk: int
+                 ) -> tuple[jax.Array, jax.Array]:
+    """Chunk ``j`` of a round's cohort, traceable: ``(ids [c] int32, valid [c] bool)``.
+
+    ``rank = cumsum(coins)`` ``[N]`` (non-decreasing), ``count = rank[-1]`` the cohort size M.
+    Row b holds the agent of rank ``r_b = j c + b + 1``, the first index with ``rank >= r_b``
+    (``searchsorted``, O(c log N)); rows with ``r_b > M`` are padding (valid False; their id is
+    clipped to a real agent, whose work the masked sum selects away)."""
+    r = j * chunk + jnp.arange(1, chunk + 1, dtype=jnp.int32)                        # [c]
+    ids = jnp.searchsorted(rank, r, side="left").astype(jnp.int32)
+    return jnp.minimum(ids, rank.shape[0] - 1), r <= count
+
+
+@functools.lru_cache(maxsize=64)
+def make_fused_rounds(train_sum: Callable, server: Callable, spec: RoundSpec, num_agents: int,
+                      chunk: int, masked: bool, participation: bool,
+                      capacity: int) -> SimpleNamespace:
+    """The rounds fused on the device (module docstring), compiled once per arguments.
+
+    ``train_sum`` / ``server``: a round's pieces (:func:`make_round_parts`). ``chunk``: agents
+    per chunk c; ``masked``: every agent trains, the coins select (the reference);
+    ``participation``: the values hold ``"participation" [N] int32`` (rounds each agent took
+    part in), increased by the round's coins; ``capacity``: K, the most rounds one call runs.
+
+    Returns ``SimpleNamespace(rounds, one)``:
+    ``rounds(values, root, start, count, source, extras) -> (values, metrics)``: rounds
+    ``start .. start + count - 1`` of the run with root key ``root`` (round t's key
+    :func:`api.step_key` ``(root, t)``), ``count <= K`` traced; metrics ``[K]`` per metric, the
+    first ``count`` rows filled. ``one(values, key, source, extras) -> (values, metrics)``: one
+    round with an explicit round key (:func:`step`).
+    """
+    n = num_agents
+
+    def one_round(values, key, source, extras):
+        k_sample, k_train, k_noise = jax.random.split(key, 3)               # round_keys
+        coins = cohort_lib.cohort_coins(k_sample, n, spec.sampling)         # [N] bool
+        params = values["params"]
+        if masked:
+            ids = jnp.arange(n, dtype=jnp.int32)
+            sums = train_sum(k_train, params, source, None, ids, coins, extras)
+        else:
+            rank = jnp.cumsum(coins.astype(jnp.int32))                      # [N]
+            m = rank[-1]
+
+            def chunk_sums(j):
+                ids, valid = cohort_chunk(rank, m, j, chunk)
+                return train_sum(k_train, params, source, ids, ids, valid, extras)
+
+            zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                jax.eval_shape(chunk_sums, jnp.int32(0)))
+
+            def body(carry):
+                j, acc = carry
+                return j + 1, _add(acc, chunk_sums(j))
+
+            # the chunks actually filled: ceil(M / c) of them (none for an empty cohort)
+            _, sums = jax.lax.while_loop(lambda carry: carry[0] * chunk < m, body,
+                                         (jnp.int32(0), zero))
+        new_params, metrics = server(k_noise, params, sums)
+        out = {**values, "params": new_params}
+        if participation:
+            out["participation"] = values["participation"] + coins.astype(jnp.int32)
+        return out, metrics
+
+    def rounds(values, root, start, count, source, extras):
+        base = jax.random.split(root)[1]                 # api.step_key: fold_in(split[1], t)
+        key_of = lambda i: jax.random.fold_in(base, start + i)      # noqa: E731
+        shapes = jax.eval_shape(lambda v: one_round(v, key_of(0), source, extras)[1], values)
+        buffer = jax.tree.map(lambda s: jnp.zeros((capacity,) + s.shape, s.dtype), shapes)
+
+        def body(i, carry):
+            vals, buf = carry
+            vals, metrics = one_round(vals, key_of(i), source, extras)
+            buf = jax.tree.map(lambda b, m: jax.lax.dynamic_update_index_in_dim(b, m, i, 0),
+                               buf, metrics)
+            return vals, buf
+
+        return jax.lax.fori_loop(0, count, body, (values, buffer))
+
+    return SimpleNamespace(rounds=jax.jit(rounds), one=jax.jit(one_round))
+
+
+class CallSizer:
+    """How many rounds the next fused call runs (``run.rounds_per_call``).
+
+    An int k: every call runs k rounds (fewer at a boundary). ``"auto"``: the first call runs 1
+    round (it compiles), later calls double until a call's measured wall time per round is
+    known, then ``round(AUTO_CALL_SECONDS / seconds_per_round)``, clipped to ``[1, capacity]``:
+    a call of cheap rounds runs many, a call of expensive rounds few, so progress lines,
+    checkpoints and a Ctrl-C come about every :data:`AUTO_CALL_SECONDS`. Sizing never changes a
+    result (the rounds and their keys are the same whatever the calls' sizes) and never
+    compiles (the count is a traced argument)."""
+
+    def __init__(self, setting, capacity: int):
+        self.fixed = None if setting == "auto" else int(setting)
+        self.capacity = capacity
+        self._next = 1
+        self._calls = 0
+
+    def next(self) -> int:
+        if self.fixed is not None:
+            return min(self.fixed, self.capacity)
+        return self._next
+
+    def observe(self, count: int, seconds: float) -> None:
+        """A finished call of ``count`` rounds took ``seconds`` (host wall time between the
+        finishes of consecutive calls); the first call (compilation) is not used."""
+        self._calls += 1
+        if self.fixed is not None:
+            return
+        if self._calls == 1 or seconds <= 0:
+            self._next = min(self.capacity, max(2, 2 * self._next))
+            return
+        per_round = seconds / max(count, 1)
+        want = int(round(AUTO_CALL_SECONDS / max(per_round, 1e-9)))
+        self._next = max(1, min(self.capacity, want, 4 * max(count, 1)))
+
+
+def resolve_capacity(setting) -> int:
+    """K of ``run.rounds_per_call``: ``"auto"`` -> :data:`AUTO_CAPACITY`; an int k -> k."""
+    if setting == "auto":
+        return AUTO_CAPACITY
+    validation.check_int("run.rounds_per_call", setting, minimum=1)
+    return int(setting)
+
+
+# --------------------------------------------------------------------------- S seeds' rounds
+# The ``seeds_stepper`` hook of :mod:`fedjax_dp.algorithms.api` for FedAvg, DP-FedAvg and
+# DP-FedSGD: S seeds' rounds as ONE compiled call per round (see :class:`SeedRounds`).
+
+def seed_rounds_stepper(states: Sequence[api.State], *, participation: bool = False
+                        ) -> Callable | None:
+    """The ``seeds_stepper`` of a round-based averaging algorithm whose ``state.context.round_fn``
+    is a :class:`RoundRunner` and whose ``state.values`` hold ``"params"`` (and, with
+    ``participation``, DP-FedSGD's rounds-per-agent counts ``"participation" [N]``).
+
+    Returns ``batch(states, keys) -> (states, metrics)`` with ``batch(...)[s]`` equal to the
+    algorithm's ``step(states[s], keys[s])`` (to float tolerance), or None when these seeds
+    cannot share compiled calls.
+    """
+    if not states or len({s.step for s in states}) != 1:
+        return None
+    runners = [getattr(s.context, "round_fn", None) for s in states]
+    if not all(isinstance(r, RoundRunner) for r in runners):
+        return None
+    rounds = SeedRounds.create(runners, [s.values["params"] for s in states])
+    if rounds is None:
+        return None
+
+    def batch(states: Sequence[api.State], keys: Sequence[jax.Array]):
+        if len(states) != len(runners) or any(s.context.round_fn is not r
+                                              for s, r in zip(states, runners)):
+            raise ValueError("seeds_stepper: batch() must get the states it was built for")
+        params, metrics = rounds([s.values["params"] for s in states], keys)
+        out = []
+        for i, (s, r) in enumerate(zip(states, runners)):
+            values = {**s.values, "params": params[i]}
+            if participation:          # as the algorithm's step: + 1 for each participant
+                took_part = jnp.asarray(r.last_indices, jnp.int32)
+                values["participation"] = jnp.asarray(s.values["participation"]).at[
+                    took_part].add(1)
+            out.append(api.State(step=s.step + 1, values=values, context=s.context))
+        return out, metrics
+
+    return batch
+
+
+class SeedRounds:
+    """The rounds of S >= 1 seeds' :class:`RoundRunner`: the ONE host driver of a round
+    (cohorts laid out in passes, the pass loop, the passes' sums added, the server). A single
+    run is S = 1 (:meth:`single`, what :class:`RoundRunner` calls); S seeds step together as
+    one compiled call per pass (:meth:`create`, then ``rounds(params, keys) -> (params,
+    metrics)``, one entry per seed).
+
+    Per round::
+
+        (k_sample_s, k_train_s, k_noise_s) = round_keys(key_s)    s = 1..S (one call)
+        cohort_s = sample_cohort(k_sample_s, N, sampling)         host, exactly as run s draws
+        passes   = B_1, ..., B_P  common to all seeds (cohort.common_passes: P the most passes
+                   any seed needs, B_j the smallest bucket of the plan holding every seed's
+                   rows of pass j; for S = 1 the plan's own passes)
+        (params_s, metrics_s) = server(k_noise_s, params_s,
+                                       sum_j train_sum(k_train_s, params_s, ..., ids_sj,
+                                                       valid_sj))
+        (one pass: the fused train_sum + server, one compiled call)
+
+    S = 1 calls the runner's compiled ``train_sum`` / ``server`` / ``fused``
+    (:func:`make_round_parts`) unbatched, and takes its cohort from the runner's
+    :class:`~fedjax_dp.core.cohort.CohortFeeder` (prefetched, gathered on the host for
+    host-resident agents, sharded over a mesh); S > 1 calls the same functions vmapped over the
+    seeds (:func:`seed_calls`) on cohorts laid out here.
+
+    Why each seed's result is its separate run's: agent i trains with ``fold_in(k_train_s,
+    i)`` whatever pass or padding it lands in; padding rows are selected away by ``valid`` (the
+    sum, the metric sums and the count ``num_sampled`` see only the cohort); a seed with fewer
+    passes than P adds all-padding passes, which add exact zeros. No cohort is ever truncated (a
+    draw larger than one pass runs as several passes, as in the separate run). Only float
+    summation order differs, so results agree to float tolerance. The ledgers read the config
+    and the state exactly as before (DP-FedSGD's ``participation`` counts are updated from the
+    runners' ``last_indices``, as its step does).
+
+    The seeds' agents (and per-agent ``extras``) are shared when equal and stacked on a seed
+    axis otherwise (:func:`fedjax_dp.core.seed_axis.share_or_stack`).
+    :func:`seed_rounds_stepper` returns None (the seeds then run one by one) for host-resident
+    agents (their cohorts are gathered and transferred by a feeder on the host), a mesh, secure
+    aggregation (its masking and dropouts depend on the pass size), or seeds whose rounds differ
+    in anything but the key and the data values (compiled pieces, plan, execution, data or
+    parameter shapes). ``runtime.cohort = "masked"`` is supported: every seed's population pass
+    with its own mask.
+
+    Each seed's runner records the pass sizes actually run (``compiled_pass_sizes`` in the run's
+    ``artifacts``: for S > 1 the common sizes, which may exceed the seed's own buckets) and the
+    round's participants (``last_indices``).
+    """
+
+    def __init__(self, runners: Sequence[RoundRunner], source, source_axis, extras,
+                 extras_axis):
+        self.runners = list(runners)
+        r = self.runners[0]
+        self.one = len(self.runners) == 1
+        self.masked = r.mode == "masked"
+        self.num_agents, self.sampling, self.plan = r.num_agents, r.spec.sampling, r.plan
+        self.source, self.source_axis = source, source_axis
+        self.extras, self.extras_axis = extras, extras_axis
+        train_sum, server, fused = r.parts
+        if self.one:        # one seed: the compiled pieces themselves
+            self.calls = SimpleNamespace(keys=round_keys, fused=fused, train=train_sum,
+                                         add=_add, stack=lambda params: params, server=server)
+        else:
+            self.calls = seed_calls(train_sum, server, source_axis, extras_axis)
+
+    @classmethod
+    def single(cls, runner: RoundRunner) -> "SeedRounds":
+        """One run's rounds (S = 1): its own agents and extras."""
+        return cls([runner], runner.agents, None, runner.extras, None)
+
+    @classmethod
+    def create(cls, runners: Sequence[RoundRunner],
+               params: Sequence[Params]) -> "SeedRounds | None":
+        """None where the seeds cannot share a compiled round (see the class docstring)."""
+        r0 = runners[0]
+        for r in runners:
+            if (r.mesh is not None or r.spec.secagg is not None or is_on_host(r.agents)
+                    or r.mode != r0.mode or r.parts is not r0.parts or r.plan != r0.plan
+                    or r.spec != r0.spec or r.num_agents != r0.num_agents):
+                return None
+        if not seed_axis.same_layout(params):
+            return None
+        source, source_axis = seed_axis.share_or_stack([r.agents for r in runners])
+        extras, extras_axis = seed_axis.share_or_stack([r.extras for r in runners])
+        if source is None or extras is None:
+            return None
+        return cls(runners, source, source_axis, extras, extras_axis)
+
+    # ------------------------------------------------------------------ host: the cohorts
+
+    def _cohorts(self, k_sample: jax.Array) -> tuple[list[np.ndarray],
+                                                      list[cohort_lib.CohortPass]]:
+        """Every seed's cohort drawn as its own run draws it, and the round's passes (ids and
+        valid ``[B]`` for S = 1, ``[S, B]`` for S seeds; masked: the population pass, ids
+        ``[N]`` shared)."""
+        n = self.num_agents
+        seed_keys = [k_sample] if self.one else [k_sample[s] for s in range(len(self.runners))]
+        if self.masked:
+            if is_on_host(self.source):
+                raise ValueError("runtime.cohort='masked' trains every agent at once and needs "
+                                 "device-resident agents; use cohort='gather' for host data")
+            masks = [sample_agents(k, n, self.sampling) for k in seed_keys]
+            p = cohort_lib.population_pass(self.source, masks[0] if self.one else np.stack(masks))
+            return [np.flatnonzero(m) for m in masks], [p]
+        if self.one:        # the runner's feeder: prefetched, host-gathered, sharded
+            cohort = self.runners[0].feeder.get(k_sample)
+            return [cohort.indices], cohort.passes
+        indices = [cohort_lib.sample_cohort(k, n, self.sampling) for k in seed_keys]
+        passes = [cohort_lib.CohortPass(ids=ids, valid=valid, data=None)
+                  for ids, valid in cohort_lib.common_passes(self.plan, indices)]
+        for r in self.runners:
+            r.feeder.shapes_used.update(int(p.valid.shape[-1]) for p in passes)
+        return indices, passes
+
+    # ------------------------------------------------------------------ one round, S seeds
+
+    def _run(self, fn, p: cohort_lib.CohortPass, *head):
+        """``fn(*head, source, rows, ids, valid, extras)`` on pass ``p`` (its gathered agents,
+        or the population's rows ``ids`` gathered inside the call), refused before its first
+        run per shape if it cannot fit in memory."""
+        source, rows = (p.data, None) if p.data is not None else (self.source, p.ids)
+        args = (*head, source, rows, p.ids, p.valid, self.extras)
+        seeds = "" if self.one else f" of {len(self.runners)} seeds"
+        memory.check_call(fn, *args, what=f"a round's local training{seeds} "
+                          f"({int(p.valid.shape[-1])} agents per pass)",
+                          drivers=self.runners[0].memory_drivers)
+        return fn(*args)
+
+    def round(self, key, params):
+        """Round t: ``(params, metrics)`` from the round's ``key`` and ``params`` -- one key and
+        one tree for S = 1; S keys and S trees (a tuple) otherwise, giving S trees and metrics
+        ``[S]`` (device arrays)."""
+        calls = self.calls
+        k_sample, k_train, k_noise = calls.keys(key)
+        indices, passes = self._cohorts(k_sample)
+        for r, ix in zip(self.runners, indices):
+            r.last_indices = ix
+        if len(passes) == 1:                  # the usual round: one pass, one compiled call
+            return self._run(calls.fused, passes[0], k_train, k_noise, params)
+        params = calls.stack(params)          # a draw larger than a pass: the passes' sums added
+        total = None
+        for p in passes:
+            sums = self._run(calls.train, p, k_train, params)
+            total = sums if total is None else calls.add(total, sums)
+        return calls.server(k_noise, params, total)
+
+    def __call__(self, params: Sequence[Params], keys: Sequence[jax.Array]):
+        """Round t of every seed: ``(params per seed, metrics per seed (host))``."""
+        params, metrics = self.round(tuple(keys), tuple(params))
+        host = jax.device_get(metrics)
+        per_seed = [{k: v[s] for k, v in host.items()} for s in range(len(self.runners))]
+        return list(params), per_seed
+
+
+@jax.jit
+def _round_keys(keys: tuple) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`round_keys` of every seed's step key, ``[S]`` each (one call)."""
+    return jax.vmap(round_keys)(jnp.stack(keys))
+
+
+@functools.lru_cache(maxsize=64)
+def seed_calls(train_sum: Callable, server: Callable, source_axis,
+               extras_axis) -> SimpleNamespace:
+    """The compiled pieces of a round (:func:`make_round_parts`) vmapped over S seeds, with the
+    unbatched pieces' signatures (the seeds' params a tuple of trees, stacked inside the calls;
+    ids ``[S, B]`` or, for the masked population pass, ``[N]`` shared; rows None or the ids;
+    every other per-seed input ``[S]``):
+
+    ``keys(keys) -> (k_sample, k_train, k_noise)`` ``[S]`` each;
+    ``fused(k_train, k_noise, params, source, rows, ids, valid, extras) -> (params, metrics)``:
+    a one-pass round; ``stack(params)``, ``train(k_train, stacked, source, rows, ids, valid,
+    extras) -> sums``, ``add``, ``server(k_noise, stacked, sums) -> (params, metrics)``: a round
+    of several passes. One compilation per pass size B (few: the plan's buckets), as for one
+    seed."""
+
+    def train(k_train, stacked, source, rows, ids, valid, extras):
+        ids_axis = None if ids.ndim == 1 else 0
+        rows_axis = None if rows is None else ids_axis
+        return jax.vmap(train_sum, in_axes=(0, 0, source_axis, rows_axis, ids_axis, 0,
+                                            extras_axis))(
+            k_train, stacked, source, rows, ids, valid, extras)
+
+    def finish(k_noise, stacked, sums):
+        new, metrics = jax.vmap(server)(k_noise, stacked, sums)
+        return seed_axis.unstack_seeds(new, k_noise.shape[0]), metrics
+
+    def fused(k_train, k_noise, params, source, rows, ids, valid, extras):
+        stacked = seed_axis.stack_seeds(params)
+        return finish(k_noise, stacked, train(k_train, stacked, source, rows, ids, valid,
+                                              extras))
+
+    return SimpleNamespace(keys=_round_keys, fused=jax.jit(fused),
+                           stack=jax.jit(seed_axis.stack_seeds), train=jax.jit(train),
+                           add=jax.jit(_add), server=jax.jit(finish))
+
+
+# --------------------------------------------------------------------------- the protocol
+# (fedjax_dp.algorithms.api) of a round-based averaging algorithm whose state holds
+# ``values = {"params", ["participation"]}`` and ``context.round_fn`` a RoundRunner: FedAvg,
+# DP-FedAvg and DP-FedSGD define their update rule (a RoundSpec, an agent update) and share these.
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """The static part of an averaging run's state."""
+
+    agents: StackedData
+    model: Model
+    round_fn: RoundRunner
+
+
+def init_rounds(key: jax.Array, data: api.FederatedData, model: Model, local: LocalTrainConfig,
+                spec: RoundSpec, runtime: api.Runtime = api.Runtime()) -> api.State:
+    """State of a round-based averaging run: ``values = {"params": model.init(split(key)[0])}``."""
+    check_trainable(data.agents)
+    spec.sampling.check(data.num_agents)
+    params = model.init(api.init_key(key))
+    expected = max(1, math.ceil(spec.sampling.expected(data.num_agents)))
+    chunk_size = resolve_chunk_size(runtime.chunk_size, params, expected)
+    drivers = lambda: {"train.batch_size": local.batch_size,  # noqa: E731 (named on refusal)
+                       "run.chunk_size": memory.chunk_driver(runtime.chunk_size, chunk_size),
+                       **memory.model_driver(model, params)}
+    round_fn = RoundRunner(model, local, spec, data.agents, chunk_size=chunk_size,
+                           mesh=runtime.mesh, cohort=runtime.cohort, memory_drivers=drivers,
+                           rounds_per_call=runtime.rounds_per_call)
+    return api.State(step=0, values={"params": params},
+                     context=Context(agents=data.agents, model=model, round_fn=round_fn))
+
+
+def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
+    """One round (:meth:`RoundRunner.one`) with round key ``key``."""
+    values, metrics = state.context.round_fn.one(dict(state.values), key)
+    return api.State(step=state.step + 1, values=values, context=state.context), metrics
+
+
+def rounds_per_call(state: api.State) -> int:
+    """The ``rounds_per_call`` hook: the capacity K of a fused call, 0 where the rounds run on
+    the host (host-resident agents, a mesh)."""
+    runner: RoundRunner = state.context.round_fn
+    return runner.capacity if runner.fusable else 0
+
+
+def multi_step(state: api.State, key: jax.Array, start: int, count: int
+               ) -> tuple[api.State, dict]:
+    """The ``multi_step`` hook: rounds ``start .. start + count - 1`` of the run with root
+    ``key`` in one compiled call (:meth:`RoundRunner.run_rounds`); equal to ``count`` calls of
+    :func:`step` with keys ``api.step_key(key, t)``. Metrics ``[K]``, first ``count`` filled."""
+    if state.step != start:
+        raise ValueError(f"multi_step: the state is after round {state.step}, not {start}")
+    values, metrics = state.context.round_fn.run_rounds(dict(state.values), key, start, count)
+    return api.State(step=start + count, values=values, context=state.context), metrics
+
+
+def prefetch(state: api.State, key: jax.Array) -> None:
+    """Start gathering round ``key``'s cohort while the current round computes (host path)."""
+    state.context.round_fn.prefetch(key)
+
+
+def output(state: api.State) -> api.Output:
+    return api.Output(model=state.context.model, params=state.values["params"])
+
+
+def artifacts(state: api.State, out_dir=None, run_config: dict | None = None) -> dict:
+    """Extra ``result.json`` fields: how the rounds ran (``cohort``: execution, ``fused`` (on
+    the device) or not, chunk / bucket sizes, the fused call's capacity, host pass sizes run)."""
+    runner: RoundRunner = state.context.round_fn
+    return {"cohort": {"execution": runner.mode, "fused": runner.fusable,
+                       "pass_size": runner.plan.pass_size,
+                       "rounds_per_call_capacity": runner.capacity,
+                       "buckets": list(runner.plan.buckets),
+                       "compiled_pass_sizes": list(runner.compiled_pass_sizes)}}
