@@ -70,7 +70,9 @@ class CompileLog:
 
     def __init__(self):
         self.step = 0
+        self.last_step: int | None = None      # the run's last step (set by the runner)
         self.listed: list[dict] = []           # every compilation >= LISTED_S, in order
+        self.by_step: dict[int, int] = {}      # step being dispatched -> compilations
         self.count = 0
         self.seconds = 0.0
         self.hits = 0
@@ -80,6 +82,7 @@ class CompileLog:
     def _record(self, what: str, seconds: float, hit: bool) -> None:
         with self._lock:
             self.count += 1
+            self.by_step[self.step] = self.by_step.get(self.step, 0) + 1
             self.seconds += seconds
             self.hits += hit
             if seconds >= LISTED_S:
@@ -93,9 +96,19 @@ class CompileLog:
             new, self._new = self._new, []
         return new
 
+    def after_first_call(self) -> int:
+        """Compilations while steps after the first dispatched one ran (the first call of the
+        run compiles its programs; a steady run compiles nothing later), up to ``last_step``
+        (the evaluation after the last step is not counted)."""
+        steps = sorted(s for s in self.by_step if s >= 1 and
+                       (self.last_step is None or s <= self.last_step))
+        return sum(self.by_step[s] for s in steps[1:])
+
     def summary(self) -> dict:
         return {"compilations": self.count, "compile_s": round(self.seconds, 4),
-                "cache_hits": self.hits, "listed": list(self.listed)}
+                "cache_hits": self.hits,
+                "compilations_after_first_call": self.after_first_call(),
+                "listed": list(self.listed)}
 
     def __enter__(self) -> "CompileLog":
         _register()

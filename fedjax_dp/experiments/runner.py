@@ -426,6 +426,7 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
     model, fed, key = s.model, s.fed, s.key
     steps_total = p.entry.num_steps(p.algorithm_config)
     live.total = steps_total
+    compiles.last_step = steps_total
     hooks = api.hooks(p.entry)
     phases = hooks.PHASES                                 # one-shot: the steps are phases
     name = config["algorithm"]["name"]
