@@ -51,6 +51,7 @@ from fedjax_dp.algorithms import api
 from fedjax_dp.core import (AGENTS, StackedData, for_each_agent, for_each_agent_sum, is_on_host,
                             rng, validation)
 from fedjax_dp.core import cohort as cohort_lib
+from fedjax_dp.core import defaults as defaults_lib
 from fedjax_dp.core import memory, seed_axis
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import mechanisms
@@ -347,16 +348,17 @@ class RoundRunner:
 
 # --------------------------------------------------------------------------- rounds fused on the device
 
-def cohort_chunk(rank: jax.Array, count: jax.Array, j: jax.Array, chunk: int
-                 ) -> tuple[jax.Array, jax.Array]:
+def cohort_chunk(rank: jax.Array, count: jax.Array, j: jax.Array, chunk: int,
+                 method: str = "scan") -> tuple[jax.Array, jax.Array]:
     """Chunk ``j`` of a round's cohort, traceable: ``(ids [c] int32, valid [c] bool)``.
 
     ``rank = cumsum(coins)`` ``[N]`` (non-decreasing), ``count = rank[-1]`` the cohort size M.
     Row b holds the agent of rank ``r_b = j c + b + 1``, the first index with ``rank >= r_b``
     (``searchsorted``, O(c log N)); rows with ``r_b > M`` are padding (valid False; their id is
-    clipped to a real agent, whose work the masked sum selects away)."""
+    clipped to a real agent, whose work the masked sum selects away). ``method``: the
+    searchsorted method (:attr:`fedjax_dp.core.defaults.Defaults.cohort_search`)."""
     r = j * chunk + jnp.arange(1, chunk + 1, dtype=jnp.int32)                        # [c]
-    ids = jnp.searchsorted(rank, r, side="left").astype(jnp.int32)
+    ids = jnp.searchsorted(rank, r, side="left", method=method).astype(jnp.int32)
     return jnp.minimum(ids, rank.shape[0] - 1), r <= count
 
 
@@ -379,6 +381,7 @@ def make_fused_rounds(train_sum: Callable, server: Callable, spec: RoundSpec, nu
     round with an explicit round key (:func:`step`).
     """
     n = num_agents
+    search = defaults_lib.defaults().cohort_search
 
     def one_round(values, key, source, extras):
         k_sample, k_train, k_noise = jax.random.split(key, 3)               # round_keys
@@ -392,7 +395,7 @@ def make_fused_rounds(train_sum: Callable, server: Callable, spec: RoundSpec, nu
             m = rank[-1]
 
             def chunk_sums(j):
-                ids, valid = cohort_chunk(rank, m, j, chunk)
+                ids, valid = cohort_chunk(rank, m, j, chunk, search)
                 return train_sum(k_train, params, source, ids, ids, valid, extras)
 
             zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),

@@ -7,6 +7,9 @@ cohort of exactly C clients, divided by C) at each cohort C of ``cohorts`` (10 /
 * ``ours_C``: :mod:`fedjax_dp.algorithms.averaging.dp_fedavg` with ``sampling = "fixed"``,
   ``train.batching = "stored"`` and the gathered cohort (the round costs C agents), from the
   workload's initial weights;
+* ``fused_C``: the same rounds fused on the device, ``rounds`` of them in ONE compiled call
+  (:func:`fedjax_dp.algorithms.rounds.make_fused_rounds`, as ``fedjax-dp run`` runs them): the
+  call's seconds divided by ``rounds`` (``repeats`` calls after a warm-up call);
 * ``reference_C``: the plain-JAX round (``jax_ref.py --engine map --chunk 10``).
 
 Seconds per round: ``rounds`` timed rounds after 2 warm-up rounds. Ratio ``ours_over_reference_C``
@@ -45,13 +48,15 @@ def _setup(w: ref.Workload):
     return x, y, data, model, local, params
 
 
-def _ours_state(w, data, model, local, params, cohort: int, noise: float, rounds: int):
+def _ours_state(w, data, model, local, params, cohort: int, noise: float, rounds: int,
+                rounds_per_call: int | str = "auto"):
     from fedjax_dp.algorithms import api
     from fedjax_dp.algorithms.averaging import dp_fedavg
     cfg = dp_fedavg.Config(rounds=rounds, sampling="fixed", cohort_size=cohort,
                            clip_norm=w.clip, noise_multiplier=noise, server_lr=w.server_lr,
                            local=local)
-    state = dp_fedavg.init(jax.random.key(1), data, model, cfg, api.Runtime(cohort="gather"))
+    state = dp_fedavg.init(jax.random.key(1), data, model, cfg,
+                           api.Runtime(cohort="gather", rounds_per_call=rounds_per_call))
     return api.State(step=0, values={"params": params}, context=state.context)
 
 
@@ -102,6 +107,17 @@ def measure(sizes: dict, repeats: int) -> dict:
             return s
 
         times[f"ours_{c}"], _ = common.time_rounds(ours_step, state, rounds)
+        fused = _ours_state(w, data, model, local, params, c, w.noise_multiplier,
+                            rounds * (repeats + 1), rounds_per_call=rounds)
+
+        def fused_call(s, t):
+            s, metrics = dp_fedavg.multi_step(s, key, s.step, rounds)
+            common.block((s.values, metrics))
+            return s
+
+        call, _ = common.time_rounds(fused_call, fused, repeats, warmup=1)
+        times[f"fused_{c}"] = {k: (v / rounds if k != "all_s" else [x / rounds for x in v])
+                               for k, v in call.items() if v is not None}
         host_rng = np.random.default_rng(123)
 
         def ref_step(p, t, c=c):
@@ -110,6 +126,7 @@ def measure(sizes: dict, repeats: int) -> dict:
 
         times[f"reference_{c}"], _ = common.time_rounds(ref_step, p0, rounds)
         pairs[f"ours_over_reference_{c}"] = (f"ours_{c}", f"reference_{c}")
+        pairs[f"fused_over_reference_{c}"] = (f"fused_{c}", f"reference_{c}")
     return {"name": NAME, "title": TITLE,
             "sizes": {**sizes, "dim": w.dim, "hidden": w.hidden, "local_steps": w.local_steps,
                       "batch": w.batch, "rounds_timed": rounds},

@@ -20,6 +20,8 @@ choice                 CPU                              GPU / TPU
 bytes``                                                  device memory (64 MiB when unreported)
 ``compute_dtype``      float32                          float32 (never float64 in compiled code)
 ``accounting_dtype``   float64 (NumPy on the host)      float64 (NumPy on the host)
+``cohort_search``      ``"scan"`` (searchsorted: a       ``"scan_unrolled"`` (no device
+                       loop of log2 N steps)             loop: no host round trips)
 =====================  ===============================  =======================================
 
 Formulas: a chunk of agents holds ``max(minimum, chunk_budget_bytes // bytes_per_agent)`` agents
@@ -97,6 +99,10 @@ class Defaults:
     placement_host_bytes: int        # agents_on="auto": host when the agents exceed this
     compute_dtype: str = "float32"   # every compiled step (jax_enable_x64 is never set)
     accounting_dtype: str = "float64"   # privacy accounting: NumPy/SciPy on the host only
+    #: the fused rounds' cohort chunks (algorithms/rounds.py): the jnp.searchsorted method,
+    #: "scan" (a loop of log2 N steps) on the CPU, "scan_unrolled" on accelerators (a loop there
+    #: costs a host round trip per step)
+    cohort_search: str = "scan"
 
     @property
     def accelerator(self) -> bool:
@@ -165,6 +171,7 @@ def defaults(platform: str | None = None, device_memory: int | None = None, *,
                     chunk_budget_bytes=(int(CHUNK_FRACTION * device_memory)
                                         if device_memory else None),
                     min_chunks=1, seed_axis="map" if small else "vmap", knn_method="top_k",
+                    cohort_search="scan_unrolled",
                     prefetch=True, prefetch_threads=1, placement_host_bytes=placement)
 
 
