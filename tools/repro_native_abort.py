@@ -1,7 +1,7 @@
 """Reproducer for the native abort of long-lived test workers (issue 30, item 6), outside pytest.
 
-    nice -n 10 python tools/repro_native_abort.py --count 2000                  # one process, no cache
-    nice -n 10 python tools/repro_native_abort.py --count 500 --cache DIR       # every entry written
+    nice -n 10 python tools/repro_native_abort.py --count 2000             # one process, no cache
+    nice -n 10 python tools/repro_native_abort.py --count 500 --cache DIR  # every entry written
     nice -n 10 python tools/repro_native_abort.py --count 300 --cache DIR --procs 2 --threads 2
     nice -n 10 python tools/repro_native_abort.py --count 400 --reserve-maps 64000
 
@@ -197,7 +197,8 @@ def worker(args) -> int:
         from fedjax_dp.experiments.compilation import release_compiled as release
     tag = f"[{args.child}]" if args.child is not None else ""
     start = time.time()
-    print(f"{tag} jax {jax.__version__} jaxlib {jax.lib.__version__ if hasattr(jax.lib, '__version__') else '?'}"
+    import jaxlib
+    print(f"{tag} jax {jax.__version__} jaxlib {jaxlib.__version__}"
           f" cache={args.cache or 'off'} threads={args.threads} opt0={args.opt0}"
           f" reserved_maps={len(held)} max_map_count={max_map_count()} {json.dumps(_status())}",
           flush=True)

@@ -13,6 +13,17 @@ being dispatched); the rest are counted. The runner writes the list into ``progr
 ``"off"``; or a folder), so
 a second run of the same config loads its executables instead of compiling them. The cache
 changes how fast a run starts, never what it computes.
+
+:func:`release_compiled` keeps a long-lived process (a sweep, a notebook running many configs, a
+test worker) clear of the kernel's limit on memory mappings: XLA:CPU maps every compiled kernel's
+code and data as pages of their own (20-50 mappings per jitted program, measured with jax 0.6.1
+and 0.10.2; about 3 with jax 0.4.30), JAX keeps every compiled program in memory while its function
+lives (and eager operations' programs in caches of up to 4,096 entries), and past
+``/proc/sys/vm/max_map_count`` mappings (65,530 by default on Linux) the next compilation cannot
+map its code: XLA:CPU then dies in native code (``LLVM compilation error: Cannot allocate memory``,
+then SIGSEGV or SIGABRT in ``backend_compile_and_load`` or in ``executable.serialize()`` of the
+persistent cache's write). ``tools/repro_native_abort.py`` reproduces it; docs/runs.md has the
+numbers. Entering the outermost :class:`CompileLog` (a run or a bench part starting) calls it.
 """
 from __future__ import annotations
 
@@ -112,6 +123,8 @@ class CompileLog:
 
     def __enter__(self) -> "CompileLog":
         _register()
+        if not _active:                    # a run starting: nothing of another run in flight
+            release_compiled()
         _active.append(self)
         return self
 
@@ -170,3 +183,37 @@ def enable_cache(setting: str) -> Path | None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return folder
+
+
+#: a process holding more than this share of the kernel's memory-mapping limit releases JAX's
+#: compiled programs (:func:`release_compiled`); the rest is headroom for the run that starts
+MAP_SHARE = 0.5
+
+
+def memory_maps() -> tuple[int, int] | None:
+    """``(mappings this process holds, the kernel's limit vm.max_map_count)``; None where the
+    system has no such files (not Linux)."""
+    try:
+        with open("/proc/sys/vm/max_map_count", "rb") as f:
+            limit = int(f.read())
+        with open("/proc/self/maps", "rb") as f:
+            held = f.read().count(b"\n")
+    except (OSError, ValueError):
+        return None
+    return held, limit
+
+
+def release_compiled(share: float | None = None) -> bool:
+    """Drop JAX's in-memory compiled programs (``jax.clear_caches()``) when this process holds
+    more than ``share`` (default :data:`MAP_SHARE`) of the kernel's memory-mapping limit, so that
+    XLA:CPU can map the next compilations instead of dying in native code (module doc); returns
+    whether it did. Programs
+    still needed compile again on their next call (from the persistent cache where it is on);
+    results never change. Call it between runs, never while a run computes on another thread."""
+    maps = memory_maps()
+    if maps is None or maps[0] <= (MAP_SHARE if share is None else share) * maps[1]:
+        return False
+    import gc
+    jax.clear_caches()
+    gc.collect()
+    return True

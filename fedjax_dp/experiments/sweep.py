@@ -54,6 +54,7 @@ from typing import Callable
 
 from fedjax_dp.core import validation
 from fedjax_dp.experiments import calibrate as calibrate_lib
+from fedjax_dp.experiments import compilation
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import records as records_lib
 from fedjax_dp.experiments import tracking as tracking_lib
@@ -449,6 +450,7 @@ def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = 
         if not todo:
             continue
         results = None
+        compilation.release_compiled()     # one process runs every cell: stay below the map limit
         if vmap_seeds and len(todo) > 1 and not (calibrated and len(set(calibrated)) > 1):
             results = runner.run_seeds([configs[i] for i in todo], progress=False)
         if results is None:
