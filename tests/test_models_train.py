@@ -190,3 +190,18 @@ def test_auto_chunk_size_is_cache_sized_and_results_identical(tiny):
     stacked = jax.tree.map(lambda l: jnp.stack([l] * 5), params)
     assert resolve_chunk_size("auto", stacked, 5) == resolve_chunk_size("auto", params, 5) == \
         auto_chunk_size(per_agent, 5)
+
+
+def test_predict_is_one_compiled_program_equal_to_the_eager_logits():
+    """``predict``: batches of one shape (the last padded and cut), equal to the argmax of the
+    model's logits on all rows at once."""
+    from fedjax_dp.train import predict
+    model = make_model("mlp", (5,), 3, hidden=(7,))
+    params = model.init(jax.random.key(0))
+    x = np.random.default_rng(0).normal(size=(23, 5)).astype(np.float32)
+    want = np.argmax(np.asarray(model.logits(params, x)), -1)
+    for batch in (4, 23, 100):
+        got = predict(model, params, x, batch_size=batch)
+        assert isinstance(got, np.ndarray)
+        np.testing.assert_array_equal(got, want)
+    assert predict(model, params, x[:0]).shape == (0,)

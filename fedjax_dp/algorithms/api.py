@@ -78,7 +78,8 @@ class FederatedData:
         validation.check_int("data.num_classes", self.num_classes, minimum=1)
         y = self.agents.y                       # padding holds label 0, which is in range
         if np.size(y):
-            lo, hi = (int(v) for v in jax.device_get((y.min(), y.max())))
+            lo, hi = (int(v) for v in jax.device_get(
+                (y.min(), y.max()) if isinstance(y, np.ndarray) else _label_range(y)))
             if lo < 0 or hi >= self.num_classes:
                 raise ValueError(f"the agents' labels must be in [0, {self.num_classes - 1}] "
                                  f"(data.num_classes = {self.num_classes}), got labels in "
@@ -174,8 +175,14 @@ class Output:
         """Predicted classes ``[M]`` (host array) for ``x [M, ...]``."""
         if self.predict is not None:
             return np.asarray(self.predict(x))
-        from fedjax_dp.train import predict
-        return np.asarray(predict(self.model, self.params, jax.numpy.asarray(x)))
+        from fedjax_dp.train import predict         # host batches: no per-shape transfer program
+        return np.asarray(predict(self.model, self.params, x))
+
+
+@jax.jit
+def _label_range(y):
+    """``(min, max)`` of device-resident labels in one compiled call (eagerly: two)."""
+    return y.min(), y.max()
 
 
 class Algorithm(Protocol):

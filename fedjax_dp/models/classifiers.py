@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_dp.core import validation
 from fedjax_dp.models import image, sequence
@@ -93,7 +94,7 @@ def _wrap(module: nn.Module, name: str, feature_shape: tuple[int, ...], num_clas
     """``compiled_init``: ``init`` is one compiled program instead of flax's op-by-op eager
     initialisation (seconds for an LSTM or a ResNet); the classic models keep the eager one, so
     their initial parameters stay bit-identical to earlier releases."""
-    dummy = jnp.zeros((1,) + tuple(feature_shape), dtype)
+    dummy = np.zeros((1,) + tuple(feature_shape), np.dtype(dtype))  # host: no compilation
 
     def init(key: jax.Array) -> Params:
         return module.init(key, dummy)

@@ -26,10 +26,10 @@ LOGITS_PER_BATCH = 1 << 24
 
 
 def predict(model: Model, params: Params, x: jax.Array, batch_size: int = 1024) -> jax.Array:
-    """Predicted class per example, ``x [M, ...] -> [M]`` (a next-token task: the predicted
-    token at every position, ``x [M, T] -> [M, T]``), batched to bound memory (a next-token
-    model's batch is cut to :data:`LOGITS_PER_BATCH` logits, and compiled: one program for
-    every batch, the last padded)."""
+    """Predicted class per example, ``x [M, ...] -> [M]`` (a host array; a next-token task: the
+    predicted token at every position, ``x [M, T] -> [M, T]``), batched to bound memory (a
+    next-token model's batch is cut to :data:`LOGITS_PER_BATCH` logits) and compiled: one
+    program for every batch, the last padded."""
     task = tasks.of(model)
     if isinstance(task, tasks.NextToken):
         per_example = model.num_classes * math.prod(model.feature_shape)     # T V logits
@@ -43,28 +43,37 @@ def predict(model: Model, params: Params, x: jax.Array, batch_size: int = 1024) 
                 xb = jnp.pad(xb, ((0, size - n), (0, 0)), constant_values=task.pad_id)
             outs.append(step(params, xb)[:n])
         return jnp.concatenate(outs) if outs else jnp.zeros((0,) + tuple(x.shape[1:]), jnp.int32)
+    # host batching over examples (not agents), every batch in one compiled shape (the last
+    # padded with zeros and cut): one compilation per model and batch size, none per batch
+    x = np.asarray(x)
+    size = max(1, min(batch_size, x.shape[0]))
+    step = token_predictor(model)
     outs = []
-    for start in range(0, x.shape[0], batch_size):   # host batching over examples, not agents
-        outs.append(jnp.argmax(model.logits(params, x[start:start + batch_size]), -1))
-    return jnp.concatenate(outs) if outs else jnp.zeros((0,), jnp.int32)
+    for start in range(0, x.shape[0], size):
+        xb = x[start:start + size]
+        n = xb.shape[0]
+        if n < size:
+            xb = np.concatenate([xb, np.zeros((size - n,) + xb.shape[1:], xb.dtype)])
+        outs.append(np.asarray(step(params, jax.device_put(xb)))[:n])
+    return np.concatenate(outs) if outs else np.zeros((0,), np.int32)
 
 
 @functools.lru_cache(maxsize=32)
 def token_predictor(model: Model):
-    """``(params, x [B, T]) -> argmax logits [B, T]``, compiled once per model."""
+    """``(params, x [B, ...]) -> argmax logits [B] ([B, T] for a next-token model)``, compiled
+    once per model (and batch shape)."""
     return jax.jit(lambda params, x: jnp.argmax(model.logits(params, x), -1))
 
 
 def accuracy(model: Model, params: Params, x, y, batch_size: int = 1024) -> float:
     """Fraction of ``x`` classified as ``y`` (0..1); a next-token task: the per-token accuracy
     over the real tokens (:meth:`fedjax_dp.train.tasks.NextToken.metrics`)."""
-    y = jnp.asarray(y)
-    if y.shape[0] == 0:
+    if np.shape(y)[0] == 0:
         raise ValueError("accuracy needs at least one labelled example, got an empty set")
     task = tasks.of(model)
     if isinstance(task, tasks.NextToken):
-        return task.accuracy(predict(model, params, jnp.asarray(x), batch_size), y)
-    return float(jnp.mean(predict(model, params, jnp.asarray(x), batch_size) == y))
+        return task.accuracy(predict(model, params, jnp.asarray(x), batch_size), jnp.asarray(y))
+    return float(np.mean(predict(model, params, x, batch_size) == np.asarray(y)))
 
 
 def per_agent_accuracy(model: Model, stacked_params: Params, x, y, *,
