@@ -231,3 +231,32 @@ def _mesh_vote(problem):
     state = knn_dpfl.init(jax.random.key(0), data, model, KNN,
                           api.Runtime(chunk_size=None, mesh=agent_mesh()))
     knn_dpfl.step(state)
+
+
+@pytest.mark.parametrize("noise", ["per_agent", "aggregate"])
+def test_tally_step_equals_adds_then_release(noise):
+    """The streamed vote's one compiled call per chunk (add, and release at the last chunk)
+    gives the tally and the labels of the separate adds and release."""
+    n, q, c = 11, 5, 4
+    key = jax.random.key(7)
+    ballots = np.random.default_rng(1).integers(-1, c, (n, q)).astype(np.int8)
+    std, sigma, div = np.float32(0.8), np.float32(2.0), np.float32(1.0)
+    per_agent = noise == "per_agent"
+    step = voting_dpfl.tally_step_fn(c, per_agent, noise, False)
+    ref, got = voting_dpfl.tally_init(q, c), voting_dpfl.tally_init(q, c)
+    size, starts = 4, list(range(0, n, 4))
+    for i, start in enumerate(starts):
+        block = ballots[start:start + size]
+        valid = np.arange(size) < len(block)
+        block = np.concatenate([block, np.full((size - len(block), q), -1, np.int8)])
+        ids = np.arange(start, start + size, dtype=np.int32)
+        ref = voting_dpfl.tally_add(ref, key, block, ids, valid, std, num_classes=c,
+                                    per_agent=per_agent)
+        got, labels = step(got, key, block, ids, valid, std, sigma, div,
+                           np.bool_(i == len(starts) - 1))
+        if i < len(starts) - 1:
+            assert np.all(np.asarray(labels) == -1)                   # nothing released yet
+    np.testing.assert_array_equal(np.asarray(got.counts), np.asarray(ref.counts))
+    np.testing.assert_array_equal(np.asarray(got.noise), np.asarray(ref.noise))
+    want = voting_dpfl.tally_release(ref, key, sigma, div, noise=noise)
+    np.testing.assert_array_equal(np.asarray(labels), np.asarray(want))

@@ -90,22 +90,27 @@ def test_released_labels_are_always_kept(problem, monkeypatch):
     x_l = ds.x_public[:q]
     labels = (ds.y_public[:q] + 1) % 4                        # deliberately wrong labels
     x_u = ds.x_public[q:]
-    seen = []
-    orig = student_lib.train_agents
+    seen, supervised = [], []
+    orig, orig_sup = student_lib.train_agents, student_lib.train_supervised
 
     def spy(key, params, data, *args, **kwargs):
         seen.append(jax.device_get(data))
         return orig(key, params, data, *args, **kwargs)
 
+    def spy_sup(key, model, x, y, config):           # round 0: one compiled call of its own
+        supervised.append((np.asarray(x), np.asarray(y)))
+        return orig_sup(key, model, x, y, config)
+
     monkeypatch.setattr(student_lib, "train_agents", spy)
+    monkeypatch.setattr(student_lib, "train_supervised", spy_sup)
     history = []
     student_lib.train_self_training(jax.random.key(0), model, x_l, labels, x_u, STUDENT,
                                     student_lib.SelfTraining(rounds=2, confidence=0.4),
                                     history=history)
-    assert len(seen) == 3 and len(history) == 2                # supervised round + 2 rounds
-    np.testing.assert_array_equal(seen[0].y[0, :q], labels)
-    assert int(seen[0].counts[0]) == q
-    for data, h in zip(seen[1:], history):
+    assert len(supervised) == 1 and len(seen) == 2 and len(history) == 2   # round 0 + 2 rounds
+    np.testing.assert_array_equal(supervised[0][1], labels)
+    np.testing.assert_allclose(supervised[0][0], x_l)
+    for data, h in zip(seen, history):
         count = int(data.counts[0])
         assert count == q + h["num_pseudo"] and h["num_pseudo"] > 0
         np.testing.assert_array_equal(data.y[0, :q], labels)              # kept, unchanged
@@ -156,3 +161,20 @@ def test_self_training_settings_validation():
         student_lib.train_self_training(jax.random.key(0), make_model("logistic", (2,), 2),
                                         np.zeros((2, 2)), np.zeros(2, int), np.zeros((3, 2)),
                                         LocalTrainConfig(steps=1), {"rounds": 1})
+
+
+def test_supervised_student_is_the_one_agent_training(problem):
+    """``train_supervised`` (one compiled call: key splits, initialisation and training) equals
+    the one-agent ``train_agents`` from ``model.init(k_init)`` it replaces."""
+    from fedjax_dp.train import train_agents
+    ds, _, model = problem
+    key = jax.random.key(11)
+    x, y = ds.x_public[:Q], ds.y_public[:Q]
+    k_init, k_train = jax.random.split(key)
+    ref, _ = train_agents(k_train, model.init(k_init), from_ragged([x], [y]), model, STUDENT,
+                          chunk_size=None)
+    got = student_lib.train_supervised(key, model, x, y, STUDENT)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b)[0], rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="as many labels as records"):
+        student_lib.train_supervised(key, model, x, y[:3], STUDENT)

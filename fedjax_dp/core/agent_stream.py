@@ -12,7 +12,10 @@ over agents leave a chunk. :func:`chunks` cuts the agent axis into chunks of ``s
 
 Every chunk has the same shape ``[size, ...]`` (the last one is padded with empty agents and a
 ``valid`` mask), so a vmapped per-chunk function compiles once. Peak memory is one or two chunks,
-not N. The Python loop is over chunks, never over agents.
+not N. The Python loop is over chunks, never over agents. Nothing here compiles per chunk: host
+rows are cut and padded by numpy and copied with ``jax.device_put``, device rows are taken by
+one compiled gather per tree (every chunk, the ragged last one included, has its shape), and
+``valid`` is a host array.
 
 :func:`chunks` is the package's one chunker: it takes any pytree whose leaves share the agent
 axis (a :class:`~fedjax_dp.core.StackedData`, stored ballots, teachers' votes, arrays with a
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 from typing import Any, Iterator
 
 import jax
@@ -47,8 +51,14 @@ class Chunk:
     start: int                 # global index of the first agent
     num_real: int              # real agents in the chunk (the rest is padding)
     agents: Any                # the chunked tree, [size, ...] on the agent axis, on the device
-    valid: jax.Array           # [size] bool, True for real agents
+    valid: np.ndarray          # [size] bool (host), True for real agents
     extra: tuple = ()          # per-agent host arrays sliced alongside (e.g. keys), padded
+
+    @property
+    def ids(self) -> np.ndarray:
+        """``[size]`` int32 global agent indices ``start + j`` (host; padding rows continue the
+        count past N)."""
+        return np.arange(self.start, self.start + len(self.valid), dtype=np.int32)
 
 
 def resolve_size(chunk: int | None, data: StackedData) -> int:
@@ -82,28 +92,45 @@ def check_agents(data: StackedData, *, min_records: int = 1, what: str = "to vot
                                  f"{min(n, start + step) - 1}); features must be finite")
 
 
-def _rows(a, start: int, stop: int, size: int, axis: int, fill) -> jax.Array:
-    """Rows ``[start, stop)`` of ``a`` along ``axis``, padded with ``fill`` to ``size`` rows, on
-    the device (a host array is read only in these rows, then copied)."""
+def _host_rows(a, start: int, stop: int, size: int, axis: int, fill) -> np.ndarray:
+    """Rows ``[start, stop)`` of the host array ``a`` along ``axis``, padded with ``fill`` to
+    ``size`` rows (numpy: read only these rows)."""
     index = (slice(None),) * axis + (slice(start, stop),)
-    host = isinstance(a, np.ndarray)
-    xp = np if host else jnp
-    part = xp.asarray(a[index])
+    part = np.asarray(a[index])
     if stop - start < size:
         shape = list(part.shape)
         shape[axis] = size - (stop - start)
-        part = xp.concatenate([part, xp.full(shape, fill, part.dtype)], axis=axis)
-    return jax.device_put(part) if host else part
+        part = np.concatenate([part, np.full(shape, fill, part.dtype)], axis=axis)
+    return part
+
+
+@functools.partial(jax.jit, static_argnames=("size", "axis", "fill"))
+def _device_rows(leaves: list, start, *, size: int, axis: int, fill) -> list:
+    """Rows ``[start, start + size)`` of device arrays along ``axis``, rows past the end filled
+    with ``fill``: one compiled gather for every chunk of a stream (``start`` traced)."""
+    idx = start + jnp.arange(size)
+    return [jnp.take(a, idx, axis=axis, mode="fill", fill_value=fill) for a in leaves]
 
 
 def _make(tree, index: int, start: int, size: int, axis: int, fill, extra: tuple,
           num: int) -> Chunk:
     stop = min(num, start + size)
-    agents = jax.tree.map(lambda a: _rows(a, start, stop, size, axis, fill), tree)
-    ex = tuple(_rows(np.asarray(e[start:stop]), 0, stop - start, size, 0, 0) for e in extra)
-    valid = jnp.arange(size) < (stop - start)
-    return Chunk(index=index, start=start, num_real=stop - start, agents=agents, valid=valid,
-                 extra=ex)
+    leaves, treedef = jax.tree.flatten(tree)
+    out: list = [None] * len(leaves)
+    on_device = [i for i, a in enumerate(leaves) if not isinstance(a, np.ndarray)]
+    for i, a in enumerate(leaves):
+        if isinstance(a, np.ndarray):
+            out[i] = jax.device_put(_host_rows(a, start, stop, size, axis, fill))
+    if on_device:
+        taken = _device_rows([leaves[i] for i in on_device], np.int32(start), size=size,
+                             axis=axis, fill=fill)
+        for i, a in zip(on_device, taken):
+            out[i] = a
+    ex = tuple(jax.device_put(_host_rows(np.asarray(e[start:stop]), 0, stop - start, size, 0, 0))
+               for e in extra)
+    valid = np.arange(size) < (stop - start)
+    return Chunk(index=index, start=start, num_real=stop - start,
+                 agents=jax.tree.unflatten(treedef, out), valid=valid, extra=ex)
 
 
 def chunks(tree, size: int, *, axis: int = 0, fill=0, extra: tuple = (),

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_dp.core import StackedData, auto_chunk_size, for_each_agent, validation
@@ -171,10 +172,11 @@ def make_local_update(model: Model, config: LocalTrainConfig):
 
 
 def check_trainable(data: StackedData) -> None:
-    """Reject stacked data with empty agents before any compilation."""
-    counts = jnp.asarray(data.counts)
+    """Reject stacked data with empty agents before any compilation (on the host: no compiled
+    op runs for the check)."""
+    counts = np.asarray(data.counts)
     if int(counts.min()) < 1:
-        empty = [int(i) for i in jnp.nonzero(counts < 1)[0][:10]]
+        empty = [int(i) for i in np.flatnonzero(counts < 1)[:10]]
         raise ValueError(f"agents {empty} have no records; every agent needs at least one to train")
 
 

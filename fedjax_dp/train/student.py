@@ -35,9 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.core import StackedData, for_each_agent, from_ragged, rng, validation
+from fedjax_dp.core import StackedData, for_each_agent, from_ragged, memory, rng, validation
 from fedjax_dp.models import Model
 from fedjax_dp.train import LocalTrainConfig, make_local_update, train_agents
+from fedjax_dp.train.local import lifted_update
 
 Params = Any
 
@@ -106,11 +107,35 @@ class StudentSettings:
 
 def train_supervised(key: jax.Array, model: Model, x: np.ndarray, labels: np.ndarray,
                      config: LocalTrainConfig) -> Params:
-    """Train the global model on the labelled queries (a one-agent ``train_agents``)."""
-    k_init, k_train = jax.random.split(key)
-    data = from_ragged([np.asarray(x)], [np.asarray(labels, dtype=np.int32)])
-    params, _ = train_agents(k_train, model.init(k_init), data, model, config, chunk_size=None)
-    return jax.tree.map(lambda l: l[0], params)
+    """Train the global model on the labelled queries: a one-agent ``train_agents`` from
+    ``model.init(k_init)`` with ``k_init, k_train = split(key)``, in ONE compiled call
+    (initialisation, the key splits and the training together)."""
+    x = np.asarray(x, np.float32)
+    labels = np.asarray(labels, dtype=np.int32)
+    if len(labels) == 0 or len(x) != len(labels):
+        raise ValueError(f"the student needs as many labels as records (>= 1), got {len(x)} "
+                         f"records and {len(labels)} labels")
+    return _supervised_fn(model, config)(key, x, labels)
+
+
+@functools.lru_cache(maxsize=32)
+def _supervised_fn(model: Model, config: LocalTrainConfig):
+    """``(key, x [Q, ...], labels [Q]) -> params``: :func:`train_supervised`'s compiled call
+    (the values of ``train_agents(k_train, model.init(k_init), from_ragged([x], [labels]),
+    chunk_size=None)[0]``), refused before its first run if it cannot fit."""
+    lifted = lifted_update(model, config, True, None, None, "vmap")
+
+    def fn(key, x, y):
+        k_init, k_train = jax.random.split(key)
+        n = x.shape[0]
+        trained, _ = lifted(jax.random.split(k_train, 1), model.init(k_init), x[None], y[None],
+                            jnp.ones((1, n), bool), jnp.full((1,), n, jnp.int32))
+        return jax.tree.map(lambda l: l[0], trained)
+
+    return memory.checked(jax.jit(fn), what=lambda key, x, y: f"the student's training on "
+                          f"{x.shape[0]} labelled queries",
+                          drivers=lambda: {"algorithm.student_batch_size": config.batch_size,
+                                           **memory.model_driver(model)})
 
 
 def pseudo_labels(model: Model, params: Params, x: np.ndarray, batch_size: int = 4096

@@ -36,7 +36,7 @@ with ``data_dependent: true``.
 Protocol (:mod:`fedjax_dp.algorithms.api`): ``init`` checks the inputs and draws the queries;
 three steps, the phases ``local_training`` (values ``agent_ballots [N, Q]`` int8: agent i's voted
 class on query t, -1 where it abstains; ``agent_losses [N]``; and ``agent_params [N, ...]`` for
-device-resident agents only), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and
+device-resident agents, when small or with ``runtime.mesh``), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and
 ``student`` (``params``). Keys: named streams of the run key, as in
 :mod:`fedjax_dp.algorithms.voting.voting_dpfl` (the same key gives the same run through
 :func:`fedjax_dp.algorithms.api.run`). ``seeds_stepper``: S seeds together, each phase's chunk
@@ -47,19 +47,24 @@ of the same chunk loop with the unbatched calls.
 Scale (host-resident agents, :func:`fedjax_dp.core.from_arrays` / ``load_stacked``). The local
 training phase never holds all N agents' models: chunk c of ``agent_chunk`` agents (default
 :data:`~fedjax_dp.core.agent_stream.DEFAULT_CHUNK` = 4096, or all N if fewer; the last chunk
-padded so one compilation serves all) is copied to the device (the next
-chunk is read meanwhile, :mod:`fedjax_dp.core.agent_stream`), initialised, trained and made
-to vote on the Q queries in compiled, vmapped calls, and only its ballots (one byte per agent and
-query) and losses come back; its parameters are dropped (kept only for device-resident agents,
-for analysis and the sharded vote with ``runtime.mesh``). Agent i always trains with
-``split(init, N)[i]`` / ``split(train, N)[i]``, whatever the chunk. The ``vote`` phase streams
-the stored ballots (:func:`fedjax_dp.algorithms.voting.voting_dpfl.streamed_vote_phase`): integer
-counts (exact) plus the agents' noise shares added in agent order, so the released labels, the
+padded to the same shape) is copied to the device (the next chunk is read meanwhile,
+:mod:`fedjax_dp.core.agent_stream`; device-resident agents are read in place by the call), then
+initialised, trained and made to vote on the Q queries in ONE compiled, vmapped call
+(:func:`_chunk_fn`), and only its ballots (one byte per agent and query) and losses come back;
+its parameters are dropped (kept for device-resident agents when they take at most
+:data:`KEEP_PARAMS_BYTES`, or with ``runtime.mesh``: for analysis and the sharded vote). Agent i
+always trains with ``split(init, N)[i]`` / ``split(train, N)[i]``, whatever the chunk (the
+call computes its agents' keys, :func:`fedjax_dp.core.rng.agent_keys`). The ``vote`` phase streams
+the stored ballots (:func:`fedjax_dp.algorithms.voting.voting_dpfl.streamed_vote_phase`, one
+compiled call per chunk, the release in the last): integer counts (exact) plus the agents' noise
+shares added in agent order, so the released labels, the
 clean sums and the ledger are identical for host- and device-resident agents and for every
 ``agent_chunk`` (tested). ``agent_ballots`` are private (each agent's own noise-free vote, as
 its parameters were): the simulation keeps them between phases where a deployment keeps each on
-its agent; only the vote's argmax is released. Memory: one chunk's data, parameters and activations plus ``N Q``
-bytes of ballots. Progress: ``runtime.progress`` tasks ``local training`` and ``vote`` (one
+its agent; only the vote's argmax is released. Memory: one chunk's data, parameters and
+activations plus ``N Q`` bytes of ballots. A command-line run compiles a fixed set of programs
+whatever N (issue 30: drawing a generated population, the queries, the step keys, the chunk's
+call, the vote's call, the student, the evaluation; ``tests/test_ae_dpfl.py``). Progress: ``runtime.progress`` tasks ``local training`` and ``vote`` (one
 update per chunk of agents; the sharded vote with ``runtime.mesh`` is one compiled call, one
 unit; the query blocks of ``query_chunk`` are a ``lax.map`` inside the compiled ballots, not
 reported) and ``student`` (one unit, or ``1 + student_self_training_rounds`` rounds).
@@ -275,18 +280,21 @@ def _local_training(state: api.State) -> tuple[dict, dict]:
     N at once), and casts its ballot on the Q queries: the class index of
     ``onehot(argmax f_i(x_t))`` or -1 for the zero ballot (abstention), stored as
     ``agent_ballots [N, Q]`` in :func:`ballot_dtype`. Device-resident agents also keep
-    ``agent_params [N, ...]`` (small populations: for analysis and the sharded vote). The S = 1
-    case of :func:`_train_and_vote` (the unbatched compiled calls).
+    ``agent_params [N, ...]`` (small populations, :data:`KEEP_PARAMS_BYTES`: for analysis and
+    the sharded vote). The S = 1 case of :func:`_train_and_vote` (the unbatched compiled call).
     """
     return _train_and_vote([state], None)[0]
 
 
 def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
                     ) -> list[tuple[dict, dict]]:
-    """:func:`_local_training` of S seeds (``plan``; None: one seed, unbatched calls): one host
-    loop over the chunks, each chunk initialised, trained and made to vote for all seeds in
-    three compiled calls (vmapped over the seeds with a plan; seed s: its own agents' data, its
-    ``split(init, N)`` / ``split(train, N)`` keys and its queries)."""
+    """:func:`_local_training` of S seeds (``plan``; None: one seed, unbatched call): one host
+    loop over the chunks, each chunk initialised, trained and made to vote for all seeds in ONE
+    compiled call (:func:`_chunk_fn`; vmapped over the seeds with a plan; seed s: its own agents'
+    data, its ``split(init, N)`` / ``split(train, N)`` keys and its queries). The agents' keys
+    are computed inside the call from their global indices (:func:`fedjax_dp.core.rng.
+    agent_keys`), so a run compiles this one function whatever N and however the last chunk
+    is padded."""
     ctxs: list[voting_dpfl.Context] = [st.context for st in states]
     c0 = ctxs[0]
     cfg, model = c0.config, c0.model
@@ -294,26 +302,24 @@ def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
     num = len(states)
     n, q = datas[0].num_agents, len(c0.query_indices)
     size = agent_stream.resolve_size(cfg.agent_chunk, datas[0])
-    keep_params = not is_on_host(datas[0])
-    extras = [tuple(np.asarray(jax.random.key_data(rng.split_per_agent(c.keys[s], n)))
-                    for s in ("init", "train")) for c in ctxs]                   # [N, 2] each
-    impl = jax.random.key_impl(c0.keys["init"])
-    queries = [jnp.asarray(c.x_public[c.query_indices]) for c in ctxs]           # [Q, ...] each
+    keep_params = _keeps_params(datas[0], model, c0.runtime)
     inner = _inner_chunk(c0.runtime.chunk_size, model, size)
-    dtype = ballot_dtype(model.num_classes)
-    train_drivers, ballot_drivers = _memory_drivers(cfg, c0.runtime.chunk_size, inner, size,
-                                                    model)
+    dtype = np.dtype(ballot_dtype(model.num_classes)).name
+    queries = [jax.device_put(np.asarray(c.x_public[c.query_indices])) for c in ctxs]
+    gather = plan is None and not is_on_host(datas[0])
+    fn = _chunk_fn(model, cfg.local, inner, cfg.abstain_below, cfg.query_chunk, dtype, n,
+                   keep_params, "single" if plan is None else plan.agents_axis, gather)
     if plan is None:
-        init, train = _init_fn(model), _train_fn(model, cfg.local, inner)
-        vote = _ballot_index_fn(model, cfg.abstain_below, cfg.query_chunk, np.dtype(dtype).name)
-        chunks = agent_stream.chunks(datas[0], size, extra=extras[0])
+        keys = (ctxs[0].keys["init"], ctxs[0].keys["train"])
+        # device-resident agents: every call reads its chunk's rows itself (no slicing program)
+        chunks = (_device_chunks(datas[0], size) if gather
+                  else agent_stream.chunks(datas[0], size))
         queries = queries[0]
     else:
-        init, train, vote = _seeds_chunk_fns(model, cfg.local, inner, cfg.abstain_below,
-                                             cfg.query_chunk, np.dtype(dtype).name,
-                                             plan.agents_axis)
-        chunks = voting_dpfl.seed_chunks(datas, plan.agents_axis, size, extras=extras)
+        keys = tuple(jnp.stack([c.keys[s] for c in ctxs]) for s in ("init", "train"))  # [S]
+        chunks = voting_dpfl.seed_chunks(datas, plan.agents_axis, size)
         queries = jnp.stack(queries)                                             # [S, Q, ...]
+    drivers = _memory_drivers(cfg, c0.runtime.chunk_size, inner, size, model)
     ballots = np.empty((num, n, q), dtype)                                        # [S, N, Q]
     losses = np.empty((num, n), np.float32)                                       # [S, N]
     kept = []
@@ -331,24 +337,19 @@ def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
     with c0.runtime.progress.task("local training", total=agent_stream.num_chunks(n, size),
                                   unit="chunk") as task:
         for chunk in chunks:
-            init_keys, train_keys = (jax.random.wrap_key_data(k, impl=impl) for k in chunk.extra)
             a = chunk.agents
-            params0 = init(init_keys)                                       # [(S,) size, ...]
-            args = (train_keys, params0, a.x, a.y, a.mask, a.counts)
+            args = (*keys, chunk.ids, a.x, a.y, a.mask, a.counts, queries)
             if plan is None:
-                memory.check_call(train, *args, drivers=train_drivers,
-                                  what=f"local training of a chunk of {size} agents")
-            params, loss = train(*args)
-            if plan is None:
-                memory.check_call(vote, params, queries, drivers=ballot_drivers,
-                                  what=f"the ballots of a chunk of {size} agents on {q} queries")
-            idx = vote(params, queries)                                     # [(S,) size, Q]
+                memory.check_call(fn, *args, drivers=drivers,
+                                  what=f"local training and ballots of a chunk of {size} "
+                                       f"agents on {q} queries")
+            out = fn(*args)                                       # ([S,] size, Q), ([S,] size)
             if keep_params:
-                kept.append(params if plan is None else seed_axis.unstack_seeds(params, num))
+                kept.append(out[2] if plan is None else seed_axis.unstack_seeds(out[2], num))
             if pending is not None:          # fetch the previous chunk while this one computes
                 collect(pending)
                 task.update(1)
-            pending = (chunk, idx, loss)
+            pending = (chunk, out[0], out[1])
         if pending is not None:
             collect(pending)
             task.update(1)
@@ -357,54 +358,81 @@ def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
         values = {"agent_ballots": ballots[s], "agent_losses": losses[s]}
         if keep_params:
             mine = kept if plan is None else [p[s] for p in kept]
-            values["agent_params"] = (mine[0] if len(mine) == 1 and size == n else jax.tree.map(
-                lambda *ls: jnp.concatenate(ls)[:n], *mine))
+            values["agent_params"] = (mine[0] if len(mine) == 1 and size == n
+                                      else _concat_agents(mine, n))
         abstained = float(np.mean(ballots[s] < 0)) if cfg.abstain_below is not None else 0.0
         outs.append((values, {"mean_agent_loss": float(losses[s].mean()),
                               "abstain_rate": abstained, "agent_chunk": size}))
     return outs
 
 
+def _device_chunks(data, size: int):
+    """Chunks of device-resident agents whose ``agents`` is the whole population: the chunk's
+    call takes its rows ``ids`` itself (:func:`_chunk_fn` with ``gather``)."""
+    n = data.num_agents
+    for i, start in enumerate(range(0, n, size)):
+        stop = min(n, start + size)
+        yield agent_stream.Chunk(index=i, start=start, num_real=stop - start, agents=data,
+                                 valid=np.arange(size) < stop - start)
+
+
+#: device-resident agents keep their trained parameters (``agent_params``, for analysis and the
+#: sharded vote) when all N of them take at most this many bytes, or when ``runtime.mesh`` is
+#: set (the sharded vote needs them); larger populations keep only their ballots, as
+#: host-resident ones always do (10^6 agents of a 32-unit MLP would keep 5.5 GB).
+KEEP_PARAMS_BYTES = 256 << 20
+
+
+def _keeps_params(data, model: Model, runtime: api.Runtime) -> bool:
+    """Whether the local-training phase keeps ``agent_params`` (:data:`KEEP_PARAMS_BYTES`)."""
+    if is_on_host(data):
+        return False
+    return runtime.mesh is not None or data.num_agents * _param_bytes(model) <= KEEP_PARAMS_BYTES
+
+
+@functools.lru_cache(maxsize=32)
+def _param_bytes(model: Model) -> int:
+    """Bytes of one agent's parameters (shapes traced abstractly: nothing runs or compiles)."""
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    shapes = jax.eval_shape(model.init, key)
+    return sum(int(np.prod(l.shape)) * np.dtype(l.dtype).itemsize
+               for l in jax.tree.leaves(shapes))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _concat_agents(chunks: list, n: int):
+    """The kept parameters of the chunks ``[size, ...]`` each, concatenated and cut to N."""
+    return jax.tree.map(lambda *ls: jnp.concatenate(ls)[:n], *chunks)
+
+
 def _memory_drivers(cfg: Config, chunk_size, inner: int | None, size: int, model: Model):
-    """The config keys (-> values) named when a chunk's training or its ballots cannot fit in
-    memory (:mod:`fedjax_dp.core.memory`), computed on refusal only: ``(train, ballots)``."""
-    chunk = {"algorithm.agent_chunk": cfg.agent_chunk or f"default -> {size}"}
-    return (lambda: {**chunk, "run.chunk_size": memory.chunk_driver(chunk_size, inner),
-                     "train.batch_size": cfg.local.batch_size, **memory.model_driver(model)},
-            lambda: {**chunk, "algorithm.query_chunk": cfg.query_chunk or "none: all at once",
-                     **memory.model_driver(model)})
+    """The config keys (-> values) named when a chunk's training and ballots cannot fit in
+    memory (:mod:`fedjax_dp.core.memory`), computed on refusal only."""
+    return lambda: {"algorithm.agent_chunk": cfg.agent_chunk or f"default -> {size}",
+                    "run.chunk_size": memory.chunk_driver(chunk_size, inner),
+                    "train.batch_size": cfg.local.batch_size,
+                    "algorithm.query_chunk": cfg.query_chunk or "none: all at once",
+                    **memory.model_driver(model)}
 
 
 def ballot_blocks(ballots: Sequence[np.ndarray], size: int, *, batched: bool = True):
     """``(ballots [(S,) size, Q], agent ids [size], valid [size])`` per chunk of S seeds' stored
     ballots ``[N, Q]`` each (padding: -1, the zero ballot); ``batched`` False: one seed, no seed
-    axis."""
+    axis. Ids and ``valid`` are host arrays (no per-chunk compilation)."""
     for chunk in agent_stream.chunks(tuple(ballots), size, fill=-1):
         block = seed_axis.stack_seeds(chunk.agents) if batched else chunk.agents[0]
-        yield block, jnp.arange(chunk.start, chunk.start + size), chunk.valid
+        yield block, chunk.ids, chunk.valid
 
 
 def _inner_chunk(chunk_size, model: Model, size: int) -> int | None:
     """``runtime.chunk_size`` within a streamed chunk (``"auto"``: cache-sized on the CPU)."""
     if chunk_size != "auto":
         return None if chunk_size is None else min(int(chunk_size), size)
-    shapes = jax.eval_shape(model.init, jax.random.key(0))
-    per_agent = sum(int(np.prod(l.shape)) * np.dtype(l.dtype).itemsize
-                    for l in jax.tree.leaves(shapes))
-    return auto_chunk_size(3 * per_agent, size)
+    return auto_chunk_size(3 * _param_bytes(model), size)
 
 
-@functools.lru_cache(maxsize=32)
-def _train_fn(model: Model, local: LocalTrainConfig, inner: int | None):
-    """``(keys [S], params [S, ...], x, y, mask, counts) -> (params, mean loss [S])``, compiled
-    once per (model, local config, inner chunk); the same lifted update as ``train_agents``."""
-    update = make_local_update(model, local)
-    return jax.jit(for_each_agent(update, 0, chunk_size=inner))
-
-
-@functools.lru_cache(maxsize=32)
-def _ballot_index_fn(model: Model, abstain_below: float | None, query_chunk: int | None,
-                     dtype: str):
+def _ballot_indices(model: Model, abstain_below: float | None, query_chunk: int | None,
+                    dtype: str):
     """``(params [S, ...], queries [Q, ...]) -> int [S, Q]``: each agent's voted class (-1 =
     abstain), :func:`ballot_fn` in blocks of ``query_chunk`` queries (None: all at once)."""
     cast = _ballot_fn(model, abstain_below)
@@ -425,14 +453,42 @@ def _ballot_index_fn(model: Model, abstain_below: float | None, query_chunk: int
                              padded.reshape((-1, qc) + queries.shape[1:]))     # [B, S, qc]
         return jnp.moveaxis(blocks, 0, 1).reshape(blocks.shape[1], -1)[:, :q]
 
-    return jax.jit(fn)
+    return fn
 
 
 @functools.lru_cache(maxsize=32)
-def _init_fn(model: Model):
-    """``keys [N] -> params [N, ...]``: every agent's own initialisation (compiled once per
-    chunk shape)."""
-    return jax.jit(jax.vmap(model.init))
+def _chunk_fn(model: Model, local: LocalTrainConfig, inner: int | None,
+              abstain_below: float | None, query_chunk: int | None, dtype: str,
+              num_agents: int, keep_params: bool, agents_axis: int | None | str = "single",
+              gather: bool = False):
+    """The one compiled call of a chunk: ``(init key, train key, agent ids [size], x, y, mask,
+    counts, queries [Q, ...]) -> (ballot indices [size, Q], mean losses [size] (, params))``.
+
+    Agent i (``ids``) starts from ``model.init(split(init, N)[i])`` and trains with
+    ``split(train, N)[i]`` (:func:`fedjax_dp.core.rng.agent_keys`: the keys of
+    :func:`fedjax_dp.train.train_agents` on all N at once), ``runtime.chunk_size`` agents at a
+    time within the chunk (``inner``), then casts its ballots (:func:`ballot_fn`, as indices in
+    ``dtype``). ``agents_axis`` None or 0: the call vmapped over a leading seed axis of the keys
+    and queries (and, with 0, of the agents' data); ``"single"``: one seed, unbatched.
+    ``gather``: ``x, y, mask, counts`` are the whole (device-resident) population and the call
+    takes the rows ``ids`` (rows past N: empty agents)."""
+    update = for_each_agent(make_local_update(model, local), 0, chunk_size=inner)
+    indices = _ballot_indices(model, abstain_below, query_chunk, dtype)
+
+    def fn(init_key, train_key, ids, x, y, mask, counts, queries):
+        if gather:
+            x, y, mask, counts = (jnp.take(a, ids, axis=0, mode="fill", fill_value=0)
+                                  for a in (x, y, mask, counts))
+        params = jax.vmap(model.init)(rng.agent_keys(init_key, ids, num_agents))
+        params, loss = update(rng.agent_keys(train_key, ids, num_agents), params, x, y, mask,
+                              counts)
+        out = (indices(params, queries), loss)
+        return out + (params,) if keep_params else out
+
+    if agents_axis == "single":
+        return jax.jit(fn)
+    ax = agents_axis
+    return jax.jit(jax.vmap(fn, in_axes=(0, 0, None, ax, ax, ax, ax, 0)))
 
 
 # --------------------------------------------------------------------------- seeds together
@@ -446,20 +502,6 @@ def seeds_stepper(states: list[api.State]):
     return voting_dpfl.seeds_stepper(states, PHASES, {"local_training": _local_training_seeds,
                                                       "vote": _vote_seeds,
                                                       "student": voting_dpfl.student_phase_seeds})
-
-
-@functools.lru_cache(maxsize=32)
-def _seeds_chunk_fns(model: Model, local: LocalTrainConfig, inner: int | None,
-                     abstain_below: float | None, query_chunk: int | None, dtype: str,
-                     agents_axis: int | None):
-    """The compiled calls of :func:`_local_training` (init, train, ballot indices) vmapped over
-    a leading seed axis of the keys, parameters and queries (and of the agents' data when
-    ``agents_axis`` is 0)."""
-    ax = agents_axis
-    init = jax.jit(jax.vmap(_init_fn(model)))
-    train = jax.jit(jax.vmap(_train_fn(model, local, inner), in_axes=(0, 0, ax, ax, ax, ax)))
-    vote = jax.jit(jax.vmap(_ballot_index_fn(model, abstain_below, query_chunk, dtype)))
-    return init, train, vote
 
 
 def _local_training_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]

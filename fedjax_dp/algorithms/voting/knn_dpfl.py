@@ -315,7 +315,7 @@ def _count_blocks(fn: Callable, mean, matrix, chunks: Iterable[agent_stream.Chun
             memory.check_call(fn, *args, drivers=drivers,
                               what=f"the kNN search of a chunk of {size} agents "
                               f"({a.x.shape[1]} records each) for {queries.shape[0]} queries")
-        yield fn(*args), jnp.arange(chunk.start, chunk.start + size), chunk.valid
+        yield fn(*args), chunk.ids, chunk.valid
 
 
 @functools.lru_cache(maxsize=64)

@@ -118,7 +118,13 @@ def select_queries(key: jax.Array, num_public: int, num_queries: int) -> np.ndar
     if num_queries > num_public:
         raise ValueError(f"algorithm.num_queries must be <= the number of public records "
                          f"({num_public}), got {num_queries}")
-    return np.sort(np.asarray(jax.random.permutation(key, num_public)[:num_queries]))
+    return np.sort(np.asarray(_first_of_permutation(key, num_public, num_queries)))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _first_of_permutation(key: jax.Array, n: int, k: int) -> jax.Array:
+    """``jax.random.permutation(key, n)[:k]`` as one compiled call (eagerly: four)."""
+    return jax.random.permutation(key, n)[:k]
 
 
 def check_run_args(agents: StackedData, model: Model, x_public) -> np.ndarray:
@@ -246,8 +252,9 @@ class Tally(NamedTuple):
 
 
 def tally_init(num_queries: int, num_classes: int) -> Tally:
-    return Tally(jnp.zeros((num_queries, num_classes), jnp.int32),
-                 jnp.zeros((num_queries, num_classes), jnp.float32))
+    """The empty tally (host zeros: the compiled adds take them as they are)."""
+    return Tally(np.zeros((num_queries, num_classes), np.int32),
+                 np.zeros((num_queries, num_classes), np.float32))
 
 
 @functools.partial(jax.jit, static_argnames=("num_classes", "per_agent"))
@@ -281,6 +288,10 @@ def tally_release(tally: Tally, key: jax.Array, sigma, divisor, *, noise: str) -
     sum's noise drawn at once (:func:`fedjax_dp.privacy.vote.aggregate_noise`, same key and
     query indices as :func:`fedjax_dp.privacy.vote.mpc_vote`).
     """
+    return _release(tally, key, sigma, divisor, noise)
+
+
+def _release(tally: Tally, key: jax.Array, sigma, divisor, noise: str) -> jax.Array:
     clean = tally.counts.astype(jnp.float32) / divisor
     q, c = clean.shape
     if noise == "aggregate":
@@ -288,6 +299,21 @@ def tally_release(tally: Tally, key: jax.Array, sigma, divisor, *, noise: str) -
     else:
         noisy = clean + tally.noise
     return jnp.argmax(noisy, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("num_classes", "per_agent", "noise"))
+def tally_step(tally: Tally, key: jax.Array, ballots: jax.Array, agent_ids: jax.Array,
+               valid: jax.Array, std, sigma, divisor, last, *, num_classes: int,
+               per_agent: bool, noise: str) -> tuple[Tally, jax.Array]:
+    """:func:`tally_add` of a chunk, then, when ``last`` (traced bool: the stream's last chunk),
+    :func:`tally_release` of the whole tally (else ``-1`` labels, never read): the streamed
+    vote's ONE compiled call. The labels equal ``tally_release`` after the adds."""
+    tally = tally_add(tally, key, ballots, agent_ids, valid, std, num_classes=num_classes,
+                      per_agent=per_agent)
+    q = tally.counts.shape[0]
+    labels = jax.lax.cond(last, lambda t: _release(t, key, sigma, divisor, noise),
+                          lambda t: jnp.full((q,), -1, jnp.int32), tally)
+    return tally, labels
 
 
 def streamed_vote_phase(state: api.State, blocks: Iterable[tuple], total: int, *,
@@ -335,6 +361,20 @@ def tally_fns(num_classes: int, per_agent: bool, noise: str, batched: bool):
             jax.jit(jax.vmap(release, in_axes=(0, 0, None, None))))
 
 
+@functools.lru_cache(maxsize=32)
+def tally_step_fn(num_classes: int, per_agent: bool, noise: str, batched: bool):
+    """``step(tally, key, ballots, ids, valid, std, sigma, divisor, last) -> (tally, labels)``:
+    :func:`tally_step`, vmapped over a leading seed axis of the tally, the vote key and the
+    ballots when ``batched`` (as :func:`tally_fns`)."""
+    def step(tally, key, ballots, ids, valid, std, sigma, divisor, last):
+        return tally_step(tally, key, ballots, ids, valid, std, sigma, divisor, last,
+                          num_classes=num_classes, per_agent=per_agent, noise=noise)
+
+    if not batched:
+        return step
+    return jax.jit(jax.vmap(step, in_axes=(0, 0, 0) + (None,) * 6))
+
+
 def _streamed_vote(states: list, blocks: Iterable[tuple], total: int, divisor: float, *,
                    batched: bool) -> list[tuple[dict, dict]]:
     """The streamed vote of S seeds' states (``batched``: every array with a leading seed axis;
@@ -344,19 +384,23 @@ def _streamed_vote(states: list, blocks: Iterable[tuple], total: int, divisor: f
     cfg = c0.config
     n, c = c0.data.num_agents, c0.model.num_classes
     q = len(c0.query_indices)
-    std = jnp.float32(cfg.sigma / math.sqrt(n))
-    add, release = tally_fns(c, cfg.vote_noise == "per_agent", cfg.vote_noise, batched)
+    std = np.float32(cfg.sigma / math.sqrt(n))
+    step = tally_step_fn(c, cfg.vote_noise == "per_agent", cfg.vote_noise, batched)
     if batched:
         keys = jnp.stack([ctx.keys["vote"] for ctx in ctxs])                        # [S]
-        tally = jax.tree.map(lambda l: jnp.broadcast_to(l, (len(ctxs),) + l.shape),
+        tally = jax.tree.map(lambda l: np.broadcast_to(l, (len(ctxs),) + l.shape),
                              tally_init(q, c))
     else:
         keys, tally = c0.keys["vote"], tally_init(q, c)
+    labels, sigma, div = None, np.float32(cfg.sigma), np.float32(divisor)
     with c0.runtime.progress.task("vote", total=total, unit="chunk") as task:
-        for ballots, ids, valid in blocks:
-            tally = add(tally, keys, ballots, ids, valid, std)
+        for i, (ballots, ids, valid) in enumerate(blocks):
+            tally, labels = step(tally, keys, ballots, ids, valid, std, sigma, div,
+                                 np.bool_(i == total - 1))
             task.update(1)
-    labels = np.asarray(release(tally, keys, jnp.float32(cfg.sigma), jnp.float32(divisor)))
+    if labels is None or np.asarray(labels).min() < 0:
+        raise RuntimeError(f"the vote's stream gave fewer chunks than its {total}")
+    labels = np.asarray(labels)
     counts = np.asarray(tally.counts) if cfg.data_dependent else None
     if not batched:
         labels, counts = labels[None], None if counts is None else counts[None]
