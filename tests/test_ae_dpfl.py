@@ -262,3 +262,25 @@ def test_abstain_below_from_toml_set():
     assert runner.plan(config_lib.load(path, TINY)).algorithm_config.abstain_below is None
     with pytest.raises(ValueError, match=r"algorithm\.abstain_below.*\(0, 1\]"):
         runner.plan(config_lib.load(path, TINY + ["algorithm.abstain_below=1.5"]))
+
+
+@pytest.mark.parametrize("where", ["host", "device"])
+def test_cli_run_compiles_a_fixed_set_of_functions(tmp_path, where):
+    """The command line's AE-DPFL on a generated population streamed in 4 chunks (the last
+    ragged): a fixed set of compiled functions for the whole run (drawing the agents, the
+    queries, the step keys, one call per chunk, the vote, the student), however many chunks;
+    no eager op compiles its own program (issue 30: 53 compilations before on the CPU)."""
+    cfg = config_lib.load(ROOT / "configs" / "ae_dpfl" / "mnist5k.toml", [
+        "data.dataset=synthetic", "data.num_agents=50", "data.partition=\"iid\"",
+        "data.partition_options={}", "data.dataset_options={num_train=803,num_features=6,"
+        "num_public=40,num_test=30,generator=\"jax\"}", "train.steps=2", "train.batch_size=4",
+        "model.hidden=[8]", "algorithm.num_queries=10", "algorithm.student_steps=3",
+        "algorithm.agent_chunk=16", f"run.agents_on=\"{where}\"", "run.progress=false",
+        "run.compilation_cache=\"off\""])
+    result = runner.run(cfg, tmp_path, progress=False)
+    timing = result["timing"]
+    assert timing["compilations"] <= 10, [e["what"] for e in timing["listed"]]
+    eager = {"jit(_reduce_min)", "jit(dynamic_slice)", "jit(less)", "jit(_threefry_split)",
+             "jit(concatenate)", "jit(iota)", "jit(squeeze)", "jit(_threefry_fold_in)"}
+    assert not eager & {e["what"] for e in timing["listed"]}
+    assert [r["agent_chunk"] for r in result["history"] if "agent_chunk" in r] == [16]

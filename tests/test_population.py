@@ -158,3 +158,148 @@ def test_build_holds_less_than_twice_the_agents_data():
         tracemalloc.stop()
     assert pop.agents.nbytes > 40e6
     assert peak < 2 * pop.agents.nbytes, (peak, pop.agents.nbytes)
+
+
+# ----------------------------------------------------------------- generated where consumed
+# ``synthetic``'s ``generator = "jax"``: every record's noise is a pure function of the record,
+# so a population is drawn by chunks of agents on the device (device-resident: the features
+# never exist on the host) and equals the record-order stream stacked the old way.
+
+JAX = ["data.dataset=synthetic", "data.num_agents=23", "data.dataset_options={num_train=600,"
+       "num_features=6,num_public=40,num_test=50,generator=\"jax\"}"]
+
+
+@pytest.mark.parametrize("extra", [
+    ["data.partition=\"iid\""],
+    ["data.partition=\"iid\"", "data.num_agents=24"],                  # every agent full
+    ["data.partition=\"label_shards\"", "data.partition_options={classes_per_agent=3}",
+     "data.validation_fraction=0.1"],
+    ["data.partition=\"by_domain\"", "data.num_agents=24", "data.validation_fraction=0.2",
+     "data.dataset_options={num_train=600,num_features=6,num_domains=3,generator=\"jax\"}"],
+    ["data.partition=\"iid\"", "data.validation_fraction=0.1",
+     "data.validation_split=\"per_agent\""],
+])
+def test_drawn_population_is_the_same_on_every_path(extra):
+    """Device-resident (one compiled draw), host-resident (chunks drawn on the device, copied)
+    and the old path (the whole record stream materialised, then gathered) give identical
+    populations and validation records."""
+    pops = {on: population.build(config_lib.resolve({}, JAX + extra
+                                                    + [f"run.agents_on=\"{on}\""]))
+            for on in ("device", "host")}
+    assert not is_on_host(pops["device"].agents) and is_on_host(pops["host"].agents)
+    _equal(pops["device"].agents, pops["host"].agents)
+    if pops["host"].x_val is not None:
+        assert np.array_equal(pops["device"].x_val, pops["host"].x_val)
+    if "data.validation_split=\"per_agent\"" in extra:
+        return                                   # _old_agents holds out the pooled way only
+    old, x_val = _old_agents(config_lib.resolve({}, JAX + extra))
+    for pop in pops.values():
+        assert pop.dataset.draw is not None
+        _equal(old, pop.agents)
+        if x_val is not None:
+            assert np.array_equal(x_val, pop.x_val)
+
+
+def test_jax_generator_changes_only_the_training_noise():
+    """The labels, domains, means and the public and test splits are the numpy generator's;
+    the training features follow the same law (class means, unit noise), not the same values."""
+    kw = dict(num_train=20000, num_public=30, num_test=40, num_features=4, num_classes=3,
+              num_domains=2, seed=3)
+    a = data_lib.synthetic(**kw)
+    b = data_lib.synthetic(**kw, generator="jax")
+    for f in ("y_train", "domain_train", "x_public", "y_public", "x_test", "y_test"):
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
+    assert b.x_train.dtype == np.float32 and not np.allclose(a.x_train, b.x_train)
+    for c in range(3):
+        for dom in range(2):
+            sel = (a.y_train == c) & (a.domain_train == dom)
+            np.testing.assert_allclose(b.x_train[sel].mean(0), a.x_train[sel].mean(0), atol=0.1)
+    resid = b.x_train - np.stack([b.x_train[(b.y_train == c) & (b.domain_train == d)].mean(0)
+                                  for c, d in zip(b.y_train, b.domain_train)])
+    np.testing.assert_allclose(resid.std(0), 1.0, atol=0.05)
+    with pytest.raises(ValueError, match="generator must be one of"):
+        data_lib.synthetic(num_train=10, generator="torch")
+
+
+def test_drawn_rows_and_subset_keep_the_records_values():
+    s = data_lib.synthetic_stream(num_train=300, num_features=5, generator="jax", seed=1)
+    whole = s.materialize().x_train
+    assert np.array_equal(np.concatenate(list(s.blocks(7))), whole)      # any block size
+    idx = np.array([299, 0, 17, 17, 150])
+    assert np.array_equal(s.rows(idx), whole[idx])
+    keep = np.array([3, 10, 200, 299])
+    sub = s.subset(keep)
+    assert np.array_equal(sub.materialize().x_train, whole[keep])
+    assert np.array_equal(sub.rows(np.array([2, 0])), whole[[200, 3]])
+    assert np.array_equal(sub.draw.rows(np.array([-1, 1])), np.stack([np.zeros(5), whole[10]]))
+
+
+def test_device_resident_draw_never_holds_the_population_on_the_host(monkeypatch):
+    """agents_on = "device" with the jax generator: the host never reads the record stream
+    (patched to fail) and numpy's allocations while 20,000 agents (41 MB of features) are
+    generated, partitioned and stacked peak far below the features (the record indices, labels
+    and cluster ids only: ~4 MB)."""
+    def no_stream(*args, **kwargs):
+        raise AssertionError("the record stream was read on the host")
+
+    monkeypatch.setattr(data_lib, "train_blocks", no_stream)
+    config = config_lib.resolve({}, [
+        "data.dataset=synthetic", "data.num_agents=20000", "data.partition=\"iid\"",
+        "data.dataset_options={num_train=320000,num_features=32,num_public=10,num_test=10,"
+        "generator=\"jax\"}", "run.agents_on=\"device\""])
+    tracemalloc.start()
+    try:
+        pop = population.build(config)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    features = pop.agents.x.nbytes
+    assert not is_on_host(pop.agents) and features > 40e6
+    assert peak < features / 4, (peak, features)
+
+
+def test_host_resident_draw_holds_the_features_once():
+    """agents_on = "host" with the jax generator: chunks of agents are drawn on the device into
+    the host rows, the only copy (numpy's peak: the agents' arrays plus ~10%)."""
+    config = config_lib.resolve({}, [
+        "data.dataset=synthetic", "data.num_agents=20000", "data.partition=\"iid\"",
+        "data.dataset_options={num_train=320000,num_features=32,num_public=10,num_test=10,"
+        "generator=\"jax\"}", "run.agents_on=\"host\""])
+    tracemalloc.start()
+    try:
+        pop = population.build(config)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert is_on_host(pop.agents)
+    assert peak < 1.25 * pop.agents.nbytes, (peak, pop.agents.nbytes)
+
+
+@pytest.mark.parametrize("n,agents", [(600, 23), (600, 24), (17, 17), (100, 1)])
+def test_iid_rows_equal_the_index_lists(n, agents):
+    from fedjax_dp.core import record_rows
+    key = rng.stream(rng.as_key(2), "partition")
+    rows = data_lib.iid_rows(n, agents, key)
+    want = record_rows(data_lib.iid(n, agents, key), n)
+    assert np.array_equal(rows.records, want.records)
+    assert np.array_equal(rows.counts, want.counts)
+    y = np.arange(n) % 4
+    shards = data_lib.partition_rows("label_shards", y, 4, key, classes_per_agent=2)
+    want = record_rows(data_lib.partition("label_shards", y, 4, key, classes_per_agent=2), n)
+    assert np.array_equal(shards.records, want.records)
+
+
+def test_record_rows_checks():
+    from fedjax_dp.core import record_rows
+    from fedjax_dp.core.stacked import RecordRows, check_rows
+    rows = record_rows([np.array([4, 1]), np.array([0])], 5)
+    assert rows.records.tolist() == [[4, 1], [0, -1]] and rows.counts.tolist() == [2, 1]
+    assert rows.row_of(5).tolist() == [2, 1, -1, -1, 0]
+    with pytest.raises(ValueError, match="pairwise disjoint"):
+        record_rows([np.array([1]), np.array([1])], 5)
+    with pytest.raises(ValueError, match="no records"):
+        record_rows([np.array([1]), np.array([], np.int64)], 5)
+    with pytest.raises(ValueError, match=r"in \[0, 4\]"):
+        check_rows(RecordRows(np.array([[5]]), np.array([1])), 5)
+    with pytest.raises(ValueError, match="-1 after"):
+        check_rows(RecordRows(np.array([[1, 2]]), np.array([1])), 5)

@@ -21,13 +21,17 @@ on the device) or host numpy arrays, possibly memory-mapped ``.npy`` files (``on
 ``from_arrays``, ``load_stacked``, ``stack_records``): then only a round's cohort, or one chunk of
 agents, is copied to the device at a time (:mod:`fedjax_dp.core.cohort`), so N is bounded by host
 memory or disk. ``stack_records`` writes a stream of records (e.g. a generated source) straight
-into host or memory-mapped stacked arrays; ``place`` puts a population where ``run.agents_on``
-says (``"auto"``: :func:`auto_placement`).
+into host or memory-mapped stacked arrays; ``stack_drawn`` draws a generated population (a
+:class:`RecordDraw`: features a pure function of the record) by chunks of agents on the device,
+into device arrays or host rows, never as a stream of all records on the host; ``place`` puts a
+population where ``run.agents_on`` says (``"auto"``: :func:`auto_placement`). A partition is
+handed over as :class:`RecordRows` (``[N, n_max]`` record indices, -1 padding).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Sequence
+import functools
+from typing import Any, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -81,8 +85,8 @@ class StackedData:
         return jax.tree.map(np.asarray, self)
 
     def on_device(self) -> "StackedData":
-        """The same agents as device arrays."""
-        return jax.tree.map(jnp.asarray, self)
+        """The same agents as device arrays (``jax.device_put``: a copy, no compilation)."""
+        return jax.tree.map(lambda a: a if isinstance(a, jax.Array) else jax.device_put(a), self)
 
     @property
     def nbytes(self) -> int:
@@ -236,22 +240,64 @@ def from_partition(x: np.ndarray, y: np.ndarray, indices: Sequence[np.ndarray], 
 class RecordRows:
     """Where a partition puts each record in the stacked grid (:func:`record_rows`).
 
-    row_of: ``[n]`` int64, record r's row ``i * n_max + j`` of the flattened ``[N * n_max]``
-      grid (agent i, slot j), or -1 when no agent holds it.
+    records: ``[N, n_max]`` int32 (int64 past 2^31 records), slot ``(i, j)``'s record index
+      (agent i's j-th record), -1 in the padding slots ``j >= counts[i]``.
     counts: ``[N]`` int32 records per agent.
     """
 
-    row_of: np.ndarray
+    records: np.ndarray
     counts: np.ndarray
 
     @property
     def n_max(self) -> int:
-        return int(self.counts.max())
+        return int(self.records.shape[1])
+
+    @property
+    def num_agents(self) -> int:
+        return int(self.records.shape[0])
+
+    def row_of(self, num_records: int) -> np.ndarray:
+        """``[num_records]`` int64: record r's row ``i * n_max + j`` of the flattened
+        ``[N * n_max]`` grid, or -1 when no agent holds it."""
+        flat = self.records.reshape(-1)
+        slots = np.flatnonzero(flat >= 0)
+        row_of = np.full(num_records, -1, np.int64)
+        row_of[flat[slots]] = slots
+        return row_of
+
+
+def _disjoint(indices: np.ndarray, num_records: int) -> bool:
+    """Whether the indices (in ``[0, num_records)``) are pairwise distinct (O(n), no sort)."""
+    seen = np.zeros(num_records, bool)
+    seen[indices] = True
+    return int(np.count_nonzero(seen)) == indices.size
+
+
+def record_labels(y, rows: RecordRows) -> np.ndarray:
+    """``y_out [N, n_max, ...]`` int32: slot ``(i, j)`` holds ``y[records[i, j]]``, 0 in the
+    padding slots (gathered by agent chunk: no ``[N, n_max]`` int64 temporary)."""
+    y = np.asarray(y)
+    records = rows.records
+    if records.size and records.max() >= len(y):
+        raise ValueError(f"the record rows name record {int(records.max())} but y holds "
+                         f"{len(y)} records")
+    out = np.zeros(records.shape + y.shape[1:], np.int32)
+    step = max(1, (8 << 20) // max(1, records.shape[1]))
+    for a in range(0, len(records), step):
+        r = records[a:a + step]
+        out[a:a + step] = np.where((r >= 0).reshape(r.shape + (1,) * (y.ndim - 1)),
+                                   y[np.maximum(r, 0)], 0)
+    return out
+
+
+def _index_dtype(num_records: int):
+    return np.int32 if num_records < 2 ** 31 else np.int64
 
 
 def record_rows(indices: Sequence[np.ndarray], num_records: int) -> RecordRows:
     """The rows of a partition (agent i holds records ``indices[i]``, in that order, of
-    ``num_records``): two flat arrays in place of N index arrays (drop the list after this)."""
+    ``num_records``): one ``[N, n_max]`` array in place of N index arrays (drop the list after
+    this)."""
     num = len(indices)
     if num == 0:
         raise ValueError("indices must hold at least one agent, got an empty list")
@@ -263,14 +309,31 @@ def record_rows(indices: Sequence[np.ndarray], num_records: int) -> RecordRows:
     flat = np.concatenate([np.asarray(i, dtype=np.int64) for i in indices])          # [sum]
     if flat.min() < 0 or flat.max() >= num_records:
         raise ValueError(f"indices must be in [0, {num_records - 1}]")
-    dest = np.repeat(np.arange(num, dtype=np.int64) * n_max - (np.cumsum(counts) - counts),
-                     counts)
-    dest += np.arange(flat.size, dtype=np.int64)
-    row_of = np.full(num_records, -1, np.int64)                 # [n] record -> row (-1: none)
-    row_of[flat] = dest
-    if np.count_nonzero(row_of >= 0) != flat.size:
+    if not _disjoint(flat, num_records):
         raise ValueError("indices must be pairwise disjoint (a record listed twice)")
-    return RecordRows(row_of=row_of, counts=counts.astype(np.int32))
+    records = np.full((num, n_max), -1, _index_dtype(num_records))
+    records[np.arange(n_max)[None, :] < counts[:, None]] = flat      # row-major: agent order
+    return RecordRows(records=records, counts=counts.astype(np.int32))
+
+
+def check_rows(rows: RecordRows, num_records: int) -> RecordRows:
+    """``rows`` checked: ``records [N, n_max]`` with each agent's ``counts[i] >= 1`` records
+    first (in ``[0, num_records)``, pairwise disjoint) and -1 after them."""
+    records, counts = np.asarray(rows.records), np.asarray(rows.counts)
+    if records.ndim != 2 or counts.shape != records.shape[:1] or records.shape[0] == 0:
+        raise ValueError(f"rows.records must be [N >= 1, n_max] and rows.counts [N], got "
+                         f"{records.shape} and {counts.shape}")
+    if counts.min() < 1:
+        raise ValueError(f"agent {int(np.argmin(counts))} has no records; every agent needs "
+                         "at least one")
+    real = np.arange(records.shape[1])[None, :] < counts[:, None]
+    held = records[real]
+    if np.any(records[~real] != -1) or held.min() < 0 or held.max() >= num_records:
+        raise ValueError(f"rows.records must hold each agent's record indices in [0, "
+                         f"{num_records - 1}] first and -1 after its count")
+    if not _disjoint(held, num_records):
+        raise ValueError("rows.records must be pairwise disjoint (a record listed twice)")
+    return rows
 
 
 def stack_records(blocks: Iterable[np.ndarray], y, indices: Sequence[np.ndarray] | RecordRows,
@@ -298,14 +361,10 @@ def stack_records(blocks: Iterable[np.ndarray], y, indices: Sequence[np.ndarray]
         raise ValueError(f"y must be an integer label array [n] (or [n, T] target ids), got "
                          f"shape {y.shape} dtype {y.dtype}")
     rows_of = indices if isinstance(indices, RecordRows) else record_rows(indices, len(y))
-    row_of, counts = rows_of.row_of, rows_of.counts
-    if len(row_of) != len(y):
-        raise ValueError(f"the record rows cover {len(row_of)} records but y holds {len(y)}")
+    counts = rows_of.counts
     num, n_max = len(counts), rows_of.n_max
-    held = row_of >= 0
-    y_out = np.zeros((num, n_max) + y.shape[1:], np.int32)
-    y_out.reshape((num * n_max,) + y.shape[1:])[row_of[held]] = y[held]
-    del held
+    y_out = record_labels(y, rows_of)
+    row_of = rows_of.row_of(len(y))
     x_out = rows = None
     start = 0
     for block in blocks:
@@ -338,6 +397,141 @@ def stack_records(blocks: Iterable[np.ndarray], y, indices: Sequence[np.ndarray]
     np.save(Path(path) / "y.npy", y_out)
     np.save(Path(path) / "counts.npy", counts)
     return load_stacked(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordDraw:
+    """Generated records whose features are a pure function of the record (a counter-based
+    generator): record r's features are ``fn(key, params, ids[r], attrs[r])``, so any records
+    can be drawn, in any order and batch, on the host's behalf or on the device where they are
+    consumed, with the same values (:func:`stack_drawn`, :meth:`rows`).
+
+    fn: a module-level (hashable), jittable, pure ``fn(key, params, ids [...] int32, attrs)
+      -> [..., *feature_shape]`` whose randomness derives from ``(key, ids)`` only (e.g.
+      ``fold_in(key, id)`` per record); ``attrs`` holds the records' per-record attributes.
+    key: the generator's key. params: a tuple of small arrays every record reads (e.g. the class
+      means). attrs: a tuple of per-record host arrays ``[num_records]`` (e.g. cluster ids).
+    ids: ``[num_records]`` the records' ids in the generator (None: ``0 .. num_records - 1``; a
+      :meth:`subset` keeps its records' original ids, hence their values).
+    """
+
+    fn: Any
+    key: Any
+    params: tuple
+    attrs: tuple
+    num_records: int
+    feature_shape: tuple
+    ids: np.ndarray | None = None
+
+    def subset(self, keep) -> "RecordDraw":
+        """The records ``keep`` (indices into this draw), renumbered ``0 .. len(keep) - 1``."""
+        keep = np.asarray(keep, np.int64)
+        ids = keep if self.ids is None else self.ids[keep]
+        return dataclasses.replace(self, ids=ids.astype(_index_dtype(int(ids.max(initial=0)) + 1)),
+                                   attrs=tuple(a[keep] for a in self.attrs),
+                                   num_records=int(keep.size))
+
+    def device_inputs(self) -> tuple:
+        """``(key, params, ids, attrs)`` on the device (copied once per use)."""
+        put = jax.device_put
+        return (self.key, tuple(put(np.asarray(p)) for p in self.params),
+                None if self.ids is None else put(self.ids),
+                tuple(put(np.asarray(a)) for a in self.attrs))
+
+    def rows(self, records, *, inputs: tuple | None = None) -> np.ndarray:
+        """Host features ``[*records.shape, *feature_shape]`` of ``records`` (indices, any shape;
+        -1: zeros), drawn on the device in one compiled call per shape."""
+        records = np.asarray(records)
+        if records.size and (records.max() >= self.num_records or records.min() < -1):
+            raise ValueError(f"records must be in [0, {self.num_records - 1}] (or -1), got "
+                             f"values in [{records.min()}, {records.max()}]")
+        inputs = self.device_inputs() if inputs is None else inputs
+        idx = jax.device_put(records.astype(_index_dtype(self.num_records)))
+        return np.asarray(_draw_block(self.fn, *inputs, idx))
+
+
+def _draw(fn, key, params, ids, attrs, records):
+    """``fn`` at ``records`` (-1: zeros), reading the per-record arrays at those records."""
+    safe = jnp.maximum(records, 0)
+    gid = safe if ids is None else ids[safe]
+    out = fn(key, params, gid.astype(jnp.int32), tuple(a[safe] for a in attrs))
+    real = (records >= 0).reshape(records.shape + (1,) * (out.ndim - records.ndim))
+    return jnp.where(real, out, jnp.zeros((), out.dtype))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _draw_block(fn, key, params, ids, attrs, records):
+    """:func:`_draw` of one block of records (a chunk of agents' slots, or a block of a stream)."""
+    return _draw(fn, key, params, ids, attrs, records)
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("chunk",))
+def _draw_all(fn, key, params, ids, attrs, records, *, chunk: int):
+    """``x [N, n_max, ...]`` of every slot of ``records [N, n_max]``, written in place chunk by
+    chunk (a ``fori_loop``: the device holds the result and one chunk's temporaries). The last
+    chunk starts at ``N - chunk`` (it redraws a few rows, with the same values)."""
+    n = records.shape[0]
+    block = jax.eval_shape(lambda r: _draw(fn, key, params, ids, attrs, r),
+                           jax.ShapeDtypeStruct((chunk,) + records.shape[1:], records.dtype))
+    out = jnp.zeros((n,) + block.shape[1:], block.dtype)
+
+    def body(c, out):
+        start = jnp.minimum(c * chunk, n - chunk)
+        rows = jax.lax.dynamic_slice_in_dim(records, start, chunk, 0)
+        return jax.lax.dynamic_update_slice_in_dim(
+            out, _draw(fn, key, params, ids, attrs, rows), start, 0)
+
+    return jax.lax.fori_loop(0, -(-n // chunk), body, out)
+
+
+#: agents per chunk when :func:`stack_drawn` draws a population
+DRAW_CHUNK = 4096
+
+
+def stack_drawn(draw: RecordDraw, y, rows: RecordRows, *, on: str = "host",
+                chunk: int = DRAW_CHUNK) -> StackedData:
+    """Stacked agents drawn where they are consumed: agent i's slot j holds record
+    ``rows.records[i, j]`` of the generated record set ``draw`` (labels ``y [n]``).
+
+    ``on = "device"``: one compiled call draws every agent's records on the device (only the
+    ``[N, n_max]`` record indices and the per-record attributes go there; the features never
+    exist on the host). ``on = "host"``: chunks of ``chunk`` agents are drawn on the device one
+    after the other (the next drawn while the previous is copied) into host arrays, the only
+    full copy. Both give the same values as drawing the records one by one
+    (:meth:`RecordDraw.rows`), whatever ``chunk``."""
+    validation.check_choice("on", on, ("host", "device"))
+    validation.check_int("chunk", chunk, minimum=1)
+    check_rows(rows, draw.num_records)
+    y_out = record_labels(y, rows)
+    counts = np.asarray(rows.counts, np.int32)
+    num, chunk = rows.num_agents, min(chunk, rows.num_agents)
+    records = rows.records.astype(_index_dtype(draw.num_records), copy=False)
+    inputs = draw.device_inputs()
+    if on == "device":
+        x = _draw_all(draw.fn, *inputs, jax.device_put(records), chunk=chunk)
+        mask = np.arange(records.shape[1])[None, :] < counts[:, None]
+        return StackedData(x=x, y=jax.device_put(y_out), mask=jax.device_put(mask),
+                           counts=jax.device_put(counts))
+    x = None
+    pending = None
+
+    def copy(start: int, stop: int, block) -> None:
+        nonlocal x
+        host = np.asarray(block)
+        if x is None:
+            x = np.empty((num,) + host.shape[1:], host.dtype)   # pages appear as rows are written
+        x[start:stop] = host[:stop - start]
+
+    for start in range(0, num, chunk):
+        r = records[start:start + chunk]
+        if len(r) < chunk:                       # the last chunk padded: one compiled shape
+            r = np.concatenate([r, np.full((chunk - len(r),) + r.shape[1:], -1, r.dtype)])
+        out = _draw_block(draw.fn, *inputs, jax.device_put(r))
+        if pending is not None:                  # copy the previous chunk while this one draws
+            copy(*pending)
+        pending = (start, min(num, start + chunk), out)
+    copy(*pending)
+    return from_arrays(x, y_out, counts, check=False)
 
 
 #: ``agents_on = "auto"``: host-resident when the agents exceed this fraction of the device's

@@ -14,7 +14,8 @@
   :func:`fedjax_dp.data.convert.convert` (``fedjax-dp data convert FORMAT SRC DST``).
 * Partitioners (index lists, one per agent): :func:`iid`, :func:`dirichlet`,
   :func:`label_shards`, :func:`one_class`, :func:`by_domain`, :func:`natural` (the data's own
-  clients), by name through :func:`partition`.
+  clients), by name through :func:`partition`; as one ``[N, n_max]`` array of record indices
+  through :func:`partition_rows` (``iid``: :func:`iid_rows`, no per-agent arrays).
 * FedProx's Synthetic(alpha, beta) with natural clients: :func:`fedprox_synthetic`.
 """
 from fedjax_dp.data.dataset import Dataset
@@ -22,7 +23,8 @@ from fedjax_dp.data.files import (dataset_from_arrays, load_csv, load_idx, load_
                                   read_idx, remap_labels)
 from fedjax_dp.data.fedprox_synthetic import fedprox_synthetic
 from fedjax_dp.data.partition import (PARTITIONS, by_domain, class_counts, dirichlet, iid,
-                                      label_shards, natural, one_class, partition)
+                                      iid_rows, label_shards, natural, one_class, partition,
+                                      partition_rows)
 from fedjax_dp.data.sources import (DATASETS, STACKED_PREFIX, STREAMED, digits, load_dataset,
                                     mnist5k, mnist5k_oddeven, oddeven_pair_id, resize_images,
                                     synthetic, synthetic_stream, wbcd)
@@ -37,5 +39,5 @@ __all__ = [
     "resize_images", "load_npz", "load_idx", "read_idx", "load_libsvm", "load_csv",
     "remap_labels", "dataset_from_arrays", "split_indices", "load_tfds", "PARTITIONS",
     "partition", "iid", "dirichlet", "label_shards", "one_class", "by_domain", "class_counts",
-    "natural", "fedprox_synthetic",
+    "natural", "fedprox_synthetic", "iid_rows", "partition_rows",
 ]

@@ -21,7 +21,9 @@ synthetic        Gaussian mixture, any size       (num_features,)  any    any   
 
 :data:`STREAMED` names the sources that also generate their training features block by block
 (:func:`synthetic_stream`, a :class:`~fedjax_dp.data.streamed.StreamedDataset`), so a large
-population is written straight into the agents' stacked rows.
+population is written straight into the agents' stacked rows; ``synthetic``'s
+``generator = "jax"`` draws every record on its own (the dataset's ``draw``), so a population is
+drawn where it is consumed: on the device for device-resident agents.
 """
 from __future__ import annotations
 
@@ -29,13 +31,16 @@ import copy
 import functools
 from typing import Callable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.core import validation
+from fedjax_dp.core import rng as rng_lib, validation
+from fedjax_dp.core.stacked import RecordDraw
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.data.fedprox_synthetic import fedprox_synthetic
 from fedjax_dp.data.splits import split_indices
-from fedjax_dp.data.streamed import StreamedDataset
+from fedjax_dp.data.streamed import StreamedDataset, drawn_blocks
 
 
 def _make(name: str, x: np.ndarray, y: np.ndarray, num_classes: int, seed: int,
@@ -188,7 +193,7 @@ def synthetic(num_train: int = 1000, num_public: int = 200, num_test: int = 200,
               num_features: int = 20, num_classes: int = 10, seed: int = 0,
               separation: float = 3.0, *, num_domains: int = 1,
               domain_shift: float = 1.0, clusters_per_class: int = 1,
-              num_informative: int = 0) -> Dataset:
+              num_informative: int = 0, generator: str = "numpy") -> Dataset:
     """A Gaussian mixture: class ``k`` records are ``mu_k + N(0, I)`` in ``num_features`` dims.
 
     The class means ``mu_k`` point in random directions and have norm ``separation`` (so the
@@ -210,21 +215,59 @@ def synthetic(num_train: int = 1000, num_public: int = 200, num_test: int = 200,
     The means, and each split, come from their own random stream derived from ``seed``, so
     changing ``num_test`` does not change the training records. :func:`synthetic_stream` is the
     same dataset with the training features generated block by block (for large ``num_train``).
+
+    ``generator`` says how the training records' noise ``N(0, I)`` is drawn (the law, the means,
+    the labels, the domains and the public and test splits are the same for both):
+
+    * ``"numpy"`` (default): one numpy stream in record order (the values of every earlier
+      release, bit for bit);
+    * ``"jax"``: record r's noise is ``jax.random.normal(fold_in(k, r), (num_features,))`` with
+      ``k = stream(key(seed), "synthetic_features")`` (:mod:`fedjax_dp.core.rng`): a pure
+      function of the record, so a population is drawn where it is consumed, by chunks of
+      agents on the device (:func:`fedjax_dp.core.stacked.stack_drawn`, the source's ``draw``),
+      never as a stream of all records on the host; the same values on every device, placement
+      and chunking.
     """
     return synthetic_stream(num_train, num_public, num_test, num_features, num_classes, seed,
                             separation, num_domains=num_domains, domain_shift=domain_shift,
                             clusters_per_class=clusters_per_class,
-                            num_informative=num_informative).materialize()
+                            num_informative=num_informative, generator=generator).materialize()
+
+
+GENERATORS = ("numpy", "jax")
+
+
+def _mixture_features(key, params, ids, attrs):
+    """``synthetic``'s ``generator = "jax"`` law at records ``ids [...]``: ``means[z] (+
+    offsets[dom]) + normal(fold_in(key, id), (d,))`` (``attrs = (z,)`` or ``(z, dom)``)."""
+    means, offsets = params
+    flat = ids.reshape(-1)
+    d = means.shape[1]
+    noise = jax.vmap(lambda r: jax.random.normal(jax.random.fold_in(key, r), (d,),
+                                                 jnp.float32))(flat)            # [b, d]
+    x = noise + means[attrs[0].reshape(-1)]
+    if len(attrs) > 1:
+        x = x + offsets[attrs[1].reshape(-1)]
+    return x.reshape(ids.shape + (d,))
+
+
+def _small_ints(values: np.ndarray) -> np.ndarray:
+    """``values`` (>= 0) in the smallest signed integer type that holds them."""
+    top = int(values.max(initial=0))
+    dtype = np.int8 if top < 2 ** 7 else np.int16 if top < 2 ** 15 else np.int32
+    return values.astype(dtype)
 
 
 def synthetic_stream(num_train: int = 1000, num_public: int = 200, num_test: int = 200,
                      num_features: int = 20, num_classes: int = 10, seed: int = 0,
                      separation: float = 3.0, *, num_domains: int = 1,
                      domain_shift: float = 1.0, clusters_per_class: int = 1,
-                     num_informative: int = 0) -> StreamedDataset:
+                     num_informative: int = 0, generator: str = "numpy") -> StreamedDataset:
     """:func:`synthetic` (the same arguments and values) whose training features are generated
     in blocks when read, never held whole: labels and domains are drawn at once, then the
-    training stream's state is kept, and every read of the features replays it from there."""
+    training stream's state is kept, and every read of the features replays it from there
+    (``generator = "numpy"``), or any record is drawn on its own (``"jax"``: the dataset's
+    ``draw``)."""
     num_train = validation.check_int("num_train", num_train, minimum=1)
     num_public = validation.check_int("num_public", num_public, minimum=0)
     num_test = validation.check_int("num_test", num_test, minimum=0)
@@ -239,6 +282,7 @@ def synthetic_stream(num_train: int = 1000, num_public: int = 200, num_test: int
     if num_informative > num_features:
         raise ValueError(f"num_informative must be in [0, num_features = {num_features}] "
                          f"(0: every feature), got {num_informative}")
+    validation.check_choice("generator", generator, GENERATORS)
     num_means = num_classes * clusters                                  # C K cluster means
 
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)]
@@ -252,10 +296,11 @@ def synthetic_stream(num_train: int = 1000, num_public: int = 200, num_test: int
     def draw(rng: np.random.Generator, n: int):
         """Labels and domains of ``n`` records now; their features from ``blocks(size)``."""
         # cluster ids z (K = 1: z = y, the same draws); (r mod C K) mod C = r mod C, so the
-        # labels are exactly as balanced as with one cluster per class
-        z = rng.permutation(np.arange(n) % num_means)                       # [n]
+        # labels are exactly as balanced as with one cluster per class. A permutation's draws
+        # depend on n only, so the small integer type gives the values of an int64 arange.
+        z = rng.permutation(_small_ints(np.arange(n) % num_means))         # [n]
         y = (z % num_classes).astype(np.int32)                              # [n] balanced
-        dom = rng.permutation(np.arange(n) % num_domains).astype(np.int64)  # [n]
+        dom = rng.permutation(_small_ints(np.arange(n) % num_domains)).astype(np.int64)  # [n]
         if num_domains == 1:
             dom = None                          # drawn only to keep the stream's position
         state = copy.deepcopy(rng)              # the features' normals start here
@@ -277,13 +322,28 @@ def synthetic_stream(num_train: int = 1000, num_public: int = 200, num_test: int
                                                                        np.float32)
         return x, y
 
-    y_tr, d_tr, train = draw(streams[1], num_train)
     x_pu, y_pu = whole(streams[2], num_public)
     x_te, y_te = whole(streams[3], num_test)
+    records = None
+    if generator == "numpy":
+        y_tr, d_tr, train = draw(streams[1], num_train)
+    else:                                   # the labels and domains of the numpy law, drawn alike
+        z = streams[1].permutation(_small_ints(np.arange(num_train) % num_means))    # [n]
+        y_tr = (z % num_classes).astype(np.int32)
+        attrs = (z,)
+        d_tr = None
+        if num_domains > 1:
+            dom = streams[1].permutation(_small_ints(np.arange(num_train) % num_domains))
+            attrs, d_tr = (z, dom), dom.astype(np.int64)
+        key = rng_lib.stream(rng_lib.as_key(seed), "synthetic_features")
+        records = RecordDraw(fn=_mixture_features, key=key,
+                             params=(means.astype(np.float32), offsets.astype(np.float32)),
+                             attrs=attrs, num_records=num_train, feature_shape=(num_features,))
+        train = drawn_blocks(records)
     return StreamedDataset(name="synthetic", y_train=y_tr, blocks=train,
                            feature_shape=(num_features,), x_public=x_pu, y_public=y_pu,
                            x_test=x_te, y_test=y_te, num_classes=num_classes,
-                           domain_train=d_tr)
+                           domain_train=d_tr, draw=records)
 
 
 def resize_images(x: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:

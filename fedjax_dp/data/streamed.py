@@ -8,6 +8,12 @@ stream straight into the agents' stacked rows, so a population of N agents costs
 arrays and one block, not a second ``[n_train, ...]`` copy (``fedjax_dp.experiments.population``).
 
 :func:`train_blocks` reads either kind of dataset the same way.
+
+A generated source may also say how to draw any of its records directly (``draw``, a
+:class:`fedjax_dp.core.stacked.RecordDraw`: features that are a pure function of the record, e.g.
+``synthetic``'s ``generator = "jax"``): then a population is drawn where it is consumed, by chunks
+of agents on the device (:func:`fedjax_dp.core.stacked.stack_drawn`), never as a stream of all
+records on the host, and :meth:`StreamedDataset.rows` draws only the records asked for.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from fedjax_dp.core import validation
+from fedjax_dp.core.stacked import RecordDraw
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.train import tasks as tasks_lib
 
@@ -46,8 +53,15 @@ class StreamedDataset:
     num_classes: int
     domain_train: np.ndarray | None = None    # [n_train] int64
     task: tasks_lib.Task | None = None        # None: classification (fedjax_dp.train.tasks)
+    draw: RecordDraw | None = None            # any record's features directly (the same values)
 
     def __post_init__(self):
+        if self.draw is not None and (self.draw.num_records != len(self.y_train)
+                                      or tuple(self.draw.feature_shape) !=
+                                      tuple(self.feature_shape)):
+            raise ValueError(f"draw must cover the {len(self.y_train)} training records of "
+                             f"feature shape {tuple(self.feature_shape)}, got "
+                             f"{self.draw.num_records} of {tuple(self.draw.feature_shape)}")
         num_classes = validation.check_int("num_classes", self.num_classes, minimum=1)
         if isinstance(self.task, tasks_lib.NextToken):
             self._check_sequences(self.task, num_classes)
@@ -112,6 +126,11 @@ class StreamedDataset:
         keep = np.asarray(keep, dtype=np.int64)
         if keep.size > 1 and np.any(np.diff(keep) <= 0):
             raise ValueError("keep must hold sorted, distinct record indices")
+        dom = None if self.domain_train is None else self.domain_train[keep]
+        if self.draw is not None:
+            draw = self.draw.subset(keep)
+            return dataclasses.replace(self, y_train=self.y_train[keep], blocks=drawn_blocks(draw),
+                                       domain_train=dom, draw=draw)
         parent = self.blocks
 
         def blocks(size: int) -> Iterator[np.ndarray]:
@@ -121,13 +140,14 @@ class StreamedDataset:
                 yield block[keep[lo:hi] - start]
                 start += len(block)
 
-        dom = None if self.domain_train is None else self.domain_train[keep]
         return dataclasses.replace(self, y_train=self.y_train[keep], blocks=blocks,
                                    domain_train=dom)
 
     def rows(self, indices) -> np.ndarray:
         """``x_train[indices]`` (any order), gathered in one pass over the stream."""
         indices = np.asarray(indices, dtype=np.int64)
+        if self.draw is not None:                     # only these records are drawn
+            return self.draw.rows(indices)
         order = np.argsort(indices, kind="stable")
         wanted = indices[order]
         dtype = np.int32 if isinstance(self.task, tasks_lib.NextToken) else np.float32
@@ -152,6 +172,20 @@ class StreamedDataset:
         return (f"StreamedDataset(name={self.name!r}, feature_shape={self.feature_shape}, "
                 f"num_classes={self.num_classes}, train={s['train']}, public={s['public']}, "
                 f"test={s['test']})")
+
+
+def drawn_blocks(draw: RecordDraw) -> Callable[[int], Iterator[np.ndarray]]:
+    """``blocks(size)`` of a :class:`~fedjax_dp.core.stacked.RecordDraw`: records
+    ``0 .. n - 1`` in order, ``size`` at a time (every block drawn in one compiled shape)."""
+    def blocks(size: int) -> Iterator[np.ndarray]:
+        size = max(1, min(int(size), draw.num_records))
+        inputs = draw.device_inputs()
+        for s in range(0, draw.num_records, size):
+            e = min(draw.num_records, s + size)
+            idx = np.full(size, -1, np.int64)
+            idx[:e - s] = np.arange(s, e)
+            yield draw.rows(idx, inputs=inputs)[:e - s]
+    return blocks
 
 
 def train_blocks(dataset: Dataset | StreamedDataset, size: int = BLOCK) -> Iterator[np.ndarray]:

@@ -6,6 +6,14 @@ The agents' records are copied once, into the stacked arrays ``x [N, n_max, ...]
   its training split: its labels are partitioned (index arrays), then its features are generated
   block by block and written straight into the agents' rows (:func:`fedjax_dp.core.stack_records`);
   a validation hold-out (``data.validation_fraction``) only drops records from the stream;
+* a source whose records can be drawn one by one (its ``draw``: ``synthetic`` with
+  ``dataset_options.generator = "jax"``) is drawn where it is consumed
+  (:func:`fedjax_dp.core.stacked.stack_drawn`): with ``run.agents_on`` resolving to
+  ``"device"`` in one compiled call on the device (the host holds the partition's record
+  indices and the labels, never the features), with ``"host"`` by chunks of agents drawn on the
+  device and copied into the host rows;
+* ``iid`` partitions are built as one ``[N, n_max]`` array of record indices
+  (:func:`fedjax_dp.data.iid_rows`), never N index arrays;
 * the hold-out (``data.validation_fraction = f``) is drawn from the whole training split before
   partitioning (``data.validation_split = "pooled"``, default) or from every agent's own records
   after partitioning (``"per_agent"``: agent i keeps ``n_i - max(1, round(f n_i))``,
@@ -16,7 +24,7 @@ The agents' records are copied once, into the stacked arrays ``x [N, n_max, ...]
 * ``data.dataset = "stacked:PATH"`` reads a population saved by :func:`save` (or
   :func:`fedjax_dp.core.save_stacked`) memory-mapped, and copies nothing.
 
-The population is built in host memory and then placed by ``run.agents_on``
+Otherwise the population is built in host memory and then placed by ``run.agents_on``
 (:func:`fedjax_dp.core.place`): ``"auto"`` (default) keeps it on the host when it would not
 comfortably fit on the device (more than 25% of the device's memory, or more than 64 MiB on a
 CPU, :func:`fedjax_dp.core.auto_placement`), ``"device"`` copies it to the device, ``"host"``
@@ -46,8 +54,9 @@ import jax
 import numpy as np
 
 from fedjax_dp import data as data_lib
-from fedjax_dp.core import (StackedData, load_stacked, place, record_rows, rng, save_stacked,
-                            stack_records)
+from fedjax_dp.core import (StackedData, auto_placement, load_stacked, place, record_rows, rng,
+                            save_stacked, stack_records)
+from fedjax_dp.core.stacked import stack_drawn
 from fedjax_dp.data import splits
 from fedjax_dp.experiments import config as config_lib
 
@@ -261,17 +270,55 @@ def build(config: dict, *, path=None) -> Population:
     val_key = rng.stream(root if seed < 0 else rng.as_key(seed), "validation")
     if fraction and not per_agent:
         dataset, x_val, y_val = hold_out(dataset, fraction, val_key)
-    parts = partition_indices(d, dataset, rng.stream(root, "partition"))
+    part_key = rng.stream(root, "partition")
     if fraction and per_agent:
+        parts = partition_indices(d, dataset, part_key)
         dataset, parts, x_val, y_val = hold_out_per_agent(dataset, parts, fraction, val_key)
-    rows = record_rows(parts, len(dataset.y_train))
-    del parts                                                      # the N index arrays freed
-    _trim_heap()
+        rows = record_rows(parts, len(dataset.y_train))
+        del parts                                                  # the N index arrays freed
+        _trim_heap()
+    else:
+        rows = partition_rows(d, dataset, part_key)
+    draw = getattr(dataset, "draw", None)
+    if draw is not None and path is None:
+        # generated where consumed: on the device (device-resident agents) or chunk by chunk
+        # on the device into host rows; never a stream of all records on the host
+        on = config["run"]["agents_on"]
+        if on == "auto":
+            on = auto_placement(_stacked_bytes(rows, dataset))
+        agents = stack_drawn(draw, dataset.y_train, rows, on=on)
+        return Population(dataset=dataset, agents=agents, x_val=x_val, y_val=y_val)
     agents = stack_records(data_lib.train_blocks(dataset), dataset.y_train, rows, path=path)
     del rows
     if path is None:
         agents = place(agents, config["run"]["agents_on"])
     return Population(dataset=dataset, agents=agents, x_val=x_val, y_val=y_val)
+
+
+def _stacked_bytes(rows, dataset: AnyDataset) -> int:
+    """The bytes of the stacked arrays of ``rows`` (float32 features, int32 labels, a bool mask,
+    int32 counts): what ``run.agents_on = "auto"`` weighs (:func:`fedjax_dp.core.auto_placement`).
+    """
+    slots = rows.num_agents * rows.n_max
+    return slots * (4 * int(np.prod(dataset.feature_shape)) + 4 + 1) + 4 * rows.num_agents
+
+
+def partition_rows(d: dict, dataset: AnyDataset, key):
+    """:func:`partition_indices` as :class:`~fedjax_dp.core.stacked.RecordRows` (the same
+    partition; ``iid`` without the N index arrays, :func:`fedjax_dp.data.partition.iid_rows`)."""
+    if d["partition"] == "iid" and not d["partition_options"]:
+        try:
+            return data_lib.partition_rows("iid", dataset.y_train, d["num_agents"], key)
+        except ValueError as e:
+            msg = str(e)
+            if msg.startswith("num_agents"):
+                raise config_lib.ConfigError(f"data.{msg}") from None
+            raise
+    parts = partition_indices(d, dataset, key)
+    rows = record_rows(parts, len(dataset.y_train))
+    del parts                                                      # the N index arrays freed
+    _trim_heap()
+    return rows
 
 
 def _trim_heap() -> None:
