@@ -18,8 +18,8 @@ if (os.environ.get("FEDJAX_DP_TEST_XLA_OPT", "0") != "default"
 # One persistent XLA compilation cache shared by the test workers (pytest -n) and the processes
 # they start (8-device checks, CLI runs, notebook kernels): a function two processes compile
 # (module fixtures, shared configs) is compiled once. A fresh folder per test session; "off"
-# disables it. (The native aborts seen in workers happened with the cache on and off; pyproject's
-# --reruns handles a worker that dies.)
+# disables it. (The native aborts once seen in workers, with the cache on and off, were the
+# memory-mapping limit below, not the cache.)
 _CREATED_CACHE = None
 if "FEDJAX_DP_TEST_JAX_CACHE" not in os.environ:
     import tempfile
@@ -34,6 +34,23 @@ if os.environ["FEDJAX_DP_TEST_JAX_CACHE"] != "off":
     jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+#: a worker holding more than this share of vm.max_map_count drops JAX's compiled programs after a
+#: test (below the library's own MAP_SHARE, which a run starting inside a test then never reaches;
+#: FEDJAX_DP_TEST_MAP_SHARE=1 turns it off, to measure a worker's growth)
+TEST_MAP_SHARE = float(os.environ.get("FEDJAX_DP_TEST_MAP_SHARE", "0.35"))
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """A worker runs hundreds of tests and keeps their compiled programs (module-level jitted
+    functions, JAX's caches): XLA:CPU maps each compiled kernel as pages of their own (~25 mappings
+    per program measured in the suite, jax 0.10.2), and a worker that reached the kernel's limit
+    (vm.max_map_count, 65,530) died in native code in the next compilation or cache write, about
+    once per full run (tools/repro_native_abort.py, tests/test_native_abort.py). Release them
+    before that."""
+    from fedjax_dp.experiments import compilation
+    compilation.release_compiled(TEST_MAP_SHARE)
 
 
 def pytest_unconfigure(config):
