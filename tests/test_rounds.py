@@ -11,6 +11,7 @@ from fedjax_dp.algorithms import api, rounds
 from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
 from fedjax_dp.core import cohort, from_ragged
 from fedjax_dp.models import make_model
+from fedjax_dp.privacy import mechanisms
 from fedjax_dp.train import LocalTrainConfig, make_local_update
 
 LOCAL = LocalTrainConfig(steps=2, batch_size=4, learning_rate=0.2)
@@ -43,11 +44,12 @@ def test_cohort_coins_laws():
     n = 2000
     keys = jax.random.split(jax.random.key(0), 200)
     poisson = cohort.Sampling("poisson", rate=0.05)
-    counts = np.array([int(cohort.cohort_coins(k, n, poisson).sum()) for k in keys[:60]])
+    draw = jax.jit(jax.vmap(cohort.cohort_coins, in_axes=(0, None, None)), static_argnums=(1, 2))
+    counts = np.asarray(draw(keys[:60], n, poisson).sum(axis=1))
     # Binomial(2000, 0.05): mean 100, std 9.75; the mean of 60 draws within 4 std errors
     assert abs(counts.mean() - 100) < 4 * 9.75 / np.sqrt(60)
     fixed = cohort.Sampling("fixed", size=7)
-    masks = np.stack([np.asarray(cohort.cohort_coins(k, 20, fixed)) for k in keys])
+    masks = np.asarray(draw(keys, 20, fixed))
     assert (masks.sum(axis=1) == 7).all()
     # every agent equally likely: 200 * 7 / 20 = 70 inclusions each, binomial std ~ 6.7
     assert np.abs(masks.sum(axis=0) - 70).max() < 5 * 6.7
@@ -102,9 +104,10 @@ def test_fused_rounds_equal_one_round_per_call(setup):
 
 def test_fused_rounds_equal_the_per_agent_loop(setup):
     """Two fused rounds against the round written as a Python loop over the sampled agents
-    (the cohort read from the same device draw)."""
+    (the cohort read from the same device draw, the noise the library's Gaussian of the round's
+    noise key)."""
     fed, model = setup
-    config = _dp_fedavg_config(rounds=2, noise_multiplier=0.0)
+    config = _dp_fedavg_config(rounds=2)
     key = jax.random.key(11)
     got = _run(dp_fedavg, setup, config, 4, key=key).state.values["params"]
     spec = dp_fedavg.round_spec(config)
@@ -112,7 +115,7 @@ def test_fused_rounds_equal_the_per_agent_loop(setup):
     params = model.init(api.init_key(key))
     n, data = fed.num_agents, fed.agents
     for t in range(2):
-        k_sample, k_train, _ = jax.random.split(api.step_key(key, t), 3)
+        k_sample, k_train, k_noise = jax.random.split(api.step_key(key, t), 3)
         total = jax.tree.map(jnp.zeros_like, params)
         for i in cohort.sample_cohort(k_sample, n, spec.sampling):
             local, _ = update(jax.random.fold_in(k_train, int(i)), params, data.x[i], data.y[i],
@@ -120,7 +123,9 @@ def test_fused_rounds_equal_the_per_agent_loop(setup):
             delta = jax.tree.map(jnp.subtract, local, params)
             scale = min(1.0, spec.clip_norm / float(optax.tree.norm(delta)))
             total = jax.tree.map(lambda a, d: a + d * scale, total, delta)
-        params = jax.tree.map(lambda p, s: p + spec.server_lr * s / (0.4 * n), params, total)
+        noise = mechanisms.gaussian_noise(k_noise, total, spec.noise_std)
+        params = jax.tree.map(lambda p, s, z: p + spec.server_lr * (s + z) / (0.4 * n),
+                              params, total, noise)
     _close(got, params)
 
 
@@ -242,4 +247,3 @@ def test_fixed_cohorts_fused(setup):
     config = _dp_fedavg_config(rounds=3, sampling="fixed", cohort_size=5)
     res = _run(dp_fedavg, setup, config, "auto")         # the first call runs 1 round, then 2
     assert [h["num_sampled"] for h in res.history] == [5.0, 5.0, 5.0]
-    _close(res.state.values, _run(dp_fedavg, setup, config, 1).state.values)
