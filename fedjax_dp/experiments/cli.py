@@ -1,5 +1,5 @@
 """``fedjax-dp`` command line: ``run``, ``sweep``, ``list``, ``account``, ``audit``, ``plot``, ``data``,
-``devices``.
+``devices``, ``selftest``.
 
     fedjax-dp run CONFIG [--set key=value ...] [--out DIR] [--quiet] [--plot]
     fedjax-dp run --resume DIR [--set run.key=value ...]
@@ -19,6 +19,7 @@
     fedjax-dp data convert FORMAT SRC DST [--max-clients K] [--max-records k]
         [--max-test-records M] [--vocab-size V] [--vocab FILE] [--seq-len T] [--seed S] [--quiet]
     fedjax-dp devices [--json]
+    fedjax-dp selftest [--json] [--families FAMILY,FAMILY] [--compilation-cache user|off|DIR]
 
 Errors in the arguments or the config print one line naming the parameter and exit with status 2.
 """
@@ -368,6 +369,19 @@ def _cmd_devices(args) -> int:
     return 0
 
 
+def _cmd_selftest(args) -> int:
+    from fedjax_dp.experiments import compilation, selftest
+    cases = selftest.select(args.families.split(",") if args.families else None)
+    compilation.enable_cache(args.compilation_cache)     # a second selftest loads, not compiles
+    say = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
+    report = selftest.run(cases, log=say)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(selftest.summary(report))
+    return 0 if report["passed"] else 1
+
+
 #: ``fedjax-dp data convert`` formats (kept here so that building the parser imports no data
 #: module; fedjax_dp.data.convert.FORMATS is the list the command checks against)
 DATA_FORMATS = ("tff_emnist", "tff_emnist_digits", "tff_shakespeare", "tff_stackoverflow",
@@ -593,6 +607,19 @@ def build_parser() -> argparse.ArgumentParser:
                          "memory) and the device-aware defaults chosen for them")
     dev.add_argument("--json", action="store_true", help="print it as JSON")
     dev.set_defaults(func=_cmd_devices)
+
+    st = sub.add_parser("selftest", help="every algorithm family at a tiny size on the default "
+                        "device, compared with the same run on the CPU (accuracy, epsilon, a "
+                        "parameter checksum); exit 1 on a crash or a mismatch")
+    st.add_argument("--json", action="store_true", help="print the report as JSON")
+    st.add_argument("--families", default=None, metavar="FAMILY,FAMILY",
+                    help="only these families (averaging, voting, fedkt, isrl, fnas) or "
+                    "algorithms (default: all)")
+    st.add_argument("--compilation-cache", default="user", metavar="user|off|DIR",
+                    help="JAX's persistent compilation cache (default: a user-level folder)")
+    st.add_argument("--debug", action="store_true",
+                    help="show the Python traceback of an error instead of one line")
+    st.set_defaults(func=_cmd_selftest)
     return parser
 
 

@@ -1,0 +1,319 @@
+"""``fedjax-dp selftest``: every algorithm family at a tiny size on the default device, compared
+with the same run on the CPU.
+
+Each case is a shipped config (``configs/``) with ``--set``-style overrides that make it tiny; it
+runs the way ``fedjax-dp run`` runs it (:func:`fedjax_dp.experiments.runner.plan` / ``setup``,
+:func:`fedjax_dp.algorithms.api.run`, :func:`fedjax_dp.experiments.runner.result_record`), once
+on JAX's default device and once inside ``jax.default_device(<the first CPU device>)``, in this
+process. Three numbers of each run are compared, within :data:`TOLERANCES`:
+
+* ``epsilon``: every data-independent guarantee of the run's ledgers (RDP; PLD where RDP does not
+  apply), equal to ``EPSILON_RTOL`` relative (1e-9): the accounting runs on the host in float64
+  from the same ledger, so any difference is a defect, not rounding;
+* the parameter checksum of the final model, ``sum |params|`` and ``||params||_2`` over all
+  leaves, to ``CHECKSUM_RTOL`` relative (1e-3): float32 training of a few steps; an accelerator
+  rounds differently (fused reductions, TF32 matrix products on NVIDIA GPUs), which moves these
+  sums by ~1e-4 relative in these runs; a wrong kernel moves them by far more. A model without
+  parameters (a prediction function) is checked on the sum of its predicted test labels;
+* ``test_accuracy``, within ``ACCURACY_ATOL`` absolute (0.05): a few test points may fall on the
+  other side of a decision boundary after such rounding.
+
+On a CPU-only machine both runs are on the CPU (the second is the same call again, reusing the
+first's compiled functions): the selftest then checks that every family runs without a crash and
+gives the same numbers twice (determinism). On a GPU it is the first command
+to run after installing (docs/devices.md). A crash in one case is reported as that case's FAIL
+and the other cases still run; :func:`main`'s exit status is 1 if any case failed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import fedjax_dp
+
+#: the comparison of the default device's run with the CPU's (module docstring: why these)
+EPSILON_RTOL = 1e-9
+CHECKSUM_RTOL = 1e-3
+ACCURACY_ATOL = 0.05
+TOLERANCES = {"epsilon_rtol": EPSILON_RTOL, "checksum_rtol": CHECKSUM_RTOL,
+              "accuracy_atol": ACCURACY_ATOL}
+
+#: the repository's shipped configs (the selftest runs from a source checkout: pip install -e .)
+CONFIGS = Path(fedjax_dp.__file__).resolve().parent.parent / "configs"
+
+#: execution settings of every case: no progress display, checkpoints, evaluations or tracking;
+#: epsilon by RDP only (PLD costs seconds of host time per run and is tested elsewhere)
+_QUIET = ("run.progress=false", "run.checkpoint_every=0", "run.eval_every=0", "run.log=[]")
+_RDP = ("privacy.accountants=[\"rdp\"]",)
+#: a tiny federation of a round-based method (digits: 1797 8x8 images, read offline at once)
+_TINY_ROUNDS = ("data.dataset=\"digits\"", "data.num_agents=8", "algorithm.rounds=2",
+                "train.steps=2", "model.hidden=[8]") + _RDP
+#: a tiny one-shot voting method (local training, Q public queries, the student)
+_TINY_VOTES = ("data.dataset=\"digits\"", "data.num_agents=8", "model.hidden=[8]",
+               "algorithm.num_queries=20", "algorithm.student_steps=4",
+               "algorithm.data_dependent=false") + _RDP
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One algorithm at a tiny size: a shipped config and the overrides that shrink it."""
+
+    algorithm: str                  # the registry name (fedjax_dp.experiments.registry)
+    config: str                     # path under configs/
+    overrides: tuple[str, ...]      # key=value, as fedjax-dp run --set
+
+
+#: one case per algorithm family of the registry, and the shuffle-DP variant of the ISRL family
+#: (the ISRL noise is given, not calibrated: calibration is host work, tested elsewhere)
+CASES: tuple[Case, ...] = (
+    Case("fedavg", "fedavg/mnist5k.toml", _TINY_ROUNDS),
+    Case("dp_fedavg", "dp_fedavg/mnist5k.toml", _TINY_ROUNDS),
+    Case("dp_fedsgd", "dp_fedsgd/mnist5k.toml", _TINY_ROUNDS + ("train.batch_size=8",)),
+    Case("ae_dpfl", "ae_dpfl/mnist5k.toml", _TINY_VOTES + ("train.steps=2",)),
+    Case("knn_dpfl", "knn_dpfl/mnist5k.toml", _TINY_VOTES + ("algorithm.feature_dim=16",)),
+    Case("fedkt", "fedkt/digits.toml",
+         ("data.num_agents=2", "train.steps=2", "model.hidden=[8]", "algorithm.num_partitions=1",
+          "algorithm.num_teachers=2", "algorithm.student_steps=2", "algorithm.final_steps=2")
+         + _RDP),
+    Case("isrl_mb_sgd", "isrl/wbcd_isrl_mb_sgd.toml",
+         ("algorithm.rounds=2", "algorithm.noise_multiplier=2.0") + _RDP),
+    Case("sdp_mb_sgd", "isrl/wbcd_sdp_mb_sgd.toml",
+         ("algorithm.rounds=2", "algorithm.noise_trials=100000")),
+    Case("dp_fnas", "fnas/digits_dp.toml",
+         ("data.num_agents=2", "algorithm.search_epochs=1", "algorithm.retrain_epochs=1",
+          "algorithm.cells=1", "algorithm.nodes=1", "algorithm.channels=2",
+          "algorithm.stem_multiplier=1", "algorithm.batch_size=8",
+          "algorithm.retrain_batch_size=8",
+          "algorithm.primitives=[\"skip_connect\", \"max_pool_3x3\"]") + _RDP),
+)
+
+
+def family(entry: Any) -> str:
+    """The family of a registry entry: the package under ``fedjax_dp.algorithms`` that holds it
+    (``averaging``, ``voting``, ``fedkt``, ``isrl``, ``fnas``)."""
+    module = getattr(entry, "__name__", None) if isinstance(entry, type(fedjax_dp)) else None
+    module = module or type(entry).__module__
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["fedjax_dp", "algorithms"] and len(parts) > 2 else module
+
+
+def families() -> dict[str, list[str]]:
+    """``{family: [its cases' algorithms]}`` of :data:`CASES`, in their order."""
+    from fedjax_dp.experiments import registry
+    out: dict[str, list[str]] = {}
+    for case in CASES:
+        out.setdefault(family(registry.get(case.algorithm)), []).append(case.algorithm)
+    return out
+
+
+def select(names: Iterable[str] | None) -> list[Case]:
+    """The cases named by ``names`` (families or algorithms; None: all)."""
+    if names is None:
+        return list(CASES)
+    names = [n.strip() for n in names if n.strip()]
+    groups = families()
+    known = list(groups) + [c.algorithm for c in CASES]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise ValueError(f"--families must name families or algorithms among {known}, "
+                         f"got {bad or names}")
+    wanted = {a for n in names for a in groups.get(n, [n])}
+    return [c for c in CASES if c.algorithm in wanted]
+
+
+def config_of(case: Case) -> dict:
+    """The resolved config of ``case``: its shipped file with its overrides and :data:`_QUIET`."""
+    from fedjax_dp.experiments import config as config_lib
+    path = CONFIGS / case.config
+    if not path.is_file():
+        raise ValueError(f"selftest needs the repository's configs/ folder (a source checkout "
+                         f"installed with pip install -e .): {path} not found")
+    return config_lib.load(path, list(case.overrides) + list(_QUIET))
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+@dataclasses.dataclass(frozen=True)
+class Numbers:
+    """What a run is compared on."""
+
+    test_accuracy: float
+    epsilon: tuple[tuple[str, float | None], ...]   # (unit/accountant, epsilon) per guarantee
+    abs_sum: float                                   # sum |params| (or of predicted labels)
+    l2: float                                        # ||params||_2
+    device: str
+    wall_s: float
+
+    def as_dict(self) -> dict:
+        return {"test_accuracy": self.test_accuracy, "epsilon": dict(self.epsilon),
+                "abs_sum": self.abs_sum, "l2": self.l2, "device": self.device,
+                "wall_s": round(self.wall_s, 3)}
+
+
+def checksum(output: Any, x_test: Any) -> tuple[float, float]:
+    """``(sum |p|, ||p||_2)`` over every leaf of the final model's parameters, accumulated in
+    float64 on the host; a model without parameters: the sum of its predicted labels on
+    ``x_test`` (and its L2 norm)."""
+    import jax
+    import numpy as np
+    leaves = jax.tree.leaves(output.params) if output.params is not None else []
+    if not leaves:
+        labels = np.asarray(output.predict_labels(x_test), dtype=np.float64)
+        return float(np.abs(labels).sum()), float(np.sqrt((labels ** 2).sum()))
+    host = [np.asarray(jax.device_get(leaf), dtype=np.float64).ravel() for leaf in leaves]
+    return (float(sum(np.abs(h).sum() for h in host)),
+            float(math.sqrt(sum(float((h ** 2).sum()) for h in host))))
+
+
+def run_case(case: Case, device: Any = None) -> Numbers:
+    """Run ``case`` as ``fedjax-dp run`` does (plan, setup, :func:`api.run`, the result record),
+    on ``device`` (None: JAX's default device) and return its :class:`Numbers`."""
+    import contextlib
+
+    import jax
+
+    from fedjax_dp.algorithms import api
+    from fedjax_dp.experiments import runner
+    config = config_of(case)
+    start = time.perf_counter()
+    scope = jax.default_device(device) if device is not None else contextlib.nullcontext()
+    with scope:
+        p = runner.plan(config)
+        s = runner.setup(config)
+        runtime = api.Runtime(chunk_size=config["run"]["chunk_size"] or None)
+        done = api.run(p.entry, s.key, s.fed, s.model, p.algorithm_config, runtime=runtime)
+        result = runner.result_record(p, config, s, done.state, done.history, None,
+                                      time.perf_counter() - start)
+        abs_sum, l2 = checksum(p.entry.output(done.state), s.dataset.x_test)
+        where = device if device is not None else jax.devices()[0]
+    epsilon = tuple((f"{g['unit']}/{g['accountant']}", g["epsilon"])
+                    for g in result["privacy"] if not g.get("data_dependent"))
+    return Numbers(test_accuracy=float(result["test_accuracy"]), epsilon=epsilon,
+                   abs_sum=abs_sum, l2=l2, device=str(where),
+                   wall_s=time.perf_counter() - start)
+
+
+# ----------------------------------------------------------------------------- comparison
+
+
+def _close(a: float | None, b: float | None, rtol: float) -> bool:
+    if a is None or b is None:                       # no guarantee (infinite epsilon): both
+        return a is None and b is None
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= rtol * max(abs(a), abs(b)) or a == b
+
+
+def compare(device: Numbers, cpu: Numbers, tolerances: dict | None = None) -> list[str]:
+    """What differs between the default device's run and the CPU's beyond ``tolerances``
+    (default :data:`TOLERANCES`): one phrase per mismatch; [] when they agree."""
+    tol = TOLERANCES if tolerances is None else tolerances
+    problems = []
+    if dict(device.epsilon).keys() != dict(cpu.epsilon).keys():
+        problems.append(f"guarantees {list(dict(device.epsilon))} vs {list(dict(cpu.epsilon))}")
+    for (name, a), (_, b) in zip(device.epsilon, cpu.epsilon):
+        if not _close(a, b, tol["epsilon_rtol"]):
+            problems.append(f"epsilon {name} {a!r} vs {b!r}")
+    for name in ("abs_sum", "l2"):
+        a, b = getattr(device, name), getattr(cpu, name)
+        if not (math.isfinite(a) and math.isfinite(b)) or not _close(a, b, tol["checksum_rtol"]):
+            problems.append(f"{name} {a:.6g} vs {b:.6g}")
+    a, b = device.test_accuracy, cpu.test_accuracy
+    if not (math.isfinite(a) and abs(a - b) <= tol["accuracy_atol"]):
+        problems.append(f"test_accuracy {a:.4f} vs {b:.4f}")
+    return problems
+
+
+@dataclasses.dataclass
+class Outcome:
+    """One case's line: PASS / FAIL, the numbers of both runs, what differed or crashed."""
+
+    case: Case
+    family: str
+    passed: bool
+    wall_s: float
+    device: Numbers | None = None
+    cpu: Numbers | None = None
+    problems: list[str] = dataclasses.field(default_factory=list)
+    error: str | None = None
+
+    def line(self) -> str:
+        head = f"{'PASS' if self.passed else 'FAIL'} {self.family:<9} {self.case.algorithm:<11}"
+        if self.error is not None:
+            return f"{head} crashed: {self.error} ({self.wall_s:.1f} s)"
+        d, c = self.device, self.cpu
+        eps = ", ".join(f"{k}={v:.6g}" if v is not None else f"{k}=inf"
+                        for k, v in d.epsilon[:1]) or "no guarantee"
+        text = (f"{head} acc {d.test_accuracy:.4f}/{c.test_accuracy:.4f}  eps {eps}  "
+                f"|p|_1 {d.abs_sum:.6g}/{c.abs_sum:.6g}  |p|_2 {d.l2:.6g}/{c.l2:.6g}  "
+                f"({d.wall_s:.1f} s on {d.device}, {c.wall_s:.1f} s on {c.device})")
+        return text + (f"  MISMATCH: {'; '.join(self.problems)}" if self.problems else "")
+
+    def as_dict(self) -> dict:
+        return {"algorithm": self.case.algorithm, "family": self.family, "passed": self.passed,
+                "wall_s": round(self.wall_s, 3), "error": self.error, "problems": self.problems,
+                "device": self.device.as_dict() if self.device else None,
+                "cpu": self.cpu.as_dict() if self.cpu else None}
+
+
+def run(cases: Iterable[Case] | None = None, *, log: Callable[[str], None] = lambda line: None,
+        tolerances: dict | None = None,
+        perturb: Callable[[Case, Numbers], Numbers] | None = None) -> dict:
+    """Run every case on the default device and on the CPU; ``log`` gets one line per case as
+    it finishes. ``perturb(case, numbers)`` (tests only) replaces the default device's numbers
+    before the comparison. Returns ``{"passed", "cases", "tolerances", "default_device",
+    "wall_s"}``."""
+    import jax
+
+    from fedjax_dp.experiments import registry
+    cases = list(CASES if cases is None else cases)
+    try:
+        cpu_device = jax.devices("cpu")[0]
+    except RuntimeError:
+        raise ValueError("selftest compares with the CPU, but JAX has no CPU backend here "
+                         "(JAX_PLATFORMS must include cpu, e.g. JAX_PLATFORMS=cuda,cpu)") from None
+    default = jax.devices()[0]
+    start = time.perf_counter()
+    outcomes = []
+    for case in cases:
+        t0 = time.perf_counter()
+        outcome = Outcome(case=case, family=family(registry.get(case.algorithm)), passed=False,
+                          wall_s=0.0)
+        try:
+            outcome.device = run_case(case)
+            if perturb is not None:
+                outcome.device = perturb(case, outcome.device)
+            # the CPU's run; where the default device is that CPU, the same call again (inside
+            # jax.default_device the jitted functions would compile anew for the same device)
+            outcome.cpu = run_case(case, None if default == cpu_device else cpu_device)
+            outcome.problems = compare(outcome.device, outcome.cpu, tolerances)
+            outcome.passed = not outcome.problems
+        except Exception as e:                      # reported; the other cases still run
+            text = str(e).strip().splitlines()
+            outcome.error = f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+            outcome.problems = [traceback.format_exc(limit=-3)]
+        outcome.wall_s = time.perf_counter() - t0
+        outcomes.append(outcome)
+        log(outcome.line())
+    return {"passed": all(o.passed for o in outcomes),
+            "cases": [o.as_dict() for o in outcomes],
+            "lines": [o.line() for o in outcomes],
+            "tolerances": dict(TOLERANCES if tolerances is None else tolerances),
+            "default_device": str(default), "cpu_device": str(cpu_device),
+            "wall_s": round(time.perf_counter() - start, 3)}
+
+
+def summary(report: dict) -> str:
+    """The last line: how many cases passed, the devices, the tolerances and the wall time."""
+    n = len(report["cases"])
+    ok = sum(c["passed"] for c in report["cases"])
+    tol = report["tolerances"]
+    return (f"selftest: {ok}/{n} passed ({'PASS' if report['passed'] else 'FAIL'}) on "
+            f"{report['default_device']} vs {report['cpu_device']}; tolerances: epsilon "
+            f"{tol['epsilon_rtol']:g} relative, parameter checksums {tol['checksum_rtol']:g} "
+            f"relative, test accuracy {tol['accuracy_atol']:g} absolute; {report['wall_s']:.1f} s")
