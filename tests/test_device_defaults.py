@@ -311,20 +311,28 @@ def _pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
+#: the accelerator extras and the lowest jax each needs beyond the jax dependency's own bound
+#: (cuda13: 0.7.2, the first jax release with jax-cuda13-plugin wheels)
+EXTRAS = {"cuda12": None, "cuda13": "0.7.2", "tpu": None}
+
+
 def test_accelerator_extras_name_jax_builds_with_the_jax_bounds():
     project = _pyproject()["project"]
     base = [Requirement(r) for r in project["dependencies"]]
     jax_spec = next(r.specifier for r in base if r.name == "jax")
+    assert str(jax_spec) == str(next(r.specifier for r in base if r.name == "jaxlib"))
     provided = set(importlib.metadata.metadata("jax").get_all("Provides-Extra"))
-    for extra in ("cuda12", "tpu"):
+    assert set(EXTRAS) <= set(project["optional-dependencies"])
+    for extra, floor in EXTRAS.items():
         reqs = [Requirement(r) for r in project["optional-dependencies"][extra]]
         assert [(r.name, r.extras) for r in reqs] == [("jax", {extra})], extra
-        assert reqs[0].specifier == jax_spec
+        assert str(reqs[0].specifier) == (f">={floor}" if floor else str(jax_spec)), extra
         assert extra in provided                      # the installed jax offers that extra
 
 
 @pytest.mark.sweep
-@pytest.mark.parametrize("extra, needs", [("cuda12", "jax-cuda12-plugin"), ("tpu", "libtpu")])
+@pytest.mark.parametrize("extra, needs", [("cuda12", "jax-cuda12-plugin"),
+                                          ("cuda13", "jax-cuda13-plugin"), ("tpu", "libtpu")])
 def test_accelerator_extras_resolve_with_pip_dry_run(extra, needs, tmp_path):
     """``pip install --dry-run -e '.[EXTRA]'`` (needs the package index; ~10-50 s)."""
     report = tmp_path / "report.json"
