@@ -86,7 +86,7 @@ def test_many_tied_records_across_the_kth_terminate_and_match_top_k():
     np.testing.assert_array_equal(np.asarray(got), _loop([x], [y], queries, 10, 3))
 
 
-@pytest.mark.parametrize("agent_block,query_block", [(2, 4), (3, 256), (6, 5)])
+@pytest.mark.parametrize("agent_block,query_block", [(2, 4), (3, 256), (6, 5), (6, 11)])
 def test_block_sizes_do_not_change_the_counts(agent_block, query_block):
     xs, ys, queries = _data(2, [30, 30, 25, 30, 28, 30], q=11)
     data = from_ragged(xs, ys)
@@ -162,3 +162,34 @@ def test_query_block_sizes():
     assert knn_search.query_block_size(1152, 256) == 192          # 6 x 192, no padding
     assert knn_search.query_block_size(9, 256) == 9
     assert knn_search.query_block_size(11, 5) == 5                # below 64: as given
+
+
+def test_block_sizes_cpu_cache_blocks_and_one_wide_block_on_accelerators():
+    """CPU: the cache-sized blocks; an accelerator: one block of every agent and query while
+    WIDE_BLOCK_COPIES copies of its scores fit the chunk budget, else as many agents as fit
+    (and queries in multiples of 64 when one agent's row does not fit)."""
+    from fedjax_dp.core import defaults as defaults_lib
+    cpu = defaults_lib.defaults(platform="cpu")
+    assert knn_search.block_sizes(1000, 600, 1000, cpu) == (knn_search.AGENT_BLOCK,
+                                                           knn_search.QUERY_BLOCK)
+    big = defaults_lib.defaults(platform="gpu", device_memory=80 * 2 ** 30)
+    assert knn_search.block_sizes(1000, 600, 1000, big) == (1000, 1000)
+    unreported = defaults_lib.defaults(platform="gpu")
+    assert knn_search.block_sizes(10 ** 6, 600, 1000, unreported) == (10 ** 6, 1000)
+    small = defaults_lib.defaults(platform="gpu", device_memory=2 ** 30)
+    ab, qb = knn_search.block_sizes(1000, 600, 1000, small)
+    assert qb == 1000 and 1 <= ab < 1000
+    assert knn_search.WIDE_BLOCK_COPIES * 4 * ab * 600 * qb <= small.chunk_budget_bytes
+    tiny = defaults_lib.defaults(platform="tpu", device_memory=2 ** 24)
+    ab, qb = knn_search.block_sizes(10, 600, 1000, tiny)
+    assert ab == 1 and qb % 64 == 0 and 64 <= qb < 1000
+
+
+def test_one_wide_block_equals_the_loop():
+    """The accelerator's layout (every agent and query in one block) on this CPU: the loop's
+    counts, ragged agents included."""
+    xs, ys, queries = _data(9, [40, 33, 12, 40, 5], q=70)
+    data = from_ragged(xs, ys)
+    got = _counts(data.x, data.y, data.mask, jnp.asarray(queries), k=6, num_classes=4,
+                  agent_block=5, query_block=70)
+    np.testing.assert_array_equal(np.asarray(got), _loop(xs, ys, queries, 6, 4))

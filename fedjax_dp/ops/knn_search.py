@@ -36,9 +36,13 @@ positions), and adding/removing one record changes it by at most one record in a
 what kNN-DPFL's instance-level sensitivity ``sqrt(2)/k`` rests on
 (:mod:`fedjax_dp.algorithms.voting.knn_dpfl`); the brute-force sensitivity test runs through this path.
 
-Blocks of ``agent_block`` agents x ``query_block`` queries keep a block's keys in cache across
-the passes; blocks are visited by ``lax.map`` (no Python loop). ``tools/bench_knn_vote.py``
-compares it with ``lax.top_k`` (figures in the README).
+Blocks of ``agent_block`` agents x ``query_block`` queries are visited by ``lax.map`` (no Python
+loop), one after another. Their size is device-aware (:func:`block_sizes`, from
+:func:`fedjax_dp.core.defaults.defaults`): on the CPU small blocks whose scores stay in cache
+across the passes; on an accelerator one wide block (all queries, as many agents as the memory
+budget allows), so that every pass is one kernel over all rows instead of a serial loop of
+small blocks. The result does not depend on the block sizes. ``tools/bench_knn_vote.py`` and
+``fedjax-dp bench --only knn_vote`` compare it with ``lax.top_k``.
 """
 from __future__ import annotations
 
@@ -51,8 +55,10 @@ from jax.scipy.special import ndtri
 
 SEARCH_STEPS = 8          # count passes with model / regula-falsi guesses before bisection
 WALK_WIDTH = 3            # walk record by record once every row is this close to the k-th
-QUERY_BLOCK = 128         # queries per block: an [8, 600, 128] float32 block is 2.5 MB
-AGENT_BLOCK = 8           # agents per block of the scores GEMM [8 n, d + 1] x [d + 1, 128]
+QUERY_BLOCK = 128         # CPU: queries per block: an [8, 600, 128] float32 block is 2.5 MB
+AGENT_BLOCK = 8           # CPU: agents per block of the scores GEMM [8 n, d + 1] x [d + 1, 128]
+WIDE_BLOCK_COPIES = 4     # accelerators: a wide block needs about this many copies of its scores
+                          # (scores; the fallback's transposed copy, sort keys and indices)
 FIRST_COUNT_PASSES = 3    # count passes every block makes before the adaptive loop
 COMPACT = 32              # continue on a gathered buffer once <= 1/32 of a block's rows search
 FIRST_SPREAD = 6.0        # the first pass counts at the model quantile -+ this many records
@@ -281,9 +287,14 @@ def augment_queries(queries: jax.Array) -> jax.Array:
 
 def augmented_scores(xa: jax.Array, qa: jax.Array) -> jax.Array:
     """``s [a, n, q] = ||b_j||^2 - 2 <b_j, x_t>`` (``+inf`` for padded records): ONE GEMM
-    ``[a n, d + 1] x [d + 1, q]`` on the augmented records and queries, no elementwise pass."""
+    ``[a n, d + 1] x [d + 1, q]`` on the augmented records and queries, no elementwise pass.
+
+    Full float32 precision (``Precision.HIGHEST``): the CPU computes float32 anyway; a GPU's
+    default for float32 GEMMs may round the operands to TF32 (10-bit mantissa), which would
+    round ``||b_j||^2`` and move the ranking away from the float32 distances."""
     a, n, d1 = xa.shape
-    return (xa.reshape(a * n, d1) @ qa.T).reshape(a, n, -1)
+    s = jnp.dot(xa.reshape(a * n, d1), qa.T, precision=lax.Precision.HIGHEST)
+    return s.reshape(a, n, -1)
 
 
 def scores(x: jax.Array, mask: jax.Array, queries: jax.Array) -> jax.Array:
@@ -355,6 +366,36 @@ def _block_counts(xa, y, codes, n_real, stats, qa, k: int, num_classes: int,
     return lax.cond(ok, lambda _: counts, lambda _: topk_counts(s, y, k, num_classes), None)
 
 
+def block_sizes(a: int, n: int, q: int, device_defaults=None) -> tuple[int, int]:
+    """Target ``(agent_block, query_block)`` of :func:`neighbour_label_counts` for ``a`` agents
+    of ``n`` records and ``q`` queries on the device of ``device_defaults``
+    (:func:`fedjax_dp.core.defaults.defaults`, the default device's when None):
+
+    * CPU: ``(AGENT_BLOCK, QUERY_BLOCK)``, a block whose scores stay in cache across the passes
+      (the passes are bound by the cache's bandwidth);
+    * accelerator: one wide block, ``query_block = q`` and ``agent_block = a`` when
+      ``WIDE_BLOCK_COPIES * 4 a n q`` bytes fit the device's ``chunk_budget_bytes`` (None, not
+      reported: always), else the most agents that fit (and fewer queries when one agent's
+      row of all queries does not fit). The blocks are visited one after another
+      (``lax.map``): small blocks would leave the device idle between small kernels, while a
+      wide block's pass is one kernel over all its rows.
+    """
+    if device_defaults is None:
+        from fedjax_dp.core import defaults as defaults_lib
+        device_defaults = defaults_lib.defaults()
+    if not device_defaults.accelerator:
+        return AGENT_BLOCK, QUERY_BLOCK
+    budget = device_defaults.chunk_budget_bytes
+    if budget is None:
+        return max(1, a), max(1, q)
+    per_row = WIDE_BLOCK_COPIES * 4 * max(1, n)          # bytes per (agent, query) row
+    qb = max(1, min(q, budget // per_row))
+    if qb < q:
+        qb = max(64, qb // 64 * 64)                          # multiples of 64: faster GEMMs
+    ab = max(1, min(a, budget // (per_row * qb)))
+    return ab, qb
+
+
 def agent_block_size(a: int, target: int) -> int:
     """Agents per block: ``target`` if it divides ``a``, else a divisor in ``[target/2, target]``
     (no padding), else ``target`` (the last block is padded)."""
@@ -382,18 +423,23 @@ def query_block_size(q: int, target: int) -> int:
 
 
 def neighbour_label_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries: jax.Array,
-                           k: int, num_classes: int, *, agent_block: int = AGENT_BLOCK,
-                           query_block: int = QUERY_BLOCK, search_steps: int = SEARCH_STEPS,
+                           k: int, num_classes: int, *, agent_block: int | None = None,
+                           query_block: int | None = None, search_steps: int = SEARCH_STEPS,
                            walk_width: int = WALK_WIDTH, compact: int = COMPACT) -> jax.Array:
     """Per agent and query, how many of the agent's k nearest records carry each label.
 
     ``x [a, n, d]``, ``y [a, n]`` int, ``mask [a, n]`` (real records), ``queries [q, d]`` ->
     ``[a, q, C]`` float32 counts (each row sums to ``min(k, n_i)``). Squared Euclidean distance;
     ties broken by lower record index (as ``lax.top_k``). Blocks of ``agent_block`` x
-    ``query_block`` are mapped with ``lax.map``; the result does not depend on the block sizes.
+    ``query_block`` (None: the device's, :func:`block_sizes`) are mapped with ``lax.map``; the
+    result does not depend on the block sizes.
     """
     a, n, d = x.shape
     q = queries.shape[0]
+    if agent_block is None or query_block is None:
+        auto_ab, auto_qb = block_sizes(a, n, q)
+        agent_block = auto_ab if agent_block is None else agent_block
+        query_block = auto_qb if query_block is None else query_block
     ab = agent_block_size(a, int(agent_block))
     qb = query_block_size(q, int(query_block))
     apad, qpad = (-a) % ab, (-q) % qb
