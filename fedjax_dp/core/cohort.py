@@ -345,7 +345,16 @@ def population_pass(data: StackedData, mask) -> CohortPass:
 
 def take_rows(population: StackedData, ids: jax.Array) -> StackedData:
     """Inside a compiled round: the agents ``ids`` of device-resident data (a gather)."""
-    return jax.tree.map(lambda a: jnp.take(a, ids, axis=0), population)
+    return jax.tree.map(lambda a: _take0(a, ids), population)
+
+
+def _take0(a: jax.Array, ids: jax.Array) -> jax.Array:
+    """``jnp.take(a, ids, axis=0)``; typed PRNG keys through their key data (jax 0.6.1 has no
+    gather fill value for a key dtype: "Unsupported dtype for gather fill_value key<fry>")."""
+    if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(jnp.take(jax.random.key_data(a), ids, axis=0),
+                                        impl=jax.random.key_impl(a))
+    return jnp.take(a, ids, axis=0)
 
 
 def masked_sum(tree: Any, valid: jax.Array) -> Any:
