@@ -140,3 +140,73 @@ def test_events():
     assert isinstance(ev, dp_accounting.SampledWithoutReplacementDpEvent)
     with pytest.raises(ValueError, match="step"):
         pg.RowPlan(first=1, step=0)
+
+
+def _per_example_loop(loss_fn, params, x, y, w, clip):
+    """Equation (1) by a Python loop over the rows: each gradient, its global norm, clipped,
+    weighted, summed (float64 on the host)."""
+    total = jax.tree.map(lambda p: np.zeros(p.shape, np.float64), params)
+    for j in range(x.shape[0]):
+        g = jax.grad(loss_fn)(params, x[j], y[j])
+        norm = np.sqrt(sum(np.sum(np.asarray(l, np.float64) ** 2) for l in jax.tree.leaves(g)))
+        factor = float(w[j]) * min(1.0, clip / max(norm, 1e-12))
+        total = jax.tree.map(lambda t, l: t + factor * np.asarray(l, np.float64), total, g)
+    return total
+
+
+@pytest.mark.parametrize("rate,plan", [(1.0, None), (0.5, None),
+                                       (0.5, pg.RowPlan(first=3, step=2))])
+def test_private_gradient_equals_a_per_example_loop_cnn(rate, plan):
+    """A small CNN (conv, dense, biases: leaves of rank 1 to 4), noise 0: the clipped sum over
+    the drawn rows / D equals a per-example loop; rate 1 draws every real row (no coins)."""
+    from fedjax_dp.models import make_model
+    from fedjax_dp.train import cross_entropy
+    model = make_model("cnn", (12, 12, 1), 4)
+    params = model.init(jax.random.key(0))
+    loss = cross_entropy(model)
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.normal(size=(10, 12, 12, 1)).astype(np.float32))
+    y = jnp.asarray(rng.integers(0, 4, 10).astype(np.int32))
+    mask = jnp.arange(10) < 9                                          # one padding row
+    key = jax.random.key(4)
+    got, stats = jax.jit(lambda k: pg.private_gradient(k, loss, params, x, y, mask, rate, 7.0,
+                                                       0.3, 0.0, plan=plan))(key)
+    w = pg.poisson_weights(jax.random.split(key)[0], mask, rate)
+    if rate == 1.0:
+        np.testing.assert_array_equal(np.asarray(w), np.asarray(mask, np.float32))
+        assert float(stats["count"]) == 9.0
+    want = _per_example_loop(loss, params, x, y, np.asarray(w), 0.3)
+    for u, v in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(u, np.float64), v / 7.0, rtol=1e-4, atol=1e-6)
+
+
+def test_rate_one_selects_every_real_row_as_the_draw_does():
+    """poisson_weights at a Python rate 1 is the mask (no draw), which is what a traced rate 1
+    draws (Bernoulli(1) is always 1)."""
+    mask = jnp.arange(12) < 7
+    key = jax.random.key(9)
+    traced = jax.jit(pg.poisson_weights)(key, mask, jnp.float32(1.0))
+    np.testing.assert_array_equal(np.asarray(pg.poisson_weights(key, mask, 1.0)),
+                                  np.asarray(traced))
+    np.testing.assert_array_equal(np.asarray(pg.poisson_weights(key, mask, 1)),
+                                  np.asarray(mask, np.float32))
+
+
+def test_weighted_clipped_sum_mixed_dtypes_and_a_scalar_leaf():
+    """Leaves of different dtypes and a scalar leaf: the per-leaf matrices give the global norm
+    and the clipped sum of a direct computation."""
+    rng = np.random.default_rng(2)
+    values = {"a": jnp.asarray(rng.normal(size=(5, 3, 2)).astype(np.float32)),
+              "b": jnp.asarray(rng.normal(size=(5,)).astype(np.float32)),
+              "c": jnp.asarray(rng.normal(size=(5, 4)).astype(np.float16))}
+    w = jnp.asarray([1.0, 0.0, 1.0, 1.0, 0.5])
+    total, norms = pg.weighted_clipped_sum(values, w, 1.2)
+    flat = np.concatenate([np.asarray(v, np.float64).reshape(5, -1)
+                           for v in jax.tree.leaves(values)], 1)
+    want_norms = np.linalg.norm(flat, axis=1)
+    np.testing.assert_allclose(np.asarray(norms), want_norms, rtol=1e-3)
+    factor = np.asarray(w) * np.minimum(1.0, 1.2 / want_norms)
+    for got, v in zip(jax.tree.leaves(total), jax.tree.leaves(values)):
+        want = np.tensordot(factor, np.asarray(v, np.float64), axes=(0, 0))
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-3, atol=1e-3)
+        assert got.dtype == v.dtype

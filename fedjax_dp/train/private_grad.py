@@ -29,7 +29,14 @@ bucket ``first + k step`` (k = 0, 1, ...) that holds the draw: a large draw is n
 Under ``vmap`` over parties (or seeds) the loop runs to the largest party's draw. The result
 equals the masked sum over all ``n`` rows (:func:`masked_clipped_sum`) up to float summation
 order (tested). Gradients are taken for ``~ q n`` rows instead of ``n``; what stays O(n) is the
-selection itself (n coin flips and an index compaction), no gradient work.
+selection itself (n coin flips and an index compaction), no gradient work. When a pass would
+hold every row anyway (no plan, or ``first >= n``), the rows are computed in place with their
+weights: no compaction and no gather; and a rate of 1 draws no coins.
+
+The clip of a pass (:func:`weighted_clipped_sum`): every leaf's rows as a matrix
+``V_l [B, P_l]``, the global norms ``||V_b||_2`` from them, the factors
+``s_b = b_b min(1, C / ||V_b||_2)``, and ``S_l = s^T V_l`` by one contraction over the rows per
+leaf: the clipped rows ``s_b V_b`` are never formed.
 """
 from __future__ import annotations
 
@@ -60,7 +67,10 @@ def poisson_weights(key: jax.Array, mask: jax.Array, rate) -> jax.Array:
 
     Every real row (``mask`` true) is included independently with probability ``rate``; padding
     rows never. One ``bernoulli(key, rate, [n])`` draw, so the same key selects the same rows
-    whatever is computed from them."""
+    whatever is computed from them. A Python ``rate >= 1`` (every row, as full-batch DP-SGD)
+    draws nothing: ``Bernoulli(1)`` is always 1, so ``b = mask``, the value of the draw."""
+    if isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate >= 1:
+        return mask.astype(bool).astype(jnp.float32)
     keep = jax.random.bernoulli(key, rate, mask.shape)
     return (keep & mask.astype(bool)).astype(jnp.float32)
 
@@ -130,11 +140,25 @@ def clip_rows(rows: Params, clip) -> tuple[Params, jax.Array]:
 def weighted_clipped_sum(values: Params, weights: jax.Array, clip) -> tuple[Params, jax.Array]:
     """``(sum_b w_b v_b min(1, C / ||v_b||_2), norms [B])`` for rows ``values`` (a pytree with
     leading axis B; global L2 norm per row) and weights ``w [B]``: the clipped sum (1) of rows
-    already computed (one pass of :func:`clipped_sum`)."""
-    norms = jax.vmap(optax.tree.norm)(values)                                   # [B]
-    scale = weights * jnp.minimum(1.0, clip / jnp.maximum(norms, 1e-12))        # [B]
-    total = jax.tree.map(lambda g: jnp.tensordot(scale.astype(g.dtype), g, axes=(0, 0)), values)
-    return total, norms
+    already computed (one pass of :func:`clipped_sum`). Each leaf is read as a matrix
+    ``V_l [B, P_l]`` (a free reshape) and::
+
+        norms_b = sqrt(sum_l sum_p V_l[b, p]^2)      s = w min(1, C / norms)      S_l = s^T V_l
+
+    the norms and the sum from the same matrices, the sum as one contraction over the rows per
+    leaf at full float32 precision: the clipped rows ``s_b V_b`` are never formed, and a leaf's
+    rows are formed once (reading a ``[B, d_in, d_out]`` gradient in two layouts, for the norm
+    and for the contraction, made XLA form a dense layer's per-example outer products twice)."""
+    leaves, treedef = jax.tree.flatten(values)
+    b = leaves[0].shape[0]
+    mats = [l.reshape(b, -1) for l in leaves]                                   # V_l [B, P_l]
+    sq = sum(jnp.sum(jnp.square(m), axis=1, dtype=jnp.promote_types(m.dtype, jnp.float32))
+             for m in mats)                                                     # [B]
+    norms = jnp.sqrt(sq)                                                        # [B]
+    scale = weights * jnp.minimum(1.0, clip / jnp.maximum(norms, 1e-12))        # s [B]
+    total = [jnp.dot(scale.astype(m.dtype), m, precision=jax.lax.Precision.HIGHEST)
+             .reshape(l.shape[1:]) for m, l in zip(mats, leaves)]               # S_l
+    return jax.tree.unflatten(treedef, total), norms
 
 
 def _stats(count, clipped, aux) -> dict:
@@ -215,10 +239,15 @@ def clipped_sum(per_example_fn: Callable, data: Sequence[jax.Array], weights: ja
 
     ``per_example_fn(*row) -> (vector pytree, aux scalar)`` for one row of ``data`` (arrays with
     leading axis n); ``weights [n]`` (0 = not selected); ``clip`` C (``inf``: no clipping);
-    ``plan``: the padded passes (None: :meth:`RowPlan.for_expected` of n, i.e. one pass over
-    all rows, gathered). Same value as :func:`masked_clipped_sum` up to summation order."""
+    ``plan``: the padded passes (None: one pass over all rows). A plan whose first pass holds
+    all ``n`` rows computes every row in place, weighted (:func:`masked_clipped_sum`: no index
+    compaction, no gather). Same value as :func:`masked_clipped_sum` up to summation order."""
     n = weights.shape[0]
     plan = plan or RowPlan(first=n, step=max(1, n))
+    if plan.first >= n:
+        # one pass over every row anyway: no index compaction and no gather, the unselected
+        # rows weigh 0 (the masked sum itself, the same terms in the same order)
+        return masked_clipped_sum(per_example_fn, data, weights, clip)
     shapes = jax.eval_shape(per_example_fn, *[a[0] for a in data])[0]
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
