@@ -53,11 +53,26 @@ def test_every_family_of_the_registry_has_a_case():
     in_registry = {selftest.family(entry) for entry in registry.ALGORITHMS.values()}
     assert in_registry == {"averaging", "voting", "fedkt", "isrl", "fnas"}
     assert set(selftest.families()) == in_registry
-    names = [c.algorithm for c in selftest.CASES]
+    cases = selftest.load_cases()
+    names = [c.algorithm for c in cases]
     assert {"fedavg", "dp_fedavg", "dp_fedsgd", "ae_dpfl", "knn_dpfl", "fedkt", "dp_fnas"} <= \
         set(names) and any(n.startswith("sdp_") for n in names)         # and a shuffle-DP one
-    for case in selftest.CASES:                    # every case names a shipped config that loads
-        assert selftest.config_of(case)["algorithm"]["name"] == case.algorithm
+    for case in cases:                 # a shipped config, quiet, with every case's overrides
+        config = selftest.config_of(case)
+        assert config["algorithm"]["name"] == case.algorithm
+        assert (config["run"]["progress"], config["run"]["checkpoint_every"]) == (False, 0)
+
+
+def test_a_bad_cases_file_is_refused_naming_it(tmp_path):
+    bad = tmp_path / "selftest.toml"
+    bad.write_text('[[case]]\nconfig = "x.toml"\nsets = []\n')
+    with pytest.raises(ValueError, match="case 1 must have a config and optionally a set"):
+        selftest.load_cases(bad)
+    bad.write_text('set = []\n')
+    with pytest.raises(ValueError, match="holds no"):
+        selftest.load_cases(bad)
+    with pytest.raises(ValueError, match="needs the repository's configs/ folder"):
+        selftest.load_cases(tmp_path / "missing.toml")
 
 
 def test_families_select_cases_and_bad_names_are_refused():
@@ -96,10 +111,11 @@ def test_selftest_command_passes_every_family_on_this_cpu():
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
     passed = [line for line in lines if line.startswith("PASS ")]
-    assert [line.split()[2] for line in passed] == [c.algorithm for c in selftest.CASES], lines
+    cases = selftest.load_cases()
+    assert [line.split()[2] for line in passed] == [c.algorithm for c in cases], lines
     assert not [line for line in lines if line.startswith("FAIL ")]
     cpu = re.escape(str(jax.devices("cpu")[0]))                 # "cpu:0" (jax 0.6: TFRT_CPU_0)
-    n = len(selftest.CASES)
+    n = len(cases)
     assert re.match(rf"selftest: {n}/{n} passed \(PASS\) on {cpu} vs {cpu}; tolerances: "
                     r"epsilon 1e-09 relative", lines[-1]), lines[-1]
     for line in passed:                           # the numbers of both runs, and the times

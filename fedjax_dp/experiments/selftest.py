@@ -1,8 +1,8 @@
 """``fedjax-dp selftest``: every algorithm family at a tiny size on the default device, compared
 with the same run on the CPU.
 
-Each case is a shipped config (``configs/``) with ``--set``-style overrides that make it tiny; it
-runs the way ``fedjax-dp run`` runs it (:func:`fedjax_dp.experiments.runner.plan` / ``setup``,
+Each case is a shipped config with ``--set``-style overrides that make it tiny (the list is data:
+``configs/selftest.toml``, one case per algorithm family at least); it runs the way ``fedjax-dp run`` runs it (:func:`fedjax_dp.experiments.runner.plan` / ``setup``,
 :func:`fedjax_dp.algorithms.api.run`, :func:`fedjax_dp.experiments.runner.result_record`), once
 on JAX's default device and once inside ``jax.default_device(<the first CPU device>)``, in this
 process. Three numbers of each run are compared, within :data:`TOLERANCES`:
@@ -44,52 +44,41 @@ TOLERANCES = {"epsilon_rtol": EPSILON_RTOL, "checksum_rtol": CHECKSUM_RTOL,
 
 #: the repository's shipped configs (the selftest runs from a source checkout: pip install -e .)
 CONFIGS = Path(fedjax_dp.__file__).resolve().parent.parent / "configs"
-
-#: execution settings of every case: no progress display, checkpoints, evaluations or tracking;
-#: epsilon by RDP only (PLD costs seconds of host time per run and is tested elsewhere)
-_QUIET = ("run.progress=false", "run.checkpoint_every=0", "run.eval_every=0", "run.log=[]")
-_RDP = ("privacy.accountants=[\"rdp\"]",)
-#: a tiny federation of a round-based method (digits: 1797 8x8 images, read offline at once)
-_TINY_ROUNDS = ("data.dataset=\"digits\"", "data.num_agents=8", "algorithm.rounds=2",
-                "train.steps=2", "model.hidden=[8]") + _RDP
-#: a tiny one-shot voting method (local training, Q public queries, the student)
-_TINY_VOTES = ("data.dataset=\"digits\"", "data.num_agents=8", "model.hidden=[8]",
-               "algorithm.num_queries=20", "algorithm.student_steps=4",
-               "algorithm.data_dependent=false") + _RDP
+#: the cases: ``set`` (overrides of every case) and ``[[case]]`` tables (``config``, ``set``)
+CASES_FILE = CONFIGS / "selftest.toml"
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One algorithm at a tiny size: a shipped config and the overrides that shrink it."""
 
-    algorithm: str                  # the registry name (fedjax_dp.experiments.registry)
+    algorithm: str                  # its config's algorithm.name (the registry's name)
     config: str                     # path under configs/
-    overrides: tuple[str, ...]      # key=value, as fedjax-dp run --set
+    overrides: tuple[str, ...]      # key=value, as fedjax-dp run --set (every case's first)
 
 
-#: one case per algorithm family of the registry, and the shuffle-DP variant of the ISRL family
-#: (the ISRL noise is given, not calibrated: calibration is host work, tested elsewhere)
-CASES: tuple[Case, ...] = (
-    Case("fedavg", "fedavg/mnist5k.toml", _TINY_ROUNDS),
-    Case("dp_fedavg", "dp_fedavg/mnist5k.toml", _TINY_ROUNDS),
-    Case("dp_fedsgd", "dp_fedsgd/mnist5k.toml", _TINY_ROUNDS + ("train.batch_size=8",)),
-    Case("ae_dpfl", "ae_dpfl/mnist5k.toml", _TINY_VOTES + ("train.steps=2",)),
-    Case("knn_dpfl", "knn_dpfl/mnist5k.toml", _TINY_VOTES + ("algorithm.feature_dim=16",)),
-    Case("fedkt", "fedkt/digits.toml",
-         ("data.num_agents=2", "train.steps=2", "model.hidden=[8]", "algorithm.num_partitions=1",
-          "algorithm.num_teachers=2", "algorithm.student_steps=2", "algorithm.final_steps=2")
-         + _RDP),
-    Case("isrl_mb_sgd", "isrl/wbcd_isrl_mb_sgd.toml",
-         ("algorithm.rounds=2", "algorithm.noise_multiplier=2.0") + _RDP),
-    Case("sdp_mb_sgd", "isrl/wbcd_sdp_mb_sgd.toml",
-         ("algorithm.rounds=2", "algorithm.noise_trials=100000")),
-    Case("dp_fnas", "fnas/digits_dp.toml",
-         ("data.num_agents=2", "algorithm.search_epochs=1", "algorithm.retrain_epochs=1",
-          "algorithm.cells=1", "algorithm.nodes=1", "algorithm.channels=2",
-          "algorithm.stem_multiplier=1", "algorithm.batch_size=8",
-          "algorithm.retrain_batch_size=8",
-          "algorithm.primitives=[\"skip_connect\", \"max_pool_3x3\"]") + _RDP),
-)
+def load_cases(path: str | Path = CASES_FILE) -> list[Case]:
+    """The cases of ``path`` (default ``configs/selftest.toml``), in its order."""
+    import tomllib
+
+    from fedjax_dp.experiments import config as config_lib
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"selftest needs the repository's configs/ folder (a source checkout "
+                         f"installed with pip install -e .): {path} not found")
+    table = tomllib.loads(path.read_text())
+    common = tuple(table.get("set", []))
+    cases = []
+    for i, entry in enumerate(table.get("case", [])):
+        if set(entry) - {"config", "set"} or "config" not in entry:
+            raise ValueError(f"{path}: case {i + 1} must have a config and optionally a set "
+                             f"list, got keys {sorted(entry)}")
+        overrides = common + tuple(entry.get("set", []))
+        name = config_lib.load(path.parent / entry["config"], list(overrides))["algorithm"]["name"]
+        cases.append(Case(algorithm=name, config=entry["config"], overrides=overrides))
+    if not cases:
+        raise ValueError(f"{path} holds no [[case]]")
+    return cases
 
 
 def family(entry: Any) -> str:
@@ -101,38 +90,36 @@ def family(entry: Any) -> str:
     return parts[2] if parts[:2] == ["fedjax_dp", "algorithms"] and len(parts) > 2 else module
 
 
-def families() -> dict[str, list[str]]:
-    """``{family: [its cases' algorithms]}`` of :data:`CASES`, in their order."""
+def families(cases: Iterable[Case] | None = None) -> dict[str, list[str]]:
+    """``{family: [its cases' algorithms]}`` of ``cases`` (default :func:`load_cases`), in order."""
     from fedjax_dp.experiments import registry
     out: dict[str, list[str]] = {}
-    for case in CASES:
+    for case in load_cases() if cases is None else cases:
         out.setdefault(family(registry.get(case.algorithm)), []).append(case.algorithm)
     return out
 
 
-def select(names: Iterable[str] | None) -> list[Case]:
-    """The cases named by ``names`` (families or algorithms; None: all)."""
+def select(names: Iterable[str] | None, cases: Iterable[Case] | None = None) -> list[Case]:
+    """The cases (default :func:`load_cases`) named by ``names`` (families or algorithms; None:
+    all)."""
+    cases = load_cases() if cases is None else list(cases)
     if names is None:
-        return list(CASES)
+        return cases
     names = [n.strip() for n in names if n.strip()]
-    groups = families()
-    known = list(groups) + [c.algorithm for c in CASES]
+    groups = families(cases)
+    known = list(groups) + [c.algorithm for c in cases]
     bad = [n for n in names if n not in known]
     if bad or not names:
         raise ValueError(f"--families must name families or algorithms among {known}, "
                          f"got {bad or names}")
     wanted = {a for n in names for a in groups.get(n, [n])}
-    return [c for c in CASES if c.algorithm in wanted]
+    return [c for c in cases if c.algorithm in wanted]
 
 
 def config_of(case: Case) -> dict:
-    """The resolved config of ``case``: its shipped file with its overrides and :data:`_QUIET`."""
+    """The resolved config of ``case``: its shipped file with its overrides."""
     from fedjax_dp.experiments import config as config_lib
-    path = CONFIGS / case.config
-    if not path.is_file():
-        raise ValueError(f"selftest needs the repository's configs/ folder (a source checkout "
-                         f"installed with pip install -e .): {path} not found")
-    return config_lib.load(path, list(case.overrides) + list(_QUIET))
+    return config_lib.load(CONFIGS / case.config, list(case.overrides))
 
 
 # ----------------------------------------------------------------------------- one run
@@ -271,7 +258,7 @@ def run(cases: Iterable[Case] | None = None, *, log: Callable[[str], None] = lam
     import jax
 
     from fedjax_dp.experiments import registry
-    cases = list(CASES if cases is None else cases)
+    cases = load_cases() if cases is None else list(cases)
     try:
         cpu_device = jax.devices("cpu")[0]
     except RuntimeError:
