@@ -11,12 +11,19 @@ One SGD step on a batch of B examples, both jitted, same model, data and learnin
 Ratio ``private_over_non_private`` (published JAX figures about 1.2x, naive PyTorch 2.6-8x:
 Subramani et al. 2021, "Enabling fast differentially private SGD via just-in-time compilation
 and vectorization").
+
+Where the private step's time goes, in the same run: ``per_example_norms`` forms every
+per-example gradient and reduces it to its global norm ``||grad_w l(w; x_b, y_b)||_2`` (the
+least any per-example clip computes; ``vmap(grad)``), so ``per_example_norms_over_non_private``
+is the cost of per-example gradients themselves and ``private_over_per_example_norms`` what the
+clip's factors, the contraction, the noise and the update add to them.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from fedjax_dp.bench import common
 
@@ -48,10 +55,19 @@ def measure(sizes: dict, repeats: int) -> dict:
         g, _ = private_gradient(key, loss, p, x, y, mask, 1.0, float(b), 1.0, 1.0, plan=None)
         return jax.tree.map(lambda a, d: a - lr * d, p, g)
 
+    @jax.jit
+    def per_example_norms(p, x, y):
+        return jax.vmap(lambda a, c: optax.tree.norm(jax.grad(loss)(p, a, c)))(x, y)   # [B]
+
     key = jax.random.key(1)
     times = {"non_private": common.time_fn(lambda: non_private(params, x, y), repeats),
-             "private": common.time_fn(lambda: private(params, key, x, y), repeats)}
+             "private": common.time_fn(lambda: private(params, key, x, y), repeats),
+             "per_example_norms": common.time_fn(lambda: per_example_norms(params, x, y),
+                                                 repeats)}
     return {"name": NAME, "title": TITLE,
             "sizes": {**sizes, "num_params": common.num_params(params)}, "times": times,
-            "pairs": {"private_over_non_private": ("private", "non_private")},
+            "pairs": {"private_over_non_private": ("private", "non_private"),
+                      "per_example_norms_over_non_private": ("per_example_norms",
+                                                             "non_private"),
+                      "private_over_per_example_norms": ("private", "per_example_norms")},
             "published": {"jax": 1.2, "pytorch_naive": [2.6, 8.0]}}

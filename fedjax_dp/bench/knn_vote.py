@@ -1,20 +1,33 @@
-"""Bench part: the kNN-DPFL MPC vote vs the matmul.
+"""Bench part: the kNN-DPFL MPC vote vs the matmul, and vs its own distance GEMM.
 
 N agents x n local points x Q queries x d features, C = 10 classes, k neighbours: the full vote
 of :func:`fedjax_dp.privacy.vote.noisy_tally` with the kNN ballots of
-:func:`fedjax_dp.algorithms.voting.knn_dpfl.ballot_fn` (the library's default kNN method;
-distances, per-agent top-k, label counts, every agent's Gaussian noise per query, the secure sum)
-and its argmax (what ``mpc_vote`` releases), one compiled call, agents in chunks of
-``agent_chunk`` (0: none).
+:func:`fedjax_dp.algorithms.voting.knn_dpfl.ballot_fn` (the library's default kNN method on this
+device; distances, per-agent top-k, label counts, every agent's Gaussian noise per query, the
+secure sum) and its argmax (what ``mpc_vote`` releases), one compiled call, agents in chunks of
+``agent_chunk`` (0: none). Timed in the same run:
 
-Achieved GFLOP/s counts the distance GEMM only, ``2 Q d N n`` FLOPs; the suite divides it by the
-same run's matmul GFLOP/s (``vote_fraction_of_matmul``: the share of the device's dense-matmul
-speed the whole vote reaches).
+* ``vote``: that vote;
+* ``distances``: the scores alone, ``s = ||b||^2 - 2 <b, x>`` as one augmented GEMM per block in
+  the blocks the threshold search uses on this device
+  (:func:`fedjax_dp.ops.knn_search.block_sizes`), each block reduced with a min so nothing is
+  dead code: the floor of the vote (``vote_over_distances``: what the search, the counts and
+  the noise add to it);
+* on an accelerator only, ``vote_<other>``: the same vote with the other exact kNN method
+  (``threshold`` / ``top_k``; both choose the same neighbours), so one run says which is the
+  faster there (``<other>_over_<default>``). On the CPU ``top_k`` is a single-threaded
+  partial sort, several times slower (``tools/bench_knn_vote.py`` times it).
+
+Achieved GFLOP/s counts the distance GEMM only, ``2 Q d N n`` FLOPs (the augmented column's
+``1/d`` more not counted); the suite divides it by the same run's matmul
+GFLOP/s (``vote_fraction_of_matmul``: the share of the device's dense-matmul speed the whole
+vote reaches; ``distances_fraction_of_matmul``: the GEMM's own).
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from fedjax_dp.bench import common
 
@@ -22,8 +35,36 @@ NAME = "knn_vote"
 TITLE = "the kNN MPC vote vs the matmul"
 
 
+def _distances_fn(n_agents: int, n: int, q: int):
+    """``(x [N, n, d], mask [N, n], queries [Q, d]) -> [N / ab, Q / qb, ab, qb]``: every block's
+    augmented scores GEMM, reduced with a min over the records."""
+    from fedjax_dp.ops import knn_search
+
+    ab_t, qb_t = knn_search.block_sizes(n_agents, n, q)
+    ab = knn_search.agent_block_size(n_agents, ab_t)
+    qb = knn_search.query_block_size(q, qb_t)
+
+    def distances(x, mask, queries):
+        d = x.shape[-1]
+        apad, qpad = (-n_agents) % ab, (-q) % qb
+        if apad:
+            x = jnp.concatenate([x, jnp.zeros((apad, n, d), x.dtype)])
+            mask = jnp.concatenate([mask, jnp.zeros((apad, n), bool)])
+        if qpad:
+            queries = jnp.concatenate([queries, jnp.zeros((qpad, d), queries.dtype)])
+        qblocks = knn_search.augment_queries(queries).reshape(-1, qb, d + 1)
+
+        def per_agent_block(blk):
+            xa = knn_search.augment_records(*blk)                             # [ab, n, d+1]
+            return lax.map(lambda qa: jnp.min(knn_search.augmented_scores(xa, qa), axis=1),
+                           qblocks)
+        return lax.map(per_agent_block, (x.reshape(-1, ab, n, d), mask.reshape(-1, ab, n)))
+    return distances
+
+
 def measure(sizes: dict, repeats: int) -> dict:
     from fedjax_dp.algorithms.voting import knn_dpfl
+    from fedjax_dp.core import defaults as defaults_lib
     from fedjax_dp.privacy import vote
 
     n_agents, n, q, d, k, c = (sizes["agents"], sizes["local_size"], sizes["queries"],
@@ -34,14 +75,29 @@ def measure(sizes: dict, repeats: int) -> dict:
               jax.random.randint(ky, (n_agents, n), 0, c),                 # y [N, n]
               jnp.ones((n_agents, n), bool))                               # mask [N, n]
     queries = jax.random.normal(kq, (q, d), jnp.float32)                   # [Q, d]
-    fn = knn_dpfl.ballot_fn(k, c)
-    release = jax.jit(lambda key, ag, qs: jnp.argmax(vote.noisy_tally(
-        key, ag, qs, jnp.float32(1.0), ballot_fn=fn, num_classes=c, agent_chunk=chunk,
-        query_chunk=None, noisy=True), axis=-1).astype(jnp.int32))
     key = jax.random.key(1)
-    times = {"vote": common.time_fn(lambda: release(key, agents, queries), repeats)}
+
+    def release_fn(method):
+        fn = knn_dpfl.ballot_fn(k, c, method)
+        return jax.jit(lambda key, ag, qs: jnp.argmax(vote.noisy_tally(
+            key, ag, qs, jnp.float32(1.0), ballot_fn=fn, num_classes=c, agent_chunk=chunk,
+            query_chunk=None, noisy=True), axis=-1).astype(jnp.int32))
+
+    default = knn_dpfl.resolve_method("auto")
+    release = release_fn(default)
+    dist = jax.jit(_distances_fn(n_agents, n, q))
+    times = {"vote": common.time_fn(lambda: release(key, agents, queries), repeats),
+             "distances": common.time_fn(lambda: dist(agents[0], agents[2], queries), repeats)}
+    pairs = {"vote_over_distances": ("vote", "distances")}
+    if defaults_lib.defaults().accelerator:
+        other = "top_k" if default == "threshold" else "threshold"
+        release_other = release_fn(other)
+        times[f"vote_{other}"] = common.time_fn(lambda: release_other(key, agents, queries),
+                                                repeats)
+        pairs[f"{other}_over_{default}"] = (f"vote_{other}", "vote")
     gemm = 2.0 * q * d * n_agents * n
-    return {"name": NAME, "title": TITLE, "sizes": {**sizes, "classes": c,
-                                                      "gemm_gflop": gemm / 1e9},
-            "times": times, "pairs": {}, "flops": {"vote": gemm},
-            "gflops": {"vote": gemm / times["vote"]["median_s"] / 1e9}}
+    return {"name": NAME, "title": TITLE,
+            "sizes": {**sizes, "classes": c, "method": default, "gemm_gflop": gemm / 1e9},
+            "times": times, "pairs": pairs, "flops": {"vote": gemm, "distances": gemm},
+            "gflops": {"vote": gemm / times["vote"]["median_s"] / 1e9,
+                       "distances": gemm / times["distances"]["median_s"] / 1e9}}
