@@ -37,15 +37,16 @@ stage() {   # name timeout command...
 }
 nvidia-smi -L 2>/dev/null | tee "$out/machine.txt"
 has devices && stage devices 120 $cli devices --json
-has selftest && stage selftest 240 $cli selftest
+has selftest && stage selftest "${SELFTEST_LIMIT:-240}" $cli selftest
 has fnas && stage fnas 180 $cli run configs/fnas/digits_dp.toml --set algorithm.search_epochs=2 \
   --set algorithm.retrain_epochs=2 --out "$out/fnas_run" --quiet
-has rounds && stage rounds 300 python3 tools/bench_cli_rounds.py --peers .peers \
+has rounds && stage rounds "${ROUNDS_LIMIT:-300}" python3 tools/bench_cli_rounds.py --peers .peers \
   --rates "${ROUNDS_RATES:-0.01,0.1,1.0}" --out "$out/cli_rounds.json"
-has bench && stage bench 300 $cli bench --suite full --out "$out/bench_full.json"
+has bench && stage bench "${BENCH_LIMIT:-300}" $cli bench --suite full --out "$out/bench_full.json"
 if has scale; then
   n=${SCALE_AGENTS:-10000000}
-  stage scale 400 python3 tools/bench_scale_oneshot.py --agents "$n" --algorithms ae_dpfl \
-    --paths cli --out "$out/scale_cli.json"
+  stage scale "${SCALE_LIMIT:-400}" python3 tools/bench_scale_oneshot.py --agents "$n" \
+    --algorithms ae_dpfl --paths cli --generator jax --agents-on "${SCALE_ON:-device}" \
+    --out "$out/scale_cli.json"
 fi
 exit 0
