@@ -172,7 +172,8 @@ def run_case(case: Case, device: Any = None) -> Numbers:
     with scope:
         p = runner.plan(config)
         s = runner.setup(config)
-        runtime = api.Runtime(chunk_size=config["run"]["chunk_size"] or None)
+        runtime = api.Runtime(chunk_size=config["run"]["chunk_size"] or None,   # as the runner
+                              rounds_per_call=config["run"].get("rounds_per_call", "auto"))
         done = api.run(p.entry, s.key, s.fed, s.model, p.algorithm_config, runtime=runtime)
         result = runner.result_record(p, config, s, done.state, done.history, None,
                                       time.perf_counter() - start)
