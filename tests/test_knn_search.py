@@ -12,14 +12,14 @@ from fedjax_dp.core import from_ragged
 
 
 @functools.partial(jax.jit, static_argnames=("k", "num_classes", "agent_block", "query_block",
-                                             "search_steps", "walk_width", "compact"))
+                                             "search_steps", "walk_width", "compact", "fix_rows"))
 def _counts(x, y, mask, queries, k, num_classes, agent_block=1, query_block=256,
             search_steps=knn_search.SEARCH_STEPS, walk_width=knn_search.WALK_WIDTH,
-            compact=knn_search.COMPACT):
+            compact=knn_search.COMPACT, fix_rows=knn_search.FIX_ROWS):
     return knn_search.neighbour_label_counts(x, y, mask, queries, k, num_classes,
                                              agent_block=agent_block, query_block=query_block,
                                              search_steps=search_steps, walk_width=walk_width,
-                                             compact=compact)
+                                             compact=compact, fix_rows=fix_rows)
 
 
 def _loop(xs, ys, queries, k, c):
@@ -193,3 +193,28 @@ def test_one_wide_block_equals_the_loop():
     got = _counts(data.x, data.y, data.mask, jnp.asarray(queries), k=6, num_classes=4,
                   agent_block=5, query_block=70)
     np.testing.assert_array_equal(np.asarray(got), _loop(xs, ys, queries, 6, 4))
+
+
+def test_tied_rows_redone_alone_or_by_block_equal_the_loop():
+    """A record duplicated so that the copy ties with the k-th nearest of query 0: the search's
+    count is off on that row (and on the few others where the twins straddle the k-th); those
+    rows alone are redone with top-k (fix_rows 16: up to 16 of the block's 256 rows) or, past
+    the buffer, the whole block (fix_rows 1024): both equal the loop (lower index first)."""
+    xs, ys, queries = _data(11, [50, 50, 50, 50], d=4, q=64)
+    x0 = xs[0].astype(np.float64)
+    order = np.argsort(np.sum((x0 - queries[0].astype(np.float64)) ** 2, 1), kind="stable")
+    k = 7
+    xs[0][order[-1]] = xs[0][order[k - 1]]                 # the farthest becomes the k-th's twin
+    data = from_ragged(xs, ys)
+    args = (data.x, data.y, data.mask, jnp.asarray(queries))
+    s = knn_search.scores(data.x, data.mask, jnp.asarray(queries))
+    mean, sd = knn_search.score_moments(knn_search.agent_stats(data.x, data.mask),
+                                        knn_search.augment_queries(jnp.asarray(queries)))
+    tau, _ = knn_search.kth_smallest_key(s, k, jnp.sum(data.mask, 1), mean, sd)
+    below = np.sum(np.asarray(knn_search.to_key(s)) <= np.asarray(tau)[:, None, :], 1)
+    assert below[0, 0] == k + 1 and 1 <= np.sum(below != k) <= 16     # rows to redo
+    want = _loop(xs, ys, queries, k, 4)
+    for fix_rows in (16, 1024):
+        got = np.asarray(_counts(*args, k=k, num_classes=4, agent_block=4, query_block=64,
+                                 fix_rows=fix_rows))
+        np.testing.assert_array_equal(got, want)

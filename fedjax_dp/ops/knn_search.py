@@ -25,9 +25,11 @@ histogram only needs the *set* of the k nearest, and that set is ``{j : s_j <= t
    their scores are gathered into a small buffer and the last passes run on it alone.
 3. **Counts and verification** (:func:`_block_counts`): the label counts of ``{s <= tau}``
    are sums of bit-packed one-hot codes (``ceil(log2(k + 1))`` bits a class, several classes per
-   int32 word). If any row has not exactly ``min(k, n_i)`` chosen records -- a tie at the k-th
-   distance (duplicated records), where the walk's counting assumption fails -- the block is
-   recomputed with ``lax.top_k`` (:func:`topk_counts`). So the chosen set is always exactly
+   int32 word). The rows that have not exactly ``min(k, n_i)`` chosen records -- a tie at the
+   k-th distance (duplicated records, or two float32 scores equal by chance: about 3 rows in a
+   million at 600 records a row), where the walk's counting assumption fails -- are recomputed
+   with ``lax.top_k`` (:func:`topk_counts`): alone, gathered, while they are at most one row in
+   ``FIX_ROWS`` of the block, else the whole block. So the chosen set is always exactly
    ``lax.top_k(-s, k)``'s, ties included (lower index first), and an agent with ``n_i < k``
    records contributes all of them.
 
@@ -61,6 +63,8 @@ WIDE_BLOCK_COPIES = 4     # accelerators: a wide block needs about this many cop
                           # (scores; the fallback's transposed copy, sort keys and indices)
 FIRST_COUNT_PASSES = 3    # count passes every block makes before the adaptive loop
 COMPACT = 32              # continue on a gathered buffer once <= 1/32 of a block's rows search
+FIX_ROWS = 1024           # a block redoes up to 1 row in this many (at least 1) alone with top-k
+                          # when its count is off (a tie at the k-th); more: the whole block
 FIRST_SPREAD = 6.0        # the first pass counts at the model quantile -+ this many records
 _IMAX = 2 ** 31 - 1
 
@@ -348,7 +352,7 @@ def topk_counts(s: jax.Array, y: jax.Array, k: int, num_classes: int) -> jax.Arr
 
 
 def _block_counts(xa, y, codes, n_real, stats, qa, k: int, num_classes: int,
-                  search_steps: int, walk_width: int, compact: int):
+                  search_steps: int, walk_width: int, compact: int, fix_rows: int = FIX_ROWS):
     """``[a, q, C]`` neighbour label counts of one block (its scores stay in cache).
     ``codes [a, n, W]``: :func:`_label_codes` of ``y`` (per agent block)."""
     s = augmented_scores(xa, qa)                                              # [a, n, q]
@@ -361,9 +365,32 @@ def _block_counts(xa, y, codes, n_real, stats, qa, k: int, num_classes: int,
     sums = jnp.sum(jnp.where(chosen[:, :, None, :], codes[..., None], 0), axis=1)  # [a, W, q]
     sums = jnp.swapaxes(sums, 1, 2)                                           # [a, q, W]
     counts = _unpack(sums, bits, per, num_classes)                            # [a, q, C]
-    # verify: exactly min(k, n_i) chosen; otherwise (a tie at the k-th) the exact top-k
-    ok = jnp.all(jnp.sum(counts, -1) == jnp.minimum(k, n_real)[:, None].astype(jnp.float32))
-    return lax.cond(ok, lambda _: counts, lambda _: topk_counts(s, y, k, num_classes), None)
+    # verify: exactly min(k, n_i) chosen; the rows where not (a tie at the k-th) get the exact
+    # top-k: up to rows / FIX_ROWS of them alone, more by the whole block
+    bad = jnp.sum(counts, -1) != jnp.minimum(k, n_real)[:, None].astype(jnp.float32)  # [a, q]
+    n_bad = jnp.sum(bad, dtype=jnp.int32)
+    cap = max(1, bad.size // fix_rows)
+
+    def fix(c):
+        return lax.cond(n_bad <= cap,
+                        lambda c: _topk_rows(c, s, y, bad, k, num_classes, cap),
+                        lambda c: topk_counts(s, y, k, num_classes), c)
+    return lax.cond(n_bad == 0, lambda c: c, fix, counts)
+
+
+def _topk_rows(counts: jax.Array, s: jax.Array, y: jax.Array, bad: jax.Array, k: int,
+               num_classes: int, cap: int) -> jax.Array:
+    """``counts [a, q, C]`` with the (at most ``cap``) rows marked in ``bad [a, q]`` replaced by
+    :func:`topk_counts` of those rows alone: their scores ``[cap, n]`` are gathered, ranked by
+    ``lax.top_k`` (ties: lower index first) and their counts scattered back; the other rows
+    keep theirs (exactly ``min(k, n_i)`` scores at or below the threshold: top-k's set)."""
+    a, n, q = s.shape
+    rows = a * q
+    idx = jnp.nonzero(bad.reshape(rows), size=cap, fill_value=rows)[0]       # [cap]
+    src = jnp.where(idx < rows, idx, 0)
+    ai, qi = src // q, src % q
+    fixed = topk_counts(s[ai, :, qi][:, :, None], y[ai], k, num_classes)[:, 0]   # [cap, C]
+    return counts.reshape(rows, -1).at[idx].set(fixed, mode="drop").reshape(counts.shape)
 
 
 def block_sizes(a: int, n: int, q: int, device_defaults=None) -> tuple[int, int]:
@@ -425,14 +452,17 @@ def query_block_size(q: int, target: int) -> int:
 def neighbour_label_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries: jax.Array,
                            k: int, num_classes: int, *, agent_block: int | None = None,
                            query_block: int | None = None, search_steps: int = SEARCH_STEPS,
-                           walk_width: int = WALK_WIDTH, compact: int = COMPACT) -> jax.Array:
+                           walk_width: int = WALK_WIDTH, compact: int = COMPACT,
+                           fix_rows: int = FIX_ROWS) -> jax.Array:
     """Per agent and query, how many of the agent's k nearest records carry each label.
 
     ``x [a, n, d]``, ``y [a, n]`` int, ``mask [a, n]`` (real records), ``queries [q, d]`` ->
     ``[a, q, C]`` float32 counts (each row sums to ``min(k, n_i)``). Squared Euclidean distance;
     ties broken by lower record index (as ``lax.top_k``). Blocks of ``agent_block`` x
     ``query_block`` (None: the device's, :func:`block_sizes`) are mapped with ``lax.map``; the
-    result does not depend on the block sizes.
+    result does not depend on the block sizes. A block's rows with a tie at the k-th are redone
+    with ``lax.top_k`` alone while they are at most one in ``fix_rows``, else the whole block
+    (the same counts either way).
     """
     a, n, d = x.shape
     q = queries.shape[0]
@@ -461,7 +491,7 @@ def neighbour_label_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries:
 
         def per_query_block(qa):
             return _block_counts(xa, yb, codes, n_real, stats, qa, k, num_classes,
-                                 search_steps, walk_width, compact)
+                                 search_steps, walk_width, compact, fix_rows)
 
         out = lax.map(per_query_block, qblocks)                               # [q/qb, ab, qb, C]
         return jnp.transpose(out, (1, 0, 2, 3)).reshape(ab, -1, num_classes)
