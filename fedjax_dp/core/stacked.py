@@ -466,10 +466,14 @@ def _draw_block(fn, key, params, ids, attrs, records):
 
 
 @functools.partial(jax.jit, static_argnums=0, static_argnames=("chunk",))
-def _draw_all(fn, key, params, ids, attrs, records, *, chunk: int):
-    """``x [N, n_max, ...]`` of every slot of ``records [N, n_max]``, written in place chunk by
-    chunk (a ``fori_loop``: the device holds the result and one chunk's temporaries). The last
-    chunk starts at ``N - chunk`` (it redraws a few rows, with the same values)."""
+def _draw_all(fn, key, params, ids, attrs, records, labels, *, chunk: int):
+    """``(x [N, n_max, ...], y [N, n_max, ...], mask [N, n_max])`` of the slots ``records
+    [N, n_max]`` (-1: padding) with the record labels ``labels [n, ...]``: ``x`` written in place
+    chunk by chunk (a ``fori_loop``: the device holds the result and one chunk's temporaries;
+    the last chunk starts at ``N - chunk`` and redraws a few rows, with the same values)."""
+    real = records >= 0
+    y = labels[jnp.maximum(records, 0)]
+    y = jnp.where(real.reshape(real.shape + (1,) * (y.ndim - 2)), y, jnp.zeros((), y.dtype))
     n = records.shape[0]
     block = jax.eval_shape(lambda r: _draw(fn, key, params, ids, attrs, r),
                            jax.ShapeDtypeStruct((chunk,) + records.shape[1:], records.dtype))
@@ -481,7 +485,7 @@ def _draw_all(fn, key, params, ids, attrs, records, *, chunk: int):
         return jax.lax.dynamic_update_slice_in_dim(
             out, _draw(fn, key, params, ids, attrs, rows), start, 0)
 
-    return jax.lax.fori_loop(0, -(-n // chunk), body, out)
+    return jax.lax.fori_loop(0, -(-n // chunk), body, out), y, real
 
 
 #: agents per chunk when :func:`stack_drawn` draws a population
@@ -489,29 +493,34 @@ DRAW_CHUNK = 4096
 
 
 def stack_drawn(draw: RecordDraw, y, rows: RecordRows, *, on: str = "host",
-                chunk: int = DRAW_CHUNK) -> StackedData:
+                chunk: int = DRAW_CHUNK, check: bool = True) -> StackedData:
     """Stacked agents drawn where they are consumed: agent i's slot j holds record
     ``rows.records[i, j]`` of the generated record set ``draw`` (labels ``y [n]``).
 
     ``on = "device"``: one compiled call draws every agent's records on the device (only the
-    ``[N, n_max]`` record indices and the per-record attributes go there; the features never
-    exist on the host). ``on = "host"``: chunks of ``chunk`` agents are drawn on the device one
-    after the other (the next drawn while the previous is copied) into host arrays, the only
-    full copy. Both give the same values as drawing the records one by one
-    (:meth:`RecordDraw.rows`), whatever ``chunk``."""
+    ``[N, n_max]`` record indices, the labels and the per-record attributes go there, and the
+    slots' labels and mask are gathered there too; the features never exist on the host).
+    ``on = "host"``: chunks of ``chunk`` agents are drawn on the device one after the other (the
+    next drawn while the previous is copied) into host arrays, the only full copy. Both give the
+    same values as drawing the records one by one (:meth:`RecordDraw.rows`), whatever
+    ``chunk``. ``check``: validate ``rows`` (:func:`check_rows`; a partitioner's own rows are
+    valid already)."""
     validation.check_choice("on", on, ("host", "device"))
     validation.check_int("chunk", chunk, minimum=1)
-    check_rows(rows, draw.num_records)
-    y_out = record_labels(y, rows)
+    y = np.asarray(y)
+    if check:
+        check_rows(rows, draw.num_records)
+    if len(y) != draw.num_records:
+        raise ValueError(f"y holds {len(y)} labels but the draw {draw.num_records} records")
     counts = np.asarray(rows.counts, np.int32)
     num, chunk = rows.num_agents, min(chunk, rows.num_agents)
     records = rows.records.astype(_index_dtype(draw.num_records), copy=False)
     inputs = draw.device_inputs()
     if on == "device":
-        x = _draw_all(draw.fn, *inputs, jax.device_put(records), chunk=chunk)
-        mask = np.arange(records.shape[1])[None, :] < counts[:, None]
-        return StackedData(x=x, y=jax.device_put(y_out), mask=jax.device_put(mask),
-                           counts=jax.device_put(counts))
+        x, y_out, mask = _draw_all(draw.fn, *inputs, jax.device_put(records),
+                                   jax.device_put(y.astype(np.int32, copy=False)), chunk=chunk)
+        return StackedData(x=x, y=y_out, mask=mask, counts=jax.device_put(counts))
+    y_out = record_labels(y, rows)
     x = None
     pending = None
 

@@ -105,7 +105,7 @@ def iid_rows(labels_or_n: Any, num_agents: int, seed_or_key: Any) -> RecordRows:
         n = len(_ids("labels_or_n", labels_or_n))
     num_agents = _num_agents(num_agents, n)
     dtype = np.int32 if n < 2 ** 31 else np.int64
-    perm = _rng(seed_or_key).permutation(n).astype(dtype, copy=False)        # [n]
+    perm = _rng(seed_or_key).permutation(n).astype(dtype)      # [n] (int64 shuffles 2x faster)
     q, big = divmod(n, num_agents)     # array_split: the first `big` parts hold q + 1 records
     n_max = q + (big > 0)
     records = np.full((num_agents, n_max), -1, dtype)

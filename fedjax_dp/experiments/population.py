@@ -286,7 +286,7 @@ def build(config: dict, *, path=None) -> Population:
         on = config["run"]["agents_on"]
         if on == "auto":
             on = auto_placement(_stacked_bytes(rows, dataset))
-        agents = stack_drawn(draw, dataset.y_train, rows, on=on)
+        agents = stack_drawn(draw, dataset.y_train, rows, on=on, check=False)  # rows: valid
         return Population(dataset=dataset, agents=agents, x_val=x_val, y_val=y_val)
     agents = stack_records(data_lib.train_blocks(dataset), dataset.y_train, rows, path=path)
     del rows
