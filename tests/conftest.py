@@ -62,7 +62,8 @@ def pytest_unconfigure(config):
 
 #: the longest tests (the subprocesses with 8 devices and 2 processes, the notebooks) start first, so that with
 #: ``-n 2 --dist worksteal`` no worker is left with one of them at the end while the other idles
-_LONG_FIRST = ("test_sharding.py::test_eight_cpu_devices_equal_one_device",
+_LONG_FIRST = ("test_selftest.py::test_selftest_command_passes_every_family_on_this_cpu",
+               "test_sharding.py::test_eight_cpu_devices_equal_one_device",
                "test_multiprocess.py::test_two_processes_equal_one_process",
                "test_bench.py::test_bench_quick_suite_tiny_through_the_cli",
                "test_user_paths.py::test_killed_interrupted_and_resumed",
