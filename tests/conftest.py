@@ -47,7 +47,7 @@ def pytest_runtest_teardown(item, nextitem):
     functions, JAX's caches): XLA:CPU maps each compiled kernel as pages of their own (~25 mappings
     per program measured in the suite, jax 0.10.2), and a worker that reached the kernel's limit
     (vm.max_map_count, 65,530) died in native code in the next compilation or cache write, about
-    once per full run (tools/repro_native_abort.py, tests/test_native_abort.py). Release them
+    once per full run (tools/bench_native_abort.py, tests/test_native_abort.py). Release them
     before that."""
     from fedjax_dp.experiments import compilation
     compilation.release_compiled(TEST_MAP_SHARE)

@@ -3,7 +3,7 @@ as pages of their own, so a process that keeps thousands of compiled programs re
 limit on memory mappings (vm.max_map_count) and the next compilation dies in native code.
 ``compilation.release_compiled`` drops JAX's compiled programs before that; a run starting (the
 outermost CompileLog) and every sweep cell call it, and so does every test worker between tests
-(conftest). ``tools/repro_native_abort.py`` is the reproducer."""
+(conftest). ``tools/bench_native_abort.py`` is the reproducer."""
 import os
 import subprocess
 import sys
@@ -67,7 +67,7 @@ def test_a_run_starting_releases_when_crowded_and_a_nested_log_does_not(monkeypa
 def _repro(*args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     return subprocess.run([sys.executable, "-X", "faulthandler",
-                           str(ROOT / "tools" / "repro_native_abort.py"), "--opt0",
+                           str(ROOT / "tools" / "bench_native_abort.py"), "--opt0",
                            "--every-s", "600", *args],
                           capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
 

@@ -149,13 +149,17 @@ def _child_fedkt(args, agents, data, model, x_test, y_test, gen_s) -> dict:
 
 def cli_sets(num_agents: int, records: int, features: int, *, classes: int, public: int,
              queries: int, hidden: int, steps: int, sigma: float, chunk: int,
-             vote_noise: str) -> list[str]:
+             vote_noise: str, generator: str = "numpy", agents_on: str = "auto") -> list[str]:
     """The ``--set`` overrides of the command-line AE-DPFL row (the hand-built row's workload on
-    ``synthetic`` data)."""
+    ``synthetic`` data); ``generator = "jax"`` draws the agents where they are consumed
+    (``dataset_options.generator``), ``agents_on`` other than ``"auto"`` sets
+    ``run.agents_on``."""
+    gen = "" if generator == "numpy" else f",generator=\"{generator}\""
+    where = [] if agents_on == "auto" else [f"run.agents_on=\"{agents_on}\""]
     return [f"data.dataset=synthetic", f"data.num_agents={num_agents}", "data.partition=iid",
             "data.partition_options={}",
             f"data.dataset_options={{num_train={num_agents * records},num_features={features},"
-            f"num_classes={classes},num_public={public},num_test=2000}}",
+            f"num_classes={classes},num_public={public},num_test=2000{gen}}}", *where,
             f"train.steps={steps}", "train.batch_size=8", "train.learning_rate=0.1",
             f"model.hidden=[{hidden}]", f"algorithm.sigma={sigma}",
             f"algorithm.num_queries={queries}", "algorithm.student_steps=200",
@@ -178,7 +182,10 @@ def cli_row(num_agents: int, sets: list[str], records: int, features: int,
     try:
         with open(folder / "log", "w") as log:
             tic = time.perf_counter()
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            # a fresh persistent compilation cache: every row compiles as a first run does
+            env = dict(os.environ, FEDJAX_DP_CACHE_DIR=str(folder / "cache"))
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                    env=env)
             timer = threading.Timer(timeout, proc.kill)
             timer.start()
             try:
@@ -198,11 +205,14 @@ def cli_row(num_agents: int, sets: list[str], records: int, features: int,
         shutil.rmtree(folder, ignore_errors=True)
     data_bytes = num_agents * (records * (features * 4 + 4 + 1) + 4)     # x, y, mask, counts
     phases = {r.get("phase"): r for r in result.get("history", [])}
+    timing = result.get("timing", {})
     return {"algorithm": "ae_dpfl", "path": "cli", "num_agents": num_agents,
             "command": "fedjax-dp run configs/ae_dpfl/mnist5k.toml " +
                        " ".join(f"--set {s}" for s in sets),
             "wall_s": wall, "run_wall_s": result["wall_time_s"],
-            "setup_s": result.get("timing", {}).get("setup_s"),
+            "setup_s": timing.get("setup_s"), "phase_s": timing.get("round_s"),
+            "compilations": timing.get("compilations"), "compile_s": timing.get("compile_s"),
+            "compiled": [e["what"] for e in timing.get("listed", [])],
             "peak_rss_bytes": usage.ru_maxrss * 1024, "data_bytes": data_bytes,
             "agents_on": result["config"]["run"]["agents_on"],
             "vote_accuracy": phases.get("vote", {}).get("vote_accuracy"),
@@ -215,7 +225,7 @@ def run(agents_list, records: int = 16, features: int = 32, *, algorithms=ALGORI
         vote_noise: str = "aggregate", prefetch: bool = True, timeout: float = 3600,
         partitions: int = 2, teachers: int = 3, gamma: float = 0.5,
         query_fraction: float = 0.2, student_steps: int = 50, party_chunk: int = 0,
-        paths=("hand", "cli")) -> dict:
+        paths=("hand", "cli"), generator: str = "numpy", agents_on: str = "auto") -> dict:
     """Every (algorithm, N) in a fresh subprocess; returns ``{"config": ..., "rows": [...]}``.
     FedKT reads ``partitions`` (s), ``teachers`` (t), ``gamma``, ``query_fraction``,
     ``student_steps`` (students and final model) and ``party_chunk`` (0: the default).
@@ -227,7 +237,8 @@ def run(agents_list, records: int = 16, features: int = 32, *, algorithms=ALGORI
             if "cli" in paths and algorithm == "ae_dpfl":
                 sets = cli_sets(n, records, features, classes=classes, public=public,
                                 queries=queries, hidden=hidden, steps=steps, sigma=sigma,
-                                chunk=chunk, vote_noise=vote_noise)
+                                chunk=chunk, vote_noise=vote_noise, generator=generator,
+                                agents_on=agents_on)
                 rows.append(cli_row(n, sets, records, features, timeout))
                 _print(rows[-1])
             if "hand" not in paths:
@@ -252,6 +263,7 @@ def run(agents_list, records: int = 16, features: int = 32, *, algorithms=ALGORI
     config = dict(records=records, features=features, classes=classes, public=public,
                   queries=queries, hidden=hidden, local_steps=steps, k=k, sigma=sigma,
                   agent_chunk=chunk, vote_noise=vote_noise, prefetch=prefetch,
+                  generator=generator, agents_on=agents_on,
                   cpu_count=os.cpu_count(), paths=list(paths))
     if "fedkt" in algorithms:
         config["fedkt"] = dict(level="L1", partitions=partitions, teachers=teachers,
@@ -288,6 +300,10 @@ def main(argv=None):
     ap.add_argument("--sigma", type=float, default=20.0)
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--vote-noise", default="aggregate", choices=("aggregate", "per_agent"))
+    ap.add_argument("--generator", default="numpy", choices=("numpy", "jax"),
+                    help="the CLI row's synthetic generator (jax: drawn where consumed)")
+    ap.add_argument("--agents-on", default="auto", choices=("auto", "host", "device"),
+                    help="the CLI row's run.agents_on")
     ap.add_argument("--no-prefetch", action="store_true")
     ap.add_argument("--partitions", type=int, default=2, help="FedKT s")
     ap.add_argument("--teachers", type=int, default=3, help="FedKT t")
@@ -310,7 +326,8 @@ def main(argv=None):
                  chunk=args.chunk, vote_noise=args.vote_noise, prefetch=not args.no_prefetch,
                  partitions=args.partitions, teachers=args.teachers, gamma=args.gamma,
                  query_fraction=args.query_fraction, student_steps=args.student_steps,
-                 party_chunk=args.party_chunk, paths=tuple(args.paths))
+                 party_chunk=args.party_chunk, paths=tuple(args.paths),
+                 generator=args.generator, agents_on=args.agents_on)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")

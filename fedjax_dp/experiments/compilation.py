@@ -22,7 +22,7 @@ lives (and eager operations' programs in caches of up to 4,096 entries), and pas
 ``/proc/sys/vm/max_map_count`` mappings (65,530 by default on Linux) the next compilation cannot
 map its code: XLA:CPU then dies in native code (``LLVM compilation error: Cannot allocate memory``,
 then SIGSEGV or SIGABRT in ``backend_compile_and_load`` or in ``executable.serialize()`` of the
-persistent cache's write). ``tools/repro_native_abort.py`` reproduces it; docs/runs.md has the
+persistent cache's write). ``tools/bench_native_abort.py`` reproduces it; docs/runs.md has the
 numbers. Entering the outermost :class:`CompileLog` (a run or a bench part starting) calls it.
 """
 from __future__ import annotations

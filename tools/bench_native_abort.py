@@ -1,9 +1,9 @@
 """Reproducer for the native abort of long-lived test workers (issue 30, item 6), outside pytest.
 
-    nice -n 10 python tools/repro_native_abort.py --count 2000             # one process, no cache
-    nice -n 10 python tools/repro_native_abort.py --count 500 --cache DIR  # every entry written
-    nice -n 10 python tools/repro_native_abort.py --count 300 --cache DIR --procs 2 --threads 2
-    nice -n 10 python tools/repro_native_abort.py --count 400 --reserve-maps 64000
+    nice -n 10 python tools/bench_native_abort.py --count 2000             # one process, no cache
+    nice -n 10 python tools/bench_native_abort.py --count 500 --cache DIR  # every entry written
+    nice -n 10 python tools/bench_native_abort.py --count 300 --cache DIR --procs 2 --threads 2
+    nice -n 10 python tools/bench_native_abort.py --count 400 --reserve-maps 64000
 
 One long-lived process (or ``--procs`` processes started together) compiles ``--count`` distinct
 jitted functions of varied structure and shapes (elementwise chains, an MLP step with its gradient,
