@@ -62,3 +62,28 @@ def test_agent_keys_are_rows_of_split_per_agent(partitionable, n):
         sub = np.array([n - 1, 0, n // 2], np.int32)           # any rows, any order
         got = jax.random.key_data(rng.agent_keys(key, sub, n))
         np.testing.assert_array_equal(np.asarray(got), want[sub])
+
+
+def test_counter_normals_are_the_hash_of_their_counters_and_standard_normal():
+    """Row r is a pure function of (key, hi[r], lo[r]): equal to the host hash of its counters
+    turned into normals, whatever rows it is drawn with; the values are N(0, 1)."""
+    from scipy import stats
+    key = rng.as_key(11)
+    hi = np.array([0, 5, 5, 2 ** 20], np.uint32)
+    lo = np.array([0, 0, 3, 7], np.uint32)
+    d = 5                                                     # h = 3 pairs, the last word dropped
+    z = np.asarray(rng.counter_normals(key, hi, lo, d))
+    for r in range(4):                                        # the same row alone, by the host
+        x1 = lo[r] * 3 + np.arange(3, dtype=np.uint32)
+        w0, w1 = rng.threefry2x32(_words(key), np.full(3, hi[r], np.uint32), x1)
+        words = np.concatenate([w0, w1])[:d]
+        f = ((words >> 9) | np.uint32(0x3F800000)).view(np.float32) - np.float32(1.0)
+        low = np.nextafter(np.float32(-1.0), np.float32(0.0))
+        u = np.maximum(low, f * (np.float32(1.0) - low) + low)
+        from scipy.special import erfinv
+        np.testing.assert_allclose(z[r], np.sqrt(2.0) * erfinv(u.astype(np.float64)), atol=2e-6)
+        np.testing.assert_array_equal(np.asarray(rng.counter_normals(
+            key, hi[r:r + 1], lo[r:r + 1], d))[0], z[r])
+    big = np.asarray(rng.counter_normals(key, np.arange(4000, dtype=np.uint32),
+                                         np.arange(4000, dtype=np.uint32) % 17, 10)).ravel()
+    assert stats.kstest(big, "norm").pvalue > 1e-3

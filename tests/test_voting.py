@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_dp.core import rng
 from fedjax_dp.experiments import cli
 from fedjax_dp.privacy import accounting, vote
 from fedjax_dp.privacy.gnmax import PATE_ORDERS, gnmax_epsilon
@@ -39,9 +40,9 @@ def test_vote_matches_a_loop_over_agents_and_queries(setup):
     ref = []
     for t in range(Q):                                                   # reference loop
         tally = np.zeros(C)
-        for i in range(N):
-            k = jax.random.fold_in(jax.random.fold_in(key, i), t)
-            tally += ballots[i, t] + std * np.asarray(jax.random.normal(k, (C,)))
+        for i in range(N):                    # agent i's share on query t: counters (i, t h + j)
+            z = rng.counter_normals(key, np.array([i]), np.array([t]), C)[0]
+            tally += ballots[i, t] + std * np.asarray(z)
         ref.append(int(np.argmax(tally)))
     np.testing.assert_array_equal(np.asarray(labels), ref)
     assert labels.dtype == jnp.int32 and labels.shape == (Q,)

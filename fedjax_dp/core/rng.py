@@ -126,3 +126,31 @@ def numpy_rng(seed_or_key) -> np.random.Generator:
         return np.random.default_rng(int(seed_or_key))
     data = np.asarray(jax.random.key_data(as_key(seed_or_key))).astype(np.uint64).ravel()
     return np.random.default_rng([int(v) for v in data])
+
+
+def counter_normals(key: jax.Array, hi: jax.Array, lo: jax.Array, d: int) -> jax.Array:
+    """``[m, d]`` float32 standard normals, row r a pure function of ``(key, hi[r], lo[r])``
+    (counter mode): the Threefry-2x32 hash (``jax.extend.random.threefry_2x32``) of the counter
+    pairs ``(hi[r], lo[r] h + j)``, ``j < h = ceil(d / 2)``, gives two uint32 words per pair
+    (values ``j`` and ``h + j``); each word becomes a uniform in ``(-1, 1)`` as
+    ``jax.random.uniform`` makes one and then ``sqrt(2) erfinv(u)`` as ``jax.random.normal``
+    does. ``hi``, ``lo [m]`` integers with ``lo h + j < 2^32``.
+
+    Any rows, in any batch or chunk, on any device, give the same values; distinct counter pairs
+    give independent values (Threefry is a pseudo-random function of the counter). One hash per
+    two values: about twice as fast on a CPU as ``normal(fold_in(fold_in(key, hi), lo), (d,))``,
+    which hashes once for the key and once per value.
+    """
+    from jax.extend.random import threefry_2x32
+    words = jax.random.key_data(key)
+    h = -(-d // 2)
+    m = hi.shape[0]
+    x0 = jnp.broadcast_to(hi.astype(jnp.uint32)[:, None], (m, h)).reshape(-1)
+    x1 = (lo.astype(jnp.uint32)[:, None] * np.uint32(h)
+          + jnp.arange(h, dtype=jnp.uint32)[None, :]).reshape(-1)
+    bits = threefry_2x32((words[0], words[1]), jnp.concatenate([x0, x1]))      # [2 m h]
+    bits = bits.reshape(2, m, h).transpose(1, 0, 2).reshape(m, 2 * h)[:, :d]
+    f = jax.lax.bitcast_convert_type((bits >> 9) | np.uint32(0x3F800000), jnp.float32) - 1.0
+    low = np.nextafter(np.float32(-1.0), np.float32(0.0))
+    u = jnp.maximum(low, f * (np.float32(1.0) - low) + low)                        # [-1, 1)
+    return np.float32(np.sqrt(2.0)) * jax.lax.erf_inv(u)

@@ -251,26 +251,10 @@ def _mixture_features(key, params, ids, attrs):
 
 
 def record_normals(key: jax.Array, ids: jax.Array, d: int) -> jax.Array:
-    """``[b, d]`` float32 standard normals of the records ``ids [b]`` (counter mode): the
-    Threefry-2x32 hash (JAX's, ``jax.extend.random.threefry_2x32``) of the counters
-    ``(id, j)``, ``j < ceil(d / 2)``, under ``key`` gives two words per counter (features
-    ``j`` and ``ceil(d / 2) + j``), each turned into a uniform in ``(-1, 1)`` as
-    ``jax.random.uniform`` does and then into ``sqrt(2) erfinv(u)`` as ``jax.random.normal``
-    does. A pure function of (key, id): any records, in any batch, on any device, give the same
-    values. (Hashing the counters directly draws twice as fast on a CPU as
-    ``normal(fold_in(key, id), (d,))`` per record.)"""
-    from jax.extend.random import threefry_2x32
-    words = jax.random.key_data(key)
-    half = -(-d // 2)
-    b = ids.shape[0]
-    x0 = jnp.broadcast_to(ids.astype(jnp.uint32)[:, None], (b, half)).reshape(-1)
-    x1 = jnp.broadcast_to(jnp.arange(half, dtype=jnp.uint32)[None, :], (b, half)).reshape(-1)
-    bits = threefry_2x32((words[0], words[1]), jnp.concatenate([x0, x1]))      # [2 b half]
-    bits = bits.reshape(2, b, half).transpose(1, 0, 2).reshape(b, 2 * half)[:, :d]
-    f = jax.lax.bitcast_convert_type((bits >> 9) | np.uint32(0x3F800000), jnp.float32) - 1.0
-    lo = np.nextafter(np.float32(-1.0), np.float32(0.0))
-    u = jnp.maximum(lo, f * (np.float32(1.0) - lo) + lo)                           # [-1, 1)
-    return np.float32(np.sqrt(2.0)) * jax.lax.erf_inv(u)
+    """``[b, d]`` float32 standard normals of the records ``ids [b]``: record r's are
+    :func:`fedjax_dp.core.rng.counter_normals` of the counters ``(r, j)``, a pure function of
+    (key, r): any records, in any batch, on any device, give the same values."""
+    return rng_lib.counter_normals(key, ids, jnp.zeros_like(ids), d)
 
 
 def _shuffled_cycle(rng: np.random.Generator, n: int, period: int) -> np.ndarray:

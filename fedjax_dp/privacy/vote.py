@@ -7,9 +7,9 @@ kNN-DPFL casts)::
 
     released label of query t = argmax_c  sum_i ( b_i(x_t)_c + z_{i,t,c} ),   z_{i,t} ~ N(0, sigma^2/N I_C)
 
-Every agent adds its own share of the noise, drawn from its own key for that query
-(``fold_in(fold_in(key, i), t)``: independent across agents and queries, identical however the
-work is chunked), so the secure sum carries ``N(0, sigma^2 I_C)`` and no party ever holds a
+Every agent adds its own share of the noise, drawn for that query from its own counters
+(``(i, t)`` hashed under the vote's key, :func:`agent_query_noise`: independent across agents and
+queries, identical however the work is chunked), so the secure sum carries ``N(0, sigma^2 I_C)`` and no party ever holds a
 noise-free count.
 
 Noise modes (``noise=``): ``"per_agent"`` (default) simulates every agent's share as above:
@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from fedjax_dp.core import validation
+from fedjax_dp.core import rng, validation
 from fedjax_dp.core.lift import AGENTS
 from fedjax_dp.privacy import PrivacyLedger, accounting
 from fedjax_dp.privacy.gnmax import PATE_ORDERS, gnmax_total_rdp
@@ -145,18 +145,18 @@ def vote_ledger(sigma: float, num_queries: int, sensitivities: Mapping[str, floa
 
 def agent_query_noise(key: jax.Array, agent_ids: jax.Array, query_ids: jax.Array, std,
                       num_classes: int) -> jax.Array:
-    """Agent i's noise on query t: ``std * N(0, I_C)`` from ``fold_in(fold_in(key, i), t)``.
+    """Agent i's noise on query t: ``std * N(0, I_C)``, the counter-mode normals
+    (:func:`fedjax_dp.core.rng.counter_normals`) of the counters ``(i, t ceil(C/2) + j)`` under
+    ``key``.
 
-    ``agent_ids [a]``, ``query_ids [q]`` (global indices) -> ``[a, q, C]``. One key per agent and
-    per query, a deterministic function of (key, i, t): chunking never changes the noise.
+    ``agent_ids [a]``, ``query_ids [q]`` (global indices) -> ``[a, q, C]``. A deterministic
+    function of (key, i, t): chunking never changes the noise; distinct (i, t) are independent.
     """
-    def one(i, t):
-        k = jax.random.fold_in(jax.random.fold_in(key, i), t)
-        return jax.random.normal(k, (num_classes,), jnp.float32)
-
-    per_query = jax.vmap(one, in_axes=(None, 0))
-    return jnp.asarray(std, jnp.float32) * jax.vmap(per_query, in_axes=(0, None))(agent_ids,
-                                                                                   query_ids)
+    a, q = agent_ids.shape[0], query_ids.shape[0]
+    hi = jnp.broadcast_to(agent_ids[:, None], (a, q)).reshape(-1)
+    lo = jnp.broadcast_to(query_ids[None, :], (a, q)).reshape(-1)
+    z = rng.counter_normals(key, hi, lo, num_classes)                      # [a q, C]
+    return jnp.asarray(std, jnp.float32) * z.reshape(a, q, num_classes)
 
 
 def aggregate_noise(key: jax.Array, query_ids: jax.Array, sigma, num_classes: int) -> jax.Array:
@@ -291,6 +291,10 @@ def check_vote_args(sigma, num_agents: int, num_queries: int, num_classes: int,
     validation.check_int("num_agents", num_agents, minimum=1)
     validation.check_int("num_queries", num_queries, minimum=1)
     validation.check_int("num_classes", num_classes, minimum=2)
+    if num_queries * -(-num_classes // 2) >= _AGGREGATE_PARTY:
+        # agent_query_noise's counters (i, t ceil(C/2) + j) must stay below fold_in's (0, 2^32-1)
+        raise ValueError(f"num_queries x ceil(num_classes / 2) must be below 2^32 - 1, got "
+                         f"{num_queries} x {-(-num_classes // 2)}")
     if agent_chunk is not None:
         validation.check_int("agent_chunk", agent_chunk, minimum=1)
     if query_chunk is not None:
