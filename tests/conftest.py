@@ -49,7 +49,7 @@ def pytest_runtest_teardown(item, nextitem):
     (vm.max_map_count, 65,530) died in native code in the next compilation or cache write, about
     once per full run (tools/bench_native_abort.py, tests/test_native_abort.py). Release them
     before that."""
-    from fedjax_dp.experiments import compilation
+    from fedjax_dp.core import compilation
     compilation.release_compiled(TEST_MAP_SHARE)
 
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.experiments import compilation
+from fedjax_dp.core import compilation
 
 ROOT = Path(__file__).resolve().parents[1]
 linux_only = pytest.mark.skipif(compilation.memory_maps() is None,

@@ -37,7 +37,7 @@ def test_threefry2x32_matches_jax_hash():
 
 
 def test_key_derivation_compiles_nothing():
-    from fedjax_dp.experiments.compilation import CompileLog
+    from fedjax_dp.core.compilation import CompileLog
     with CompileLog() as log:
         root = rng.as_key(4242)
         rng.stream(rng.stream(root, "algorithm"), "init")

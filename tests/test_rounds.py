@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_dp.algorithms import api, rounds
+from fedjax_dp.algorithms import api, calls, rounds
 from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
 from fedjax_dp.core import cohort, from_ragged
 from fedjax_dp.models import make_model
@@ -214,11 +214,11 @@ def test_calls_end_on_boundaries(setup):
 
 
 def test_call_sizer():
-    fixed = rounds.CallSizer(3, capacity=8)
+    fixed = calls.CallSizer(3, capacity=8)
     assert fixed.next() == 3
-    capped = rounds.CallSizer(20, capacity=8)
+    capped = calls.CallSizer(20, capacity=8)
     assert capped.next() == 8
-    auto = rounds.CallSizer("auto", capacity=64)
+    auto = calls.CallSizer("auto", capacity=64)
     assert auto.next() == 1
     auto.observe(1, 5.0)                  # the first call compiles: not a measurement
     assert auto.next() == 2
@@ -233,7 +233,7 @@ def test_call_sizer():
     with pytest.raises(ValueError, match="rounds_per_call"):
         api.Runtime(rounds_per_call=0)
     with pytest.raises(ValueError, match="rounds_per_call"):
-        rounds.resolve_capacity(2.5)
+        calls.resolve_capacity(2.5)
 
 
 def test_fused_secure_aggregation_equals_one_round_per_call(setup):

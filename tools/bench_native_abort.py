@@ -11,7 +11,7 @@ per-example gradients under vmap, scan and while loops, sort/top-k, gather/scatt
 small and medium shapes), each called once. ``--threads`` threads compile at the same time (the
 library's cohort prefetch thread dispatches while the main thread compiles). With ``--cache DIR``
 JAX's persistent compilation cache is on in DIR with every compilation written (the settings of
-``fedjax_dp.experiments.compilation.enable_cache``); with ``--procs`` > 1 the processes compile
+``fedjax_dp.core.compilation.enable_cache``); with ``--procs`` > 1 the processes compile
 the same sequence into the same DIR, so the same keys are written concurrently (two xdist workers
 sharing one cache folder). ``--keep`` (default) keeps every function alive, as a long-lived worker
 keeps the library's module-level jitted functions and JAX's own caches keep eager ops' programs.
@@ -194,7 +194,7 @@ def worker(args) -> int:
     held = reserve_maps(reserve) if reserve else []
     release = None
     if args.release_every:
-        from fedjax_dp.experiments.compilation import release_compiled as release
+        from fedjax_dp.core.compilation import release_compiled as release
     tag = f"[{args.child}]" if args.child is not None else ""
     start = time.time()
     import jaxlib
@@ -259,7 +259,7 @@ def main(argv=None) -> int:
     p.add_argument("--headroom", type=int, default=None,
                    help="take mapping slots first so that only this many remain free")
     p.add_argument("--release-every", type=int, default=0,
-                   help="every this many functions, fedjax_dp.experiments.compilation."
+                   help="every this many functions, fedjax_dp.core.compilation."
                         "release_compiled() (the library's guard between runs; 0: never)")
     p.add_argument("--drop-on-release", action="store_true",
                    help="also drop the functions kept so far at each release (a run ending)")

@@ -40,6 +40,7 @@ from typing import Any, Callable, Hashable, Protocol, Sequence
 import jax
 import numpy as np
 
+from fedjax_dp.algorithms import calls
 from fedjax_dp.core import StackedData, validation
 from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.core.seed_axis import share_or_stack, stack_seeds, unstack_seeds  # re-exported
@@ -112,7 +113,7 @@ class Runtime:
     progress: where long steps report progress (:mod:`fedjax_dp.core.progress`; silent by default).
     rounds_per_call: how many rounds :func:`run` runs per compiled call of an algorithm with a
       ``multi_step`` hook (the round-based averaging algorithms on device-resident agents):
-      ``"auto"`` (sized from the calls' measured time, :class:`fedjax_dp.algorithms.rounds.CallSizer`)
+      ``"auto"`` (sized from the calls' measured time, :class:`fedjax_dp.algorithms.calls.CallSizer`)
       or an int k >= 1 (k = 1: one round per call). Results do not depend on it.
     """
 
@@ -398,7 +399,7 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
 
     Where the algorithm has a ``multi_step`` hook that can run this state
     (``rounds_per_call(state) > 0``), steps run ``runtime.rounds_per_call`` at a time in one
-    compiled call each (:func:`_run_calls`): a call ends at every multiple of ``eval_every`` and
+    compiled call each (:func:`fedjax_dp.algorithms.calls.run_calls`): a call ends at every multiple of ``eval_every`` and
     of each entry of ``boundaries`` (the runner's checkpoints), so evaluations and checkpoints
     see the exact state after their step; the records of a call are made once the next call has
     been dispatched. Otherwise step t's record is made once step t + 1 has been dispatched (its
@@ -428,7 +429,7 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
 
     capacity = h.rounds_per_call(state) if h.multi_step is not None else 0
     if capacity and state.step < total:
-        state = _run_calls(h.multi_step, capacity, key, state, total, runtime.rounds_per_call,
+        state = calls.run_calls(h.multi_step, capacity, key, state, total, runtime.rounds_per_call,
                            (eval_every, *boundaries), finish)
         return Result(state=state, history=history, wall_time_s=time.perf_counter() - start)
     for t in range(state.step, total):
@@ -441,44 +442,6 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
     if pending is not None:
         finish(*pending)
     return Result(state=state, history=history, wall_time_s=time.perf_counter() - start)
-
-
-def _run_calls(multi_step: Callable, capacity: int, key: jax.Array, state: State, total: int,
-               setting: int | str, boundaries: Sequence[int],
-               finish: Callable[[int, State, dict], None]) -> State:
-    """:func:`run`'s steps ``state.step .. total - 1`` in calls of ``multi_step``: each call's
-    size from :class:`fedjax_dp.algorithms.rounds.CallSizer` (``setting``: ``"auto"`` or k),
-    cut at the next multiple of every nonzero entry of ``boundaries`` and at ``total``; a call's
-    records are made (``finish`` per step, with the state after the call) once the next call has
-    been dispatched, and the sizer is told each call's host wall time."""
-    from fedjax_dp.algorithms.rounds import CallSizer     # the engine's policy (rounds.py)
-    sizer = CallSizer(setting, capacity)
-    every = [int(b) for b in boundaries if b]
-    pending = None                       # (first step, count, state after the call, metrics)
-    last = time.perf_counter()
-
-    def flush(first: int, count: int, done: State, metrics: dict) -> None:
-        nonlocal last
-        host = jax.device_get(metrics)
-        now = time.perf_counter()
-        sizer.observe(count, now - last)
-        last = now
-        for i in range(count):
-            finish(first + i, done, {k: np.asarray(v)[i] for k, v in host.items()})
-
-    t = state.step
-    while t < total:
-        count = min(sizer.next(), total - t)
-        for b in every:
-            count = min(count, b - t % b)
-        state, metrics = multi_step(state, key, t, count)
-        if pending is not None:          # the call is dispatched: now fetch the previous one's
-            flush(*pending)
-        pending = (t, count, state, metrics)
-        t += count
-    if pending is not None:
-        flush(*pending)
-    return state
 
 
 def can_vmap_seeds(algorithm: Algorithm) -> bool:

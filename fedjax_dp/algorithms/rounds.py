@@ -48,25 +48,20 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.calls import resolve_capacity
 from fedjax_dp.core import (AGENTS, StackedData, for_each_agent, for_each_agent_sum, is_on_host,
                             rng, validation)
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import defaults as defaults_lib
 from fedjax_dp.core import memory, seed_axis
+from fedjax_dp.core.lift import agent_bytes, resolve_chunk_size
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import mechanisms
 from fedjax_dp.privacy import secagg as secagg_lib
 from fedjax_dp.privacy import secagg_masks
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
-from fedjax_dp.train.local import resolve_chunk_size
 
 Params = Any
-
-#: ``rounds_per_call = "auto"``: the compiled loop holds up to this many rounds per call ...
-AUTO_CAPACITY = 256
-#: ... and the driver sizes each call to take about this long (progress lines, checkpoints and
-#: Ctrl-C land on call boundaries; measured from the calls themselves)
-AUTO_CALL_SECONDS = 0.5
 
 
 def sample_agents(key: jax.Array, num_agents: int, sampling: cohort_lib.Sampling) -> np.ndarray:
@@ -432,50 +427,6 @@ def make_fused_rounds(train_sum: Callable, server: Callable, spec: RoundSpec, nu
     return SimpleNamespace(rounds=jax.jit(rounds), one=jax.jit(one_round))
 
 
-class CallSizer:
-    """How many rounds the next fused call runs (``run.rounds_per_call``).
-
-    An int k: every call runs k rounds (fewer at a boundary). ``"auto"``: the first call runs 1
-    round (it compiles), later calls double until a call's measured wall time per round is
-    known, then ``round(AUTO_CALL_SECONDS / seconds_per_round)``, clipped to ``[1, capacity]``:
-    a call of cheap rounds runs many, a call of expensive rounds few, so progress lines,
-    checkpoints and a Ctrl-C come about every :data:`AUTO_CALL_SECONDS`. Sizing never changes a
-    result (the rounds and their keys are the same whatever the calls' sizes) and never
-    compiles (the count is a traced argument)."""
-
-    def __init__(self, setting, capacity: int):
-        self.fixed = None if setting == "auto" else int(setting)
-        self.capacity = capacity
-        self._next = 1
-        self._calls = 0
-
-    def next(self) -> int:
-        if self.fixed is not None:
-            return min(self.fixed, self.capacity)
-        return self._next
-
-    def observe(self, count: int, seconds: float) -> None:
-        """A finished call of ``count`` rounds took ``seconds`` (host wall time between the
-        finishes of consecutive calls); the first call (compilation) is not used."""
-        self._calls += 1
-        if self.fixed is not None:
-            return
-        if self._calls == 1 or seconds <= 0:
-            self._next = min(self.capacity, max(2, 2 * self._next))
-            return
-        per_round = seconds / max(count, 1)
-        want = int(round(AUTO_CALL_SECONDS / max(per_round, 1e-9)))
-        self._next = max(1, min(self.capacity, want, 4 * max(count, 1)))
-
-
-def resolve_capacity(setting) -> int:
-    """K of ``run.rounds_per_call``: ``"auto"`` -> :data:`AUTO_CAPACITY`; an int k -> k."""
-    if setting == "auto":
-        return AUTO_CAPACITY
-    validation.check_int("run.rounds_per_call", setting, minimum=1)
-    return int(setting)
-
-
 # --------------------------------------------------------------------------- S seeds' rounds
 # The ``seeds_stepper`` hook of :mod:`fedjax_dp.algorithms.api` for FedAvg, DP-FedAvg and
 # DP-FedSGD: S seeds' rounds as ONE compiled call per round (see :class:`SeedRounds`).
@@ -733,7 +684,8 @@ def init_rounds(key: jax.Array, data: api.FederatedData, model: Model, local: Lo
     spec.sampling.check(data.num_agents)
     params = model.init(api.init_key(key))
     expected = max(1, math.ceil(spec.sampling.expected(data.num_agents)))
-    chunk_size = resolve_chunk_size(runtime.chunk_size, params, expected)
+    chunk_size = resolve_chunk_size(runtime.chunk_size, num_agents=expected,
+                                    bytes_per_agent=3 * agent_bytes(params, expected))
     drivers = lambda: {"train.batch_size": local.batch_size,  # noqa: E731 (named on refusal)
                        "run.chunk_size": memory.chunk_driver(runtime.chunk_size, chunk_size),
                        **memory.model_driver(model, params)}

@@ -26,7 +26,8 @@ TITLE = "an ISRL-DP SPIDER round (vectorised) vs a loop over silos"
 
 
 def measure(sizes: dict, repeats: int) -> dict:
-    from fedjax_dp.algorithms.averaging.dp_fedsgd import resolve_chunk_size
+    from fedjax_dp.core.lift import resolve_chunk_size
+    from fedjax_dp.train.private_grad import per_example_bytes
     from fedjax_dp.algorithms.isrl import engine
     from fedjax_dp.core import StackedData
     from fedjax_dp.models import make_model
@@ -42,7 +43,8 @@ def measure(sizes: dict, repeats: int) -> dict:
     sdata = engine.silo_data(agents, (bs, bs))
     spec = engine.RoundSpec(method="spider", num_silos=n, num_available=n, period=2,
                             report_objective=False, batch_sizes=(bs, bs))
-    chunk = resolve_chunk_size("auto", params, agents)
+    chunk = resolve_chunk_size("auto", num_agents=agents.num_agents,
+                               bytes_per_agent=per_example_bytes(params, agents.max_size))
     round_fn = engine.make_round(loss_fn, spec, chunk_size=chunk)
     values0 = engine.initial_values(spec, params, engine.hyper(0.1, 1.0, 1.0))
     key = jax.random.key(0)

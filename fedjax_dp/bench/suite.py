@@ -21,9 +21,9 @@ import math
 import time
 from pathlib import Path
 
-from fedjax_dp.experiments import compilation
 from fedjax_dp.bench import (ae_dpfl, common, dp_sgd, fnas, isrl, knn_vote, local_training,
                              peers)
+from fedjax_dp.core import compilation
 
 #: the parts, in the order they run
 PARTS = {m.NAME: m for m in (local_training, peers, dp_sgd, knn_vote, isrl, fnas, ae_dpfl)}

@@ -63,7 +63,7 @@ def _cmd_run(args) -> int:
         config = config_lib.load(args.config, args.set or [])
         out = Path(args.out) if args.out else runner.fresh_out("runs", Path(args.config).stem)
     runner.plan(config)          # fail on a bad config before loading data or compiling
-    from fedjax_dp.experiments import compilation
+    from fedjax_dp.core import compilation
     compilation.enable_cache(config["run"]["compilation_cache"])   # before anything compiles
     with _sigterm_as_interrupt():
         result = runner.run(config, out, progress=not args.quiet, resume=bool(args.resume))
@@ -116,7 +116,7 @@ def _cmd_sweep(args) -> int:
         out = Path(args.out) if args.out else runner.fresh_out("runs/sweeps", sw.name)
     say = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr,
                                                                      flush=True))
-    from fedjax_dp.experiments import compilation
+    from fedjax_dp.core import compilation
     compilation.enable_cache(args.compilation_cache)
     try:
         with _sigterm_as_interrupt():
@@ -370,7 +370,8 @@ def _cmd_devices(args) -> int:
 
 
 def _cmd_selftest(args) -> int:
-    from fedjax_dp.experiments import compilation, selftest
+    from fedjax_dp.core import compilation
+    from fedjax_dp.experiments import selftest
     cases = selftest.select(args.families.split(",") if args.families else None)
     compilation.enable_cache(args.compilation_cache)     # a second selftest loads, not compiles
     say = (lambda line: None) if args.json else (lambda line: print(line, flush=True))

@@ -71,7 +71,7 @@ DEFAULTS: dict[str, Any] = {
             # kept) or "continue" (finish, the result marked non_finite)
             "on_nonfinite": "stop",
             # JAX's persistent compilation cache of the command line: "user" (a user-level
-            # folder, experiments/compilation.py), "off", or a folder
+            # folder, core/compilation.py), "off", or a folder
             "compilation_cache": "user",
             # experiment tracking (experiments/tracking.py): [] (none), "tensorboard" (event
             # files in <out>/tensorboard, the `tensorboard` extra), "wandb" (Weights & Biases,

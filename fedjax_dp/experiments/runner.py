@@ -28,10 +28,10 @@ import numpy as np
 from fedjax_dp import data as data_lib
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.api import FederatedData
+from fedjax_dp.core import compilation
 from fedjax_dp.core import rng, validation
 from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.experiments import checkpoint as checkpoint_lib
-from fedjax_dp.experiments import compilation
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import population
 from fedjax_dp.experiments import registry

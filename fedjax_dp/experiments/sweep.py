@@ -52,9 +52,9 @@ import tomllib
 from pathlib import Path
 from typing import Callable
 
+from fedjax_dp.core import compilation
 from fedjax_dp.core import validation
 from fedjax_dp.experiments import calibrate as calibrate_lib
-from fedjax_dp.experiments import compilation
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import records as records_lib
 from fedjax_dp.experiments import tracking as tracking_lib
