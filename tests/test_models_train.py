@@ -179,17 +179,21 @@ def test_clipped_grad_sum_matches_loop(tiny):
 
 def test_auto_chunk_size_is_cache_sized_and_results_identical(tiny):
     from fedjax_dp.core import auto_chunk_size
-    from fedjax_dp.train.local import resolve_chunk_size
+    from fedjax_dp.core.lift import agent_bytes, resolve_chunk_size
+    from fedjax_dp.train.private_grad import per_example_bytes
     assert auto_chunk_size(1 << 20, 1000) == 8                 # 8 MiB budget / 1 MiB per agent
     assert auto_chunk_size(1 << 10, 1000) is None              # everything fits: no chunking
     assert auto_chunk_size(1 << 15, 1000) is None              # 256 per chunk: < 4 chunks
     assert auto_chunk_size(1 << 16, 1000, budget_bytes=1 << 20) == 16
     data, model, params = tiny
-    assert resolve_chunk_size(None, params, 5) is None and resolve_chunk_size(2, params, 5) == 2
-    per_agent = 3 * sum(l.size * 4 for l in jax.tree.leaves(params))
+    assert resolve_chunk_size(None, bytes_per_agent=1, num_agents=5) is None
+    assert resolve_chunk_size(2, bytes_per_agent=1, num_agents=5) == 2
+    one = sum(l.size * 4 for l in jax.tree.leaves(params))
     stacked = jax.tree.map(lambda l: jnp.stack([l] * 5), params)
-    assert resolve_chunk_size("auto", stacked, 5) == resolve_chunk_size("auto", params, 5) == \
-        auto_chunk_size(per_agent, 5)
+    assert agent_bytes(stacked, 5) == agent_bytes(params, 5) == agent_bytes(params) == one
+    assert per_example_bytes(params, 7) == 10 * one
+    assert resolve_chunk_size("auto", bytes_per_agent=1 << 20, num_agents=1000) == \
+        auto_chunk_size(1 << 20, 1000) == 8
 
 
 def test_predict_is_one_compiled_program_equal_to_the_eager_logits():

@@ -51,7 +51,8 @@ import jax.numpy as jnp
 import numpy as np
 from bench_common import best_time, block, environment, write_json
 
-from fedjax_dp.algorithms.averaging.dp_fedsgd import resolve_chunk_size
+from fedjax_dp.core.lift import resolve_chunk_size
+from fedjax_dp.train.private_grad import per_example_bytes
 from fedjax_dp.algorithms.isrl import engine, uploads
 from fedjax_dp.core import StackedData
 from fedjax_dp.models import make_model
@@ -70,7 +71,8 @@ def bench_one(n: int, args, model, loss_fn, params) -> dict:
     sdata = engine.silo_data(agents, (args.batch_size, args.batch_size))
     spec = engine.RoundSpec(method="spider", num_silos=n, num_available=n, period=2,
                             report_objective=False, batch_sizes=(args.batch_size,) * 2)
-    chunk = resolve_chunk_size("auto", params, agents)
+    chunk = resolve_chunk_size("auto", num_agents=agents.num_agents,
+                               bytes_per_agent=per_example_bytes(params, agents.max_size))
     chunk = None if chunk is None else max(1, chunk // 2)
     round_fn = engine.make_round(loss_fn, spec, chunk_size=chunk)
     values0 = engine.initial_values(spec, params, engine.hyper(0.1, 1.0, 1.0))
@@ -136,7 +138,8 @@ def bench_cohort(n: int, m: int, args, loss_fn, params) -> dict:
     spec = engine.RoundSpec(method=args.method, num_silos=n, num_available=m,
                             period=2 if args.method == "spider" else 1, report_objective=False,
                             batch_sizes=(args.batch_size,) * kinds)
-    chunk = resolve_chunk_size("auto", params, agents)          # as protocol.init: from N
+    chunk = resolve_chunk_size("auto", num_agents=agents.num_agents,
+                               bytes_per_agent=per_example_bytes(params, agents.max_size))  # as protocol.init
     chunk = None if chunk is None else max(1, chunk // 2)
     values0 = engine.initial_values(spec, params, engine.hyper(0.1, 1.0, 1.0))
     key = jax.random.key(0)

@@ -262,3 +262,26 @@ def auto_chunk_size(bytes_per_agent: int, num_agents: int, *,
     # fewer than min_chunks chunks: the agents' weights (nearly) fit anyway, and a ragged last
     # chunk costs a second compiled body; measured no faster than plain vmap, sometimes slower
     return None if d.min_chunks * chunk > num_agents or chunk >= num_agents else chunk
+
+
+def agent_bytes(params: Any, num_agents: int | None = None) -> int:
+    """Bytes of ONE agent's parameters: the leaves' total, or, for parameters stacked over the
+    agents (leading axis ``num_agents > 1``), one agent's share."""
+    leaves = jax.tree.leaves(params)
+    total = sum(l.size * l.dtype.itemsize for l in leaves)
+    if (num_agents is not None and num_agents > 1 and leaves
+            and leaves[0].ndim and leaves[0].shape[0] == num_agents):
+        total //= num_agents
+    return int(total)
+
+
+def resolve_chunk_size(chunk_size: int | str | None, *, bytes_per_agent: int,
+                       num_agents: int) -> int | None:
+    """The package's one chunk-size resolver (``runtime.chunk_size`` and every algorithm's chunk
+    setting): an int or None is used as given; ``"auto"`` is :func:`auto_chunk_size` of the
+    caller's working set per agent (``bytes_per_agent``: e.g. parameters, gradient and update,
+    ``3 agent_bytes(params)``; per-example gradients, ``(n_max + 3) agent_bytes(params)``) on
+    this device."""
+    if chunk_size != "auto":
+        return chunk_size
+    return auto_chunk_size(bytes_per_agent, num_agents)

@@ -22,8 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dp.core import StackedData, auto_chunk_size, for_each_agent, validation
+from fedjax_dp.core import StackedData, for_each_agent, validation
 from fedjax_dp.core import memory
+from fedjax_dp.core.lift import agent_bytes, resolve_chunk_size
 from fedjax_dp.models import Model
 from fedjax_dp.train import tasks
 
@@ -180,20 +181,6 @@ def check_trainable(data: StackedData) -> None:
         raise ValueError(f"agents {empty} have no records; every agent needs at least one to train")
 
 
-def resolve_chunk_size(chunk_size: int | str | None, params: Params, num_agents: int
-                       ) -> int | None:
-    """``"auto"``: chunk so a chunk's parameters, gradients and updates (3 copies) fit the
-    device's budget (:func:`fedjax_dp.core.auto_chunk_size`: the CPU cache, a quarter of an
-    accelerator's memory); an int or None is used as given."""
-    if chunk_size != "auto":
-        return chunk_size
-    leaves = jax.tree.leaves(params)
-    per_agent = sum(l.size * l.dtype.itemsize for l in leaves)
-    if leaves and leaves[0].ndim and leaves[0].shape[0] == num_agents and num_agents > 1:
-        per_agent //= num_agents          # stacked params: count one agent's share
-    return auto_chunk_size(3 * per_agent, num_agents)
-
-
 def train_agents(key: jax.Array, params: Params, data: StackedData, model: Model,
                  config: LocalTrainConfig, *, shared_init: bool = True,
                  chunk_size: int | str | None = "auto", mesh=None, backend: str = "vmap"):
@@ -211,7 +198,9 @@ def train_agents(key: jax.Array, params: Params, data: StackedData, model: Model
     """
     check_trainable(data)
     keys = jax.random.split(key, data.num_agents)
-    chunk_size = resolve_chunk_size(chunk_size, params, data.num_agents)
+    n = data.num_agents                 # params, gradient and update per agent in a chunk
+    chunk_size = resolve_chunk_size(chunk_size, bytes_per_agent=3 * agent_bytes(params, n),
+                                    num_agents=n)
     lifted = lifted_update(model, config, shared_init, chunk_size, mesh, backend)
     return lifted(keys, params, data.x, data.y, data.mask, data.counts)
 

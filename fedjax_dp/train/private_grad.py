@@ -54,7 +54,7 @@ from fedjax_dp.privacy import accounting, mechanisms
 
 Params = Any
 
-__all__ = ["RowPlan", "poisson_weights", "fixed_size_weights", "clip_to_norm", "clip_rows",
+__all__ = ["per_example_bytes", "RowPlan", "poisson_weights", "fixed_size_weights", "clip_to_norm", "clip_rows",
            "weighted_clipped_sum", "clipped_sum", "per_example_grads", "clipped_grad_sum",
            "masked_clipped_sum", "selected_rows", "add_noise", "release", "gradient_fn",
            "private_gradient", "poisson_event", "fixed_size_event"]
@@ -176,6 +176,14 @@ def masked_clipped_sum(per_example_fn: Callable, data: Sequence[jax.Array], weig
     total, norms = weighted_clipped_sum(values, weights, clip)
     return total, _stats(jnp.sum(weights > 0), jnp.sum(weights * (norms > clip)),
                          jnp.sum(weights * aux))
+
+
+def per_example_bytes(params: Params, max_records: int) -> int:
+    """One agent's working set in a private-gradient step, for sizing chunks of agents
+    (:func:`fedjax_dp.core.lift.resolve_chunk_size`): its per-example gradients (``max_records``
+    copies of the parameters) plus parameters, gradient and update (3 copies)."""
+    from fedjax_dp.core.lift import agent_bytes
+    return (max_records + 3) * agent_bytes(params)
 
 
 def per_example_grads(loss_fn: Callable, params: Params, x: jax.Array, y: jax.Array) -> Params:

@@ -67,7 +67,8 @@ import optax
 
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.averaging import fedavg
-from fedjax_dp.core import StackedData, auto_chunk_size, validation
+from fedjax_dp.core import StackedData, validation
+from fedjax_dp.core.lift import resolve_chunk_size
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
 from fedjax_dp.train import check_trainable, cross_entropy, private_grad
@@ -239,18 +240,6 @@ def make_round(model: Model, config: Config, data: StackedData, rates, denominat
                               participation=True, rounds_per_call=rounds_per_call)
 
 
-def resolve_chunk_size(chunk_size, params: Params, data: StackedData,
-                       num_trained: int | None = None) -> int | None:
-    """``"auto"``: chunk agents so that one chunk's per-example gradients (``n_max`` copies of the
-    parameters per agent, plus 3 for params, gradient and update) fit the CPU cache budget.
-    ``num_trained``: agents trained per round (default: all)."""
-    if chunk_size != "auto":
-        return chunk_size
-    per_agent = sum(l.size * l.dtype.itemsize for l in jax.tree.leaves(params))
-    n = data.num_agents if num_trained is None else num_trained
-    return auto_chunk_size((data.max_size + 3) * per_agent, n)
-
-
 # --------------------------------------------------------------------------- privacy
 
 def _steps(config: Config, n: int, participation) -> np.ndarray:
@@ -329,7 +318,8 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     params = model.init(api.init_key(key))
     config.participation.check(agents.num_agents)
     expected = max(1, math.ceil(config.participation.expected(agents.num_agents)))
-    chunk = resolve_chunk_size(runtime.chunk_size, params, agents, expected)
+    chunk = resolve_chunk_size(runtime.chunk_size, num_agents=expected,
+                               bytes_per_agent=private_grad.per_example_bytes(params, agents.max_size))
     round_fn = make_round(model, config, agents, rates, denominators, chunk_size=chunk,
                           mesh=runtime.mesh, cohort=runtime.cohort,
                           rounds_per_call=runtime.rounds_per_call)

@@ -7,7 +7,8 @@
   party that holds all training data and the same s partitions x t teachers, no noise: the
   FedKT config key ``algorithm.centralized = true`` (:mod:`.fedkt`).
 * FedAvg (McMahan et al. 2017) restricted to one round: every party trains from one shared
-  initialisation for ``local.steps`` steps and the server averages once.
+  initialisation for ``local.steps`` steps and the server averages once (the round engine,
+  :mod:`fedjax_dp.algorithms.rounds`, with FedAvg's rule: every party, server step 1).
 * FedProx (Li et al. 2020) in one round: FedAvg whose local objective adds
   ``mu/2 ||w - w_global||^2`` (``LocalTrainConfig.prox_mu``).
 
@@ -19,9 +20,9 @@ import dataclasses
 
 import jax
 
-from fedjax_dp.algorithms import api
-from fedjax_dp.algorithms.averaging import fedavg
+from fedjax_dp.algorithms import api, rounds
 from fedjax_dp.core import StackedData, validation
+from fedjax_dp.core.cohort import Sampling
 from fedjax_dp.models import Model
 from fedjax_dp.train import LocalTrainConfig, accuracy
 
@@ -32,7 +33,8 @@ def one_round(key: jax.Array, parties: StackedData, model: Model, local: LocalTr
     """Test accuracy after ONE round of FedAvg (``prox_mu = 0``) or FedProx (``prox_mu > 0``)."""
     validation.check_nonnegative("prox_mu", prox_mu)
     local = dataclasses.replace(local, prox_mu=prox_mu)
-    config = fedavg.Config(rounds=1, sampling_rate=1.0, server_lr=1.0, local=local)
+    spec = rounds.RoundSpec(sampling=Sampling("poisson", rate=1.0), server_lr=1.0)
     data = api.FederatedData(agents=parties, num_classes=model.num_classes)
-    done = api.run(fedavg, key, data, model, config, runtime=api.Runtime(chunk_size=chunk_size))
-    return accuracy(model, done.state.values["params"], x_test, y_test)
+    state = rounds.init_rounds(key, data, model, local, spec, api.Runtime(chunk_size=chunk_size))
+    state, _ = rounds.step(state, api.step_key(key, 0))                # the one round
+    return accuracy(model, state.values["params"], x_test, y_test)

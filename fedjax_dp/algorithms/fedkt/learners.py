@@ -35,7 +35,8 @@ from fedjax_dp.core import StackedData, for_each_agent, numpy_rng, validation
 from fedjax_dp.core import defaults as defaults_lib
 from fedjax_dp.models import Model, make_model
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
-from fedjax_dp.train.local import lifted_update, resolve_chunk_size
+from fedjax_dp.core.lift import agent_bytes, resolve_chunk_size
+from fedjax_dp.train.local import lifted_update
 
 JAX_MODELS = ("logistic", "mlp", "cnn")
 TREE_MODELS = ("decision_tree", "random_forest", "gradient_boosting", "xgboost")
@@ -64,6 +65,11 @@ class JaxLearner:
     def name(self) -> str:
         return self.model.name
 
+    def _chunk(self, params, num: int) -> int | None:
+        """Models per chunk for ``num`` models of ``params`` (params, gradient and update each)."""
+        return resolve_chunk_size(self.chunk_size, bytes_per_agent=3 * agent_bytes(params, num),
+                                  num_agents=num)
+
     def init(self, key: jax.Array, num: int):
         """``num`` independent initialisations, stacked ``[num, ...]``."""
         return _init_fn(self.model)(jax.random.split(key, num))
@@ -79,7 +85,7 @@ class JaxLearner:
         the keys trains the same models as the full call: streamed callers train a chunk of
         the models at a time. Agents without records (padding) give unused parameters."""
         params = _init_fn(self.model)(init_keys)
-        chunk = resolve_chunk_size(self.chunk_size, params, data.num_agents)
+        chunk = self._chunk(params, data.num_agents)
         fn = lifted_update(self.model, self.train, False, chunk, None, self.backend)
         params, _ = fn(train_keys, params, data.x, data.y, data.mask, data.counts)
         return params
@@ -95,7 +101,7 @@ class JaxLearner:
         mask = jnp.asarray(mask, bool)
         num = y.shape[0]
         params = _init_fn(self.model)(init_keys)
-        chunk = resolve_chunk_size(self.chunk_size, params, num)
+        chunk = self._chunk(params, num)
         fn = _shared_update(self.model, self.train, chunk, self.backend)
         count = jnp.asarray(x.shape[0], jnp.int32)
         params, _ = fn(train_keys, params, x, y, mask, count)
@@ -105,7 +111,7 @@ class JaxLearner:
         """``int32 [A, M]``: every model's predicted class for every row of ``x [M, ...]``."""
         x = jnp.asarray(x)
         num = jax.tree.leaves(params)[0].shape[0]
-        chunk = resolve_chunk_size(self.chunk_size, params, num)
+        chunk = self._chunk(params, num)
         return _predict_fn(self.model, chunk, self.backend)(params, x)
 
     def take(self, params, index: int):
@@ -129,7 +135,7 @@ class JaxLearner:
             return _one_seed_axis(self.fit_keyed(init_keys[0], train_keys[0],
                                                  jax.tree.map(lambda leaf: leaf[0], data)))
         params = _over_seeds(_init_fn(self.model), (0,), mode)(init_keys)
-        chunk = resolve_chunk_size(self.chunk_size, _one_seed(params), init_keys.shape[1])
+        chunk = self._chunk(_one_seed(params), init_keys.shape[1])
         fn = lifted_update(self.model, self.train, False, chunk, None, self.backend)
         params, _ = _over_seeds(fn, (0,) * 6, mode)(train_keys, params, data.x, data.y,
                                                    data.mask, data.counts)
@@ -148,7 +154,7 @@ class JaxLearner:
         y = jnp.asarray(y, jnp.int32)
         mask = jnp.asarray(mask, bool)
         params = _over_seeds(_init_fn(self.model), (0,), mode)(init_keys)
-        chunk = resolve_chunk_size(self.chunk_size, _one_seed(params), y.shape[1])
+        chunk = self._chunk(_one_seed(params), y.shape[1])
         fn = _shared_update(self.model, self.train, chunk, self.backend)
         count = jnp.asarray(x.shape[0 if x_axis is None else 1], jnp.int32)
         params, _ = _over_seeds(fn, (0, 0, x_axis, 0, 0, None), mode)(train_keys, params, x, y,
@@ -165,7 +171,7 @@ class JaxLearner:
             return self.predict(jax.tree.map(lambda leaf: leaf[0], params),
                                 x if x_axis is None else x[0])[None]
         one = _one_seed(params)
-        chunk = resolve_chunk_size(self.chunk_size, one, jax.tree.leaves(one)[0].shape[0])
+        chunk = self._chunk(one, jax.tree.leaves(one)[0].shape[0])
         fn = _predict_fn(self.model, chunk, self.backend)
         return _over_seeds(fn, (0, x_axis), mode)(params, x)
 

@@ -15,14 +15,15 @@ import jax
 import numpy as np
 
 from fedjax_dp.algorithms import api
-from fedjax_dp.algorithms.averaging.dp_fedsgd import resolve_chunk_size
 from fedjax_dp.algorithms.isrl import availability, calibration, engine
 from fedjax_dp.algorithms.isrl import prox as prox_lib
 from fedjax_dp.core import memory
 from fedjax_dp.core import validation
+from fedjax_dp.core.lift import resolve_chunk_size
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting
 from fedjax_dp.train import check_trainable
+from fedjax_dp.train.private_grad import per_example_bytes
 
 
 # --------------------------------------------------------------------------- configs
@@ -244,7 +245,8 @@ class Algorithm:
                                 report_objective=config.report_objective,
                                 batch_sizes=tuple(int(k) for k in self.batch_sizes(config)),
                                 **self.spec_fields(config), **extra)
-        chunk = resolve_chunk_size(runtime.chunk_size, params, agents)
+        chunk = resolve_chunk_size(runtime.chunk_size, num_agents=agents.num_agents,
+                                   bytes_per_agent=per_example_bytes(params, agents.max_size))
         if self.rule.differences and chunk is not None:
             chunk = max(1, chunk // 2)          # two per-record gradients per silo
         round_fn = engine.make_round(loss_fn or engine.loss_for(model), spec, chunk_size=chunk,

@@ -1,0 +1,56 @@
+"""The rooms of the package: no module of one algorithm family imports another family (they
+share the round engine, ``api`` and the lower layers instead), and the concepts written once
+keep no second copy under their old names."""
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "fedjax_dp"
+FAMILIES = sorted(p.name for p in (PACKAGE / "algorithms").iterdir()
+                  if p.is_dir() and (p / "__init__.py").exists())
+
+
+def _imported(path: Path) -> set[str]:
+    """Every module name ``path`` imports (``import a.b``, ``from a.b import c``: a.b and a.b.c),
+    at any depth (imports inside functions too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_the_families_are_the_five_papers_systems():
+    assert FAMILIES == ["averaging", "fedkt", "fnas", "isrl", "voting"]
+
+
+def test_no_family_imports_another_family():
+    crossings = []
+    for family in FAMILIES:
+        for path in sorted((PACKAGE / "algorithms" / family).rglob("*.py")):
+            for name in _imported(path):
+                parts = name.split(".")
+                if parts[:2] == ["fedjax_dp", "algorithms"] and len(parts) > 2 \
+                        and parts[2] in FAMILIES and parts[2] != family:
+                    crossings.append(f"{path.relative_to(PACKAGE)} imports {name}")
+    assert crossings == []
+
+
+def test_the_walk_sees_a_crossing(tmp_path):
+    """The import walk itself: a module that imports another family is seen."""
+    bad = tmp_path / "m.py"
+    bad.write_text("def f():\n    from fedjax_dp.algorithms.averaging import fedavg\n")
+    assert "fedjax_dp.algorithms.averaging.fedavg" in _imported(bad)
+
+
+def test_one_chunk_size_resolver():
+    """``fedjax_dp.core.lift.resolve_chunk_size`` is the only one: the old per-layer resolvers
+    (train.local's, DP-FedSGD's) are gone."""
+    defined = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == "resolve_chunk_size":
+                defined.append(str(path.relative_to(PACKAGE)))
+    assert defined == ["core/lift.py"]
