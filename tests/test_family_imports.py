@@ -48,9 +48,17 @@ def test_the_walk_sees_a_crossing(tmp_path):
 def test_one_chunk_size_resolver():
     """``fedjax_dp.core.lift.resolve_chunk_size`` is the only one: the old per-layer resolvers
     (train.local's, DP-FedSGD's) are gone."""
-    defined = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef) and node.name == "resolve_chunk_size":
-                defined.append(str(path.relative_to(PACKAGE)))
-    assert defined == ["core/lift.py"]
+    assert _defined("resolve_chunk_size") == ["core/lift.py"]
+
+
+def _defined(name: str) -> list[str]:
+    return [str(path.relative_to(PACKAGE)) for path in sorted(PACKAGE.rglob("*.py"))
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.FunctionDef) and node.name == name]
+
+
+def test_one_clip_function():
+    """Clipping to a global L2 norm is ``fedjax_dp.privacy.mechanisms.clip_by_global_norm``
+    (per row: ``vmap`` of it); the private-gradient module's own copies are gone."""
+    assert _defined("clip_by_global_norm") == ["privacy/mechanisms.py"]
+    assert _defined("clip_to_norm") == _defined("clip_rows") == []

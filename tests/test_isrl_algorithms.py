@@ -11,6 +11,7 @@ import pytest
 from fedjax_dp.algorithms import api, isrl
 from fedjax_dp.algorithms.isrl import engine, uploads
 from fedjax_dp.core import StackedData
+from fedjax_dp.privacy import clip_by_global_norm
 from isrl_fixtures import CASES, FED, MODEL, run_case
 
 logging.getLogger("absl").setLevel(logging.ERROR)
@@ -159,7 +160,7 @@ def test_clip_is_over_the_whole_parameter_vector():
     np.testing.assert_allclose(np.asarray(u["b"]), [0.8, 0, 0, 0], atol=1e-6)
     assert float(st["clipped"]) == 1.0
     rows = {"a": jnp.asarray(x[:, :3]), "b": jnp.asarray(x[:, 3:])}
-    clipped, norms = uploads.clip_rows(rows, 1.0)
+    clipped, norms = jax.vmap(clip_by_global_norm, in_axes=(0, None))(rows, 1.0)
     out = np.concatenate([np.asarray(clipped["a"]), np.asarray(clipped["b"])], axis=1)
     assert np.all(np.linalg.norm(out, axis=1) <= 1.0 + 1e-6)
     np.testing.assert_allclose(out[2], x[2], rtol=1e-6)

@@ -47,14 +47,13 @@ from typing import Any, Callable, Sequence
 import dp_accounting
 import jax
 import jax.numpy as jnp
-import optax
 from jax.flatten_util import ravel_pytree
 
 from fedjax_dp.privacy import accounting, mechanisms
 
 Params = Any
 
-__all__ = ["per_example_bytes", "RowPlan", "poisson_weights", "fixed_size_weights", "clip_to_norm", "clip_rows",
+__all__ = ["per_example_bytes", "RowPlan", "poisson_weights", "fixed_size_weights",
            "weighted_clipped_sum", "clipped_sum", "per_example_grads", "clipped_grad_sum",
            "masked_clipped_sum", "selected_rows", "add_noise", "release", "gradient_fn",
            "private_gradient", "poisson_event", "fixed_size_event"]
@@ -120,22 +119,6 @@ class RowPlan:
 
 
 # --------------------------------------------------------------------------- clipping
-
-def clip_to_norm(tree: Params, clip) -> tuple[Params, jax.Array]:
-    """``(tree min(1, clip / ||tree||_2), ||tree||_2)`` with the global L2 norm over all leaves
-    (the projection onto the clip-ball; ``clip = inf`` leaves ``tree`` unchanged)."""
-    norm = optax.tree.norm(tree)
-    scale = jnp.minimum(1.0, clip / jnp.maximum(norm, 1e-12))
-    return jax.tree.map(lambda g: g * scale.astype(g.dtype), tree), norm
-
-
-def clip_rows(rows: Params, clip) -> tuple[Params, jax.Array]:
-    """:func:`clip_to_norm` of every row (leading axis B): ``(clipped rows, norms [B])``."""
-    norms = jax.vmap(optax.tree.norm)(rows)                                  # [B]
-    scale = jnp.minimum(1.0, clip / jnp.maximum(norms, 1e-12))               # [B]
-    return jax.tree.map(lambda g: g * scale.reshape((-1,) + (1,) * (g.ndim - 1)).astype(g.dtype),
-                        rows), norms
-
 
 def weighted_clipped_sum(values: Params, weights: jax.Array, clip) -> tuple[Params, jax.Array]:
     """``(sum_b w_b v_b min(1, C / ||v_b||_2), norms [B])`` for rows ``values`` (a pytree with

@@ -41,12 +41,12 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from fedjax_dp.privacy import shuffle as shuffle_lib
+from fedjax_dp.privacy.mechanisms import clip_by_global_norm
 from fedjax_dp.train import private_grad as pg
-from fedjax_dp.train.private_grad import clip_rows
 
 Params = Any
 
-__all__ = ["sample_records", "clip_rows", "gaussian_noise", "gradient_upload", "difference_upload",
+__all__ = ["sample_records", "gaussian_noise", "gradient_upload", "difference_upload",
            "encode_reports", "shuffled_estimate", "gradient_reports", "difference_reports",
            "row_plan"]
 
@@ -92,8 +92,8 @@ def difference_fn(loss_fn: Callable, params: Params, ref: Params, clip, private:
     def one(x, y):
         g_new, g_ref = grad(params, x, y), grad(ref, x, y)
         if private:
-            g_new, _ = pg.clip_to_norm(g_new, clip)
-            g_ref, _ = pg.clip_to_norm(g_ref, clip)
+            g_new, _ = clip_by_global_norm(g_new, clip)
+            g_ref, _ = clip_by_global_norm(g_ref, clip)
         return jax.tree.map(jnp.subtract, g_new, g_ref), jnp.zeros(())
 
     return one
@@ -188,7 +188,7 @@ def difference_reports(loss_fn: Callable, config, expected: float | None = None)
         diff = difference_fn(loss_fn, params, ref, clip, True)
 
         def one(xi, yi):
-            d, norm = pg.clip_to_norm(diff(xi, yi)[0], tau)
+            d, norm = clip_by_global_norm(diff(xi, yi)[0], tau)
             return ravel_pytree(d)[0] * (clip / jnp.maximum(tau, 1e-30)), norm
 
         rows, norms = pg.selected_rows(one, (x, y), w, row_plan(expected, mask.shape[0]))
