@@ -40,8 +40,9 @@ def test_vote_matches_a_loop_over_agents_and_queries(setup):
     ref = []
     for t in range(Q):                                                   # reference loop
         tally = np.zeros(C)
-        for i in range(N):                    # agent i's share on query t: counters (i, t h + j)
-            z = rng.counter_normals(key, np.array([i]), np.array([t]), C)[0]
+        for i in range(N):    # agent i's share on query t: counters (i, t h + j), own key
+            z = rng.counter_normals(jax.random.fold_in(key, 2 ** 32 - 2), np.array([i]),
+                                    np.array([t]), C)[0]
             tally += ballots[i, t] + std * np.asarray(z)
         ref.append(int(np.argmax(tally)))
     np.testing.assert_array_equal(np.asarray(labels), ref)

@@ -8,8 +8,8 @@ kNN-DPFL casts)::
     released label of query t = argmax_c  sum_i ( b_i(x_t)_c + z_{i,t,c} ),   z_{i,t} ~ N(0, sigma^2/N I_C)
 
 Every agent adds its own share of the noise, drawn for that query from its own counters
-(``(i, t)`` hashed under the vote's key, :func:`agent_query_noise`: independent across agents and
-queries, identical however the work is chunked), so the secure sum carries ``N(0, sigma^2 I_C)`` and no party ever holds a
+(``(i, t)`` hashed under the agents' noise key, :func:`agent_query_noise`: independent across
+agents and queries, identical however the work is chunked), so the secure sum carries ``N(0, sigma^2 I_C)`` and no party ever holds a
 noise-free count.
 
 Noise modes (``noise=``): ``"per_agent"`` (default) simulates every agent's share as above:
@@ -70,6 +70,7 @@ __all__ = ["RELATIONS", "NOISE_MODES", "BallotFn", "vote_sensitivity", "vote_eve
 #: secure sum's total at once (same distribution of the released labels).
 NOISE_MODES = ("per_agent", "aggregate")
 _AGGREGATE_PARTY = 2 ** 32 - 1     # the index of the virtual party that draws the total noise
+_AGENTS_NOISE = 2 ** 32 - 2        # fold_in index of the key the agents' noise is hashed under
 
 #: The neighbouring relation of each unit of privacy.
 RELATIONS: dict[str, str] = {
@@ -147,7 +148,8 @@ def agent_query_noise(key: jax.Array, agent_ids: jax.Array, query_ids: jax.Array
                       num_classes: int) -> jax.Array:
     """Agent i's noise on query t: ``std * N(0, I_C)``, the counter-mode normals
     (:func:`fedjax_dp.core.rng.counter_normals`) of the counters ``(i, t ceil(C/2) + j)`` under
-    ``key``.
+    the agents' noise key ``fold_in(key, 2^32 - 2)`` (hashed under a key of their own: counters
+    hashed under ``key`` itself would be the words of ``fold_in(key, .)``'s children).
 
     ``agent_ids [a]``, ``query_ids [q]`` (global indices) -> ``[a, q, C]``. A deterministic
     function of (key, i, t): chunking never changes the noise; distinct (i, t) are independent.
@@ -155,7 +157,8 @@ def agent_query_noise(key: jax.Array, agent_ids: jax.Array, query_ids: jax.Array
     a, q = agent_ids.shape[0], query_ids.shape[0]
     hi = jnp.broadcast_to(agent_ids[:, None], (a, q)).reshape(-1)
     lo = jnp.broadcast_to(query_ids[None, :], (a, q)).reshape(-1)
-    z = rng.counter_normals(key, hi, lo, num_classes)                      # [a q, C]
+    noise_key = jax.random.fold_in(key, jnp.uint32(_AGENTS_NOISE))
+    z = rng.counter_normals(noise_key, hi, lo, num_classes)                # [a q, C]
     return jnp.asarray(std, jnp.float32) * z.reshape(a, q, num_classes)
 
 
@@ -292,7 +295,7 @@ def check_vote_args(sigma, num_agents: int, num_queries: int, num_classes: int,
     validation.check_int("num_queries", num_queries, minimum=1)
     validation.check_int("num_classes", num_classes, minimum=2)
     if num_queries * -(-num_classes // 2) >= _AGGREGATE_PARTY:
-        # agent_query_noise's counters (i, t ceil(C/2) + j) must stay below fold_in's (0, 2^32-1)
+        # agent_query_noise's counters (i, t ceil(C/2) + j) must not wrap around 2^32
         raise ValueError(f"num_queries x ceil(num_classes / 2) must be below 2^32 - 1, got "
                          f"{num_queries} x {-(-num_classes // 2)}")
     if agent_chunk is not None:
