@@ -9,8 +9,8 @@ kNN-DPFL casts)::
 
 Every agent adds its own share of the noise, drawn for that query from its own counters
 (``(i, t)`` hashed under the agents' noise key, :func:`agent_query_noise`: independent across
-agents and queries, identical however the work is chunked), so the secure sum carries ``N(0, sigma^2 I_C)`` and no party ever holds a
-noise-free count.
+agents and queries, identical however the work is chunked), so the secure sum carries
+``N(0, sigma^2 I_C)`` and no party ever holds a noise-free count.
 
 Noise modes (``noise=``): ``"per_agent"`` (default) simulates every agent's share as above:
 ``N Q C`` normal draws, which can dominate the vote's cost when the ballots are cheap.
