@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl
-from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms import api, seeds
 from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
 from fedjax_dp.algorithms.fedkt import fedkt, solo as fedkt_solo
 from fedjax_dp.core import from_ragged
@@ -228,7 +228,7 @@ def test_every_registered_algorithm_resolves_its_hooks(name):
     module = registry.get(name)
     h = api.hooks(module)
     assert len(h.PHASES) in (0, module.num_steps(TINY[name]))
-    assert api.can_vmap_seeds(module) == h.can_vmap_seeds
+    assert seeds.can_vmap_seeds(module) == h.can_vmap_seeds
     assert h.private == (name not in ("fedavg", "mb_sgd", "local_sgd", "fedkt_solo"))
 
 

@@ -8,7 +8,7 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms import seeds
 from fedjax_dp.algorithms.averaging import dp_fedavg
 from fedjax_dp.experiments import calibrate, cli, records, registry, runner, sweep
 from fedjax_dp.experiments import config as config_lib
@@ -60,7 +60,7 @@ def test_algorithm_without_pure_step_is_not_vmapped(monkeypatch):
     # every registered algorithm may gain one) runs its seeds one by one
     hookless = types.SimpleNamespace(**{k: getattr(dp_fedavg, k) for k in dir(dp_fedavg)
                                         if not k.startswith("__") and k != "seeds_stepper"})
-    assert not api.can_vmap_seeds(hookless)
+    assert not seeds.can_vmap_seeds(hookless)
     monkeypatch.setitem(registry.ALGORITHMS, "dp_fedavg", hookless)
     base = config_lib.load(FEDAVG, FEDAVG_SETS)
     assert runner.run_seeds([dict(base, seed=0), dict(base, seed=1)]) is None

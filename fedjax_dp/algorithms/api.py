@@ -43,15 +43,13 @@ import numpy as np
 from fedjax_dp.algorithms import calls
 from fedjax_dp.core import StackedData, validation
 from fedjax_dp.core import progress as progress_lib
-from fedjax_dp.core.seed_axis import share_or_stack, stack_seeds, unstack_seeds  # re-exported
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
 
 Params = Any
 
 __all__ = ["FederatedData", "Runtime", "State", "Output", "Algorithm", "Hooks", "OPTIONAL_HOOKS",
-           "hooks", "Result", "step_key", "init_key", "run", "run_seeds", "can_vmap_seeds", "ledgers", "share_or_stack",
-           "stack_seeds", "unstack_seeds"]
+           "hooks", "Result", "step_key", "init_key", "run", "ledgers", "host_value"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +111,8 @@ class Runtime:
     progress: where long steps report progress (:mod:`fedjax_dp.core.progress`; silent by default).
     rounds_per_call: how many rounds :func:`run` runs per compiled call of an algorithm with a
       ``multi_step`` hook (the round-based averaging algorithms on device-resident agents):
-      ``"auto"`` (sized from the calls' measured time, :class:`fedjax_dp.algorithms.calls.CallSizer`)
+      ``"auto"`` (sized from the calls' measured time,
+      :class:`fedjax_dp.algorithms.calls.CallSizer`)
       or an int k >= 1 (k = 1: one round per call). Results do not depend on it.
     """
 
@@ -192,7 +191,8 @@ class Algorithm(Protocol):
     Required: ``Config``, ``DESCRIPTION``, ``USES_LOCAL_TRAIN``, ``init``, ``num_steps``,
     ``step``, ``ledger``, ``output``. Optional: every name after them (:data:`OPTIONAL_HOOKS`),
     written here with the default an algorithm that does not define it gets. Drivers (:func:`run`,
-    :func:`run_seeds`, the experiment runner, sweeps, calibration) read the optional hooks only
+    :func:`fedjax_dp.algorithms.seeds.run_seeds`, the experiment runner, sweeps, calibration)
+    read the optional hooks only
     through :func:`hooks`; no algorithm is special-cased by name.
     """
 
@@ -230,7 +230,8 @@ class Algorithm(Protocol):
 
     #: ``seed_step(state) -> (fn, data, signature)``: the step as a pure function
     #: ``fn(key, values, data) -> (values, metrics)`` with ``step(state, key)`` equal to
-    #: ``fn(key, state.values, data)``, so :func:`run_seeds` runs several seeds as one vmapped
+    #: ``fn(key, state.values, data)``, so :func:`fedjax_dp.algorithms.seeds.run_seeds` runs
+    #: several seeds as one vmapped
     #: compiled call (``signature``, hashable, must agree between the seeds' states).
     #: Default None: absent.
     seed_step: Callable[[State], tuple[Callable, Any, Hashable]] | None = None
@@ -251,7 +252,8 @@ class Algorithm(Protocol):
     #: metrics)`` runs step t of S seeds together (per-seed host work, then compiled calls
     #: vmapped over the seed axis), with ``batch(states, keys)[s]`` equal to
     #: ``step(states[s], keys[s])``; None when these seeds cannot share compiled calls
-    #: (:func:`run_seeds` prefers it to ``seed_step``). Default None: absent.
+    #: (:func:`fedjax_dp.algorithms.seeds.run_seeds` prefers it to ``seed_step``). Default
+    #: None: absent.
     seeds_stepper: Callable[[list[State]], Callable | None] | None = None
 
     def prefetch(self, state: State, key: jax.Array) -> None:
@@ -399,7 +401,8 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
 
     Where the algorithm has a ``multi_step`` hook that can run this state
     (``rounds_per_call(state) > 0``), steps run ``runtime.rounds_per_call`` at a time in one
-    compiled call each (:func:`fedjax_dp.algorithms.calls.run_calls`): a call ends at every multiple of ``eval_every`` and
+    compiled call each (:func:`fedjax_dp.algorithms.calls.run_calls`): a call ends at every
+    multiple of ``eval_every`` and
     of each entry of ``boundaries`` (the runner's checkpoints), so evaluations and checkpoints
     see the exact state after their step; the records of a call are made once the next call has
     been dispatched. Otherwise step t's record is made once step t + 1 has been dispatched (its
@@ -420,7 +423,7 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
     pending = None                      # (t, state after step t, its metrics on the device)
 
     def finish(t: int, done: State, metrics: dict) -> None:
-        record = {"round": t + 1, **{k: _host(v) for k, v in metrics.items()}}
+        record = {"round": t + 1, **{k: host_value(v) for k, v in metrics.items()}}
         if evaluate is not None and eval_every and ((t + 1) % eval_every == 0 or t + 1 == total):
             record.update(evaluate(algorithm.output(done)))
         history.append(record)
@@ -444,107 +447,7 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
     return Result(state=state, history=history, wall_time_s=time.perf_counter() - start)
 
 
-def can_vmap_seeds(algorithm: Algorithm) -> bool:
-    """Whether ``algorithm`` can step several seeds together: it exposes its step as a pure
-    function (``seed_step``) or a batched step over seeds (``seeds_stepper``)."""
-    return hooks(algorithm).can_vmap_seeds
-
-
-def run_seeds(algorithm: Algorithm, keys: Sequence[jax.Array], data: Sequence[FederatedData],
-              model: Model, config: Any, *, runtime: Runtime = Runtime(),
-              evaluate: Callable[[Output, int], dict] | None = None, eval_every: int = 0,
-              on_step: Callable[[int, list[dict]], None] | None = None) -> list[Result] | None:
-    """S runs of ``algorithm`` that differ only in their root key (and the data it partitioned),
-    each step of all S runs as ONE vmapped, compiled call.
-
-    Run s is exactly :func:`run` ``(algorithm, keys[s], data[s], ...)``: the same ``init``, the
-    same step keys ``step_key(keys[s], t)``; only the execution differs (``jax.vmap`` over the
-    seed axis of the state, the keys and -- when the seeds' stacked data differ -- the data), so
-    results agree to float tolerance (tested). Returns None, before any step, when the seeds
-    cannot share one compiled step: the algorithm has no ``seed_step``, or the seeds' signatures
-    or data shapes differ (the caller then runs them one by one). ``evaluate(output, s)`` and
-    ``on_step(t + 1, records)`` as in :func:`run`, with one record per seed.
-    """
-    if not isinstance(config, algorithm.Config):
-        raise ValueError(f"config must be a {algorithm.Config.__module__}.Config, got "
-                         f"{type(config).__name__}")
-    if len(keys) != len(data) or not keys:
-        raise ValueError(f"keys and data must have one entry per seed (>= 1), got {len(keys)} "
-                         f"keys and {len(data)} data")
-    validation.check_int("eval_every", eval_every, minimum=0)
-    h = hooks(algorithm)
-    if not h.can_vmap_seeds:
-        return None
-    start = time.perf_counter()
-    states = [algorithm.init(k, d, model, config, runtime) for k, d in zip(keys, data)]
-    if h.seeds_stepper is not None:
-        return _run_seeds_batched(algorithm, h.seeds_stepper, keys, states, config, evaluate,
-                                  eval_every, on_step, start)
-    parts = [h.seed_step(s) for s in states]
-    if len({sig for _, _, sig in parts}) != 1:
-        return None
-    shared, data_axis = share_or_stack([d for _, d, _ in parts])
-    shapes = {tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in jax.tree.leaves(s.values))
-              for s in states}
-    if shared is None or len(shapes) != 1:
-        return None
-    values = stack_seeds([s.values for s in states])
-    fn = parts[0][0]
-    batched = jax.jit(jax.vmap(fn, in_axes=(0, 0, data_axis)))
-    step_keys = jax.jit(jax.vmap(_step_key, in_axes=(0, None)))
-    root = jax.numpy.stack(list(keys))
-    total = algorithm.num_steps(config)
-    histories: list[list[dict]] = [[] for _ in states]
-
-    def seed_state(s: int, t: int) -> State:
-        return State(step=t, values=jax.tree.map(lambda x: x[s], values),
-                     context=states[s].context)
-
-    for t in range(states[0].step, total):
-        values, metrics = batched(step_keys(root, t), values, shared)
-        host = jax.device_get(metrics)
-        records = []
-        for s in range(len(states)):
-            record = {"round": t + 1, **{k: _host(v[s]) for k, v in host.items()}}
-            if evaluate is not None and eval_every and ((t + 1) % eval_every == 0
-                                                        or t + 1 == total):
-                record.update(evaluate(algorithm.output(seed_state(s, t + 1)), s))
-            histories[s].append(record)
-            records.append(record)
-        if on_step is not None:
-            on_step(t + 1, records)
-    wall = time.perf_counter() - start
-    return [Result(state=seed_state(s, total), history=histories[s], wall_time_s=wall)
-            for s in range(len(states))]
-
-
-def _run_seeds_batched(algorithm, seeds_stepper, keys, states, config, evaluate, eval_every,
-                       on_step, start) -> list[Result] | None:
-    """:func:`run_seeds` through the algorithm's ``seeds_stepper`` (host work per seed, compiled
-    calls vmapped over the seeds)."""
-    batch = seeds_stepper(states)
-    if batch is None:
-        return None
-    total = algorithm.num_steps(config)
-    histories: list[list[dict]] = [[] for _ in states]
-    for t in range(states[0].step, total):
-        states, metrics = batch(states, [step_key(k, t) for k in keys])
-        metrics = jax.device_get(metrics)
-        records = []
-        for s, (state, m) in enumerate(zip(states, metrics)):
-            record = {"round": t + 1, **{k: _host(v) for k, v in m.items()}}
-            if evaluate is not None and eval_every and ((t + 1) % eval_every == 0
-                                                        or t + 1 == total):
-                record.update(evaluate(algorithm.output(state), s))
-            histories[s].append(record)
-            records.append(record)
-        if on_step is not None:
-            on_step(t + 1, records)
-    wall = time.perf_counter() - start
-    return [Result(state=state, history=h, wall_time_s=wall) for state, h in zip(states, histories)]
-
-
-def _host(value):
+def host_value(value):
     """A metric as a host float (or int / str as given)."""
     if isinstance(value, (int, str)) and not isinstance(value, bool):
         return value

@@ -27,6 +27,7 @@ import numpy as np
 
 from fedjax_dp import data as data_lib
 from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms import seeds as seeds_lib
 from fedjax_dp.algorithms.api import FederatedData
 from fedjax_dp.core import compilation
 from fedjax_dp.core import rng, validation
@@ -583,7 +584,7 @@ def result_record(p: Plan, config: dict, s: Setup, state: api.State, history: li
 
 def run_seeds(configs: list[dict], *, progress: bool = False) -> list[dict] | None:
     """Runs of resolved configs that differ only in ``seed``, all seeds of each step in ONE
-    vmapped compiled call (:func:`api.run_seeds`); the result records equal :func:`run`'s for
+    vmapped compiled call (:func:`fedjax_dp.algorithms.seeds.run_seeds`); the result records equal :func:`run`'s for
     each config (to float tolerance; ``vmapped_seeds`` gives S, ``wall_time_s`` the batch's
     time / S). Returns None when the algorithm or the seeds' data do not allow it (run them one
     by one). Nothing is written: a sweep stores the records."""
@@ -594,7 +595,7 @@ def run_seeds(configs: list[dict], *, progress: bool = False) -> list[dict] | No
            for c in strip[1:]):
         raise ValueError("run_seeds: the configs must differ only in seed")
     p = plan(configs[0])
-    if not api.can_vmap_seeds(p.entry):
+    if not seeds_lib.can_vmap_seeds(p.entry):
         return None
     phases = api.hooks(p.entry).PHASES            # one-shot: evaluated once, at the end
     start = time.perf_counter()
@@ -610,7 +611,7 @@ def run_seeds(configs: list[dict], *, progress: bool = False) -> list[dict] | No
     name = config["algorithm"]["name"]
     with reporter.task(f"{name} x{len(configs)} seeds", total=steps_total, unit="phase" if phases else "round") as task:
         runtime = api.Runtime(chunk_size=config["run"]["chunk_size"] or None, progress=reporter)
-        done = api.run_seeds(p.entry, [s.key for s in setups], [s.fed for s in setups], model,
+        done = seeds_lib.run_seeds(p.entry, [s.key for s in setups], [s.fed for s in setups], model,
                              p.algorithm_config, runtime=runtime, evaluate=evaluate,
                              eval_every=0 if phases else config["run"]["eval_every"],
                              on_step=lambda t, records: task.update(1))

@@ -26,7 +26,7 @@ sigma = tau, or (batch, steps, rounds) triples). Command-line flags add to the f
 Order of work: every run's config is resolved and validated (:func:`runner.plan`) before any
 data is loaded; then, per (base, grid point, target) *cell*, the key is calibrated
 (:mod:`fedjax_dp.experiments.calibrate`) and the cell's seeds run -- as ONE vmapped compiled call
-per round when the algorithm exposes a pure step (:func:`fedjax_dp.algorithms.api.run_seeds`;
+per round when the algorithm exposes a pure step (:func:`fedjax_dp.algorithms.seeds.run_seeds`;
 the ISRL-DP family) and the seeds' configs differ only in ``seed``, else one after another. Each
 finished run is appended to ``OUT/results.jsonl`` at once (a record of
 :mod:`fedjax_dp.experiments.records`), so a killed sweep keeps what it computed and

@@ -16,7 +16,7 @@ every party. ``output`` is the retrained network (the search network before retr
 An iteration of either phase is one pure function :func:`iteration`
 ``(value, k_epoch, i, data) -> (value, metrics)``, compiled at the first epoch of its phase.
 
-Seeds (:func:`seeds_stepper`, used by :func:`fedjax_dp.algorithms.api.run_seeds`): the
+Seeds (:func:`seeds_stepper`, used by :func:`fedjax_dp.algorithms.seeds.run_seeds`): the
 iterations of S seeds of one config run as ONE call of the same function vmapped over the seeds.
 Retraining needs host work per seed (the derived genotype decides the network), so the hook is a
 ``seeds_stepper``, not a ``seed_step``: seeds with equal genotypes retrain together.
@@ -51,7 +51,7 @@ import numpy as np
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.fnas import privacy as fnas_privacy
 from fedjax_dp.algorithms.fnas import search_memo, steps
-from fedjax_dp.core import memory, rng
+from fedjax_dp.core import memory, rng, seed_axis
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model, darts
 from fedjax_dp.privacy import PrivacyLedger
@@ -457,8 +457,8 @@ def _mean_metrics(records: list[dict], seeds: int | None) -> list[dict]:
 
 
 # the seeds' pytrees stacked / unstacked in one compiled call each (not one per leaf)
-_stack = jax.jit(api.stack_seeds)
-_unstack = jax.jit(api.unstack_seeds, static_argnums=1)
+_stack = jax.jit(seed_axis.stack_seeds)
+_unstack = jax.jit(seed_axis.unstack_seeds, static_argnums=1)
 
 
 def _epoch(states: list[api.State], values: list[dict], k_epochs: list, phase: str,
@@ -603,7 +603,7 @@ def seeds_stepper(states: list[api.State]):
         return None
     shared = {}
     for phase in ("search", "retrain"):
-        shared[phase] = api.share_or_stack([_own_data(c, phase)[0] for c in ctxs])
+        shared[phase] = seed_axis.share_or_stack([_own_data(c, phase)[0] for c in ctxs])
         if shared[phase][0] is None:
             return None
     cache: dict = {}

@@ -277,7 +277,7 @@ class Algorithm:
 
     def seed_step(self, state: api.State):
         """``(round_fn, data, spec)``: the round as a pure function of ``(key, values, data)``
-        (:func:`api.run_seeds` vmaps it over seeds; runs with equal specs share it)."""
+        (:func:`fedjax_dp.algorithms.seeds.run_seeds` vmaps it over seeds; runs with equal specs share it)."""
         ctx: Context = state.context
         return ctx.round_fn, ctx.data, ctx.spec
 

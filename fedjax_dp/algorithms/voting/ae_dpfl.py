@@ -494,7 +494,7 @@ def _chunk_fn(model: Model, local: LocalTrainConfig, inner: int | None,
 # --------------------------------------------------------------------------- seeds together
 
 def seeds_stepper(states: list[api.State]):
-    """Step S seeds of AE-DPFL together (:func:`fedjax_dp.algorithms.api.run_seeds`): each
+    """Step S seeds of AE-DPFL together (:func:`fedjax_dp.algorithms.seeds.run_seeds`): each
     phase loops over the chunks of agents once, and a chunk's local training, ballots, tally and
     release, then the students, are the single-seed compiled calls vmapped over the seeds
     (:func:`voting_dpfl.seeds_stepper`); seed s equals its own run. None where that cannot apply

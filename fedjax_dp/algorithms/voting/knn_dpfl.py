@@ -330,7 +330,7 @@ def _chunk_counts_fn(k: int, num_classes: int, method: str):
 # --------------------------------------------------------------------------- seeds together
 
 def seeds_stepper(states: list[api.State]):
-    """Step S seeds of kNN-DPFL together (:func:`fedjax_dp.algorithms.api.run_seeds`): the vote
+    """Step S seeds of kNN-DPFL together (:func:`fedjax_dp.algorithms.seeds.run_seeds`): the vote
     loops over the chunks of agents once, and a chunk's feature map and kNN counts, the tally's
     add and the release, then the students, are the single-seed compiled calls vmapped over the
     seeds (:func:`voting_dpfl.seeds_stepper`); seed s equals its own run. None where that cannot
