@@ -81,7 +81,7 @@ def test_sequences_write_task_and_vocab(tmp_path):
     y = np.load(tmp_path / "p" / "y.npy")
     assert y.shape == (2, 3, 80) and y.dtype == np.int32
     assert np.load(tmp_path / "p" / "counts.npy").tolist() == [3, 1]
-    from fedjax_dp.train import tasks
+    from fedjax_dp.models import tasks
     task = tasks.load(tmp_path / "p")
     assert (task.vocab_size, tuple(task.oov_ids), task.bos_id, task.eos_id) == (90, (87,), 88, 89)
     assert len((tmp_path / "p" / "vocab.txt").read_text().split("\n")) == 86 + 1

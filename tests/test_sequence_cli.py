@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 from fedjax_dp.experiments import cli
-from fedjax_dp.train import tasks
+from fedjax_dp.models import tasks
 
 from federated_fixtures import write_tff
 

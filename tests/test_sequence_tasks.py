@@ -18,9 +18,9 @@ from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
 from fedjax_dp.core import from_arrays, from_ragged
 from fedjax_dp.data import Dataset
 from fedjax_dp.privacy import clip_by_global_norm
-from fedjax_dp.models import Model, make_model
+from fedjax_dp.models import Model, make_model, tasks
 from fedjax_dp.train import (LocalTrainConfig, accuracy, cross_entropy, minibatch_loss,
-                             per_agent_accuracy, private_grad, tasks)
+                             per_agent_accuracy, private_grad)
 
 T, V = 6, 12
 PAD, OOV, BOS, EOS = 0, 9, 10, 11

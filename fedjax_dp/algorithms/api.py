@@ -164,11 +164,11 @@ class Output:
         """Accuracy on ``(x [M, ...], y [M])``: ``accuracy(x, y)`` when the output defines it
         (a result that is not one model, e.g. the mean test accuracy of n models each trained
         alone), else ``mean(predict_labels(x) == y)`` (a next-token task: the per-token
-        accuracy over ``y != pad``, :mod:`fedjax_dp.train.tasks`). The runner's
+        accuracy over ``y != pad``, :mod:`fedjax_dp.models.tasks`). The runner's
         ``test_accuracy`` and ``val_accuracy``."""
         if self.accuracy is not None:
             return float(self.accuracy(x, y))
-        from fedjax_dp.train import tasks      # a next-token model: per token over y != pad
+        from fedjax_dp.models import tasks     # a next-token model: per token over y != pad
         return tasks.of(self.model).accuracy(self.predict_labels(x), y)
 
     def predict_labels(self, x) -> np.ndarray:

@@ -7,7 +7,7 @@ Layout (the contract every algorithm relies on)::
     mask   [N, n_max]                   bool    True exactly for rows < counts[i]
     counts [N]                          int32   number of real records per agent
 
-A next-token task (:mod:`fedjax_dp.train.tasks`) stacks sequences: ``x [N, n_max, T]`` int32
+A next-token task (:mod:`fedjax_dp.models.tasks`) stacks sequences: ``x [N, n_max, T]`` int32
 input token ids and ``y [N, n_max, T]`` int32 target ids (a label per position; padded rows and
 positions hold the pad id 0); ``mask`` and ``counts`` stay per record (per sequence).
 

@@ -10,7 +10,7 @@ The result is the folder ``data.dataset = "stacked:DST"`` runs (the format of
                   of test_client_ids its record came from), test_client_ids; x_public / y_public
                   empty; num_classes; name
     clients.json  {"train": [N client ids, agent order], "format", "source", "options", sizes}
-    task.json     the next-token task (next-token formats; fedjax_dp.train.tasks.save)
+    task.json     the next-token task (next-token formats; fedjax_dp.models.tasks.save)
     vocab.txt     the vocabulary (text formats), one token per line, ids 1..V
 
 Each client of the published train split is one agent. The conversion never holds the

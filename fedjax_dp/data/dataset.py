@@ -10,7 +10,7 @@ Layout::
     y_test        [n_test]                    int32
     domain_train  [n_train] int64 or None              domain id per record (for by_domain)
 
-A next-token task (``task = NextToken(...)``, :mod:`fedjax_dp.train.tasks`) holds sequences
+A next-token task (``task = NextToken(...)``, :mod:`fedjax_dp.models.tasks`) holds sequences
 instead: ``x_* [n, T]`` int32 input token ids and ``y_* [n, T]`` int32 target ids (the next
 token; ``pad_id`` where there is none), ``num_classes`` = the vocabulary size.
 
@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from fedjax_dp.core import validation
-from fedjax_dp.train import tasks as tasks_lib
+from fedjax_dp.models import tasks as tasks_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Dataset:
     validates that every split has matching x/y lengths, all splits share one feature shape,
     labels lie in ``[0, num_classes)`` and every feature is finite. ``task`` (None:
     classification) says what a record is: with a ``NextToken`` task x and y are ``[n, T]``
-    int32 token ids in ``[0, num_classes)`` (:meth:`~fedjax_dp.train.tasks.NextToken.check_split`).
+    int32 token ids in ``[0, num_classes)`` (:meth:`~fedjax_dp.models.tasks.NextToken.check_split`).
     """
 
     name: str
@@ -49,7 +49,7 @@ class Dataset:
     y_test: np.ndarray     # [n_test] int32
     num_classes: int
     domain_train: np.ndarray | None = None  # [n_train] int64 domain id per training record
-    task: tasks_lib.Task | None = None      # None: classification (fedjax_dp.train.tasks)
+    task: tasks_lib.Task | None = None      # None: classification (fedjax_dp.models.tasks)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -58,7 +58,7 @@ class Dataset:
         object.__setattr__(self, "num_classes", num_classes)
         if self.task is not None and not isinstance(self.task, (tasks_lib.Classification,
                                                                   tasks_lib.NextToken)):
-            raise ValueError(f"task must be a fedjax_dp.train.tasks.Classification or NextToken "
+            raise ValueError(f"task must be a fedjax_dp.models.tasks.Classification or NextToken "
                              f"(or None), got {type(self.task).__name__}")
         task = tasks_lib.CLASSIFICATION if self.task is None else self.task
         feature_shape = None

@@ -42,7 +42,7 @@ import numpy as np
 from fedjax_dp.core import validation
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.data.streamed import StreamedDataset
-from fedjax_dp.train import tasks as tasks_lib
+from fedjax_dp.models import tasks as tasks_lib
 
 FEATURE_MAPS = ("identity", "random_projection", "pca")
 #: the maps ``data.features`` takes: :data:`FEATURE_MAPS` and ``network`` (:func:`fit_network`)

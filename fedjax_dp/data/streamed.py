@@ -25,7 +25,7 @@ import numpy as np
 from fedjax_dp.core import validation
 from fedjax_dp.core.stacked import RecordDraw
 from fedjax_dp.data.dataset import Dataset
-from fedjax_dp.train import tasks as tasks_lib
+from fedjax_dp.models import tasks as tasks_lib
 
 #: records per block when a stream is read (4 MiB of float64 features at 32 features)
 BLOCK = 1 << 14
@@ -52,7 +52,7 @@ class StreamedDataset:
     y_test: np.ndarray                        # [n_test] int32
     num_classes: int
     domain_train: np.ndarray | None = None    # [n_train] int64
-    task: tasks_lib.Task | None = None        # None: classification (fedjax_dp.train.tasks)
+    task: tasks_lib.Task | None = None        # None: classification (fedjax_dp.models.tasks)
     draw: RecordDraw | None = None            # any record's features directly (the same values)
 
     def __post_init__(self):
@@ -67,7 +67,7 @@ class StreamedDataset:
             self._check_sequences(self.task, num_classes)
             return
         if self.task is not None and not isinstance(self.task, tasks_lib.Classification):
-            raise ValueError(f"task must be a fedjax_dp.train.tasks.Classification or NextToken "
+            raise ValueError(f"task must be a fedjax_dp.models.tasks.Classification or NextToken "
                              f"(or None), got {type(self.task).__name__}")
         y = validation.check_labels("y_train", self.y_train, num_classes)   # min / max: no copy
         if y.ndim != 1 or len(y) == 0:
@@ -91,7 +91,7 @@ class StreamedDataset:
 
     def _check_sequences(self, task: tasks_lib.NextToken, num_classes: int) -> None:
         """A next-token task's splits: ``y_train [n, T]`` (checked like the public and test
-        splits by :meth:`~fedjax_dp.train.tasks.NextToken.check_split`, on y alone)."""
+        splits by :meth:`~fedjax_dp.models.tasks.NextToken.check_split`, on y alone)."""
         y = np.asarray(self.y_train)
         if y.ndim != 2 or len(y) == 0:
             raise ValueError(f"y_train must be a non-empty [n, T] array of target ids for a "

@@ -89,7 +89,7 @@ class Vocab:
         return np.fromiter((index.get(t, oov) for t in tokens), np.int32)
 
     def task_dict(self) -> dict:
-        """The next-token task of this vocabulary (``fedjax_dp.train.tasks.from_dict``'s form)."""
+        """The next-token task of this vocabulary (``fedjax_dp.models.tasks.from_dict``'s form)."""
         return {"kind": "next_token", "vocab_size": self.size, "pad_id": 0,
                 "oov_ids": [self.oov_id], "bos_id": self.bos_id, "eos_id": self.eos_id}
 

@@ -40,7 +40,7 @@ are not used, ``data.num_agents`` must equal the saved N, and ``dataset_options`
 ``image_size`` and ``validation_fraction`` must be left unset. ``fedjax-dp data convert`` writes
 such a folder from a published federated dataset (:mod:`fedjax_dp.data.convert`: one agent per
 client, the published test split in ``server.npz``), with ``task.json`` beside it for
-next-token data (:mod:`fedjax_dp.train.tasks`; the loaded splits then carry that task).
+next-token data (:mod:`fedjax_dp.models.tasks`; the loaded splits then carry that task).
 """
 from __future__ import annotations
 
@@ -421,7 +421,7 @@ def _task(folder: Path, where: str):
     ``fedjax-dp data convert`` for next-token data), or None (classification)."""
     if not (folder / "task.json").is_file():
         return None
-    from fedjax_dp.train import tasks
+    from fedjax_dp.models import tasks
     try:
         return tasks.load(folder)
     except ValueError as e:

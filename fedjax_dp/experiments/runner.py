@@ -39,7 +39,7 @@ from fedjax_dp.experiments import registry
 from fedjax_dp.experiments import tracking as tracking_lib
 from fedjax_dp.models import make_model
 from fedjax_dp.train import LocalTrainConfig
-from fedjax_dp.train import tasks
+from fedjax_dp.models import tasks
 
 _PACKAGES = ("fedjax-dp", "jax", "jaxlib", "flax", "optax", "chex", "numpy", "scipy",
              "dp-accounting", "scikit-learn")
@@ -362,7 +362,7 @@ class Setup:
     def evaluate(self, output: api.Output) -> dict:
         """``test_accuracy`` (and ``val_accuracy`` with a validation split) of a model.
 
-        A next-token task (:mod:`fedjax_dp.train.tasks`): per-token accuracies, counted over
+        A next-token task (:mod:`fedjax_dp.models.tasks`): per-token accuracies, counted over
         all test sequences and positions, ``test_accuracy`` over the real tokens (y != pad),
         ``test_accuracy_no_oov`` without the OOV ids, ``test_accuracy_no_oov_or_eos`` without
         OOV and EOS (TFF's StackOverflow metrics), and ``test_num_tokens``; ``val_`` likewise."""

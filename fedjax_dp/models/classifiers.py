@@ -38,7 +38,7 @@ class Model(NamedTuple):
     name: str
     feature_shape: tuple[int, ...]
     num_classes: int
-    #: the learning task (:mod:`fedjax_dp.train.tasks`; None: classification), set by
+    #: the learning task (:mod:`fedjax_dp.models.tasks`; None: classification), set by
     #: ``tasks.attach`` from the data: it defines the per-example loss and the accuracy
     task: Any = None
 

@@ -1,5 +1,4 @@
 """Local training over stacked agents, evaluation, per-example clipped gradients."""
-from fedjax_dp.train import tasks
 from fedjax_dp.train.private_grad import clipped_grad_sum, per_example_grads
 from fedjax_dp.train.evaluate import accuracy, per_agent_accuracy, predict
 from fedjax_dp.train.local import (LocalTrainConfig, check_trainable, cross_entropy,
@@ -10,4 +9,4 @@ from fedjax_dp.train.local import (LocalTrainConfig, check_trainable, cross_entr
 __all__ = ["clipped_grad_sum", "per_example_grads", "accuracy", "per_agent_accuracy", "predict",
            "LocalTrainConfig", "batch_indices", "check_trainable", "cross_entropy", "make_local_step",
            "minibatch_rows", "stored_indices",
-           "make_local_update", "minibatch_loss", "sample_batch", "train_agents", "tasks"]
+           "make_local_update", "minibatch_loss", "sample_batch", "train_agents"]

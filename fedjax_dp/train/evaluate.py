@@ -1,6 +1,6 @@
 """Evaluation: accuracy of one model, or of every agent's model, on a labelled set.
 
-The accuracy is the model's task's (:mod:`fedjax_dp.train.tasks`): the fraction of examples
+The accuracy is the model's task's (:mod:`fedjax_dp.models.tasks`): the fraction of examples
 classified correctly, or for a next-token task the fraction of real tokens (``y != pad``)
 predicted correctly, counted over all examples and positions.
 """
@@ -16,7 +16,7 @@ import numpy as np
 
 from fedjax_dp.core import for_each_agent
 from fedjax_dp.models import Model
-from fedjax_dp.train import tasks
+from fedjax_dp.models import tasks
 
 Params = Any
 
@@ -67,7 +67,7 @@ def token_predictor(model: Model):
 
 def accuracy(model: Model, params: Params, x, y, batch_size: int = 1024) -> float:
     """Fraction of ``x`` classified as ``y`` (0..1); a next-token task: the per-token accuracy
-    over the real tokens (:meth:`fedjax_dp.train.tasks.NextToken.metrics`)."""
+    over the real tokens (:meth:`fedjax_dp.models.tasks.NextToken.metrics`)."""
     if np.shape(y)[0] == 0:
         raise ValueError("accuracy needs at least one labelled example, got an empty set")
     task = tasks.of(model)

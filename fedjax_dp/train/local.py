@@ -26,7 +26,7 @@ from fedjax_dp.core import StackedData, for_each_agent, validation
 from fedjax_dp.core import memory
 from fedjax_dp.core.lift import agent_bytes, resolve_chunk_size
 from fedjax_dp.models import Model
-from fedjax_dp.train import tasks
+from fedjax_dp.models import tasks
 
 Params = Any
 
@@ -69,9 +69,9 @@ class LocalTrainConfig:
 
 def cross_entropy(model: Model) -> Callable[[Params, jax.Array, jax.Array], jax.Array]:
     """Per-example loss ``l(params, x, y)`` (scalar) of the model's task
-    (:func:`fedjax_dp.train.tasks.of`): ``-log softmax(f(x))_y`` for classification; for a
+    (:func:`fedjax_dp.models.tasks.of`): ``-log softmax(f(x))_y`` for classification; for a
     next-token task the mean of the per-token cross-entropies over the sequence's real tokens
-    ``y_t != pad`` (:meth:`fedjax_dp.train.tasks.NextToken.example_loss`, eq. (1))."""
+    ``y_t != pad`` (:meth:`fedjax_dp.models.tasks.NextToken.example_loss`, eq. (1))."""
     example_loss = tasks.of(model).example_loss
 
     def loss(params, x, y):

@@ -16,7 +16,7 @@ half) is four small pure parts:
 ``v(x_j)`` is a per-example vector pytree (usually ``grad_w loss(w; x_j, y_j)``, the whole
 parameter vector; a record j is one example: one labelled feature vector, or for a next-token
 task one whole sequence ``x_j, y_j [T]`` whose loss is its per-token mean,
-:mod:`fedjax_dp.train.tasks`, so the unit of privacy stays the record) and ``||.||_2`` is
+:mod:`fedjax_dp.models.tasks`, so the unit of privacy stays the record) and ``||.||_2`` is
 the GLOBAL L2 norm over all its leaves, so adding or removing one record moves ``S`` by at most
 C (the Gaussian mechanism's sensitivity; clipping leaves separately would understate it by up to
 sqrt(#leaves)). ``D`` never depends on the realised batch size ``|b|``, which would leak it.
