@@ -57,8 +57,47 @@ def _defined(name: str) -> list[str]:
             if isinstance(node, ast.FunctionDef) and node.name == name]
 
 
+def test_one_chunker():
+    """Chunking is ``fedjax_dp.core.lift`` (``chunked`` on the device, ``num_chunks`` the
+    boundaries, ``pad_rows`` the padding) and ``agent_stream.chunks`` on the host; sizing is
+    ``resolve_chunk_size`` (working set: ``training_bytes``). The private copies are gone."""
+    for name in ("chunked", "num_chunks", "pad_rows", "training_bytes"):
+        assert _defined(name) == ["core/lift.py"], name
+    assert _defined("chunks") == ["core/agent_stream.py"]
+    for old in ("_chunked", "seed_chunks", "resolve_size", "_device_chunks", "_inner_chunk",
+                "_param_bytes"):
+        assert _defined(old) == [], old
+
+
 def test_one_clip_function():
-    """Clipping to a global L2 norm is ``fedjax_dp.privacy.mechanisms.clip_by_global_norm``
+    """Clipping to a global L2 norm is ``fedjax_dp.privacy.clipping.clip_by_global_norm``
     (per row: ``vmap`` of it); the private-gradient module's own copies are gone."""
-    assert _defined("clip_by_global_norm") == ["privacy/mechanisms.py"]
+    assert _defined("clip_by_global_norm") == ["privacy/clipping.py"]
     assert _defined("clip_to_norm") == _defined("clip_rows") == []
+
+
+def test_one_seed_driver():
+    """S seeds are driven by ``fedjax_dp.algorithms.seeds`` alone: families declare a pure
+    ``seed_step`` or a batched step (``batch_plan`` / ``batched_step``); the per-family seed
+    steppers and the round engine's seed copy of its round are gone."""
+    assert _defined("seed_batch") == ["algorithms/seeds.py"]
+    assert _defined("seeds_stepper") == _defined("seed_rounds_stepper") == []
+    assert _defined("seed_calls") == []
+    classes = [node.name for path in PACKAGE.rglob("*.py")
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.ClassDef)]
+    assert "SeedRounds" not in classes
+
+
+def test_each_layer_does_its_own_work():
+    """data/ imports nothing from the layers above it; the families register their algorithms
+    (the registry names none of them); the moved modules have no second home."""
+    above = ("fedjax_dp.experiments", "fedjax_dp.algorithms", "fedjax_dp.train")
+    crossings = [f"{path.relative_to(PACKAGE)} imports {name}"
+                 for path in sorted((PACKAGE / "data").rglob("*.py"))
+                 for name in _imported(path) if name.startswith(above)]
+    assert crossings == []
+    registry = (PACKAGE / "algorithms" / "registry.py").read_text()
+    assert [f for f in FAMILIES if f in registry] == []
+    gone = ["experiments/registry.py", "experiments/population.py", "train/tasks.py"]
+    assert [p for p in gone if (PACKAGE / p).exists()] == []

@@ -202,7 +202,7 @@ def test_cohort_plan_covers_every_draw(rate, n, align):
 
 
 def test_common_passes_of_one_cohort_are_the_plans_passes():
-    """S = 1 of cohort.common_passes (the layout of SeedRounds) is the plan's own passes,
+    """S = 1 of cohort.common_passes (the host round's layout) is the plan's own passes,
     padded by pad_ids: a single run's round is laid out exactly as before."""
     plan = cohort.CohortPlan.for_sampling(_poisson(0.3), 50, align=2, pass_size=6)
     r = np.random.default_rng(3)
@@ -218,16 +218,6 @@ def test_common_passes_of_one_cohort_are_the_plans_passes():
     got = cohort.common_passes(plan, [np.arange(2), np.arange(9)])
     assert [ids.shape for ids, _ in got] == [(2, 6), (2, 4)]
     assert got[1][1][0].sum() == 0 and got[1][1][1].sum() == 3
-
-
-def test_single_run_is_the_one_seed_driver(setup):
-    """RoundRunner's round is SeedRounds with S = 1, calling the unbatched compiled pieces."""
-    data, model, _ = setup
-    runner = _runner(model, _FULL, data)
-    train_sum, server, fused = runner.parts
-    assert runner.rounds.runners == [runner] and runner.rounds.one
-    assert (runner.rounds.calls.fused, runner.rounds.calls.train,
-            runner.rounds.calls.server) == (fused, train_sum, server)
 
 
 def test_runs_learn_and_report_history(setup):

@@ -1,4 +1,4 @@
-"""FedKT seeds in one compiled call per chunk (``fedkt.seeds_stepper`` = the phases of
+"""FedKT seeds in one compiled call per chunk (``fedkt.batched_step`` = the phases of
 :mod:`fedjax_dp.algorithms.fedkt.phases` over S seeds; a single run is S = 1): runner.run_seeds
 equals runner.run per seed (test accuracy, history, every epsilon); the protocol's batched steps
 equal separate runs array by array (L2 with seed-dependent party queries, streamed padded
@@ -12,6 +12,7 @@ import pytest
 
 from fedjax_dp import data
 from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms import seeds as seed_driver
 from fedjax_dp.algorithms.fedkt import fedkt, learners, phases
 from fedjax_dp.core import from_ragged, load_stacked, save_stacked
 from fedjax_dp.experiments import config as config_lib
@@ -94,7 +95,7 @@ def _states(tiny, cfg, parties=None, **kw):
 
 def _run_both(tiny, cfg, parties=None):
     keys, fed, states = _states(tiny, cfg, parties)
-    batch = fedkt.seeds_stepper(states)
+    batch = seed_driver.seed_batch(fedkt, states)
     assert batch is not None
     histories = [[], []]
     for t in range(len(fedkt.PHASES)):
@@ -175,14 +176,14 @@ def test_not_batched_returns_none(tiny):
     states = [fedkt.init(jax.random.key(s), _data(ds, p), mlp.model, cfg, teacher=trees,
                          student=mlp, final=mlp) for s, p in zip((0, 1), parties)]
     assert "not a JAX model" in phases.unsupported(states)
-    assert fedkt.seeds_stepper(states) is None
+    assert seed_driver.seed_batch(fedkt, states) is None
     # reused fitted teachers; the reference loop backend; seeds with different configs
     _, _, states = _states(tiny, cfg, fitted_teachers=object())
-    assert fedkt.seeds_stepper(states) is None
+    assert seed_driver.seed_batch(fedkt, states) is None
     loop = dataclasses.replace(mlp, backend="loop")
     states = [fedkt.init(jax.random.key(s), _data(ds, p), mlp.model, cfg, teacher=loop,
                          student=mlp, final=mlp) for s, p in zip((0, 1), parties)]
-    assert fedkt.seeds_stepper(states) is None
+    assert seed_driver.seed_batch(fedkt, states) is None
     _, _, states = _states(tiny, cfg)
     other = fedkt.init(jax.random.key(2), _data(ds, parties[1]), mlp.model,
                        dataclasses.replace(cfg, num_teachers=2), teacher=mlp, student=mlp,

@@ -1,4 +1,4 @@
-"""DP-FNAS seeds in one vmapped compiled call (``dp_fnas.seeds_stepper``): equal to separate runs
+"""DP-FNAS seeds in one vmapped compiled call (``dp_fnas.batched_step``): equal to separate runs
 in both phases (search and retraining), seeds with different genotypes retrain in groups, and
 ``fedjax-dp sweep --seeds`` records ``vmapped_seeds``.
 
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms import seeds as seed_driver
 from fedjax_dp.algorithms.fnas import dp_fnas
 from fedjax_dp.core import from_ragged
 from fedjax_dp.experiments import cli, records, runner
@@ -95,7 +96,7 @@ def test_seeds_with_different_genotypes_retrain_in_groups():
         return [dp_fnas.init(k, d, None, TINY) for k, d in zip(keys, data)]
 
     joint, alone = inits(), inits()
-    batch = dp_fnas.seeds_stepper(joint)
+    batch = seed_driver.seed_batch(dp_fnas, joint)
     assert batch is not None
     ops = ("skip_connect", "avg_pool_3x3", "skip_connect")
     for t in range(dp_fnas.num_steps(TINY)):
@@ -120,18 +121,18 @@ def test_seeds_with_different_genotypes_retrain_in_groups():
     assert any(not np.allclose(np.asarray(x), np.asarray(y)) for x, y in zip(w0, w2))
 
 
-def test_seeds_stepper_declines_what_cannot_share_a_call():
+def test_batch_plan_declines_what_cannot_share_a_call():
     key = jax.random.key(0)
     same = [dp_fnas.init(key, _data(0), None, TINY) for _ in range(2)]
-    assert dp_fnas.seeds_stepper(same) is not None
+    assert dp_fnas.batch_plan(same) is not None
     other_shape = [dp_fnas.init(key, _data(0), None, TINY),
                    dp_fnas.init(key, _data(1, n=10), None, TINY)]
-    assert dp_fnas.seeds_stepper(other_shape) is None
+    assert dp_fnas.batch_plan(other_shape) is None
     loop = api.Runtime(backend="loop")
-    assert dp_fnas.seeds_stepper([dp_fnas.init(key, _data(s), None, TINY, loop)
-                                  for s in range(2)]) is None
-    with pytest.raises(ValueError, match="states it was built for"):
-        dp_fnas.seeds_stepper(same)(same[::-1], [key, key])
+    assert dp_fnas.batch_plan([dp_fnas.init(key, _data(s), None, TINY, loop)
+                               for s in range(2)]) is None
+    with pytest.raises(ValueError, match="states its plan was made for"):
+        dp_fnas.batched_step(dp_fnas.batch_plan(same), same[::-1], [key, key])
 
 
 def test_sweep_vmaps_the_seeds(tmp_path):

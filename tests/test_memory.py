@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl
-from fedjax_dp.algorithms import api, isrl
+from fedjax_dp.algorithms import api, isrl, seeds
 from fedjax_dp.algorithms.averaging import fedavg
 from fedjax_dp.core import from_ragged, memory
 from fedjax_dp.models import make_model
@@ -106,16 +106,15 @@ def test_fedavg_big_batch_refused_before_any_round(problem, monkeypatch):
 
 
 def test_seeds_round_refused(problem, monkeypatch):
-    """S seeds' rounds in one vmapped call (fedavg.SeedRounds) are checked as one round is."""
+    """S seeds' rounds in one vmapped call (the seed driver) are checked before their first run."""
     data, model, _ = problem
     fed = api.FederatedData(agents=data, num_classes=3)
     states = [fedavg.init(jax.random.key(s), fed, model, _fedavg_config(20000),
                           api.Runtime(chunk_size=None)) for s in range(2)]
-    step = fedavg.seeds_stepper(states)
+    step = seeds.seed_batch(fedavg, states)
     assert step is not None
     monkeypatch.setenv(memory.ENV, TINY)
-    with pytest.raises(memory.MemoryBudgetError,
-                       match=r"2 seeds.*train\.batch_size \(20000\), run\.chunk_size \(none\)"):
+    with pytest.raises(memory.MemoryBudgetError, match=r"one step of 2 seeds"):
         step(states, [api.step_key(jax.random.key(s), 0) for s in range(2)])
 
 

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl
-from fedjax_dp.algorithms import api, seeds
+from fedjax_dp.algorithms import api, registry, seeds
 from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
 from fedjax_dp.algorithms.fedkt import fedkt, solo as fedkt_solo
 from fedjax_dp.core import from_ragged
 from fedjax_dp.data import synthetic
 from fedjax_dp.algorithms import isrl
 from fedjax_dp.algorithms.fnas import dp_fnas
-from fedjax_dp.experiments import checkpoint, registry
+from fedjax_dp.experiments import checkpoint
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import PrivacyLedger
 from fedjax_dp.train import LocalTrainConfig
@@ -109,7 +109,7 @@ def _ledger_json(module, config, state):
 
 
 def test_every_registered_algorithm_has_a_tiny_config():
-    assert set(registry.ALGORITHMS) == set(TINY), (
+    assert set(registry.names()) == set(TINY), (
         "add a tiny config for every registered algorithm to TINY in tests/test_protocol.py")
 
 
@@ -207,7 +207,7 @@ def test_every_optional_hook_is_declared_with_its_default():
     bare = types.SimpleNamespace(num_steps=lambda config: 3, ledger=lambda config, state: "L")
     h = api.hooks(bare)
     assert (h.PHASES, h.private, h.seed_dependent_ledger) == ((), True, False)
-    assert h.seed_step is None and h.seeds_stepper is None and not h.can_vmap_seeds
+    assert h.seed_step is None and h.batched_step is None and not h.can_vmap_seeds
     assert h.prefetch(None, None) is None
     assert h.artifacts(None, None, {}) == {}
     assert h.step_label(None, 2) == "round 2/3"
@@ -234,16 +234,16 @@ def test_every_registered_algorithm_resolves_its_hooks(name):
 
 def test_no_algorithm_is_special_cased_in_the_experiment_layer():
     # the runner, sweeps and calibration drive every algorithm through the protocol's hooks;
-    # only the registry imports algorithm modules (the CLI's ``account`` subcommands name the
+    # they import no algorithm module (the families register them; the CLI's ``account`` subcommands name the
     # mechanisms they account)
     layer = Path(api.__file__).parents[1] / "experiments"
-    modules = {m.__name__.rsplit(".", 1)[-1] for m in registry.ALGORITHMS.values()
+    modules = {m.__name__.rsplit(".", 1)[-1] for m in registry.algorithms().values()
                if isinstance(m, types.ModuleType)}
     for path in sorted(layer.glob("*.py")):
-        if path.name in ("registry.py", "cli.py"):
+        if path.name == "cli.py":
             continue
         code = path.read_text()
-        for n in set(registry.ALGORITHMS) | modules:
+        for n in set(registry.names()) | modules:
             for pattern in (f'== "{n}"', f'!= "{n}"', f" is {n}", f"import {n}",
                             f"{n}.", f'"{n}")'):
                 assert pattern not in code, (path.name, pattern)

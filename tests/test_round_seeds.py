@@ -1,16 +1,15 @@
-"""Seeds of FedAvg / DP-FedAvg / DP-FedSGD in one vmapped compiled call per pass
-(:class:`fedjax_dp.algorithms.averaging.fedavg.SeedRounds` with S > 1; a single run is its S = 1
-case) equal the seeds run one by one: the same cohorts, the same metrics, the same models, the
-same ledgers."""
+"""Seeds of FedAvg / DP-FedAvg / DP-FedSGD in one vmapped compiled call per round (the seed
+driver vmapping the fused round, :func:`fedjax_dp.algorithms.rounds.seed_step`) equal the seeds
+run one by one: the same cohorts, the same metrics, the same models, the same ledgers."""
 import dataclasses
 
 import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms import api, seeds
 from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
-from fedjax_dp.core import cohort, from_ragged
+from fedjax_dp.core import from_ragged
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 from fedjax_dp.models import make_model
@@ -81,7 +80,7 @@ def test_dp_fedsgd_seeds_equal_separate_runs():   # participation and ledger on 
 
 
 def test_fedavg_seeds_equal_separate_runs():
-    assert callable(fedavg.seeds_stepper)
+    assert callable(fedavg.seed_step)
     _compare(FEDAVG, FEDAVG_SETS + ["algorithm.sampling_rate=0.3"], private=False)
 
 
@@ -126,7 +125,7 @@ def _states(module, config, datas, model, runtime, keys, pass_size=None):
 def _same_as_alone(module, config, datas, model, runtime, rounds=3, pass_size=None):
     keys = [jax.random.key(s) for s in range(len(datas))]
     states = _states(module, config, datas, model, runtime, keys, pass_size)
-    batch = module.seeds_stepper(states)
+    batch = seeds.seed_batch(module, states)
     assert batch is not None
     alone = _states(module, config, datas, model, runtime, keys, pass_size)
     sizes = set()
@@ -140,11 +139,6 @@ def _same_as_alone(module, config, datas, model, runtime, rounds=3, pass_size=No
                 np.testing.assert_allclose(metrics[s][k], want[k], rtol=1e-5, atol=1e-6)
             jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                          states[s].values, alone[s].values)
-            # the seeds' host cohorts are each run's own device draw (the separate run
-            # samples the same coins inside its fused round)
-            r = states[s].context.round_fn
-            np.testing.assert_array_equal(r.last_indices, cohort.sample_cohort(
-                fedavg.round_keys(step_keys[s])[0], r.num_agents, r.spec.sampling))
             assert states[s].step == alone[s].step == t + 1
             sizes.add(int(want["num_sampled"]))
     return states, alone, sizes
@@ -193,13 +187,19 @@ def test_cannot_share_returns_none(tiny):
     keys = [jax.random.key(0), jax.random.key(1)]
     rt = api.Runtime(chunk_size=None)
     # host-resident agents: their cohorts are gathered on the host
-    assert dp_fedavg.seeds_stepper(_states(dp_fedavg, cfg, [data(0).on_host()] * 2, model, rt,
-                                           keys)) is None
-    # secure aggregation (masks and dropouts depend on the pass size)
-    sec = dataclasses.replace(cfg, aggregation="secagg")
-    assert dp_fedavg.seeds_stepper(_states(dp_fedavg, sec, [data(0)] * 2, model, rt,
-                                           keys)) is None
+    assert seeds.seed_batch(dp_fedavg, _states(dp_fedavg, cfg, [data(0).on_host()] * 2, model,
+                                               rt, keys)) is None
     # data shapes differ between the seeds (another n_max)
     other = from_ragged([np.ones((9, 5), np.float32)] * 8, [np.zeros(9, int)] * 8)
-    assert dp_fedavg.seeds_stepper(_states(dp_fedavg, cfg, [data(0), other], model, rt,
-                                           keys)) is None
+    assert seeds.seed_batch(dp_fedavg, _states(dp_fedavg, cfg, [data(0), other], model, rt,
+                                               keys)) is None
+
+
+def test_secure_aggregation_seeds_equal_separate_runs(tiny):
+    """Secure aggregation inside the fused round: each seed's masks and dropouts are its own
+    run's (the chunk size is the plan's, the same for every seed)."""
+    data, model = tiny
+    cfg = dp_fedavg.Config(rounds=2, sampling_rate=0.5, local=LOCAL, clip_norm=0.5,
+                           noise_multiplier=0.3, aggregation="secagg")
+    _same_as_alone(dp_fedavg, cfg, [data(0)] * 2, model, api.Runtime(chunk_size=None),
+                   rounds=2)

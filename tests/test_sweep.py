@@ -8,9 +8,9 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import seeds
+from fedjax_dp.algorithms import registry, seeds
 from fedjax_dp.algorithms.averaging import dp_fedavg
-from fedjax_dp.experiments import calibrate, cli, records, registry, runner, sweep
+from fedjax_dp.experiments import calibrate, cli, records, runner, sweep
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.privacy.accounting import DEFAULT_RDP_ORDERS  # the library's order grid
 
@@ -56,12 +56,12 @@ def test_seeds_vmapped_equal_separate_runs():
 
 
 def test_algorithm_without_pure_step_is_not_vmapped(monkeypatch):
-    # an algorithm with neither seed_step nor seeds_stepper (DP-FedAvg with its hook taken away:
+    # an algorithm with neither seed_step nor batched_step (DP-FedAvg with its hook taken away:
     # every registered algorithm may gain one) runs its seeds one by one
     hookless = types.SimpleNamespace(**{k: getattr(dp_fedavg, k) for k in dir(dp_fedavg)
-                                        if not k.startswith("__") and k != "seeds_stepper"})
+                                        if not k.startswith("__") and k != "seed_step"})
     assert not seeds.can_vmap_seeds(hookless)
-    monkeypatch.setitem(registry.ALGORITHMS, "dp_fedavg", hookless)
+    monkeypatch.setitem(registry.algorithms(), "dp_fedavg", hookless)
     base = config_lib.load(FEDAVG, FEDAVG_SETS)
     assert runner.run_seeds([dict(base, seed=0), dict(base, seed=1)]) is None
     with pytest.raises(ValueError, match="differ only in seed"):

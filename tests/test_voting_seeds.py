@@ -1,4 +1,4 @@
-"""AE-DPFL and kNN-DPFL seeds stepped together (``seeds_stepper``): runner.run_seeds equals
+"""AE-DPFL and kNN-DPFL seeds stepped together (``batched_step``): runner.run_seeds equals
 runner.run per seed (test accuracy, history, every epsilon incl. the data-dependent ones), the
 seeds differ, and the cases that cannot share compiled calls fall back (None)."""
 from pathlib import Path
@@ -9,6 +9,7 @@ import pytest
 
 from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl, voting_dpfl
 from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms import seeds as seed_driver
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 
@@ -91,10 +92,10 @@ def test_plan_shares_equal_agents_and_refuses_other_shapes():
     small = runner.setup(dict(config_lib.load(KNN, KNN_SETS + ["data.num_agents=8"]), seed=1))
     other = knn_dpfl.init(jax.random.key(1), small.fed, small.model, plan.algorithm_config,
                           runtime)
-    assert knn_dpfl.seeds_stepper([init[0], other]) is None
-    assert ae_dpfl.seeds_stepper([]) is None
+    assert seed_driver.seed_batch(knn_dpfl, [init[0], other]) is None
+    assert seed_driver.seed_batch(ae_dpfl, []) is None
     # shared agents: the batched vote still equals each seed's own step
-    batch = knn_dpfl.seeds_stepper(init)
+    batch = seed_driver.seed_batch(knn_dpfl, init)
     joint, _ = batch(init, [None, None])
     for st, j in zip(init, joint):
         alone, _ = knn_dpfl.step(st)

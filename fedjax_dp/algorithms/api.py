@@ -15,7 +15,7 @@ algorithm is a module (or any object) exposing pure functions over explicit stat
     output(state) -> Output                      the final model, for evaluation
 
 and, optionally, the hooks declared with their defaults in :class:`Algorithm` (``PHASES``,
-``private``, ``seed_dependent_ledger``, ``prefetch``, ``seed_step``, ``seeds_stepper``,
+``private``, ``seed_dependent_ledger``, ``prefetch``, ``seed_step``, ``batched_step``,
 ``step_label``, ``artifacts``, ``planned_ledger``); drivers read them only through
 :func:`hooks`, which resolves each once (the algorithm's own or the default). Long steps report
 their inner work (chunks of agents, query blocks, iterations) through ``runtime.progress``.
@@ -228,12 +228,12 @@ class Algorithm(Protocol):
     #: calibration per sweep cell, shared by its seeds.
     seed_dependent_ledger: bool = False
 
-    #: ``seed_step(state) -> (fn, data, signature)``: the step as a pure function
+    #: ``seed_step(state) -> (fn, data, signature) | None``: the step as a pure function
     #: ``fn(key, values, data) -> (values, metrics)`` with ``step(state, key)`` equal to
-    #: ``fn(key, state.values, data)``, so :func:`fedjax_dp.algorithms.seeds.run_seeds` runs
-    #: several seeds as one vmapped
-    #: compiled call (``signature``, hashable, must agree between the seeds' states).
-    #: Default None: absent.
+    #: ``fn(key, state.values, data)``, so the seed driver
+    #: (:func:`fedjax_dp.algorithms.seeds.run_seeds`) runs S seeds as one vmapped compiled call
+    #: (``signature``, hashable, must agree between the seeds' states; None: this state's step
+    #: is not pure, the seeds run one by one). Default None: absent.
     seed_step: Callable[[State], tuple[Callable, Any, Hashable]] | None = None
 
     #: ``multi_step(state, key, start, count) -> (state, metrics)``: steps ``start .. start +
@@ -247,14 +247,15 @@ class Algorithm(Protocol):
         """The most steps one ``multi_step`` call of ``state`` runs; 0: ``multi_step`` cannot run
         this state (the steps then run one by one). Default: 0."""
 
-    #: ``seeds_stepper(states) -> batch | None``: for a step with host-side work (a cohort drawn
-    #: on the host, a host loop over chunks of agents), ``batch(states, keys) -> (states,
-    #: metrics)`` runs step t of S seeds together (per-seed host work, then compiled calls
-    #: vmapped over the seed axis), with ``batch(states, keys)[s]`` equal to
-    #: ``step(states[s], keys[s])``; None when these seeds cannot share compiled calls
-    #: (:func:`fedjax_dp.algorithms.seeds.run_seeds` prefers it to ``seed_step``). Default
-    #: None: absent.
-    seeds_stepper: Callable[[list[State]], Callable | None] | None = None
+    #: The batched step, for a step with host-side work (a host loop over chunks of agents, a
+    #: genotype per seed): ``batch_plan(states) -> plan | None`` says once what S seeds share
+    #: (None: they cannot share compiled calls, and run one by one), and
+    #: ``batched_step(plan, states, keys) -> (states, metrics)`` runs step t of the S seeds
+    #: together (per-seed host work, compiled calls vmapped over the seed axis), entry s equal
+    #: to ``step(states[s], keys[s])``; the family's ``step`` is its S = 1 case. Declared
+    #: together; the seed driver prefers them to ``seed_step``. Default None: absent.
+    batch_plan: Callable[[list[State]], Any] | None = None
+    batched_step: Callable[[Any, list[State], list], tuple[list[State], list[dict]]] | None = None
 
     def prefetch(self, state: State, key: jax.Array) -> None:
         """Called with step t+1's key right after step t is dispatched, so an algorithm can
@@ -284,13 +285,15 @@ class Algorithm(Protocol):
 @dataclasses.dataclass(frozen=True)
 class Hooks:
     """The optional hooks of one algorithm, resolved (its own or :class:`Algorithm`'s default);
-    made by :func:`hooks`. ``seed_step`` / ``seeds_stepper`` stay None when absent."""
+    made by :func:`hooks`. ``seed_step`` / ``batch_plan`` / ``batched_step`` stay None when
+    absent."""
 
     PHASES: tuple[str, ...]
     private: bool
     seed_dependent_ledger: bool
     seed_step: Callable[[State], tuple[Callable, Any, Hashable]] | None
-    seeds_stepper: Callable[[list[State]], Callable | None] | None
+    batch_plan: Callable[[list[State]], Any] | None
+    batched_step: Callable[[Any, list[State], list], tuple[list[State], list[dict]]] | None
     multi_step: Callable[[State, jax.Array, int, int], tuple[State, dict]] | None
     rounds_per_call: Callable[[State], int]
     prefetch: Callable[[State, jax.Array], None]
@@ -300,8 +303,8 @@ class Hooks:
 
     @property
     def can_vmap_seeds(self) -> bool:
-        """Whether the seeds of a run can step together (``seed_step`` or ``seeds_stepper``)."""
-        return self.seed_step is not None or self.seeds_stepper is not None
+        """Whether the seeds of a run can step together (``seed_step`` or ``batched_step``)."""
+        return self.seed_step is not None or self.batched_step is not None
 
 
 #: The optional names of :class:`Algorithm`, in declaration order.
@@ -321,8 +324,10 @@ def hooks(algorithm: Algorithm) -> Hooks:
         flags[name] = own.get(name, default)
         if not isinstance(flags[name], bool):
             raise ValueError(f"algorithm.{name} must be a bool, got {flags[name]!r}")
-    for name in ("seed_step", "seeds_stepper", "multi_step", "rounds_per_call", "prefetch",
-                 "step_label", "artifacts", "planned_ledger"):
+    if (own.get("batch_plan") is None) != (own.get("batched_step") is None):
+        raise ValueError("algorithm.batch_plan and algorithm.batched_step are declared together")
+    for name in ("seed_step", "batch_plan", "batched_step", "multi_step", "rounds_per_call",
+                 "prefetch", "step_label", "artifacts", "planned_ledger"):
         if own.get(name) is not None and not callable(own[name]):
             raise ValueError(f"algorithm.{name} must be callable, got {own[name]!r}")
 
@@ -334,7 +339,8 @@ def hooks(algorithm: Algorithm) -> Hooks:
         return lambda candidate: algorithm.ledger(candidate, state)
 
     return Hooks(PHASES=phases, **flags,
-                 seed_step=own.get("seed_step"), seeds_stepper=own.get("seeds_stepper"),
+                 seed_step=own.get("seed_step"), batch_plan=own.get("batch_plan"),
+                 batched_step=own.get("batched_step"),
                  multi_step=own.get("multi_step"),
                  rounds_per_call=own.get("rounds_per_call") or _no_multi_step,
                  prefetch=own.get("prefetch") or _no_prefetch,

@@ -22,10 +22,14 @@ Two drivers run it, with the same result for the same keys:
   change, so Poisson cohorts compile nothing after the first call. DP-FedSGD's per-agent
   participation counts are updated on the device (``+ coins``). Metrics come back once per call
   (``[K]`` per metric, the first ``count`` rows filled).
-* **On the host** (:class:`SeedRounds`): host-resident agents (the cohort gathered on the host
-  and prefetched by a :class:`~fedjax_dp.core.cohort.CohortFeeder`), a mesh of devices, and S
-  seeds stepped together. The cohort is the same :func:`~fedjax_dp.core.cohort.cohort_coins`
-  draw, fetched to the host and laid out in padded passes of a few bucket sizes.
+* **On the host** (:meth:`RoundRunner.__call__`): host-resident agents (the cohort gathered on
+  the host and prefetched by a :class:`~fedjax_dp.core.cohort.CohortFeeder`) or a mesh of
+  devices. The cohort is the same :func:`~fedjax_dp.core.cohort.cohort_coins` draw, fetched to
+  the host and laid out in padded passes of a few bucket sizes.
+
+S seeds step together through the seed driver (:func:`fedjax_dp.algorithms.seeds.run_seeds`),
+which vmaps the fused round (:meth:`RoundRunner.seed_step`); on the host driver they run one by
+one.
 
 Agent i trains with ``fold_in(k_train, i)`` whichever chunk or pass it lands in, so every path
 equals the masked reference round (``runtime.cohort = "masked"``: every agent trains and the
@@ -39,7 +43,7 @@ import functools
 import math
 import time
 from types import SimpleNamespace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable
 
 import jax
 import jax.numpy as jnp
@@ -53,10 +57,10 @@ from fedjax_dp.core import (AGENTS, StackedData, for_each_agent, for_each_agent_
                             rng, validation)
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import defaults as defaults_lib
-from fedjax_dp.core import memory, seed_axis
-from fedjax_dp.core.lift import agent_bytes, resolve_chunk_size
+from fedjax_dp.core import memory
+from fedjax_dp.core.lift import resolve_chunk_size, training_bytes
 from fedjax_dp.models import Model
-from fedjax_dp.privacy import mechanisms
+from fedjax_dp.privacy import clipping, noise
 from fedjax_dp.privacy import secagg as secagg_lib
 from fedjax_dp.privacy import secagg_masks
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
@@ -146,7 +150,7 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
         delta = jax.tree.map(jnp.subtract, local_params, params)
         metrics = {**metrics, "mean_update_norm": optax.tree.norm(delta)}
         if spec.clip_norm is not None:
-            delta = mechanisms.clip_by_global_norm(delta, spec.clip_norm)[0]
+            delta = clipping.clip_by_global_norm(delta, spec.clip_norm)[0]
         return delta, metrics
 
     # the plain sum never materialises the agents' updates [B, ...] (a scan over chunks adds
@@ -193,7 +197,7 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
         total, metric_sums, num_sampled = sums
         if spec.noise_std > 0:
             total = jax.tree.map(jnp.add, total,
-                                 mechanisms.gaussian_noise(k_noise, total, spec.noise_std))
+                                 noise.gaussian_noise(k_noise, total, spec.noise_std))
         if spec.denominator == "expected":
             denom = spec.sampling.expected(num_agents)
         else:
@@ -241,7 +245,7 @@ class RoundRunner:
     :class:`~fedjax_dp.core.cohort.CohortFeeder` that prefetches the next round's cohort.
     Device-resident agents without a mesh run fused on the device (:meth:`run_rounds`,
     :meth:`one`; :func:`make_fused_rounds`, chunks of ``plan.pass_size`` agents); otherwise the
-    round is driven on the host by :class:`SeedRounds` with S = 1 (``self.rounds``).
+    round is driven on the host (:meth:`__call__`).
 
     ``participation``: the run's values carry ``"participation" [N] int32`` (DP-FedSGD's rounds
     per agent), increased by each round's cohort. ``rounds_per_call``: ``"auto"`` or an int,
@@ -278,7 +282,6 @@ class RoundRunner:
             lambda: {"train.batch_size": local.batch_size,
                      "run.chunk_size": memory.chunk_driver(chunk_size, chunk_size),
                      **memory.model_driver(model)})
-        self.rounds = SeedRounds.single(self)      # the host driver (S = 1)
         self.participation = participation
         self.capacity = resolve_capacity(rounds_per_call)
         self.fusable = mesh is None and not is_on_host(agents)
@@ -330,15 +333,64 @@ class RoundRunner:
             self.feeder.prefetch(round_keys(key)[0])
 
     def __call__(self, key: jax.Array, params: Params) -> tuple[Params, dict]:
-        """One round: ``(params, metrics)`` (device arrays); the S = 1 case of
-        :class:`SeedRounds` (the unbatched compiled pieces, the feeder's cohort)."""
+        """One round on the host driver: ``(params, metrics)`` (device arrays). The cohort is
+        the round's :func:`sample_agents` draw, laid out in the plan's passes by the feeder
+        (prefetched, gathered on the host for host-resident agents, sharded over a mesh); one
+        pass is one compiled call (``fused``), several passes' sums are added before the
+        server's step. Records the participants in ``last_indices``."""
         if self.mesh is not None:
             # replicated over the mesh, as the round returns them: the first round compiles the
             # program every later round runs (a single-device ``model.init`` output compiled a
             # second program at round 2); under jax.distributed every process holds the same
             # parameters and places its own devices' copies
             params = jax.device_put(params, NamedSharding(self.mesh, P()))
-        return self.rounds.round(key, params)
+        k_sample, k_train, k_noise = round_keys(key)
+        if self.mode == "masked":
+            if is_on_host(self.agents):
+                raise ValueError("runtime.cohort='masked' trains every agent at once and needs "
+                                 "device-resident agents; use cohort='gather' for host data")
+            mask = sample_agents(k_sample, self.num_agents, self.spec.sampling)
+            self.last_indices = np.flatnonzero(mask)
+            passes = [cohort_lib.population_pass(self.agents, mask)]
+        else:
+            cohort = self.feeder.get(k_sample)
+            self.last_indices, passes = cohort.indices, cohort.passes
+        train_sum, server, fused = self.parts
+        if len(passes) == 1:                  # the usual round: one pass, one compiled call
+            return self._run_pass(fused, passes[0], k_train, k_noise, params)
+        total = None                          # a draw larger than a pass: the passes' sums added
+        for p in passes:
+            sums = self._run_pass(train_sum, p, k_train, params)
+            total = sums if total is None else _add(total, sums)
+        return server(k_noise, params, total)
+
+    def _run_pass(self, fn, p: cohort_lib.CohortPass, *head):
+        """``fn(*head, source, rows, ids, valid, extras)`` on pass ``p`` (its gathered agents,
+        or the population's rows ``ids`` gathered inside the call), refused before its first
+        run per shape if it cannot fit in memory."""
+        source, rows = (p.data, None) if p.data is not None else (self.agents, p.ids)
+        args = (*head, source, rows, p.ids, p.valid, self.extras)
+        memory.check_call(fn, *args, what=f"a round's local training "
+                          f"({int(p.valid.shape[-1])} agents per pass)",
+                          drivers=self.memory_drivers)
+        return fn(*args)
+
+    def seed_step(self) -> tuple[Callable, Any, Hashable] | None:
+        """The round as a pure function for the seed driver
+        (:func:`fedjax_dp.algorithms.seeds.run_seeds` vmaps it over S seeds): ``(fn, (agents,
+        extras), fused.one)`` with ``fn(key, values, (agents, extras))`` the fused round
+        :meth:`one` runs; None on the host driver (host-resident agents, a mesh: the seeds
+        then run one by one)."""
+        if not self.fusable:
+            return None
+        return _fused_step(self.fused.one), (self.agents, self.extras), self.fused.one
+
+
+@functools.lru_cache(maxsize=64)
+def _fused_step(one: Callable) -> Callable:
+    """``fn(key, values, (agents, extras)) = one(values, key, agents, extras)`` for the fused
+    round ``one`` (one function per round, so the seed driver's compiled call is shared)."""
+    return lambda key, values, data: one(values, key, *data)
 
 
 # --------------------------------------------------------------------------- rounds fused on the device
@@ -427,242 +479,6 @@ def make_fused_rounds(train_sum: Callable, server: Callable, spec: RoundSpec, nu
     return SimpleNamespace(rounds=jax.jit(rounds), one=jax.jit(one_round))
 
 
-# --------------------------------------------------------------------------- S seeds' rounds
-# The ``seeds_stepper`` hook of :mod:`fedjax_dp.algorithms.api` for FedAvg, DP-FedAvg and
-# DP-FedSGD: S seeds' rounds as ONE compiled call per round (see :class:`SeedRounds`).
-
-def seed_rounds_stepper(states: Sequence[api.State], *, participation: bool = False
-                        ) -> Callable | None:
-    """The ``seeds_stepper`` of a round-based averaging algorithm whose ``state.context.round_fn``
-    is a :class:`RoundRunner` and whose ``state.values`` hold ``"params"`` (and, with
-    ``participation``, DP-FedSGD's rounds-per-agent counts ``"participation" [N]``).
-
-    Returns ``batch(states, keys) -> (states, metrics)`` with ``batch(...)[s]`` equal to the
-    algorithm's ``step(states[s], keys[s])`` (to float tolerance), or None when these seeds
-    cannot share compiled calls.
-    """
-    if not states or len({s.step for s in states}) != 1:
-        return None
-    runners = [getattr(s.context, "round_fn", None) for s in states]
-    if not all(isinstance(r, RoundRunner) for r in runners):
-        return None
-    rounds = SeedRounds.create(runners, [s.values["params"] for s in states])
-    if rounds is None:
-        return None
-
-    def batch(states: Sequence[api.State], keys: Sequence[jax.Array]):
-        if len(states) != len(runners) or any(s.context.round_fn is not r
-                                              for s, r in zip(states, runners)):
-            raise ValueError("seeds_stepper: batch() must get the states it was built for")
-        params, metrics = rounds([s.values["params"] for s in states], keys)
-        out = []
-        for i, (s, r) in enumerate(zip(states, runners)):
-            values = {**s.values, "params": params[i]}
-            if participation:          # as the algorithm's step: + 1 for each participant
-                took_part = jnp.asarray(r.last_indices, jnp.int32)
-                values["participation"] = jnp.asarray(s.values["participation"]).at[
-                    took_part].add(1)
-            out.append(api.State(step=s.step + 1, values=values, context=s.context))
-        return out, metrics
-
-    return batch
-
-
-class SeedRounds:
-    """The rounds of S >= 1 seeds' :class:`RoundRunner`: the ONE host driver of a round
-    (cohorts laid out in passes, the pass loop, the passes' sums added, the server). A single
-    run is S = 1 (:meth:`single`, what :class:`RoundRunner` calls); S seeds step together as
-    one compiled call per pass (:meth:`create`, then ``rounds(params, keys) -> (params,
-    metrics)``, one entry per seed).
-
-    Per round::
-
-        (k_sample_s, k_train_s, k_noise_s) = round_keys(key_s)    s = 1..S (one call)
-        cohort_s = sample_cohort(k_sample_s, N, sampling)         host, exactly as run s draws
-        passes   = B_1, ..., B_P  common to all seeds (cohort.common_passes: P the most passes
-                   any seed needs, B_j the smallest bucket of the plan holding every seed's
-                   rows of pass j; for S = 1 the plan's own passes)
-        (params_s, metrics_s) = server(k_noise_s, params_s,
-                                       sum_j train_sum(k_train_s, params_s, ..., ids_sj,
-                                                       valid_sj))
-        (one pass: the fused train_sum + server, one compiled call)
-
-    S = 1 calls the runner's compiled ``train_sum`` / ``server`` / ``fused``
-    (:func:`make_round_parts`) unbatched, and takes its cohort from the runner's
-    :class:`~fedjax_dp.core.cohort.CohortFeeder` (prefetched, gathered on the host for
-    host-resident agents, sharded over a mesh); S > 1 calls the same functions vmapped over the
-    seeds (:func:`seed_calls`) on cohorts laid out here.
-
-    Why each seed's result is its separate run's: agent i trains with ``fold_in(k_train_s,
-    i)`` whatever pass or padding it lands in; padding rows are selected away by ``valid`` (the
-    sum, the metric sums and the count ``num_sampled`` see only the cohort); a seed with fewer
-    passes than P adds all-padding passes, which add exact zeros. No cohort is ever truncated (a
-    draw larger than one pass runs as several passes, as in the separate run). Only float
-    summation order differs, so results agree to float tolerance. The ledgers read the config
-    and the state exactly as before (DP-FedSGD's ``participation`` counts are updated from the
-    runners' ``last_indices``, as its step does).
-
-    The seeds' agents (and per-agent ``extras``) are shared when equal and stacked on a seed
-    axis otherwise (:func:`fedjax_dp.core.seed_axis.share_or_stack`).
-    :func:`seed_rounds_stepper` returns None (the seeds then run one by one) for host-resident
-    agents (their cohorts are gathered and transferred by a feeder on the host), a mesh, secure
-    aggregation (its masking and dropouts depend on the pass size), or seeds whose rounds differ
-    in anything but the key and the data values (compiled pieces, plan, execution, data or
-    parameter shapes). ``runtime.cohort = "masked"`` is supported: every seed's population pass
-    with its own mask.
-
-    Each seed's runner records the pass sizes actually run (``compiled_pass_sizes`` in the run's
-    ``artifacts``: for S > 1 the common sizes, which may exceed the seed's own buckets) and the
-    round's participants (``last_indices``).
-    """
-
-    def __init__(self, runners: Sequence[RoundRunner], source, source_axis, extras,
-                 extras_axis):
-        self.runners = list(runners)
-        r = self.runners[0]
-        self.one = len(self.runners) == 1
-        self.masked = r.mode == "masked"
-        self.num_agents, self.sampling, self.plan = r.num_agents, r.spec.sampling, r.plan
-        self.source, self.source_axis = source, source_axis
-        self.extras, self.extras_axis = extras, extras_axis
-        train_sum, server, fused = r.parts
-        if self.one:        # one seed: the compiled pieces themselves
-            self.calls = SimpleNamespace(keys=round_keys, fused=fused, train=train_sum,
-                                         add=_add, stack=lambda params: params, server=server)
-        else:
-            self.calls = seed_calls(train_sum, server, source_axis, extras_axis)
-
-    @classmethod
-    def single(cls, runner: RoundRunner) -> "SeedRounds":
-        """One run's rounds (S = 1): its own agents and extras."""
-        return cls([runner], runner.agents, None, runner.extras, None)
-
-    @classmethod
-    def create(cls, runners: Sequence[RoundRunner],
-               params: Sequence[Params]) -> "SeedRounds | None":
-        """None where the seeds cannot share a compiled round (see the class docstring)."""
-        r0 = runners[0]
-        for r in runners:
-            if (r.mesh is not None or r.spec.secagg is not None or is_on_host(r.agents)
-                    or r.mode != r0.mode or r.parts is not r0.parts or r.plan != r0.plan
-                    or r.spec != r0.spec or r.num_agents != r0.num_agents):
-                return None
-        if not seed_axis.same_layout(params):
-            return None
-        source, source_axis = seed_axis.share_or_stack([r.agents for r in runners])
-        extras, extras_axis = seed_axis.share_or_stack([r.extras for r in runners])
-        if source is None or extras is None:
-            return None
-        return cls(runners, source, source_axis, extras, extras_axis)
-
-    # ------------------------------------------------------------------ host: the cohorts
-
-    def _cohorts(self, k_sample: jax.Array) -> tuple[list[np.ndarray],
-                                                      list[cohort_lib.CohortPass]]:
-        """Every seed's cohort drawn as its own run draws it, and the round's passes (ids and
-        valid ``[B]`` for S = 1, ``[S, B]`` for S seeds; masked: the population pass, ids
-        ``[N]`` shared)."""
-        n = self.num_agents
-        seed_keys = [k_sample] if self.one else [k_sample[s] for s in range(len(self.runners))]
-        if self.masked:
-            if is_on_host(self.source):
-                raise ValueError("runtime.cohort='masked' trains every agent at once and needs "
-                                 "device-resident agents; use cohort='gather' for host data")
-            masks = [sample_agents(k, n, self.sampling) for k in seed_keys]
-            p = cohort_lib.population_pass(self.source, masks[0] if self.one else np.stack(masks))
-            return [np.flatnonzero(m) for m in masks], [p]
-        if self.one:        # the runner's feeder: prefetched, host-gathered, sharded
-            cohort = self.runners[0].feeder.get(k_sample)
-            return [cohort.indices], cohort.passes
-        indices = [cohort_lib.sample_cohort(k, n, self.sampling) for k in seed_keys]
-        passes = [cohort_lib.CohortPass(ids=ids, valid=valid, data=None)
-                  for ids, valid in cohort_lib.common_passes(self.plan, indices)]
-        for r in self.runners:
-            r.feeder.shapes_used.update(int(p.valid.shape[-1]) for p in passes)
-        return indices, passes
-
-    # ------------------------------------------------------------------ one round, S seeds
-
-    def _run(self, fn, p: cohort_lib.CohortPass, *head):
-        """``fn(*head, source, rows, ids, valid, extras)`` on pass ``p`` (its gathered agents,
-        or the population's rows ``ids`` gathered inside the call), refused before its first
-        run per shape if it cannot fit in memory."""
-        source, rows = (p.data, None) if p.data is not None else (self.source, p.ids)
-        args = (*head, source, rows, p.ids, p.valid, self.extras)
-        seeds = "" if self.one else f" of {len(self.runners)} seeds"
-        memory.check_call(fn, *args, what=f"a round's local training{seeds} "
-                          f"({int(p.valid.shape[-1])} agents per pass)",
-                          drivers=self.runners[0].memory_drivers)
-        return fn(*args)
-
-    def round(self, key, params):
-        """Round t: ``(params, metrics)`` from the round's ``key`` and ``params`` -- one key and
-        one tree for S = 1; S keys and S trees (a tuple) otherwise, giving S trees and metrics
-        ``[S]`` (device arrays)."""
-        calls = self.calls
-        k_sample, k_train, k_noise = calls.keys(key)
-        indices, passes = self._cohorts(k_sample)
-        for r, ix in zip(self.runners, indices):
-            r.last_indices = ix
-        if len(passes) == 1:                  # the usual round: one pass, one compiled call
-            return self._run(calls.fused, passes[0], k_train, k_noise, params)
-        params = calls.stack(params)          # a draw larger than a pass: the passes' sums added
-        total = None
-        for p in passes:
-            sums = self._run(calls.train, p, k_train, params)
-            total = sums if total is None else calls.add(total, sums)
-        return calls.server(k_noise, params, total)
-
-    def __call__(self, params: Sequence[Params], keys: Sequence[jax.Array]):
-        """Round t of every seed: ``(params per seed, metrics per seed (host))``."""
-        params, metrics = self.round(tuple(keys), tuple(params))
-        host = jax.device_get(metrics)
-        per_seed = [{k: v[s] for k, v in host.items()} for s in range(len(self.runners))]
-        return list(params), per_seed
-
-
-@jax.jit
-def _round_keys(keys: tuple) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """:func:`round_keys` of every seed's step key, ``[S]`` each (one call)."""
-    return jax.vmap(round_keys)(jnp.stack(keys))
-
-
-@functools.lru_cache(maxsize=64)
-def seed_calls(train_sum: Callable, server: Callable, source_axis,
-               extras_axis) -> SimpleNamespace:
-    """The compiled pieces of a round (:func:`make_round_parts`) vmapped over S seeds, with the
-    unbatched pieces' signatures (the seeds' params a tuple of trees, stacked inside the calls;
-    ids ``[S, B]`` or, for the masked population pass, ``[N]`` shared; rows None or the ids;
-    every other per-seed input ``[S]``):
-
-    ``keys(keys) -> (k_sample, k_train, k_noise)`` ``[S]`` each;
-    ``fused(k_train, k_noise, params, source, rows, ids, valid, extras) -> (params, metrics)``:
-    a one-pass round; ``stack(params)``, ``train(k_train, stacked, source, rows, ids, valid,
-    extras) -> sums``, ``add``, ``server(k_noise, stacked, sums) -> (params, metrics)``: a round
-    of several passes. One compilation per pass size B (few: the plan's buckets), as for one
-    seed."""
-
-    def train(k_train, stacked, source, rows, ids, valid, extras):
-        ids_axis = None if ids.ndim == 1 else 0
-        rows_axis = None if rows is None else ids_axis
-        return jax.vmap(train_sum, in_axes=(0, 0, source_axis, rows_axis, ids_axis, 0,
-                                            extras_axis))(
-            k_train, stacked, source, rows, ids, valid, extras)
-
-    def finish(k_noise, stacked, sums):
-        new, metrics = jax.vmap(server)(k_noise, stacked, sums)
-        return seed_axis.unstack_seeds(new, k_noise.shape[0]), metrics
-
-    def fused(k_train, k_noise, params, source, rows, ids, valid, extras):
-        stacked = seed_axis.stack_seeds(params)
-        return finish(k_noise, stacked, train(k_train, stacked, source, rows, ids, valid,
-                                              extras))
-
-    return SimpleNamespace(keys=_round_keys, fused=jax.jit(fused),
-                           stack=jax.jit(seed_axis.stack_seeds), train=jax.jit(train),
-                           add=jax.jit(_add), server=jax.jit(finish))
-
-
 # --------------------------------------------------------------------------- the protocol
 # (fedjax_dp.algorithms.api) of a round-based averaging algorithm whose state holds
 # ``values = {"params", ["participation"]}`` and ``context.round_fn`` a RoundRunner: FedAvg,
@@ -685,7 +501,7 @@ def init_rounds(key: jax.Array, data: api.FederatedData, model: Model, local: Lo
     params = model.init(api.init_key(key))
     expected = max(1, math.ceil(spec.sampling.expected(data.num_agents)))
     chunk_size = resolve_chunk_size(runtime.chunk_size, num_agents=expected,
-                                    bytes_per_agent=3 * agent_bytes(params, expected))
+                                    bytes_per_agent=training_bytes(params, expected))
     drivers = lambda: {"train.batch_size": local.batch_size,  # noqa: E731 (named on refusal)
                        "run.chunk_size": memory.chunk_driver(runtime.chunk_size, chunk_size),
                        **memory.model_driver(model, params)}
@@ -700,6 +516,12 @@ def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
     """One round (:meth:`RoundRunner.one`) with round key ``key``."""
     values, metrics = state.context.round_fn.one(dict(state.values), key)
     return api.State(step=state.step + 1, values=values, context=state.context), metrics
+
+
+def seed_step(state: api.State) -> tuple[Callable, Any, Hashable] | None:
+    """The ``seed_step`` hook: the fused round as a pure function the seed driver vmaps
+    (:meth:`RoundRunner.seed_step`; None on the host driver)."""
+    return state.context.round_fn.seed_step()
 
 
 def rounds_per_call(state: api.State) -> int:

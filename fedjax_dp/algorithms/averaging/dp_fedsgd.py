@@ -17,7 +17,7 @@ Only the sampled agents train: the round gathers them into a padded cohort buffe
 (:class:`fedjax_dp.algorithms.averaging.fedavg.RoundRunner`, shared with FedAvg), so it costs the cohort.
 
 ``clip(g, C) = g min(1, C / ||g||_2)`` with the global L2 norm over all parameters
-(:mod:`fedjax_dp.train.private_grad`), so one record moves the clipped sum by at most C.
+(:mod:`fedjax_dp.privacy.clipping`), so one record moves the clipped sum by at most C.
 Only the sampled records' gradients are computed (gathered in padded passes planned for the
 expected batch, :func:`expected_batch`): a local step costs ~ p_i n_i gradients, not n_max.
 The sum is divided by the *expected* batch size ``p_i n_i`` (a constant of the run, Abadi et
@@ -70,8 +70,9 @@ from fedjax_dp.algorithms.averaging import fedavg
 from fedjax_dp.core import StackedData, validation
 from fedjax_dp.core.lift import resolve_chunk_size
 from fedjax_dp.models import Model
-from fedjax_dp.privacy import PrivacyLedger
-from fedjax_dp.train import check_trainable, cross_entropy, private_grad
+from fedjax_dp.privacy import PrivacyLedger, accounting, batch_selection, noise, private_grad
+from fedjax_dp.privacy.clipping import clipped_sum
+from fedjax_dp.train import check_trainable, cross_entropy
 
 Params = Any
 
@@ -136,24 +137,24 @@ def expected_batch_sizes(config: Config, counts) -> np.ndarray:
 # --------------------------------------------------------------------------- one agent
 
 #: Poisson minibatch of one agent: weights ``[n_max]`` in {0., 1.}, ``Bernoulli(rate) & mask``
-#: (:func:`fedjax_dp.train.private_grad.poisson_weights`; padded rows never).
-sample_records = private_grad.poisson_weights
+#: (:func:`fedjax_dp.privacy.batch_selection.poisson_weights`; padded rows never).
+sample_records = batch_selection.poisson_weights
 
 
 def noisy_gradient(key: jax.Array, loss_fn: Callable, params: Params, x: jax.Array,
                    y: jax.Array, weights: jax.Array, clip_norm: float, noise_std: float,
-                   denominator, plan: private_grad.RowPlan | None = None) -> tuple[Params, dict]:
+                   denominator, plan: batch_selection.RowPlan | None = None) -> tuple[Params, dict]:
     """Equation (1) for given minibatch weights: ``(clipped sum + N(0, std^2)) / denominator``.
 
     ``x [n_max, ...]``, ``y [n_max]``, ``weights [n_max]`` (the Poisson mask). The private-gradient
-    primitive (:mod:`fedjax_dp.train.private_grad`): only the selected records' gradients are
+    primitive (:mod:`fedjax_dp.privacy.private_grad`): only the selected records' gradients are
     computed, in the padded passes of ``plan`` (None: one pass over all rows); the noise is drawn
     per leaf from ``key``. Returns the noisy gradient pytree and ``{"count", "clipped", "aux"}``
     (``clipped``: selected records whose norm exceeded the clip).
     """
-    summed, stats = private_grad.clipped_sum(private_grad.gradient_fn(loss_fn, params), (x, y),
-                                             weights, clip_norm, plan)
-    grad = private_grad.release(key, summed, noise_std, denominator, per_leaf=True)
+    summed, stats = clipped_sum(private_grad.gradient_fn(loss_fn, params), (x, y), weights,
+                                clip_norm, plan)
+    grad = noise.release(key, summed, noise_std, denominator, per_leaf=True)
     return grad, stats
 
 
@@ -179,7 +180,7 @@ def make_local_dp_sgd(model: Model, config: Config) -> Callable:
     steps = config.local.steps
 
     def local(key, params, x, y, mask, rate, denominator):
-        plan = private_grad.RowPlan.for_expected(expected_batch(config, x.shape[0]), x.shape[0])
+        plan = batch_selection.RowPlan.for_expected(expected_batch(config, x.shape[0]), x.shape[0])
 
         def body(carry, step_key):
             p, s = carry
@@ -257,7 +258,7 @@ def dp_events(config: Config, counts, participation=None) -> list:
     """Equation (3) for every agent: ``SelfComposed(PoissonSampled(p_i, Gaussian(z)), E T_i)``."""
     rates = record_sampling_rates(config, counts)
     steps = _steps(config, len(rates), participation)
-    return [private_grad.poisson_event(config.noise_multiplier, float(p), int(s))
+    return [accounting.sampled_gaussian_event(config.noise_multiplier, float(p), int(s))
             for p, s in zip(rates, steps)]
 
 
@@ -343,10 +344,7 @@ multi_step = fedavg.multi_step            # K rounds fused in one compiled call 
 rounds_per_call = fedavg.rounds_per_call
 
 
-def seeds_stepper(states: list[api.State]):
-    """S seeds' rounds, one vmapped compiled call per round (:func:`fedavg.seed_rounds_stepper`;
-    each seed's ``participation`` counts its own cohorts), or None where they cannot share it."""
-    return fedavg.seed_rounds_stepper(states, participation=True)
+seed_step = fedavg.seed_step    # S seeds: the fused round (participation on the device) vmapped
 
 
 artifacts = fedavg.artifacts

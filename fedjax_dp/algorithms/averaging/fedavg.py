@@ -20,8 +20,8 @@ import jax
 
 from fedjax_dp.algorithms import api, rounds
 from fedjax_dp.algorithms.rounds import (  # noqa: F401  (the engine's names, re-exported)
-    Context, RoundRunner, RoundSpec, SeedRounds, check_secagg_range, init_rounds,
-    local_sgd_update, make_round_parts, round_keys, sample_agents, seed_rounds_stepper)
+    Context, RoundRunner, RoundSpec, check_secagg_range, init_rounds, local_sgd_update,
+    make_round_parts, round_keys, sample_agents)
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model
@@ -97,10 +97,7 @@ output = rounds.output
 artifacts = rounds.artifacts
 
 
-def seeds_stepper(states: list[api.State]):
-    """S seeds' rounds, one vmapped compiled call per round (:func:`seed_rounds_stepper`), or
-    None where they cannot share it (the seeds then run one by one)."""
-    return seed_rounds_stepper(states)
+seed_step = rounds.seed_step            # S seeds: the fused round vmapped by the seed driver
 
 
 #: The round diagnostics (``Config.diagnostics``) as a release a private variant's ledger does

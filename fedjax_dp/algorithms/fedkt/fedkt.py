@@ -42,7 +42,7 @@ both tiers' queries; three steps (:data:`PHASES`), whose ``State.values`` are:
   integers), ``server_labels``, ``server_mask`` and ``final`` (the final model's parameters).
 
 Tree ensembles, which are not arrays, live in the context. :func:`step` is the S = 1 case of
-:func:`.phases.run_phase`; :func:`seeds_stepper` runs the phases of S seeds together (one pass
+:func:`.phases.run_phase`; :func:`batched_step` runs the phases of S seeds together (one pass
 over the chunks, each chunk's compiled work over the seed axis; JAX learners only), so
 ``fedjax-dp sweep`` runs the seeds of a cell as one batch with the same results as separate
 runs. Keys: named streams of the run key (:data:`STREAMS`), so the same key gives the same run;
@@ -68,8 +68,8 @@ from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
 
 __all__ = ["Config", "DESCRIPTION", "PHASES", "STREAMS", "USES_LOCAL_TRAIN", "artifacts",
-           "fitted", "init", "ledger", "num_steps", "output", "planned_ledger", "seeds_stepper",
-           "step", "streamed"]
+           "batch_plan", "batched_step", "fitted", "init", "ledger", "num_steps", "output",
+           "planned_ledger", "step", "streamed"]
 
 DESCRIPTION = ("FedKT: one-shot two-tier knowledge transfer, L0/L1/L2 privacy, any classifier "
                "(Li et al. 2021)")
@@ -144,14 +144,17 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
     return new, metrics
 
 
-def seeds_stepper(states: list[api.State]):
-    """The :mod:`~fedjax_dp.algorithms.api` hook: ``batch(states, keys) -> (states, metrics)``
-    running the next phase of S seeds together (:func:`.phases.run_phase`; ``keys`` unused, as
-    in :func:`step`), or None when they cannot share compiled calls
-    (:func:`.phases.unsupported`: tree learners, reused models, differing shapes)."""
-    if phases.unsupported(states) is not None:
-        return None
-    return lambda states, keys=None: phases.run_phase(list(states))
+def batch_plan(states: list[api.State]) -> bool | None:
+    """The batched step's plan: True when S seeds can run their phases together, None when they
+    cannot share compiled calls (:func:`.phases.unsupported`: tree learners, reused models,
+    differing shapes)."""
+    return None if phases.unsupported(states) is not None else True
+
+
+def batched_step(plan, states: list[api.State], keys=None):
+    """The next phase of S seeds together (:func:`.phases.run_phase`, written over a seed axis;
+    ``keys`` unused, as in :func:`step`): ``(states, metrics)``."""
+    return phases.run_phase(list(states))
 
 
 def output(state: api.State) -> api.Output:

@@ -16,10 +16,11 @@ every party. ``output`` is the retrained network (the search network before retr
 An iteration of either phase is one pure function :func:`iteration`
 ``(value, k_epoch, i, data) -> (value, metrics)``, compiled at the first epoch of its phase.
 
-Seeds (:func:`seeds_stepper`, used by :func:`fedjax_dp.algorithms.seeds.run_seeds`): the
-iterations of S seeds of one config run as ONE call of the same function vmapped over the seeds.
-Retraining needs host work per seed (the derived genotype decides the network), so the hook is a
-``seeds_stepper``, not a ``seed_step``: seeds with equal genotypes retrain together.
+Seeds (:func:`batch_plan` / :func:`batched_step`, driven by
+:func:`fedjax_dp.algorithms.seeds.run_seeds`): the iterations of S seeds of one config run as
+ONE call of the same function vmapped over the seeds. Retraining needs host work per seed (the
+derived genotype decides the network), so the hook is a batched step, not a pure
+``seed_step``: seeds with equal genotypes retrain together.
 
 Search replay (:mod:`fedjax_dp.algorithms.fnas.search_memo`): a search epoch equal to one run
 earlier in the process (same config but for the retraining fields, same step key, same data)
@@ -42,7 +43,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -372,7 +373,7 @@ def iteration(update: Any, seeds: bool = False, data_axis: int | None = None,
 
     ``seeds``: the same function vmapped over a leading seed axis of ``value`` and ``k_epoch``
     (and of ``data`` with ``data_axis = 0``; ``None``: one data for all seeds), ``i`` shared.
-    :func:`step` runs one seed and :func:`seeds_stepper` several seeds through this one
+    :func:`step` runs one seed and :func:`batched_step` several seeds through this one
     function. ``compiled``: jitted (``runtime.backend = "vmap"``), else the plain function
     (the loop backend's reference runs). Cached: equal arguments give the same function.
     """
@@ -574,23 +575,18 @@ def _own_data(ctx: Context, phase: str):
 
 def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
     """One search epoch (steps < search_epochs), else one retraining epoch: :func:`iteration`
-    ``ceil(max_k n_k / B)`` times (the seeds of :func:`seeds_stepper` run the same function)."""
+    ``ceil(max_k n_k / B)`` times (the seeds of :func:`batched_step` run the same function)."""
     (new,), (metrics,) = _step_seeds([state], [key],
                                      lambda members, phase: _own_data(state.context, phase))
     return new, metrics
 
 
-def seeds_stepper(states: list[api.State]):
-    """``batch(states, keys) -> (states, metrics)``: step t of S seeds of one config, each
-    epoch's iterations ONE compiled call vmapped over the seeds (:func:`iteration`), with entry s
-    equal to ``step(states[s], keys[s])`` to float tolerance (tested).
-
-    The seeds' halves and retraining data are shared when equal and stacked on a seed axis
-    otherwise. Retraining needs host work per seed (the genotype derived from its alpha decides
-    the network): seeds that derived the same genotype retrain together, a seed alone runs its
-    own :func:`step`. None (the seeds then run one by one) with the loop backend, or when the
-    seeds' data shapes or epoch lengths differ.
-    """
+def batch_plan(states: list[api.State]) -> tuple[list, Callable] | None:
+    """What S seeds of one config share, for :func:`batched_step`: ``(contexts, group_data)``
+    with ``group_data(members, phase) -> (data, data_axis)`` (the seeds' halves and retraining
+    data shared when equal, stacked on a seed axis otherwise; a retraining group's rows). None
+    (the seeds then run one by one) with the loop backend, or when the seeds' data shapes or
+    epoch lengths differ."""
     if not states or len({s.step for s in states}) != 1:
         return None
     ctxs: list[Context] = [s.context for s in states]
@@ -620,12 +616,19 @@ def seeds_stepper(states: list[api.State]):
             cache[key] = jax.tree.map(lambda x: x[rows], data), axis
         return cache[key]
 
-    def batch(states: list[api.State], keys: list) -> tuple[list[api.State], list[dict]]:
-        if len(states) != len(ctxs) or any(s.context is not c for s, c in zip(states, ctxs)):
-            raise ValueError("seeds_stepper: batch() must get the states it was built for")
-        return _step_seeds(list(states), list(keys), group_data)
+    return ctxs, group_data
 
-    return batch
+
+def batched_step(plan: tuple[list, Callable], states: list[api.State], keys: list
+                 ) -> tuple[list[api.State], list[dict]]:
+    """Step t of S seeds of one config (``plan`` from :func:`batch_plan`), each epoch's
+    iterations ONE compiled call vmapped over the seeds (:func:`iteration`), entry s equal to
+    ``step(states[s], keys[s])`` to float tolerance (tested). Seeds that derived the same
+    genotype retrain together; a seed alone runs as its own :func:`step`."""
+    ctxs, group_data = plan
+    if len(states) != len(ctxs) or any(s.context is not c for s, c in zip(states, ctxs)):
+        raise ValueError("batched_step must get the states its plan was made for")
+    return _step_seeds(list(states), list(keys), group_data)
 
 
 def output(state: api.State) -> api.Output:

@@ -39,9 +39,9 @@ class on query t, -1 where it abstains; ``agent_losses [N]``; and ``agent_params
 device-resident agents, when small or with ``runtime.mesh``), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and
 ``student`` (``params``). Keys: named streams of the run key, as in
 :mod:`fedjax_dp.algorithms.voting.voting_dpfl` (the same key gives the same run through
-:func:`fedjax_dp.algorithms.api.run`). ``seeds_stepper``: S seeds together, each phase's chunk
+:func:`fedjax_dp.algorithms.api.run`). ``batched_step``: S seeds together, each phase's chunk
 loop run once with the compiled calls vmapped over the seeds
-(:func:`fedjax_dp.algorithms.voting.voting_dpfl.seeds_stepper`); a single run is the S = 1 case
+(:func:`fedjax_dp.algorithms.voting.voting_dpfl.batched_phase`); a single run is the S = 1 case
 of the same chunk loop with the unbatched calls.
 
 Scale (host-resident agents, :func:`fedjax_dp.core.from_arrays` / ``load_stacked``). The local
@@ -83,7 +83,8 @@ from fedjax_dp.core import agent_stream
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.voting import voting_dpfl
 from fedjax_dp.train import student as student_lib
-from fedjax_dp.core import auto_chunk_size, for_each_agent, is_on_host, rng, seed_axis
+from fedjax_dp.core import for_each_agent, is_on_host, rng, seed_axis
+from fedjax_dp.core.lift import agent_bytes, chunked, num_chunks, resolve_chunk_size, training_bytes
 from fedjax_dp.core import memory
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model
@@ -256,11 +257,10 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
                                                  state.values["agent_params"], queries)
     elif phase == "vote":
         ballots = state.values["agent_ballots"]                                     # [N, Q]
-        size = agent_stream.resolve_size(cfg.agent_chunk, ctx.data.agents)
-        n = len(ballots)
+        size = resolve_chunk_size(cfg.agent_chunk, num_agents=ctx.data.agents.num_agents,
+                                  default=agent_stream.DEFAULT_CHUNK, capped=True)
         values, metrics = voting_dpfl.streamed_vote_phase(
-            state, ballot_blocks([ballots], size, batched=False),
-            agent_stream.num_chunks(n, size))
+            state, ballot_blocks([ballots], size, batched=False), num_chunks(len(ballots), size))
     else:
         values, metrics = voting_dpfl.student_phase(state)
     return voting_dpfl.advance(state, values, phase, metrics)
@@ -301,9 +301,11 @@ def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
     datas = [c.data.agents for c in ctxs]
     num = len(states)
     n, q = datas[0].num_agents, len(c0.query_indices)
-    size = agent_stream.resolve_size(cfg.agent_chunk, datas[0])
+    size = resolve_chunk_size(cfg.agent_chunk, num_agents=n, default=agent_stream.DEFAULT_CHUNK,
+                              capped=True)
     keep_params = _keeps_params(datas[0], model, c0.runtime)
-    inner = _inner_chunk(c0.runtime.chunk_size, model, size)
+    inner = resolve_chunk_size(c0.runtime.chunk_size, num_agents=size, capped=True,
+                               bytes_per_agent=training_bytes(_param_shapes(model)))
     dtype = np.dtype(ballot_dtype(model.num_classes)).name
     queries = [jax.device_put(np.asarray(c.x_public[c.query_indices])) for c in ctxs]
     gather = plan is None and not is_on_host(datas[0])
@@ -312,12 +314,12 @@ def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
     if plan is None:
         keys = (ctxs[0].keys["init"], ctxs[0].keys["train"])
         # device-resident agents: every call reads its chunk's rows itself (no slicing program)
-        chunks = (_device_chunks(datas[0], size) if gather
-                  else agent_stream.chunks(datas[0], size))
+        chunks = agent_stream.chunks(datas[0], size, take=not gather)
         queries = queries[0]
     else:
         keys = tuple(jnp.stack([c.keys[s] for c in ctxs]) for s in ("init", "train"))  # [S]
-        chunks = voting_dpfl.seed_chunks(datas, plan.agents_axis, size)
+        chunks = agent_stream.chunks(datas if plan.agents_axis == 0 else datas[0], size,
+                                     stack=plan.agents_axis == 0)
         queries = jnp.stack(queries)                                             # [S, Q, ...]
     drivers = _memory_drivers(cfg, c0.runtime.chunk_size, inner, size, model)
     ballots = np.empty((num, n, q), dtype)                                        # [S, N, Q]
@@ -334,7 +336,7 @@ def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
         losses[:, chunk.start:stop] = loss[:, :chunk.num_real]
 
     pending = None
-    with c0.runtime.progress.task("local training", total=agent_stream.num_chunks(n, size),
+    with c0.runtime.progress.task("local training", total=num_chunks(n, size),
                                   unit="chunk") as task:
         for chunk in chunks:
             a = chunk.agents
@@ -366,16 +368,6 @@ def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
     return outs
 
 
-def _device_chunks(data, size: int):
-    """Chunks of device-resident agents whose ``agents`` is the whole population: the chunk's
-    call takes its rows ``ids`` itself (:func:`_chunk_fn` with ``gather``)."""
-    n = data.num_agents
-    for i, start in enumerate(range(0, n, size)):
-        stop = min(n, start + size)
-        yield agent_stream.Chunk(index=i, start=start, num_real=stop - start, agents=data,
-                                 valid=np.arange(size) < stop - start)
-
-
 #: device-resident agents keep their trained parameters (``agent_params``, for analysis and the
 #: sharded vote) when all N of them take at most this many bytes, or when ``runtime.mesh`` is
 #: set (the sharded vote needs them); larger populations keep only their ballots, as
@@ -387,16 +379,14 @@ def _keeps_params(data, model: Model, runtime: api.Runtime) -> bool:
     """Whether the local-training phase keeps ``agent_params`` (:data:`KEEP_PARAMS_BYTES`)."""
     if is_on_host(data):
         return False
-    return runtime.mesh is not None or data.num_agents * _param_bytes(model) <= KEEP_PARAMS_BYTES
+    return (runtime.mesh is not None
+            or data.num_agents * agent_bytes(_param_shapes(model)) <= KEEP_PARAMS_BYTES)
 
 
 @functools.lru_cache(maxsize=32)
-def _param_bytes(model: Model) -> int:
-    """Bytes of one agent's parameters (shapes traced abstractly: nothing runs or compiles)."""
-    key = jax.eval_shape(lambda: jax.random.key(0))
-    shapes = jax.eval_shape(model.init, key)
-    return sum(int(np.prod(l.shape)) * np.dtype(l.dtype).itemsize
-               for l in jax.tree.leaves(shapes))
+def _param_shapes(model: Model):
+    """One agent's parameter shapes (traced abstractly: nothing runs or compiles)."""
+    return jax.eval_shape(model.init, jax.eval_shape(lambda: jax.random.key(0)))
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -424,13 +414,6 @@ def ballot_blocks(ballots: Sequence[np.ndarray], size: int, *, batched: bool = T
         yield block, chunk.ids, chunk.valid
 
 
-def _inner_chunk(chunk_size, model: Model, size: int) -> int | None:
-    """``runtime.chunk_size`` within a streamed chunk (``"auto"``: cache-sized on the CPU)."""
-    if chunk_size != "auto":
-        return None if chunk_size is None else min(int(chunk_size), size)
-    return auto_chunk_size(3 * _param_bytes(model), size)
-
-
 def _ballot_indices(model: Model, abstain_below: float | None, query_chunk: int | None,
                     dtype: str):
     """``(params [S, ...], queries [Q, ...]) -> int [S, Q]``: each agent's voted class (-1 =
@@ -446,11 +429,7 @@ def _ballot_indices(model: Model, abstain_below: float | None, query_chunk: int 
         qc = q if query_chunk is None else min(query_chunk, q)
         if qc == q:
             return index(params, queries)
-        pad = (-q) % qc
-        padded = jnp.concatenate([queries, jnp.zeros((pad,) + queries.shape[1:],
-                                                     queries.dtype)])
-        blocks = jax.lax.map(lambda qb: index(params, qb),
-                             padded.reshape((-1, qc) + queries.shape[1:]))     # [B, S, qc]
+        blocks = jax.lax.map(lambda qb: index(params, qb), chunked(queries, qc))  # [B, S, qc]
         return jnp.moveaxis(blocks, 0, 1).reshape(blocks.shape[1], -1)[:, :q]
 
     return fn
@@ -493,15 +472,18 @@ def _chunk_fn(model: Model, local: LocalTrainConfig, inner: int | None,
 
 # --------------------------------------------------------------------------- seeds together
 
-def seeds_stepper(states: list[api.State]):
-    """Step S seeds of AE-DPFL together (:func:`fedjax_dp.algorithms.seeds.run_seeds`): each
-    phase loops over the chunks of agents once, and a chunk's local training, ballots, tally and
-    release, then the students, are the single-seed compiled calls vmapped over the seeds
-    (:func:`voting_dpfl.seeds_stepper`); seed s equals its own run. None where that cannot apply
-    (``runtime.mesh``, secure aggregation, different data shapes)."""
-    return voting_dpfl.seeds_stepper(states, PHASES, {"local_training": _local_training_seeds,
-                                                      "vote": _vote_seeds,
-                                                      "student": voting_dpfl.student_phase_seeds})
+batch_plan = voting_dpfl.seed_plan     # None: runtime.mesh, secure aggregation, other shapes
+
+
+def batched_step(plan: voting_dpfl.SeedPlan, states: list[api.State], keys=None):
+    """Step S seeds of AE-DPFL together (the seed driver's batched step): each phase loops over
+    the chunks of agents once, and a chunk's local training, ballots, tally and release, then
+    the students, are the single-seed compiled calls vmapped over the seeds
+    (:func:`voting_dpfl.batched_phase`); seed s equals its own run."""
+    return voting_dpfl.batched_phase(PHASES, {"local_training": _local_training_seeds,
+                                              "vote": _vote_seeds,
+                                              "student": voting_dpfl.student_phase_seeds},
+                                     plan, states)
 
 
 def _local_training_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]
@@ -517,9 +499,10 @@ def _vote_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]
     vmapped tally add per chunk)."""
     c0: voting_dpfl.Context = states[0].context
     stored = [st.values["agent_ballots"] for st in states]                        # [N, Q] each
-    size = agent_stream.resolve_size(c0.config.agent_chunk, c0.data.agents)
+    size = resolve_chunk_size(c0.config.agent_chunk, num_agents=c0.data.agents.num_agents,
+                              default=agent_stream.DEFAULT_CHUNK, capped=True)
     return voting_dpfl.streamed_vote_seeds(states, ballot_blocks(stored, size),
-                                           agent_stream.num_chunks(len(stored[0]), size))
+                                           num_chunks(len(stored[0]), size))
 
 
 output = voting_dpfl.output

@@ -47,9 +47,9 @@ fits the feature map (public data only); two steps, the phases ``vote`` (values 
 kNN search, the noise and the secure sum are one phase: splitting them would put the noise-free
 per-agent ballots in the state. Keys: named streams of the run key, as in
 :mod:`fedjax_dp.algorithms.voting.voting_dpfl` (the same key gives the same run through
-:func:`fedjax_dp.algorithms.api.run`). ``seeds_stepper``: S seeds together, the vote's chunk
+:func:`fedjax_dp.algorithms.api.run`). ``batched_step``: S seeds together, the vote's chunk
 loop (:func:`_count_blocks`, the single run's too) run once with the compiled calls vmapped
-over the seeds (:func:`fedjax_dp.algorithms.voting.voting_dpfl.seeds_stepper`).
+over the seeds (:func:`fedjax_dp.algorithms.voting.voting_dpfl.batched_phase`).
 
 Scale. The vote streams the agents in chunks of ``agent_chunk`` (default
 :data:`~fedjax_dp.core.agent_stream.DEFAULT_CHUNK` = 4096, or all N if fewer; host data
@@ -80,6 +80,7 @@ from fedjax_dp.train import student as student_lib
 from fedjax_dp.core import StackedData, is_on_host, seed_axis, validation
 from fedjax_dp.core import defaults as defaults_lib
 from fedjax_dp.core import memory
+from fedjax_dp.core.lift import num_chunks, resolve_chunk_size
 from fedjax_dp.data.features import FEATURE_MAPS, FeatureMap, fit_feature_map
 from fedjax_dp.models import Model
 from fedjax_dp.ops import knn_search
@@ -286,7 +287,8 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
         metrics = {**metrics, "k": cfg.k}
     elif phase == "vote":
         data = ctx.data.agents
-        size = agent_stream.resolve_size(cfg.agent_chunk, data)
+        size = resolve_chunk_size(cfg.agent_chunk, num_agents=data.num_agents,
+                                  default=agent_stream.DEFAULT_CHUNK, capped=True)
         queries = phi.apply(ctx.x_public[ctx.query_indices], lead=1)              # [Q, m]
         fn = _chunk_counts_fn(cfg.k, ctx.model.num_classes, cfg.knn_method)
         mean = None if phi.mean is None else jnp.asarray(phi.mean, jnp.float32)
@@ -295,7 +297,7 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
         values, metrics = voting_dpfl.streamed_vote_phase(
             state, _count_blocks(fn, mean, matrix, agent_stream.chunks(data, size), queries,
                                  size, drivers=drivers),
-            agent_stream.num_chunks(data.num_agents, size), divisor=float(cfg.k))
+            num_chunks(data.num_agents, size), divisor=float(cfg.k))
         metrics = {**metrics, "k": cfg.k, "agent_chunk": size}
     else:
         values, metrics = voting_dpfl.student_phase(state)
@@ -329,22 +331,22 @@ def _chunk_counts_fn(k: int, num_classes: int, method: str):
 
 # --------------------------------------------------------------------------- seeds together
 
-def seeds_stepper(states: list[api.State]):
-    """Step S seeds of kNN-DPFL together (:func:`fedjax_dp.algorithms.seeds.run_seeds`): the vote
-    loops over the chunks of agents once, and a chunk's feature map and kNN counts, the tally's
-    add and the release, then the students, are the single-seed compiled calls vmapped over the
-    seeds (:func:`voting_dpfl.seeds_stepper`); seed s equals its own run. None where that cannot
-    apply (``runtime.mesh``, secure aggregation, different data shapes or feature
-    maps)."""
-    return voting_dpfl.seeds_stepper(states, PHASES,
-                                     {"vote": _vote_seeds,
-                                      "student": voting_dpfl.student_phase_seeds},
-                                     extra_check=_same_feature_map_shapes)
-
-
-def _same_feature_map_shapes(states: list[api.State]) -> bool:
+def batch_plan(states: list[api.State]) -> voting_dpfl.SeedPlan | None:
+    """:func:`voting_dpfl.seed_plan`, and None for feature maps of different shapes."""
     phis = [st.context.extra for st in states]
-    return len({(phi.kind, np.shape(phi.mean), np.shape(phi.matrix)) for phi in phis}) == 1
+    if len({(phi.kind, np.shape(phi.mean), np.shape(phi.matrix)) for phi in phis}) != 1:
+        return None
+    return voting_dpfl.seed_plan(states)
+
+
+def batched_step(plan: voting_dpfl.SeedPlan, states: list[api.State], keys=None):
+    """Step S seeds of kNN-DPFL together (the seed driver's batched step): the vote loops over
+    the chunks of agents once, and a chunk's feature map and kNN counts, the tally's add and the
+    release, then the students, are the single-seed compiled calls vmapped over the seeds
+    (:func:`voting_dpfl.batched_phase`); seed s equals its own run."""
+    return voting_dpfl.batched_phase(PHASES, {"vote": _vote_seeds,
+                                              "student": voting_dpfl.student_phase_seeds},
+                                     plan, states)
 
 
 @functools.lru_cache(maxsize=64)
@@ -366,7 +368,8 @@ def _vote_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]) -> list[tup
     c0 = ctxs[0]
     cfg = c0.config
     datas = [c.data.agents for c in ctxs]
-    size = agent_stream.resolve_size(cfg.agent_chunk, datas[0])
+    size = resolve_chunk_size(cfg.agent_chunk, num_agents=datas[0].num_agents,
+                              default=agent_stream.DEFAULT_CHUNK, capped=True)
     phis: list[FeatureMap] = [c.extra for c in ctxs]
     mean, mean_axis = seed_axis.share_or_stack(
         [None if phi.mean is None else jnp.asarray(phi.mean, jnp.float32) for phi in phis])
@@ -377,10 +380,10 @@ def _vote_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]) -> list[tup
     fn = _seeds_counts_fn(cfg.k, c0.model.num_classes, cfg.knn_method, mean_axis, matrix_axis,
                           plan.agents_axis)
 
-    blocks = _count_blocks(fn, mean, matrix,
-                           voting_dpfl.seed_chunks(datas, plan.agents_axis, size), queries, size)
-    outs = voting_dpfl.streamed_vote_seeds(states, blocks,
-                                           agent_stream.num_chunks(datas[0].num_agents, size),
+    chunks = agent_stream.chunks(datas if plan.agents_axis == 0 else datas[0], size,
+                                 stack=plan.agents_axis == 0)
+    blocks = _count_blocks(fn, mean, matrix, chunks, queries, size)
+    outs = voting_dpfl.streamed_vote_seeds(states, blocks, num_chunks(datas[0].num_agents, size),
                                            divisor=float(cfg.k))
     return [(values, {**metrics, "k": cfg.k, "agent_chunk": size}) for values, metrics in outs]
 

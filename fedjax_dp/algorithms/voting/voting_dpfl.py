@@ -68,7 +68,7 @@ design (``floor(p N)`` dropouts, ledger with ``sigma sqrt((N - d)/N)``) violated
 ``clean_vote_sums [Q, C]`` (noise-free, for the data-dependent privacy analysis ONLY; present when
 ``config.data_dependent``) and ``params`` (the student).
 
-Seeds. :func:`seeds_stepper` (the end of this module) steps S seeds of either algorithm together:
+Seeds. :func:`batched_phase` (the end of this module) steps S seeds of either algorithm together:
 one host loop over the chunks per phase, every compiled call above vmapped over the seeds, seed
 s equal to its own run; the single run's streamed vote is the S = 1 case of the same loop.
 """
@@ -77,7 +77,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -542,7 +542,7 @@ def clean_sums(state: api.State | None):
 
 
 # --------------------------------------------------------------------------- seeds together
-# The ``seeds_stepper`` of AE-DPFL and kNN-DPFL. A voting phase is a host loop over chunks of
+# The batched step of AE-DPFL and kNN-DPFL. A voting phase is a host loop over chunks of
 # agents calling compiled functions (local training, ballots or kNN counts, the tally's add, the
 # release, the student's training), so the seeds of a sweep cannot share one pure
 # ``seed_step``. Instead the host loops over the chunks ONCE for all S seeds and every compiled
@@ -608,45 +608,20 @@ def seed_plan(states: Sequence[api.State]) -> SeedPlan | None:
     return SeedPlan(num_seeds=len(states), agents_axis=None if _same_agents(datas) else 0)
 
 
-def seeds_stepper(states: Sequence[api.State], phases: tuple[str, ...],
-                  run_phase: dict[str, PhaseFn], *, extra_check: Callable | None = None):
-    """The ``seeds_stepper`` of a voting algorithm: ``batch(states, keys) -> (states, metrics)``
-    running the next phase of S seeds together (``run_phase[name](plan, states)`` gives each
-    seed's ``(values, metrics)``), or None (:func:`seed_plan`, or ``extra_check(states)``
-    False). ``keys`` are unused: each phase draws from the seeds' named streams, as ``step``
-    does."""
-    p = seed_plan(states)
-    if p is None or (extra_check is not None and not extra_check(states)):
-        return None
-
-    def batch(states, keys=None):
-        states = list(states)
-        if len(states) != p.num_seeds or any(s.step != states[0].step for s in states):
-            raise ValueError(f"the seeds' states must be {p.num_seeds} states at one step, got "
-                             f"steps {[s.step for s in states]}")
-        phase = check_step(states[0], phases)
-        outs = run_phase[phase](p, states)
-        pairs = [advance(st, values, phase, metrics)
-                 for st, (values, metrics) in zip(states, outs)]
-        return [st for st, _ in pairs], [m for _, m in pairs]
-
-    return batch
-
-
-def seed_chunks(datas: Sequence[StackedData], axis: int | None, size: int, *,
-                extras: Sequence[tuple] = ()) -> Iterator[agent_stream.Chunk]:
-    """The agents of S seeds in chunks of ``size`` (:func:`fedjax_dp.core.agent_stream.chunks`,
-    host data double-buffered): ``chunk.agents`` is the shared chunk (``axis`` None) or the
-    seeds' chunks stacked ``[S, size, ...]`` (``axis`` 0); ``extras[s]`` holds seed s's
-    per-agent host arrays ``[N, ...]``, returned as ``chunk.extra`` stacked ``[S, size, ...]``."""
-    extras = [tuple(e) for e in extras] or [() for _ in datas]
-    joint = tuple(np.stack([e[j] for e in extras], axis=1)                       # [N, S, ...]
-                  for j in range(len(extras[0])))
-    tree = datas[0] if axis is None else tuple(datas)
-    for chunk in agent_stream.chunks(tree, size, extra=joint):
-        agents = chunk.agents if axis is None else seed_axis.stack_seeds(chunk.agents)
-        yield dataclasses.replace(chunk, agents=agents,
-                                  extra=tuple(jnp.moveaxis(e, 1, 0) for e in chunk.extra))
+def batched_phase(phases: tuple[str, ...], run_phase: dict[str, PhaseFn], plan: SeedPlan,
+                  states: Sequence[api.State], keys=None) -> tuple[list, list[dict]]:
+    """The batched step of a voting algorithm (its ``batched_step`` with its ``phases`` and
+    ``run_phase`` bound; ``plan`` from :func:`seed_plan`): the next phase of S seeds together,
+    ``run_phase[name](plan, states)`` giving each seed's ``(values, metrics)``. ``keys`` are
+    unused: each phase draws from the seeds' named streams, as ``step`` does."""
+    states = list(states)
+    if len(states) != plan.num_seeds or any(s.step != states[0].step for s in states):
+        raise ValueError(f"the seeds' states must be {plan.num_seeds} states at one step, got "
+                         f"steps {[s.step for s in states]}")
+    phase = check_step(states[0], phases)
+    pairs = [advance(st, values, phase, metrics)
+             for st, (values, metrics) in zip(states, run_phase[phase](plan, states))]
+    return [st for st, _ in pairs], [m for _, m in pairs]
 
 
 def student_phase_seeds(plan: SeedPlan, states: Sequence[api.State]
