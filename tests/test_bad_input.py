@@ -179,7 +179,7 @@ def _api_cases():
     from fedjax_dp.audit import audit
     from fedjax_dp.core import cohort, from_arrays, from_ragged
     from fedjax_dp.models import make_model
-    from fedjax_dp.privacy import PrivacyLedger, accounting, mechanisms
+    from fedjax_dp.privacy import PrivacyLedger, accounting, mechanisms, noise
     from fedjax_dp.privacy.secagg import SecAggConfig
     key = jax.random.key(0)
     event = accounting.gaussian_event(1.0)
@@ -190,7 +190,7 @@ def _api_cases():
     _, neg_y = _with(y_change=((2, 1), -1))
     x, y = _with()
     return [
-        (lambda: mechanisms.gaussian_noise(key, (3,), -1.0), "std must be >= 0"),
+        (lambda: noise.gaussian_noise(key, (3,), -1.0), "std must be >= 0"),
         (lambda: mechanisms.gaussian_mechanism(key, np.zeros(3), 1.0, math.nan),
          "noise_multiplier"),
         (lambda: accounting.epsilon(event, 0.0), "delta"),

@@ -14,7 +14,7 @@ from fedjax_dp.core import cohort, for_each_agent, from_ragged
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 from fedjax_dp.models import Model, make_model
-from fedjax_dp.privacy import accounting, mechanisms
+from fedjax_dp.privacy import accounting, noise as noise_lib
 from fedjax_dp.train import LocalTrainConfig, cross_entropy
 
 DELTA = 1e-5
@@ -59,7 +59,7 @@ def _reference_round(key, params, data, model, cfg):
                 g = loss(p, data.x[i, j], data.y[i, j])
                 norm = np.sqrt(sum(float(jnp.sum(l ** 2)) for l in jax.tree.leaves(g)))
                 g_sum = jax.tree.map(lambda s, l: s + l * min(1.0, cfg.clip_norm / norm), g_sum, g)
-            noise = mechanisms.gaussian_noise(k_noise, g_sum, cfg.noise_multiplier * cfg.clip_norm)
+            noise = noise_lib.gaussian_noise(k_noise, g_sum, cfg.noise_multiplier * cfg.clip_norm)
             p = jax.tree.map(lambda w, s, z: w - cfg.local.learning_rate * (s + z) / denoms[i],
                              p, g_sum, noise)
         if sampled[i]:

@@ -20,6 +20,7 @@ from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 from fedjax_dp.models import darts
+from fedjax_dp.privacy.clipping import weighted_clipped_sum
 
 SHAPE = (4, 4, 1)
 CLASSES = 3
@@ -128,11 +129,11 @@ def test_clipped_per_example_vectors_have_norm_at_most_r(net):
     r = 0.05
     for i in range(4):               # the clipped contribution of example i alone
         one_hot = jnp.zeros(4).at[i].set(1.0)
-        clipped, norms = steps.clip_and_sum(grads, one_hot, r)
+        clipped, norms = weighted_clipped_sum(grads, one_hot, r)
         assert float(norms[i]) > r                        # the test clips for real
         assert float(optax.tree.norm(clipped)) <= r * (1 + 1e-5)
     big = 1e6
-    total, _ = steps.clip_and_sum(grads, jnp.ones(4), big)  # no clipping: the plain sum
+    total, _ = weighted_clipped_sum(grads, jnp.ones(4), big)  # no clipping: the plain sum
     np.testing.assert_allclose(np.asarray(optax.tree.norm(total)),
                                np.asarray(optax.tree.norm(jax.tree.map(lambda g: g.sum(0),
                                                                        grads))), rtol=1e-5)
@@ -294,7 +295,7 @@ def test_chunked_sampled_rows_equal_masked_sum():
                                                       mech, chunk=4))(key)
     sampled = jax.random.bernoulli(jax.random.split(key)[0], 0.5, (21,)) & mask
     vals, _ = jax.vmap(per_example)(x, y)
-    want, _ = steps.clip_and_sum(vals, sampled.astype(jnp.float32), 0.7)
+    want, _ = weighted_clipped_sum(vals, sampled.astype(jnp.float32), 0.7)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b) / 2.0, rtol=1e-5, atol=1e-6)
     assert float(metrics["batch"]) == float(jnp.sum(sampled)) > 4     # several chunks ran

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedjax_dp.privacy import mechanisms as M
+from fedjax_dp.privacy import clipping as C, mechanisms as M, noise as N
 
 
 def key(i=0):
@@ -18,7 +18,7 @@ def key(i=0):
 
 def test_gaussian_noise_std_and_mean():
     std = 2.5
-    z = np.asarray(M.gaussian_noise(key(0), (200_000,), std), np.float64)
+    z = np.asarray(N.gaussian_noise(key(0), (200_000,), std), np.float64)
     assert z.shape == (200_000,)
     # std of the sample std is about std / sqrt(2n) = 0.004; 2% is > 10 standard errors.
     assert abs(z.std() / std - 1) < 0.02
@@ -26,13 +26,13 @@ def test_gaussian_noise_std_and_mean():
 
 
 def test_gaussian_noise_zero_std_is_zero():
-    assert np.all(np.asarray(M.gaussian_noise(key(0), (3, 4), 0.0)) == 0)
+    assert np.all(np.asarray(N.gaussian_noise(key(0), (3, 4), 0.0)) == 0)
 
 
 def test_gaussian_noise_pytree_one_key_per_leaf():
     tree = {"a": jnp.zeros((50_000,)), "b": jnp.zeros((50_000,)),
             "c": [jnp.zeros((2, 3), jnp.bfloat16), jnp.zeros((4,), jnp.int32)]}
-    noise = M.gaussian_noise(key(1), tree, 1.0)
+    noise = N.gaussian_noise(key(1), tree, 1.0)
     assert jax.tree.structure(noise) == jax.tree.structure(tree)
     assert noise["a"].shape == (50_000,) and noise["c"][0].shape == (2, 3)
     assert noise["c"][0].dtype == jnp.bfloat16          # float leaves keep their dtype
@@ -41,16 +41,16 @@ def test_gaussian_noise_pytree_one_key_per_leaf():
     assert not np.allclose(a, b)
     assert abs(np.corrcoef(a, b)[0, 1]) < 0.03          # independent leaves (5 sigma ~ 0.022)
     # A single array uses the key directly, like the equivalent shape.
-    np.testing.assert_array_equal(M.gaussian_noise(key(2), jnp.zeros((5,)), 1.0),
-                                  M.gaussian_noise(key(2), (5,), 1.0))
+    np.testing.assert_array_equal(N.gaussian_noise(key(2), jnp.zeros((5,)), 1.0),
+                                  N.gaussian_noise(key(2), (5,), 1.0))
 
 
 def test_same_key_same_noise_different_key_different_noise():
-    a = M.gaussian_noise(key(3), (100,), 1.0)
-    np.testing.assert_array_equal(a, M.gaussian_noise(key(3), (100,), 1.0))
-    assert not np.allclose(a, M.gaussian_noise(key(4), (100,), 1.0))
+    a = N.gaussian_noise(key(3), (100,), 1.0)
+    np.testing.assert_array_equal(a, N.gaussian_noise(key(3), (100,), 1.0))
+    assert not np.allclose(a, N.gaussian_noise(key(4), (100,), 1.0))
     # Raw uint32 keys and int seeds work too and are consistent with typed keys.
-    np.testing.assert_array_equal(a, M.gaussian_noise(jax.random.key_data(key(3)), (100,), 1.0))
+    np.testing.assert_array_equal(a, N.gaussian_noise(jax.random.key_data(key(3)), (100,), 1.0))
 
 
 def test_gaussian_mechanism_adds_noise_of_std_z_times_sensitivity():
@@ -63,10 +63,10 @@ def test_gaussian_mechanism_adds_noise_of_std_z_times_sensitivity():
 
 
 def test_jit_and_vmap_with_traced_scale():
-    f = jax.jit(lambda k, s: M.gaussian_noise(k, (1000,), s))
-    np.testing.assert_allclose(f(key(6), 2.0), M.gaussian_noise(key(6), (1000,), 2.0), rtol=1e-6)
+    f = jax.jit(lambda k, s: N.gaussian_noise(k, (1000,), s))
+    np.testing.assert_allclose(f(key(6), 2.0), N.gaussian_noise(key(6), (1000,), 2.0), rtol=1e-6)
     keys = jax.random.split(key(7), 4)
-    rows = np.asarray(jax.vmap(lambda k: M.gaussian_noise(k, (1000,), 1.0))(keys))
+    rows = np.asarray(jax.vmap(lambda k: N.gaussian_noise(k, (1000,), 1.0))(keys))
     assert rows.shape == (4, 1000)
     assert len({r.tobytes() for r in rows}) == 4
 
@@ -75,7 +75,7 @@ def test_jit_and_vmap_with_traced_scale():
 
 def test_laplace_noise_scale():
     b = 1.5
-    z = np.asarray(M.laplace_noise(key(8), (200_000,), b), np.float64)
+    z = np.asarray(N.laplace_noise(key(8), (200_000,), b), np.float64)
     assert abs(np.abs(z).mean() / b - 1) < 0.02          # E|X| = b
     assert abs(z.std() / (math.sqrt(2) * b) - 1) < 0.03  # sd = sqrt(2) b
 
@@ -115,7 +115,7 @@ def test_clip_by_global_norm_matches_numpy(max_norm):
     tree = _tree()
     leaves = jax.tree.leaves(tree)
     norm = math.sqrt(sum(float(np.sum(np.asarray(x, np.float64) ** 2)) for x in leaves))
-    clipped, got_norm = M.clip_by_global_norm(tree, max_norm)
+    clipped, got_norm = C.clip_by_global_norm(tree, max_norm)
     np.testing.assert_allclose(got_norm, norm, rtol=1e-5)
     scale = min(1.0, max_norm / norm)
     for c, x in zip(jax.tree.leaves(clipped), leaves):
@@ -131,10 +131,10 @@ def test_clip_by_global_norm_matches_numpy(max_norm):
 
 def test_clip_by_global_norm_zero_tree_and_gradient():
     zero = {"a": jnp.zeros((3,)), "b": jnp.zeros((2, 2))}
-    clipped, norm = M.clip_by_global_norm(zero, 1.0)
+    clipped, norm = C.clip_by_global_norm(zero, 1.0)
     assert float(norm) == 0.0
     assert all(np.all(np.asarray(x) == 0) for x in jax.tree.leaves(clipped))
-    grad = jax.grad(lambda t: jnp.sum(M.clip_by_global_norm(t, 1.0)[0]["a"]))(zero)
+    grad = jax.grad(lambda t: jnp.sum(C.clip_by_global_norm(t, 1.0)[0]["a"]))(zero)
     assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grad))
 
 
@@ -142,9 +142,9 @@ def test_clip_vmapped_per_agent_equals_loop():
     rng = np.random.default_rng(1)
     stacked = {"w": rng.normal(size=(5, 3, 2)).astype(np.float32) * np.arange(1, 6)[:, None, None],
                "b": rng.normal(size=(5, 2)).astype(np.float32)}
-    clipped, norms = jax.vmap(M.clip_by_global_norm, in_axes=(0, None))(stacked, 2.0)
+    clipped, norms = jax.vmap(C.clip_by_global_norm, in_axes=(0, None))(stacked, 2.0)
     for i in range(5):
-        one, n = M.clip_by_global_norm(jax.tree.map(lambda x: x[i], stacked), 2.0)
+        one, n = C.clip_by_global_norm(jax.tree.map(lambda x: x[i], stacked), 2.0)
         np.testing.assert_allclose(norms[i], n, rtol=1e-6)
         for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(clipped)):
             np.testing.assert_allclose(b[i], a, rtol=1e-6)
@@ -207,17 +207,17 @@ def test_noisy_argmax_vote_jit_with_traced_sigma_and_key_dependence():
 # ----------------------------------------------------------------------------- bad inputs
 
 @pytest.mark.parametrize("call, name", [
-    (lambda: M.gaussian_noise(key(), (3,), -1.0), "std"),
-    (lambda: M.gaussian_noise(key(), (3,), float("nan")), "std"),
-    (lambda: M.gaussian_noise(key(), (3,), float("inf")), "std"),
-    (lambda: M.gaussian_noise(key(), (3,), True), "std"),
-    (lambda: M.gaussian_noise(key(), (3,), np.array([1.0, -1.0])), "std"),
+    (lambda: N.gaussian_noise(key(), (3,), -1.0), "std"),
+    (lambda: N.gaussian_noise(key(), (3,), float("nan")), "std"),
+    (lambda: N.gaussian_noise(key(), (3,), float("inf")), "std"),
+    (lambda: N.gaussian_noise(key(), (3,), True), "std"),
+    (lambda: N.gaussian_noise(key(), (3,), np.array([1.0, -1.0])), "std"),
     (lambda: M.gaussian_mechanism(key(), jnp.zeros(3), -1.0, 1.0), "l2_sensitivity"),
     (lambda: M.gaussian_mechanism(key(), jnp.zeros(3), 1.0, -0.1), "noise_multiplier"),
-    (lambda: M.laplace_noise(key(), (3,), -2.0), "scale"),
+    (lambda: N.laplace_noise(key(), (3,), -2.0), "scale"),
     (lambda: M.laplace_mechanism(key(), jnp.zeros(3), 1.0, 0.0), "epsilon"),
     (lambda: M.laplace_mechanism(key(), jnp.zeros(3), -1.0, 1.0), "l1_sensitivity"),
-    (lambda: M.clip_by_global_norm({"a": jnp.ones(2)}, -1.0), "max_norm"),
+    (lambda: C.clip_by_global_norm({"a": jnp.ones(2)}, -1.0), "max_norm"),
     (lambda: M.noisy_argmax_vote(key(), _ballots(), -1.0), "sigma"),
     (lambda: M.noisy_argmax_vote(key(), jnp.ones((3, 4)), 1.0), "ballots"),
     (lambda: M.noisy_argmax_laplace(key(), jnp.ones((3, 4)), 0.0), "gamma"),

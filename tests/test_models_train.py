@@ -6,8 +6,9 @@ import pytest
 
 from fedjax_dp.core import from_ragged
 from fedjax_dp.models import forward_flops, make_model
-from fedjax_dp.train import (LocalTrainConfig, accuracy, clipped_grad_sum, cross_entropy,
-                             make_local_update, per_agent_accuracy, train_agents)
+from fedjax_dp.privacy.clipping import clipped_grad_sum
+from fedjax_dp.train import (LocalTrainConfig, accuracy, cross_entropy, make_local_update,
+                             per_agent_accuracy, train_agents)
 
 CFG = LocalTrainConfig(steps=4, batch_size=4, learning_rate=0.1)
 
@@ -180,7 +181,7 @@ def test_clipped_grad_sum_matches_loop(tiny):
 def test_auto_chunk_size_is_cache_sized_and_results_identical(tiny):
     from fedjax_dp.core import auto_chunk_size
     from fedjax_dp.core.lift import agent_bytes, resolve_chunk_size
-    from fedjax_dp.train.private_grad import per_example_bytes
+    from fedjax_dp.privacy.private_grad import per_example_bytes
     assert auto_chunk_size(1 << 20, 1000) == 8                 # 8 MiB budget / 1 MiB per agent
     assert auto_chunk_size(1 << 10, 1000) is None              # everything fits: no chunking
     assert auto_chunk_size(1 << 15, 1000) is None              # 256 per chunk: < 4 chunks

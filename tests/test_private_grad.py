@@ -1,5 +1,5 @@
-"""The private-gradient primitive (fedjax_dp.train.private_grad): gathered == masked, clip bound,
-no truncation, and its users (ISRL uploads, DP-FedSGD, DP-FNAS) on the gathered path."""
+"""The private-gradient primitive (fedjax_dp.privacy.private_grad and its parts): gathered ==
+masked, clip bound, no truncation, and its users (ISRL uploads, DP-FedSGD, DP-FNAS)."""
 import dp_accounting
 import jax
 import jax.numpy as jnp
@@ -8,8 +8,8 @@ import optax
 import pytest
 
 from fedjax_dp.algorithms.isrl import uploads
-from fedjax_dp.privacy import accounting
-from fedjax_dp.train import private_grad as pg
+from fedjax_dp.privacy import accounting, batch_selection as bs, clipping, noise
+from fedjax_dp.privacy import private_grad as pg
 
 N, D = 24, 3
 
@@ -33,8 +33,8 @@ def _close(a, b, tol=1e-5):
         np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=tol, atol=tol)
 
 
-PLANS = [None, pg.RowPlan(first=0, step=3), pg.RowPlan(first=2, step=1),
-         pg.RowPlan.for_expected(4.0, N)]
+PLANS = [None, bs.RowPlan(first=0, step=3), bs.RowPlan(first=2, step=1),
+         bs.RowPlan.for_expected(4.0, N)]
 
 
 def test_gathered_equals_masked_for_the_same_key(data):
@@ -43,10 +43,10 @@ def test_gathered_equals_masked_for_the_same_key(data):
     x, y, params, mask = data
     key = jax.random.key(3)
     k_batch, k_noise = jax.random.split(key)
-    w = pg.poisson_weights(k_batch, mask, 0.3)
+    w = bs.poisson_weights(k_batch, mask, 0.3)
     assert 2 < float(w.sum()) < 21
-    total, ref_stats = pg.masked_clipped_sum(pg.gradient_fn(_loss, params), (x, y), w, 1.5)
-    want = pg.release(k_noise, total, 0.7, 5.0)
+    total, ref_stats = clipping.masked_clipped_sum(pg.gradient_fn(_loss, params), (x, y), w, 1.5)
+    want = noise.release(k_noise, total, 0.7, 5.0)
     for plan in PLANS:
         got, stats = jax.jit(lambda k, p=plan: pg.private_gradient(
             k, _loss, params, x, y, mask, 0.3, 5.0, 1.5, 0.7, plan=p))(key)
@@ -60,8 +60,8 @@ def test_clipped_norms_at_most_clip(data):
     x, y, params, mask = data
     clip = 0.05                                                        # below every gradient
     eye = jnp.eye(N)[:21]
-    sums, stats = jax.jit(jax.vmap(lambda w: pg.clipped_sum(
-        pg.gradient_fn(_loss, params), (x, y), w, clip, pg.RowPlan(first=1, step=1))))(eye)
+    sums, stats = jax.jit(jax.vmap(lambda w: clipping.clipped_sum(
+        pg.gradient_fn(_loss, params), (x, y), w, clip, bs.RowPlan(first=1, step=1))))(eye)
     norms = np.asarray(jax.vmap(optax.tree.norm)(sums))
     assert np.all(norms <= clip * (1 + 1e-5)) and np.all(norms >= clip * (1 - 1e-5))
     np.testing.assert_array_equal(np.asarray(stats["clipped"]), 1.0)
@@ -70,10 +70,10 @@ def test_clipped_norms_at_most_clip(data):
 def test_large_draw_is_not_truncated(data):
     """Rate 1: every real record is drawn, far more than the first pass (2 rows) holds."""
     x, y, params, mask = data
-    w = pg.poisson_weights(jax.random.key(0), mask, 1.0)
-    want, _ = pg.masked_clipped_sum(pg.gradient_fn(_loss, params), (x, y), w, 1.0)
-    got, stats = jax.jit(lambda w: pg.clipped_sum(pg.gradient_fn(_loss, params), (x, y), w, 1.0,
-                                                  pg.RowPlan(first=2, step=5)))(w)
+    w = bs.poisson_weights(jax.random.key(0), mask, 1.0)
+    want, _ = clipping.masked_clipped_sum(pg.gradient_fn(_loss, params), (x, y), w, 1.0)
+    got, stats = jax.jit(lambda w: clipping.clipped_sum(pg.gradient_fn(_loss, params), (x, y), w,
+                                                        1.0, bs.RowPlan(first=2, step=5)))(w)
     assert float(stats["count"]) == 21.0
     _close(got, want)
 
@@ -84,22 +84,22 @@ def test_parties_vmapped_with_different_draws(data):
     x, y, params, mask = data
     masks = jnp.stack([mask, jnp.arange(N) < 5, jnp.arange(N) < 24])
     rates = jnp.array([0.2, 1.0, 0.9])
-    ws = jax.vmap(pg.poisson_weights)(jax.random.split(jax.random.key(1), 3), masks, rates)
+    ws = jax.vmap(bs.poisson_weights)(jax.random.split(jax.random.key(1), 3), masks, rates)
     fn = pg.gradient_fn(_loss, params)
-    plan = pg.RowPlan.for_expected(5.0, N)
-    got, _ = jax.jit(jax.vmap(lambda w: pg.clipped_sum(fn, (x, y), w, 0.5, plan)))(ws)
+    plan = bs.RowPlan.for_expected(5.0, N)
+    got, _ = jax.jit(jax.vmap(lambda w: clipping.clipped_sum(fn, (x, y), w, 0.5, plan)))(ws)
     for i in range(3):
-        want, _ = pg.masked_clipped_sum(fn, (x, y), ws[i], 0.5)
+        want, _ = clipping.masked_clipped_sum(fn, (x, y), ws[i], 0.5)
         _close(jax.tree.map(lambda l: l[i], got), want)
-    one, _ = jax.jit(jax.vmap(lambda w: pg.clipped_sum(fn, (x, y), w, 0.5, plan)))(ws[:1])
+    one, _ = jax.jit(jax.vmap(lambda w: clipping.clipped_sum(fn, (x, y), w, 0.5, plan)))(ws[:1])
     _close(jax.tree.map(lambda l: l[0], one), jax.tree.map(lambda l: l[0], got))
 
 
 def test_selected_rows_zero_elsewhere(data):
     x, y, params, mask = data
-    w = pg.poisson_weights(jax.random.key(2), mask, 0.4)
+    w = bs.poisson_weights(jax.random.key(2), mask, 0.4)
     fn = pg.gradient_fn(_loss, params)
-    rows, _ = pg.selected_rows(fn, (x, y), w, pg.RowPlan(first=1, step=2))
+    rows, _ = bs.selected_rows(fn, (x, y), w, bs.RowPlan(first=1, step=2))
     full = jax.vmap(lambda a, b: fn(a, b)[0])(x, y)
     _close(rows, jax.tree.map(lambda l: l * w.reshape((-1,) + (1,) * (l.ndim - 1)), full))
 
@@ -127,7 +127,7 @@ def test_isrl_uploads_gathered_equal_masked(data, private):
 
 def test_fixed_size_selection(data):
     _, _, _, mask = data
-    ws = jax.vmap(lambda k: pg.fixed_size_weights(k, mask, 6))(
+    ws = jax.vmap(lambda k: bs.fixed_size_weights(k, mask, 6))(
         jax.random.split(jax.random.key(0), 50))
     assert np.all(np.asarray(ws.sum(1)) == 6)
     assert not np.any(np.asarray(ws)[:, 21:])                          # never padding
@@ -135,11 +135,10 @@ def test_fixed_size_selection(data):
 
 
 def test_events():
-    assert pg.poisson_event(1.1, 0.1, 5) == accounting.sampled_gaussian_event(1.1, 0.1, 5)
-    ev = pg.fixed_size_event(1.0, 100, 10)
+    ev = accounting.fixed_size_event(1.0, 100, 10)
     assert isinstance(ev, dp_accounting.SampledWithoutReplacementDpEvent)
     with pytest.raises(ValueError, match="step"):
-        pg.RowPlan(first=1, step=0)
+        bs.RowPlan(first=1, step=0)
 
 
 def _per_example_loop(loss_fn, params, x, y, w, clip):
@@ -155,7 +154,7 @@ def _per_example_loop(loss_fn, params, x, y, w, clip):
 
 
 @pytest.mark.parametrize("rate,plan", [(1.0, None), (0.5, None),
-                                       (0.5, pg.RowPlan(first=3, step=2))])
+                                       (0.5, bs.RowPlan(first=3, step=2))])
 def test_private_gradient_equals_a_per_example_loop_cnn(rate, plan):
     """A small CNN (conv, dense, biases: leaves of rank 1 to 4), noise 0: the clipped sum over
     the drawn rows / D equals a per-example loop; rate 1 draws every real row (no coins)."""
@@ -171,7 +170,7 @@ def test_private_gradient_equals_a_per_example_loop_cnn(rate, plan):
     key = jax.random.key(4)
     got, stats = jax.jit(lambda k: pg.private_gradient(k, loss, params, x, y, mask, rate, 7.0,
                                                        0.3, 0.0, plan=plan))(key)
-    w = pg.poisson_weights(jax.random.split(key)[0], mask, rate)
+    w = bs.poisson_weights(jax.random.split(key)[0], mask, rate)
     if rate == 1.0:
         np.testing.assert_array_equal(np.asarray(w), np.asarray(mask, np.float32))
         assert float(stats["count"]) == 9.0
@@ -185,10 +184,10 @@ def test_rate_one_selects_every_real_row_as_the_draw_does():
     draws (Bernoulli(1) is always 1)."""
     mask = jnp.arange(12) < 7
     key = jax.random.key(9)
-    traced = jax.jit(pg.poisson_weights)(key, mask, jnp.float32(1.0))
-    np.testing.assert_array_equal(np.asarray(pg.poisson_weights(key, mask, 1.0)),
+    traced = jax.jit(bs.poisson_weights)(key, mask, jnp.float32(1.0))
+    np.testing.assert_array_equal(np.asarray(bs.poisson_weights(key, mask, 1.0)),
                                   np.asarray(traced))
-    np.testing.assert_array_equal(np.asarray(pg.poisson_weights(key, mask, 1)),
+    np.testing.assert_array_equal(np.asarray(bs.poisson_weights(key, mask, 1)),
                                   np.asarray(mask, np.float32))
 
 
@@ -200,7 +199,7 @@ def test_weighted_clipped_sum_mixed_dtypes_and_a_scalar_leaf():
               "b": jnp.asarray(rng.normal(size=(5,)).astype(np.float32)),
               "c": jnp.asarray(rng.normal(size=(5, 4)).astype(np.float16))}
     w = jnp.asarray([1.0, 0.0, 1.0, 1.0, 0.5])
-    total, norms = pg.weighted_clipped_sum(values, w, 1.2)
+    total, norms = clipping.weighted_clipped_sum(values, w, 1.2)
     flat = np.concatenate([np.asarray(v, np.float64).reshape(5, -1)
                            for v in jax.tree.leaves(values)], 1)
     want_norms = np.linalg.norm(flat, axis=1)

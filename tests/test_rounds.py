@@ -7,11 +7,11 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_dp.algorithms import api, calls, rounds
+from fedjax_dp.algorithms import api, calls, fused_rounds, rounds
 from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
 from fedjax_dp.core import cohort, from_ragged
 from fedjax_dp.models import make_model
-from fedjax_dp.privacy import mechanisms
+from fedjax_dp.privacy import noise as noise_lib
 from fedjax_dp.train import LocalTrainConfig, make_local_update
 
 LOCAL = LocalTrainConfig(steps=2, batch_size=4, learning_rate=0.2)
@@ -68,7 +68,7 @@ def test_cohort_chunks_enumerate_the_cohort_in_order(chunk, method):
     m = int(rank[-1])
     got = []
     for j in range(-(-m // chunk)):
-        ids, valid = rounds.cohort_chunk(rank, rank[-1], jnp.int32(j), chunk, method)
+        ids, valid = fused_rounds.cohort_chunk(rank, rank[-1], jnp.int32(j), chunk, method)
         got += np.asarray(ids)[np.asarray(valid)].tolist()
         assert (np.asarray(ids) < 23).all()
     assert got == np.flatnonzero(coins).tolist()
@@ -123,7 +123,7 @@ def test_fused_rounds_equal_the_per_agent_loop(setup):
             delta = jax.tree.map(jnp.subtract, local, params)
             scale = min(1.0, spec.clip_norm / float(optax.tree.norm(delta)))
             total = jax.tree.map(lambda a, d: a + d * scale, total, delta)
-        noise = mechanisms.gaussian_noise(k_noise, total, spec.noise_std)
+        noise = noise_lib.gaussian_noise(k_noise, total, spec.noise_std)
         params = jax.tree.map(lambda p, s, z: p + spec.server_lr * (s + z) / (0.4 * n),
                               params, total, noise)
     _close(got, params)

@@ -17,10 +17,10 @@ from fedjax_dp.algorithms import api, isrl
 from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
 from fedjax_dp.core import from_arrays, from_ragged
 from fedjax_dp.data import Dataset
-from fedjax_dp.privacy import clip_by_global_norm
+from fedjax_dp.privacy import batch_selection, clip_by_global_norm, clipping, private_grad
 from fedjax_dp.models import Model, make_model, tasks
 from fedjax_dp.train import (LocalTrainConfig, accuracy, cross_entropy, minibatch_loss,
-                             per_agent_accuracy, private_grad)
+                             per_agent_accuracy)
 
 T, V = 6, 12
 PAD, OOV, BOS, EOS = 0, 9, 10, 11
@@ -187,7 +187,7 @@ def test_per_sequence_clipping(fed):
     x, y = np.asarray(data.x[2]), np.asarray(data.y[2])          # 12 sequences of one agent
     params = _init(jax.random.key(4))
     loss = cross_entropy(MODEL)
-    per_example = jax.jit(lambda p, a, b: private_grad.per_example_grads(loss, p, a, b))
+    per_example = jax.jit(lambda p, a, b: clipping.per_example_grads(loss, p, a, b))
     rows = per_example(params, x, y)                             # vmapped over sequences
     grad = jax.jit(jax.grad(loss))
     for i in range(len(x)):                                      # equals one grad per sequence
@@ -203,9 +203,9 @@ def test_per_sequence_clipping(fed):
     np.testing.assert_allclose(after, np.minimum(norms, clip), rtol=1e-5)
     # the primitive's selected-rows sum equals the loop over the selected sequences
     weights = jnp.asarray(np.arange(len(x)) % 3 == 0, jnp.float32)
-    total, stats = jax.jit(lambda w: private_grad.clipped_sum(
+    total, stats = jax.jit(lambda w: clipping.clipped_sum(
         private_grad.gradient_fn(loss, params), (x, y), w, clip,
-        private_grad.RowPlan(first=2, step=2)))(weights)
+        batch_selection.RowPlan(first=2, step=2)))(weights)
     want = jax.tree.map(lambda c: jnp.tensordot(weights, c, axes=(0, 0)), clipped)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), total, want)
     assert int(stats["count"]) == 4

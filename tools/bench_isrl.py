@@ -32,7 +32,7 @@ ratios masked / gathered and whether the two rounds' new parameters agree.
 ``--rates``: ONE upload of ``--available`` silos (vmapped, as in a round) of ``--local-size``
 records each, at record-sampling rates p of ``--rate-list`` (expected batch K = p n): the
 library's upload (:func:`uploads.gradient_upload` / :func:`uploads.difference_upload` planned for
-K: only the sampled records' gradients, :mod:`fedjax_dp.train.private_grad`) and the all-records
+K: only the sampled records' gradients, :mod:`fedjax_dp.privacy.private_grad`) and the all-records
 upload (the same function with no plan: every record's gradient, the cost of the masked
 computation), timed in the same run; written with the ratios t(p) / t(1) (expected ~ p) and
 all-records / sampled at each p, and whether the two agree for the same key.
@@ -52,7 +52,7 @@ import numpy as np
 from bench_common import best_time, block, environment, write_json
 
 from fedjax_dp.core.lift import resolve_chunk_size
-from fedjax_dp.train.private_grad import per_example_bytes
+from fedjax_dp.privacy.private_grad import per_example_bytes
 from fedjax_dp.algorithms.isrl import engine, uploads
 from fedjax_dp.core import StackedData
 from fedjax_dp.models import make_model

@@ -3,7 +3,7 @@
 One SGD step on a batch of B examples, both jitted, same model, data and learning rate:
 
 * ``non_private``: ``w <- w - lr grad_w (1/B) sum_b l(w; x_b, y_b)`` (one batched gradient);
-* ``private``: ``w <- w - lr g`` with ``g`` from :func:`fedjax_dp.train.private_grad.
+* ``private``: ``w <- w - lr g`` with ``g`` from :func:`fedjax_dp.privacy.private_grad.
   private_gradient` (every row selected, rate 1): per-example gradients ``vmap(grad l)``, each
   clipped to global L2 norm C, summed, ``N(0, (z C)^2 I)`` added, divided by B
   (Abadi et al. 2016, Algorithm 1).
@@ -34,7 +34,7 @@ TITLE = "a DP-SGD step with per-example clipping vs the same non-private step"
 def measure(sizes: dict, repeats: int) -> dict:
     from fedjax_dp.models import make_model
     from fedjax_dp.train import cross_entropy
-    from fedjax_dp.train.private_grad import private_gradient
+    from fedjax_dp.privacy.private_grad import private_gradient
 
     shape, b, lr = tuple(sizes["feature_shape"]), sizes["batch_size"], 0.1
     model = make_model(sizes["model"], shape, 10, hidden=tuple(sizes.get("hidden", (200,))))

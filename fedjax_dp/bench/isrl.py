@@ -27,7 +27,7 @@ TITLE = "an ISRL-DP SPIDER round (vectorised) vs a loop over silos"
 
 def measure(sizes: dict, repeats: int) -> dict:
     from fedjax_dp.core.lift import resolve_chunk_size
-    from fedjax_dp.train.private_grad import per_example_bytes
+    from fedjax_dp.privacy.private_grad import per_example_bytes
     from fedjax_dp.algorithms.isrl import engine
     from fedjax_dp.core import StackedData
     from fedjax_dp.models import make_model

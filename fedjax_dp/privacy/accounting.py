@@ -37,8 +37,8 @@ from fedjax_dp.core import validation
 __all__ = [
     "ACCOUNTANTS", "DEFAULT_RDP_ORDERS", "DEFAULT_PLD_DISCRETIZATION", "make_accountant",
     "epsilon", "delta_for_epsilon", "event_rdp", "epsilon_from_rdp", "sampled_gaussian_event",
-    "gaussian_event", "laplace_event", "sampled_gaussian_epsilon", "event_to_json",
-    "event_from_json", "check_event", "composed_accountant",
+    "fixed_size_event", "gaussian_event", "laplace_event", "sampled_gaussian_epsilon",
+    "event_to_json", "event_from_json", "check_event", "composed_accountant",
 ]
 
 ACCOUNTANTS = ("rdp", "pld")
@@ -249,6 +249,16 @@ def sampled_gaussian_event(noise_multiplier: float, sampling_rate: float,
     if steps == 0:
         return dp_accounting.NoOpDpEvent()
     return dp_accounting.SelfComposedDpEvent(event, steps)
+
+
+def fixed_size_event(noise_multiplier: float, num_records: int, size: int, steps: int = 1):
+    """``SelfComposed(SampledWithoutReplacement(n, m, Gaussian(z)), steps)``: fixed-size
+    selection of ``m`` of ``n`` records. Relation: replace one record (dp-accounting's relation
+    for this event; a replaced record moves the clipped sum by up to 2C, so ``z`` is the noise
+    std over 2C)."""
+    event = dp_accounting.SampledWithoutReplacementDpEvent(
+        int(num_records), int(size), dp_accounting.GaussianDpEvent(float(noise_multiplier)))
+    return event if steps == 1 else dp_accounting.SelfComposedDpEvent(event, int(steps))
 
 
 def sampled_gaussian_epsilon(noise_multiplier: float, sampling_rate: float, steps: int,

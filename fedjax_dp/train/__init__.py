@@ -1,12 +1,11 @@
-"""Local training over stacked agents, evaluation, per-example clipped gradients."""
-from fedjax_dp.train.private_grad import clipped_grad_sum, per_example_grads
+"""Local training over stacked agents, evaluation."""
 from fedjax_dp.train.evaluate import accuracy, per_agent_accuracy, predict
 from fedjax_dp.train.local import (LocalTrainConfig, check_trainable, cross_entropy,
                                    batch_indices, make_local_step, make_local_update, minibatch_loss,
                                    minibatch_rows, stored_indices,
                                    sample_batch, train_agents)
 
-__all__ = ["clipped_grad_sum", "per_example_grads", "accuracy", "per_agent_accuracy", "predict",
+__all__ = ["accuracy", "per_agent_accuracy", "predict",
            "LocalTrainConfig", "batch_indices", "check_trainable", "cross_entropy", "make_local_step",
            "minibatch_rows", "stored_indices",
            "make_local_update", "minibatch_loss", "sample_batch", "train_agents"]

@@ -54,7 +54,7 @@ def dp_sgd_step_harness(weaken, *, noise_multiplier, clip_norm, num_examples, ca
     """One DP-FedSGD step of one agent (eq. (1) of :mod:`fedjax_dp.algorithms.averaging.dp_fedsgd`):
     :func:`dp_fedsgd.sample_records` (rate 1) then :func:`dp_fedsgd.noisy_gradient` (per-example
     clip to C, ``N(0, (z C)^2)``, divided by the fixed ``p n``: the private-gradient primitive
-    :mod:`fedjax_dp.train.private_grad`) on a logistic model at zero parameters. Neighbours: the canary example (gradient norm ``>= canary_scale * C``) present
+    :mod:`fedjax_dp.privacy.private_grad`) on a logistic model at zero parameters. Neighbours: the canary example (gradient norm ``>= canary_scale * C``) present
     vs removed (mask 0). Statistic: the noisy gradient's projection on the canary's clipped
     gradient. Claimed: :func:`dp_fedsgd.instance_ledger` of one round of one step with record
     sampling rate 1.

@@ -52,7 +52,8 @@ import optax
 
 from fedjax_dp.core import for_each_agent
 from fedjax_dp.models.darts import SearchModel
-from fedjax_dp.train import private_grad as pg
+from fedjax_dp.privacy import batch_selection as bs, noise
+from fedjax_dp.privacy.clipping import clipped_sum
 
 Params = Any
 
@@ -121,11 +122,6 @@ def cross_entropy(logits: jax.Array, y: jax.Array) -> jax.Array:
     return -jax.nn.log_softmax(logits)[y]
 
 
-#: ``(sum_b w_b v_b min(1, clip / ||v_b||), norms [B])`` with the global L2 norm over the whole
-#: pytree (:func:`fedjax_dp.train.private_grad.weighted_clipped_sum`).
-clip_and_sum = pg.weighted_clipped_sum
-
-
 #: Rows per pass of the sampled-rows loop in :func:`noisy_mean`.
 CHUNK = 8
 
@@ -142,7 +138,7 @@ def noisy_mean(key: jax.Array, per_example_fn: Callable, x: jax.Array, y: jax.Ar
     batch ``denom`` (the realised batch size is not released). Event:
     ``PoissonSampled(rate, Gaussian(mech.noise))``. Non-private: no clipping, no noise.
 
-    The private-gradient primitive (:mod:`fedjax_dp.train.private_grad`): only sampled rows are
+    The private-gradient primitive (:mod:`fedjax_dp.privacy.private_grad`): only sampled rows are
     computed, ``chunk`` rows per pass (``RowPlan(first=0, step=chunk)``) until the last sampled
     row; under ``vmap`` over parties the loop runs to the largest party's sample. The result
     equals the masked sum over all rows (cost ~ the sample, not the party's data).
@@ -150,14 +146,14 @@ def noisy_mean(key: jax.Array, per_example_fn: Callable, x: jax.Array, y: jax.Ar
     Returns (noisy mean pytree, metrics dict of scalars).
     """
     k_sample, k_noise = jax.random.split(key)
-    weights = pg.poisson_weights(k_sample, mask, rate)                           # [n]
+    weights = bs.poisson_weights(k_sample, mask, rate)                           # [n]
     clip = mech.clip if mech.private else jnp.inf
-    total, stats = pg.clipped_sum(per_example_fn, (x, y), weights, clip,
-                                  pg.RowPlan(first=0, step=chunk))
+    total, stats = clipped_sum(per_example_fn, (x, y), weights, clip,
+                               bs.RowPlan(first=0, step=chunk))
     # one flat draw for the whole pytree (one random-bits kernel instead of one per leaf: the
     # per-leaf draws dominated compile time); i.i.d. N(0, (noise clip)^2) per coordinate
-    out = pg.release(k_noise, total, mech.noise * mech.clip, denom,
-                     noise=mech.private and mech.noise > 0)
+    out = noise.release(k_noise, total, mech.noise * mech.clip, denom,
+                        noise=mech.private and mech.noise > 0)
     batch = jnp.maximum(stats["count"], 1.0)
     metrics = {"loss": stats["aux"] / batch, "clipped": stats["clipped"] / batch,
                "batch": stats["count"]}

@@ -37,7 +37,6 @@ import numpy as np
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import accounting
 from fedjax_dp.privacy import calibration as calib_lib
-from fedjax_dp.train import private_grad
 
 UNIT = "silo_record"
 RELATION = "add/remove one record of one silo (inter-silo record-level DP)"
@@ -47,8 +46,8 @@ def silo_event(noise_multiplier: float, releases: Sequence[tuple[float, int]]
                ) -> dp_accounting.DpEvent:
     """Eq. (1): ``releases`` = ``[(rate, count), ...]``, one pair per kind of upload; each kind
     is ``count`` releases of the private-gradient primitive
-    (:func:`fedjax_dp.train.private_grad.poisson_event`)."""
-    parts = [private_grad.poisson_event(noise_multiplier, float(p), int(c))
+    (:func:`fedjax_dp.privacy.accounting.sampled_gaussian_event`)."""
+    parts = [accounting.sampled_gaussian_event(noise_multiplier, float(p), int(c))
              for p, c in releases if int(c) > 0]
     if not parts:
         return dp_accounting.NoOpDpEvent()

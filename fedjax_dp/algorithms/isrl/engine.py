@@ -41,7 +41,7 @@ draw), the N silo keys, the scatter into the ``[N, U]`` upload counters, and -- 
 estimators' state (SPIDER's v and previous iterate, SVRG's snapshot and its gradient) is the
 server's, not the silos', so nothing else is gathered or scattered. Within a silo an upload
 computes only its Poisson-sampled records' gradients (the private-gradient primitive,
-:mod:`fedjax_dp.train.private_grad`, in passes planned for ``RoundSpec.batch_sizes``): ~ p_i n_i
+:mod:`fedjax_dp.privacy.private_grad`, in passes planned for ``RoundSpec.batch_sizes``): ~ p_i n_i
 per-record gradients, not n_max (``results/private_grad/``).
 
 ``make_round(..., cohort="masked")`` is the reference execution: all N silos compute their upload
@@ -206,7 +206,7 @@ class RoundSpec:
     :class:`fedjax_dp.privacy.shuffle.ShuffleConfig` replaces the silos' Gaussian uploads by the
     shuffled vector sum of all available silos' per-record reports (SDP MB-SGD / SPIDER).
     batch_sizes: the expected batch K_u of each upload kind; an upload gathers only its sampled
-    records in passes planned for K_u (:class:`fedjax_dp.train.private_grad.RowPlan`); empty:
+    records in passes planned for K_u (:class:`fedjax_dp.privacy.batch_selection.RowPlan`); empty:
     one gathered pass over all n_max rows (same values, cost n_max).
     """
 

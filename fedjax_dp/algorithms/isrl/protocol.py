@@ -23,7 +23,7 @@ from fedjax_dp.core.lift import resolve_chunk_size
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting
 from fedjax_dp.train import check_trainable
-from fedjax_dp.train.private_grad import per_example_bytes
+from fedjax_dp.privacy.private_grad import per_example_bytes
 
 
 # --------------------------------------------------------------------------- configs

@@ -26,7 +26,7 @@ in (2) by at most tau; the noise std is z times that: a Poisson-sampled Gaussian
 noise multiplier z and rate p_i. With ``private=False`` there is no clipping and no noise (the
 non-private baselines).
 
-Every upload is the private-gradient primitive :mod:`fedjax_dp.train.private_grad`: only the
+Every upload is the private-gradient primitive :mod:`fedjax_dp.privacy.private_grad`: only the
 sampled records' gradients are computed, gathered in padded passes planned for the expected
 batch ``K`` of the upload kind (``expected``; None: one pass over all rows), so an upload costs
 ~ p_i n_i per-record gradients, not n_max. Same records (same key) and same value as the masked
@@ -40,9 +40,9 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from fedjax_dp.privacy import shuffle as shuffle_lib
-from fedjax_dp.privacy.mechanisms import clip_by_global_norm
-from fedjax_dp.train import private_grad as pg
+from fedjax_dp.privacy import batch_selection as bs, noise, shuffle as shuffle_lib
+from fedjax_dp.privacy.clipping import clip_by_global_norm, clipped_sum
+from fedjax_dp.privacy.private_grad import private_gradient
 
 Params = Any
 
@@ -50,19 +50,19 @@ __all__ = ["sample_records", "gaussian_noise", "gradient_upload", "difference_up
            "encode_reports", "shuffled_estimate", "gradient_reports", "difference_reports",
            "row_plan"]
 
-#: Poisson record selection of one silo (:func:`fedjax_dp.train.private_grad.poisson_weights`).
-sample_records = pg.poisson_weights
+#: Poisson record selection of one silo (:func:`fedjax_dp.privacy.batch_selection.poisson_weights`).
+sample_records = bs.poisson_weights
 
 
 def gaussian_noise(key: jax.Array, tree: Params, std) -> Params:
     """``N(0, std^2 I)`` over every coordinate of ``tree``, drawn as ONE flat vector from ``key``
-    (:func:`fedjax_dp.train.private_grad.add_noise` of zeros)."""
-    return pg.add_noise(key, jax.tree.map(jnp.zeros_like, tree), std)
+    (:func:`fedjax_dp.privacy.noise.add_noise` of zeros)."""
+    return noise.add_noise(key, jax.tree.map(jnp.zeros_like, tree), std)
 
 
-def row_plan(expected: float | None, num_rows: int) -> pg.RowPlan | None:
+def row_plan(expected: float | None, num_rows: int) -> bs.RowPlan | None:
     """The padded passes of an upload with expected batch ``expected`` (None: all rows)."""
-    return None if expected is None else pg.RowPlan.for_expected(expected, num_rows)
+    return None if expected is None else bs.RowPlan.for_expected(expected, num_rows)
 
 
 def _upload_stats(stats: dict, private: bool) -> dict:
@@ -72,13 +72,13 @@ def _upload_stats(stats: dict, private: bool) -> dict:
 
 def gradient_upload(loss_fn: Callable, private: bool, expected: float | None = None) -> Callable:
     """``upload(key, params, x, y, mask, rate, denom, clip, z) -> (u [params], stats)``: eq. (1)
-    (:func:`fedjax_dp.train.private_grad.private_gradient`). ``expected``: the upload's expected
+    (:func:`fedjax_dp.privacy.private_grad.private_gradient`). ``expected``: the upload's expected
     batch K (plans the gathered passes; None: one pass over all rows)."""
 
     def upload(key, params, x, y, mask, rate, denom, clip, z):
-        u, stats = pg.private_gradient(key, loss_fn, params, x, y, mask, rate, denom, clip,
-                                       z * clip, plan=row_plan(expected, mask.shape[0]),
-                                       private=private)
+        u, stats = private_gradient(key, loss_fn, params, x, y, mask, rate, denom, clip,
+                                    z * clip, plan=row_plan(expected, mask.shape[0]),
+                                    private=private)
         return u, _upload_stats(stats, private)
 
     return upload
@@ -105,11 +105,11 @@ def difference_upload(loss_fn: Callable, private: bool, expected: float | None =
 
     def upload(key, params, ref, x, y, mask, rate, denom, clip, tau, z):
         k_batch, k_noise = jax.random.split(key)
-        w = pg.poisson_weights(k_batch, mask, rate)                           # [n_max]
-        summed, stats = pg.clipped_sum(difference_fn(loss_fn, params, ref, clip, private),
-                                       (x, y), w, tau if private else jnp.inf,
-                                       row_plan(expected, mask.shape[0]))
-        u = pg.release(k_noise, summed, z * tau, denom, noise=private)
+        w = bs.poisson_weights(k_batch, mask, rate)                           # [n_max]
+        summed, stats = clipped_sum(difference_fn(loss_fn, params, ref, clip, private),
+                                    (x, y), w, tau if private else jnp.inf,
+                                    row_plan(expected, mask.shape[0]))
+        u = noise.release(k_noise, summed, z * tau, denom, noise=private)
         return u, _upload_stats(stats, private)
 
     return upload
@@ -153,7 +153,7 @@ def gradient_reports(loss_fn: Callable, config, expected: float | None = None) -
     (:func:`encode_reports`: clip to C = ``config.clip_norm`` in L2 over the whole vector, grid
     C / K, randomised rounding). ``key`` splits into the Poisson-sampling and the rounding key.
     Only the sampled records' gradients are computed
-    (:func:`fedjax_dp.train.private_grad.selected_rows`; the others' rows are zero and weigh 0).
+    (:func:`fedjax_dp.privacy.batch_selection.selected_rows`; the others' rows are zero, weight 0).
     """
     clip = config.clip_norm
 
@@ -166,7 +166,7 @@ def gradient_reports(loss_fn: Callable, config, expected: float | None = None) -
             row = ravel_pytree(grad(params, xi, yi))[0]                        # [d]
             return row, jnp.linalg.norm(row)
 
-        rows, norms = pg.selected_rows(one, (x, y), w, row_plan(expected, mask.shape[0]))
+        rows, norms = bs.selected_rows(one, (x, y), w, row_plan(expected, mask.shape[0]))
         return encode_reports(k_round, rows, w, config), {
             "batch_size": jnp.sum(w), "clipped": jnp.sum(w * (norms > clip))}
 
@@ -191,7 +191,7 @@ def difference_reports(loss_fn: Callable, config, expected: float | None = None)
             d, norm = clip_by_global_norm(diff(xi, yi)[0], tau)
             return ravel_pytree(d)[0] * (clip / jnp.maximum(tau, 1e-30)), norm
 
-        rows, norms = pg.selected_rows(one, (x, y), w, row_plan(expected, mask.shape[0]))
+        rows, norms = bs.selected_rows(one, (x, y), w, row_plan(expected, mask.shape[0]))
         return encode_reports(k_round, rows, w, config), {
             "batch_size": jnp.sum(w), "clipped": jnp.sum(w * (norms > tau))}
 
