@@ -10,9 +10,9 @@ One round t with round key ``key_t = fold_in(split(root)[1], t)`` (:func:`api.st
 
 Two drivers run it, with the same result for the same keys:
 
-* **Fused on the device** (:func:`make_fused_rounds`; device-resident agents, no mesh): up to
-  ``K`` rounds in ONE compiled call, a loop over rounds whose trip count ``count <= K`` is a
-  traced argument (one compilation whatever the count). Inside a round the cohort is sampled on
+* **Fused on the device** (:mod:`fedjax_dp.algorithms.fused_rounds`; device-resident agents, no
+  mesh): up to ``K`` rounds in ONE compiled call, a loop over rounds whose trip count
+  ``count <= K`` is a traced argument (one compilation whatever the count). Inside a round the cohort is sampled on
   the device and trained in fixed-size chunks of ``c`` agents (``c`` the plan's pass size, about
   ``qN + 2 sqrt(qN(1-q))``) by a loop over the chunks actually filled: with ``rank =
   cumsum(coins)`` and ``M = rank[-1]``, chunk j trains the agents of ranks ``jc+1 .. jc+c``
@@ -42,7 +42,6 @@ import dataclasses
 import functools
 import math
 import time
-from types import SimpleNamespace
 from typing import Any, Callable, Hashable
 
 import jax
@@ -53,10 +52,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.calls import resolve_capacity
+from fedjax_dp.algorithms.fused_rounds import add_trees, make_fused_rounds
 from fedjax_dp.core import (AGENTS, StackedData, for_each_agent, for_each_agent_sum, is_on_host,
                             rng, validation)
 from fedjax_dp.core import cohort as cohort_lib
-from fedjax_dp.core import defaults as defaults_lib
 from fedjax_dp.core import memory
 from fedjax_dp.core.lift import resolve_chunk_size, training_bytes
 from fedjax_dp.models import Model
@@ -231,10 +230,6 @@ def check_secagg_range(spec: RoundSpec, rows: int) -> None:
                            rows * float(spec.clip_norm), spec.secagg.frac_bits, rows)
 
 
-def _add(a, b):
-    return jax.tree.map(jnp.add, a, b)
-
-
 class RoundRunner:
     """Runs rounds on the gathered cohort (``cohort="gather"``) or on every agent with a
     participation mask (``"masked"``, the reference); both give the same result for a key.
@@ -361,7 +356,7 @@ class RoundRunner:
         total = None                          # a draw larger than a pass: the passes' sums added
         for p in passes:
             sums = self._run_pass(train_sum, p, k_train, params)
-            total = sums if total is None else _add(total, sums)
+            total = sums if total is None else add_trees(total, sums)
         return server(k_noise, params, total)
 
     def _run_pass(self, fn, p: cohort_lib.CohortPass, *head):
@@ -391,92 +386,6 @@ def _fused_step(one: Callable) -> Callable:
     """``fn(key, values, (agents, extras)) = one(values, key, agents, extras)`` for the fused
     round ``one`` (one function per round, so the seed driver's compiled call is shared)."""
     return lambda key, values, data: one(values, key, *data)
-
-
-# --------------------------------------------------------------------------- rounds fused on the device
-
-def cohort_chunk(rank: jax.Array, count: jax.Array, j: jax.Array, chunk: int,
-                 method: str = "scan") -> tuple[jax.Array, jax.Array]:
-    """Chunk ``j`` of a round's cohort, traceable: ``(ids [c] int32, valid [c] bool)``.
-
-    ``rank = cumsum(coins)`` ``[N]`` (non-decreasing), ``count = rank[-1]`` the cohort size M.
-    Row b holds the agent of rank ``r_b = j c + b + 1``, the first index with ``rank >= r_b``
-    (``searchsorted``, O(c log N)); rows with ``r_b > M`` are padding (valid False; their id is
-    clipped to a real agent, whose work the masked sum selects away). ``method``: the
-    searchsorted method (:attr:`fedjax_dp.core.defaults.Defaults.cohort_search`)."""
-    r = j * chunk + jnp.arange(1, chunk + 1, dtype=jnp.int32)                        # [c]
-    ids = jnp.searchsorted(rank, r, side="left", method=method).astype(jnp.int32)
-    return jnp.minimum(ids, rank.shape[0] - 1), r <= count
-
-
-@functools.lru_cache(maxsize=64)
-def make_fused_rounds(train_sum: Callable, server: Callable, spec: RoundSpec, num_agents: int,
-                      chunk: int, masked: bool, participation: bool,
-                      capacity: int) -> SimpleNamespace:
-    """The rounds fused on the device (module docstring), compiled once per arguments.
-
-    ``train_sum`` / ``server``: a round's pieces (:func:`make_round_parts`). ``chunk``: agents
-    per chunk c; ``masked``: every agent trains, the coins select (the reference);
-    ``participation``: the values hold ``"participation" [N] int32`` (rounds each agent took
-    part in), increased by the round's coins; ``capacity``: K, the most rounds one call runs.
-
-    Returns ``SimpleNamespace(rounds, one)``:
-    ``rounds(values, root, start, count, source, extras) -> (values, metrics)``: rounds
-    ``start .. start + count - 1`` of the run with root key ``root`` (round t's key
-    :func:`api.step_key` ``(root, t)``), ``count <= K`` traced; metrics ``[K]`` per metric, the
-    first ``count`` rows filled. ``one(values, key, source, extras) -> (values, metrics)``: one
-    round with an explicit round key (:func:`step`).
-    """
-    n = num_agents
-    search = defaults_lib.defaults().cohort_search
-
-    def one_round(values, key, source, extras):
-        k_sample, k_train, k_noise = jax.random.split(key, 3)               # round_keys
-        coins = cohort_lib.cohort_coins(k_sample, n, spec.sampling)         # [N] bool
-        params = values["params"]
-        if masked:
-            ids = jnp.arange(n, dtype=jnp.int32)
-            sums = train_sum(k_train, params, source, None, ids, coins, extras)
-        else:
-            rank = jnp.cumsum(coins.astype(jnp.int32))                      # [N]
-            m = rank[-1]
-
-            def chunk_sums(j):
-                ids, valid = cohort_chunk(rank, m, j, chunk, search)
-                return train_sum(k_train, params, source, ids, ids, valid, extras)
-
-            zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                jax.eval_shape(chunk_sums, jnp.int32(0)))
-
-            def body(carry):
-                j, acc = carry
-                return j + 1, _add(acc, chunk_sums(j))
-
-            # the chunks actually filled: ceil(M / c) of them (none for an empty cohort)
-            _, sums = jax.lax.while_loop(lambda carry: carry[0] * chunk < m, body,
-                                         (jnp.int32(0), zero))
-        new_params, metrics = server(k_noise, params, sums)
-        out = {**values, "params": new_params}
-        if participation:
-            out["participation"] = values["participation"] + coins.astype(jnp.int32)
-        return out, metrics
-
-    def rounds(values, root, start, count, source, extras):
-        base = jax.random.split(root)[1]                 # api.step_key: fold_in(split[1], t)
-        key_of = lambda i: jax.random.fold_in(base, start + i)      # noqa: E731
-        shapes = jax.eval_shape(lambda v: one_round(v, key_of(0), source, extras)[1], values)
-        buffer = jax.tree.map(lambda s: jnp.zeros((capacity,) + s.shape, s.dtype), shapes)
-
-        def body(i, carry):
-            vals, buf = carry
-            vals, metrics = one_round(vals, key_of(i), source, extras)
-            buf = jax.tree.map(lambda b, m: jax.lax.dynamic_update_index_in_dim(b, m, i, 0),
-                               buf, metrics)
-            return vals, buf
-
-        return jax.lax.fori_loop(0, count, body, (values, buffer))
-
-    return SimpleNamespace(rounds=jax.jit(rounds), one=jax.jit(one_round))
 
 
 # --------------------------------------------------------------------------- the protocol

@@ -23,7 +23,7 @@ TITLE = "a DP-FNAS search step (parties vmapped) vs a loop over parties"
 
 
 def measure(sizes: dict, repeats: int) -> dict:
-    from fedjax_dp.algorithms.fnas import dp_fnas, steps
+    from fedjax_dp.algorithms.fnas import data as fnas_data, steps
     from fedjax_dp.core import from_ragged
     from fedjax_dp.models import darts
 
@@ -35,7 +35,7 @@ def measure(sizes: dict, repeats: int) -> dict:
     k, r = sizes["parties"], sizes["records"]
     agents = from_ragged([rng.random((r,) + shape, np.float32) for _ in range(k)],
                          [rng.integers(0, 10, r) for _ in range(k)])
-    data = dp_fnas.make_search_data(agents, sizes["batch"])
+    data = fnas_data.make_search_data(agents, sizes["batch"])
     mech = steps.Mechanism(clip=1.0, noise=1.0)
     hyper = steps.SearchHyper(weights=mech, arch=mech, second=mech, order="first",
                               total_iterations=100)

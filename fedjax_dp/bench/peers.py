@@ -8,7 +8,7 @@ cohort of exactly C clients, divided by C) at each cohort C of ``cohorts`` (10 /
   ``train.batching = "stored"`` and the gathered cohort (the round costs C agents), from the
   workload's initial weights;
 * ``fused_C``: the same rounds fused on the device, ``rounds`` of them in ONE compiled call
-  (:func:`fedjax_dp.algorithms.rounds.make_fused_rounds`, as ``fedjax-dp run`` runs them): the
+  (:func:`fedjax_dp.algorithms.fused_rounds.make_fused_rounds`, as ``fedjax-dp run`` runs them): the
   call's seconds divided by ``rounds`` (``repeats`` calls after a warm-up call);
 * ``reference_C``: the plain-JAX round (``jax_ref.py --engine map --chunk 10``).
 
