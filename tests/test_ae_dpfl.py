@@ -12,7 +12,7 @@ import pytest
 
 from fedjax_dp.algorithms.voting import ae_dpfl
 from fedjax_dp.core import from_ragged, rng
-from fedjax_dp.data import synthetic
+from fedjax_dp.data import population, synthetic
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.experiments import runner
 from fedjax_dp.models import make_model
@@ -148,10 +148,10 @@ def test_cross_domain_config_tiny(tmp_path):
     result = runner.run(cfg, tmp_path, progress=False)
     assert result["dataset"] == "mnist5k->digits"
     assert {g["unit"] for g in result["privacy"]} == {"agent", "instance"}
-    ds = runner.load_data(cfg["data"])
+    ds = population.load_data(cfg["data"])
     assert ds.feature_shape == (8, 8, 1) and ds.x_test.shape[0] == 360      # digits' test split
     with pytest.raises(ValueError, match="image_size"):
-        runner.load_data({**cfg["data"], "image_size": 0})                  # 28x28 vs 8x8
+        population.load_data({**cfg["data"], "image_size": 0})              # 28x28 vs 8x8
     with pytest.raises(ValueError, match="server_dataset"):
         runner.plan(config_lib.load(ROOT / "configs" / "ae_dpfl" / "mnist5k_to_digits.toml",
                                     ["data.server_dataset=\"nope\""]))

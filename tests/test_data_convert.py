@@ -85,7 +85,7 @@ def test_sequences_write_task_and_vocab(tmp_path):
     task = tasks.load(tmp_path / "p")
     assert (task.vocab_size, tuple(task.oov_ids), task.bos_id, task.eos_id) == (90, (87,), 88, 89)
     assert len((tmp_path / "p" / "vocab.txt").read_text().split("\n")) == 86 + 1
-    from fedjax_dp.experiments import population          # "stacked:PATH" carries the task
+    from fedjax_dp.data import population                 # "stacked:PATH" carries the task
     dataset, agents = population.load_population({"dataset": f"stacked:{tmp_path / 'p'}",
                                                   "num_agents": 2})
     assert dataset.task == task and dataset.num_classes == 90

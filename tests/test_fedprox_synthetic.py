@@ -12,7 +12,7 @@ from fedjax_dp.data.fedprox_synthetic import (MIN_SIZE, SIZE_MU, SIZE_SIGMA, fea
 from fedjax_dp.data.partition import natural, partition
 from fedjax_dp.data.sources import DATASETS, load_dataset
 from fedjax_dp.experiments import config as config_lib
-from fedjax_dp.experiments import population
+from fedjax_dp.data import population
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ from fedjax_dp.algorithms.voting import knn_dpfl
 from fedjax_dp.data import features, sources
 from fedjax_dp.experiments import calibrate
 from fedjax_dp.experiments import config as config_lib
-from fedjax_dp.experiments import population, runner
+from fedjax_dp.data import population
+from fedjax_dp.experiments import runner
 
 SMALL = dict(num_train=120, num_public=40, num_test=30, num_features=6, num_classes=3)
 

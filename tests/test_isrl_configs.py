@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from fedjax_dp.algorithms import isrl
-from fedjax_dp.experiments import cli, registry, runner
+from fedjax_dp.algorithms import registry
+from fedjax_dp.experiments import cli, runner
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.privacy import accounting
 
@@ -22,7 +23,7 @@ CONFIGS = sorted((ROOT / "configs" / "isrl").glob("*.toml"))
 def test_every_algorithm_has_wbcd_and_mnist_configs_and_is_registered():
     names = {p.stem for p in CONFIGS}
     for algo in isrl.ALGORITHMS:
-        assert registry.ALGORITHMS[algo] is isrl.ALGORITHMS[algo]
+        assert registry.get(algo) is isrl.ALGORITHMS[algo]
         assert f"wbcd_{algo}" in names and f"mnist5k_oddeven_{algo}" in names
 
 

@@ -109,7 +109,8 @@ def test_per_group_holdout_takes_the_smallest_scores_of_each_group():
 
 
 def test_per_agent_validation_split_is_fixed_by_validation_seed():
-    from fedjax_dp.experiments import checkpoint, config as config_lib, population
+    from fedjax_dp.data import population
+    from fedjax_dp.experiments import checkpoint, config as config_lib
     path = "configs/isrl/wbcd_isrl_spider.toml"
     per_agent = ["data.validation_fraction=0.2", "data.validation_split=\"per_agent\""]
 

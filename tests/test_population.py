@@ -13,7 +13,8 @@ from fedjax_dp.core import (auto_placement, from_partition, is_on_host, place, r
                             stack_records)
 from fedjax_dp.core.stacked import AUTO_HOST_BYTES
 from fedjax_dp.experiments import config as config_lib
-from fedjax_dp.experiments import population, runner
+from fedjax_dp.data import population
+from fedjax_dp.experiments import runner
 
 SYN = ["data.dataset=synthetic", "data.dataset_options={num_train=600,num_features=6,"
        "num_public=40,num_test=50}", "data.num_agents=23"]

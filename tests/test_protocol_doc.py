@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fedjax_dp.experiments import registry
+from fedjax_dp.algorithms import registry
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 
@@ -26,7 +26,7 @@ def test_the_worked_example_adds_an_algorithm_with_one_module_and_one_registry_l
     assert len(blocks) == 3 and blocks[0].startswith("# noisy_gd.py\n")
     (tmp_path / "noisy_gd.py").write_text(blocks[0])
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.ALGORITHMS))   # restored after
+    monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.algorithms()))   # restored after
     monkeypatch.delitem(sys.modules, "noisy_gd", raising=False)
     namespace: dict = {}
     exec(compile(blocks[1], "protocol.md: registry line", "exec"), namespace)

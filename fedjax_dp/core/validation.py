@@ -12,6 +12,10 @@ from typing import Any
 import numpy as np
 
 
+class ConfigError(ValueError):
+    """An invalid config: the message names the offending key."""
+
+
 def _fmt(value: Any) -> str:
     return repr(value)
 

@@ -1,7 +1,7 @@
 """``fedjax-dp data convert FORMAT SRC DST``: a published federated dataset -> a stacked population.
 
 The result is the folder ``data.dataset = "stacked:DST"`` runs (the format of
-:func:`fedjax_dp.core.save_stacked` and ``fedjax_dp.experiments.population.save``)::
+:func:`fedjax_dp.core.save_stacked` and ``fedjax_dp.data.population.save``)::
 
     x.npy         [N, n_max, *feature_shape]  float32 (images, Sent140) or int32 (token ids)
     y.npy         [N, n_max] int32  (next-token formats: [N, n_max, T] int32 target ids)

@@ -19,7 +19,7 @@ Two users:
 * kNN-DPFL (:mod:`fedjax_dp.algorithms.voting.knn_dpfl`, ``algorithm.feature_map``) maps the
   agents' records and the queries inside its vote (:meth:`FeatureMap.apply`, traced);
 * ``data.features = {map = "pca", dim = 16}`` (:func:`apply_features`, resolved by
-  ``fedjax_dp.experiments.population.build``) maps EVERY split (train, public, test, and so the
+  ``fedjax_dp.data.population.build``) maps EVERY split (train, public, test, and so the
   validation hold-out) once before anything trains, so any algorithm with the ``logistic``
   model trains a linear head on the frozen features -- e.g. DP-FedAvg / DP-FedSGD head-only on
   the very features kNN-DPFL votes on (its ``feature_map = "identity"`` then).

@@ -57,8 +57,8 @@ from fedjax_dp import data as data_lib
 from fedjax_dp.core import (StackedData, auto_placement, load_stacked, place, record_rows, rng,
                             save_stacked, stack_records)
 from fedjax_dp.core.stacked import stack_drawn
+from fedjax_dp.core.validation import ConfigError
 from fedjax_dp.data import splits
-from fedjax_dp.experiments import config as config_lib
 
 SERVER_FILE = "server.npz"
 _STACKED_FILES = ("x.npy", "y.npy", "counts.npy")
@@ -79,8 +79,8 @@ class Population:
 
 def _resized(ds: data_lib.Dataset, size: int) -> data_lib.Dataset:
     if ds.x_train.ndim != 4:
-        raise config_lib.ConfigError(f"data.image_size applies to image datasets [n, H, W, C]; "
-                                     f"{ds.name!r} has feature shape {ds.feature_shape}")
+        raise ConfigError(f"data.image_size applies to image datasets [n, H, W, C]; "
+                          f"{ds.name!r} has feature shape {ds.feature_shape}")
     r = data_lib.resize_images
     return data_lib.Dataset(name=ds.name, x_train=r(ds.x_train, size), y_train=ds.y_train,
                             x_public=r(ds.x_public, size), y_public=ds.y_public,
@@ -92,8 +92,8 @@ def _load(name: str, options: dict, where: str, *, stream: bool = False) -> AnyD
     """``load_dataset(name, **options)`` (its :data:`~fedjax_dp.data.STREAMED` form with
     ``stream``); an option the source does not take names ``where``."""
     if name.startswith(data_lib.STACKED_PREFIX):
-        raise config_lib.ConfigError(f"{where.rsplit('_options', 1)[0]} = {name!r}: a stacked "
-                                     f"population can only be data.dataset")
+        raise ConfigError(f"{where.rsplit('_options', 1)[0]} = {name!r}: a stacked "
+                          f"population can only be data.dataset")
     streamed = data_lib.STREAMED.get(name) if stream else None
     source = streamed or data_lib.DATASETS.get(name)
     if source is not None:
@@ -101,8 +101,7 @@ def _load(name: str, options: dict, where: str, *, stream: bool = False) -> AnyD
             inspect.signature(source).bind(**options)
         except TypeError as e:
             params = [q for q in inspect.signature(source).parameters]
-            raise config_lib.ConfigError(f"{where} for {name!r}: {e}; it accepts {params}"
-                                         ) from None
+            raise ConfigError(f"{where} for {name!r}: {e}; it accepts {params}") from None
     if streamed is not None:
         return streamed(**options)
     return data_lib.load_dataset(name, **options)
@@ -140,10 +139,10 @@ def _server(d: dict, num_classes: int | None, feature_shape: tuple) -> data_lib.
     if size:
         srv = _resized(srv, size)
     if num_classes is not None and srv.num_classes != num_classes:
-        raise config_lib.ConfigError(f"data.server_dataset {server!r} has {srv.num_classes} "
-                                     f"classes but data.dataset has {num_classes}")
+        raise ConfigError(f"data.server_dataset {server!r} has {srv.num_classes} "
+                          f"classes but data.dataset has {num_classes}")
     if srv.feature_shape != feature_shape:
-        raise config_lib.ConfigError(
+        raise ConfigError(
             f"data.server_dataset {server!r} has feature shape {srv.feature_shape} but "
             f"data.dataset has {feature_shape}; set data.image_size to a common size")
     return srv
@@ -159,9 +158,9 @@ def partition_indices(d: dict, dataset: AnyDataset, key) -> list:
     options = dict(d["partition_options"])
     if d["partition"] in ("by_domain", "natural") and "domains" not in options:
         if dataset.domain_train is None:
-            raise config_lib.ConfigError(f"data.partition = \"{d['partition']}\" needs a "
-                                         f"dataset with training domains (client ids); "
-                                         f"{dataset.name!r} has none")
+            raise ConfigError(f"data.partition = \"{d['partition']}\" needs a "
+                              f"dataset with training domains (client ids); "
+                              f"{dataset.name!r} has none")
         options["domains"] = dataset.domain_train
     try:
         return data_lib.partition(d["partition"], dataset.y_train, d["num_agents"], key,
@@ -169,10 +168,10 @@ def partition_indices(d: dict, dataset: AnyDataset, key) -> list:
     except ValueError as e:            # name the config key the partitioner's argument came from
         msg = str(e)
         if msg.startswith("num_agents"):
-            raise config_lib.ConfigError(f"data.{msg}") from None
+            raise ConfigError(f"data.{msg}") from None
         first = msg.split(" ", 1)[0]
         if first in options:
-            raise config_lib.ConfigError(f"data.partition_options.{msg}") from None
+            raise ConfigError(f"data.partition_options.{msg}") from None
         raise
 
 
@@ -184,8 +183,8 @@ def hold_out(dataset: AnyDataset, fraction: float, key) -> tuple[AnyDataset, np.
     n = len(dataset.y_train)
     m = max(1, int(round(fraction * n)))
     if m >= n:
-        raise config_lib.ConfigError(f"data.validation_fraction = {fraction} leaves no training "
-                                     f"record of {n}")
+        raise ConfigError(f"data.validation_fraction = {fraction} leaves no training "
+                          f"record of {n}")
     perm = np.asarray(jax.random.permutation(key, n))
     return _without(dataset, perm[:m], np.sort(perm[m:]))
 
@@ -210,7 +209,7 @@ def hold_out_per_agent(dataset: AnyDataset, parts: list, fraction: float, key
     try:
         held, m = splits.per_group_holdout(counts, scores, fraction)
     except ValueError as e:
-        raise config_lib.ConfigError(
+        raise ConfigError(
             f"data.validation_fraction = {fraction} with data.validation_split = \"per_agent\" "
             f"leaves an agent no training record ({str(e).replace('group', 'agent')}); lower "
             f"the fraction or use data.validation_split = \"pooled\"") from None
@@ -248,7 +247,7 @@ def frozen_features(dataset: AnyDataset, spec: dict) -> AnyDataset:
     try:
         return features.frozen(dataset, spec)
     except ValueError as e:
-        raise config_lib.ConfigError(str(e).splitlines()[0]) from None
+        raise ConfigError(str(e).splitlines()[0]) from None
 
 
 def build(config: dict, *, path=None) -> Population:
@@ -258,7 +257,7 @@ def build(config: dict, *, path=None) -> Population:
     d = config["data"]
     if d["dataset"].startswith(data_lib.STACKED_PREFIX):
         if path is not None:
-            raise config_lib.ConfigError("a stacked population is saved already")
+            raise ConfigError("a stacked population is saved already")
         dataset, agents = load_population(d)
         return Population(dataset=dataset, agents=place(agents, config["run"]["agents_on"]))
     root = rng.as_key(config["seed"])
@@ -312,7 +311,7 @@ def partition_rows(d: dict, dataset: AnyDataset, key):
         except ValueError as e:
             msg = str(e)
             if msg.startswith("num_agents"):
-                raise config_lib.ConfigError(f"data.{msg}") from None
+                raise ConfigError(f"data.{msg}") from None
             raise
     parts = partition_indices(d, dataset, key)
     rows = record_rows(parts, len(dataset.y_train))
@@ -363,28 +362,28 @@ def load_population(d: dict) -> tuple[data_lib.StreamedDataset, StackedData]:
     folder = Path(spec[len(data_lib.STACKED_PREFIX):]).expanduser()
     where = f"data.dataset = {spec!r}"
     if not folder.exists():
-        raise config_lib.ConfigError(f"{where}: {str(folder)!r} does not exist "
-                                     f"(a relative path is read from {str(Path.cwd())!r})")
+        raise ConfigError(f"{where}: {str(folder)!r} does not exist "
+                          f"(a relative path is read from {str(Path.cwd())!r})")
     missing = [n for n in _STACKED_FILES if not (folder / n).is_file()]
     if missing:
-        raise config_lib.ConfigError(f"{where}: {str(folder)!r} is not a stacked population "
-                                     f"(missing {', '.join(missing)}; write one with "
-                                     f"fedjax_dp.experiments.population.save or "
-                                     f"fedjax_dp.core.save_stacked)")
+        raise ConfigError(f"{where}: {str(folder)!r} is not a stacked population "
+                          f"(missing {', '.join(missing)}; write one with "
+                          f"fedjax_dp.data.population.save or "
+                          f"fedjax_dp.core.save_stacked)")
     for key, unset in (("dataset_options", {}), ("image_size", 0), ("validation_fraction", 0),
                        ("features", {})):
         if d.get(key, unset) != unset:
-            raise config_lib.ConfigError(f"data.{key} cannot be used with a stacked population "
-                                         f"({where}); got {d[key]!r}")
+            raise ConfigError(f"data.{key} cannot be used with a stacked population "
+                              f"({where}); got {d[key]!r}")
     try:
         agents = load_stacked(folder)
     except ValueError as e:
-        raise config_lib.ConfigError(f"{where}: {str(folder)!r} is not a valid stacked "
-                                     f"population: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"{where}: {str(folder)!r} is not a valid stacked "
+                          f"population: {str(e).splitlines()[0]}") from None
     if agents.num_agents != d["num_agents"]:
-        raise config_lib.ConfigError(f"data.num_agents = {d['num_agents']} but {where} holds "
-                                     f"{agents.num_agents} agents; set data.num_agents="
-                                     f"{agents.num_agents}")
+        raise ConfigError(f"data.num_agents = {d['num_agents']} but {where} holds "
+                          f"{agents.num_agents} agents; set data.num_agents="
+                          f"{agents.num_agents}")
     if d.get("server_dataset", ""):
         srv = _server(d, None, agents.feature_shape)
         splits = dict(x_public=srv.x_public, y_public=srv.y_public, x_test=srv.x_test,
@@ -395,9 +394,9 @@ def load_population(d: dict) -> tuple[data_lib.StreamedDataset, StackedData]:
             splits = {k: z[k] for k in ("x_public", "y_public", "x_test", "y_test")}
             splits.update(num_classes=int(z["num_classes"]), name=str(z["name"]))
     else:
-        raise config_lib.ConfigError(f"{where}: {str(folder)!r} holds no {SERVER_FILE} (the "
-                                     f"public and test splits; population.save writes it); "
-                                     f"set data.server_dataset to take them from a dataset")
+        raise ConfigError(f"{where}: {str(folder)!r} holds no {SERVER_FILE} (the "
+                          f"public and test splits; population.save writes it); "
+                          f"set data.server_dataset to take them from a dataset")
     mask = np.asarray(agents.mask)
 
     def blocks(size: int):
@@ -412,7 +411,7 @@ def load_population(d: dict) -> tuple[data_lib.StreamedDataset, StackedData]:
         dataset = data_lib.StreamedDataset(y_train=np.asarray(agents.y)[mask], blocks=blocks,
                                            feature_shape=agents.feature_shape, **splits)
     except ValueError as e:
-        raise config_lib.ConfigError(f"{where}: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"{where}: {str(e).splitlines()[0]}") from None
     return dataset, agents
 
 
@@ -425,4 +424,4 @@ def _task(folder: Path, where: str):
     try:
         return tasks.load(folder)
     except ValueError as e:
-        raise config_lib.ConfigError(f"{where}: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"{where}: {str(e).splitlines()[0]}") from None

@@ -381,7 +381,7 @@ def resize_images(x: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:
 
 TFDS_PREFIX = "tfds:"
 #: ``"stacked:PATH"``: agents saved with :func:`fedjax_dp.core.save_stacked`, already partitioned
-#: (read by ``fedjax_dp.experiments.population``, not by :func:`load_dataset`)
+#: (read by ``fedjax_dp.data.population``, not by :func:`load_dataset`)
 STACKED_PREFIX = "stacked:"
 PREFIXES = (TFDS_PREFIX, STACKED_PREFIX)
 

@@ -5,7 +5,7 @@ training labels (``y_train``, ``domain_train``: partitioners need them) and the 
 splits, and yields the training features in record order, in blocks, as often as asked (a
 generated source replays its random stream). :func:`fedjax_dp.core.stack_records` writes such a
 stream straight into the agents' stacked rows, so a population of N agents costs its stacked
-arrays and one block, not a second ``[n_train, ...]`` copy (``fedjax_dp.experiments.population``).
+arrays and one block, not a second ``[n_train, ...]`` copy (``fedjax_dp.data.population``).
 
 :func:`train_blocks` reads either kind of dataset the same way.
 

@@ -143,10 +143,10 @@ def _cmd_sweep(args) -> int:
 
 def _cmd_list(args) -> int:
     from fedjax_dp import data
-    from fedjax_dp.experiments import registry
+    from fedjax_dp.algorithms import registry
     from fedjax_dp.models import MODELS
     listing = {
-        "algorithms": {k: v.DESCRIPTION for k, v in registry.ALGORITHMS.items()},
+        "algorithms": {k: v.DESCRIPTION for k, v in registry.algorithms().items()},
         "datasets": sorted(data.DATASETS),
         "partitions": sorted(data.PARTITIONS),
         "models": list(MODELS),

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fedjax_dp.core import validation
+from fedjax_dp.core.validation import ConfigError
 
 DEFAULTS: dict[str, Any] = {
     "seed": 0,
@@ -85,16 +86,12 @@ DEFAULTS: dict[str, Any] = {
 LOG_BACKENDS = ("tensorboard", "wandb")
 
 #: ``data.validation_split`` values: the hold-out from the whole training split before
-#: partitioning, or from every agent's own records after it (experiments/population.py)
+#: partitioning, or from every agent's own records after it (data/population.py)
 VALIDATION_SPLITS = ("pooled", "per_agent")
 
 # Tables whose keys are free-form (passed through to a dataset, partitioner or algorithm).
 _OPEN_TABLES = {("data", "dataset_options"), ("data", "partition_options"), ("algorithm",),
                 ("data", "server_dataset_options"), ("model", "options"), ("data", "features")}
-
-
-class ConfigError(ValueError):
-    """An invalid config: the message names the offending key."""
 
 
 def parse_value(text: str) -> Any:

@@ -26,16 +26,15 @@ import jax
 import numpy as np
 
 from fedjax_dp import data as data_lib
-from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms import api, registry
 from fedjax_dp.algorithms import seeds as seeds_lib
 from fedjax_dp.algorithms.api import FederatedData
 from fedjax_dp.core import compilation
 from fedjax_dp.core import rng, validation
 from fedjax_dp.core import progress as progress_lib
+from fedjax_dp.data import population
 from fedjax_dp.experiments import checkpoint as checkpoint_lib
 from fedjax_dp.experiments import config as config_lib
-from fedjax_dp.experiments import population
-from fedjax_dp.experiments import registry
 from fedjax_dp.experiments import tracking as tracking_lib
 from fedjax_dp.models import make_model
 from fedjax_dp.train import LocalTrainConfig
@@ -107,11 +106,6 @@ def plan(config: dict) -> Plan:
         if type(checked) in (int, float) and type(v) in (int, float) and checked == v:
             config["algorithm"][k] = checked
     return Plan(config=config, entry=entry, algorithm_config=algorithm_config, local=local)
-
-
-# the data-building steps live in population.py; their names stay importable from here
-load_data = population.load_data
-partition_indices, hold_out = population.partition_indices, population.hold_out
 
 
 def jsonable(x):

@@ -92,7 +92,7 @@ def family(entry: Any) -> str:
 
 def families(cases: Iterable[Case] | None = None) -> dict[str, list[str]]:
     """``{family: [its cases' algorithms]}`` of ``cases`` (default :func:`load_cases`), in order."""
-    from fedjax_dp.experiments import registry
+    from fedjax_dp.algorithms import registry
     out: dict[str, list[str]] = {}
     for case in load_cases() if cases is None else cases:
         out.setdefault(family(registry.get(case.algorithm)), []).append(case.algorithm)
@@ -258,7 +258,7 @@ def run(cases: Iterable[Case] | None = None, *, log: Callable[[str], None] = lam
     "wall_s"}``."""
     import jax
 
-    from fedjax_dp.experiments import registry
+    from fedjax_dp.algorithms import registry
     cases = load_cases() if cases is None else list(cases)
     try:
         cpu_device = jax.devices("cpu")[0]
