@@ -69,6 +69,18 @@ def test_one_chunker():
         assert _defined(old) == [], old
 
 
+def test_one_chunker():
+    """Chunking is ``fedjax_dp.core.lift`` (``chunked`` on the device, ``num_chunks`` the
+    boundaries, ``pad_rows`` the padding) and ``agent_stream.chunks`` on the host; sizing is
+    ``resolve_chunk_size`` (working set: ``training_bytes``). The private copies are gone."""
+    for name in ("chunked", "num_chunks", "pad_rows", "training_bytes"):
+        assert _defined(name) == ["core/lift.py"], name
+    assert _defined("chunks") == ["core/agent_stream.py"]
+    for old in ("_chunked", "seed_chunks", "resolve_size", "_device_chunks", "_inner_chunk",
+                "_param_bytes"):
+        assert _defined(old) == [], old
+
+
 def test_one_clip_function():
     """Clipping to a global L2 norm is ``fedjax_dp.privacy.clipping.clip_by_global_norm``
     (per row: ``vmap`` of it); the private-gradient module's own copies are gone."""

@@ -14,6 +14,7 @@ from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.fedkt import fedkt
 from fedjax_dp.core import from_arrays, from_ragged, load_stacked, save_stacked
 from fedjax_dp.core import progress as progress_lib
+from fedjax_dp.core.lift import resolve_chunk_size
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import vote as vote_lib
 from fedjax_dp.train import LocalTrainConfig
@@ -206,8 +207,8 @@ def test_bad_input_raises_before_any_work(problem):
         ae_dpfl.Config(agent_chunk=0)
     with pytest.raises(ValueError, match=r"algorithm\.agent_chunk"):
         knn_dpfl.Config(agent_chunk=-2)
-    with pytest.raises(ValueError, match="agent_chunk"):
-        agent_stream.resolve_size(0, host)
+    with pytest.raises(ValueError, match="chunk_size"):
+        resolve_chunk_size(0, num_agents=host.num_agents, default=agent_stream.DEFAULT_CHUNK)
     x, y, counts = np.asarray(host.x).copy(), np.asarray(host.y), np.asarray(host.counts).copy()
     empty = counts.copy()
     empty[4] = 0

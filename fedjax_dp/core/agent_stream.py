@@ -17,9 +17,11 @@ rows are cut and padded by numpy and copied with ``jax.device_put``, device rows
 one compiled gather per tree (every chunk, the ragged last one included, has its shape), and
 ``valid`` is a host array.
 
-:func:`chunks` is the package's one chunker: it takes any pytree whose leaves share the agent
-axis (a :class:`~fedjax_dp.core.StackedData`, stored ballots, teachers' votes, arrays with a
-leading seed axis ``[S, N, ...]`` via ``axis = 1``) and a padding value ``fill``.
+:func:`chunks` is the package's one host chunker (its boundaries:
+:func:`fedjax_dp.core.lift.num_chunks`): it takes any pytree whose leaves share the agent axis (a
+:class:`~fedjax_dp.core.StackedData`, stored ballots, teachers' votes, arrays with a leading seed
+axis ``[S, N, ...]`` via ``axis = 1``, S seeds' trees stacked per chunk via ``stack``) and a
+padding value ``fill``.
 """
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.core import StackedData, defaults as defaults_lib, is_on_host, validation
+from fedjax_dp.core import StackedData, defaults as defaults_lib, is_on_host, seed_axis, validation
+from fedjax_dp.core.lift import num_chunks
 
 #: Double-buffer host chunks: None (default) as :func:`fedjax_dp.core.defaults.defaults` decides
 #: (``prefetch``: on, every platform), True/False forces it (a switch for benchmarks; results
@@ -59,18 +62,6 @@ class Chunk:
         """``[size]`` int32 global agent indices ``start + j`` (host; padding rows continue the
         count past N)."""
         return np.arange(self.start, self.start + len(self.valid), dtype=np.int32)
-
-
-def resolve_size(chunk: int | None, data: StackedData) -> int:
-    """Agents per chunk: ``chunk`` or, when None, :data:`DEFAULT_CHUNK`; at most N."""
-    n = data.num_agents
-    if chunk is None:
-        return min(n, DEFAULT_CHUNK)
-    return min(validation.check_int("agent_chunk", chunk, minimum=1), n)
-
-
-def num_chunks(num_agents: int, size: int) -> int:
-    return -(-num_agents // size)
 
 
 def check_agents(data: StackedData, *, min_records: int = 1, what: str = "to vote") -> None:
@@ -112,29 +103,32 @@ def _device_rows(leaves: list, start, *, size: int, axis: int, fill) -> list:
     return [jnp.take(a, idx, axis=axis, mode="fill", fill_value=fill) for a in leaves]
 
 
-def _make(tree, index: int, start: int, size: int, axis: int, fill, extra: tuple,
-          num: int) -> Chunk:
+def _make(index: int, tree, size: int, axis: int, fill, extra: tuple, num: int, take: bool,
+          stack: bool) -> Chunk:
+    start = index * size
     stop = min(num, start + size)
-    leaves, treedef = jax.tree.flatten(tree)
-    out: list = [None] * len(leaves)
-    on_device = [i for i, a in enumerate(leaves) if not isinstance(a, np.ndarray)]
-    for i, a in enumerate(leaves):
-        if isinstance(a, np.ndarray):
-            out[i] = jax.device_put(_host_rows(a, start, stop, size, axis, fill))
-    if on_device:
-        taken = _device_rows([leaves[i] for i in on_device], np.int32(start), size=size,
-                             axis=axis, fill=fill)
-        for i, a in zip(on_device, taken):
-            out[i] = a
+    if take:
+        leaves, treedef = jax.tree.flatten(tree)
+        out: list = [None] * len(leaves)
+        on_device = [i for i, a in enumerate(leaves) if not isinstance(a, np.ndarray)]
+        for i, a in enumerate(leaves):
+            if isinstance(a, np.ndarray):
+                out[i] = jax.device_put(_host_rows(a, start, stop, size, axis, fill))
+        if on_device:
+            taken = _device_rows([leaves[i] for i in on_device], np.int32(start), size=size,
+                                 axis=axis, fill=fill)
+            for i, a in zip(on_device, taken):
+                out[i] = a
+        tree = jax.tree.unflatten(treedef, out)
     ex = tuple(jax.device_put(_host_rows(np.asarray(e[start:stop]), 0, stop - start, size, 0, 0))
                for e in extra)
     valid = np.arange(size) < (stop - start)
-    return Chunk(index=index, start=start, num_real=stop - start,
-                 agents=jax.tree.unflatten(treedef, out), valid=valid, extra=ex)
+    return Chunk(index=index, start=start, num_real=stop - start, valid=valid, extra=ex,
+                 agents=seed_axis.stack_seeds(tree) if stack else tree)
 
 
-def chunks(tree, size: int, *, axis: int = 0, fill=0, extra: tuple = (),
-           prefetch: bool | None = None) -> Iterator[Chunk]:
+def chunks(tree, size: int, *, axis: int = 0, fill=0, extra: tuple = (), take: bool = True,
+           stack: bool = False, prefetch: bool | None = None) -> Iterator[Chunk]:
     """The agents in chunks of ``size`` (see the module): the one chunker of the package.
 
     ``tree``: a pytree (:class:`StackedData`, a tuple of arrays, ...) of host (numpy or
@@ -144,26 +138,29 @@ def chunks(tree, size: int, *, axis: int = 0, fill=0, extra: tuple = (),
     ``fill`` to ``size`` (a padded :class:`StackedData` agent has no records). ``extra``:
     per-agent host arrays (leading axis N) sliced and padded with zeros alongside. With
     ``prefetch`` (default :data:`PREFETCH`) and host leaves, the next chunk is prepared in a
-    background thread while the caller works on the current one."""
+    background thread while the caller works on the current one. ``take`` False: every chunk's
+    ``agents`` is the whole ``tree`` (device data whose rows ``ids`` the caller's compiled call
+    takes itself). ``stack``: ``tree`` is a list of S seeds' trees, each chunk's ``agents``
+    their rows stacked ``[S, size, ...]``."""
     validation.check_int("size", size, minimum=1)
     lengths = {int(np.shape(a)[axis]) for a in jax.tree.leaves(tree)}
     if len(lengths) != 1:
         raise ValueError(f"chunks: every leaf of tree must have one length on axis {axis} "
                          f"(the agents), got {sorted(lengths)}")
     n = lengths.pop()
-    starts = range(0, n, size)
+    count = num_chunks(n, size)
+    make = functools.partial(_make, tree=tree, size=size, axis=axis, fill=fill, extra=extra,
+                             num=n, take=take, stack=stack)
     if prefetch is None:
         prefetch = defaults_lib.defaults().prefetch if PREFETCH is None else PREFETCH
-    host = any(isinstance(a, np.ndarray) for a in jax.tree.leaves(tree))
-    if not (prefetch and host) or len(starts) <= 1:
-        for i, s in enumerate(starts):
-            yield _make(tree, i, s, size, axis, fill, extra, n)
+    host = take and any(isinstance(a, np.ndarray) for a in jax.tree.leaves(tree))
+    if not (prefetch and host) or count <= 1:
+        yield from map(make, range(count))
         return
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(_make, tree, 0, 0, size, axis, fill, extra, n)
-        for i in range(len(starts)):
+        pending = pool.submit(make, 0)
+        for i in range(count):
             current = pending.result()
-            if i + 1 < len(starts):
-                pending = pool.submit(_make, tree, i + 1, starts[i + 1], size, axis, fill,
-                                      extra, n)
+            if i + 1 < count:
+                pending = pool.submit(make, i + 1)
             yield current

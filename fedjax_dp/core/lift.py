@@ -5,6 +5,8 @@ in *one* compiled computation. Backends, all with identical results:
 
 * ``vmap`` (default): ``jax.vmap(fn)`` over axis 0 of every mapped argument.
 * ``chunk_size=c``: ``jax.lax.map(..., batch_size=c)``: memory bounded by c agents, not N.
+* ``backend="map"`` (no ``chunk_size``): ``jax.lax.map`` one agent at a time in one compiled
+  call, each running ``fn``'s own program (bit for bit the numbers of separate calls).
 * ``mesh=``: ``jax.shard_map`` over a :class:`jax.sharding.Mesh` with an ``agents`` axis; each
   device vmaps (or chunk-maps) its slice of agents. N is padded to a multiple of the device count
   by repeating the last agent and the padding is dropped from the result. A sum over agents of a
@@ -57,16 +59,35 @@ def _num_agents(args, axes) -> int:
     return sizes.pop()
 
 
-def _pad_to_devices(args, axes, n: int, ndev: int) -> tuple[list, int]:
-    """The per-agent arguments padded to a multiple of ``ndev`` agents by repeating the last
-    agent (the callers drop or deselect the padding); returns ``(args, pad)``."""
-    pad = (-n) % ndev
+def num_chunks(n: int, size: int) -> int:
+    """Chunks of ``size`` that cover ``n`` agents (the last one may be partial)."""
+    return -(-n // size)
 
-    def pad_agents(a):
-        return jax.tree.map(
-            lambda l: jnp.concatenate([l, jnp.repeat(l[-1:], pad, axis=0)]) if pad else l, a)
 
-    return [pad_agents(a) if ax == 0 else a for a, ax in zip(args, axes)], pad
+def pad_rows(tree: Any, multiple: int, *, fill=0) -> Any:
+    """Leading axes padded to a multiple of ``multiple`` with ``fill`` (None: the last row)."""
+    def pad(leaf):
+        extra = (-leaf.shape[0]) % multiple
+        if not extra:
+            return leaf
+        rows = (jnp.repeat(leaf[-1:], extra, axis=0) if fill is None
+                else jnp.full((extra,) + leaf.shape[1:], fill, leaf.dtype))
+        return jnp.concatenate([leaf, rows])
+
+    return jax.tree.map(pad, tree)
+
+
+def chunked(tree: Any, size: int, *, fill=0) -> Any:
+    """The package's one in-device chunker: every leaf ``[n, ...]`` padded with ``fill``
+    (:func:`pad_rows`) and reshaped ``[num_chunks(n, size), size, ...]`` for a ``lax.scan`` /
+    ``lax.map`` over the chunks (host streaming: :func:`fedjax_dp.core.agent_stream.chunks`)."""
+    return jax.tree.map(lambda l: l.reshape((-1, size) + l.shape[1:]),
+                        pad_rows(tree, size, fill=fill))
+
+
+def _pad_to_devices(args, axes, ndev: int) -> list:
+    """The per-agent arguments padded with copies of the last agent (dropped or deselected)."""
+    return [pad_rows(a, ndev, fill=None) if ax == 0 else a for a, ax in zip(args, axes)]
 
 
 def for_each_agent(fn: Callable[..., Any], in_axes=0, *, chunk_size: int | None = None,
@@ -78,11 +99,11 @@ def for_each_agent(fn: Callable[..., Any], in_axes=0, *, chunk_size: int | None 
       in_axes: 0 (argument has a leading agent axis) or None (shared by all), per argument.
       chunk_size: process this many agents at a time (bounded memory, identical results).
       mesh: shard the agent axis over the ``agents`` axis of this mesh.
-      backend: ``"vmap"`` or ``"loop"`` (debug / reference).
+      backend: ``"vmap"``, ``"map"`` (one agent at a time, see the module) or ``"loop"``.
     Returns:
       A function of the same arguments whose outputs have a leading agent axis.
     """
-    validation.check_choice("backend", backend, ("vmap", "loop"))
+    validation.check_choice("backend", backend, ("vmap", "map", "loop"))
     if chunk_size is not None:
         validation.check_int("chunk_size", chunk_size, minimum=1)
     if backend == "loop":
@@ -90,7 +111,7 @@ def for_each_agent(fn: Callable[..., Any], in_axes=0, *, chunk_size: int | None 
 
     def local(axes, *args):
         """Run fn over the agents present in ``args`` (whole axis, or one device's shard)."""
-        if chunk_size is None:
+        if chunk_size is None and backend == "vmap":
             return jax.vmap(fn, in_axes=axes)(*args)
         mapped = tuple(a for a, ax in zip(args, axes) if ax == 0)
 
@@ -106,7 +127,7 @@ def for_each_agent(fn: Callable[..., Any], in_axes=0, *, chunk_size: int | None 
         if mesh is None:
             return local(axes, *args)
         n = _num_agents(args, axes)
-        padded, pad = _pad_to_devices(args, axes, n, mesh.shape[AGENTS])
+        padded, pad = _pad_to_devices(args, axes, mesh.shape[AGENTS]), (-n) % mesh.shape[AGENTS]
         specs = tuple(P(AGENTS) if ax == 0 else P() for ax in axes)
         sharded = jax.shard_map(lambda *a: local(axes, *a), mesh=mesh, in_specs=specs,
                                 out_specs=P(AGENTS), check_vma=False)
@@ -152,8 +173,7 @@ def for_each_agent_sum(fn: Callable[..., Any], in_axes=0, *, chunk_size: int | N
             out = jax.vmap(selected, in_axes=vaxes)(mapped_chunk[0], *full_args)
             return jax.tree.map(lambda l: jnp.sum(l, axis=0), out)
 
-        head = jax.tree.map(lambda l: l[:full * chunk_size].reshape(
-            (full, chunk_size) + l.shape[1:]), mapped)
+        head = chunked(jax.tree.map(lambda l: l[:full * chunk_size], mapped), chunk_size)
         first = jax.tree.map(lambda l: l[0], head)
         zero = jax.tree.map(lambda l: jnp.zeros(l.shape, l.dtype),
                             jax.eval_shape(chunk_sum, first))
@@ -176,8 +196,8 @@ def for_each_agent_sum(fn: Callable[..., Any], in_axes=0, *, chunk_size: int | N
                              f"{where.shape}")
         if mesh is None:
             return local(axes, where, *args)
-        padded, pad = _pad_to_devices(args, axes, n, mesh.shape[AGENTS])
-        where = jnp.concatenate([where, jnp.zeros((pad,), bool)]) if pad else where
+        padded, where = _pad_to_devices(args, axes, mesh.shape[AGENTS]), pad_rows(
+            where, mesh.shape[AGENTS], fill=False)
         specs = (P(AGENTS),) + tuple(P(AGENTS) if ax == 0 else P() for ax in axes)
         sharded = jax.shard_map(
             lambda w, *a: jax.lax.psum(local(axes, w, *a), AGENTS), mesh=mesh, in_specs=specs,
@@ -275,13 +295,20 @@ def agent_bytes(params: Any, num_agents: int | None = None) -> int:
     return int(total)
 
 
-def resolve_chunk_size(chunk_size: int | str | None, *, bytes_per_agent: int,
-                       num_agents: int) -> int | None:
-    """The package's one chunk-size resolver (``runtime.chunk_size`` and every algorithm's chunk
-    setting): an int or None is used as given; ``"auto"`` is :func:`auto_chunk_size` of the
-    caller's working set per agent (``bytes_per_agent``: e.g. parameters, gradient and update,
-    ``3 agent_bytes(params)``; per-example gradients, ``(n_max + 3) agent_bytes(params)``) on
-    this device."""
-    if chunk_size != "auto":
-        return chunk_size
-    return auto_chunk_size(bytes_per_agent, num_agents)
+def training_bytes(params: Any, num_agents: int | None = None) -> int:
+    """One training agent's working set: parameters, gradient and update (:func:`agent_bytes`)."""
+    return 3 * agent_bytes(params, num_agents)
+
+
+def resolve_chunk_size(chunk_size: int | str | None, *, num_agents: int, bytes_per_agent: int = 0,
+                       default: int | None = None, capped: bool = False) -> int | None:
+    """The package's one chunk-size resolver (``runtime.chunk_size``, every algorithm's chunk
+    setting, the streamed chunks): ``"auto"`` is :func:`auto_chunk_size` of the caller's working
+    set per agent on this device (``bytes_per_agent``: :func:`training_bytes`; per-example
+    gradients, ``(n_max + 3) agent_bytes(params)``), None is ``default`` (None: all at once), an
+    int is used as given; ``capped``: at most ``num_agents``."""
+    if chunk_size == "auto":
+        return auto_chunk_size(bytes_per_agent, num_agents)
+    size = default if chunk_size is None else validation.check_int("chunk_size", chunk_size,
+                                                                   minimum=1)
+    return min(size, num_agents) if capped and size is not None else size

@@ -55,6 +55,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy.special import ndtri
 
+from fedjax_dp.core.lift import chunked, pad_rows
+
 SEARCH_STEPS = 8          # count passes with model / regula-falsi guesses before bisection
 WALK_WIDTH = 3            # walk record by record once every row is this close to the k-th
 QUERY_BLOCK = 128         # CPU: queries per block: an [8, 600, 128] float32 block is 2.5 MB
@@ -472,16 +474,9 @@ def neighbour_label_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries:
         query_block = auto_qb if query_block is None else query_block
     ab = agent_block_size(a, int(agent_block))
     qb = query_block_size(q, int(query_block))
-    apad, qpad = (-a) % ab, (-q) % qb
-    if apad:       # padded agents have no real records: zero counts, sliced off below
-        x = jnp.concatenate([x, jnp.zeros((apad, n, d), x.dtype)])
-        y = jnp.concatenate([y, jnp.zeros((apad, n), y.dtype)])
-        mask = jnp.concatenate([mask, jnp.zeros((apad, n), bool)])
-    if qpad:
-        queries = jnp.concatenate([queries, jnp.zeros((qpad, d), queries.dtype)])
-    qblocks = augment_queries(queries).reshape(-1, qb, d + 1)               # [q/qb, qb, d+1]
-    na = (a + apad) // ab
-    stats = jax.tree.map(lambda v: v.reshape((na, ab) + v.shape[1:]), agent_stats(x, mask))
+    # padded agents have no real records: zero counts, sliced off below
+    x, y, mask = pad_rows((x, y, mask), ab)
+    qblocks = chunked(augment_queries(pad_rows(queries, qb)), qb)          # [q/qb, qb, d+1]
 
     def per_agent_block(blk):
         xb, yb, mb, stats = blk
@@ -496,6 +491,5 @@ def neighbour_label_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries:
         out = lax.map(per_query_block, qblocks)                               # [q/qb, ab, qb, C]
         return jnp.transpose(out, (1, 0, 2, 3)).reshape(ab, -1, num_classes)
 
-    blocks = (x.reshape(na, ab, n, d), y.reshape(na, ab, n), mask.reshape(na, ab, n), stats)
-    out = lax.map(per_agent_block, blocks)                                   # [na, ab, Qp, C]
-    return out.reshape(na * ab, -1, num_classes)[:a, :q]
+    out = lax.map(per_agent_block, chunked((x, y, mask, agent_stats(x, mask)), ab))
+    return out.reshape((-1,) + out.shape[2:])[:a, :q]                       # out [na, ab, Qp, C]

@@ -58,7 +58,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 from fedjax_dp.core import rng, validation
-from fedjax_dp.core.lift import AGENTS
+from fedjax_dp.core.lift import AGENTS, chunked, pad_rows
 from fedjax_dp.privacy import PrivacyLedger, accounting
 from fedjax_dp.privacy.gnmax import PATE_ORDERS, gnmax_total_rdp
 
@@ -180,18 +180,6 @@ def _add_aggregate_noise(key: jax.Array, clean: jax.Array, sigma) -> jax.Array:
     return clean + aggregate_noise(key, jnp.arange(q), sigma, c)
 
 
-def _chunked(tree: Any, size: int, n: int) -> Any:
-    """Pad the leading axis of every leaf to a multiple of ``size``; reshape to [n/size, size, ...]."""
-    pad = (-n) % size
-
-    def f(leaf):
-        if pad:
-            leaf = jnp.concatenate([leaf, jnp.zeros((pad,) + leaf.shape[1:], leaf.dtype)])
-        return leaf.reshape((-1, size) + leaf.shape[1:])
-
-    return jax.tree.map(f, tree)
-
-
 def _local_tally(key, agents, ids, valid, queries, std, *, ballot_fn: BallotFn, num_classes: int,
                  agent_chunk: int | None, query_chunk: int | None, noisy: bool) -> jax.Array:
     """Sum over the given agents of (ballot + own noise): ``[Q, C]``.
@@ -203,8 +191,8 @@ def _local_tally(key, agents, ids, valid, queries, std, *, ballot_fn: BallotFn, 
     q = queries.shape[0]
     ac = n if agent_chunk is None else min(agent_chunk, n)
     qc = q if query_chunk is None else min(query_chunk, q)
-    a_chunks = _chunked((agents, ids, valid), ac, n)
-    q_chunks = _chunked((queries, jnp.arange(q)), qc, q)
+    a_chunks = chunked((agents, ids, valid), ac)
+    q_chunks = chunked((queries, jnp.arange(q)), qc)
 
     def per_query_chunk(qchunk):
         qx, qids = qchunk                                                 # [qc, ...], [qc]
@@ -249,12 +237,8 @@ def noisy_tally(key, agents, queries, sigma, *, ballot_fn: BallotFn, num_classes
               query_chunk=query_chunk, noisy=noisy)
     if mesh is None:
         return _local_tally(key, agents, ids, valid, queries, std, **kw)
-    pad = (-n) % mesh.shape[AGENTS]
-    if pad:
-        agents = jax.tree.map(lambda l: jnp.concatenate([l, jnp.zeros((pad,) + l.shape[1:],
-                                                                       l.dtype)]), agents)
-        ids = jnp.arange(n + pad)
-        valid = jnp.concatenate([valid, jnp.zeros((pad,), bool)])
+    agents, valid = pad_rows((agents, valid), mesh.shape[AGENTS])      # padding: invalid agents
+    ids = jnp.arange(valid.shape[0])
 
     def shard(key, agents, ids, valid, queries):
         part = _local_tally(key, agents, ids, valid, queries, std, **kw)

@@ -24,7 +24,7 @@ import optax
 
 from fedjax_dp.core import StackedData, for_each_agent, validation
 from fedjax_dp.core import memory
-from fedjax_dp.core.lift import agent_bytes, resolve_chunk_size
+from fedjax_dp.core.lift import resolve_chunk_size, training_bytes
 from fedjax_dp.models import Model
 from fedjax_dp.models import tasks
 
@@ -198,8 +198,8 @@ def train_agents(key: jax.Array, params: Params, data: StackedData, model: Model
     """
     check_trainable(data)
     keys = jax.random.split(key, data.num_agents)
-    n = data.num_agents                 # params, gradient and update per agent in a chunk
-    chunk_size = resolve_chunk_size(chunk_size, bytes_per_agent=3 * agent_bytes(params, n),
+    n = data.num_agents
+    chunk_size = resolve_chunk_size(chunk_size, bytes_per_agent=training_bytes(params, n),
                                     num_agents=n)
     lifted = lifted_update(model, config, shared_init, chunk_size, mesh, backend)
     return lifted(keys, params, data.x, data.y, data.mask, data.counts)

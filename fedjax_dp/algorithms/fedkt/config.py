@@ -11,6 +11,7 @@ from typing import Any
 
 from fedjax_dp.algorithms.fedkt import learners as learners_lib
 from fedjax_dp.core import agent_stream, validation
+from fedjax_dp.core.lift import resolve_chunk_size
 from fedjax_dp.train import LocalTrainConfig
 
 LEVELS = ("L0", "L1", "L2")
@@ -110,9 +111,7 @@ def make_learners(config: Config, *, model_name: str = "mlp", feature_shape, num
 def party_chunk_size(config: Config, num_parties: int) -> int:
     """Parties per streamed chunk P: ``config.party_chunk``, or when None
     ``max(1, DEFAULT_CHUNK // (s t))`` (about :data:`agent_stream.DEFAULT_CHUNK` teachers per
-    chunk, as AE-DPFL trains that many agents); at most n."""
-    if config.party_chunk is not None:
-        return min(validation.check_int("algorithm.party_chunk", config.party_chunk,
-                                        minimum=1), num_parties)
-    per_party = config.num_partitions * config.num_teachers
-    return min(num_parties, max(1, agent_stream.DEFAULT_CHUNK // per_party))
+    chunk, as AE-DPFL trains that many agents); at most n (:func:`resolve_chunk_size`)."""
+    default = max(1, agent_stream.DEFAULT_CHUNK // (config.num_partitions * config.num_teachers))
+    return resolve_chunk_size(config.party_chunk, num_agents=num_parties, default=default,
+                              capped=True)

@@ -35,7 +35,7 @@ from fedjax_dp.core import StackedData, for_each_agent, numpy_rng, validation
 from fedjax_dp.core import defaults as defaults_lib
 from fedjax_dp.models import Model, make_model
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
-from fedjax_dp.core.lift import agent_bytes, resolve_chunk_size
+from fedjax_dp.core.lift import resolve_chunk_size, training_bytes
 from fedjax_dp.train.local import lifted_update
 
 JAX_MODELS = ("logistic", "mlp", "cnn")
@@ -67,7 +67,7 @@ class JaxLearner:
 
     def _chunk(self, params, num: int) -> int | None:
         """Models per chunk for ``num`` models of ``params`` (params, gradient and update each)."""
-        return resolve_chunk_size(self.chunk_size, bytes_per_agent=3 * agent_bytes(params, num),
+        return resolve_chunk_size(self.chunk_size, bytes_per_agent=training_bytes(params, num),
                                   num_agents=num)
 
     def init(self, key: jax.Array, num: int):
@@ -243,18 +243,9 @@ def _one_seed(params):
 @functools.lru_cache(maxsize=64)
 def _over_seeds(fn, in_axes: tuple, mode: str):
     """``fn`` (one seed's compiled function) over a leading seed axis of the arguments with
-    ``in_axes`` 0 (None: shared), in one compiled call: ``jax.vmap`` (mode "vmap") or a
-    ``lax.map`` loop whose body is ``fn`` itself (mode "map")."""
-    if mode == "vmap":
-        return jax.jit(jax.vmap(fn, in_axes=in_axes))
-
-    def mapped(*args):
-        def one(sliced):
-            it = iter(sliced)
-            return fn(*[next(it) if ax == 0 else a for a, ax in zip(args, in_axes)])
-        return jax.lax.map(one, tuple(a for a, ax in zip(args, in_axes) if ax == 0))
-
-    return jax.jit(mapped)
+    ``in_axes`` 0 (None: shared), compiled once: :func:`for_each_agent` with ``backend`` mode
+    ("vmap", or "map": a loop whose body is ``fn`` itself)."""
+    return jax.jit(for_each_agent(fn, in_axes, backend=mode))
 
 
 class _Constant:

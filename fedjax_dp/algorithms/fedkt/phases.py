@@ -61,6 +61,7 @@ from fedjax_dp.algorithms.fedkt import learners as learners_lib
 from fedjax_dp.algorithms.fedkt import partition, votes
 from fedjax_dp.algorithms.fedkt.config import Config, party_chunk_size
 from fedjax_dp.core import agent_stream, is_on_host, seed_axis, validation
+from fedjax_dp.core.lift import num_chunks
 from fedjax_dp.models import Model
 
 #: The steps of a run: train the teachers and count their votes; the party labels (noisy at L2),
@@ -274,7 +275,7 @@ def teachers(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
     pending = None
     streams = [agent_stream.chunks(cx.data.agents, size, extra=ex)
                for cx, ex in zip(ctxs, extras)]
-    with ctx.runtime.progress.task("teachers", total=agent_stream.num_chunks(n, size),
+    with ctx.runtime.progress.task("teachers", total=num_chunks(n, size),
                                    unit="chunk") as task:
         for chunks in zip(*streams):         # one chunk of every seed
             start, real = chunks[0].start, chunks[0].num_real
@@ -354,7 +355,7 @@ def students(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
         task.update(1)
 
     pending = None
-    with ctx.runtime.progress.task("students", total=agent_stream.num_chunks(n, size),
+    with ctx.runtime.progress.task("students", total=num_chunks(n, size),
                                    unit="chunk") as task:
         for chunk in agent_stream.chunks(tuple(arrays), size, axis=1):
             block = chunk.agents
@@ -417,7 +418,7 @@ def final(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
     xs, xs_axis = seed_axis.share_or_stack([cx.x_public[cx.server_queries] for cx in ctxs])
     size = party_chunk_size(cfg, n)
     preds = _stack_host([st.values["student_preds"] for st in states])         # [S, n, s, Qs]
-    with ctx.runtime.progress.task("server vote", total=agent_stream.num_chunks(n, size),
+    with ctx.runtime.progress.task("server vote", total=num_chunks(n, size),
                                    unit="chunk") as task:
         svotes = jnp.asarray(server_votes(preds, c, size, on_chunk=task.update))  # [S, Qs, C]
     if cfg.level == "L1":
