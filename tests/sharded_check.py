@@ -70,7 +70,7 @@ def main():
     out["train_agents"] = bool(close(p_plain, p_shard) and close(l_plain, l_shard))
 
     spec = fedavg.RoundSpec(sampling=Sampling("poisson", rate=0.5), server_lr=1.0,
-                            clip_norm=0.5, noise_std=0.1, denominator="expected")
+                            clip_norm=0.5, noise_multiplier=0.2, denominator="expected")
     r_plain = fedavg.RoundRunner(model, cfg, spec, data, cohort="masked")(key, params)
     r_shard = fedavg.RoundRunner(model, cfg, spec, data, mesh=mesh, cohort="masked")(key, params)
     out["dp_fedavg_round"] = bool(close(r_plain, r_shard))

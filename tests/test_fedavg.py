@@ -76,7 +76,7 @@ def test_round_equals_per_agent_loop(setup, spec, mode):
     _close(got, want)
 
 
-NOISY = fedavg.RoundSpec(sampling=_poisson(0.5), server_lr=1.0, clip_norm=0.1, noise_std=0.01,
+NOISY = fedavg.RoundSpec(sampling=_poisson(0.5), server_lr=1.0, clip_norm=0.1, noise_multiplier=0.1,
                          denominator="expected")
 
 

@@ -59,7 +59,7 @@ from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import memory
 from fedjax_dp.core.lift import resolve_chunk_size, training_bytes
 from fedjax_dp.models import Model
-from fedjax_dp.privacy import clipping, noise
+from fedjax_dp.privacy import clipping, mechanisms
 from fedjax_dp.privacy import secagg as secagg_lib
 from fedjax_dp.privacy import secagg_masks
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
@@ -99,8 +99,12 @@ class RoundSpec:
     """What one federated-averaging round does with the agents' updates.
 
     sampling: how the round's participants are drawn (:class:`fedjax_dp.core.cohort.Sampling`).
-    clip_norm: clip each agent's update to this global L2 norm (None: no clipping).
-    noise_std: std of the Gaussian noise added once to the *sum* of updates.
+    clip_norm: clip each agent's update to this global L2 norm S (None: no clipping).
+    noise_multiplier: z; the Gaussian mechanism on the *sum* of updates adds N(0, (z S)^2 I)
+      once per round (:func:`fedjax_dp.privacy.mechanisms.gaussian_mechanism`, sensitivity S;
+      0: no noise). The private algorithms' ledgers read this spec (the mechanism's own object).
+    noise_sensitivity: the S the noise is scaled to where it is not ``clip_norm`` (an audit's
+      no-clip weakening keeps the noise of the clip it drops); None: ``clip_norm``.
     denominator: ``'sampled'`` divides the sum by the realised number of participants
       (FedAvg; the voting-dpfl paper's Algorithm 1), ``'expected'`` by the fixed q*N or C
       (McMahan et al. 2018's fixed-denominator estimator, needed for DP-FedAvg's guarantee).
@@ -114,7 +118,8 @@ class RoundSpec:
     sampling: cohort_lib.Sampling
     server_lr: float
     clip_norm: float | None = None
-    noise_std: float = 0.0
+    noise_multiplier: float = 0.0
+    noise_sensitivity: float | None = None
     denominator: str = "sampled"
     secagg: secagg_lib.SecAggConfig | None = None
     diagnostics: bool = True        # False: the server reports no metrics (see Config)
@@ -194,9 +199,11 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
 
     def server(k_noise, params, sums):
         total, metric_sums, num_sampled = sums
-        if spec.noise_std > 0:
-            total = jax.tree.map(jnp.add, total,
-                                 noise.gaussian_noise(k_noise, total, spec.noise_std))
+        if spec.noise_multiplier > 0:
+            sensitivity = (spec.clip_norm if spec.noise_sensitivity is None
+                           else spec.noise_sensitivity)
+            total = mechanisms.gaussian_mechanism(k_noise, total, sensitivity,
+                                                  spec.noise_multiplier)
         if spec.denominator == "expected":
             denom = spec.sampling.expected(num_agents)
         else:

@@ -100,9 +100,11 @@ class Config(fedavg.Config, secagg.SecAggOptions):
 
 
 def round_spec(config: Config) -> fedavg.RoundSpec:
+    """The round's mechanism: updates clipped to S = ``clip_norm``, the Gaussian mechanism of
+    noise multiplier ``noise_multiplier`` on their sum; the run (:func:`init`) and the ledger
+    (:func:`dp_event`) both read it."""
     return fedavg.RoundSpec(sampling=config.participation, server_lr=config.server_lr,
-                            clip_norm=config.clip_norm,
-                            noise_std=config.noise_multiplier * config.clip_norm,
+                            clip_norm=config.clip_norm, noise_multiplier=config.noise_multiplier,
                             denominator=config.denominator, secagg=config.secagg,
                             diagnostics=config.diagnostics)
 
@@ -131,16 +133,17 @@ seed_step = fedavg.seed_step              # S seeds: the fused round vmapped (ro
 def dp_event(config: Config, num_agents: int | None = None):
     """Poisson: ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), T)`` (sensitivity S under
     add/remove, noise sigma*S). Fixed size C of N: ``SelfComposed(SampledWithoutReplacement(N, C,
-    Gaussian(sigma / 2)), T)`` (sensitivity 2S under replace-one)."""
+    Gaussian(sigma / 2)), T)`` (sensitivity 2S under replace-one). sigma is the noise multiplier
+    of the round's mechanism (:func:`round_spec`), the object the run's server uses."""
+    z = round_spec(config).noise_multiplier
     if config.sampling == "fixed":
         if num_agents is None:
             raise ValueError("num_agents is needed to account fixed-size sampling (C of N)")
         return dp_accounting.SelfComposedDpEvent(
             dp_accounting.SampledWithoutReplacementDpEvent(
                 int(num_agents), int(config.cohort_size),
-                dp_accounting.GaussianDpEvent(config.noise_multiplier / 2.0)), config.rounds)
-    return accounting.sampled_gaussian_event(config.noise_multiplier, config.sampling_rate,
-                                             config.rounds)
+                dp_accounting.GaussianDpEvent(z / 2.0)), config.rounds)
+    return accounting.sampled_gaussian_event(z, config.sampling_rate, config.rounds)
 
 
 def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
