@@ -11,7 +11,7 @@ import pytest
 from fedjax_dp.algorithms import api, isrl
 from fedjax_dp.algorithms.isrl import availability, engine, protocol, sdp, uploads
 from fedjax_dp.core import StackedData
-from fedjax_dp.privacy import shuffle
+from fedjax_dp.privacy import shuffle, shuffle_accounting as sa
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 
@@ -95,9 +95,9 @@ def test_sdp_ledger_is_the_binomial_pld_of_the_worst_silo():
     conf = algo.Config(clip_norm=1.0, granularity=4, noise_trials=4000)
     row, = algo.ledger(conf, _fake_state(algo, counts, rates, cfg, params)).report(1e-5)
     assert row["unit"] == "shuffle" and row["accountant"] == "pld"
-    assert row["relation"] == shuffle.RELATIONS["add_remove"]
+    assert row["relation"] == sa.RELATIONS["add_remove"]
     assert row["parallel"][0]["num_members"] == 2
-    direct = max(shuffle.pld(shuffle.BinomialSumEvent(
+    direct = max(sa.pld(sa.BinomialSumEvent(
         noise_trials=4000, sensitivity=4, dimension=10, count=c, sampling_probability=q)
     ).get_epsilon_for_delta(1e-5) for c, q in ((4, 0.5), (1, 1.0)))
     assert row["epsilon"] == pytest.approx(direct, rel=1e-9)
@@ -112,7 +112,7 @@ def test_sdp_calibrates_noise_trials_for_all_rounds(monkeypatch):
         seen.update(target=target, delta=delta, **kw)
         return 1234
 
-    monkeypatch.setattr(shuffle, "calibrate_noise_trials", fake)
+    monkeypatch.setattr(isrl.sdp, "calibrate_noise_trials", fake)
     conf = isrl.SDP_MB_SGD.Config(rounds=3, target_epsilon=5.0, delta=1e-5, granularity=2)
     _, extra = isrl.SDP_MB_SGD.mechanism(conf, np.array([[0.5], [1.0]]),
                                          {"w": np.zeros(7), "b": np.zeros((2, 3))})

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-from fedjax_dp.privacy import shuffle as S
+from fedjax_dp.privacy import shuffle as S, shuffle_accounting as SA
 
 CFG = S.ShuffleConfig(clip_norm=1.0, granularity=2, noise_trials=8)
 NUM_KEYS = 4000
@@ -62,11 +62,11 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="config"):
         S.shuffle_vector_sum(key, x, w, {"clip_norm": 1.0})
     with pytest.raises(ValueError, match="relation"):
-        S.per_coordinate_sensitivity(CFG, "swap")
+        SA.per_coordinate_sensitivity(CFG, "swap")
     with pytest.raises(ValueError, match="delta"):
-        S.epsilon(CFG, 2, 1, 0.0)
+        SA.epsilon(CFG, 2, 1, 0.0)
     with pytest.raises(ValueError, match="dimension"):
-        S.make_event(CFG, 0)
+        SA.make_event(CFG, 0)
 
 
 def test_clip_norms():
@@ -284,10 +284,10 @@ def test_pld_is_pessimistic_and_tight_against_brute_force(norm, relation, base, 
     p = _exact_output(_grid(d_out, cfg), cfg.noise_trials)
     q = _exact_output(_grid(d_in, cfg), cfg.noise_trials)
     assert sum(p.values()) == pytest.approx(1.0) and sum(q.values()) == pytest.approx(1.0)
-    for method in S.METHODS:
+    for method in SA.METHODS:
         for eps in EPS_GRID:
             brute = max(_hockey(p, q, eps), _hockey(q, p, eps))
-            got = S.delta_for_epsilon(cfg, 2, 1, eps, relation=relation, method=method)
+            got = SA.delta_for_epsilon(cfg, 2, 1, eps, relation=relation, method=method)
             assert got >= brute - 1e-12, (method, eps)
             if close:
                 assert got <= brute + 2e-3, (method, eps, got, brute)
@@ -300,11 +300,11 @@ def test_buckets_match_a_direct_two_pmf_pld_on_the_full_support():
     upper = {o: math.log(math.comb(n, o - s) / 2 ** n) for o in range(s, n + s + 1)}
     lower = {o: math.log(math.comb(n, o) / 2 ** n) for o in range(n + 1)}
     direct = pld_lib.from_two_probability_mass_functions(lower, upper, symmetric=False)
-    ours = S.coordinate_pld(n, s, method="buckets")
+    ours = SA.coordinate_pld(n, s, method="buckets")
     for eps in [0.0, 0.3, 1.0, 2.5]:
         assert ours.get_delta_for_epsilon(eps) == pytest.approx(
             direct.get_delta_for_epsilon(eps), abs=1e-12)
-    cd = S.coordinate_pld(n, s)
+    cd = SA.coordinate_pld(n, s)
     for eps in [0.0, 0.3, 1.0, 2.5]:   # connect-the-dots: tighter, still >= the exact value
         exact = sum(max(0.0, math.exp(upper[o]) - math.exp(eps) * math.exp(lower.get(o, -1e9)))
                     for o in upper)
@@ -319,48 +319,48 @@ def test_gaussian_limit_and_composition():
     d, t, delta = 20, 10, 1e-5
     sigma = math.sqrt(cfg.noise_trials) / 2 / (cfg.granularity * math.sqrt(d * t))
     gauss = dp_accounting.get_epsilon_gaussian(sigma, delta)
-    assert S.epsilon(cfg, d, t, delta) == pytest.approx(gauss, rel=0.03)
+    assert SA.epsilon(cfg, d, t, delta) == pytest.approx(gauss, rel=0.03)
     # d coordinates x T releases compose like d*T coordinates of one release; the PLD equals
     # dp_accounting's composition of the per-coordinate PLD.
-    assert S.epsilon(cfg, d, t, delta) == pytest.approx(S.epsilon(cfg, d * t, 1, delta), rel=1e-9)
-    one = S.coordinate_pld(cfg.noise_trials, cfg.granularity)
-    assert S.epsilon(cfg, d, t, delta) == pytest.approx(
+    assert SA.epsilon(cfg, d, t, delta) == pytest.approx(SA.epsilon(cfg, d * t, 1, delta), rel=1e-9)
+    one = SA.coordinate_pld(cfg.noise_trials, cfg.granularity)
+    assert SA.epsilon(cfg, d, t, delta) == pytest.approx(
         one.self_compose(d * t).get_epsilon_for_delta(delta), rel=1e-12)
     # Replace doubles the sensitivity: more epsilon.
-    assert S.epsilon(cfg, d, t, delta, relation="replace") > S.epsilon(cfg, d, t, delta)
+    assert SA.epsilon(cfg, d, t, delta, relation="replace") > SA.epsilon(cfg, d, t, delta)
 
 
 def test_epsilon_monotone_and_calibration():
     delta, h = 1e-5, 1e-3           # a coarser PLD grid keeps the search quick (still pessimistic)
-    eps_at = lambda n: S.epsilon(CFG.replace(noise_trials=n), 3, 2, delta,
-                                 value_discretization_interval=h)
+    eps_at = lambda n: SA.epsilon(CFG.replace(noise_trials=n), 3, 2, delta,
+                                  value_discretization_interval=h)
     eps = [eps_at(n) for n in (50, 100, 200)]
     assert all(a > b for a, b in zip(eps, eps[1:]))
-    n = S.calibrate_noise_trials(4.0, delta, granularity=2, dimension=3, releases=2,
-                                 value_discretization_interval=h)
+    n = SA.calibrate_noise_trials(4.0, delta, granularity=2, dimension=3, releases=2,
+                                  value_discretization_interval=h)
     assert eps_at(n) <= 4.0 < eps_at(n - 1)
-    approx = S.calibrate_noise_trials(4.0, delta, granularity=2, dimension=3, releases=2,
-                                      rtol=0.05, value_discretization_interval=h)
+    approx = SA.calibrate_noise_trials(4.0, delta, granularity=2, dimension=3, releases=2,
+                                       rtol=0.05, value_discretization_interval=h)
     assert n <= approx <= 1.05 * n + 1 and eps_at(approx) <= 4.0
     with pytest.raises(ValueError, match="max_trials"):
-        S.calibrate_noise_trials(0.1, delta, granularity=2, dimension=3, releases=2,
-                                 max_trials=100, value_discretization_interval=h)
+        SA.calibrate_noise_trials(0.1, delta, granularity=2, dimension=3, releases=2,
+                                  max_trials=100, value_discretization_interval=h)
 
 
 def test_no_privacy_when_noise_is_smaller_than_the_shift():
     cfg = S.ShuffleConfig(clip_norm=1.0, granularity=4, noise_trials=3)
-    assert S.epsilon(cfg, 1, 1, 1e-5) == math.inf
-    assert S.epsilon(cfg, 50, 20, 1e-5) == math.inf
+    assert SA.epsilon(cfg, 1, 1, 1e-5) == math.inf
+    assert SA.epsilon(cfg, 50, 20, 1e-5) == math.inf
 
 
 def test_event_json_round_trip():
-    e = S.make_event(CFG, 7, 3, "replace")
+    e = SA.make_event(CFG, 7, 3, "replace")
     assert (e.sensitivity, e.dimension, e.count, e.noise_trials) == (4, 7, 3, 8)
-    assert S.BinomialSumEvent.from_json(e.to_json()) == e
+    assert SA.BinomialSumEvent.from_json(e.to_json()) == e
     with pytest.raises(ValueError, match="BinomialSumEvent"):
-        S.BinomialSumEvent.from_json({"class_name": "GaussianDpEvent"})
+        SA.BinomialSumEvent.from_json({"class_name": "GaussianDpEvent"})
     with pytest.raises(ValueError, match="noise_probability"):
-        S.BinomialSumEvent.from_json({**e.to_json(), "noise_probability": 0.3})
+        SA.BinomialSumEvent.from_json({**e.to_json(), "noise_probability": 0.3})
 
 
 def test_simulated_sums_follow_the_enumerated_distribution(samples):
@@ -380,16 +380,16 @@ def test_simulated_sums_follow_the_enumerated_distribution(samples):
 
 # ----------------------------------------------------------------------------- ledger
 
-REL = S.RELATIONS["add_remove"]
+REL = SA.RELATIONS["add_remove"]
 
 
 def test_ledger_shuffle_entry_and_composition():
     from fedjax_dp.privacy import PrivacyLedger
     from fedjax_dp.privacy import accounting as A
     delta = 1e-5
-    ev = S.make_event(CFG.replace(noise_trials=400), dimension=2, releases=2)
+    ev = SA.make_event(CFG.replace(noise_trials=400), dimension=2, releases=2)
     ledger = PrivacyLedger().add_shuffle("silo_record", ev, relation=REL, note="SDP MB-SGD")
-    alone = S.pld(ev).get_epsilon_for_delta(delta)
+    alone = SA.pld(ev).get_epsilon_for_delta(delta)
     assert ledger.epsilon("silo_record", delta, "pld") == pytest.approx(alone, rel=1e-12)
     with pytest.raises(ValueError, match="accountant"):
         ledger.epsilon("silo_record", delta, "rdp")
@@ -399,7 +399,7 @@ def test_ledger_shuffle_entry_and_composition():
     ledger.add_event("silo_record", A.gaussian_event(3.0, 5), relation=REL)
     direct = pld_lib.from_gaussian_mechanism(3.0 / math.sqrt(5),
                                              value_discretization_interval=1e-4)
-    want = direct.compose(S.pld(ev)).get_epsilon_for_delta(delta)
+    want = direct.compose(SA.pld(ev)).get_epsilon_for_delta(delta)
     got = ledger.epsilon("silo_record", delta, "pld")
     assert got == pytest.approx(want, rel=1e-6)
     assert got > max(alone, A.epsilon(A.gaussian_event(3.0, 5), delta, "pld"))
@@ -414,11 +414,11 @@ def test_ledger_shuffle_report_parallel_and_json():
     from fedjax_dp.privacy import PrivacyLedger
     from fedjax_dp.privacy import accounting as A
     delta = 1e-5
-    members = [S.make_event(CFG.replace(noise_trials=n), 2, 2) for n in (800, 200, 800)]
+    members = [SA.make_event(CFG.replace(noise_trials=n), 2, 2) for n in (800, 200, 800)]
     ledger = PrivacyLedger().add_parallel("silo_record", members, relation=REL)
     ledger.add_event("agent", A.gaussian_event(2.0), relation="add/remove one agent")
     assert ledger.epsilon("silo_record", delta, "pld") == pytest.approx(
-        S.pld(members[1]).get_epsilon_for_delta(delta), rel=1e-12)
+        SA.pld(members[1]).get_epsilon_for_delta(delta), rel=1e-12)
     rows = ledger.report(delta)            # default ("rdp", "pld"): RDP skipped for shuffle
     assert [(r["unit"], r["accountant"]) for r in rows] == [
         ("silo_record", "pld"), ("agent", "rdp"), ("agent", "pld")]
@@ -426,7 +426,7 @@ def test_ledger_shuffle_report_parallel_and_json():
     assert row["parallel"][0]["worst_member"] == 1
     assert row["parallel"][0]["distinct_members"][0]["members"] == [0, 2]
     assert row["events"] == [members[1].to_json()]
-    assert S.BinomialSumEvent.from_json(row["events"][0]) == members[1]
+    assert SA.BinomialSumEvent.from_json(row["events"][0]) == members[1]
     text = json.dumps(ledger.to_json(), allow_nan=False)
     again = PrivacyLedger.from_json(text)
     assert again.entries == ledger.entries and again.report(delta) == rows
@@ -435,7 +435,7 @@ def test_ledger_shuffle_report_parallel_and_json():
     # A sequential shuffle entry composes with the parallel one and survives JSON too.
     both = ledger.merged(PrivacyLedger().add_shuffle("silo_record", members[0], relation=REL))
     assert both.epsilon("silo_record", delta, "pld") == pytest.approx(
-        S.pld(members[1]).compose(S.pld(members[0])).get_epsilon_for_delta(delta), rel=1e-9)
+        SA.pld(members[1]).compose(SA.pld(members[0])).get_epsilon_for_delta(delta), rel=1e-9)
     again = PrivacyLedger.from_json(json.dumps(both.to_json()))
     assert again.entries == both.entries
     assert again.entries[-1].kind == "shuffle" and again.entries[-1].sensitivity == 2.0
@@ -458,7 +458,7 @@ def test_pld_dominates_random_neighbours():
         q = _exact_output(_grid(d_in, cfg), cfg.noise_trials)
         for eps in EPS_GRID:
             brute = max(_hockey(p, q, eps), _hockey(q, p, eps))
-            assert S.delta_for_epsilon(cfg, 2, 1, eps, relation=relation) >= brute - 1e-12
+            assert SA.delta_for_epsilon(cfg, 2, 1, eps, relation=relation) >= brute - 1e-12
 
 
 def _mix(a, b, q):
@@ -484,8 +484,8 @@ def test_poisson_subsampled_pld_against_brute_force(tight):
     for releases in (1, 2):
         p, r = (with_x, without) if releases == 1 else (_product(with_x, with_x),
                                                         _product(without, without))
-        ev = S.make_event(cfg, 2, releases, sampling_probability=q)
-        pld = S.pld(ev)
+        ev = SA.make_event(cfg, 2, releases, sampling_probability=q)
+        pld = SA.pld(ev)
         for eps in EPS_GRID:
             brute = max(_hockey(p, r, eps), _hockey(r, p, eps))
             got = pld.get_delta_for_epsilon(eps)
@@ -493,7 +493,7 @@ def test_poisson_subsampled_pld_against_brute_force(tight):
             if tight:
                 assert got <= brute + 2e-3, (releases, eps, got, brute)
         # Sampling helps: less delta than the same releases without it.
-        assert pld.get_delta_for_epsilon(0.5) < S.pld(S.make_event(cfg, 2, releases)
+        assert pld.get_delta_for_epsilon(0.5) < SA.pld(SA.make_event(cfg, 2, releases)
                                                       ).get_delta_for_epsilon(0.5)
 
 
@@ -501,12 +501,12 @@ def test_poisson_subsampled_gaussian_limit():
     # Many noise bits: one release ~ a Gaussian mechanism of sensitivity K sqrt(d); Poisson
     # subsampled and composed, it matches dp_accounting's subsampled Gaussian.
     n, k, d, t, q = 40_000, 2, 20, 10, 0.1
-    got = S.pld(S.BinomialSumEvent(n, k, d, t, q)).get_epsilon_for_delta(1e-5)
+    got = SA.pld(SA.BinomialSumEvent(n, k, d, t, q)).get_epsilon_for_delta(1e-5)
     sigma = math.sqrt(n) / 2 / (k * math.sqrt(d))
     acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
     acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), t)
     assert got == pytest.approx(acc.get_epsilon(1e-5), rel=0.03)
     with pytest.raises(ValueError, match="add_remove"):
-        S.make_event(CFG, 2, 1, relation="replace", sampling_probability=0.5)
-    e = S.make_event(CFG, 2, 3, sampling_probability=0.25)
-    assert S.BinomialSumEvent.from_json(e.to_json()) == e
+        SA.make_event(CFG, 2, 1, relation="replace", sampling_probability=0.5)
+    e = SA.make_event(CFG, 2, 3, sampling_probability=0.25)
+    assert SA.BinomialSumEvent.from_json(e.to_json()) == e

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedjax_dp.privacy import PrivacyLedger, shuffle, shuffle_l2
+from fedjax_dp.privacy import PrivacyLedger, shuffle, shuffle_accounting as sa, shuffle_l2
 
 #: The L2 analysis is within this factor of the exact worst-case epsilon on the tiny cases (the
 #: measured ratios are 1.17-1.31: the RDP-to-(eps, delta) conversion of one release).
@@ -83,8 +83,8 @@ def test_l2_analysis_is_an_upper_bound_within_a_factor_of_the_exact_epsilon(n, k
     delta = 1e-3
     exact = exact_worst(n, k, d, q, releases, delta)
     cfg = shuffle.ShuffleConfig(1.0, k, n)
-    l2 = shuffle.epsilon(cfg, d, releases, delta, sampling_probability=q, analysis="l2")
-    per_coord = shuffle.epsilon(cfg, d, releases, delta, sampling_probability=q)
+    l2 = sa.epsilon(cfg, d, releases, delta, sampling_probability=q, analysis="l2")
+    per_coord = sa.epsilon(cfg, d, releases, delta, sampling_probability=q)
     assert exact > 0.5                                   # a case with something to bound
     assert l2 >= exact - 1e-9
     assert l2 <= L2_FACTOR * exact
@@ -114,41 +114,41 @@ def test_release_rdp_is_the_worst_rounded_report_by_brute_force():
 def test_l2_analysis_is_much_tighter_than_per_coordinate_at_d_167():
     # WBCD's MLP 30-5-2 (d = 167), K = 16: one release, no sampling.
     cfg = shuffle.ShuffleConfig(1.0, 16, 200_000)
-    l2 = shuffle.epsilon(cfg, 167, 1, 1e-5, analysis="l2")
-    per_coord = shuffle.epsilon(cfg, 167, 1, 1e-5)
+    l2 = sa.epsilon(cfg, 167, 1, 1e-5, analysis="l2")
+    per_coord = sa.epsilon(cfg, 167, 1, 1e-5)
     print(f"d=167 K=16 N=2e5 one release: per-coordinate eps {per_coord:.3f}, L2 eps {l2:.3f}")
     assert l2 < per_coord / 4
 
 
 def test_l2_events_in_json_the_ledger_and_calibration():
     cfg = shuffle.ShuffleConfig(1.0, 2, 60)
-    ev = shuffle.make_event(cfg, 2, 3, sampling_probability=0.5, analysis="l2")
-    back = shuffle.BinomialSumEvent.from_json(json.loads(json.dumps(ev.to_json())))
+    ev = sa.make_event(cfg, 2, 3, sampling_probability=0.5, analysis="l2")
+    back = sa.BinomialSumEvent.from_json(json.loads(json.dumps(ev.to_json())))
     assert back == ev and back.analysis == "l2"
-    assert "analysis" not in shuffle.make_event(cfg, 2, 3).to_json()   # old JSON unchanged
+    assert "analysis" not in sa.make_event(cfg, 2, 3).to_json()   # old JSON unchanged
     ledger = PrivacyLedger().add_parallel("shuffle", [ev], relation="add/remove one report")
     (row,) = ledger.report(1e-3, ("pld",))
-    assert row["epsilon"] == pytest.approx(float(shuffle.pld(ev).get_epsilon_for_delta(1e-3)))
+    assert row["epsilon"] == pytest.approx(float(sa.pld(ev).get_epsilon_for_delta(1e-3)))
     h = 1e-3                                             # a coarse grid keeps this fast
-    n = shuffle.calibrate_noise_trials(2.0, 1e-3, granularity=2, dimension=2, releases=3,
-                                       sampling_probability=0.5, analysis="l2",
-                                       value_discretization_interval=h)
-    eps = lambda trials: shuffle.epsilon(cfg.replace(noise_trials=trials), 2, 3, 1e-3,
-                                         sampling_probability=0.5, analysis="l2",
-                                         value_discretization_interval=h)
+    n = sa.calibrate_noise_trials(2.0, 1e-3, granularity=2, dimension=2, releases=3,
+                                  sampling_probability=0.5, analysis="l2",
+                                  value_discretization_interval=h)
+    eps = lambda trials: sa.epsilon(cfg.replace(noise_trials=trials), 2, 3, 1e-3,
+                                    sampling_probability=0.5, analysis="l2",
+                                    value_discretization_interval=h)
     assert eps(n) <= 2.0 < eps(n - 1)
 
 
 def test_l2_analysis_refuses_what_it_does_not_cover():
     cfg = shuffle.ShuffleConfig(1.0, 2, 60)
     with pytest.raises(ValueError, match="add_remove"):
-        shuffle.make_event(cfg, 2, relation="replace", analysis="l2")
+        sa.make_event(cfg, 2, relation="replace", analysis="l2")
     with pytest.raises(ValueError, match="norm"):
-        shuffle.make_event(cfg.replace(norm="linf"), 2, analysis="l2")
+        sa.make_event(cfg.replace(norm="linf"), 2, analysis="l2")
     with pytest.raises(ValueError, match="analysis"):
-        shuffle.make_event(cfg, 2, analysis="l3")
+        sa.make_event(cfg, 2, analysis="l3")
     with pytest.raises(ValueError, match="noise_trials"):
-        shuffle.epsilon(cfg.replace(noise_trials=3), 2, 1, 1e-3, analysis="l2")
+        sa.epsilon(cfg.replace(noise_trials=3), 2, 1, 1e-3, analysis="l2")
 
 
 def test_sdp_config_takes_the_analysis():

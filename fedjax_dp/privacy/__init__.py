@@ -1,12 +1,12 @@
 """Privacy: record selection, clipping, noise and the private gradient (one concept per module),
 noise mechanisms, dp-accounting wrappers, the privacy ledger and noise calibration;
-the shuffle-DP binomial vector sum and its exact PLD (:mod:`fedjax_dp.privacy.shuffle`); secure
+the shuffle-DP binomial vector sum (``shuffle``) and its exact PLD (``shuffle_accounting``); secure
 aggregation in Z_{2^32} (:mod:`fedjax_dp.privacy.secagg`, ``secagg_shares``, ``secagg_masks``).
 
 Builds on :mod:`fedjax_dp.core` only; it never trains and knows no algorithm.
 """
 from fedjax_dp.privacy import (accounting, batch_selection, calibration, clipping, ledger,
-                               mechanisms, noise, private_grad, shuffle)
+                               mechanisms, noise, private_grad, shuffle, shuffle_accounting)
 from fedjax_dp.privacy import secagg, secagg_masks, secagg_shares
 from fedjax_dp.privacy.secagg import SecAggConfig
 from fedjax_dp.privacy.accounting import (
@@ -22,12 +22,13 @@ from fedjax_dp.privacy.clipping import clip_by_global_norm
 from fedjax_dp.privacy.mechanisms import (agent_vote_noise, gaussian_mechanism, laplace_mechanism,
                                           noisy_argmax_laplace, noisy_argmax_vote)
 from fedjax_dp.privacy.noise import gaussian_noise, laplace_noise
-from fedjax_dp.privacy.shuffle import BinomialSumEvent, ShuffleConfig, shuffle_vector_sum
+from fedjax_dp.privacy.shuffle import ShuffleConfig, shuffle_vector_sum
+from fedjax_dp.privacy.shuffle_accounting import BinomialSumEvent
 
 __all__ = [
     "gnmax_epsilon", "gnmax_logq", "gnmax_rdp", "gnmax_total_rdp",
     "accounting", "batch_selection", "calibration", "clipping", "ledger", "mechanisms", "noise",
-    "private_grad", "shuffle",
+    "private_grad", "shuffle", "shuffle_accounting",
     "secagg", "secagg_masks", "secagg_shares", "SecAggConfig",
     "BinomialSumEvent", "ShuffleConfig", "shuffle_vector_sum",
     "ACCOUNTANTS", "DEFAULT_PLD_DISCRETIZATION", "DEFAULT_RDP_ORDERS", "composed_accountant",

@@ -29,11 +29,11 @@ Every private algorithm returns a :class:`PrivacyLedger`. Each entry names
     analyses). Vectors of one unit add up on one fixed order grid; events of the same unit are
     converted to RDP on that grid and added too. Only the RDP accountant applies.
   - ``'shuffle'`` (:meth:`PrivacyLedger.add_shuffle`): a
-    :class:`~fedjax_dp.privacy.shuffle.BinomialSumEvent` (releases of the shuffle-DP binomial
-    vector sum, which ``dp_accounting`` has no event for). Only the PLD accountant applies (the
-    binomial pair has infinite RDP): its exact PLD (:func:`fedjax_dp.privacy.shuffle.pld`) is
-    composed with the PLD of the unit's other events. Such events may also be members of a
-    ``'parallel'`` entry (worst member, as for DpEvents).
+    :class:`~fedjax_dp.privacy.shuffle_accounting.BinomialSumEvent` (releases of the shuffle-DP
+    binomial vector sum, which ``dp_accounting`` has no event for). Only the PLD accountant applies
+    (the binomial pair has infinite RDP): its exact PLD
+    (:func:`fedjax_dp.privacy.shuffle_accounting.pld`) is composed with the PLD of the unit's
+    other events. Such events may also be members of a ``'parallel'`` entry (worst member).
 
 Epsilon for a delta is always computed from these data by ``dp_accounting``.
 
@@ -60,7 +60,8 @@ import numpy as np
 from dp_accounting import dp_event
 
 from fedjax_dp.core import validation
-from fedjax_dp.privacy import accounting, shuffle
+from fedjax_dp.privacy import accounting, shuffle_accounting
+from fedjax_dp.privacy.shuffle_accounting import BinomialSumEvent
 
 __all__ = ["UNITS", "LedgerEntry", "PrivacyLedger", "MAX_PARALLEL_COMBINATIONS", "Uncovered",
            "coverage"]
@@ -82,7 +83,7 @@ MAX_PARALLEL_COMBINATIONS = 4096
 _KINDS = ("event", "parallel", "rdp", "shuffle")
 
 #: What a ledger accepts besides DpEvents: the shuffle mechanism's event (PLD accountant only).
-_SHUFFLE_EVENTS = (shuffle.BinomialSumEvent,)
+_SHUFFLE_EVENTS = (BinomialSumEvent,)
 
 
 def _check_text(name: str, value: Any) -> str:
@@ -107,8 +108,8 @@ def _member_to_json(event: Any) -> dict:
 
 
 def _member_from_json(data: Mapping) -> Any:
-    if isinstance(data, Mapping) and data.get("class_name") == shuffle.BinomialSumEvent.CLASS_NAME:
-        return shuffle.BinomialSumEvent.from_json(data)
+    if isinstance(data, Mapping) and data.get("class_name") == BinomialSumEvent.CLASS_NAME:
+        return BinomialSumEvent.from_json(data)
     return accounting.event_from_json(data)
 
 
@@ -148,7 +149,7 @@ class LedgerEntry:
         if self.kind == "event" and self.event is None:
             raise ValueError("event must be a DpEvent for an entry of kind 'event', got None")
         if self.kind == "shuffle" and not _is_shuffle(self.event):
-            raise ValueError("event must be a shuffle.BinomialSumEvent for an entry of kind "
+            raise ValueError("event must be a BinomialSumEvent for an entry of kind "
                              f"'shuffle', got {type(self.event).__name__}")
         if self.kind == "parallel" and not self.members:
             raise ValueError("members must be non-empty for an entry of kind 'parallel'")
@@ -227,7 +228,8 @@ def _pld_epsilon(events: Sequence[Any], delta: float) -> float:
             return math.inf
         total = acc._pld
     for e in shuffles:
-        one = shuffle.pld(e, value_discretization_interval=accounting.DEFAULT_PLD_DISCRETIZATION)
+        one = shuffle_accounting.pld(
+            e, value_discretization_interval=accounting.DEFAULT_PLD_DISCRETIZATION)
         total = one if total is None else total.compose(one)
     return float(total.get_epsilon_for_delta(delta))
 
@@ -312,17 +314,18 @@ class PrivacyLedger:
         return self._append(LedgerEntry(kind="parallel", members=members,
                                         **self._common(unit, relation, sensitivity, note)))
 
-    def add_shuffle(self, unit: str, event: shuffle.BinomialSumEvent, *, relation: str,
+    def add_shuffle(self, unit: str, event: BinomialSumEvent, *, relation: str,
                     note: str = "") -> "PrivacyLedger":
-        """Record releases of the shuffle-DP binomial vector sum (``shuffle.make_event``).
+        """Record releases of the shuffle-DP binomial vector sum (``make_event`` of
+        :mod:`fedjax_dp.privacy.shuffle_accounting`).
 
         Composes with the unit's other entries by PLD composition (the PLD accountant only; the
         RDP accountant does not apply: the binomial pair has infinite Renyi divergence).
         ``relation`` should be the one ``event.sensitivity`` was computed under
-        (``shuffle.RELATIONS``).
+        (``shuffle_accounting.RELATIONS``).
         """
         if not _is_shuffle(event):
-            raise ValueError(f"event must be a shuffle.BinomialSumEvent, got "
+            raise ValueError(f"event must be a BinomialSumEvent, got "
                              f"{type(event).__name__}")
         return self._append(LedgerEntry(kind="shuffle", event=event, **self._common(
             unit, relation, float(event.sensitivity), note)))

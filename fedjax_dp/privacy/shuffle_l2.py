@@ -1,14 +1,14 @@
 """An L2-sensitivity analysis of the shuffle-DP binomial vector sum (one release's dominating PLD).
 
-The per-coordinate analysis of :mod:`fedjax_dp.privacy.shuffle` (the one Cheu et al. 2021 and
-Lowy et al. use) lets EVERY coordinate of one report move its sum by the full grid range ``K``:
+The per-coordinate analysis of :mod:`fedjax_dp.privacy.shuffle_accounting` (Cheu et al. 2021's
+and Lowy et al.'s) lets EVERY coordinate of one report move its sum by the full grid range ``K``:
 ``d`` compositions of the pair ``(B + K, B)``, i.e. an effective L2 sensitivity of
 ``K sqrt(d)`` grid steps. A report clipped in L2 cannot do that. This module accounts one release
 by the set of rounded reports an L2-clipped record can actually produce, with Renyi divergences
 (additive over coordinates, so the worst report of the set is a small knapsack), and turns the
 resulting privacy profile into a dominating pair (a PLD), which then goes through the SAME
 Poisson subsampling and composition code as the per-coordinate analysis
-(:func:`fedjax_dp.privacy.shuffle.pld` with ``event.analysis == 'l2'``).
+(:func:`fedjax_dp.privacy.shuffle_accounting.pld` with ``event.analysis == 'l2'``).
 
 **The rounded reports** (add/remove one report; ``norm = 'l2'``). ``y = K clip(x) / C`` has
 ``||y||_2 <= K`` and ``|y_j| <= K``; randomised rounding gives ``m_j in {floor(y_j), ceil(y_j)}``,
@@ -62,7 +62,7 @@ points on a grid (and of ``(0, 1)``). The connect-the-dots PLD (Doroshenko et al
 piecewise-linear hull as its hockey-stick curve, so it is a dominating pair of the release for
 every ``g >= 0`` in both directions (Zhu, Dong and Wang 2022, Def. 7): Poisson subsampling
 (their Thm. 11) and adaptive composition (Thm. 10) then apply to it exactly as to the
-per-coordinate pair (:func:`fedjax_dp.privacy.shuffle.pld`).
+per-coordinate pair (:func:`fedjax_dp.privacy.shuffle_accounting.pld`).
 
 What is proven and what is not: the result is a valid upper bound (never below the exact
 epsilon) for add/remove of one report clipped in L2 (``norm = 'l2'``). It is NOT always tighter

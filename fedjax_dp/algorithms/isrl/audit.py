@@ -12,6 +12,7 @@ import numpy as np
 from fedjax_dp.algorithms.isrl import calibration, sdp, uploads
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import PrivacyLedger, shuffle
+from fedjax_dp.privacy.shuffle_accounting import make_event
 from fedjax_dp.privacy.audit_harness import (Auditable, Spec, check_finite_positive,
                                              check_gaussian_params, check_scale, direction,
                                              flat)
@@ -91,7 +92,8 @@ def isrl_upload_harness(weaken, *, noise_multiplier, clip_norm, num_records, can
                      one, inputs, claimed, structure=(n,))
 
 
-#: ``shuffle.calibrate_noise_trials(1.0, 1e-5, granularity=8, dimension=1, releases=1)``.
+#: ``shuffle_accounting.calibrate_noise_trials(1.0, 1e-5, granularity=8, dimension=1,
+#: releases=1)``.
 SDP_DEFAULT_NOISE_TRIALS = 3570
 
 
@@ -102,7 +104,7 @@ def sdp_upload_harness(weaken, *, noise_trials, granularity, clip_norm, num_reco
     rounding), then the server's binomial sum (:func:`uploads.shuffled_estimate`,
     ``Bin(N, 1/2)``). One coordinate (the scalar model), records at rate 1. Neighbours: the
     canary report present vs removed. Statistic: the decoded sum, signed along the canary.
-    Claimed: ``shuffle.make_event(config, 1, 1)`` through a ledger (PLD of the binomial pair).
+    Claimed: ``make_event(config, 1, 1)`` through a ledger (PLD of the binomial pair).
     ``halve-noise``: ``N // 4`` trials (std ``sqrt(N)/2`` halves). (No ``no-clip`` variant: the
     clip and the grid are one config here, so a skipped clip is a different protocol.)
     """
@@ -130,7 +132,7 @@ def sdp_upload_harness(weaken, *, noise_trials, granularity, clip_norm, num_reco
     inputs = {nb: {"params": params, "x": x, "y": y, "mask": m} for nb, m in worlds.items()}
 
     def claimed(delta):
-        ledger = PrivacyLedger().add_shuffle(sdp.UNIT, shuffle.make_event(cfg, 1, 1),
+        ledger = PrivacyLedger().add_shuffle(sdp.UNIT, make_event(cfg, 1, 1),
                                              relation=sdp.RELATION)
         return ledger.epsilon(sdp.UNIT, delta, "pld")
 

@@ -14,15 +14,16 @@ rescales a difference sum by tau / C, divides by the expected number of reports
 
 Privacy. A central guarantee after shuffling (the trusted shuffler hides who sent what): unit
 ``'shuffle'``, relation add/remove one report = one record of one silo. One release moves each
-coordinate's integer sum by at most K (``shuffle.per_coordinate_sensitivity``); a record of silo i
+coordinate's integer sum by at most K (``per_coordinate_sensitivity``, as the other names here of
+:mod:`fedjax_dp.privacy.shuffle_accounting`); a record of silo i
 can only be in the releases of the rounds silo i was available, and in each it is a report with
 probability p_i (the silo's own Poisson record sampling, secret; the largest of its rates over the
 upload kinds), so silo i's records compose ``count_i`` Poisson-subsampled releases of the
-d-coordinate binomial sum: ``shuffle.make_event(config, d, count_i, sampling_probability=p_i)``,
+d-coordinate binomial sum: ``make_event(config, d, count_i, sampling_probability=p_i)``,
 accounted by the PLD of the binomial pair (``BinomialSumEvent``; the PLD accountant only). No
 amplification from silo availability. The worst silo is found by parallel composition over the
 silos not dominated in (p_i, count_i). ``noise_trials`` N is calibrated
-(``shuffle.calibrate_noise_trials``) for R releases at the largest p_i.
+(``calibrate_noise_trials``) for R releases at the largest p_i.
 """
 from __future__ import annotations
 
@@ -35,9 +36,11 @@ from fedjax_dp.algorithms.isrl import calibration, mb_sgd, protocol, spider
 from fedjax_dp.algorithms.isrl.protocol import Algorithm
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import PrivacyLedger, shuffle
+from fedjax_dp.privacy.shuffle_accounting import (ANALYSES, RELATIONS, calibrate_noise_trials,
+                                                  make_event)
 
 UNIT = "shuffle"
-RELATION = shuffle.RELATIONS["add_remove"]
+RELATION = RELATIONS["add_remove"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +61,7 @@ class Config(protocol.Config):
 
     FIELDS = {**protocol.BUDGET_FIELDS, "granularity": validation.Int(1, 2 ** 20),
               "noise_trials": validation.Int(1, 2 ** 52, optional=True),
-              "shuffle_analysis": validation.Choice(shuffle.ANALYSES)}
+              "shuffle_analysis": validation.Choice(ANALYSES)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +89,7 @@ class ShuffleAlgorithm(Algorithm):
         """Noise trials N: calibrated for R releases at the largest record rate of any silo."""
         trials = config.noise_trials
         if trials is None:
-            trials = shuffle.calibrate_noise_trials(
+            trials = calibrate_noise_trials(
                 config.target_epsilon, config.delta, granularity=config.granularity,
                 dimension=dimension(params), releases=config.rounds,
                 sampling_probability=float(np.max(rates)), analysis=config.shuffle_analysis)
@@ -116,8 +119,8 @@ class ShuffleAlgorithm(Algorithm):
         if not keep:
             import dp_accounting
             return out.add_event(UNIT, dp_accounting.NoOpDpEvent(), relation=RELATION, note=note)
-        events = [shuffle.make_event(cfg, d, int(counts[i]), sampling_probability=float(rates[i]),
-                                     analysis=config.shuffle_analysis) for i in keep]
+        events = [make_event(cfg, d, int(counts[i]), sampling_probability=float(rates[i]),
+                             analysis=config.shuffle_analysis) for i in keep]
         return out.add_parallel(UNIT, events, relation=RELATION, note=note)
 
 
