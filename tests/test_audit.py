@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedjax_dp.audit import audit, bounds, mechanisms, statistics, world_keys
+from fedjax_dp.algorithms import averaging, fedkt, isrl, voting  # noqa: F401 (harnesses register)
+from fedjax_dp.audit import audit, bounds, harness, statistics, world_keys
 from fedjax_dp.privacy import accounting
 
 TRIALS = 200_000
@@ -35,7 +36,7 @@ PARAMS = {
     "sdp-upload": dict(noise_trials=1026),
 }
 CASES = [(m, None) for m in PARAMS] + [(m, w) for m in PARAMS
-                                        for w in mechanisms.MECHANISMS[m].weakenings]
+                                        for w in harness.MECHANISMS[m].weakenings]
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,7 +126,7 @@ def test_identical_worlds_give_no_privacy_loss():
 
 @pytest.mark.parametrize("mechanism", list(PARAMS))
 def test_real_mechanism_lower_bound_below_claim(mechanism):
-    assert mechanisms.MECHANISMS[mechanism].weakenings           # every entry has a broken twin
+    assert harness.MECHANISMS[mechanism].weakenings           # every entry has a broken twin
     r = _audit(mechanism, None)
     assert r.consistent
     assert 0.0 <= r.epsilon_lower_bound <= r.claimed_epsilon
@@ -161,7 +162,7 @@ def test_knn_instance_vote_sensitivity_sqrt2_over_k():
 
 @pytest.mark.parametrize("mechanism", ["fedkt-laplace", "isrl-upload"])
 def test_vmapped_trials_equal_a_loop_over_the_same_keys(mechanism):
-    a = mechanisms.build(mechanism, None, **PARAMS[mechanism])
+    a = harness.build(mechanism, None, **PARAMS[mechanism])
     k_d, k_dp = world_keys(SEED)
     for key, nb in ((k_d, False), (k_dp, True)):
         batched = np.asarray(a.trials(key, TRIALS, nb))[:4]
@@ -171,7 +172,7 @@ def test_vmapped_trials_equal_a_loop_over_the_same_keys(mechanism):
 
 
 def test_chunked_trials_equal_the_plain_ones():
-    a = mechanisms.build("fedkt-laplace", None, **PARAMS["fedkt-laplace"])
+    a = harness.build("fedkt-laplace", None, **PARAMS["fedkt-laplace"])
     key = world_keys(SEED)[0]
     plain = np.asarray(a.trials(key, TRIALS, False))
     chunked = np.asarray(dataclasses.replace(a, chunk=70_000).trials(key, TRIALS, False))
@@ -236,7 +237,7 @@ def test_cli_audit_prints_json_and_exits_2_on_bad_arguments(capsys):
 def test_cli_reaches_every_mechanism_parameter():
     from fedjax_dp.experiments import cli
     flags = {("clip_norm" if n == "clip" else n) for n in cli.AUDIT_PARAMS}
-    for name, spec in mechanisms.MECHANISMS.items():
+    for name, spec in harness.MECHANISMS.items():
         assert set(spec.defaults) <= flags, name
         assert name in cli.build_parser().parse_args(["audit", name]).mechanism
 
@@ -261,29 +262,30 @@ def _imports(path):
     return modules, nested, names
 
 
-def test_each_family_holds_its_harness_and_imports_point_down():
+def test_each_family_registers_its_harness_and_imports_point_down():
     from pathlib import Path
     import fedjax_dp
-    from fedjax_dp.privacy import audit_harness
-    assert list(mechanisms.MECHANISMS) == list(FAMILY)         # names and order unchanged
-    for name, spec in mechanisms.MECHANISMS.items():
+    assert sorted(harness.MECHANISMS) == sorted(FAMILY)        # names unchanged
+    for name, spec in harness.MECHANISMS.items():
         assert spec.builder.__module__ == f"fedjax_dp.algorithms.{FAMILY[name]}.audit", name
         assert not spec.builder.__name__.startswith("_")
     root = Path(fedjax_dp.__file__).parent
-    # The shared machinery sits in privacy/: it knows no algorithm, model, trainer or registry.
-    modules, nested, _ = _imports(Path(audit_harness.__file__))
-    assert not nested and not any(m.startswith(("fedjax_dp.algorithms", "fedjax_dp.audit",
-                                                "fedjax_dp.models", "fedjax_dp.train"))
-                                  for m in modules)
-    # A family's harness imports its own family and the layers below, never the registry above
-    # or another family; no import hides in a function; no private name crosses a module.
+    # audit/ knows no algorithm, model or trainer (test_family_imports walks every import).
+    modules, nested, _ = _imports(root / "audit" / "harness.py")
+    assert not nested and not any(m.startswith(("fedjax_dp.algorithms", "fedjax_dp.models",
+                                                "fedjax_dp.train")) for m in modules)
+    # A family's harness imports its own family, the harness machinery and the layers below,
+    # never another family; no import hides in a function; no private name crosses a module.
     for family in sorted(set(FAMILY.values())):
         modules, nested, names = _imports(root / "algorithms" / family / "audit.py")
         assert not nested, family
         assert not any(n.startswith("_") for n in names if n != "annotations"), family
         for m in modules:
-            assert not m.startswith("fedjax_dp.audit"), (family, m)
+            assert not m.startswith("fedjax_dp.audit") or m == "fedjax_dp.audit.harness", m
             if m.startswith("fedjax_dp.algorithms."):
                 assert m.split(".")[2] == family, (family, m)
-    modules, nested, names = _imports(root / "audit" / "mechanisms.py")
-    assert not nested and not any(n.startswith("_") for n in names if n != "annotations")
+
+
+def test_unknown_mechanism_lists_the_registered_ones():
+    with pytest.raises(ValueError, match="mechanism must be one of .*gaussian-vote"):
+        harness.build("no-such-mechanism")

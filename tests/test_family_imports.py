@@ -113,3 +113,26 @@ def test_each_layer_does_its_own_work():
     assert [f for f in FAMILIES if f in registry] == []
     gone = ["experiments/registry.py", "experiments/population.py", "train/tasks.py"]
     assert [p for p in gone if (PACKAGE / p).exists()] == []
+
+
+def test_privacy_and_audit_sit_low():
+    """privacy/ imports nothing above core/ (itself and core/ only); audit/ imports no
+    algorithm (the families import it to register their harnesses, not the reverse)."""
+    def crossings(room: str, allowed: tuple) -> list[str]:
+        return [f"{path.relative_to(PACKAGE)} imports {name}"
+                for path in sorted((PACKAGE / room).rglob("*.py"))
+                for name in _imported(path)
+                if name.startswith("fedjax_dp.") and not name.startswith(allowed)]
+    assert crossings("privacy", ("fedjax_dp.core", "fedjax_dp.privacy")) == []
+    assert crossings("audit", ("fedjax_dp.core", "fedjax_dp.privacy", "fedjax_dp.audit")) == []
+
+
+def test_privacy_one_concept_per_module():
+    """train/private_grad.py became privacy/'s batch_selection, clipping, noise and private_grad;
+    the audit harness moved from privacy/ to audit/harness.py (with the registry of audit/
+    mechanisms.py); ``poisson_event`` (an alias of ``sampled_gaussian_event``) is gone."""
+    gone = ["train/private_grad.py", "privacy/audit_harness.py", "audit/mechanisms.py"]
+    assert [p for p in gone if (PACKAGE / p).exists()] == []
+    assert _defined("poisson_event") == []
+    assert _defined("gaussian_noise") == ["privacy/noise.py"]
+    assert _defined("make_event") == ["privacy/shuffle_accounting.py"]

@@ -19,7 +19,10 @@ from pathlib import Path
 
 from bench_common import environment, write_json  # tools/, the script's folder
 
+from fedjax_dp.algorithms import registry
 from fedjax_dp.audit import MECHANISMS, audit
+
+registry.algorithms()                  # imports every family: their audit harnesses register
 
 
 def table(rows: list[dict]) -> str:

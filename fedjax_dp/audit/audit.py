@@ -1,7 +1,7 @@
 """``audit(mechanism, ...)``: an empirical lower bound on a mechanism's epsilon, beside its claim.
 
 Procedure (Jagielski et al. 2020; Nasr et al. 2021): run the library's mechanism
-``trials`` times on D and ``trials`` times on its neighbour D' (:mod:`.mechanisms`), reduce each
+``trials`` times on D and ``trials`` times on its neighbour D' (:mod:`.harness`), reduce each
 run to a scalar statistic, and turn the best threshold test between the two samples into a
 one-sided lower bound on epsilon at ``delta`` that holds with probability ``>= confidence``
 (:func:`.bounds.audit_threshold`: threshold chosen on half the trials, bound on the other half).
@@ -22,8 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from fedjax_dp.audit import bounds
-from fedjax_dp.audit import mechanisms as mech_lib
+from fedjax_dp.audit import bounds, harness
 from fedjax_dp.core import validation
 
 __all__ = ["AuditResult", "audit", "world_keys", "MAX_TRIALS"]
@@ -76,7 +75,7 @@ def statistics(mechanism: str, *, trials: int, seed: int, weaken: str | None = N
                **params) -> tuple[np.ndarray, np.ndarray]:
     """The raw statistics ``(s_D [trials], s_D' [trials])`` of an audit (host float64)."""
     trials = validation.check_int("trials", trials, minimum=4, maximum=MAX_TRIALS)
-    auditable = mech_lib.build(mechanism, weaken, **params)
+    auditable = harness.build(mechanism, weaken, **params)
     k_d, k_dp = world_keys(seed)
     s_d = np.asarray(auditable.trials(k_d, trials, False), np.float64)
     s_dp = np.asarray(auditable.trials(k_dp, trials, True), np.float64)
@@ -85,7 +84,7 @@ def statistics(mechanism: str, *, trials: int, seed: int, weaken: str | None = N
 
 def audit(mechanism: str, *, trials: int = 100_000, delta: float = 1e-5, seed: int = 0,
           confidence: float = 0.95, weaken: str | None = None, **params) -> AuditResult:
-    """Audit ``mechanism`` (a name of :data:`fedjax_dp.audit.mechanisms.MECHANISMS`).
+    """Audit ``mechanism`` (a name of :data:`fedjax_dp.audit.harness.MECHANISMS`).
 
     ``trials`` runs per world (half choose the threshold, half bound the rates); ``delta`` in
     (0, 1); ``confidence`` in (0, 1); ``weaken``: None, ``"halve-noise"`` or ``"no-clip"`` (a
@@ -97,8 +96,7 @@ def audit(mechanism: str, *, trials: int = 100_000, delta: float = 1e-5, seed: i
     delta = validation.check_open_unit("delta", delta)
     confidence = validation.check_open_unit("confidence", confidence)
     seed = validation.check_int("seed", seed, minimum=0, maximum=2 ** 32 - 1)
-    mech_lib.resolve(mechanism, weaken, **params)
-    auditable = mech_lib.build(mechanism, weaken, **params)
+    auditable = harness.build(mechanism, weaken, **params)
     claimed = auditable.claimed_epsilon(delta)
     s_d, s_dp = statistics(mechanism, trials=trials, seed=seed, weaken=weaken, **params)
     b = bounds.audit_threshold(s_d, s_dp, delta, confidence)

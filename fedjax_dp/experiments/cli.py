@@ -220,7 +220,7 @@ def _cmd_account_fedkt(args, accountants) -> int:
     return 0
 
 
-#: ``fedjax-dp audit`` flags -> the mechanisms' parameter names (:mod:`fedjax_dp.audit.mechanisms`).
+#: ``fedjax-dp audit`` flags -> the mechanisms' parameter names (:mod:`fedjax_dp.audit.harness`).
 AUDIT_PARAMS = {"sigma": float, "noise_multiplier": float, "clip": float, "gamma": float,
                 "k": int, "unit": str, "ballot": str, "noise": str, "num_agents": int,
                 "num_classes": int, "num_teachers": int, "gap": int, "num_examples": int,
@@ -229,7 +229,9 @@ AUDIT_PARAMS = {"sigma": float, "noise_multiplier": float, "clip": float, "gamma
 
 
 def _cmd_audit(args) -> int:
+    from fedjax_dp.algorithms import registry
     from fedjax_dp.audit import audit
+    registry.algorithms()                    # imports every family: their audit harnesses register
     params = {name: getattr(args, name) for name in AUDIT_PARAMS
               if getattr(args, name) is not None}
     if "clip" in params:

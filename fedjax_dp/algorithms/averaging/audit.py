@@ -1,7 +1,7 @@
 """Audit harnesses of the averaging family: one DP-FedSGD step, one DP-FedAvg round.
 
-Registered as ``dp-sgd-step`` and ``dp-fedavg-round`` by :mod:`fedjax_dp.audit.mechanisms` (see
-:mod:`fedjax_dp.privacy.audit_harness` for what an :class:`Auditable` is and how it is run).
+Registers ``dp-sgd-step`` and ``dp-fedavg-round`` with :mod:`fedjax_dp.audit.harness` (what an
+:class:`Auditable` is and how it is run) when the family is imported.
 """
 from __future__ import annotations
 
@@ -14,15 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
+from fedjax_dp.audit.harness import (Auditable, Spec, check_gaussian_params, direction, flat,
+                                     register, unit_vector)
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import from_arrays, validation
 from fedjax_dp.models import make_model
-from fedjax_dp.privacy.audit_harness import (Auditable, Spec, check_gaussian_params,
-                                             direction, flat, unit_vector)
 from fedjax_dp.train import LocalTrainConfig, cross_entropy
 
-__all__ = ["logistic", "canary_examples", "dp_sgd_step_harness", "dp_fedavg_round_harness",
-           "SPECS"]
+__all__ = ["logistic", "canary_examples", "dp_sgd_step_harness", "dp_fedavg_round_harness"]
 
 
 @functools.lru_cache(maxsize=4)
@@ -124,14 +123,16 @@ def dp_fedavg_round_harness(weaken, *, noise_multiplier, clip_norm, num_agents, 
     update = fedavg.local_sgd_update(model, local)
     sampling = cohort_lib.Sampling("poisson", rate=1.0)
 
-    std = z * clip / (2 if weaken == "halve-noise" else 1)
+    z_used = z / (2 if weaken == "halve-noise" else 1)
+    std = z_used * clip
     spec = fedavg.RoundSpec(sampling=sampling, server_lr=1.0,
                             clip_norm=None if weaken == "no-clip" else clip,
-                            noise_std=std, denominator="expected")
+                            noise_multiplier=z_used, noise_sensitivity=clip,
+                            denominator="expected")
     server = fedavg.make_round_parts(update, spec, n)[1]
     # train_sum does not read the noise: take it from the noise-free spec (compiled once for
     # every noise level).
-    train_sum = fedavg.make_round_parts(update, dataclasses.replace(spec, noise_std=0.0), n)[0]
+    train_sum = fedavg.make_round_parts(update, dataclasses.replace(spec, noise_multiplier=0.0), n)[0]
     ids = jnp.arange(n)
     worlds = {False: jnp.ones((n,), bool), True: jnp.ones((n,), bool).at[0].set(False)}
     # The agents' part of the round (local training, clipping, secure sum), once per world:
@@ -170,16 +171,13 @@ def dp_fedavg_round_harness(weaken, *, noise_multiplier, clip_norm, num_agents, 
                      structure=(n, None if weaken == "no-clip" else clip, std))
 
 
-#: This family's entries of the audit registry (:data:`fedjax_dp.audit.MECHANISMS`).
-SPECS: dict[str, Spec] = {
-    "dp-sgd-step": Spec(
-        "one DP-FedSGD step (dp_fedsgd.noisy_gradient), canary example present/absent",
-        dict(noise_multiplier=3.7, clip_norm=1.0, num_examples=4, canary_scale=100.0,
-             accountant="pld"),
-        ("halve-noise", "no-clip"), dp_sgd_step_harness),
-    "dp-fedavg-round": Spec(
-        "one DP-FedAvg round (fedavg.make_round_parts), sampling rate 1, canary agent",
-        dict(noise_multiplier=3.7, clip_norm=1.0, num_agents=3, canary_scale=100.0,
-             accountant="pld"),
-        ("halve-noise", "no-clip"), dp_fedavg_round_harness),
-}
+register("dp-sgd-step", Spec(
+    "one DP-FedSGD step (dp_fedsgd.noisy_gradient), canary example present/absent",
+    dict(noise_multiplier=3.7, clip_norm=1.0, num_examples=4, canary_scale=100.0,
+         accountant="pld"),
+    ("halve-noise", "no-clip"), dp_sgd_step_harness))
+register("dp-fedavg-round", Spec(
+    "one DP-FedAvg round (fedavg.make_round_parts), sampling rate 1, canary agent",
+    dict(noise_multiplier=3.7, clip_norm=1.0, num_agents=3, canary_scale=100.0,
+         accountant="pld"),
+    ("halve-noise", "no-clip"), dp_fedavg_round_harness))

@@ -1,7 +1,7 @@
 """Audit harness of the FedKT family: the LNMax vote of one partition on one query.
 
-Registered as ``fedkt-laplace`` by :mod:`fedjax_dp.audit.mechanisms` (see
-:mod:`fedjax_dp.privacy.audit_harness` for what an :class:`Auditable` is and how it is run).
+Registers ``fedkt-laplace`` with :mod:`fedjax_dp.audit.harness` (what an :class:`Auditable` is
+and how it is run) when the family is imported.
 """
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import numpy as np
 
 from fedjax_dp.algorithms.fedkt import privacy as fedkt_privacy
 from fedjax_dp.algorithms.fedkt import votes as fedkt_votes
+from fedjax_dp.audit.harness import (Auditable, Spec, check_accountant, check_finite_positive,
+                                     register)
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import PrivacyLedger
-from fedjax_dp.privacy.audit_harness import (Auditable, Spec, check_accountant,
-                                             check_finite_positive)
 
-__all__ = ["fedkt_laplace_harness", "SPECS"]
+__all__ = ["fedkt_laplace_harness"]
 
 
 def fedkt_laplace_harness(weaken, *, gamma, num_teachers, gap, num_classes,
@@ -69,10 +69,7 @@ def fedkt_laplace_harness(weaken, *, gamma, num_teachers, gap, num_classes,
                      one, inputs, claimed, structure=(t, c))
 
 
-#: This family's entries of the audit registry (:data:`fedjax_dp.audit.MECHANISMS`).
-SPECS: dict[str, Spec] = {
-    "fedkt-laplace": Spec(
-        "FedKT LNMax vote (algorithms/fedkt/votes.py noisy_labels), one query, released label",
-        dict(gamma=0.5, num_teachers=10, gap=4, num_classes=2, accountant="pld"),
-        ("halve-noise",), fedkt_laplace_harness),
-}
+register("fedkt-laplace", Spec(
+    "FedKT LNMax vote (algorithms/fedkt/votes.py noisy_labels), one query, released label",
+    dict(gamma=0.5, num_teachers=10, gap=4, num_classes=2, accountant="pld"),
+    ("halve-noise",), fedkt_laplace_harness))

@@ -6,8 +6,8 @@ Building blocks: :mod:`prox` (f1 and its prox), :mod:`availability` (M of N silo
 Algorithms (protocol objects of :mod:`protocol`): see :data:`ALGORITHMS`.
 """
 from fedjax_dp.algorithms import registry
-from fedjax_dp.algorithms.isrl import (availability, calibration, engine, estimators, prox,
-                                       protocol, sdp, uploads)
+from fedjax_dp.algorithms.isrl import (audit, availability, calibration, engine, estimators,
+                                       prox, protocol, sdp, uploads)
 from fedjax_dp.algorithms.isrl.local_sgd import ISRL_LOCAL_SGD, LOCAL_SGD
 from fedjax_dp.algorithms.isrl.mb_sgd import ISRL_MB_SGD, MB_SGD
 from fedjax_dp.algorithms.isrl.sdp import SDP_MB_SGD, SDP_SPIDER

@@ -1,7 +1,7 @@
 """Audit harnesses of the ISRL family: one ISRL-DP silo gradient upload, one shuffle-DP release.
 
-Registered as ``isrl-upload`` and ``sdp-upload`` by :mod:`fedjax_dp.audit.mechanisms` (see
-:mod:`fedjax_dp.privacy.audit_harness` for what an :class:`Auditable` is and how it is run).
+Registers ``isrl-upload`` and ``sdp-upload`` with :mod:`fedjax_dp.audit.harness` (what an
+:class:`Auditable` is and how it is run) when the family is imported.
 """
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.algorithms.isrl import calibration, sdp, uploads
+from fedjax_dp.audit.harness import (Auditable, Spec, check_finite_positive,
+                                     check_gaussian_params, check_scale, direction, flat,
+                                     register)
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import PrivacyLedger, shuffle
 from fedjax_dp.privacy.shuffle_accounting import make_event
-from fedjax_dp.privacy.audit_harness import (Auditable, Spec, check_finite_positive,
-                                             check_gaussian_params, check_scale, direction,
-                                             flat)
 
 __all__ = ["scalar_loss", "silo_records", "silo_inputs", "isrl_upload_harness",
-           "sdp_upload_harness", "SDP_DEFAULT_NOISE_TRIALS", "SPECS"]
+           "sdp_upload_harness", "SDP_DEFAULT_NOISE_TRIALS"]
 
 
 def scalar_loss(params, x, y):
@@ -142,16 +142,13 @@ def sdp_upload_harness(weaken, *, noise_trials, granularity, clip_norm, num_reco
                      claimed, structure=(n, run_cfg))
 
 
-#: This family's entries of the audit registry (:data:`fedjax_dp.audit.MECHANISMS`).
-SPECS: dict[str, Spec] = {
-    "isrl-upload": Spec(
-        "one ISRL-DP silo gradient upload (isrl/uploads.gradient_upload), canary record",
-        dict(noise_multiplier=3.7, clip_norm=1.0, num_records=4, canary_scale=100.0,
-             accountant="pld"),
-        ("halve-noise", "no-clip"), isrl_upload_harness),
-    "sdp-upload": Spec(
-        "one shuffle-DP release (isrl/uploads.gradient_reports + shuffled_estimate), canary",
-        dict(noise_trials=SDP_DEFAULT_NOISE_TRIALS, granularity=8, clip_norm=1.0,
-             num_records=4, canary_scale=100.0),
-        ("halve-noise",), sdp_upload_harness),
-}
+register("isrl-upload", Spec(
+    "one ISRL-DP silo gradient upload (isrl/uploads.gradient_upload), canary record",
+    dict(noise_multiplier=3.7, clip_norm=1.0, num_records=4, canary_scale=100.0,
+         accountant="pld"),
+    ("halve-noise", "no-clip"), isrl_upload_harness))
+register("sdp-upload", Spec(
+    "one shuffle-DP release (isrl/uploads.gradient_reports + shuffled_estimate), canary",
+    dict(noise_trials=SDP_DEFAULT_NOISE_TRIALS, granularity=8, clip_norm=1.0,
+         num_records=4, canary_scale=100.0),
+    ("halve-noise",), sdp_upload_harness))

@@ -46,18 +46,11 @@ from fedjax_dp.privacy.private_grad import private_gradient
 
 Params = Any
 
-__all__ = ["sample_records", "gaussian_noise", "gradient_upload", "difference_upload",
-           "encode_reports", "shuffled_estimate", "gradient_reports", "difference_reports",
-           "row_plan"]
+__all__ = ["sample_records", "gradient_upload", "difference_upload", "encode_reports",
+           "shuffled_estimate", "gradient_reports", "difference_reports", "row_plan"]
 
 #: Poisson record selection of one silo (:func:`fedjax_dp.privacy.batch_selection.poisson_weights`).
 sample_records = bs.poisson_weights
-
-
-def gaussian_noise(key: jax.Array, tree: Params, std) -> Params:
-    """``N(0, std^2 I)`` over every coordinate of ``tree``, drawn as ONE flat vector from ``key``
-    (:func:`fedjax_dp.privacy.noise.add_noise` of zeros)."""
-    return noise.add_noise(key, jax.tree.map(jnp.zeros_like, tree), std)
 
 
 def row_plan(expected: float | None, num_rows: int) -> bs.RowPlan | None:

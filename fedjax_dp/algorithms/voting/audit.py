@@ -1,7 +1,7 @@
 """Audit harness of the voting family: the AE-DPFL / kNN-DPFL noisy vote sum, one query.
 
-Registered as ``gaussian-vote`` by :mod:`fedjax_dp.audit.mechanisms` (see
-:mod:`fedjax_dp.privacy.audit_harness` for what an :class:`Auditable` is and how it is run).
+Registers ``gaussian-vote`` with :mod:`fedjax_dp.audit.harness` (what an :class:`Auditable` is
+and how it is run) when the family is imported.
 """
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.audit.harness import (Auditable, Spec, check_accountant, check_finite_positive,
+                                     register, unit_vector)
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import vote
-from fedjax_dp.privacy.audit_harness import (Auditable, Spec, check_accountant,
-                                             check_finite_positive, unit_vector)
 
-__all__ = ["stored_ballots", "gaussian_vote_harness", "SPECS"]
+__all__ = ["stored_ballots", "gaussian_vote_harness"]
 
 
 def stored_ballots(agents: jax.Array, queries: jax.Array) -> jax.Array:
@@ -103,11 +103,8 @@ def gaussian_vote_harness(weaken, *, sigma, unit, ballot, k, num_agents, num_cla
                      claimed, structure=(n, c, noise))
 
 
-#: This family's entries of the audit registry (:data:`fedjax_dp.audit.MECHANISMS`).
-SPECS: dict[str, Spec] = {
-    "gaussian-vote": Spec(
-        "AE-DPFL / kNN-DPFL MPC vote sum (privacy/vote.py), one query",
-        dict(sigma=3.7, unit="agent", ballot="one_hot", k=None, num_agents=4, num_classes=3,
-             noise="per_agent", accountant="pld"),
-        ("halve-noise",), gaussian_vote_harness),
-}
+register("gaussian-vote", Spec(
+    "AE-DPFL / kNN-DPFL MPC vote sum (privacy/vote.py), one query",
+    dict(sigma=3.7, unit="agent", ballot="one_hot", k=None, num_agents=4, num_classes=3,
+         noise="per_agent", accountant="pld"),
+    ("halve-noise",), gaussian_vote_harness))

@@ -1,4 +1,4 @@
-"""Audit harness machinery shared by every family: what an auditable mechanism is, and checks.
+"""What an auditable mechanism is, the registry of them, and checks shared by every family.
 
 A family's harness (``fedjax_dp/algorithms/<family>/audit.py``) builds, from its parameters, an
 :class:`Auditable`:
@@ -34,9 +34,9 @@ Laplace scale / 2, or a quarter of the binomial noise trials); ``"no-clip"`` run
 that never binds (``clip = inf``, no clipping, or a clip far above the canary with the noise
 std kept at ``z C``). A correct audit must report a lower bound ABOVE the claim for them.
 
-The registry of mechanism names and the audit runner sit on top
-(:mod:`fedjax_dp.audit.mechanisms`, :mod:`fedjax_dp.audit.audit`); this module knows no
-algorithm.
+Registry: each family's ``audit.py`` calls :func:`register` when the family is imported (so
+whoever audits imports the families first); :func:`build` makes an entry by name, the runner is
+:mod:`fedjax_dp.audit.audit`. This module imports no algorithm.
 """
 from __future__ import annotations
 
@@ -52,8 +52,9 @@ from jax.flatten_util import ravel_pytree
 
 from fedjax_dp.core import validation
 
-__all__ = ["WEAKENINGS", "ACCOUNTANTS", "DEFAULT_CHUNK", "Auditable", "Spec", "unit_vector",
-           "flat", "direction", "check_accountant", "check_finite_positive", "check_scale"]
+__all__ = ["WEAKENINGS", "ACCOUNTANTS", "DEFAULT_CHUNK", "Auditable", "Spec", "MECHANISMS",
+           "register", "resolve", "build", "unit_vector", "flat", "direction", "check_accountant",
+           "check_finite_positive", "check_scale", "check_gaussian_params"]
 
 #: The weakened variants any mechanism may offer (each entry lists those it supports).
 WEAKENINGS = ("halve-noise", "no-clip")
@@ -128,6 +129,43 @@ class Spec:
     defaults: dict
     weakenings: tuple
     builder: Callable[..., Auditable]
+
+
+#: Every auditable mechanism by name, as the imported families registered them.
+MECHANISMS: dict[str, Spec] = {}
+
+
+def register(name: str, spec: Spec) -> None:
+    """Make ``spec`` auditable as ``name`` (a family's ``audit.py`` does, on import)."""
+    MECHANISMS[name] = spec
+
+
+def resolve(mechanism: str, weaken: str | None = None, **params) -> tuple[Spec, dict]:
+    """Check the mechanism, the weakening and the parameter names; fill in the defaults."""
+    if mechanism not in MECHANISMS:
+        raise ValueError(f"mechanism must be one of {sorted(MECHANISMS)} (the harnesses of the "
+                         f"imported algorithm families), got {mechanism!r}")
+    spec = MECHANISMS[mechanism]
+    if weaken is not None and weaken not in spec.weakenings:
+        raise ValueError(f"weaken must be one of {list(spec.weakenings)} (or None) for "
+                         f"mechanism {mechanism!r}, got {weaken!r}")
+    unknown = sorted(set(params) - set(spec.defaults))
+    if unknown:
+        raise ValueError(f"{unknown[0]} is not a parameter of mechanism {mechanism!r}; its "
+                         f"parameters are {sorted(spec.defaults)}")
+    return spec, {**spec.defaults, **{k: v for k, v in params.items() if v is not None}}
+
+
+@functools.lru_cache(maxsize=64)
+def _build_cached(mechanism: str, weaken: str | None, items: tuple) -> Auditable:
+    return MECHANISMS[mechanism].builder(weaken, **dict(items))
+
+
+def build(mechanism: str, weaken: str | None = None, **params) -> Auditable:
+    """The :class:`Auditable` of ``mechanism`` with ``params`` (defaults from the registry);
+    cached per (mechanism, weaken, parameters), so its compiled trials are shared."""
+    _, full = resolve(mechanism, weaken, **params)
+    return _build_cached(mechanism, weaken, tuple(sorted(full.items())))
 
 
 def unit_vector(diff: np.ndarray, what: str) -> np.ndarray:
