@@ -87,18 +87,12 @@ def _selected_index(weights: jax.Array, length: int) -> tuple[jax.Array, jax.Arr
     return jnp.pad(idx, (0, length - n)), jnp.sum(sel.astype(jnp.int32))
 
 
-def _passes(plan: RowPlan, n: int) -> tuple[int, int]:
-    """``(first, length)``: the first pass's rows (<= n) and the padded index length."""
-    first = min(plan.first, n)
-    rest = n - first
-    return first, first + -(-rest // plan.step) * plan.step
-
-
 def for_selected(per_pass: Callable, carry, weights: jax.Array, plan: RowPlan):
     """Fold ``per_pass(carry, rows [B] int32, w [B])`` over the selected rows in padded passes
     (``w`` = the rows' weights, 0 on padding). The loop stops after the last selected row."""
     n = weights.shape[0]
-    first, length = _passes(plan, n)
+    first = min(plan.first, n)                                   # the first pass's rows
+    length = first + -(-(n - first) // plan.step) * plan.step    # the padded index length
     idx, count = _selected_index(weights, length)
 
     def one(carry, start, size):
