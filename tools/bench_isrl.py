@@ -6,22 +6,12 @@ and (``--cohort``) the gathered round (M available silos) vs the masked all-silo
     python tools/bench_isrl.py --cohort --silos 1000,10000 --available 10,100 \
         --out results/isrl/bench_cohort.json
 
-For each N (synthetic data: N silos x ``--local-size`` records x ``--features``, MLP with one
-hidden layer), in one run:
-
-* ``vectorised``: the library's compiled SPIDER round (:func:`fedjax_dp.algorithms.isrl.engine.
-  make_round`: every silo's upload in one vmapped, cache-chunked call, the secure sum, the
-  estimator and the prox step), timed for a refresh round (per-record gradients at w_r) and a
-  difference round (per-record gradients at w_r and w_{r-1}).
-* ``loop``: a Python loop over silos calling the SAME one-silo upload functions
-  (:func:`engine.silo_functions`), each jitted once, summing the uploads on the device (the way a
-  client-loop simulator runs). Over more than ``--loop-max`` silos the loop is timed on the first
-  ``--loop-max`` silos and scaled linearly (``loop_extrapolated``: per-silo calls are independent
-  and identical in cost).
-
-Printed and written: wall times per round of each kind, the ratios loop / vectorised, and the
-environment. The two paths compute the same uploads (checked on the smallest N: the vectorised
-sum equals the loop's).
+Default: for each N of ``--silos``, the ``isrl_spider_round`` part of ``fedjax-dp bench``
+(:mod:`fedjax_dp.bench.isrl`: the compiled SPIDER round, refresh and difference, vs a loop over
+silos calling the same one-silo upload functions), written in this script's keys with the ratios
+loop / vectorised; the loop runs on at most ``--loop-max`` silos and is scaled
+(``loop_extrapolated``); for N <= ``--check-silos-max`` the vmapped uploads are checked against
+the loop's (``results_agree``).
 
 ``--cohort``: for each N and each M of ``--available`` (M available silos per round), the
 library's SPIDER (``--method``) round with ``cohort="gather"`` (the M available silos' rows gathered inside the
@@ -54,6 +44,7 @@ from bench_common import best_time, block, environment, write_json
 from fedjax_dp.core.lift import resolve_chunk_size
 from fedjax_dp.privacy.private_grad import per_example_bytes
 from fedjax_dp.algorithms.isrl import engine, uploads
+from fedjax_dp.bench import isrl
 from fedjax_dp.core import StackedData
 from fedjax_dp.models import make_model
 
@@ -66,66 +57,22 @@ def _data(n: int, size: int, features: int, classes: int, seed: int) -> StackedD
                        counts=jnp.full((n,), size, jnp.int32))
 
 
-def bench_one(n: int, args, model, loss_fn, params) -> dict:
-    agents = _data(n, args.local_size, args.features, args.classes, seed=n)
-    sdata = engine.silo_data(agents, (args.batch_size, args.batch_size))
-    spec = engine.RoundSpec(method="spider", num_silos=n, num_available=n, period=2,
-                            report_objective=False, batch_sizes=(args.batch_size,) * 2)
-    chunk = resolve_chunk_size("auto", num_agents=agents.num_agents,
-                               bytes_per_agent=per_example_bytes(params, agents.max_size))
-    chunk = None if chunk is None else max(1, chunk // 2)
-    round_fn = engine.make_round(loss_fn, spec, chunk_size=chunk)
-    values0 = engine.initial_values(spec, params, engine.hyper(0.1, 1.0, 1.0))
-    key = jax.random.key(0)
-    t0 = time.perf_counter()
-    values1, _ = block(round_fn(key, values0, sdata))                    # round 0: refresh
-    compile_s = time.perf_counter() - t0
-    refresh_s = best_time(lambda: round_fn(key, values0, sdata), args.repeats)
-    diff_s = best_time(lambda: round_fn(key, values1, sdata), args.repeats)   # round 1: diff
-
-    # the loop: same one-silo functions, jitted once, one call per silo, sums on the device
-    fns = engine.silo_functions(loss_fn, spec)
-    grad = jax.jit(fns["gradient"])
-    diff = jax.jit(fns["difference"])
-    keys = jax.random.split(key, n)
-    looped = min(n, args.loop_max)
-    p0, p1 = values0["params"], values1["params"]
-    rates, denoms = sdata.rates, sdata.denominators
-    tau = jnp.float32(2.0)
-
-    # per-silo arguments sliced once, outside the timing (a client loop holds them per client)
-    silo_args = [(keys[i], agents.x[i], agents.y[i], agents.mask[i], rates[i, 0], denoms[i, 0],
-                  rates[i, 1], denoms[i, 1]) for i in range(looped)]
-    add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
-
-    def loop(kind):
-        total = None
-        for k, x, y, m, r0, d0, r1, d1 in silo_args:
-            if kind == "refresh":
-                u, _ = grad(k, p0, x, y, m, r0, d0, 1.0, 1.0)
-            else:
-                u, _ = diff(k, p1, p0, x, y, m, r1, d1, 1.0, tau, 1.0)
-            total = u if total is None else add(total, u)
-        return total
-
-    scale = n / looped
-    loop_refresh_s = best_time(lambda: loop("refresh"), args.loop_repeats) * scale
-    loop_diff_s = best_time(lambda: loop("difference"), args.loop_repeats) * scale
-    record = {"silos": n, "chunk_size": chunk, "compile_s": compile_s,
-              "vectorised_refresh_s": refresh_s, "vectorised_difference_s": diff_s,
-              "loop_refresh_s": loop_refresh_s, "loop_difference_s": loop_diff_s,
-              "loop_silos_timed": looped, "loop_extrapolated": looped < n,
-              "speedup_refresh": loop_refresh_s / refresh_s,
-              "speedup_difference": loop_diff_s / diff_s}
-    if n <= args.check_silos_max:
-        # same uploads: the vectorised sum == the loop's sum over the silos the loop ran
-        lifted = jax.jit(jax.vmap(fns["gradient"], in_axes=(0, None, 0, 0, 0, 0, 0, None, None)))
-        u, _ = lifted(keys, p0, agents.x, agents.y, agents.mask, rates[:, 0], denoms[:, 0], 1.0,
-                      1.0)
-        vec_sum = jax.tree.map(lambda l: l[:looped].sum(0), u)
-        record["results_agree"] = bool(all(
-            np.allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
-            for a, b in zip(jax.tree.leaves(vec_sum), jax.tree.leaves(loop("refresh")))))
+def bench_one(n: int, args) -> dict:
+    """The ``isrl_spider_round`` part of ``fedjax-dp bench`` at N = ``n``, in this script's keys."""
+    rec = isrl.measure(dict(silos=n, local_size=args.local_size, features=args.features,
+                            hidden=args.hidden, classes=args.classes, batch_size=args.batch_size,
+                            loop_max=args.loop_max, loop_repeats=args.loop_repeats,
+                            check=n <= args.check_silos_max), args.repeats)
+    t = {k: v["min_s"] for k, v in rec["times"].items()}
+    checks = rec["checks"]
+    record = {"silos": n, "chunk_size": rec["sizes"]["chunk_size"],
+              "compile_s": checks["first_call_s"], "loop_silos_timed": checks["loop_silos_timed"],
+              "loop_extrapolated": checks["loop_silos_timed"] < n,
+              **{f"{k}_s": v for k, v in t.items()},
+              "speedup_refresh": t["loop_refresh"] / t["vectorised_refresh"],
+              "speedup_difference": t["loop_difference"] / t["vectorised_difference"]}
+    if "results_agree" in checks:
+        record["results_agree"] = checks["results_agree"]
     return record
 
 
@@ -290,7 +237,7 @@ def main(argv=None) -> dict:
         return bench_rates(args, loss_fn, params)
     runs = []
     for n in silos:
-        rec = bench_one(n, args, model, loss_fn, params)
+        rec = bench_one(n, args)
         runs.append(rec)
         print(f"N={n:>6}: vectorised refresh {rec['vectorised_refresh_s'] * 1e3:8.2f} ms, "
               f"difference {rec['vectorised_difference_s'] * 1e3:8.2f} ms | loop refresh "

@@ -41,7 +41,6 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from bench_common import environment, matmul_gflops, write_json  # tools/, the script's folder
 
@@ -79,22 +78,16 @@ def child(args) -> dict:
     import jax.numpy as jnp
 
     from fedjax_dp.algorithms.voting import knn_dpfl
+    from fedjax_dp.bench import knn_vote
+    from fedjax_dp.core import agent_mesh
     from fedjax_dp.ops import knn_search
     from fedjax_dp.privacy import vote
-
-    from fedjax_dp.core import agent_mesh
 
     n_agents, n, q, d, c, k = args.agents, args.local_size, args.queries, args.features, 10, args.k
     mesh = agent_mesh() if jax.device_count() > 1 else None
     chunk = args.agent_chunk or None
-    kx, ky, kq = jax.random.split(jax.random.key(0), 3)
-    x = jax.random.normal(kx, (n_agents, n, d), jnp.float32)                # [N, n, d]
-    y = jax.random.randint(ky, (n_agents, n), 0, c)
-    mask = jnp.ones((n_agents, n), bool)
-    queries = jax.random.normal(kq, (q, d), jnp.float32)
-    jax.block_until_ready((x, y, mask, queries))
-    rss_data = _rss_mb()
-    agents = (x, y, mask)
+    agents, queries = jax.block_until_ready(knn_vote.workload(n_agents, n, q, d, c))
+    rss_data, x = _rss_mb(), agents[0]
     fn = knn_dpfl.ballot_fn(k, c)
 
     def dist_only(ag, qs):         # the scores GEMMs of knn_search alone (same blocks), + a min
@@ -118,9 +111,7 @@ def child(args) -> dict:
                 agent_chunk=chunk, query_chunk=None, noisy=False, mesh=mesh))
         if name in ("vote", "vote_aggregate"):
             noise = "aggregate" if name == "vote_aggregate" else "per_agent"
-            return jax.jit(lambda key, ag, qs: jnp.argmax(vote.noisy_tally(   # mpc_vote's release
-                key, ag, qs, jnp.float32(1.0), ballot_fn=fn, num_classes=c, agent_chunk=chunk,
-                query_chunk=None, noisy=True, mesh=mesh, noise=noise), axis=-1).astype(jnp.int32))
+            return knn_vote.release_fn(k, c, "auto", chunk, mesh=mesh, noise=noise)
         f = fn if name == "clean" else dist_only
         return jax.jit(lambda key, ag, qs: vote.noisy_tally(
             key, ag, qs, 0.0, ballot_fn=f, num_classes=c, agent_chunk=chunk, query_chunk=None,

@@ -1,7 +1,7 @@
 """Bench part: one ISRL-DP FedProx-SPIDER round over N silos, vectorised vs a loop over silos.
 
-Synthetic data (N silos x ``local_size`` records x ``features``, 2 classes), an MLP with one
-hidden layer, expected batches K1 = K2 = ``batch_size``:
+Synthetic data (N silos x ``local_size`` records x ``features``, ``classes`` labels, default 2),
+an MLP with one hidden layer, expected batches K1 = K2 = ``batch_size``:
 
 * ``vectorised_refresh`` / ``vectorised_difference``: the library's compiled SPIDER round
   (:func:`fedjax_dp.algorithms.isrl.engine.make_round`: every silo's upload in one vmapped,
@@ -11,9 +11,12 @@ hidden layer, expected batches K1 = K2 = ``batch_size``:
   upload functions (:func:`engine.silo_functions`), each jitted once, summing on the device
   (timed on the first ``loop_max`` silos and scaled by N / loop_max).
 
-Ratios: loop / vectorised for each round kind.
+Ratios: loop / vectorised for each round kind. Checks: the silos' vmapped refresh uploads sum
+to the loop's (``results_agree``; unless ``check`` is false), the first (compiling) call's time.
 """
 from __future__ import annotations
+
+import time
 
 import jax
 import jax.numpy as jnp
@@ -33,12 +36,14 @@ def measure(sizes: dict, repeats: int) -> dict:
     from fedjax_dp.models import make_model
 
     n, size, f, bs = sizes["silos"], sizes["local_size"], sizes["features"], sizes["batch_size"]
-    model = make_model("mlp", (f,), 2, hidden=(sizes["hidden"],))
+    looped = min(n, sizes["loop_max"])
+    classes = sizes.get("classes", 2)
+    model = make_model("mlp", (f,), classes, hidden=(sizes["hidden"],))
     loss_fn = engine.loss_for(model)
     params = model.init(jax.random.key(0))
     rng = np.random.default_rng(n)
     agents = StackedData(x=jnp.asarray(rng.normal(size=(n, size, f)).astype(np.float32)),
-                         y=jnp.asarray(rng.integers(0, 2, size=(n, size)).astype(np.int32)),
+                         y=jnp.asarray(rng.integers(0, classes, size=(n, size)).astype(np.int32)),
                          mask=jnp.ones((n, size), bool), counts=jnp.full((n,), size, jnp.int32))
     sdata = engine.silo_data(agents, (bs, bs))
     spec = engine.RoundSpec(method="spider", num_silos=n, num_available=n, period=2,
@@ -48,14 +53,15 @@ def measure(sizes: dict, repeats: int) -> dict:
     round_fn = engine.make_round(loss_fn, spec, chunk_size=chunk)
     values0 = engine.initial_values(spec, params, engine.hyper(0.1, 1.0, 1.0))
     key = jax.random.key(0)
+    t0 = time.perf_counter()
     values1, _ = common.block(round_fn(key, values0, sdata))              # round 0: refresh
+    checks = {"first_call_s": time.perf_counter() - t0, "loop_silos_timed": looped}
     times = {"vectorised_refresh": common.time_fn(lambda: round_fn(key, values0, sdata), repeats),
              "vectorised_difference": common.time_fn(lambda: round_fn(key, values1, sdata),
                                                      repeats)}
     fns = engine.silo_functions(loss_fn, spec)
     grad, diff = jax.jit(fns["gradient"]), jax.jit(fns["difference"])
     add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
-    looped = min(n, sizes["loop_max"])
     keys = jax.random.split(key, n)
     p0, p1 = values0["params"], values1["params"]
     r, dn = sdata.rates, sdata.denominators
@@ -75,9 +81,16 @@ def measure(sizes: dict, repeats: int) -> dict:
     for kind in ("refresh", "difference"):
         times[f"loop_{kind}"] = common.scaled(common.time_fn(lambda: loop(kind), loop_repeats),
                                               n / looped)
+    if sizes.get("check", True):               # the same uploads: the vmapped sum == the loop's
+        lifted = jax.jit(jax.vmap(fns["gradient"], in_axes=(0, None, 0, 0, 0, 0, 0, None, None)))
+        u, _ = lifted(keys[:looped], p0, agents.x[:looped], agents.y[:looped],
+                      agents.mask[:looped], r[:looped, 0], dn[:looped, 0], 1.0, 1.0)
+        checks["results_agree"] = bool(all(
+            np.allclose(np.asarray(a).sum(0), np.asarray(b), rtol=1e-4, atol=1e-5)
+            for a, b in zip(jax.tree.leaves(u), jax.tree.leaves(loop("refresh")))))
     return {"name": NAME, "title": TITLE,
             "sizes": {**sizes, "chunk_size": chunk, "num_params": common.num_params(params)},
             "times": times,
             "pairs": {f"loop_over_vectorised_{kind}": (f"loop_{kind}", f"vectorised_{kind}")
                       for kind in ("refresh", "difference")},
-            "checks": {"loop_silos_timed": looped}}
+            "checks": checks}

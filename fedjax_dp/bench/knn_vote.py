@@ -62,36 +62,43 @@ def _distances_fn(n_agents: int, n: int, q: int):
     return distances
 
 
+def workload(n_agents: int, n: int, q: int, d: int, c: int = 10):
+    """The agents ``(x [N, n, d], y [N, n] in [0, c), mask [N, n])`` and the queries ``[Q, d]``."""
+    kx, ky, kq = jax.random.split(jax.random.key(0), 3)
+    agents = (jax.random.normal(kx, (n_agents, n, d), jnp.float32),
+              jax.random.randint(ky, (n_agents, n), 0, c), jnp.ones((n_agents, n), bool))
+    return agents, jax.random.normal(kq, (q, d), jnp.float32)
+
+
+def release_fn(k: int, c: int, method: str, chunk: int | None, **options):
+    """What ``mpc_vote`` releases, jitted: the argmax of the noisy kNN tally (``options``: more
+    arguments of :func:`fedjax_dp.privacy.vote.noisy_tally`, e.g. ``mesh``, ``noise``)."""
+    from fedjax_dp.algorithms.voting import knn_dpfl
+    from fedjax_dp.privacy import vote
+    fn = knn_dpfl.ballot_fn(k, c, method)
+    return jax.jit(lambda key, ag, qs: jnp.argmax(vote.noisy_tally(
+        key, ag, qs, jnp.float32(1.0), ballot_fn=fn, num_classes=c, agent_chunk=chunk,
+        query_chunk=None, noisy=True, **options), axis=-1).astype(jnp.int32))
+
+
 def measure(sizes: dict, repeats: int) -> dict:
     from fedjax_dp.algorithms.voting import knn_dpfl
     from fedjax_dp.core import defaults as defaults_lib
-    from fedjax_dp.privacy import vote
 
     n_agents, n, q, d, k, c = (sizes["agents"], sizes["local_size"], sizes["queries"],
                                sizes["features"], sizes["k"], 10)
     chunk = sizes.get("agent_chunk") or None
-    kx, ky, kq = jax.random.split(jax.random.key(0), 3)
-    agents = (jax.random.normal(kx, (n_agents, n, d), jnp.float32),        # x [N, n, d]
-              jax.random.randint(ky, (n_agents, n), 0, c),                 # y [N, n]
-              jnp.ones((n_agents, n), bool))                               # mask [N, n]
-    queries = jax.random.normal(kq, (q, d), jnp.float32)                   # [Q, d]
+    agents, queries = workload(n_agents, n, q, d, c)
     key = jax.random.key(1)
-
-    def release_fn(method):
-        fn = knn_dpfl.ballot_fn(k, c, method)
-        return jax.jit(lambda key, ag, qs: jnp.argmax(vote.noisy_tally(
-            key, ag, qs, jnp.float32(1.0), ballot_fn=fn, num_classes=c, agent_chunk=chunk,
-            query_chunk=None, noisy=True), axis=-1).astype(jnp.int32))
-
     default = knn_dpfl.resolve_method("auto")
-    release = release_fn(default)
+    release = release_fn(k, c, default, chunk)
     dist = jax.jit(_distances_fn(n_agents, n, q))
     times = {"vote": common.time_fn(lambda: release(key, agents, queries), repeats),
              "distances": common.time_fn(lambda: dist(agents[0], agents[2], queries), repeats)}
     pairs = {"vote_over_distances": ("vote", "distances")}
     if defaults_lib.defaults().accelerator:
         other = "top_k" if default == "threshold" else "threshold"
-        release_other = release_fn(other)
+        release_other = release_fn(k, c, other, chunk)
         times[f"vote_{other}"] = common.time_fn(lambda: release_other(key, agents, queries),
                                                 repeats)
         pairs[f"{other}_over_{default}"] = (f"vote_{other}", "vote")
