@@ -1,46 +1,20 @@
-"""A run's population from its resolved ``[data]`` table: load -> hold out -> partition -> stack.
+"""A run's population from its resolved ``[data]`` table: load -> hold out -> partition -> stack,
+the agents' records copied once, into ``x [N, n_max, ...]`` (docs/scale.md):
 
-The agents' records are copied once, into the stacked arrays ``x [N, n_max, ...]``:
-
-* a source that can stream (:data:`fedjax_dp.data.STREAMED`, e.g. ``synthetic``) never builds
-  its training split: its labels are partitioned (index arrays), then its features are generated
-  block by block and written straight into the agents' rows (:func:`fedjax_dp.core.stack_records`);
-  a validation hold-out (``data.validation_fraction``) only drops records from the stream;
-* a source whose records can be drawn one by one (its ``draw``: ``synthetic`` with
-  ``dataset_options.generator = "jax"``) is drawn where it is consumed
-  (:func:`fedjax_dp.core.stacked.stack_drawn`): with ``run.agents_on`` resolving to
-  ``"device"`` in one compiled call on the device (the host holds the partition's record
-  indices and the labels, never the features), with ``"host"`` by chunks of agents drawn on the
-  device and copied into the host rows;
-* ``iid`` partitions are built as one ``[N, n_max]`` array of record indices
-  (:func:`fedjax_dp.data.iid_rows`), never N index arrays;
-* the hold-out (``data.validation_fraction = f``) is drawn from the whole training split before
-  partitioning (``data.validation_split = "pooled"``, default) or from every agent's own records
-  after partitioning (``"per_agent"``: agent i keeps ``n_i - max(1, round(f n_i))``,
-  :func:`hold_out_per_agent`), with the run's seed, or with ``data.validation_seed = s >= 0``
-  for every run (the same hold-out whatever the seed);
-* other sources load their training split (the files or package data they read) and the agents'
-  rows are gathered from it in blocks, with no per-agent copies;
-* ``data.dataset = "stacked:PATH"`` reads a population saved by :func:`save` (or
-  :func:`fedjax_dp.core.save_stacked`) memory-mapped, and copies nothing.
-
-Otherwise the population is built in host memory and then placed by ``run.agents_on``
-(:func:`fedjax_dp.core.place`): ``"auto"`` (default) keeps it on the host when it would not
-comfortably fit on the device (more than 25% of the device's memory, or more than 64 MiB on a
-CPU, :func:`fedjax_dp.core.auto_placement`), ``"device"`` copies it to the device, ``"host"``
-keeps it on the host (only chunks or cohorts go to the device). Every placement gives the same
-results.
-
-A stacked population. ``stacked:PATH`` (PATH relative to the current folder) names a folder holding
-``x.npy``, ``y.npy``, ``counts.npy`` and, beside them, ``server.npz``: the server's public and
-test splits (``x_public``, ``y_public``, ``x_test``, ``y_test``, ``num_classes``, ``name``), as
-:func:`save` writes them. ``data.server_dataset`` replaces those splits (and is required when
-``server.npz`` is missing). The agents are already partitioned: ``data.partition`` and its options
-are not used, ``data.num_agents`` must equal the saved N, and ``dataset_options``,
-``image_size`` and ``validation_fraction`` must be left unset. ``fedjax-dp data convert`` writes
-such a folder from a published federated dataset (:mod:`fedjax_dp.data.convert`: one agent per
-client, the published test split in ``server.npz``), with ``task.json`` beside it for
-next-token data (:mod:`fedjax_dp.models.tasks`; the loaded splits then carry that task).
+* a streamed source (:data:`fedjax_dp.data.STREAMED`) partitions its labels, then generates its
+  features block by block into the agents' rows (:func:`fedjax_dp.core.stack_records`); one that
+  draws records one by one (``dataset_options.generator = "jax"``) is drawn where it is consumed
+  (:func:`fedjax_dp.core.stacked.stack_drawn`); other sources' rows are gathered in blocks from
+  their training split;
+* the validation hold-out (``data.validation_fraction``) comes from the whole training split
+  (``data.validation_split = "pooled"``) or from every agent's records (``"per_agent"``,
+  :func:`hold_out_per_agent`), drawn with the run's seed or ``data.validation_seed >= 0``;
+* ``data.dataset = "stacked:PATH"`` reads a population saved by :func:`save` memory-mapped
+  (:func:`load_population`: ``server.npz`` beside it holds the server's splits, ``task.json`` a
+  next-token task, :mod:`fedjax_dp.models.tasks`);
+* the population is placed by ``run.agents_on`` (:func:`fedjax_dp.core.place`; ``"auto"``: on
+  the host when it would not comfortably fit on the device); every placement gives the same
+  results.
 """
 from __future__ import annotations
 
@@ -158,9 +132,8 @@ def partition_indices(d: dict, dataset: AnyDataset, key) -> list:
     options = dict(d["partition_options"])
     if d["partition"] in ("by_domain", "natural") and "domains" not in options:
         if dataset.domain_train is None:
-            raise ConfigError(f"data.partition = \"{d['partition']}\" needs a "
-                              f"dataset with training domains (client ids); "
-                              f"{dataset.name!r} has none")
+            raise ConfigError(f"data.partition = \"{d['partition']}\" needs a dataset with "
+                              f"training domains (client ids); {dataset.name!r} has none")
         options["domains"] = dataset.domain_train
     try:
         return data_lib.partition(d["partition"], dataset.y_train, d["num_agents"], key,
@@ -183,8 +156,7 @@ def hold_out(dataset: AnyDataset, fraction: float, key) -> tuple[AnyDataset, np.
     n = len(dataset.y_train)
     m = max(1, int(round(fraction * n)))
     if m >= n:
-        raise ConfigError(f"data.validation_fraction = {fraction} leaves no training "
-                          f"record of {n}")
+        raise ConfigError(f"data.validation_fraction = {fraction} leaves no training record of {n}")
     perm = np.asarray(jax.random.permutation(key, n))
     return _without(dataset, perm[:m], np.sort(perm[m:]))
 
@@ -366,10 +338,9 @@ def load_population(d: dict) -> tuple[data_lib.StreamedDataset, StackedData]:
                           f"(a relative path is read from {str(Path.cwd())!r})")
     missing = [n for n in _STACKED_FILES if not (folder / n).is_file()]
     if missing:
-        raise ConfigError(f"{where}: {str(folder)!r} is not a stacked population "
-                          f"(missing {', '.join(missing)}; write one with "
-                          f"fedjax_dp.data.population.save or "
-                          f"fedjax_dp.core.save_stacked)")
+        raise ConfigError(f"{where}: {str(folder)!r} is not a stacked population (missing "
+                          f"{', '.join(missing)}; write one with fedjax_dp.data.population.save "
+                          f"or fedjax_dp.core.save_stacked)")
     for key, unset in (("dataset_options", {}), ("image_size", 0), ("validation_fraction", 0),
                        ("features", {})):
         if d.get(key, unset) != unset:
@@ -382,8 +353,7 @@ def load_population(d: dict) -> tuple[data_lib.StreamedDataset, StackedData]:
                           f"population: {str(e).splitlines()[0]}") from None
     if agents.num_agents != d["num_agents"]:
         raise ConfigError(f"data.num_agents = {d['num_agents']} but {where} holds "
-                          f"{agents.num_agents} agents; set data.num_agents="
-                          f"{agents.num_agents}")
+                          f"{agents.num_agents} agents; set data.num_agents={agents.num_agents}")
     if d.get("server_dataset", ""):
         srv = _server(d, None, agents.feature_shape)
         splits = dict(x_public=srv.x_public, y_public=srv.y_public, x_test=srv.x_test,
