@@ -11,7 +11,7 @@ import pytest
 from fedjax_dp import data as data_lib
 from fedjax_dp.core import (auto_placement, from_partition, is_on_host, place, rng,
                             stack_records)
-from fedjax_dp.core.stacked import AUTO_HOST_BYTES
+from fedjax_dp.core.defaults import AUTO_HOST_BYTES
 from fedjax_dp.experiments import config as config_lib
 from fedjax_dp.data import population
 from fedjax_dp.experiments import runner

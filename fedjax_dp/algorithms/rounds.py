@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import time
 from typing import Any, Callable, Hashable
 
 import jax

@@ -29,7 +29,6 @@ import weakref
 from typing import Any, Callable, Mapping
 
 import jax
-import numpy as np
 
 from fedjax_dp.core import defaults as defaults_lib
 

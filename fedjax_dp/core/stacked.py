@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.core import defaults as defaults_lib, validation
+from fedjax_dp.core.lift import num_chunks
 
 
 @jax.tree_util.register_dataclass
@@ -485,7 +486,7 @@ def _draw_all(fn, key, params, ids, attrs, records, labels, *, chunk: int):
         return jax.lax.dynamic_update_slice_in_dim(
             out, _draw(fn, key, params, ids, attrs, rows), start, 0)
 
-    return jax.lax.fori_loop(0, -(-n // chunk), body, out), y, real
+    return jax.lax.fori_loop(0, num_chunks(n, chunk), body, out), y, real
 
 
 #: agents per chunk when :func:`stack_drawn` draws a population
@@ -531,38 +532,26 @@ def stack_drawn(draw: RecordDraw, y, rows: RecordRows, *, on: str = "host",
             x = np.empty((num,) + host.shape[1:], host.dtype)   # pages appear as rows are written
         x[start:stop] = host[:stop - start]
 
-    for start in range(0, num, chunk):
-        r = records[start:start + chunk]
-        if len(r) < chunk:                       # the last chunk padded: one compiled shape
-            r = np.concatenate([r, np.full((chunk - len(r),) + r.shape[1:], -1, r.dtype)])
-        out = _draw_block(draw.fn, *inputs, jax.device_put(r))
+    from fedjax_dp.core import agent_stream          # (it imports this module)
+    for c in agent_stream.chunks(records, chunk, fill=-1, prefetch=False):  # padded: one shape
+        out = _draw_block(draw.fn, *inputs, c.agents)
         if pending is not None:                  # copy the previous chunk while this one draws
             copy(*pending)
-        pending = (start, min(num, start + chunk), out)
+        pending = (c.start, c.start + c.num_real, out)
     copy(*pending)
     return from_arrays(x, y_out, counts, check=False)
-
-
-#: ``agents_on = "auto"``: host-resident when the agents exceed this fraction of the device's
-#: memory (where the device reports it) or, on a device that does not report its memory (the
-#: CPU), this many bytes (both decided in :mod:`fedjax_dp.core.defaults`).
-AUTO_HOST_FRACTION = defaults_lib.AUTO_HOST_FRACTION
-AUTO_HOST_BYTES = defaults_lib.AUTO_HOST_BYTES
 
 
 def auto_placement(nbytes: int, device=None) -> str:
     """``"host"`` or ``"device"``: where ``run.agents_on = "auto"`` keeps ``nbytes`` of agents.
 
     Host when they exceed ``placement_host_bytes`` of :func:`fedjax_dp.core.defaults.defaults`
-    for ``device`` (default: the first local device): :data:`AUTO_HOST_FRACTION` (25%) of
+    for ``device`` (default: the first local device): ``AUTO_HOST_FRACTION`` (25%) of
     ``device.memory_stats()["bytes_limit"]`` (GPU, TPU: the rest is left to parameters,
-    activations and XLA), else on the device. A device without memory statistics (the CPU,
-    whose "device" memory is host memory) keeps populations above :data:`AUTO_HOST_BYTES`
-    (64 MiB) on the host: placing them on the device would be a second copy of the data (and
-    device-resident agents let an algorithm keep per-agent state beside them: AE-DPFL keeps
-    every agent's parameters, 2.1 GB against 1.0 GB host-resident for 10^5 agents of 0.2 GB),
-    while host-resident agents are streamed a chunk or a cohort at a time, as fast there, with
-    the same results; the offline datasets' populations (a few MB) stay on the device.
+    activations and XLA). A device without memory statistics (the CPU, whose "device" memory is
+    host memory) keeps populations above ``AUTO_HOST_BYTES`` (64 MiB) on the host: on the device
+    they would be a second copy of the data, while host-resident agents are streamed a chunk or
+    a cohort at a time, as fast, with the same results.
     """
     limit = defaults_lib.defaults(device=device).placement_host_bytes
     return "host" if nbytes > limit else "device"

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
 from fedjax_dp import data as data_lib
 from fedjax_dp.algorithms import api, registry

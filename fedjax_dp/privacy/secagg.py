@@ -51,7 +51,6 @@ AGGREGATIONS = ("plain", "secagg")
 #: Bits of the ring Z_{2^32} (uint32 arithmetic).
 RING_BITS = 32
 _MAX_FRAC_BITS = 30                 # 2^(31-f) >= 2: at least the range [-2, 2)
-_SIGNED_LIMIT = 2 ** (RING_BITS - 1)
 
 
 @dataclasses.dataclass(frozen=True)

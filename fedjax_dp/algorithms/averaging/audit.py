@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.algorithms import rounds
 from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
 from fedjax_dp.audit.harness import (Auditable, Spec, check_gaussian_params, direction, flat,
                                      register, unit_vector)
@@ -104,7 +105,7 @@ def dp_sgd_step_harness(weaken, *, noise_multiplier, clip_norm, num_examples, ca
 def dp_fedavg_round_harness(weaken, *, noise_multiplier, clip_norm, num_agents, canary_scale,
                             accountant) -> Auditable:
     """One DP-FedAvg round (:mod:`fedjax_dp.algorithms.averaging.dp_fedavg`; voting-dpfl Alg. 1) through
-    the library's compiled round parts (:func:`fedavg.make_round_parts`: ``train_sum`` once per
+    the library's compiled round parts (:func:`rounds.make_round_parts`: ``train_sum`` once per
     world, ``server`` per trial with the trial round's ``k_noise`` from
     :func:`fedavg.round_keys`), sampling rate 1: every agent takes part, so the round is the
     Gaussian mechanism on the clipped update sum and the claim is that of
@@ -120,7 +121,7 @@ def dp_fedavg_round_harness(weaken, *, noise_multiplier, clip_norm, num_agents, 
     x, y = canary_examples(n, scale, clip)
     data = jax.tree.map(jnp.asarray, from_arrays(x[:, None], y[:, None], np.ones(n, np.int64)))
     local = LocalTrainConfig(steps=1, batch_size=1, learning_rate=1.0)
-    update = fedavg.local_sgd_update(model, local)
+    update = rounds.local_sgd_update(model, local)
     sampling = cohort_lib.Sampling("poisson", rate=1.0)
 
     z_used = z / (2 if weaken == "halve-noise" else 1)
@@ -129,10 +130,10 @@ def dp_fedavg_round_harness(weaken, *, noise_multiplier, clip_norm, num_agents, 
                             clip_norm=None if weaken == "no-clip" else clip,
                             noise_multiplier=z_used, noise_sensitivity=clip,
                             denominator="expected")
-    server = fedavg.make_round_parts(update, spec, n)[1]
+    server = rounds.make_round_parts(update, spec, n)[1]
     # train_sum does not read the noise: take it from the noise-free spec (compiled once for
     # every noise level).
-    train_sum = fedavg.make_round_parts(update, dataclasses.replace(spec, noise_multiplier=0.0), n)[0]
+    train_sum = rounds.make_round_parts(update, dataclasses.replace(spec, noise_multiplier=0.0), n)[0]
     ids = jnp.arange(n)
     worlds = {False: jnp.ones((n,), bool), True: jnp.ones((n,), bool).at[0].set(False)}
     # The agents' part of the round (local training, clipping, secure sum), once per world:
@@ -177,7 +178,7 @@ register("dp-sgd-step", Spec(
          accountant="pld"),
     ("halve-noise", "no-clip"), dp_sgd_step_harness))
 register("dp-fedavg-round", Spec(
-    "one DP-FedAvg round (fedavg.make_round_parts), sampling rate 1, canary agent",
+    "one DP-FedAvg round (rounds.make_round_parts), sampling rate 1, canary agent",
     dict(noise_multiplier=3.7, clip_norm=1.0, num_agents=3, canary_scale=100.0,
          accountant="pld"),
     ("halve-noise", "no-clip"), dp_fedavg_round_harness))

@@ -14,7 +14,7 @@ The voting-dpfl paper's instance-level gradient baseline (spec "Baselines"). Rou
     theta_{t+1}   = theta_t + eta_s * sum_{i in S_t} Delta_i / max(1, |S_t|)                (2)
 
 Only the sampled agents train: the round gathers them into a padded cohort buffer
-(:class:`fedjax_dp.algorithms.averaging.fedavg.RoundRunner`, shared with FedAvg), so it costs the cohort.
+(:class:`fedjax_dp.algorithms.rounds.RoundRunner`, shared with FedAvg), so it costs the cohort.
 
 ``clip(g, C) = g min(1, C / ||g||_2)`` with the global L2 norm over all parameters
 (:mod:`fedjax_dp.privacy.clipping`), so one record moves the clipped sum by at most C.
@@ -65,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms import api, rounds
 from fedjax_dp.algorithms.averaging import fedavg
 from fedjax_dp.core import StackedData, validation
 from fedjax_dp.core.lift import resolve_chunk_size
@@ -228,13 +228,13 @@ def round_spec(config: Config) -> fedavg.RoundSpec:
 def make_round(model: Model, config: Config, data: StackedData, rates, denominators, *,
                chunk_size: int | None = None, mesh=None, cohort: str = "gather",
                pass_size: int | None = None,
-               rounds_per_call: int | str = "auto") -> fedavg.RoundRunner:
-    """The round as a :class:`fedavg.RoundRunner`: ``runner(key, params) -> (params, metrics)``,
+               rounds_per_call: int | str = "auto") -> rounds.RoundRunner:
+    """The round as a :class:`rounds.RoundRunner`: ``runner(key, params) -> (params, metrics)``,
     ``runner.last_indices`` the agents that took part. Only the sampled agents train
     (``cohort="gather"``; ``"masked"`` trains all and masks, the reference). Agent i trains with
     ``fold_in(k_train, i)``; compiled once per (model, round fields of ``config``, plan)."""
     one_round = dataclasses.replace(config, rounds=1)
-    return fedavg.RoundRunner(model, config.local, round_spec(config), data,
+    return rounds.RoundRunner(model, config.local, round_spec(config), data,
                               chunk_size=chunk_size, mesh=mesh, cohort=cohort,
                               pass_size=pass_size, agent_update=agent_update(model, one_round),
                               extras={"rate": rates, "denominator": denominators},
@@ -301,7 +301,7 @@ class Context:
 
     agents: StackedData
     model: Model
-    round_fn: fedavg.RoundRunner
+    round_fn: rounds.RoundRunner
     rates: jax.Array                   # [N] p_i
     denominators: jax.Array            # [N] p_i n_i
 

@@ -20,8 +20,7 @@ import jax
 
 from fedjax_dp.algorithms import api, rounds
 from fedjax_dp.algorithms.rounds import (  # noqa: F401  (the engine's names, re-exported)
-    Context, RoundRunner, RoundSpec, check_secagg_range, init_rounds, local_sgd_update,
-    make_round_parts, round_keys, sample_agents)
+    RoundSpec, init_rounds, round_keys, sample_agents)
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model

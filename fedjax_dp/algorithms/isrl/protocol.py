@@ -100,30 +100,6 @@ class PrivateConfig(Config):
               "calibrate_per_silo": validation.Bool()}
 
 
-def check_budget(clip_norm, target_epsilon, delta) -> None:
-    """C > 0 and finite, target epsilon > 0 and finite, delta in (0, 1) (every private member,
-    Gaussian or shuffled)."""
-    for name, value in (("clip_norm", clip_norm), ("target_epsilon", target_epsilon)):
-        validation.check_positive(f"algorithm.{name}", value)
-        if not math.isfinite(value):
-            raise ValueError(f"algorithm.{name} must be finite, got {value}")
-    validation.check_open_unit("algorithm.delta", delta)
-
-
-def check_smoothness(value) -> None:
-    if value is not None:
-        validation.check_positive("algorithm.smoothness", value)
-
-
-def check_spider(config) -> None:
-    """SPIDER's own fields (ISRL-DP and SDP): phase_length q >= 1, diff_batch_size K2 >= 1 or
-    None, smoothness beta_hat > 0 or None."""
-    validation.check_int("algorithm.phase_length", config.phase_length, minimum=1)
-    if config.diff_batch_size is not None:
-        validation.check_int("algorithm.diff_batch_size", config.diff_batch_size, minimum=1)
-    check_smoothness(config.smoothness)
-
-
 def declare_uncovered(config, out: PrivacyLedger) -> PrivacyLedger:
     """The round metrics of a private member that no upload accounts for (ISRL-DP and SDP):
     realised batch sizes and clipped fractions, and the objective over all records
