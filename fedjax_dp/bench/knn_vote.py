@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fedjax_dp.bench import common
+from fedjax_dp.core.lift import chunked, pad_rows
 
 NAME = "knn_vote"
 TITLE = "the kNN MPC vote vs the matmul"
@@ -45,20 +46,13 @@ def _distances_fn(n_agents: int, n: int, q: int):
     qb = knn_search.query_block_size(q, qb_t)
 
     def distances(x, mask, queries):
-        d = x.shape[-1]
-        apad, qpad = (-n_agents) % ab, (-q) % qb
-        if apad:
-            x = jnp.concatenate([x, jnp.zeros((apad, n, d), x.dtype)])
-            mask = jnp.concatenate([mask, jnp.zeros((apad, n), bool)])
-        if qpad:
-            queries = jnp.concatenate([queries, jnp.zeros((qpad, d), queries.dtype)])
-        qblocks = knn_search.augment_queries(queries).reshape(-1, qb, d + 1)
+        qblocks = chunked(knn_search.augment_queries(pad_rows(queries, qb)), qb)
 
         def per_agent_block(blk):
             xa = knn_search.augment_records(*blk)                             # [ab, n, d+1]
             return lax.map(lambda qa: jnp.min(knn_search.augmented_scores(xa, qa), axis=1),
                            qblocks)
-        return lax.map(per_agent_block, (x.reshape(-1, ab, n, d), mask.reshape(-1, ab, n)))
+        return lax.map(per_agent_block, chunked((x, mask), ab))
     return distances
 
 

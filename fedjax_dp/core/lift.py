@@ -86,7 +86,6 @@ def chunked(tree: Any, size: int, *, fill=0) -> Any:
 
 
 def _pad_to_devices(args, axes, ndev: int) -> list:
-    """The per-agent arguments padded with copies of the last agent (dropped or deselected)."""
     return [pad_rows(a, ndev, fill=None) if ax == 0 else a for a, ax in zip(args, axes)]
 
 
@@ -127,12 +126,12 @@ def for_each_agent(fn: Callable[..., Any], in_axes=0, *, chunk_size: int | None 
         if mesh is None:
             return local(axes, *args)
         n = _num_agents(args, axes)
-        padded, pad = _pad_to_devices(args, axes, mesh.shape[AGENTS]), (-n) % mesh.shape[AGENTS]
+        padded = _pad_to_devices(args, axes, mesh.shape[AGENTS])     # copies of the last agent
         specs = tuple(P(AGENTS) if ax == 0 else P() for ax in axes)
         sharded = jax.shard_map(lambda *a: local(axes, *a), mesh=mesh, in_specs=specs,
                                 out_specs=P(AGENTS), check_vma=False)
         out = sharded(*padded)
-        return jax.tree.map(lambda l: l[:n], out) if pad else out
+        return jax.tree.map(lambda l: l[:n], out) if n % mesh.shape[AGENTS] else out
 
     return lifted
 
@@ -196,8 +195,8 @@ def for_each_agent_sum(fn: Callable[..., Any], in_axes=0, *, chunk_size: int | N
                              f"{where.shape}")
         if mesh is None:
             return local(axes, where, *args)
-        padded, where = _pad_to_devices(args, axes, mesh.shape[AGENTS]), pad_rows(
-            where, mesh.shape[AGENTS], fill=False)
+        padded = _pad_to_devices(args, axes, mesh.shape[AGENTS])
+        where = pad_rows(where, mesh.shape[AGENTS], fill=False)
         specs = (P(AGENTS),) + tuple(P(AGENTS) if ax == 0 else P() for ax in axes)
         sharded = jax.shard_map(
             lambda w, *a: jax.lax.psum(local(axes, w, *a), AGENTS), mesh=mesh, in_specs=specs,
