@@ -39,7 +39,6 @@ import numpy as np
 
 from fedjax_dp.core import defaults as defaults_lib, validation
 from fedjax_dp.core.lift import num_chunks
-from fedjax_dp.core.lift import num_chunks
 
 
 @jax.tree_util.register_dataclass
