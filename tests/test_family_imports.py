@@ -69,18 +69,6 @@ def test_one_chunker():
         assert _defined(old) == [], old
 
 
-def test_one_chunker():
-    """Chunking is ``fedjax_dp.core.lift`` (``chunked`` on the device, ``num_chunks`` the
-    boundaries, ``pad_rows`` the padding) and ``agent_stream.chunks`` on the host; sizing is
-    ``resolve_chunk_size`` (working set: ``training_bytes``). The private copies are gone."""
-    for name in ("chunked", "num_chunks", "pad_rows", "training_bytes"):
-        assert _defined(name) == ["core/lift.py"], name
-    assert _defined("chunks") == ["core/agent_stream.py"]
-    for old in ("_chunked", "seed_chunks", "resolve_size", "_device_chunks", "_inner_chunk",
-                "_param_bytes"):
-        assert _defined(old) == [], old
-
-
 def test_one_clip_function():
     """Clipping to a global L2 norm is ``fedjax_dp.privacy.clipping.clip_by_global_norm``
     (per row: ``vmap`` of it); the private-gradient module's own copies are gone."""
@@ -136,3 +124,18 @@ def test_privacy_one_concept_per_module():
     assert _defined("poisson_event") == []
     assert _defined("gaussian_noise") == ["privacy/noise.py"]
     assert _defined("make_event") == ["privacy/shuffle_accounting.py"]
+
+
+def test_one_vote_tally():
+    """The vote's secure sum -- the in-call tally and the streamed :class:`Tally` with its adds
+    and release -- is ``fedjax_dp.privacy.vote``'s alone: no algorithm defines a tally."""
+    assert _defined("tally_release") == _defined("tally_step") == ["privacy/vote.py"]
+    in_algorithms = [str(path.relative_to(PACKAGE))
+                     for path in (PACKAGE / "algorithms").rglob("*.py")
+                     for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, ast.FunctionDef) and "tally" in node.name]
+    assert in_algorithms == []
+    classes = {str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.ClassDef) and node.name == "Tally"}
+    assert classes == {"privacy/vote.py"}

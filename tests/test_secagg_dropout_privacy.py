@@ -27,8 +27,9 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from fedjax_dp.algorithms.voting import ae_dpfl, voting_dpfl
-from fedjax_dp.algorithms.averaging import dp_fedavg, fedavg
+from fedjax_dp.algorithms.voting import ae_dpfl
+from fedjax_dp.algorithms import rounds
+from fedjax_dp.algorithms.averaging import dp_fedavg
 from fedjax_dp.privacy import accounting, secagg, vote
 
 DELTA = 1e-5
@@ -190,7 +191,7 @@ def test_survivors_noise_plus_top_up_has_the_variance_the_ledger_assumes():
     shares = jax.jit(vote.agent_query_noise, static_argnames="num_classes")(
         k_vote, jnp.arange(n), jnp.arange(q), jnp.float32(sigma / math.sqrt(n)), c)  # [N, Q, C]
     z = np.asarray(shares)[alive].sum(0) + np.asarray(
-        voting_dpfl.top_up_noise(k_top, q, c, sigma, n, m))                     # [Q, C]
+        vote.top_up_noise(k_top, q, c, sigma, n, m))                     # [Q, C]
     assert np.var(z) / sigma ** 2 == pytest.approx(1.0, abs=5 * math.sqrt(2 / z.size))
     assert stats.kstest(z.ravel() / sigma, "norm").pvalue > 1e-4
     # without the top-up the survivors' noise alone would be sigma^2 M/N (the old accounting)
@@ -256,7 +257,7 @@ def test_dp_fedavg_server_noise_does_not_depend_on_the_survivors():
     cfg = dataclasses.replace(_fedavg_config(0.5, 0.3, 1.5), clip_norm=2.0)
     spec = dp_fedavg.round_spec(cfg)
     assert spec.noise_std == 3.0 and spec.denominator == "expected"
-    _, server, _ = fedavg.make_round_parts(_zero_update, spec, 10)
+    _, server, _ = rounds.make_round_parts(_zero_update, spec, 10)
     params = {"w": jnp.zeros((20000,), jnp.float32)}
     key = jax.random.key(11)
     outs = [np.asarray(server(key, params, (params, {}, jnp.float32(m)))[0]["w"])

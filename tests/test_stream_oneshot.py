@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl, voting_dpfl
+from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl
 from fedjax_dp.core import agent_stream
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.fedkt import fedkt
@@ -147,12 +147,12 @@ def test_streamed_tally_equals_a_per_agent_loop():
         noise = noise + shares[i]
     first = None
     for size in (3, 7):
-        tally = voting_dpfl.tally_init(q, c)
+        tally = vote_lib.tally_init(q, c)
         for start in range(0, n, size):
             block = ballots[start:start + size]
             pad = size - len(block)
             block = np.concatenate([block, np.full((pad, q), 2, np.int8)])   # padding: ignored
-            tally = voting_dpfl.tally_add(tally, key, block, np.arange(start, start + size),
+            tally = vote_lib.tally_add(tally, key, block, np.arange(start, start + size),
                                           np.arange(size) < size - pad, std, num_classes=c,
                                           per_agent=True)
         np.testing.assert_array_equal(np.asarray(tally.counts), counts)
@@ -243,15 +243,15 @@ def test_tally_step_equals_adds_then_release(noise):
     ballots = np.random.default_rng(1).integers(-1, c, (n, q)).astype(np.int8)
     std, sigma, div = np.float32(0.8), np.float32(2.0), np.float32(1.0)
     per_agent = noise == "per_agent"
-    step = voting_dpfl.tally_step_fn(c, per_agent, noise, False)
-    ref, got = voting_dpfl.tally_init(q, c), voting_dpfl.tally_init(q, c)
+    step = vote_lib.tally_step_fn(c, per_agent, noise, False)
+    ref, got = vote_lib.tally_init(q, c), vote_lib.tally_init(q, c)
     size, starts = 4, list(range(0, n, 4))
     for i, start in enumerate(starts):
         block = ballots[start:start + size]
         valid = np.arange(size) < len(block)
         block = np.concatenate([block, np.full((size - len(block), q), -1, np.int8)])
         ids = np.arange(start, start + size, dtype=np.int32)
-        ref = voting_dpfl.tally_add(ref, key, block, ids, valid, std, num_classes=c,
+        ref = vote_lib.tally_add(ref, key, block, ids, valid, std, num_classes=c,
                                     per_agent=per_agent)
         got, labels = step(got, key, block, ids, valid, std, sigma, div,
                            np.bool_(i == len(starts) - 1))
@@ -259,5 +259,5 @@ def test_tally_step_equals_adds_then_release(noise):
             assert np.all(np.asarray(labels) == -1)                   # nothing released yet
     np.testing.assert_array_equal(np.asarray(got.counts), np.asarray(ref.counts))
     np.testing.assert_array_equal(np.asarray(got.noise), np.asarray(ref.noise))
-    want = voting_dpfl.tally_release(ref, key, sigma, div, noise=noise)
+    want = vote_lib.tally_release(ref, key, sigma, div, noise=noise)
     np.testing.assert_array_equal(np.asarray(labels), np.asarray(want))

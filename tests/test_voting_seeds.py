@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl, voting_dpfl
+from fedjax_dp.privacy import vote as vote_lib
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms import seeds as seed_driver
 from fedjax_dp.experiments import config as config_lib
@@ -115,13 +116,13 @@ def test_seeds_noise_is_independent():
     num, n, q, c = 3, 10, 1000, 10
     ballots = jnp.full((num, n, q), -1, jnp.int8)
     ids, valid, std = jnp.arange(n), jnp.ones(n, bool), jnp.float32(1 / np.sqrt(n))
-    zero = voting_dpfl.tally_init(q, c)
+    zero = vote_lib.tally_init(q, c)
     tally = jax.tree.map(lambda l: jnp.broadcast_to(l, (num,) + l.shape), zero)
-    add = voting_dpfl.tally_fns(c, True, "per_agent", batched=True)[0]
+    add = vote_lib.tally_fns(c, True, "per_agent", batched=True)[0]
     out = add(tally, jnp.stack(keys), ballots, ids, valid, std)
     noise = np.asarray(out.noise).reshape(num, -1)
     for s in range(num):
-        alone = voting_dpfl.tally_add(zero, keys[s], ballots[s], ids, valid, std, num_classes=c,
+        alone = vote_lib.tally_add(zero, keys[s], ballots[s], ids, valid, std, num_classes=c,
                                       per_agent=True)
         np.testing.assert_array_equal(np.asarray(alone.noise).ravel(), noise[s])
         assert noise[s].std() == pytest.approx(1.0, abs=0.03)

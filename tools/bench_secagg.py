@@ -3,9 +3,9 @@
 Parts (one JSON record, ``results/secagg/bench.json`` by default):
 
 * ``vote``: the streamed vote of AE-DPFL on stored ballots (N agents x Q queries, C classes, in
-  chunks of S agents): the plain tally (:func:`fedjax_dp.algorithms.voting.voting_dpfl.tally_add` /
+  chunks of S agents): the plain tally (:func:`fedjax_dp.algorithms.voting.vote_lib.tally_add` /
   ``tally_release``) vs secure aggregation with J talliers
-  (:func:`~fedjax_dp.algorithms.voting.voting_dpfl.secagg_tally_add`, shares per chunk,
+  (:func:`~fedjax_dp.algorithms.voting.vote_lib.secagg_tally_add`, shares per chunk,
   :func:`fedjax_dp.privacy.secagg_shares.release_labels`); per-agent noise shares in both.
   Seconds per vote (median after a warm-up) and the ratio; the labels are checked equal.
 * ``sum``: the cohort sum alone, ``[B, d]`` float32 updates: ``masked_sum`` vs
@@ -44,7 +44,7 @@ def _median_time(fn, repeats: int) -> float:
 
 
 def bench_vote(n: int, q: int, c: int, chunk: int, talliers: int, repeats: int) -> dict:
-    from fedjax_dp.algorithms.voting import voting_dpfl
+    from fedjax_dp.privacy import vote as vote_lib
     from fedjax_dp.privacy import secagg_shares
     rng = np.random.default_rng(0)
     ballots = rng.integers(0, c, size=(n, q)).astype(np.int8)
@@ -61,16 +61,16 @@ def bench_vote(n: int, q: int, c: int, chunk: int, talliers: int, repeats: int) 
     alive = jnp.ones((n,), bool)
 
     def plain():
-        t = voting_dpfl.tally_init(q, c)
+        t = vote_lib.tally_init(q, c)
         for b, ids, valid in blocks:
-            t = voting_dpfl.tally_add(t, key, b, ids, valid, std, num_classes=c, per_agent=True)
-        return voting_dpfl.tally_release(t, key, sigma, jnp.float32(1.0), noise="per_agent")
+            t = vote_lib.tally_add(t, key, b, ids, valid, std, num_classes=c, per_agent=True)
+        return vote_lib.tally_release(t, key, sigma, jnp.float32(1.0), noise="per_agent")
 
     def secure():
-        t = voting_dpfl.tally_init(q, c)._replace(
+        t = vote_lib.tally_init(q, c)._replace(
             shares=secagg_shares.tally_init(talliers, (q, c)))
         for b, ids, valid in blocks:
-            t = voting_dpfl.secagg_tally_add(t, key, share_key, b, ids, valid, alive, std,
+            t = vote_lib.secagg_tally_add(t, key, share_key, b, ids, valid, alive, std,
                                              jnp.float32(1.0), num_classes=c, per_agent=True,
                                              frac_bits=16)
         return secagg_shares.release_labels(t.shares, frac_bits=16)

@@ -123,6 +123,16 @@ class RoundSpec:
     secagg: secagg_lib.SecAggConfig | None = None
     diagnostics: bool = True        # False: the server reports no metrics (see Config)
 
+    @property
+    def l2_sensitivity(self) -> float | None:
+        """S, the L2 sensitivity the noise is scaled to (``noise_sensitivity`` or ``clip_norm``)."""
+        return self.clip_norm if self.noise_sensitivity is None else self.noise_sensitivity
+
+    @property
+    def noise_std(self) -> float:
+        """The std of the noise on the sum, ``z S`` (0 without noise)."""
+        return self.noise_multiplier * self.l2_sensitivity if self.noise_multiplier else 0.0
+
 
 @functools.lru_cache(maxsize=64)
 def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *,
@@ -199,9 +209,7 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
     def server(k_noise, params, sums):
         total, metric_sums, num_sampled = sums
         if spec.noise_multiplier > 0:
-            sensitivity = (spec.clip_norm if spec.noise_sensitivity is None
-                           else spec.noise_sensitivity)
-            total = mechanisms.gaussian_mechanism(k_noise, total, sensitivity,
+            total = mechanisms.gaussian_mechanism(k_noise, total, spec.l2_sensitivity,
                                                   spec.noise_multiplier)
         if spec.denominator == "expected":
             denom = spec.sampling.expected(num_agents)

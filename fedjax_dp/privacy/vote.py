@@ -50,7 +50,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +59,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from fedjax_dp.core import rng, validation
 from fedjax_dp.core.lift import AGENTS, chunked, pad_rows
-from fedjax_dp.privacy import PrivacyLedger, accounting
+from fedjax_dp.privacy import PrivacyLedger, accounting, secagg, secagg_shares
 from fedjax_dp.privacy.gnmax import PATE_ORDERS, gnmax_total_rdp
 
 __all__ = ["RELATIONS", "NOISE_MODES", "BallotFn", "vote_sensitivity", "vote_event", "vote_ledger",
@@ -385,3 +385,151 @@ def vote_sums(ballot_fn: BallotFn, agents: Any, queries: jax.Array, *, num_class
     out = _clean(agents, jnp.asarray(queries), ballot_fn=ballot_fn, num_classes=int(num_classes),
                  agent_chunk=agent_chunk, query_chunk=query_chunk, mesh=mesh)
     return np.asarray(out, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- the streamed tally
+# The same secure sum accumulated chunk by chunk on the host's schedule (agents that arrive in
+# chunks: host-resident data, one chunk of agents trained at a time), released once.
+
+class Tally(NamedTuple):
+    """The secure sum of a streamed vote, accumulated chunk by chunk (never released).
+
+    ``counts [Q, C]`` int32: the noise-free ballot counts (exact integers: the sum does not depend
+    on how the agents are chunked). ``noise [Q, C]`` float32: the sum of the agents' noise shares
+    (``vote_noise = "per_agent"``), added one agent at a time in agent order (a ``lax.scan``), so
+    the float32 rounding is the same for every chunking and for host- or device-resident data.
+    """
+
+    counts: jax.Array
+    noise: jax.Array
+    shares: jax.Array | None = None     # [J, Q, C] uint32: the talliers' sums (secagg only)
+
+
+def tally_init(num_queries: int, num_classes: int) -> Tally:
+    """The empty tally (host zeros: the compiled adds take them as they are)."""
+    return Tally(np.zeros((num_queries, num_classes), np.int32),
+                 np.zeros((num_queries, num_classes), np.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("num_classes", "per_agent"))
+def tally_add(tally: Tally, key: jax.Array, ballots: jax.Array, agent_ids: jax.Array,
+              valid: jax.Array, std, *, num_classes: int, per_agent: bool) -> Tally:
+    """Add a chunk of agents' ballots (and, ``per_agent``, their noise shares) to ``tally``.
+
+    ``ballots``: ``[a, Q]`` class indices (AE-DPFL; -1 = abstain, the zero ballot) or ``[a, Q, C]``
+    integer label counts (kNN-DPFL, the ballot times k). ``agent_ids [a]`` global indices (they
+    pick each agent's noise key, :func:`agent_query_noise`),
+    ``valid [a]`` False for padding (contributes nothing).
+    """
+    if ballots.ndim == 2:
+        ballots = jax.nn.one_hot(ballots.astype(jnp.int32), num_classes, dtype=jnp.int32)
+    ballots = jnp.where(valid[:, None, None], ballots.astype(jnp.int32), 0)       # [a, Q, C]
+    counts = tally.counts + jnp.sum(ballots, axis=0)
+    noise = tally.noise
+    if per_agent:
+        q = ballots.shape[1]
+        z = agent_query_noise(key, agent_ids, jnp.arange(q), std, num_classes)
+        z = jnp.where(valid[:, None, None], z, 0.0)                               # [a, Q, C]
+        noise, _ = jax.lax.scan(lambda acc, zi: (acc + zi, None), noise, z)      # agent order
+    return Tally(counts, noise)
+
+
+@functools.partial(jax.jit, static_argnames=("noise",))
+def tally_release(tally: Tally, key: jax.Array, sigma, divisor, *, noise: str) -> jax.Array:
+    """``argmax_c counts / divisor + noise``: the released labels ``int32 [Q]`` and nothing else.
+
+    ``divisor``: 1 (one-hot ballots) or k (kNN label counts). ``noise="aggregate"``: the secure
+    sum's noise drawn at once (:func:`aggregate_noise`, same key and
+    query indices as :func:`mpc_vote`).
+    """
+    return _release_tally(tally, key, sigma, divisor, noise)
+
+
+def _release_tally(tally: Tally, key: jax.Array, sigma, divisor, noise: str) -> jax.Array:
+    clean = tally.counts.astype(jnp.float32) / divisor
+    q, c = clean.shape
+    if noise == "aggregate":
+        noisy = clean + aggregate_noise(key, jnp.arange(q), sigma, c)
+    else:
+        noisy = clean + tally.noise
+    return jnp.argmax(noisy, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("num_classes", "per_agent", "noise"))
+def tally_step(tally: Tally, key: jax.Array, ballots: jax.Array, agent_ids: jax.Array,
+               valid: jax.Array, std, sigma, divisor, last, *, num_classes: int,
+               per_agent: bool, noise: str) -> tuple[Tally, jax.Array]:
+    """:func:`tally_add` of a chunk, then, when ``last`` (traced bool: the stream's last chunk),
+    :func:`tally_release` of the whole tally (else ``-1`` labels, never read): the streamed
+    vote's ONE compiled call. The labels equal ``tally_release`` after the adds."""
+    tally = tally_add(tally, key, ballots, agent_ids, valid, std, num_classes=num_classes,
+                      per_agent=per_agent)
+    q = tally.counts.shape[0]
+    labels = jax.lax.cond(last, lambda t: _release_tally(t, key, sigma, divisor, noise),
+                          lambda t: jnp.full((q,), -1, jnp.int32), tally)
+    return tally, labels
+
+
+@functools.lru_cache(maxsize=32)
+def tally_fns(num_classes: int, per_agent: bool, noise: str, batched: bool):
+    """``(add, release)``: :func:`tally_add` and :func:`tally_release`, vmapped over a leading
+    seed axis of the tally, the vote key and the ballots (agent ids, padding, the noise share's
+    std, sigma and the divisor shared) when ``batched``."""
+    def add(tally, key, ballots, ids, valid, std):
+        return tally_add(tally, key, ballots, ids, valid, std, num_classes=num_classes,
+                         per_agent=per_agent)
+
+    def release(tally, key, sigma, divisor):
+        return tally_release(tally, key, sigma, divisor, noise=noise)
+
+    if not batched:
+        return add, release
+    return (jax.jit(jax.vmap(add, in_axes=(0, 0, 0, None, None, None))),
+            jax.jit(jax.vmap(release, in_axes=(0, 0, None, None))))
+
+
+@functools.lru_cache(maxsize=32)
+def tally_step_fn(num_classes: int, per_agent: bool, noise: str, batched: bool):
+    """``step(tally, key, ballots, ids, valid, std, sigma, divisor, last) -> (tally, labels)``:
+    :func:`tally_step`, vmapped over a leading seed axis of the tally, the vote key and the
+    ballots when ``batched`` (as :func:`tally_fns`)."""
+    def step(tally, key, ballots, ids, valid, std, sigma, divisor, last):
+        return tally_step(tally, key, ballots, ids, valid, std, sigma, divisor, last,
+                          num_classes=num_classes, per_agent=per_agent, noise=noise)
+
+    if not batched:
+        return step
+    return jax.jit(jax.vmap(step, in_axes=(0, 0, 0) + (None,) * 6))
+
+
+@functools.partial(jax.jit, static_argnames=("num_classes", "per_agent", "frac_bits"))
+def secagg_tally_add(tally: Tally, key: jax.Array, share_key: jax.Array, ballots: jax.Array,
+                     agent_ids: jax.Array, valid: jax.Array, alive: jax.Array, std, divisor, *,
+                     num_classes: int, per_agent: bool, frac_bits: int) -> Tally:
+    """Secure-aggregation :func:`tally_add`: agent i's noisy ballot ``b_i / divisor + z_i``
+    (``z_i`` the plain vote's noise share, ``per_agent``; else 0) is encoded and shared among the
+    talliers (:func:`fedjax_dp.privacy.secagg_shares.tally_add`); only real (``valid``) agents
+    that did not drop (``alive [N]``, indexed by ``agent_ids``) deliver. ``counts`` (analysis
+    only) counts the same agents."""
+    if ballots.ndim == 2:
+        ballots = jax.nn.one_hot(ballots.astype(jnp.int32), num_classes, dtype=jnp.int32)
+    contrib = valid & jnp.take(alive, agent_ids, mode="fill", fill_value=False)   # [a]
+    ballots = ballots.astype(jnp.int32)                                           # [a, Q, C]
+    counts = tally.counts + jnp.sum(jnp.where(contrib[:, None, None], ballots, 0), axis=0)
+    values = ballots.astype(jnp.float32) / divisor
+    if per_agent:
+        q = ballots.shape[1]
+        values = values + agent_query_noise(key, agent_ids, jnp.arange(q), std,
+                                                     num_classes)
+    shares = secagg_shares.tally_add(tally.shares, share_key, values, agent_ids, contrib,
+                                     frac_bits=frac_bits)
+    return Tally(counts, tally.noise, shares)
+
+
+def top_up_noise(key: jax.Array, num_queries: int, num_classes: int, sigma: float,
+                 num_agents: int, num_survivors: int) -> jax.Array:
+    """The talliers' top-up ``[Q, C]``: ``N(0, sigma^2 (N - M)/N)`` per coordinate
+    (:func:`fedjax_dp.privacy.secagg.top_up_std`), query t from its own key (as
+    :func:`aggregate_noise` draws, here from the top-up key)."""
+    std = secagg.top_up_std(sigma, num_agents, num_survivors)
+    return aggregate_noise(key, jnp.arange(num_queries), jnp.float32(std), num_classes)

@@ -13,11 +13,11 @@ student on the same released labels).
 
 The vote. Without ``runtime.mesh`` both algorithms vote through :func:`streamed_vote_phase`: the
 agents' ballots arrive chunk by chunk (from host memory, a memory map, or device slices) and
-are added to a :class:`Tally` -- exact integer counts, and the agents' noise shares
-``N(0, sigma^2/N I_C)`` (each from ``fold_in(fold_in(vote, i), t)``, as
+are added to the one vote tally, :class:`fedjax_dp.privacy.vote.Tally` -- exact integer counts,
+and the agents' noise shares ``N(0, sigma^2/N I_C)`` (each from ``fold_in(fold_in(vote, i), t)``, as
 :func:`fedjax_dp.privacy.vote.agent_query_noise`) summed one agent at a time in agent order --
 so the released labels and the clean sums are bitwise the same for every chunking and for host-
-or device-resident data. Only the argmax leaves (:func:`tally_release`). With ``runtime.mesh``
+or device-resident data. Only the argmax leaves (:func:`~fedjax_dp.privacy.vote.tally_release`). With ``runtime.mesh``
 the sharded :func:`fedjax_dp.privacy.vote.run_vote` is used (device-resident agents).
 
 Secure aggregation (``config.aggregation = "secagg"``, :mod:`fedjax_dp.privacy.secagg`): every
@@ -77,7 +77,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -237,85 +237,6 @@ def vote_phase(state: api.State, ballot_fn: vote_lib.BallotFn, agents: Any, quer
 
 # --------------------------------------------------------------------------- the streamed vote
 
-class Tally(NamedTuple):
-    """The secure sum of a streamed vote, accumulated chunk by chunk (never released).
-
-    ``counts [Q, C]`` int32: the noise-free ballot counts (exact integers: the sum does not depend
-    on how the agents are chunked). ``noise [Q, C]`` float32: the sum of the agents' noise shares
-    (``vote_noise = "per_agent"``), added one agent at a time in agent order (a ``lax.scan``), so
-    the float32 rounding is the same for every chunking and for host- or device-resident data.
-    """
-
-    counts: jax.Array
-    noise: jax.Array
-    shares: jax.Array | None = None     # [J, Q, C] uint32: the talliers' sums (secagg only)
-
-
-def tally_init(num_queries: int, num_classes: int) -> Tally:
-    """The empty tally (host zeros: the compiled adds take them as they are)."""
-    return Tally(np.zeros((num_queries, num_classes), np.int32),
-                 np.zeros((num_queries, num_classes), np.float32))
-
-
-@functools.partial(jax.jit, static_argnames=("num_classes", "per_agent"))
-def tally_add(tally: Tally, key: jax.Array, ballots: jax.Array, agent_ids: jax.Array,
-              valid: jax.Array, std, *, num_classes: int, per_agent: bool) -> Tally:
-    """Add a chunk of agents' ballots (and, ``per_agent``, their noise shares) to ``tally``.
-
-    ``ballots``: ``[a, Q]`` class indices (AE-DPFL; -1 = abstain, the zero ballot) or ``[a, Q, C]``
-    integer label counts (kNN-DPFL, the ballot times k). ``agent_ids [a]`` global indices (they
-    pick each agent's noise key, :func:`fedjax_dp.privacy.vote.agent_query_noise`),
-    ``valid [a]`` False for padding (contributes nothing).
-    """
-    if ballots.ndim == 2:
-        ballots = jax.nn.one_hot(ballots.astype(jnp.int32), num_classes, dtype=jnp.int32)
-    ballots = jnp.where(valid[:, None, None], ballots.astype(jnp.int32), 0)       # [a, Q, C]
-    counts = tally.counts + jnp.sum(ballots, axis=0)
-    noise = tally.noise
-    if per_agent:
-        q = ballots.shape[1]
-        z = vote_lib.agent_query_noise(key, agent_ids, jnp.arange(q), std, num_classes)
-        z = jnp.where(valid[:, None, None], z, 0.0)                               # [a, Q, C]
-        noise, _ = jax.lax.scan(lambda acc, zi: (acc + zi, None), noise, z)      # agent order
-    return Tally(counts, noise)
-
-
-@functools.partial(jax.jit, static_argnames=("noise",))
-def tally_release(tally: Tally, key: jax.Array, sigma, divisor, *, noise: str) -> jax.Array:
-    """``argmax_c counts / divisor + noise``: the released labels ``int32 [Q]`` and nothing else.
-
-    ``divisor``: 1 (one-hot ballots) or k (kNN label counts). ``noise="aggregate"``: the secure
-    sum's noise drawn at once (:func:`fedjax_dp.privacy.vote.aggregate_noise`, same key and
-    query indices as :func:`fedjax_dp.privacy.vote.mpc_vote`).
-    """
-    return _release(tally, key, sigma, divisor, noise)
-
-
-def _release(tally: Tally, key: jax.Array, sigma, divisor, noise: str) -> jax.Array:
-    clean = tally.counts.astype(jnp.float32) / divisor
-    q, c = clean.shape
-    if noise == "aggregate":
-        noisy = clean + vote_lib.aggregate_noise(key, jnp.arange(q), sigma, c)
-    else:
-        noisy = clean + tally.noise
-    return jnp.argmax(noisy, axis=-1).astype(jnp.int32)
-
-
-@functools.partial(jax.jit, static_argnames=("num_classes", "per_agent", "noise"))
-def tally_step(tally: Tally, key: jax.Array, ballots: jax.Array, agent_ids: jax.Array,
-               valid: jax.Array, std, sigma, divisor, last, *, num_classes: int,
-               per_agent: bool, noise: str) -> tuple[Tally, jax.Array]:
-    """:func:`tally_add` of a chunk, then, when ``last`` (traced bool: the stream's last chunk),
-    :func:`tally_release` of the whole tally (else ``-1`` labels, never read): the streamed
-    vote's ONE compiled call. The labels equal ``tally_release`` after the adds."""
-    tally = tally_add(tally, key, ballots, agent_ids, valid, std, num_classes=num_classes,
-                      per_agent=per_agent)
-    q = tally.counts.shape[0]
-    labels = jax.lax.cond(last, lambda t: _release(t, key, sigma, divisor, noise),
-                          lambda t: jnp.full((q,), -1, jnp.int32), tally)
-    return tally, labels
-
-
 def streamed_vote_phase(state: api.State, blocks: Iterable[tuple], total: int, *,
                         divisor: float = 1.0) -> tuple[dict, dict]:
     """The MPC vote over ballots that arrive in chunks: ``(values, metrics)`` as :func:`vote_phase`.
@@ -343,38 +264,6 @@ def streamed_vote_seeds(states: Sequence[api.State], blocks: Iterable[tuple], to
     return _streamed_vote(list(states), blocks, total, divisor, batched=True)
 
 
-@functools.lru_cache(maxsize=32)
-def tally_fns(num_classes: int, per_agent: bool, noise: str, batched: bool):
-    """``(add, release)``: :func:`tally_add` and :func:`tally_release`, vmapped over a leading
-    seed axis of the tally, the vote key and the ballots (agent ids, padding, the noise share's
-    std, sigma and the divisor shared) when ``batched``."""
-    def add(tally, key, ballots, ids, valid, std):
-        return tally_add(tally, key, ballots, ids, valid, std, num_classes=num_classes,
-                         per_agent=per_agent)
-
-    def release(tally, key, sigma, divisor):
-        return tally_release(tally, key, sigma, divisor, noise=noise)
-
-    if not batched:
-        return add, release
-    return (jax.jit(jax.vmap(add, in_axes=(0, 0, 0, None, None, None))),
-            jax.jit(jax.vmap(release, in_axes=(0, 0, None, None))))
-
-
-@functools.lru_cache(maxsize=32)
-def tally_step_fn(num_classes: int, per_agent: bool, noise: str, batched: bool):
-    """``step(tally, key, ballots, ids, valid, std, sigma, divisor, last) -> (tally, labels)``:
-    :func:`tally_step`, vmapped over a leading seed axis of the tally, the vote key and the
-    ballots when ``batched`` (as :func:`tally_fns`)."""
-    def step(tally, key, ballots, ids, valid, std, sigma, divisor, last):
-        return tally_step(tally, key, ballots, ids, valid, std, sigma, divisor, last,
-                          num_classes=num_classes, per_agent=per_agent, noise=noise)
-
-    if not batched:
-        return step
-    return jax.jit(jax.vmap(step, in_axes=(0, 0, 0) + (None,) * 6))
-
-
 def _streamed_vote(states: list, blocks: Iterable[tuple], total: int, divisor: float, *,
                    batched: bool) -> list[tuple[dict, dict]]:
     """The streamed vote of S seeds' states (``batched``: every array with a leading seed axis;
@@ -385,13 +274,13 @@ def _streamed_vote(states: list, blocks: Iterable[tuple], total: int, divisor: f
     n, c = c0.data.num_agents, c0.model.num_classes
     q = len(c0.query_indices)
     std = np.float32(cfg.sigma / math.sqrt(n))
-    step = tally_step_fn(c, cfg.vote_noise == "per_agent", cfg.vote_noise, batched)
+    step = vote_lib.tally_step_fn(c, cfg.vote_noise == "per_agent", cfg.vote_noise, batched)
     if batched:
         keys = jnp.stack([ctx.keys["vote"] for ctx in ctxs])                        # [S]
         tally = jax.tree.map(lambda l: np.broadcast_to(l, (len(ctxs),) + l.shape),
-                             tally_init(q, c))
+                             vote_lib.tally_init(q, c))
     else:
-        keys, tally = c0.keys["vote"], tally_init(q, c)
+        keys, tally = c0.keys["vote"], vote_lib.tally_init(q, c)
     labels, sigma, div = None, np.float32(cfg.sigma), np.float32(divisor)
     with c0.runtime.progress.task("vote", total=total, unit="chunk") as task:
         for i, (ballots, ids, valid) in enumerate(blocks):
@@ -420,30 +309,6 @@ def secagg_keys(ctx: Context) -> tuple[jax.Array, jax.Array, jax.Array]:
     return k_share, k_drop, k_top
 
 
-@functools.partial(jax.jit, static_argnames=("num_classes", "per_agent", "frac_bits"))
-def secagg_tally_add(tally: Tally, key: jax.Array, share_key: jax.Array, ballots: jax.Array,
-                     agent_ids: jax.Array, valid: jax.Array, alive: jax.Array, std, divisor, *,
-                     num_classes: int, per_agent: bool, frac_bits: int) -> Tally:
-    """Secure-aggregation :func:`tally_add`: agent i's noisy ballot ``b_i / divisor + z_i``
-    (``z_i`` the plain vote's noise share, ``per_agent``; else 0) is encoded and shared among the
-    talliers (:func:`fedjax_dp.privacy.secagg_shares.tally_add`); only real (``valid``) agents
-    that did not drop (``alive [N]``, indexed by ``agent_ids``) deliver. ``counts`` (analysis
-    only) counts the same agents."""
-    if ballots.ndim == 2:
-        ballots = jax.nn.one_hot(ballots.astype(jnp.int32), num_classes, dtype=jnp.int32)
-    contrib = valid & jnp.take(alive, agent_ids, mode="fill", fill_value=False)   # [a]
-    ballots = ballots.astype(jnp.int32)                                           # [a, Q, C]
-    counts = tally.counts + jnp.sum(jnp.where(contrib[:, None, None], ballots, 0), axis=0)
-    values = ballots.astype(jnp.float32) / divisor
-    if per_agent:
-        q = ballots.shape[1]
-        values = values + vote_lib.agent_query_noise(key, agent_ids, jnp.arange(q), std,
-                                                     num_classes)
-    shares = secagg_shares.tally_add(tally.shares, share_key, values, agent_ids, contrib,
-                                     frac_bits=frac_bits)
-    return Tally(counts, tally.noise, shares)
-
-
 def _secagg_vote(state: api.State, blocks: Iterable[tuple], total: int, divisor: float
                  ) -> tuple[dict, dict]:
     """:func:`streamed_vote_phase` with secure aggregation (see the module docstring)."""
@@ -458,10 +323,10 @@ def _secagg_vote(state: api.State, blocks: Iterable[tuple], total: int, divisor:
     alive = secagg.survivors(k_drop, n, sa.dropout)                                # [N] host
     alive_d = jnp.asarray(alive)
     std, div = jnp.float32(cfg.sigma / math.sqrt(n)), jnp.float32(divisor)
-    tally = tally_init(q, c)._replace(shares=secagg_shares.tally_init(sa.talliers, (q, c)))
+    tally = vote_lib.tally_init(q, c)._replace(shares=secagg_shares.tally_init(sa.talliers, (q, c)))
     with ctx.runtime.progress.task("vote", total=total, unit="chunk") as task:
         for ballots, ids, valid in blocks:
-            tally = secagg_tally_add(tally, key, k_share, ballots, ids, valid, alive_d, std, div,
+            tally = vote_lib.secagg_tally_add(tally, key, k_share, ballots, ids, valid, alive_d, std, div,
                                      num_classes=c, per_agent=per_agent,
                                      frac_bits=sa.frac_bits)
             task.update(1)
@@ -469,7 +334,7 @@ def _secagg_vote(state: api.State, blocks: Iterable[tuple], total: int, divisor:
     if not per_agent:        # the talliers draw the total noise jointly
         extra = vote_lib.aggregate_noise(key, jnp.arange(q), cfg.sigma, c)
     elif not alive.all():    # the talliers top the dropped agents' noise shares up jointly
-        extra = top_up_noise(k_top, q, c, cfg.sigma, n, int(alive.sum()))
+        extra = vote_lib.top_up_noise(k_top, q, c, cfg.sigma, n, int(alive.sum()))
     labels = np.asarray(secagg_shares.release_labels(tally.shares, extra,
                                                      frac_bits=sa.frac_bits))
     values = {**state.values, "labels": labels}
@@ -478,15 +343,6 @@ def _secagg_vote(state: api.State, blocks: Iterable[tuple], total: int, divisor:
     metrics = vote_metrics(ctx, labels)
     metrics["secagg_survivors"] = int(alive.sum())
     return values, metrics
-
-
-def top_up_noise(key: jax.Array, num_queries: int, num_classes: int, sigma: float,
-                 num_agents: int, num_survivors: int) -> jax.Array:
-    """The talliers' top-up ``[Q, C]``: ``N(0, sigma^2 (N - M)/N)`` per coordinate
-    (:func:`fedjax_dp.privacy.secagg.top_up_std`), query t from its own key (as
-    :func:`fedjax_dp.privacy.vote.aggregate_noise` draws, here from the top-up key)."""
-    std = secagg.top_up_std(sigma, num_agents, num_survivors)
-    return vote_lib.aggregate_noise(key, jnp.arange(num_queries), jnp.float32(std), num_classes)
 
 
 def vote_metrics(ctx: Context, labels: np.ndarray) -> dict:
