@@ -139,3 +139,11 @@ def test_one_vote_tally():
                for node in ast.walk(ast.parse(path.read_text()))
                if isinstance(node, ast.ClassDef) and node.name == "Tally"}
     assert classes == {"privacy/vote.py"}
+
+
+def test_algorithm_modules_stay_small():
+    """No module of ``algorithms/`` is over 500 lines (a module that grows past it holds more
+    than one concept: split it by concept, as rounds.py / fused_rounds.py)."""
+    long = {str(p.relative_to(PACKAGE)): n for p in (PACKAGE / "algorithms").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert long == {}

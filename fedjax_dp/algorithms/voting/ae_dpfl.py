@@ -33,41 +33,27 @@ Data-dependent (Theorem 7 / PATE 2018 Thm 6): since only the argmax is released,
 is bounded by GNMax's using the noise-free vote sums; reported under ``<unit>_data_dependent``
 with ``data_dependent: true``.
 
-Protocol (:mod:`fedjax_dp.algorithms.api`): ``init`` checks the inputs and draws the queries;
-three steps, the phases ``local_training`` (values ``agent_ballots [N, Q]`` int8: agent i's voted
-class on query t, -1 where it abstains; ``agent_losses [N]``; and ``agent_params [N, ...]`` for
-device-resident agents, when small or with ``runtime.mesh``), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and
-``student`` (``params``). Keys: named streams of the run key, as in
-:mod:`fedjax_dp.algorithms.voting.voting_dpfl` (the same key gives the same run through
-:func:`fedjax_dp.algorithms.api.run`). ``batched_step``: S seeds together, each phase's chunk
-loop run once with the compiled calls vmapped over the seeds
-(:func:`fedjax_dp.algorithms.voting.voting_dpfl.batched_phase`); a single run is the S = 1 case
-of the same chunk loop with the unbatched calls.
+Protocol: ``init`` checks the inputs and draws the queries; three phases, ``local_training``
+(``agent_ballots [N, Q]`` int8, -1 where the agent abstains; ``agent_losses [N]``; ``agent_params
+[N, ...]`` when kept), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and ``student``
+(``params``). Keys: named streams of the run key (:mod:`.voting_dpfl`). ``batched_step``: S seeds
+run each phase's chunk loop once with the compiled calls vmapped over the seeds
+(:func:`.voting_dpfl.batched_phase`); a single run is S = 1 with the unbatched calls.
 
-Scale (host-resident agents, :func:`fedjax_dp.core.from_arrays` / ``load_stacked``). The local
-training phase never holds all N agents' models: chunk c of ``agent_chunk`` agents (default
-:data:`~fedjax_dp.core.agent_stream.DEFAULT_CHUNK` = 4096, or all N if fewer; the last chunk
-padded to the same shape) is copied to the device (the next chunk is read meanwhile,
-:mod:`fedjax_dp.core.agent_stream`; device-resident agents are read in place by the call), then
-initialised, trained and made to vote on the Q queries in ONE compiled, vmapped call
-(:func:`_chunk_fn`), and only its ballots (one byte per agent and query) and losses come back;
-its parameters are dropped (kept for device-resident agents when they take at most
-:data:`KEEP_PARAMS_BYTES`, or with ``runtime.mesh``: for analysis and the sharded vote). Agent i
-always trains with ``split(init, N)[i]`` / ``split(train, N)[i]``, whatever the chunk (the
-call computes its agents' keys, :func:`fedjax_dp.core.rng.agent_keys`). The ``vote`` phase streams
-the stored ballots (:func:`fedjax_dp.algorithms.voting.voting_dpfl.streamed_vote_phase`, one
-compiled call per chunk, the release in the last): integer counts (exact) plus the agents' noise
-shares added in agent order, so the released labels, the
-clean sums and the ledger are identical for host- and device-resident agents and for every
-``agent_chunk`` (tested). ``agent_ballots`` are private (each agent's own noise-free vote, as
-its parameters were): the simulation keeps them between phases where a deployment keeps each on
-its agent; only the vote's argmax is released. Memory: one chunk's data, parameters and
-activations plus ``N Q`` bytes of ballots. A command-line run compiles a fixed set of programs
-whatever N (issue 30: drawing a generated population, the queries, the step keys, the chunk's
-call, the vote's call, the student, the evaluation; ``tests/test_ae_dpfl.py``). Progress: ``runtime.progress`` tasks ``local training`` and ``vote`` (one
-update per chunk of agents; the sharded vote with ``runtime.mesh`` is one compiled call, one
-unit; the query blocks of ``query_chunk`` are a ``lax.map`` inside the compiled ballots, not
-reported) and ``student`` (one unit, or ``1 + student_self_training_rounds`` rounds).
+Scale. The local training phase never holds all N agents' models: chunk c of ``agent_chunk``
+agents (streamed to the device by :mod:`fedjax_dp.core.agent_stream`, the next read meanwhile;
+the last padded to the same shape) is initialised, trained and made to vote on the Q queries in
+ONE compiled, vmapped call (:func:`_chunk_fn`); only its ballots (one byte per agent and query)
+and losses come back, its parameters kept only for device-resident agents when they take at
+most :data:`KEEP_PARAMS_BYTES` or with ``runtime.mesh``. Agent i always trains with
+``split(init, N)[i]`` / ``split(train, N)[i]`` (:func:`fedjax_dp.core.rng.agent_keys`), so the
+labels, clean sums and ledger are identical for host- and device-resident agents and every
+``agent_chunk`` (tested; the vote is the streamed tally, :func:`voting_dpfl.streamed_vote_phase`).
+``agent_ballots`` are private (each agent's noise-free vote): a deployment keeps each on its
+agent; only the vote's argmax is released. Memory: one chunk's data, parameters and activations
+plus ``N Q`` bytes of ballots; a command-line run compiles a fixed set of programs whatever N
+(``tests/test_ae_dpfl.py``). Progress: tasks ``local training`` and ``vote`` (one update per
+chunk) and ``student``.
 """
 from __future__ import annotations
 
@@ -480,16 +466,9 @@ def batched_step(plan: voting_dpfl.SeedPlan, states: list[api.State], keys=None)
     the chunks of agents once, and a chunk's local training, ballots, tally and release, then
     the students, are the single-seed compiled calls vmapped over the seeds
     (:func:`voting_dpfl.batched_phase`); seed s equals its own run."""
-    return voting_dpfl.batched_phase(PHASES, {"local_training": _local_training_seeds,
-                                              "vote": _vote_seeds,
-                                              "student": voting_dpfl.student_phase_seeds},
-                                     plan, states)
-
-
-def _local_training_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]
-                          ) -> list[tuple[dict, dict]]:
-    """:func:`_local_training` of S seeds (:func:`_train_and_vote` with the vmapped calls)."""
-    return _train_and_vote(states, plan)
+    phases = {"local_training": lambda p, st: _train_and_vote(st, p), "vote": _vote_seeds,
+              "student": voting_dpfl.student_phase_seeds}
+    return voting_dpfl.batched_phase(PHASES, phases, plan, states)
 
 
 def _vote_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]
