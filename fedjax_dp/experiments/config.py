@@ -27,7 +27,6 @@ Unknown keys are errors that name the key, so a typo never silently falls back t
 from __future__ import annotations
 
 import copy
-import dataclasses
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -262,16 +261,3 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {e}") from None
     return resolve(raw, overrides)
-
-
-def build_dataclass(cls, table: dict, prefix: str, **extra):
-    """Instantiate a config dataclass from a table, naming unknown fields (validation runs in it)."""
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(table) - fields)
-    if unknown:
-        raise ConfigError(f"unknown key(s) {[f'{prefix}.{k}' for k in unknown]}; "
-                          f"{prefix} accepts {sorted(fields - set(extra))}")
-    try:
-        return cls(**table, **extra)
-    except TypeError as e:
-        raise ConfigError(f"{prefix}: {e}") from None

@@ -63,6 +63,19 @@ class Plan:
     local: LocalTrainConfig
 
 
+def build_dataclass(cls, table: dict, prefix: str, **extra):
+    """Instantiate a config dataclass from a table, naming unknown fields (validation runs in it)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - fields)
+    if unknown:
+        raise config_lib.ConfigError(f"unknown key(s) {[f'{prefix}.{k}' for k in unknown]}; "
+                          f"{prefix} accepts {sorted(fields - set(extra))}")
+    try:
+        return cls(**table, **extra)
+    except TypeError as e:
+        raise config_lib.ConfigError(f"{prefix}: {e}") from None
+
+
 def plan(config: dict) -> Plan:
     """Validate a resolved config completely; raise ``ValueError`` naming the bad key."""
     d = config["data"]
@@ -94,12 +107,12 @@ def plan(config: dict) -> Plan:
                                      f"{sorted(data_lib.DATASETS)}, got {server!r}")
     algo = dict(config["algorithm"])
     entry = registry.get(algo.pop("name"))
-    local = config_lib.build_dataclass(LocalTrainConfig, config["train"], "train")
+    local = build_dataclass(LocalTrainConfig, config["train"], "train")
     extra = {"local": local} if entry.USES_LOCAL_TRAIN else {}
     algo_fields = {f.name for f in dataclasses.fields(entry.Config)}
     if "delta" in algo_fields and "delta" not in algo:
         algo["delta"] = config["privacy"]["delta"]      # a target delta defaults to [privacy]'s
-    algorithm_config = config_lib.build_dataclass(entry.Config, algo, "algorithm", **extra)
+    algorithm_config = build_dataclass(entry.Config, algo, "algorithm", **extra)
     for k, v in config["algorithm"].items():     # the checked values (2.0 -> 2) as the run uses
         checked = getattr(algorithm_config, k, v)
         if type(checked) in (int, float) and type(v) in (int, float) and checked == v:
