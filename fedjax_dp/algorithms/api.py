@@ -1,7 +1,6 @@
-"""One interface for every algorithm: ``init`` / ``step`` / ``ledger`` / ``output``.
-
-In the spirit of optax's ``GradientTransformation`` and fedjax's ``FederatedAlgorithm``, an
-algorithm is a module (or any object) exposing pure functions over explicit state::
+"""One interface for every algorithm: ``init`` / ``step`` / ``ledger`` / ``output``
+(docs/protocol.md). An algorithm is a module (or any object) exposing pure functions over
+explicit state::
 
     Config                  frozen dataclass of the algorithm's own fields, validated on
                             construction (a bad value raises one line naming the field)
@@ -14,15 +13,9 @@ algorithm is a module (or any object) exposing pure functions over explicit stat
     ledger(config, state) -> PrivacyLedger | tuple[PrivacyLedger, ...]
     output(state) -> Output                      the final model, for evaluation
 
-and, optionally, the hooks declared with their defaults in :class:`Algorithm` (``PHASES``,
-``private``, ``seed_dependent_ledger``, ``prefetch``, ``seed_step``, ``batched_step``,
-``step_label``, ``artifacts``, ``planned_ledger``); drivers read them only through
-:func:`hooks`, which resolves each once (the algorithm's own or the default). Long steps report
-their inner work (chunks of agents, query blocks, iterations) through ``runtime.progress``.
-
-so that a run can be stepped, checkpointed (``State.values`` is a pytree of arrays) and composed
-from outside. :func:`run` is the driver every algorithm shares; the experiment registry is a map
-from names to such modules.
+and, optionally, the hooks declared with their defaults in :class:`Algorithm`, read by drivers
+only through :func:`hooks`. ``State.values`` is a pytree of arrays, so a run can be
+checkpointed; :func:`run` is the driver every algorithm shares.
 
 Keys. ``run(algorithm, key, ...)`` passes ``key`` itself to ``init`` and
 ``fold_in(split(key)[1], t)`` to step t (:func:`step_key`); ``init`` may use ``split(key)[0]``

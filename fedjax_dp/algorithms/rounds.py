@@ -8,33 +8,15 @@ One round t with round key ``key_t = fold_in(split(root)[1], t)`` (:func:`api.st
     sums    = sum_{i: coins_i} clip(agent_update(fold_in(k_train, i), theta_t; D_i) - theta_t)
     theta_{t+1}, metrics = server(k_noise, theta_t, sums)      noise on the sum, divide, apply
 
-Two drivers run it, with the same result for the same keys:
-
-* **Fused on the device** (:mod:`fedjax_dp.algorithms.fused_rounds`; device-resident agents, no
-  mesh): up to ``K`` rounds in ONE compiled call, a loop over rounds whose trip count
-  ``count <= K`` is a traced argument (one compilation whatever the count). Inside a round the cohort is sampled on
-  the device and trained in fixed-size chunks of ``c`` agents (``c`` the plan's pass size, about
-  ``qN + 2 sqrt(qN(1-q))``) by a loop over the chunks actually filled: with ``rank =
-  cumsum(coins)`` and ``M = rank[-1]``, chunk j trains the agents of ranks ``jc+1 .. jc+c``
-  (``searchsorted(rank, r)``), for ``j < ceil(M / c)``. The cost follows the realised cohort
-  ``M``, never the capacity; a cohort larger than one chunk runs in more chunks, so no draw is
-  truncated or resampled (the sampling law the ledger assumes is kept exactly). Shapes never
-  change, so Poisson cohorts compile nothing after the first call. DP-FedSGD's per-agent
-  participation counts are updated on the device (``+ coins``). Metrics come back once per call
-  (``[K]`` per metric, the first ``count`` rows filled).
-* **On the host** (:meth:`RoundRunner.__call__`): host-resident agents (the cohort gathered on
-  the host and prefetched by a :class:`~fedjax_dp.core.cohort.CohortFeeder`) or a mesh of
-  devices. The cohort is the same :func:`~fedjax_dp.core.cohort.cohort_coins` draw, fetched to
-  the host and laid out in padded passes of a few bucket sizes.
-
-S seeds step together through the seed driver (:func:`fedjax_dp.algorithms.seeds.run_seeds`),
-which vmaps the fused round (:meth:`RoundRunner.seed_step`); on the host driver they run one by
-one.
+Two drivers run it, with the same result for the same keys (see docs/scale.md, "Rounds that
+cost the cohort"): fused on the device (:mod:`fedjax_dp.algorithms.fused_rounds`; device-resident
+agents, no mesh; the cohort is trained in chunks of ``c`` agents, ``ceil(M / c)`` of them, so no
+draw is truncated or resampled and the sampling law the ledger assumes is kept exactly), and on
+the host (:meth:`RoundRunner.__call__`: host-resident agents or a mesh; the same coins, laid out
+in padded passes). S seeds step together through :func:`fedjax_dp.algorithms.seeds.run_seeds`.
 
 Agent i trains with ``fold_in(k_train, i)`` whichever chunk or pass it lands in, so every path
-equals the masked reference round (``runtime.cohort = "masked"``: every agent trains and the
-coins select the participants) up to float summation order; tests check the fused rounds
-against one round per call, against the masked round, and a cohort forced past one chunk.
+equals the masked reference round (``runtime.cohort = "masked"``) up to float summation order.
 """
 from __future__ import annotations
 

@@ -11,50 +11,24 @@ The sum of clipped updates has L2 sensitivity S; the noise std is sigma*S, i.e. 
 sigma; agents are Poisson-subsampled with rate q; T rounds compose. The dp-accounting event is
 ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), T)``.
 
-Fixed-size sampling (``sampling = "fixed"``, a uniformly random subset of exactly C of the N
-agents each round; the peers' workload, divided by C): sampling without replacement is analysed
-for the *replace-one* relation (replace one agent's dataset by another's; Wang, Balle and
-Kasiviswanathan 2019), under which the clipped sum has L2 sensitivity 2S, so the noise std sigma*S
-is a Gaussian with noise multiplier sigma/2 relative to the sensitivity. Event:
-``SelfComposed(SampledWithoutReplacement(N, C, Gaussian(sigma / 2)), T)``, relation "replace one
-agent's entire local dataset" (RDP accountant; dp-accounting's PLD accountant does not support
-sampling without replacement).
+Fixed-size sampling (``sampling = "fixed"``, exactly C of the N agents each round) is analysed
+for the *replace-one* relation (replace one agent's entire local dataset; Wang, Balle and
+Kasiviswanathan 2019): sensitivity 2S, so the event is
+``SelfComposed(SampledWithoutReplacement(N, C, Gaussian(sigma / 2)), T)`` (RDP accountant only;
+dp-accounting's PLD does not support sampling without replacement).
 
-The division is by the *fixed* expected cohort size q*N (McMahan 2018's fixed-denominator
-estimator): dividing by the realised count m_t (the paper's Algorithm 1 line 6, kept by name as
-``denominator='sampled'`` to reproduce its tables) also releases m_t, which depends on whether the
-agent is present and is not covered by the sampled-Gaussian analysis. Adding N(0, sigma^2 S^2) once
-to the sum equals, in distribution, each sampled agent adding N(0, sigma^2 S^2 / m_t) (line 4 of
-NoisyUpdate) and summing.
+The division is by the *fixed* expected cohort size q*N (McMahan 2018): dividing by the realised
+count m_t (the paper's Algorithm 1 line 6, ``denominator='sampled'``, kept to reproduce its
+tables) also releases m_t, which the sampled-Gaussian analysis does not cover. Adding
+N(0, sigma^2 S^2) once to the sum equals, in distribution, each sampled agent adding
+N(0, sigma^2 S^2 / m_t) (line 4 of NoisyUpdate) and summing.
 
-Secure aggregation (``aggregation = "secagg"``, :mod:`fedjax_dp.privacy.secagg_masks`): the sum of
-clipped updates of each pass is computed by pairwise masking in fixed point (Bonawitz et al.
-2017 on a k-regular graph, Bell et al. 2020), so the server sees only masked inputs and their
-sum; it equals the plain sum up to ``M 2^-(f+1)`` per coordinate (M agents). The Gaussian noise
-is still added by the server to the sum (central DP): the server itself sees the clean sum of
-clipped updates (distributed noise is not simulated). Dropouts (``secagg_dropout = p``): every
-sampled agent independently drops after masking with probability p (a Bernoulli coin from its
-own key, ``fold_in(k_drop, id)``, :func:`fedjax_dp.privacy.secagg.drop_within`); the server
-removes the dropped agents' masks with the survivors' help and the sum is the survivors'.
-
-Why the ledger is unchanged (an upper bound). Relation and unit as above; the noise
-``N(0, sigma^2 S^2 I)`` is the server's, drawn from the round's noise key whatever the number of
-survivors, and the denominator ``'expected'`` is the fixed qN (``'sampled'`` divides by the
-survivors' count and is not covered, as without dropouts). A dropped agent contributes 0
-instead of its clipped update: the coin c_i in {0, 1} multiplies ``Delta_i``, so every
-contribution still has norm <= S, and the coins are independent of the data, of the other
-agents and of N. Poisson sampling (add/remove x): couple the shared agents' sampling and coins;
-conditional on them D' adds ``c_x Delta_x`` with probability q, so x enters the sum with
-probability q (1 - p) independently of the rest: the round IS the Poisson-sampled Gaussian with
-rate q (1 - p), whose hockey-stick divergence (and RDP) is at most that of rate q (its law under
-D' is ``p P + (1 - p) P_q``, a mixture of P and the rate-q law ``P_q``, and those
-divergences are jointly convex). Fixed-size sampling (replace x by x'): same cohorts and coins;
-conditional on them the sums are identical (x not sampled or dropped) or differ by
-``Delta_x - Delta_x'``, norm <= 2S, as the accounted mechanism, and the mixture is bounded by
-joint convexity. The earlier design dropped a fixed ``floor(p M)`` of the M rows: adding x could
-leave as many survivors, the sums then differ by a swap (norm 2S) and the ledger was NOT an
-upper bound (``tests/test_secagg_dropout_privacy.py``: N = 9, q = 1, p = 0.5, sigma = 1,
-exact epsilon 8.98 against the ledger's 4.73 at delta 1e-5).
+Secure aggregation (``aggregation = "secagg"``, :mod:`fedjax_dp.privacy.secagg_masks`): each
+pass's sum of clipped updates is computed by pairwise masking in fixed point, equal to the plain
+sum up to ``M 2^-(f+1)`` per coordinate (M agents); the server still adds the noise (central DP).
+Dropouts (``secagg_dropout = p``, coin ``fold_in(k_drop, id)``,
+:func:`fedjax_dp.privacy.secagg.drop_within`) leave the ledger an upper bound: see
+docs/secagg.md, "Dropouts and their privacy effect".
 """
 from __future__ import annotations
 

@@ -13,15 +13,11 @@ The voting-dpfl paper's instance-level gradient baseline (spec "Baselines"). Rou
     Delta_i       = theta_i^E - theta_t
     theta_{t+1}   = theta_t + eta_s * sum_{i in S_t} Delta_i / max(1, |S_t|)                (2)
 
-Only the sampled agents train: the round gathers them into a padded cohort buffer
-(:class:`fedjax_dp.algorithms.rounds.RoundRunner`, shared with FedAvg), so it costs the cohort.
-
-``clip(g, C) = g min(1, C / ||g||_2)`` with the global L2 norm over all parameters
-(:mod:`fedjax_dp.privacy.clipping`), so one record moves the clipped sum by at most C.
-Only the sampled records' gradients are computed (gathered in padded passes planned for the
-expected batch, :func:`expected_batch`): a local step costs ~ p_i n_i gradients, not n_max.
-The sum is divided by the *expected* batch size ``p_i n_i`` (a constant of the run, Abadi et
-al.'s fixed "lot size"), never by the realised batch size, which would leak it.
+Only the sampled agents train (:class:`fedjax_dp.algorithms.rounds.RoundRunner`) and only the
+sampled records' gradients are computed (padded passes planned for :func:`expected_batch`).
+``clip`` uses the global L2 norm over all parameters (:mod:`fedjax_dp.privacy.clipping`). The sum
+is divided by the *expected* batch size ``p_i n_i`` (Abadi et al.'s fixed "lot size"), never by
+the realised batch size, which would leak it.
 
 Record sampling rate p_i (a documented choice): ``record_sampling_rate = p`` gives every agent the
 same rate p (expected batch p n_i); left unset (None, the default), ``p_i = min(1, B / n_i)`` with
@@ -40,10 +36,8 @@ with T_i the number of rounds agent i took part in (T when every agent runs ever
 when the participation is not given: an upper bound). Every later use of the noisy gradients
 (the optimiser, the server average (2), later rounds) is post-processing, and the agent-sampling
 mask is independent of the data. The agents' datasets are disjoint, so by parallel composition
-the run's instance-level guarantee is the worst agent's (3). Each agent's update is already
-private, so the guarantee holds even against a server that sees every individual update (no
-secure aggregation is assumed). The local sizes n_i are treated as public (as in DP-SGD, where
-the sampling rate and the lot size are computed from the dataset size): p_i and the denominator
+the run's instance-level guarantee is the worst agent's (3), even against a server that sees
+every individual update. The local sizes n_i are treated as public (as in DP-SGD): p_i and
 p_i n_i are fixed before the run and are the same on neighbouring datasets.
 
 No agent-level guarantee is claimed: one agent changes the average (2) without a bound.

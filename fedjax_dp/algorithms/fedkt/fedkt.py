@@ -26,12 +26,9 @@ at L2 the server's vote is post-processing of DP students). Queries no party vot
 all-zero histogram) are dropped from the final training set except at L1, where dropping them
 would depend on the noiseless votes.
 
-The package, by job (imports point down): :mod:`.config` (the ``[algorithm]`` table, learners,
-chunk size), :mod:`.partition` (teacher subsets, queries), :mod:`.votes` (vote maths),
-:mod:`.privacy` (units, sensitivities, moments, ledgers, :func:`~.privacy.account`),
-:mod:`.files` (``votes.npz``), :mod:`.phases` (the three steps over a seed axis) and this
-module, the protocol (:mod:`fedjax_dp.algorithms.api`): ``init`` checks the inputs and draws
-both tiers' queries; three steps (:data:`PHASES`), whose ``State.values`` are:
+This module is the protocol (:mod:`fedjax_dp.algorithms.api`; the package's modules: see
+docs/fedkt.md): ``init`` checks the inputs and draws both tiers' queries; three steps
+(:data:`PHASES`), whose ``State.values`` are:
 
 * ``teachers``: ``teacher_votes [n, s, Qp, C]`` (noiseless counts, int8 for t <= 127) and
   ``z [n]``; plus ``teachers`` (the parameters ``[n s t, ...]``) when not streamed;
@@ -42,11 +39,8 @@ both tiers' queries; three steps (:data:`PHASES`), whose ``State.values`` are:
   integers), ``server_labels``, ``server_mask`` and ``final`` (the final model's parameters).
 
 Tree ensembles, which are not arrays, live in the context. :func:`step` is the S = 1 case of
-:func:`.phases.run_phase`; :func:`batched_step` runs the phases of S seeds together (one pass
-over the chunks, each chunk's compiled work over the seed axis; JAX learners only), so
-``fedjax-dp sweep`` runs the seeds of a cell as one batch with the same results as separate
-runs. Keys: named streams of the run key (:data:`STREAMS`), so the same key gives the same run;
-step keys are not used.
+:func:`.phases.run_phase`; :func:`batched_step` runs S seeds together (JAX learners only), each
+equal to its own run. Keys: named streams of the run key (:data:`STREAMS`); step keys unused.
 """
 from __future__ import annotations
 

@@ -1,51 +1,35 @@
 """FedKT's three phases, written once over a seed axis: a run is the S = 1 case of S seeds.
 
-Paper Algorithm 1, with n parties, s partitions per party, t teachers per partition:
+The phases of Algorithm 1 (the formulas: :mod:`.fedkt`), each a host loop over chunks of P
+parties:
 
-* ``teachers`` (party side, lines 3-4): per chunk of P parties, the s*t teacher subsets of
-  every party (:func:`.partition.teacher_data_seeds`), the P*s*t teachers trained in ONE
-  compiled call, their vote counts on the parties' queries ``v_m(x) = #{k : T^i_{j,k}(x) = m}``
-  (:func:`.votes.chunk_votes`) and ``z`` (:func:`.votes.partitions_at_risk`); the teachers are
-  then dropped (kept only when the run is not :func:`streamed`);
-* ``students``: per chunk, the party labels ``y^i_j = argmax_m v_m`` (L2: ``+ Lap(1/gamma)``,
-  Theorem 3) from the stored votes (never the private data), the P*s students trained on them in
-  one call and their classes on the server's queries;
-* ``final`` (server side, Section 3.3): the consistent vote ``v_c(x) = s #{i : U^i_j(x) = c for
-  every j}`` summed over chunks of the stored predictions (exact integers), the server labels
-  (L1: ``+ Lap(1/gamma)``, Theorems 1 / 2) and the final model.
+* ``teachers`` (lines 3-4): the s*t teacher subsets of every party
+  (:func:`.partition.teacher_data_seeds`), the P*s*t teachers trained in ONE compiled call,
+  their vote counts on the parties' queries (:func:`.votes.chunk_votes`) and ``z``
+  (:func:`.votes.partitions_at_risk`); the teachers are kept only when not :func:`streamed`;
+* ``students``: the party labels (L2: ``+ Lap(1/gamma)``, Theorem 3) from the stored votes
+  (never the private data), the P*s students trained on them and their classes on the server's
+  queries;
+* ``final`` (Section 3.3): the consistent vote summed over chunks (exact integers), the server
+  labels (L1: ``+ Lap(1/gamma)``, Theorems 1 / 2) and the final model.
 
-Seeds. Every function takes the states of S runs that differ only in their root key (and in the
-parties their seed's partition drew) and returns theirs: the host loops over the chunks of
-parties ONCE, and each chunk's compiled work runs for all S seeds in one call over a leading
-seed axis (:meth:`~.learners.JaxLearner.fit_keyed_seeds`, ``fit_shared_keyed_seeds``,
-``predict_seeds``): vmapped on accelerators; on the CPU a loop over the seeds inside the call
-(``lax.map``) whose body is a single run's compiled function, because a vmap over the seeds
-changes the rounding of chunked training (measured on mnist5k: 258 of 600,000 teacher vote
-counts differed from separate runs, so data-dependent epsilons would too;
-:data:`.learners.SEED_AXIS` overrides the choice). With S = 1 those methods are the single
-run's calls themselves. Seed s uses exactly the keys of its own run (the named streams of its
-``init``), so its state and metrics equal its separate run's (bit for bit on the CPU; the models
-to float tolerance under a vmap; the timings ``*_s`` are the batch's). A public set, or a tier's
-public queries, that all seeds share is passed once (:func:`fedjax_dp.core.seed_axis.
-share_or_stack`); otherwise the seeds' sets are stacked.
+Seeds. Each chunk's compiled work runs for all S seeds in one call over a leading seed axis
+(:meth:`~.learners.JaxLearner.fit_keyed_seeds`, ``fit_shared_keyed_seeds``, ``predict_seeds``):
+vmapped on accelerators; on the CPU a ``lax.map`` over a single run's compiled function, because
+a vmap changes the rounding of chunked training and so the vote counts and data-dependent
+epsilons (:data:`.learners.SEED_AXIS` overrides). Seed s uses exactly its own run's keys, so
+its state and metrics equal its separate run's (bit for bit on the CPU; the timings ``*_s`` are
+the batch's). Public sets all seeds share are passed once
+(:func:`fedjax_dp.core.seed_axis.share_or_stack`). :func:`unsupported` says why seeds cannot
+step together (tree learners, the ``loop`` backend, reused fitted models, or differing configs,
+learners, shapes, public sets or query counts).
 
-:func:`unsupported` says why seeds cannot step together (then each runs alone, S = 1): a tree
-learner (fitted in a host loop, not JAX; its phases take all n parties as one chunk and keep the
-fitted trees), the ``loop`` backend (the reference path), reused fitted teachers / students, or
-seeds whose configs, learners, party counts, feature shapes, classes, public sets or query
-counts differ.
-
-Scale: the parties are streamed in chunks of P = :func:`.config.party_chunk_size` parties
-(:func:`fedjax_dp.core.agent_stream.chunks`: host-resident parties are copied one chunk at a
-time, the next read meanwhile; the last chunk is padded with empty parties, so one compilation
-serves all chunks). Memory: O(S P s t params + S n s (Qp C + Qp + Qs)) bytes, the last term
-compact integers (:func:`.votes.int_dtype`). Keys do not depend on the chunking: partition j of
-party i re-splits with ``split(split, n s)[i s + j]``, teacher (i, j, k) has index
-``(i s + j) t + k`` of :func:`.learners.model_keys` ``(teachers, n s t)``, student (i, j) and its
-L2 noise index ``i s + j`` of ``model_keys(students, n s)`` / ``split(l2_noise, n s)``, so every
-chunking and host- or device-resident data give the same run. Progress: ``runtime.progress``
-tasks ``teachers`` and ``students`` (one update per chunk), ``server vote`` (one per chunk of
-the stored predictions) and ``final model`` (one unit).
+Scale: P = :func:`.config.party_chunk_size` parties per chunk
+(:func:`fedjax_dp.core.agent_stream.chunks`, the last padded with empty parties). Keys do not
+depend on the chunking: partition j of party i re-splits with ``split(split, n s)[i s + j]``,
+teacher (i, j, k) has index ``(i s + j) t + k`` of :func:`.learners.model_keys`
+``(teachers, n s t)``, student (i, j) and its L2 noise index ``i s + j`` of
+``model_keys(students, n s)`` / ``split(l2_noise, n s)``. Memory and progress: docs/fedkt.md.
 """
 from __future__ import annotations
 

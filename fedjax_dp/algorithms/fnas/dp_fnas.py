@@ -1,34 +1,24 @@
-"""DP-FNAS (Singh et al.; dp-fnas paper Algorithm 1) on the algorithm protocol: search, then retrain.
+"""DP-FNAS (Singh et al.; dp-fnas paper Algorithm 1) on the protocol: search, then retrain.
 
 The K parties are the stacked agent axis of :class:`~fedjax_dp.algorithms.api.FederatedData`.
 Each party splits its own records deterministically: its first ``ceil(n_k / 2)`` records are its
 training half (weights W, and the second-order term), the rest its validation half (the
-architecture alpha). The search network, genotype and fixed network come from
-:mod:`fedjax_dp.models.darts`, the pure update functions from
-:mod:`fedjax_dp.algorithms.fnas.steps`, the accounting from :mod:`fedjax_dp.algorithms.fnas.privacy`.
+architecture alpha). Networks: :mod:`fedjax_dp.models.darts`; update functions:
+:mod:`.steps`; accounting: :mod:`.privacy`; config: :mod:`.config` (the ``[model]`` table is
+not used); the parties' halves: :mod:`.data`.
 
 Steps. Step t < ``search_epochs`` is one search EPOCH: ``ceil(max_k n_k^tr / batch_size)``
-iterations of the compiled search step (one iteration per call; the per-call dispatch is far
-below the iteration's compute, so a Python loop over iterations costs nothing measurable and the
-host synchronises once per epoch for the metrics). The remaining ``retrain_epochs`` steps retrain
-the fixed network of the derived genotype from scratch with DP federated SGD over ALL records of
-every party. ``output`` is the retrained network (the search network before retraining starts).
-An iteration of either phase is one pure function :func:`iteration`
-``(value, k_epoch, i, data) -> (value, metrics)``, compiled at the first epoch of its phase.
+iterations of the compiled search step, one per call. The remaining ``retrain_epochs`` steps
+retrain the fixed network of the derived genotype from scratch with DP federated SGD over ALL
+records of every party. ``output`` is the retrained network (the search network before
+retraining starts). An iteration of either phase is :func:`iteration`
+``(value, k_epoch, i, data) -> (value, metrics)``.
 
-Seeds (:func:`batch_plan` / :func:`batched_step`, driven by
-:func:`fedjax_dp.algorithms.seeds.run_seeds`): the iterations of S seeds of one config run as
-ONE call of the same function vmapped over the seeds. Retraining needs host work per seed (the
-derived genotype decides the network), so the hook is a batched step, not a pure
-``seed_step``: seeds with equal genotypes retrain together.
-
-Search replay (:mod:`fedjax_dp.algorithms.fnas.search_memo`): a search epoch equal to one run
-earlier in the process (same config but for the retraining fields, same step key, same data)
-is replayed, not recomputed, so a grid over ``retrain_seed`` costs one search.
-
-The config (:mod:`.config`; the ``[model]`` table is not used: the networks come from its own
-fields) and the parties' halves (:mod:`.data`) live beside this module. Progress: ``compile
-search step`` / ``compile retrain step``, then per epoch one update per finished iteration.
+Seeds (:func:`batch_plan` / :func:`batched_step`): the iterations of S seeds run as ONE call
+vmapped over the seeds; retraining needs host work per seed (the derived genotype decides the
+network), so seeds with equal genotypes retrain together. A search epoch equal to one run
+earlier in the process is replayed (:mod:`.search_memo`), so a grid over ``retrain_seed`` costs
+one search.
 """
 from __future__ import annotations
 

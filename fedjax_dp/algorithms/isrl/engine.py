@@ -4,12 +4,9 @@
 
 ``values`` is the whole mutable state (a pytree of arrays; see :func:`initial_values`), ``data``
 the silos' stacked records and their record-sampling plan. Static choices (method, M, prox, q, ...)
-live in :class:`RoundSpec` and are compiled in. Because the hyper-parameters a sweep tunes
-(step size, clip norm, noise multiplier) are arrays in ``values["hyper"]``, one compiled round runs
-many seeds / step sizes / clips at once::
-
-    batched = jax.vmap(round_fn, in_axes=(0, 0, None))       # keys [S], values [S, ...]
-    values = jax.vmap(lambda k, h: initial_values(spec, model.init(k), h, N))(keys, hypers)
+live in :class:`RoundSpec` and are compiled in; the hyper-parameters a sweep tunes (step size,
+clip norm, noise multiplier) are arrays in ``values["hyper"]``, so one compiled round vmaps over
+many seeds / step sizes / clips.
 
 Round r (every method):
 
@@ -27,26 +24,13 @@ Round r (every method):
 
 Local SGD instead runs K local noisy prox-SGD steps in every available silo from w_r (each step an
 upload of eq. (1) of :mod:`uploads`, kept inside the silo) and averages the M local models.
+Each method's :class:`UpdateRule` lives in its module (:mod:`mb_sgd`, :mod:`spider`,
+:mod:`svrg`, :mod:`local_sgd`), looked up by ``RoundSpec.method`` at compile time.
 
-Each method's update rule (which uploads it asks for, how it turns their average into w_{r+1},
-its own state) lives in its module (:mod:`mb_sgd`, :mod:`spider`, :mod:`svrg`,
-:mod:`local_sgd`) as an :class:`UpdateRule` registered under its name; the round looks the rule
-up by ``RoundSpec.method`` once, at compile time, and calls ``rule.update(RoundTools, values)``.
-
-Cost per round. M is static, so the gather is a fixed-shape gather inside the compiled round (it
-scans and vmaps over seeds like any array op; no host round trip): a round computes M uploads,
-not N. What stays O(N) is cheap bookkeeping: N uniform scores and their sort (the availability
-draw), the N silo keys, the scatter into the ``[N, U]`` upload counters, and -- only with
-``report_objective`` -- the objective diagnostic, a forward pass over every silo's records. The
-estimators' state (SPIDER's v and previous iterate, SVRG's snapshot and its gradient) is the
-server's, not the silos', so nothing else is gathered or scattered. Within a silo an upload
-computes only its Poisson-sampled records' gradients (the private-gradient primitive,
-:mod:`fedjax_dp.privacy.private_grad`, in passes planned for ``RoundSpec.batch_sizes``): ~ p_i n_i
-per-record gradients, not n_max (``results/private_grad/``).
-
-``make_round(..., cohort="masked")`` is the reference execution: all N silos compute their upload
-(same keys) and a mask keeps the M available ones; it equals the gathered round up to float
-summation order (tested for every method).
+A round computes M uploads, not N (a static-shape gather; what stays O(N) is bookkeeping and the
+optional ``report_objective``: docs/isrl.md). ``make_round(..., cohort="masked")`` is the
+reference: all N silos compute their upload (same keys) and a mask keeps the M available ones;
+it equals the gathered round up to float summation order (tested for every method).
 
 ``values["uploads"][i, u]`` counts silo i's releases of kind u (what its ledger composes).
 """

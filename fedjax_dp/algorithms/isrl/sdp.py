@@ -4,26 +4,23 @@ summation protocol of Cheu et al. 2021 instead of Gaussian noise).
 Round r: every available silo turns each sampled record into one report -- its per-record
 gradient (MB-SGD, SPIDER refresh), or ``(C / tau) clip_tau(clip_C(g(w_r)) - clip_C(g(w_{r-1})))``
 (SPIDER difference, norm <= C) -- and ALL available silos' reports go through one shuffled vector
-sum (the protocol of :func:`fedjax_dp.privacy.shuffle.shuffle_vector_sum`: L2 clip to C,
-randomised rounding to the grid (C / K) Z, binomial noise Bin(N, 1/2) per coordinate; the server
-sees only the per-coordinate integer sums, simulated exactly). The clip and the rounding (the
-local randomiser) run in the silo with the silo's own key (:func:`uploads.encode_reports`), the
-binomial noise once on the sum (:func:`uploads.shuffled_estimate`). The server decodes the sum,
-rescales a difference sum by tau / C, divides by the expected number of reports
-``sum_{i in S_r} p_i n_i`` and steps as the Gaussian variant does (``prox_{eta f1}(w - eta v)``).
+sum (:func:`fedjax_dp.privacy.shuffle.shuffle_vector_sum`; the local randomiser runs in the silo
+with its own key, :func:`uploads.encode_reports`, the binomial noise once on the sum,
+:func:`uploads.shuffled_estimate`). The server decodes the sum, rescales a difference sum by
+tau / C, divides by the expected number of reports ``sum_{i in S_r} p_i n_i`` and steps as the
+Gaussian variant does (``prox_{eta f1}(w - eta v)``).
 
 Privacy. A central guarantee after shuffling (the trusted shuffler hides who sent what): unit
 ``'shuffle'``, relation add/remove one report = one record of one silo. One release moves each
-coordinate's integer sum by at most K (``per_coordinate_sensitivity``, as the other names here of
-:mod:`fedjax_dp.privacy.shuffle_accounting`); a record of silo i
-can only be in the releases of the rounds silo i was available, and in each it is a report with
-probability p_i (the silo's own Poisson record sampling, secret; the largest of its rates over the
-upload kinds), so silo i's records compose ``count_i`` Poisson-subsampled releases of the
-d-coordinate binomial sum: ``make_event(config, d, count_i, sampling_probability=p_i)``,
-accounted by the PLD of the binomial pair (``BinomialSumEvent``; the PLD accountant only). No
-amplification from silo availability. The worst silo is found by parallel composition over the
-silos not dominated in (p_i, count_i). ``noise_trials`` N is calibrated
-(``calibrate_noise_trials``) for R releases at the largest p_i.
+coordinate's integer sum by at most K (:mod:`fedjax_dp.privacy.shuffle_accounting`); a record of
+silo i can only be in the releases of the rounds silo i was available, and in each it is a
+report with probability p_i (the silo's own Poisson record sampling, secret; the largest of its
+rates over the upload kinds), so silo i's records compose ``count_i`` Poisson-subsampled releases
+of the d-coordinate binomial sum: ``make_event(config, d, count_i, sampling_probability=p_i)``,
+accounted by the PLD of the binomial pair (``BinomialSumEvent``; PLD only). No amplification from
+silo availability. The worst silo is found by parallel composition over the silos not dominated
+in (p_i, count_i). ``noise_trials`` N is calibrated (``calibrate_noise_trials``) for R releases
+at the largest p_i.
 """
 from __future__ import annotations
 

@@ -19,12 +19,9 @@ Privacy per silo: refresh uploads (rate min(1, K1/n_i), sensitivity C) and diffe
 multiplier z, composed over the rounds the silo was available (the reference code calibrated each
 of its two uploads per round to the whole budget).
 
-``accounting = "reference"`` reproduces that sizing, to rerun the authors' experiment as they ran
-it: z is the smallest with which EACH kind's own series (refresh uploads alone, difference uploads
-alone) meets (target_epsilon, delta) (:func:`calibration.reference_calibrate`). The ledger still
-composes every upload really sent, so the run reports its TRUE epsilon (at q = 2 about 1.4-1.5x
-the nominal target_epsilon, which result.json keeps as ``nominal_epsilon``). The authors' round is
-one refresh and one difference step: their R rounds are ``rounds = 2 R`` here at q = 2.
+``accounting = "reference"`` reproduces that sizing (:func:`calibration.reference_calibrate`);
+the ledger still composes every upload really sent, so the run reports its TRUE epsilon
+(``nominal_epsilon`` keeps the target). The authors' R rounds are ``rounds = 2 R`` here at q = 2.
 """
 from __future__ import annotations
 

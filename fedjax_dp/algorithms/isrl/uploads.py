@@ -26,11 +26,8 @@ in (2) by at most tau; the noise std is z times that: a Poisson-sampled Gaussian
 noise multiplier z and rate p_i. With ``private=False`` there is no clipping and no noise (the
 non-private baselines).
 
-Every upload is the private-gradient primitive :mod:`fedjax_dp.privacy.private_grad`: only the
-sampled records' gradients are computed, gathered in padded passes planned for the expected
-batch ``K`` of the upload kind (``expected``; None: one pass over all rows), so an upload costs
-~ p_i n_i per-record gradients, not n_max. Same records (same key) and same value as the masked
-all-records computation up to float summation order.
+Every upload is the private-gradient primitive :mod:`fedjax_dp.privacy.private_grad`, in passes
+planned for the upload kind's expected batch ``K`` (``expected``; None: one pass over all rows).
 """
 from __future__ import annotations
 

@@ -1,20 +1,14 @@
 """AE-DPFL (voting-dpfl Algorithm 2): private aggregation of all agents' predictions by MPC vote.
 
 1. Every agent i trains a local model f_i on its own data D_i, each from its own initialisation,
-   in chunks of ``agent_chunk`` agents streamed to the device (see "Scale" below).
+   in chunks of ``agent_chunk`` agents streamed to the device.
 2. The server draws Q queries x_1..x_Q from its unlabelled public data D_G (data-independent).
 3. Agent i's ballot for x_t is ``onehot(argmax f_i(x_t))`` (or, with ``abstain_below = tau``,
-   that one-hot if ``max softmax f_i(x_t) >= tau`` and the zero vector otherwise: the agent
-   abstains where its own model is unsure; see :func:`ballot_fn`); it adds ``N(0, sigma^2/N I_C)``; the
-   secure sum carries ``N(0, sigma^2 I_C)`` and only ``y_t = argmax`` is released
-   (:func:`fedjax_dp.privacy.vote.mpc_vote`). All agents' predictions on all queries are one
-   compiled computation: under ``vmap`` over agents with shared queries, every agent's first
-   layer is ``einsum('qd,ndh->nqh')``, i.e. one GEMM ``[Q, d] x [d, N h]``.
-4. The server trains the global ("student") model on ``(x_t, y_t)``, t = 1..Q (supervised, the
-   paper's choice) -- post-processing of the released labels. Optional
-   (``student_semi_supervised = true``): self-training on the rest of D_G with the student's
-   confident pseudo-labels (:mod:`fedjax_dp.train.student`); also post-processing of the
-   released labels and the server's own public data, so the privacy ledger is unchanged.
+   the zero vector where ``max softmax f_i(x_t) < tau``: :func:`ballot_fn`); it adds
+   ``N(0, sigma^2/N I_C)``; the secure sum carries ``N(0, sigma^2 I_C)`` and only
+   ``y_t = argmax`` is released (:func:`fedjax_dp.privacy.vote.mpc_vote`).
+4. The server trains the global ("student") model on ``(x_t, y_t)``, t = 1..Q (optionally
+   self-trained on the rest of D_G, :mod:`fedjax_dp.train.student`): post-processing.
 
 Privacy (Theorem 5). Gaussian mechanism on the vote sum, noise std ``sigma``, Q queries composed:
 
@@ -24,36 +18,23 @@ Privacy (Theorem 5). Gaussian mechanism on the vote sum, noise std ``sigma``, Q 
   prediction may flip from one class to another, Delta = sqrt(2):
   ``SelfComposed(Gaussian(sigma/sqrt(2)), Q)``, RDP ``Q alpha / sigma^2``.
 
-Both sensitivities hold unchanged with abstention (``abstain_below``): every ballot is still
-either a one-hot vector or the zero vector, so removing an agent moves the sum by at most 1 in L2,
-and one changed record moves one agent's ballot between one-hot / another one-hot / zero, an L2
-change of at most sqrt(2). The ledger is therefore the same for every ``abstain_below``.
-
-Data-dependent (Theorem 7 / PATE 2018 Thm 6): since only the argmax is released, each query's RDP
-is bounded by GNMax's using the noise-free vote sums; reported under ``<unit>_data_dependent``
-with ``data_dependent: true``.
+Both hold with abstention: every ballot is still one-hot or zero, so the ledger is the same for
+every ``abstain_below``. Data-dependent (Theorem 7 / PATE 2018 Thm 6): only the argmax is
+released, so each query's RDP is bounded by GNMax's on the noise-free vote sums; reported under
+``<unit>_data_dependent`` with ``data_dependent: true``.
 
 Protocol: ``init`` checks the inputs and draws the queries; three phases, ``local_training``
 (``agent_ballots [N, Q]`` int8, -1 where the agent abstains; ``agent_losses [N]``; ``agent_params
 [N, ...]`` when kept), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and ``student``
-(``params``). Keys: named streams of the run key (:mod:`.voting_dpfl`). ``batched_step``: S seeds
-run each phase's chunk loop once with the compiled calls vmapped over the seeds
-(:func:`.voting_dpfl.batched_phase`); a single run is S = 1 with the unbatched calls.
+(``params``). Keys, seeds and the streamed vote: :mod:`.voting_dpfl`.
 
-Scale. The local training phase never holds all N agents' models: chunk c of ``agent_chunk``
-agents (streamed to the device by :mod:`fedjax_dp.core.agent_stream`, the next read meanwhile;
-the last padded to the same shape) is initialised, trained and made to vote on the Q queries in
-ONE compiled, vmapped call (:func:`_chunk_fn`); only its ballots (one byte per agent and query)
-and losses come back, its parameters kept only for device-resident agents when they take at
-most :data:`KEEP_PARAMS_BYTES` or with ``runtime.mesh``. Agent i always trains with
+Scale. Chunk c of ``agent_chunk`` agents is initialised, trained and made to vote in ONE
+compiled, vmapped call (:func:`_chunk_fn`); only its ballots (one byte per agent and query) and
+losses come back, parameters kept only for device-resident agents within
+:data:`KEEP_PARAMS_BYTES` or with ``runtime.mesh``. Agent i always trains with
 ``split(init, N)[i]`` / ``split(train, N)[i]`` (:func:`fedjax_dp.core.rng.agent_keys`), so the
-labels, clean sums and ledger are identical for host- and device-resident agents and every
-``agent_chunk`` (tested; the vote is the streamed tally, :func:`voting_dpfl.streamed_vote_phase`).
-``agent_ballots`` are private (each agent's noise-free vote): a deployment keeps each on its
-agent; only the vote's argmax is released. Memory: one chunk's data, parameters and activations
-plus ``N Q`` bytes of ballots; a command-line run compiles a fixed set of programs whatever N
-(``tests/test_ae_dpfl.py``). Progress: tasks ``local training`` and ``vote`` (one update per
-chunk) and ``student``.
+results are identical for every ``agent_chunk`` and data placement. ``agent_ballots`` are
+private (each agent's noise-free vote); only the vote's argmax is released.
 """
 from __future__ import annotations
 

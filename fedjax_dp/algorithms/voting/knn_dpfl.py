@@ -6,29 +6,18 @@
 2. For query x_t agent i finds the k nearest neighbours of phi(x_t) among its real records
    phi(D_i) (Euclidean; padded rows are never chosen) and votes
    ``b_i(x_t) = (1/k) sum_{j in kNN_i(x_t)} onehot(y_j)``.
-3. Noise, secure sum and release of the argmax only, as in AE-DPFL
-   (:func:`fedjax_dp.privacy.vote.mpc_vote`); the student is trained on the Q released labels
-   (optionally self-trained on the rest of the public data, ``student_semi_supervised = true``:
-   :mod:`fedjax_dp.train.student`, post-processing, no privacy cost).
+3. Noise, secure sum and release of the argmax only, as in AE-DPFL; the student is trained on the
+   Q released labels (:mod:`fedjax_dp.train.student`, post-processing).
 
-Distances: ``||a - b||^2 = ||a||^2 - 2 a.b + ||b||^2``; ``||a||^2`` is constant per query and does
-not change any ranking, so it is left out; padded rows are at ``+inf``. Two exact ways to find
-the k nearest (``method``), with identical ballots (ties: lower index first); ``"auto"`` (the
-default) takes the device's choice, :func:`fedjax_dp.core.defaults.defaults` (``"threshold"`` on
-the CPU, ``"top_k"`` on GPU / TPU, where the threshold search's blocks run one after another):
-
-* ``"threshold"`` (the CPU's, :mod:`fedjax_dp.ops.knn_search`): per cache-sized block of
-  agents x queries one GEMM for the scores, then the k-th smallest score per (agent, query) by a
-  few vectorised counting passes, and the label counts of the records at or below it -- no sort;
-* ``"top_k"``: one GEMM ``[q, d] x [d, a n]`` per chunk of agents and ``lax.top_k`` on the negated
-  distances (the straightforward reference; on a CPU top-k is a single-threaded partial sort).
+Two exact searches (``method``, identical ballots, ties: lower index first; ``"auto"`` takes
+:func:`fedjax_dp.core.defaults.defaults`): ``"threshold"`` (CPU, :mod:`fedjax_dp.ops.knn_search`,
+no sort) and ``"top_k"`` (GPU / TPU: one GEMM per chunk of agents and ``lax.top_k``).
 
 **Normalisation by k.** The ballot is always divided by k, also for an agent with fewer than k
 records (its ballot then sums to ``n_i / k < 1``): normalising by ``min(k, n_i)`` would let one
-record move a ballot by up to 1 and break the sensitivity below. :func:`init` nevertheless rejects
-``k`` larger than the smallest agent's record count (such an agent would vote with partial
-weight, almost always a configuration mistake); :func:`knn_ballots` itself is defined for any
-sizes, which the brute-force sensitivity test uses.
+record move a ballot by up to 1 and break the sensitivity below. :func:`init` rejects ``k``
+larger than the smallest agent's record count (almost always a configuration mistake);
+:func:`knn_ballots` itself is defined for any sizes, which the brute-force sensitivity test uses.
 
 Privacy (Theorem 5 and appendix C.1), Gaussian mechanism on the vote sum, Q queries:
 
@@ -41,27 +30,11 @@ Privacy (Theorem 5 and appendix C.1), Gaussian mechanism on the vote sum, Q quer
 * unit ``agent``, relation add/remove one agent's dataset: the ballot has L1 (hence L2) norm <= 1,
   Delta = 1.
 
-Protocol (:mod:`fedjax_dp.algorithms.api`): ``init`` checks the inputs, draws the queries and
-fits the feature map (public data only); two steps, the phases ``vote`` (values ``labels [Q]``,
-``clean_vote_sums [Q, C]``) and ``student`` (``params``). There is no local training, so the
-kNN search, the noise and the secure sum are one phase: splitting them would put the noise-free
-per-agent ballots in the state. Keys: named streams of the run key, as in
-:mod:`fedjax_dp.algorithms.voting.voting_dpfl` (the same key gives the same run through
-:func:`fedjax_dp.algorithms.api.run`). ``batched_step``: S seeds together, the vote's chunk
-loop (:func:`_count_blocks`, the single run's too) run once with the compiled calls vmapped
-over the seeds (:func:`fedjax_dp.algorithms.voting.voting_dpfl.batched_phase`).
-
-Scale. The vote streams the agents in chunks of ``agent_chunk`` (default
-:data:`~fedjax_dp.core.agent_stream.DEFAULT_CHUNK` = 4096, or all N if fewer; host data
-may be a memory-mapped ``load_stacked`` population): per chunk one compiled call maps the features,
-searches the neighbours and returns integer label counts ``[S, Q, C]``, which are added to the
-exact tally with the agents' noise shares
-(:func:`fedjax_dp.algorithms.voting.voting_dpfl.streamed_vote_phase`); the labels, the clean sums
-(``counts / k``) and the ledger do not depend on the chunking or on where the data lives.
-``runtime.mesh`` (device-resident agents only) keeps the sharded vote of
-:func:`fedjax_dp.privacy.vote.run_vote`. Progress: ``runtime.progress`` tasks ``vote`` (one
-update per chunk of agents; the sharded vote is one compiled call, one unit) and ``student``
-(one unit, or ``1 + student_self_training_rounds`` rounds).
+Protocol: ``init`` checks the inputs, draws the queries and fits the feature map; two steps,
+``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and ``student`` (``params``). The kNN
+search, noise and secure sum are one phase, so the noise-free ballots never enter the state.
+Keys, streaming in chunks of ``agent_chunk`` (per chunk integer label counts ``[S, Q, C]``),
+seeds and ``runtime.mesh``: as in :mod:`fedjax_dp.algorithms.voting.voting_dpfl`.
 """
 from __future__ import annotations
 

@@ -1,76 +1,34 @@
 """What AE-DPFL and kNN-DPFL (voting-dpfl Algorithms 2 and 3) share on the protocol of
 :mod:`fedjax_dp.algorithms.api`: config and input checks, the server's query selection, the vote
-phase and the student phase, and the diagnostics they report.
+phase and the student phase, and the diagnostics they report (see docs/voting_dpfl.md).
 
 Both are one-shot: ``init`` draws the Q queries, then ``step`` runs one phase at a time
-(``PHASES`` of each module). Every phase draws from a named stream of the run key
-(:func:`fedjax_dp.core.stream`: ``init``, ``train``, ``queries``, ``feature_map``, ``vote``,
-``student``), derived once in ``init`` -- the key derivation of the plain-Python ``run`` before
-the protocol, so the same key gives the same labels, student and ledger; the step keys of
-:func:`fedjax_dp.algorithms.api.run` are not used. Phases are separate steps so that a run can be
-checkpointed after the (expensive) local training or vote, or composed from outside (another
-student on the same released labels).
+(``PHASES`` of each module), so a run can be checkpointed after local training or the vote. Every
+phase draws from a named stream of the run key (:func:`fedjax_dp.core.stream`: ``init``,
+``train``, ``queries``, ``feature_map``, ``vote``, ``student``), derived once in ``init``; the
+step keys of :func:`fedjax_dp.algorithms.api.run` are not used.
 
-The vote. Without ``runtime.mesh`` both algorithms vote through :func:`streamed_vote_phase`: the
-agents' ballots arrive chunk by chunk (from host memory, a memory map, or device slices) and
-are added to the one vote tally, :class:`fedjax_dp.privacy.vote.Tally` -- exact integer counts,
-and the agents' noise shares ``N(0, sigma^2/N I_C)`` (each from ``fold_in(fold_in(vote, i), t)``, as
-:func:`fedjax_dp.privacy.vote.agent_query_noise`) summed one agent at a time in agent order --
-so the released labels and the clean sums are bitwise the same for every chunking and for host-
-or device-resident data. Only the argmax leaves (:func:`~fedjax_dp.privacy.vote.tally_release`). With ``runtime.mesh``
-the sharded :func:`fedjax_dp.privacy.vote.run_vote` is used (device-resident agents).
+The vote. Without ``runtime.mesh`` both vote through :func:`streamed_vote_phase`: ballots arrive
+chunk by chunk and are added to :class:`fedjax_dp.privacy.vote.Tally` (exact integer counts; the
+agents' noise shares ``N(0, sigma^2/N I_C)`` from ``fold_in(fold_in(vote, i), t)`` summed in agent
+order), so labels and clean sums are bitwise the same for every chunking and for host- or
+device-resident data. With ``runtime.mesh`` the sharded :func:`fedjax_dp.privacy.vote.run_vote`
+is used. Secure aggregation (``config.aggregation = "secagg"``, not with ``runtime.mesh``) shares
+each noisy ballot among ``secagg_talliers`` talliers (shares from the ``secagg`` stream,
+:mod:`fedjax_dp.privacy.secagg_shares`); labels equal the plain vote's unless two noisy sums are
+within the fixed-point error ``N 2^-(f+1)``.
 
-Secure aggregation (``config.aggregation = "secagg"``, :mod:`fedjax_dp.privacy.secagg`): every
-agent's noisy ballot ``b_i / divisor + z_i`` is encoded in Z_{2^32} and secret-shared among
-``secagg_talliers`` talliers chunk by chunk (:func:`fedjax_dp.privacy.secagg_shares.tally_add`,
-shares from the ``secagg`` stream); the talliers release only the argmax of the sum of their
-partial sums (:func:`fedjax_dp.privacy.secagg_shares.release_labels`). The noise shares are the
-plain vote's (same key), so with the same key the labels equal the plain vote's unless two noisy
-sums are within the fixed-point error ``N 2^-(f+1)``. Not with ``runtime.mesh``.
+Privacy: ledger ``SelfComposed(Gaussian(sigma / Delta), Q)``; agent level, add/remove one agent's
+whole dataset, or instance level, add/remove one record of one agent; Delta from
+:func:`fedjax_dp.privacy.vote.vote_sensitivity` (1, resp. sqrt(2) or sqrt(2)/k). With dropouts
+(``secagg_dropout = p``: independent coins from ``fold_in(k_drop, i)``, the talliers' top-up
+restoring the noise to sigma^2) the same ledger is an upper bound, nothing added to delta: proof in
+docs/secagg.md, "Dropouts and their privacy effect"; ``secagg_survivors`` is an uncovered
+diagnostic.
 
-Dropouts (``secagg_dropout = p``). Every agent independently fails to deliver its shares with
-probability p: a Bernoulli coin from its own key (:func:`fedjax_dp.privacy.secagg.survivors`,
-agent i's coin from ``fold_in(k_drop, i)``, ``k_drop`` a key of the ``secagg`` stream), drawn
-before and independently of the data. A dropped agent's ballot AND its noise share are missing;
-the talliers, who know the number M of agents that delivered, add the missing noise jointly
-inside the MPC, ``N(0, sigma^2 (N - M)/N I_C)`` per query (``per_agent``;
-:func:`fedjax_dp.privacy.secagg.top_up_std`, from its own key of the ``secagg`` stream), or draw
-the whole ``N(0, sigma^2 I_C)`` (``aggregate``, as without dropouts). Whatever the survivor set
-S, the released sum is ``sum_{i in S} b_i + N(0, sigma^2 I_C)`` per query; only its argmax
-leaves. The clean sums of the data-dependent analysis are the survivors'.
-
-Why the ledger (the one without dropouts: ``SelfComposed(Gaussian(sigma / Delta), Q)``) is an
-upper bound. Unit and relation as without dropouts: agent level, add/remove one agent's whole
-dataset; instance level, add/remove one record of one agent; sensitivity Delta of
-:func:`fedjax_dp.privacy.vote.vote_sensitivity` (1, resp. sqrt(2) or sqrt(2)/k). Let D' = D plus
-agent x (agent level). Couple the dropout randomness agent by agent: the coins of D's agents
-have the same joint law under D and D' (each from its own key, independent of the data and of
-N), and x's coin is independent of them. Condition on all coins. (a) x dropped: its ballot is not
-counted and the top-up restores the noise to sigma^2, so D and D' release the same law. (b) x
-survived: the two sums have the same survivors but x, the same noise ``N(0, sigma^2 I)`` per
-query (the top-up sees N and M but always completes to sigma^2), and means that differ by x's
-ballot, L2 norm <= Delta per query: a Gaussian mechanism with noise sigma and sensitivity Delta,
-composed over the Q queries (the same survivors answer every query; independent noise per
-query). Instance level: the agent holding the changed record either dropped (identical laws)
-or survived (its ballot moves by <= Delta). Hence every conditional pair is at most as
-distinguishable as the ledger's event, and the released laws are mixtures of the conditional
-ones with the SAME weights under D and D' (the coins' law); the hockey-stick divergence
-``H_{e^eps}`` and ``exp((alpha - 1) D_alpha)`` are jointly convex, so the ledger's (eps, delta)
-and RDP bounds hold for the release, with nothing added to delta. The argument never uses the
-secrecy of S (it holds if the survivors are public) and ignores the amplification by dropouts
-(the exact curve is that of ``PoissonSampled(1 - p, Gaussian)`` at worst; not claimed: real
-dropouts are not independent coins). The number of survivors (metric ``secagg_survivors``)
-is a diagnostic: it depends on N and is not covered. ``tests/test_secagg_dropout_privacy.py``
-checks the bound against an exact computation over every survivor count, and that the earlier
-design (``floor(p N)`` dropouts, ledger with ``sigma sqrt((N - d)/N)``) violated it.
-
-``State.values`` collects the phases' arrays: ``labels [Q]`` (released by the vote),
-``clean_vote_sums [Q, C]`` (noise-free, for the data-dependent privacy analysis ONLY; present when
-``config.data_dependent``) and ``params`` (the student).
-
-Seeds. :func:`batched_phase` (the end of this module) steps S seeds of either algorithm together:
-one host loop over the chunks per phase, every compiled call above vmapped over the seeds, seed
-s equal to its own run; the single run's streamed vote is the S = 1 case of the same loop.
+``State.values``: ``labels [Q]`` (released by the vote), ``clean_vote_sums [Q, C]`` (noise-free,
+for the data-dependent analysis ONLY; present when ``config.data_dependent``) and ``params`` (the
+student). :func:`batched_phase` steps S seeds together, seed s equal to its own run.
 """
 from __future__ import annotations
 
