@@ -1,13 +1,7 @@
-"""Bench part: AE-DPFL end to end (local training of every agent, the private vote, the
-student) on N host-resident agents generated in this process (16 records x 32 features by
-default), streamed to the device in chunks of agents by the library.
-
-Times: ``end_to_end`` (:func:`fedjax_dp.algorithms.api.run` of
-:mod:`fedjax_dp.algorithms.voting.ae_dpfl`; the first call, which compiles, is ``first_s``).
-Ratio: the agents' local-training FLOPs (forward + backward = 3 x forward per example) over the
-end-to-end time, divided by the same run's matmul GFLOP/s (``end_to_end_fraction_of_matmul``,
-added by the suite: the whole pipeline's speed as a share of dense matmul speed); also agents per
-second.
+"""Bench part: AE-DPFL end to end (:func:`fedjax_dp.algorithms.api.run` of
+:mod:`fedjax_dp.algorithms.voting.ae_dpfl`) on N host-resident agents generated in this process,
+streamed to the device in chunks. ``end_to_end`` (``first_s``: the compiling call); the agents'
+training FLOPs (3 x forward per example) over it give ``end_to_end_fraction_of_matmul``.
 """
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """Shared parts of ``fedjax-dp bench``: timing, the matmul reference, the device description.
 
-Every measurement times its functions the same way (:func:`time_fn`): one warm-up call (which
-compiles), then ``repeats`` timed calls, each ended by ``block_until_ready`` on every output
-leaf; it records the minimum and the median. Ratios are taken of medians of functions timed in
-the same process, minutes apart at most, so a ratio compares like with like on a shared machine.
-
-The roofline proxy is a large float32 matmul (:func:`matmul`): ``2 n^3`` FLOPs over its median
-time. A measurement's "fraction of matmul" is its achieved FLOP/s over that figure.
+:func:`time_fn`: one warm-up call (which compiles), then ``repeats`` timed calls, each ended by
+``block_until_ready`` on every output leaf; it records the minimum and the median. The roofline
+proxy is a large float32 matmul (:func:`matmul`, ``2 n^3`` FLOPs over its median time).
 """
 from __future__ import annotations
 

@@ -1,22 +1,13 @@
-"""Bench part: the cost of privacy, a DP-SGD step vs the same non-private step.
+"""Bench part: the cost of privacy, a DP-SGD step vs the same non-private step (docs/bench.md).
 
 One SGD step on a batch of B examples, both jitted, same model, data and learning rate:
 
 * ``non_private``: ``w <- w - lr grad_w (1/B) sum_b l(w; x_b, y_b)`` (one batched gradient);
 * ``private``: ``w <- w - lr g`` with ``g`` from :func:`fedjax_dp.privacy.private_grad.
-  private_gradient` (every row selected, rate 1): per-example gradients ``vmap(grad l)``, each
-  clipped to global L2 norm C, summed, ``N(0, (z C)^2 I)`` added, divided by B
-  (Abadi et al. 2016, Algorithm 1).
-
-Ratio ``private_over_non_private`` (published JAX figures about 1.2x, naive PyTorch 2.6-8x:
-Subramani et al. 2021, "Enabling fast differentially private SGD via just-in-time compilation
-and vectorization").
-
-Where the private step's time goes, in the same run: ``per_example_norms`` forms every
-per-example gradient and reduces it to its global norm ``||grad_w l(w; x_b, y_b)||_2`` (the
-least any per-example clip computes; ``vmap(grad)``), so ``per_example_norms_over_non_private``
-is the cost of per-example gradients themselves and ``private_over_per_example_norms`` what the
-clip's factors, the contraction, the noise and the update add to them.
+  private_gradient` (every row selected, rate 1): per-example gradients clipped to global L2
+  norm C, summed, ``N(0, (z C)^2 I)`` added, divided by B (Abadi et al. 2016, Algorithm 1);
+* ``per_example_norms``: every per-example gradient reduced to its global norm (the least any
+  per-example clip computes).
 """
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """Bench part: one DP-FNAS search step (Singh et al. 2020, Algorithm 1), K parties vmapped vs a
 Python loop over parties.
 
-A DARTS search network (``nodes`` nodes per cell, ``cells`` cells, ``channels`` channels) on
-``image`` x ``image`` x 1 inputs, K parties of ``records`` records, expected Poisson batch
-``batch`` per half, clip 1 and noise 1 for the weights' and the architecture's gradients:
-
-* ``vmap``: :func:`fedjax_dp.algorithms.fnas.steps.make_search` (every party's private weight
-  and architecture gradients in one compiled step);
-* ``loop``: the same step with ``backend="loop"`` (one compiled per-party call each).
-
-Ratio ``loop_over_vmap``.
+A DARTS search network (``nodes``, ``cells``, ``channels``) on ``image`` x ``image`` x 1 inputs,
+K parties of ``records`` records, expected batch ``batch`` per half, clip 1 and noise 1:
+``vmap`` (:func:`fedjax_dp.algorithms.fnas.steps.make_search`) vs ``loop`` (``backend="loop"``).
 """
 from __future__ import annotations
 

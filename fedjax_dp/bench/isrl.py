@@ -1,18 +1,11 @@
 """Bench part: one ISRL-DP FedProx-SPIDER round over N silos, vectorised vs a loop over silos.
 
-Synthetic data (N silos x ``local_size`` records x ``features``, ``classes`` labels, default 2),
-an MLP with one hidden layer, expected batches K1 = K2 = ``batch_size``:
-
-* ``vectorised_refresh`` / ``vectorised_difference``: the library's compiled SPIDER round
-  (:func:`fedjax_dp.algorithms.isrl.engine.make_round`: every silo's upload in one vmapped,
-  chunked call, the secure sum, the estimator and the prox step) for a refresh round (per-record
-  gradients at w_r) and a difference round (at w_r and w_{r-1});
-* ``loop_refresh`` / ``loop_difference``: a Python loop over silos calling the same one-silo
-  upload functions (:func:`engine.silo_functions`), each jitted once, summing on the device
-  (timed on the first ``loop_max`` silos and scaled by N / loop_max).
-
-Ratios: loop / vectorised for each round kind. Checks: the silos' vmapped refresh uploads sum
-to the loop's (``results_agree``; unless ``check`` is false), the first (compiling) call's time.
+Synthetic data (N silos x ``local_size`` records x ``features``, ``classes`` labels), a
+one-hidden-layer MLP, K1 = K2 = ``batch_size``: ``vectorised_refresh`` / ``_difference`` (the
+compiled round of :func:`fedjax_dp.algorithms.isrl.engine.make_round`) against ``loop_refresh``
+/ ``_difference`` (a Python loop over the jitted one-silo uploads of
+:func:`engine.silo_functions`, timed on ``loop_max`` silos and scaled). ``results_agree``: the
+vmapped refresh uploads sum to the loop's (unless ``check`` is false).
 """
 from __future__ import annotations
 

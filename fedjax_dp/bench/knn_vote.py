@@ -1,27 +1,16 @@
-"""Bench part: the kNN-DPFL MPC vote vs the matmul, and vs its own distance GEMM.
+"""Bench part: the kNN-DPFL MPC vote vs the matmul, and vs its own distance GEMM (docs/bench.md).
 
-N agents x n local points x Q queries x d features, C = 10 classes, k neighbours: the full vote
-of :func:`fedjax_dp.privacy.vote.noisy_tally` with the kNN ballots of
-:func:`fedjax_dp.algorithms.voting.knn_dpfl.ballot_fn` (the library's default kNN method on this
-device; distances, per-agent top-k, label counts, every agent's Gaussian noise per query, the
-secure sum) and its argmax (what ``mpc_vote`` releases), one compiled call, agents in chunks of
-``agent_chunk`` (0: none). Timed in the same run:
+N agents x n local points x Q queries x d features, C = 10 classes, k neighbours. Timed in the
+same run:
 
-* ``vote``: that vote;
-* ``distances``: the scores alone, ``s = ||b||^2 - 2 <b, x>`` as one augmented GEMM per block in
-  the blocks the threshold search uses on this device
-  (:func:`fedjax_dp.ops.knn_search.block_sizes`), each block reduced with a min so nothing is
-  dead code: the floor of the vote (``vote_over_distances``: what the search, the counts and
-  the noise add to it);
-* on an accelerator only, ``vote_<other>``: the same vote with the other exact kNN method
-  (``threshold`` / ``top_k``; both choose the same neighbours), so one run says which is the
-  faster there (``<other>_over_<default>``). On the CPU ``top_k`` is a single-threaded
-  partial sort, several times slower (``tools/bench_knn_vote.py`` times it).
+* ``vote``: :func:`fedjax_dp.privacy.vote.noisy_tally` with the ballots of
+  :func:`fedjax_dp.algorithms.voting.knn_dpfl.ballot_fn` (the device's default kNN method) and
+  its argmax, one compiled call, agents in chunks of ``agent_chunk`` (0: none);
+* ``distances``: the scores alone, one augmented GEMM per block of
+  :func:`fedjax_dp.ops.knn_search.block_sizes`, each block reduced with a min (no dead code);
+* on an accelerator only, ``vote_<other>``: the vote with the other exact kNN method.
 
-Achieved GFLOP/s counts the distance GEMM only, ``2 Q d N n`` FLOPs (the augmented column's
-``1/d`` more not counted); the suite divides it by the same run's matmul
-GFLOP/s (``vote_fraction_of_matmul``: the share of the device's dense-matmul speed the whole
-vote reaches; ``distances_fraction_of_matmul``: the GEMM's own).
+GFLOP/s counts the distance GEMM only, ``2 Q d N n`` FLOPs.
 """
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
 """Bench part: every agent's local training in one compiled call vs a per-agent loop.
 
 N agents each run E minibatch SGD steps of an MLP (the same keys and minibatches in all paths):
-
-* ``vmap``: :func:`fedjax_dp.train.train_agents` (one compiled call, the library's default
-  chunking);
-* ``loop_agent``: a Python loop over agents calling one jitted E-step local update per agent
-  (N dispatches: the strongest loop);
-* ``loop_step``: a Python loop over agents and steps calling the same jitted one-step function
-  (N E dispatches: a client-loop simulator such as fedjax's ``for_each_client``).
-
-Loops longer than ``loop_max`` agents are timed on the first ``loop_max`` agents and scaled by
-N / loop_max (the per-agent calls are independent and identical in cost). Ratios: loop / vmap,
-and the vmapped path's achieved model GFLOP/s (forward + backward = 3 x forward per example)
-over the same-run matmul's (added by the suite). The first and last agents' trained parameters
-of the vmapped path and the step loop must agree (``results_agree``).
+``vmap`` (:func:`fedjax_dp.train.train_agents`, one compiled call), ``loop_agent`` (a Python loop
+over agents calling one jitted E-step update: N dispatches) and ``loop_step`` (a loop over agents
+and steps calling the jitted one-step function: N E dispatches, a client-loop simulator). Loops
+over more than ``loop_max`` agents are timed on a prefix and scaled by N / loop_max. The first
+and last agents' parameters of ``vmap`` and the step loop must agree (``results_agree``).
 """
 from __future__ import annotations
 

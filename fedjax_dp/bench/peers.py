@@ -1,20 +1,16 @@
 """Bench part: the peers' DP-FedAvg workload, this library's round vs the plain-JAX reference.
 
-The workload of :mod:`fedjax_dp.bench.peers_reference` (1,000 clients x 64 examples, MLP
-64-100-10, 4 local SGD steps of batch 16 in stored order, clip 1, noise 1, a uniformly random
-cohort of exactly C clients, divided by C) at each cohort C of ``cohorts`` (10 / 100 / 1,000):
+The workload of :mod:`fedjax_dp.bench.peers_reference` at each cohort C of ``cohorts``
+(docs/bench.md):
 
 * ``ours_C``: :mod:`fedjax_dp.algorithms.averaging.dp_fedavg` with ``sampling = "fixed"``,
-  ``train.batching = "stored"`` and the gathered cohort (the round costs C agents), from the
-  workload's initial weights;
-* ``fused_C``: the same rounds fused on the device, ``rounds`` of them in ONE compiled call
-  (:func:`fedjax_dp.algorithms.fused_rounds.make_fused_rounds`, as ``fedjax-dp run`` runs them): the
-  call's seconds divided by ``rounds`` (``repeats`` calls after a warm-up call);
-* ``reference_C``: the plain-JAX round (``jax_ref.py --engine map --chunk 10``).
+  ``train.batching = "stored"`` and the gathered cohort, from the workload's initial weights;
+* ``fused_C``: ``rounds`` of the same rounds in ONE compiled call
+  (:func:`fedjax_dp.algorithms.fused_rounds.make_fused_rounds`), seconds divided by ``rounds``;
+* ``reference_C``: the plain-JAX round.
 
-Seconds per round: ``rounds`` timed rounds after 2 warm-up rounds. Ratio ``ours_over_reference_C``
-(< 1: this library is faster). At the published sizes the workload's check runs first: one
-noiseless round of all clients from the initial weights must give parameter norm 14.735746.
+Seconds per round: ``rounds`` timed rounds after 2 warm-up rounds. At the published sizes the
+workload's check (:data:`~fedjax_dp.bench.peers_reference.CHECK_PARAM_NORM`) runs first.
 """
 from __future__ import annotations
 

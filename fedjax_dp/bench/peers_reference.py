@@ -1,17 +1,14 @@
 """The peers' DP-FedAvg timing workload and its plain-JAX reference round (benchmark reference).
 
-Re-expressed from the shared peers folder of this project (``../shared/peers/workload.py``: the
-workload definition; ``../shared/peers/jax_ref.py --engine map --chunk 10``: the plain-JAX
-round), which is not shipped with the package; ``tests/test_bench.py`` checks that the data and
-initial weights here equal the peers' when that folder is present. Sizes are parameters (the
-published workload is :data:`WORKLOAD`) so the test can run it tiny.
+Re-expressed from ``../shared/peers/workload.py`` and ``../shared/peers/jax_ref.py --engine map
+--chunk 10`` (not shipped; ``tests/test_bench.py`` checks the data and initial weights against
+them when present). Sizes are parameters (the published workload is :data:`WORKLOAD`).
 
 Workload: ``clients`` x ``examples`` examples of dimension ``dim`` (class means N(0, 1), an
 example is its class mean + N(0, 1) noise, uniform labels; seed 0), an MLP dim -> hidden (ReLU)
 -> 10 with He-normal initial weights (seed 1), and the round: a cohort of C clients, each
 ``examples / batch`` steps of plain SGD (batch 16, lr 0.1, stored order) from the global model,
-its delta clipped to L2 norm 1 over all parameters; the server sums the clipped deltas, adds
-N(0, (z 1)^2) per coordinate, divides by C and applies the result with server lr 1:
+its delta clipped to L2 norm 1 over all parameters; server lr 1:
 
     w <- w + (sum_{c in C} clip_1(Delta_c) + N(0, z^2 I)) / |C|
 

@@ -3,16 +3,9 @@
     fedjax-dp bench [--suite quick|full] [--out FILE] [--only NAME,NAME]
 
 Runs the parts in :data:`PARTS` at the sizes of the suite (:data:`SUITES`; ``tiny`` is the
-tests' size, hidden from the command's help), then writes ``FILE.json`` (every timing, size and
-ratio, the device description and the machine's load average before and after each part) and
-``FILE.md`` (one table row per ratio). A large float32 matmul is timed before the first part and
-after every part; a part's ratios against it use the faster of the two matmuls around it (a slow
-spell at one end of the part does not inflate them).
-
-Every figure in the table is a ratio of two timings taken in the same process, after a warm-up
-call that compiles: of the medians of ``repeats`` calls (``ratios``) and of their minima
-(``ratios_of_minima``: less sensitive to other processes on a shared machine); min, median, all
-calls and the first call of every timing are in the JSON, with each part's compilations.
+tests' size, hidden from the command's help), then writes ``FILE.json`` and ``FILE.md``. A
+float32 matmul is timed before the first part and after every part; a part's ratios against it
+use the faster of the two around it. What is measured and recorded: docs/bench.md.
 """
 from __future__ import annotations
 
