@@ -98,15 +98,11 @@ class Runtime:
       None: all agents at once; an int).
     mesh: a ``jax.sharding.Mesh`` with an ``agents`` axis to shard the agent axis, or None.
     backend: ``"vmap"`` or ``"loop"`` (a Python loop over agents: debugging and reference tests).
-    cohort: ``"gather"`` (round-based algorithms train only the round's sampled agents, gathered
-      into a padded buffer: the round costs the cohort) or ``"masked"`` (every agent trains and
-      a mask selects the participants: the reference the gathered rounds are tested against).
+    cohort: ``"gather"`` (round-based algorithms train only the round's sampled agents) or
+      ``"masked"`` (every agent trains and a mask selects the participants: the reference).
     progress: where long steps report progress (:mod:`fedjax_dp.core.progress`; silent by default).
-    rounds_per_call: how many rounds :func:`run` runs per compiled call of an algorithm with a
-      ``multi_step`` hook (the round-based averaging algorithms on device-resident agents):
-      ``"auto"`` (sized from the calls' measured time,
-      :class:`fedjax_dp.algorithms.calls.CallSizer`)
-      or an int k >= 1 (k = 1: one round per call). Results do not depend on it.
+    rounds_per_call: rounds per compiled call of an algorithm with a ``multi_step`` hook:
+      ``"auto"`` (:class:`fedjax_dp.algorithms.calls.CallSizer`) or an int k >= 1.
     """
 
     chunk_size: int | str | None = "auto"
@@ -154,11 +150,9 @@ class Output:
     accuracy: Callable[[Any, Any], float] | None = None
 
     def score(self, x, y) -> float:
-        """Accuracy on ``(x [M, ...], y [M])``: ``accuracy(x, y)`` when the output defines it
-        (a result that is not one model, e.g. the mean test accuracy of n models each trained
-        alone), else ``mean(predict_labels(x) == y)`` (a next-token task: the per-token
-        accuracy over ``y != pad``, :mod:`fedjax_dp.models.tasks`). The runner's
-        ``test_accuracy`` and ``val_accuracy``."""
+        """Accuracy on ``(x [M, ...], y [M])``: ``accuracy(x, y)`` when the output defines it,
+        else ``mean(predict_labels(x) == y)`` (a next-token task: per token over ``y != pad``,
+        :mod:`fedjax_dp.models.tasks`)."""
         if self.accuracy is not None:
             return float(self.accuracy(x, y))
         from fedjax_dp.models import tasks     # a next-token model: per token over y != pad
@@ -183,10 +177,7 @@ class Algorithm(Protocol):
 
     Required: ``Config``, ``DESCRIPTION``, ``USES_LOCAL_TRAIN``, ``init``, ``num_steps``,
     ``step``, ``ledger``, ``output``. Optional: every name after them (:data:`OPTIONAL_HOOKS`),
-    written here with the default an algorithm that does not define it gets. Drivers (:func:`run`,
-    :func:`fedjax_dp.algorithms.seeds.run_seeds`, the experiment runner, sweeps, calibration)
-    read the optional hooks only
-    through :func:`hooks`; no algorithm is special-cased by name.
+    written here with their defaults; drivers read them only through :func:`hooks`.
     """
 
     Config: type
@@ -207,9 +198,8 @@ class Algorithm(Protocol):
     # ------------------------------------------------------------ optional hooks and defaults
 
     #: A one-shot method names its steps (``num_steps`` of them): its ``output`` exists only
-    #: after the last, so the runner evaluates it once, at the end (``run.eval_every`` applies to
-    #: round-based algorithms), checks no parameters between phases, writes no checkpoint, and
-    #: shows progress by phase name. Default ``()``: round-based.
+    #: after the last, so the runner evaluates it once, at the end, and writes no checkpoint.
+    #: Default ``()``: round-based.
     PHASES: tuple[str, ...] = ()
 
     #: False for an algorithm that gives no privacy guarantee (FedAvg, MB-SGD, Local SGD): its
@@ -222,11 +212,9 @@ class Algorithm(Protocol):
     seed_dependent_ledger: bool = False
 
     #: ``seed_step(state) -> (fn, data, signature) | None``: the step as a pure function
-    #: ``fn(key, values, data) -> (values, metrics)`` with ``step(state, key)`` equal to
-    #: ``fn(key, state.values, data)``, so the seed driver
-    #: (:func:`fedjax_dp.algorithms.seeds.run_seeds`) runs S seeds as one vmapped compiled call
-    #: (``signature``, hashable, must agree between the seeds' states; None: this state's step
-    #: is not pure, the seeds run one by one). Default None: absent.
+    #: ``fn(key, values, data) -> (values, metrics)`` equal to ``step(state, key)`` on
+    #: ``state.values``, vmapped over S seeds by :func:`fedjax_dp.algorithms.seeds.run_seeds`
+    #: (``signature``, hashable, must agree between the seeds; None: the seeds run one by one).
     seed_step: Callable[[State], tuple[Callable, Any, Hashable]] | None = None
 
     #: ``multi_step(state, key, start, count) -> (state, metrics)``: steps ``start .. start +
@@ -240,13 +228,10 @@ class Algorithm(Protocol):
         """The most steps one ``multi_step`` call of ``state`` runs; 0: ``multi_step`` cannot run
         this state (the steps then run one by one). Default: 0."""
 
-    #: The batched step, for a step with host-side work (a host loop over chunks of agents, a
-    #: genotype per seed): ``batch_plan(states) -> plan | None`` says once what S seeds share
-    #: (None: they cannot share compiled calls, and run one by one), and
-    #: ``batched_step(plan, states, keys) -> (states, metrics)`` runs step t of the S seeds
-    #: together (per-seed host work, compiled calls vmapped over the seed axis), entry s equal
-    #: to ``step(states[s], keys[s])``; the family's ``step`` is its S = 1 case. Declared
-    #: together; the seed driver prefers them to ``seed_step``. Default None: absent.
+    #: The batched step, for a step with host-side work: ``batch_plan(states) -> plan | None``
+    #: says once what S seeds share (None: they run one by one), and ``batched_step(plan,
+    #: states, keys) -> (states, metrics)`` runs step t of the S seeds together, entry s equal
+    #: to ``step(states[s], keys[s])``. Declared together; preferred to ``seed_step``.
     batch_plan: Callable[[list[State]], Any] | None = None
     batched_step: Callable[[Any, list[State], list], tuple[list[State], list[dict]]] | None = None
 
@@ -269,10 +254,9 @@ class Algorithm(Protocol):
         """The ledger(s) a run will report, before any training: ``state`` is ``init``'s (of
         ``config``, the run's data, root ``key``); the function returned maps a config that
         differs from ``config`` only in a calibrated value (a noise multiplier, ``gamma``) to
-        its ledger(s) (:mod:`fedjax_dp.experiments.calibrate` searches that value with it; the
-        set-up work is done once, here). Raises ``ValueError`` (a line naming the config field)
-        when the config leaves nothing to calibrate. Default: ``lambda c: ledger(c, state)``
-        (a guarantee fixed by the config and the data sizes, not by what training does)."""
+        its ledger(s) (:mod:`fedjax_dp.experiments.calibrate`). Raises ``ValueError`` (a line
+        naming the config field) when the config leaves nothing to calibrate. Default:
+        ``lambda c: ledger(c, state)``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -400,13 +384,10 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
 
     Where the algorithm has a ``multi_step`` hook that can run this state
     (``rounds_per_call(state) > 0``), steps run ``runtime.rounds_per_call`` at a time in one
-    compiled call each (:func:`fedjax_dp.algorithms.calls.run_calls`): a call ends at every
-    multiple of ``eval_every`` and
-    of each entry of ``boundaries`` (the runner's checkpoints), so evaluations and checkpoints
-    see the exact state after their step; the records of a call are made once the next call has
-    been dispatched. Otherwise step t's record is made once step t + 1 has been dispatched (its
-    metrics are fetched while the device works on the next step, so the host never stalls the
-    device between steps); the last step's record is made before returning.
+    compiled call each (:func:`fedjax_dp.algorithms.calls.run_calls`), a call ending at every
+    multiple of ``eval_every`` and at each of ``boundaries`` (the runner's checkpoints). A
+    step's (or call's) record is made once the next has been dispatched, so the host never
+    stalls the device; the last record is made before returning.
     """
     if not isinstance(config, algorithm.Config):
         raise ValueError(f"config must be a {algorithm.Config.__module__}.Config, got "

@@ -89,11 +89,8 @@ class RoundSpec:
     denominator: ``'sampled'`` divides the sum by the realised number of participants
       (FedAvg; the voting-dpfl paper's Algorithm 1), ``'expected'`` by the fixed q*N or C
       (McMahan et al. 2018's fixed-denominator estimator, needed for DP-FedAvg's guarantee).
-
-    secagg: None (the plain masked sum) or secure aggregation of the clipped updates
-      (:func:`fedjax_dp.privacy.secagg_masks.secure_tree_sum`: fixed point, pairwise masks on a
-      k-regular graph, each agent dropping independently after masking); needs ``clip_norm``
-      (the range bound).
+    secagg: None (the plain sum) or secure aggregation of the clipped updates
+      (:func:`fedjax_dp.privacy.secagg_masks.secure_tree_sum`); needs ``clip_norm`` (the range).
     """
 
     sampling: cohort_lib.Sampling
@@ -134,8 +131,7 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
         sums = (sum_b valid_b Delta_b, {metric: sum_b valid_b metric_b}, M)
 
     ``server(k_noise, params, sums) -> (params, metrics)``: noise on the sum, divide, apply.
-    ``fused``: both in one compiled call (the one-pass round). Compiled once per (update, spec,
-    N, execution plan) and shared by every caller; each distinct pass size B is one compilation.
+    ``fused``: both in one compiled call (the one-pass round). Cached per (update, spec, N, plan).
     """
     axes = (0, None, 0, 0, 0, 0, 0)
 
@@ -148,8 +144,7 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
             delta = clipping.clip_by_global_norm(delta, spec.clip_norm)[0]
         return delta, metrics
 
-    # the plain sum never materialises the agents' updates [B, ...] (a scan over chunks adds
-    # each chunk's sum); secure aggregation needs them stacked (pairwise masks per agent)
+    # the plain sum never holds the updates [B, ...]; secure aggregation needs them stacked
     summed = for_each_agent_sum(clipped_update, axes, chunk_size=chunk_size, mesh=mesh)
     stacked = for_each_agent(clipped_update, axes, chunk_size=chunk_size, mesh=mesh)
 
@@ -175,10 +170,8 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
             return total, metric_sums, jnp.sum(valid.astype(jnp.float32))
         deltas, metrics = stacked(keys, params, agents.x, agents.y, agents.mask,   # [B, ...]
                                   agents.counts, mine)
-        # secure aggregation: the pass's own masking / dropout keys (its first agent's id tells
-        # passes apart; the pair seeds use the agents' ids), padding rows never deliver. The
-        # stream fold_in(k_train, crc32("secagg") = 1951061648) differs from every agent's
-        # training key fold_in(k_train, id) for N < 1.95e9 agents.
+        # the pass's own masking / dropout keys (its first agent's id tells passes apart);
+        # fold_in(k_train, crc32("secagg") = 1951061648) is no agent's training key for N < 1.95e9
         k_pass = jax.random.fold_in(rng.stream(k_train, "secagg"), ids[0])
         k_mask, k_drop = jax.random.split(k_pass)
         # every agent drops independently, its coin from fold_in(k_drop, id) (dp_fedavg's proof)
@@ -229,14 +222,9 @@ def check_secagg_range(spec: RoundSpec, rows: int) -> None:
 class RoundRunner:
     """Runs rounds on the gathered cohort (``cohort="gather"``) or on every agent with a
     participation mask (``"masked"``, the reference); both give the same result for a key.
-
-    Gathered: the cohort (:func:`fedjax_dp.core.cohort.sample_cohort`) is padded into passes of
-    a few bucket sizes (:class:`~fedjax_dp.core.cohort.CohortPlan`); device-resident agents are
-    gathered inside the compiled round, host-resident ones on the host by a
-    :class:`~fedjax_dp.core.cohort.CohortFeeder` that prefetches the next round's cohort.
     Device-resident agents without a mesh run fused on the device (:meth:`run_rounds`,
-    :meth:`one`; :func:`make_fused_rounds`, chunks of ``plan.pass_size`` agents); otherwise the
-    round is driven on the host (:meth:`__call__`).
+    :meth:`one`); otherwise the host driver (:meth:`__call__`) runs the cohort in padded passes
+    (:class:`~fedjax_dp.core.cohort.CohortPlan`, :class:`~fedjax_dp.core.cohort.CohortFeeder`).
 
     ``participation``: the run's values carry ``"participation" [N] int32`` (DP-FedSGD's rounds
     per agent), increased by each round's cohort. ``rounds_per_call``: ``"auto"`` or an int,
@@ -324,16 +312,11 @@ class RoundRunner:
             self.feeder.prefetch(round_keys(key)[0])
 
     def __call__(self, key: jax.Array, params: Params) -> tuple[Params, dict]:
-        """One round on the host driver: ``(params, metrics)`` (device arrays). The cohort is
-        the round's :func:`sample_agents` draw, laid out in the plan's passes by the feeder
-        (prefetched, gathered on the host for host-resident agents, sharded over a mesh); one
-        pass is one compiled call (``fused``), several passes' sums are added before the
-        server's step. Records the participants in ``last_indices``."""
+        """One round on the host driver: ``(params, metrics)`` (device arrays); one compiled call
+        per pass, several passes' sums added before the server's step. Records the participants
+        in ``last_indices``."""
         if self.mesh is not None:
-            # replicated over the mesh, as the round returns them: the first round compiles the
-            # program every later round runs (a single-device ``model.init`` output compiled a
-            # second program at round 2); under jax.distributed every process holds the same
-            # parameters and places its own devices' copies
+            # replicated, as the round returns them, so round 2 compiles no second program
             params = jax.device_put(params, NamedSharding(self.mesh, P()))
         k_sample, k_train, k_noise = round_keys(key)
         if self.mode == "masked":
@@ -367,11 +350,9 @@ class RoundRunner:
         return fn(*args)
 
     def seed_step(self) -> tuple[Callable, Any, Hashable] | None:
-        """The round as a pure function for the seed driver
-        (:func:`fedjax_dp.algorithms.seeds.run_seeds` vmaps it over S seeds): ``(fn, (agents,
-        extras), fused.one)`` with ``fn(key, values, (agents, extras))`` the fused round
-        :meth:`one` runs; None on the host driver (host-resident agents, a mesh: the seeds
-        then run one by one)."""
+        """The round as a pure function for :func:`fedjax_dp.algorithms.seeds.run_seeds`:
+        ``(fn, (agents, extras), fused.one)``, ``fn(key, values, (agents, extras))``; None on
+        the host driver (the seeds then run one by one)."""
         if not self.fusable:
             return None
         return _fused_step(self.fused.one), (self.agents, self.extras), self.fused.one

@@ -7,10 +7,8 @@ One round t (voting-dpfl paper, Algorithm 1 without lines 3-4 of NoisyUpdate):
     Delta_i = LocalSGD_E(theta_t; D_i) - theta_t                    for i in S_t (one vmap)
     theta_{t+1} = theta_t + eta_s * sum_{i in S_t} Delta_i / max(1, |S_t|)
 
-The round is run by the engine every averaging-style algorithm shares,
-:mod:`fedjax_dp.algorithms.rounds` (cohort sampled on the device, trained in chunks that follow
-the realised cohort, up to K rounds fused in one compiled call); this module holds FedAvg's
-update rule only: its :class:`Config` and its :func:`round_spec`.
+The round is run by :mod:`fedjax_dp.algorithms.rounds`; this module holds FedAvg's update rule
+only: its :class:`Config` and its :func:`round_spec`.
 """
 from __future__ import annotations
 

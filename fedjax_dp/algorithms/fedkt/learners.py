@@ -1,4 +1,4 @@
-"""Learners: train many independent classifiers at once and let them vote (FedKT's "any classifier").
+"""Learners: train many independent classifiers at once and let them vote (FedKT's any classifier).
 
 A learner trains ``A`` independent models and predicts with all of them::
 
@@ -7,19 +7,12 @@ A learner trains ``A`` independent models and predicts with all of them::
     predict(fitted, x [M, ...]) -> int32 [A, M]                   # every model's class per row
     take(fitted, index) -> fitted of one model (a = index)
 
-:class:`JaxLearner` also trains S independent runs (seeds) in one compiled call:
-``fit_keyed_seeds``, ``fit_shared_keyed_seeds`` and ``predict_seeds`` take every array with a
-leading seed axis, vmapped (accelerators) or looped inside the call (CPU: bit for bit equal to
-separate calls; one seed: the single call itself) (FedKT's phases, :mod:`.phases`).
-
-Two kinds:
-
 * :class:`JaxLearner` (the default): a flax model from :func:`fedjax_dp.models.make_model`; all
-  ``A`` models train in ONE compiled call (``train_agents`` / ``for_each_agent`` over the model
-  axis, chunked when large), each from its own random initialisation and minibatch stream.
-* :class:`SklearnLearner`: scikit-learn trees (decision tree, random forest, gradient boosting)
-  or xgboost (the ``trees`` extra); not JAX, so the ``A`` models are fitted in a host loop (the
-  documented exception to "no loops over agents"). Features are flattened.
+  ``A`` models train in ONE compiled call, each from its own initialisation and minibatch
+  stream. ``fit_keyed_seeds``, ``fit_shared_keyed_seeds`` and ``predict_seeds`` take a leading
+  seed axis (S runs in one call; why looped on the CPU: :mod:`.phases`).
+* :class:`SklearnLearner`: scikit-learn trees or xgboost (the ``trees`` extra), fitted in a host
+  loop (the documented exception to "no loops over agents"). Features are flattened.
 """
 from __future__ import annotations
 

@@ -1,19 +1,15 @@
-"""SOLO: every party trains one model on its own data alone (FedKT paper, Table 1 baseline).
+"""SOLO: every party trains one model on its own data alone (FedKT paper, Section 5, Table 1).
 
-FedKT's lower baseline (Li, He, Song, IJCAI 2021, Section 5, Table 1 "SOLO"): no federation at
-all. Party i trains model ``f_i`` on its local data ``D^i`` only, and the reported number is the
-mean over the n parties of each party's test accuracy::
+FedKT's lower baseline: no federation at all; the reported number is the mean over the n
+parties of each party's test accuracy::
 
     f_i = train(D^i)                                            i = 1..n, one compiled call
     SOLO accuracy = (1/n) sum_i (1/M) sum_m [f_i(x_m) = y_m]    on the test set (x_m, y_m)
 
-The n models are ONE learner call over the party axis (:meth:`.learners.JaxLearner.fit`:
-vmapped, chunked by ``runtime.chunk_size``; a tree learner is fitted in the learners' host loop,
-the documented exception), model i from key ``model_keys(stream(key, "solo"), n)[.][i]``
-(:func:`.learners.model_keys`). The output is not one model: :func:`output` defines
-``api.Output.accuracy`` (the mean above), which the runner's ``test_accuracy`` and
-``val_accuracy`` use. No privacy guarantee (:data:`private` is False, :func:`ledger` is empty):
-nothing leaves a party, but nothing is claimed either.
+The n models are ONE learner call over the party axis (:meth:`.learners.JaxLearner.fit`), model
+i from key ``model_keys(stream(key, "solo"), n)[.][i]`` (:func:`.learners.model_keys`).
+:func:`output` defines ``api.Output.accuracy`` (the mean above). No privacy guarantee
+(:data:`private` is False, :func:`ledger` is empty).
 """
 from __future__ import annotations
 

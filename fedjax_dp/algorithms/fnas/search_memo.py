@@ -3,17 +3,11 @@
 one search.
 
 A search epoch is a deterministic function of the search's config (every field but the
-retraining ones), the step's key and the parties' data: two runs that differ only in how they
-retrain compute identical search epochs. :func:`lookup` returns the stored outcome of such an
-epoch (the new search value, its metrics and the seconds it took) and :func:`store` keeps it.
-Replaying changes neither results nor accounting: the replayed run's search *happened* (its
-privacy cost is charged as before); it is computed once.
-
-The memo holds ONE search config at a time (a new one clears it; its seeds, each with its own
-data, side by side), in
-host memory (never on an accelerator), and at most :func:`max_bytes` of search values (a
-quarter of the machine's memory, at most 8 GiB); past that it stops storing and a run then
-recomputes the epochs not stored.
+retraining ones), the step's key and the parties' data. :func:`lookup` returns the stored outcome
+of such an epoch (the new search value, its metrics and its seconds), :func:`store` keeps it.
+The replayed search still *happened*: its privacy cost is charged as before. The memo holds ONE
+search config at a time (a new one clears it), in host memory, at most :func:`max_bytes` of
+search values; past that a run recomputes the epochs not stored.
 """
 from __future__ import annotations
 

@@ -2,36 +2,28 @@
 
 ``make_search(model, hyper)`` returns an ``init`` / ``step`` pair over an explicit
 :class:`SearchState` (one global W and one global alpha on the server, their optimiser states);
-``step(state, key, data)`` is one search iteration for all K parties at once (the parties are the
-stacked agent axis, lifted with :func:`fedjax_dp.core.for_each_agent`) and is compiled once.
-
-One iteration t (party k, all parties in one vmapped computation):
+``step(state, key, data)`` is one search iteration for all K parties at once (the stacked agent
+axis, :func:`fedjax_dp.core.for_each_agent`), compiled once. One iteration (docs/fnas.md):
 
 1. **Weight mechanism** (training half, Eq. 6). Poisson-sample the training records with one
-   rate for all parties, ``q = min(1, B / min_j n_j^tr)`` (so every party's records take
-   identical mechanisms); per-example gradients ``g_i = grad_W l(W, alpha; x_i)``,
+   rate for all parties, ``q = min(1, B / min_j n_j^tr)``; per-example ``grad_W l(W, alpha; x_i)``
    clipped to R^G over the whole W pytree, summed, plus ``N(0, (sigma R^G)^2)``, divided by the
-   expected batch ``q n_k^tr``: ``G_k``. Server: ``G = mean_k G_k``; W is updated by the
-   server optimiser (SGD with momentum, weight decay, cosine schedule) on G (post-processing).
+   expected batch ``q n_k^tr``: ``G_k``. Server: W updated on ``G = mean_k G_k``.
 2. **Virtual step** ``W' = W - xi G`` from the NOISED G (post-processing: no new access).
-3. **Architecture mechanism** (validation half, Eq. 5/7). Poisson-sample the validation records
-   with ``q = min(1, B / min_j n_j^val)``; per example the joint vector
-   ``[grad_alpha l(W', alpha; x_i), grad_W' l(W', alpha; x_i)]`` (first order: only the alpha
-   part) is clipped to R^H as one vector, summed, plus ``N(0, (tau R^H)^2)`` on every coordinate,
-   divided by the expected batch: ``(D_k, V_k)``.
-4. **Second-order mechanism** (training half again, second order only). ``v = mean_k V_k`` (the
-   noised gradient of the mean validation loss at W'), ``eps = 0.01 / ||v||``. A FRESH Poisson
-   sample of the training records; per example the mixed term
+3. **Architecture mechanism** (validation half, Eq. 5/7), rate ``min(1, B / min_j n_j^val)``; per
+   example ``[grad_alpha l(W', alpha; x_i), grad_W' l(W', alpha; x_i)]`` (first order: only the
+   alpha part) clipped to R^H as one vector, summed, plus ``N(0, (tau R^H)^2)``, divided by the
+   expected batch: ``(D_k, V_k)``.
+4. **Second-order mechanism** (second order only). ``v = mean_k V_k``, ``eps = 0.01 / ||v||``. A
+   FRESH Poisson sample of the training records; per example
    ``c_i = (grad_alpha l(W + eps v; x_i) - grad_alpha l(W - eps v; x_i)) / (2 eps)``
    (``'finite_difference'``, DARTS) or exactly ``c_i = d/dW grad_alpha l(W; x_i) . v`` (``'jvp'``),
-   clipped to R^C, summed, plus ``N(0, (sigma_c R^C)^2)``, divided by the expected batch: ``C_k``.
-   This term reads training data, so it is a mechanism of its own, accounted on the training
-   records (see :mod:`fedjax_dp.algorithms.fnas.privacy`).
+   clipped to R^C, summed, plus ``N(0, (sigma_c R^C)^2)``, divided by the expected batch: ``C_k``,
+   a mechanism on the training records (:mod:`fedjax_dp.algorithms.fnas.privacy`).
 5. ``H_k = D_k - xi C_k`` (first order: ``H_k = D_k``); server: alpha updated by Adam on
-   ``H = mean_k H_k`` (DARTS: lr 3e-4, betas (0.5, 0.999), weight decay 1e-3).
+   ``H = mean_k H_k``.
 
-Without noise and clipping, with every record sampled (``q = 1``) and the ``'jvp'`` mixed term,
-H is exactly ``grad_alpha F(alpha)`` of the unrolled objective
+Without noise and clipping, with ``q = 1`` and ``'jvp'``, H is exactly ``grad_alpha F(alpha)`` of
 ``F(alpha) = mean_k L_val,k(W - xi grad_W mean_j L_trn,j(W, alpha), alpha)`` (tested).
 
 Keys: per iteration one key per draw kind (weights, architecture, second order), split per party,
@@ -138,10 +130,7 @@ def noisy_mean(key: jax.Array, per_example_fn: Callable, x: jax.Array, y: jax.Ar
     batch ``denom`` (the realised batch size is not released). Event:
     ``PoissonSampled(rate, Gaussian(mech.noise))``. Non-private: no clipping, no noise.
 
-    The private-gradient primitive (:mod:`fedjax_dp.privacy.private_grad`): only sampled rows are
-    computed, ``chunk`` rows per pass (``RowPlan(first=0, step=chunk)``) until the last sampled
-    row; under ``vmap`` over parties the loop runs to the largest party's sample. The result
-    equals the masked sum over all rows (cost ~ the sample, not the party's data).
+    Only sampled rows are computed (:mod:`fedjax_dp.privacy.private_grad`), ``chunk`` per pass.
 
     Returns (noisy mean pytree, metrics dict of scalars).
     """
@@ -150,8 +139,7 @@ def noisy_mean(key: jax.Array, per_example_fn: Callable, x: jax.Array, y: jax.Ar
     clip = mech.clip if mech.private else jnp.inf
     total, stats = clipped_sum(per_example_fn, (x, y), weights, clip,
                                bs.RowPlan(first=0, step=chunk))
-    # one flat draw for the whole pytree (one random-bits kernel instead of one per leaf: the
-    # per-leaf draws dominated compile time); i.i.d. N(0, (noise clip)^2) per coordinate
+    # i.i.d. N(0, (noise clip)^2) per coordinate, one flat draw (per-leaf draws slow compiling)
     out = noise.release(k_noise, total, mech.noise * mech.clip, denom,
                         noise=mech.private and mech.noise > 0)
     batch = jnp.maximum(stats["count"], 1.0)

@@ -137,18 +137,9 @@ def ballot_fn(model: Model, abstain_below: float | None = None):
     the zero vector (agent i abstains on x). Note ``max softmax >= 1/C`` always, so ``tau <= 1/C``
     never abstains.
 
-    Sensitivity of the vote sum (per query) is unchanged by abstention, because every ballot is
-    one-hot or zero (L2 norm <= 1):
-
-    * agent level (add/remove one agent): the sum gains/loses that agent's ballot, L2 change
-      ``<= 1`` -> Delta = 1;
-    * instance level (add/remove one record of one agent): only that agent's model, hence only its
-      ballot, changes -- between ``e_c``, ``e_c'`` (c' != c) and ``0`` -- and
-      ``||e_c - e_c'|| = sqrt(2)``, ``||e_c - 0|| = 1``, so the L2 change is ``<= sqrt(2)`` ->
-      Delta = sqrt(2).
-
-    ``vmap(model.logits, (0, None))``: the shared queries meet every agent's first-layer kernel in
-    one GEMM. Cached per (model, abstain_below) so the compiled vote is reused.
+    Every ballot is one-hot or zero, so the vote sum's sensitivity is unchanged by abstention:
+    Delta = 1 (add/remove one agent) and sqrt(2) (add/remove one record of one agent: the ballot
+    moves between ``e_c``, ``e_c'`` and ``0``). Cached per (model, abstain_below).
     """
     return _ballot_fn(model, check_abstain_below("abstain_below", abstain_below))
 
@@ -241,14 +232,10 @@ def ballot_dtype(num_classes: int):
 def _local_training(state: api.State) -> tuple[dict, dict]:
     """Train the agents chunk by chunk and keep each agent's ballot per query (not its model).
 
-    Chunk c (agents ``[c S, (c + 1) S)``, padded to S) is copied to the device (host data; the
-    next one is read meanwhile), every agent starts from ``model.init(split(init, N)[i])`` and
-    trains with ``split(train, N)[i]`` (the keys of :func:`fedjax_dp.train.train_agents` on all
-    N at once), and casts its ballot on the Q queries: the class index of
-    ``onehot(argmax f_i(x_t))`` or -1 for the zero ballot (abstention), stored as
-    ``agent_ballots [N, Q]`` in :func:`ballot_dtype`. Device-resident agents also keep
-    ``agent_params [N, ...]`` (small populations, :data:`KEEP_PARAMS_BYTES`: for analysis and
-    the sharded vote). The S = 1 case of :func:`_train_and_vote` (the unbatched compiled call).
+    Chunk c (agents ``[c S, (c + 1) S)``, padded to S) trains as :func:`_chunk_fn` says and
+    stores each agent's class index per query (-1: abstention) as ``agent_ballots [N, Q]`` in
+    :func:`ballot_dtype`; device-resident agents within :data:`KEEP_PARAMS_BYTES` also keep
+    ``agent_params [N, ...]``. The S = 1 case of :func:`_train_and_vote`.
     """
     return _train_and_vote([state], None)[0]
 
