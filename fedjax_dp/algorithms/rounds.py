@@ -366,9 +366,7 @@ def _fused_step(one: Callable) -> Callable:
 
 
 # --------------------------------------------------------------------------- the protocol
-# (fedjax_dp.algorithms.api) of a round-based averaging algorithm whose state holds
-# ``values = {"params", ["participation"]}`` and ``context.round_fn`` a RoundRunner: FedAvg,
-# DP-FedAvg and DP-FedSGD define their update rule (a RoundSpec, an agent update) and share these.
+# shared by FedAvg, DP-FedAvg and DP-FedSGD: ``values = {"params", ["participation"]}``.
 
 @dataclasses.dataclass(frozen=True)
 class Context:

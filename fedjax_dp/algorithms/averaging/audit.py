@@ -131,16 +131,12 @@ def dp_fedavg_round_harness(weaken, *, noise_multiplier, clip_norm, num_agents, 
                             noise_multiplier=z_used, noise_sensitivity=clip,
                             denominator="expected")
     server = rounds.make_round_parts(update, spec, n)[1]
-    # train_sum does not read the noise: take it from the noise-free spec (compiled once for
-    # every noise level).
+    # train_sum does not read the noise: the noise-free spec's compiles once for every level
     train_sum = rounds.make_round_parts(update, dataclasses.replace(spec, noise_multiplier=0.0), n)[0]
     ids = jnp.arange(n)
     worlds = {False: jnp.ones((n,), bool), True: jnp.ones((n,), bool).at[0].set(False)}
-    # The agents' part of the round (local training, clipping, secure sum), once per world:
-    # every agent holds one record and batch_size = 1, so its update is the same for every
-    # training key (this key is the round's k_train of key 0). The trials run the server's part
-    # (noise on the sum, divide, apply) with each trial round's k_noise -- the library's own
-    # split of a round into train_sum and server (RoundRunner's multi-pass rounds).
+    # The agents' part of the round once per world (one record each, batch_size = 1: the same
+    # update for every training key); the trials run the server's part with their own k_noise.
     _, k_train, _ = fedavg.round_keys(jax.random.key(0))
     sums = {nb: train_sum(k_train, params, data, None, ids, v, {}) for nb, v in worlds.items()}
     if weaken != "no-clip" and abs(float(jnp.linalg.norm(flat(sums[False][0])

@@ -54,10 +54,9 @@ class Config(fedavg.Config, secagg.SecAggOptions):
     clip_norm: float = 1.0
     noise_multiplier: float = 1.0
     denominator: str = "expected"
-    # secure aggregation of the clipped updates (fedjax_dp.privacy.secagg_masks, docs/secagg.md):
-    # "plain" (default) or "secagg": fixed point with secagg_frac_bits fraction bits, pairwise
-    # masks on a secagg_neighbours-regular graph (None: complete), a fraction secagg_dropout of
-    # each pass drops after masking. secagg_talliers: the votes' talliers only.
+    # secure aggregation (docs/secagg.md): "plain" (default) or "secagg" (secagg_frac_bits
+    # fraction bits, masks on a secagg_neighbours-regular graph, None: complete; each agent
+    # drops after masking with probability secagg_dropout). secagg_talliers: the votes' only.
     aggregation: str = "plain"
     secagg_talliers: int = 2
     secagg_frac_bits: int = 16

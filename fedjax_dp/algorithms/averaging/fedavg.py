@@ -62,8 +62,7 @@ class Config:
 
 
 # --------------------------------------------------------------------------- the protocol
-# (fedjax_dp.algorithms.api): FedAvg and DP-FedAvg share init / step / output (the engine's,
-# fedjax_dp.algorithms.rounds) and differ only in their RoundSpec.
+# (the engine's; FedAvg and DP-FedAvg differ only in their RoundSpec)
 
 DESCRIPTION = "FedAvg, non-private (McMahan et al. 2017)"
 USES_LOCAL_TRAIN = True

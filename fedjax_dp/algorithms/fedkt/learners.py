@@ -110,13 +110,10 @@ class JaxLearner:
     def take(self, params, index: int):
         return jax.tree.map(lambda l: l[index:index + 1], params)
 
-    # S independent runs (seeds) at once: every array gains a leading seed axis, and seed s's
-    # models are those of the method without ``_seeds`` on its slice. ``seed_axis``: "vmap"
-    # (the method's compiled function vmapped over the seeds: the seeds run in parallel, equal
-    # to separate calls to float tolerance), "map" (a loop over the seeds inside ONE compiled
-    # call, each seed running the method's compiled body unchanged: bit for bit equal) or
-    # "auto" (:data:`SEED_AXIS`: "map" on the CPU, where a vmap over the seeds changes the
-    # rounding of chunked training and brings no speed, "vmap" on accelerators).
+    # S runs (seeds) at once: every array gains a leading seed axis; seed s's models are those
+    # of the method without ``_seeds`` on its slice. ``seed_axis``: "vmap" (equal to separate
+    # calls to float tolerance), "map" (a loop inside ONE compiled call: bit for bit equal) or
+    # "auto" (:data:`SEED_AXIS`).
 
     def fit_keyed_seeds(self, init_keys: jax.Array, train_keys: jax.Array, data: StackedData, *,
                         seed_axis: str = "auto"):

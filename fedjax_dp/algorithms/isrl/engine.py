@@ -98,9 +98,6 @@ class RoundTools:
 class UpdateRule:
     """One ISRL method: its upload kinds, its per-config plans and its server update.
 
-    Each method module (:mod:`mb_sgd`, :mod:`spider`, :mod:`svrg`, :mod:`local_sgd`) defines a
-    subclass and registers one instance (:func:`register`); the round calls ``update``.
-
     name: the method (``RoundSpec.method``). kinds: the upload kinds (columns of
     ``values["uploads"]`` and ``SiloData.rates``). shuffle: the SDP variant exists (the shuffled
     vector sum replaces the Gaussian uploads). differences: the method sends difference uploads
@@ -189,9 +186,8 @@ class RoundSpec:
     the difference clip (None: 2C). private=False: no clipping, no noise. shuffle: a
     :class:`fedjax_dp.privacy.shuffle.ShuffleConfig` replaces the silos' Gaussian uploads by the
     shuffled vector sum of all available silos' per-record reports (SDP MB-SGD / SPIDER).
-    batch_sizes: the expected batch K_u of each upload kind; an upload gathers only its sampled
-    records in passes planned for K_u (:class:`fedjax_dp.privacy.batch_selection.RowPlan`); empty:
-    one gathered pass over all n_max rows (same values, cost n_max).
+    batch_sizes: the expected batch K_u of each upload kind, the passes' plan (empty: one pass
+    over all n_max rows, same values).
     """
 
     method: str
@@ -291,15 +287,10 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
                backend: str = "vmap", cohort: str = "gather") -> Callable:
     """The jitted round of ``spec`` with per-record loss ``loss_fn(params, x, y)``.
 
-    ``cohort='gather'`` (default): the round gathers the M available silos' rows (records,
-    sampling plan, z, keys) into ``[M, ...]`` buffers and computes M uploads; ``'masked'``: every
-    one of the N silos computes its upload and a mask keeps the M available ones (the reference
-    the gathered round is tested against: same key, same silos, same silo keys, same result up to
-    float summation order). ``backend='loop'`` is the reference of the vectorised path: a Python
-    loop over the silos calls the one-silo functions one silo at a time (unrolled when the round
-    is traced, so the loop compiles once too; :func:`fedjax_dp.core.for_each_agent`). With a
-    ``mesh`` the silo axis (M or N rows) is padded to a multiple of the devices inside
-    ``for_each_agent``, and the padding rows are dropped before any sum.
+    ``cohort``: ``'gather'`` (M uploads) or ``'masked'`` (N uploads, a mask keeps the M
+    available ones: the reference). ``backend='loop'``: a Python loop over the silos (unrolled
+    when traced; :func:`fedjax_dp.core.for_each_agent`), the vectorised path's reference. With a
+    ``mesh`` the padding rows of the silo axis are dropped before any sum.
     """
     if cohort not in COHORTS:
         raise ValueError(f"runtime.cohort must be one of {COHORTS}, got {cohort!r}")

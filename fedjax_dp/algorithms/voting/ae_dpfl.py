@@ -82,8 +82,7 @@ class Config(student_lib.StudentSettings, secagg.SecAggOptions):
     student_semi_supervised: bool = False   # False: supervised on the Q queries (paper)
     student_self_training_rounds: int = 2   # pseudo-labelling rounds after the supervised one
     student_confidence: float = 0.8         # keep a pseudo-label if max softmax >= this
-    # agents per streamed chunk (training, ballots, vote); None: agent_stream.DEFAULT_CHUNK
-    # (4096, or all N if fewer). Results do not depend on it.
+    # agents per streamed chunk; None: agent_stream.DEFAULT_CHUNK. Results do not depend on it.
     agent_chunk: int | None = None
     query_chunk: int | None = None      # queries per block of the ballots (None: all at once)
     data_dependent: bool = True         # also report the GNMax data-dependent epsilon
@@ -93,11 +92,9 @@ class Config(student_lib.StudentSettings, secagg.SecAggOptions):
     # abstention: an agent whose max softmax on a query is < this casts the zero ballot
     # (None: never abstain, the paper's rule). Sensitivities unchanged (see ``ballot_fn``).
     abstain_below: float | None = None
-    # secure aggregation (fedjax_dp.privacy.secagg, docs/secagg.md): "plain" float sum (default)
-    # or "secagg": ballots secret-shared among secagg_talliers talliers in fixed point with
-    # secagg_frac_bits fraction bits; secagg_dropout: probability that an agent's shares never
-    # arrive (independent per agent; the talliers top the noise up to sigma, so the ledger is
-    # the one without dropouts: voting_dpfl). secagg_neighbours: DP-FedAvg's masks only.
+    # secure aggregation (docs/secagg.md): "plain" float sum (default) or "secagg" (ballots
+    # secret-shared among secagg_talliers talliers, secagg_frac_bits fraction bits); an agent's
+    # shares never arrive with probability secagg_dropout. secagg_neighbours: DP-FedAvg only.
     aggregation: str = "plain"
     secagg_talliers: int = 2
     secagg_frac_bits: int = 16

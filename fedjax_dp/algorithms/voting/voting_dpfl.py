@@ -356,19 +356,10 @@ def clean_sums(state: api.State | None):
 
 
 # --------------------------------------------------------------------------- seeds together
-# The batched step of AE-DPFL and kNN-DPFL. A voting phase is a host loop over chunks of
-# agents calling compiled functions (local training, ballots or kNN counts, the tally's add, the
-# release, the student's training), so the seeds of a sweep cannot share one pure
-# ``seed_step``. Instead the host loops over the chunks ONCE for all S seeds and every compiled
-# call of a chunk is the single-seed call ``jax.vmap``-ed over a leading seed axis: what differs
-# between the seeds carries that axis (their named key streams, their queries and -- when the
-# partition depends on the seed -- their agents' data), what they share does not (the agents'
-# data when equal, a PCA feature map, the agent ids and padding of a chunk, sigma;
-# :func:`fedjax_dp.core.seed_axis.share_or_stack`). Seed s computes exactly what its own
-# :func:`fedjax_dp.algorithms.api.run` computes, with the same keys, so its labels, clean sums
-# (exact integer counts), ledger and student equal its separate run's to float tolerance
-# (``tests/test_voting_seeds.py``). Host-only work that is not a compiled call (the per-seed
-# metrics, the self-training's confidence selection) stays per seed.
+# A voting phase is a host loop over chunks calling compiled functions, so the seeds cannot
+# share one pure ``seed_step``: the host loops over the chunks ONCE for all S seeds, every
+# compiled call vmapped over a leading seed axis carried only by what differs between the seeds
+# (:func:`fedjax_dp.core.seed_axis.share_or_stack`); seed s equals its separate run.
 
 #: ``phase(plan, states) -> [(values, metrics)] per seed``: one phase of S seeds.
 PhaseFn = Callable[["SeedPlan", list], list]
