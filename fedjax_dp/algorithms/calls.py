@@ -28,11 +28,8 @@ class CallSizer:
 
     An int k: every call runs k rounds (fewer at a boundary). ``"auto"``: the first call runs 1
     round (it compiles), later calls double until a call's measured wall time per round is
-    known, then ``round(AUTO_CALL_SECONDS / seconds_per_round)``, clipped to ``[1, capacity]``:
-    a call of cheap rounds runs many, a call of expensive rounds few, so progress lines,
-    checkpoints and a Ctrl-C come about every :data:`AUTO_CALL_SECONDS`. Sizing never changes a
-    result (the rounds and their keys are the same whatever the calls' sizes) and never
-    compiles (the count is a traced argument)."""
+    known, then ``round(AUTO_CALL_SECONDS / seconds_per_round)``, clipped to ``[1, capacity]``.
+    Sizing never compiles (the count is a traced argument)."""
 
     def __init__(self, setting, capacity: int):
         self.fixed = None if setting == "auto" else int(setting)

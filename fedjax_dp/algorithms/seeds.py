@@ -92,12 +92,9 @@ def run_seeds(algorithm: Algorithm, keys: Sequence[jax.Array], data: Sequence[Fe
     """S runs of ``algorithm`` that differ only in their root key (and the data it partitioned),
     each step of all S runs as one batch (:func:`seed_batch`).
 
-    Run s is exactly :func:`fedjax_dp.algorithms.api.run` ``(algorithm, keys[s], data[s], ...)``
-    (the same ``init``, the same step keys ``step_key(keys[s], t)``), so results agree to float
-    tolerance (tested). Returns None, before any step, when the seeds cannot share compiled
-    calls (:func:`seed_batch`; the caller then runs them one by one). ``evaluate(output, s)``
-    and ``on_step(t + 1, records)`` as in :func:`~fedjax_dp.algorithms.api.run`, with one
-    record per seed.
+    Returns None, before any step, when the seeds cannot share compiled calls
+    (:func:`seed_batch`). ``evaluate(output, s)`` and ``on_step(t + 1, records)`` as in
+    :func:`~fedjax_dp.algorithms.api.run`, with one record per seed.
     """
     if not isinstance(config, algorithm.Config):
         raise ValueError(f"config must be a {algorithm.Config.__module__}.Config, got "

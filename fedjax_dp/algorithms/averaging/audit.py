@@ -51,10 +51,10 @@ def canary_examples(num: int, scale: float, clip: float) -> tuple[np.ndarray, np
 
 def dp_sgd_step_harness(weaken, *, noise_multiplier, clip_norm, num_examples, canary_scale,
                         accountant) -> Auditable:
-    """One DP-FedSGD step of one agent (eq. (1) of :mod:`fedjax_dp.algorithms.averaging.dp_fedsgd`):
+    """One DP-FedSGD step of one agent (eq. (1) of :mod:`.dp_fedsgd`):
     :func:`dp_fedsgd.sample_records` (rate 1) then :func:`dp_fedsgd.noisy_gradient` (per-example
-    clip to C, ``N(0, (z C)^2)``, divided by the fixed ``p n``: the private-gradient primitive
-    :mod:`fedjax_dp.privacy.private_grad`) on a logistic model at zero parameters. Neighbours: the canary example (gradient norm ``>= canary_scale * C``) present
+    clip to C, ``N(0, (z C)^2)``, divided by the fixed ``p n``) on a logistic model at zero
+    parameters. Neighbours: the canary example (gradient norm ``>= canary_scale * C``) present
     vs removed (mask 0). Statistic: the noisy gradient's projection on the canary's clipped
     gradient. Claimed: :func:`dp_fedsgd.instance_ledger` of one round of one step with record
     sampling rate 1.
@@ -104,12 +104,9 @@ def dp_sgd_step_harness(weaken, *, noise_multiplier, clip_norm, num_examples, ca
 
 def dp_fedavg_round_harness(weaken, *, noise_multiplier, clip_norm, num_agents, canary_scale,
                             accountant) -> Auditable:
-    """One DP-FedAvg round (:mod:`fedjax_dp.algorithms.averaging.dp_fedavg`; voting-dpfl Alg. 1) through
-    the library's compiled round parts (:func:`rounds.make_round_parts`: ``train_sum`` once per
-    world, ``server`` per trial with the trial round's ``k_noise`` from
-    :func:`fedavg.round_keys`), sampling rate 1: every agent takes part, so the round is the
-    Gaussian mechanism on the clipped update sum and the claim is that of
-    ``dp_fedavg.ledger`` with ``sampling_rate = 1`` (no amplification to audit). Each agent has
+    """One DP-FedAvg round (:mod:`.dp_fedavg`; voting-dpfl Alg. 1) through the library's round
+    parts (:func:`rounds.make_round_parts`), sampling rate 1: the Gaussian mechanism on the
+    clipped update sum, claimed by ``dp_fedavg.ledger`` with ``sampling_rate = 1``. Each agent has
     one record and one local step (deterministic updates); agent 0 is the canary (update norm
     ``>= canary_scale * S``), present vs absent (its ``valid`` flag, how the library drops an
     agent from a round; the denominator ``q N`` is a public constant in both worlds).

@@ -60,10 +60,8 @@ FITTED = ("teachers", "students", "final")
 class Context:
     """The static part of a FedKT run's state.
 
-    ``fitted`` holds the fitted models of non-JAX learners (tree ensembles are not arrays, so
-    they cannot be in ``State.values``; a JAX learner's parameters are in ``values`` when kept,
-    see :func:`fitted`); ``reuse`` the teachers / students given to ``init`` to skip their
-    training.
+    ``fitted`` holds the fitted models of non-JAX learners (not arrays, so not in
+    ``State.values``); ``reuse`` the teachers / students given to ``init`` to skip training.
     """
 
     data: api.FederatedData
@@ -223,12 +221,9 @@ def _reused(learner, fitted_models):
 def teachers(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
     """Train the teachers and keep their votes ``teacher_votes [n, s, Qp, C]`` and ``z [n]``.
 
-    Chunk of P parties of every seed: the seed's s*t teacher subsets per party (partition j of
-    party i keyed ``split(split, n s)[i s + j]``), its P s t teachers trained in one call (teacher
-    (i, j, k) with the keys of index ``(i s + j) t + k`` of :func:`learners.model_keys` of the
-    ``teachers`` stream over all n s t), their votes on the seed's party queries; then the
-    teachers are dropped (kept only unstreamed). Tree teachers or reused ones (one seed): one
-    chunk of all n parties.
+    Per chunk of P parties (keys: the module docstring), the P s t teachers trained in one
+    call, their votes on the party queries; then the teachers are dropped (kept only
+    unstreamed). Tree teachers or reused ones (one seed): one chunk of all n parties.
     """
     ctxs = [st.context for st in states]
     ctx, num = ctxs[0], len(states)
@@ -299,12 +294,10 @@ def students(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
     """The party labels (noisy at L2), the students, and their predictions on the server's
     queries ``student_preds [n, s, Qs]`` (what the final phase needs), chunk by chunk.
 
-    Chunk of P parties of every seed: the labels ``y^i_j = argmax_m v_m (+ Lap(1/gamma) at L2,
-    key split(l2_noise, n s)[i s + j])`` of its P s partitions from the stored ``teacher_votes``
-    (the S seeds' groups one batch of :func:`.votes.noisy_labels`, one key per group), its P s
-    students (keys of index ``i s + j`` of :func:`learners.model_keys` of the ``students``
-    stream over all n s) trained on them in one call, their predictions on the server queries;
-    then the students are dropped (kept only unstreamed). The parties' private data is not read.
+    Per chunk of P parties: the labels ``y^i_j = argmax_m v_m`` (+ Lap(1/gamma) at L2,
+    :func:`.votes.noisy_labels`) from the stored ``teacher_votes``, the P s students trained on
+    them in one call, their predictions on the server queries; then the students are dropped
+    (kept only unstreamed). The parties' private data is not read.
     """
     ctxs = [st.context for st in states]
     ctx, num = ctxs[0], len(states)

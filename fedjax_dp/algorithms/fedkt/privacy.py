@@ -63,9 +63,8 @@ def log_moments(level: str, gamma: float, *, server_votes=None, teacher_votes=No
     L1: ``server_votes [Q, C]`` (noiseless consistent-voting histograms); party k = s;
     example k from ``z`` (largest number of at-risk partitions of a party; default s, the worst
     case) by :func:`example_k` (``example_rule='paper'``: :func:`paper_example_k`).
-    L2: ``teacher_votes [n, s, Q, C]`` (or ``[s, Q, C]``; ``[Q, C]`` means the same histograms
-    in each of the s partitions); example k = 1, party
-    k = t; queries of one party compose, the worst party counts (per order).
+    L2: ``teacher_votes [n, s, Q, C]`` (or ``[s, Q, C]``; ``[Q, C]``: the same histograms in
+    each partition); example k = 1, party k = t; worst party (per order).
     """
     validation.check_choice("level", level, ("L1", "L2"))
     validation.check_choice("example_rule", example_rule, ("consistent", "paper"))

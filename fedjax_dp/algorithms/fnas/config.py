@@ -23,26 +23,22 @@ class Config:
     Search space: ``nodes`` (>= 1), ``channels`` (>= 1), ``cells`` (>= 1), ``primitives``
     (subset of the 8 DARTS primitives), ``stem_multiplier``.
     Search: ``search_epochs``, ``batch_size`` B (expected Poisson batch of the smallest party's
-    half: rate ``min(1, B / min_k n_k)`` for all parties), ``order`` ('first' | 'second'), ``second_order_method``
-    ('finite_difference' | 'jvp'), ``xi`` (virtual step), weight SGD ``w_lr`` (cosine to
-    ``w_lr_min``), ``w_momentum``, ``w_weight_decay``; alpha Adam ``alpha_lr``, ``alpha_b1``,
-    ``alpha_b2``, ``alpha_weight_decay``.
+    half: rate ``min(1, B / min_k n_k)`` for all parties), ``order`` ('first' | 'second'),
+    ``second_order_method`` ('finite_difference' | 'jvp'), ``xi`` (virtual step), weight SGD
+    ``w_lr`` (cosine to ``w_lr_min``), ``w_momentum``, ``w_weight_decay``; alpha Adam
+    ``alpha_lr``, ``alpha_b1``, ``alpha_b2``, ``alpha_weight_decay``.
     Privacy: ``private`` (False: FNAS, no clipping and no noise); clip norms R^G
     ``clip_weights``, R^H ``clip_arch``, R^C ``clip_second`` (> 0) and noise multipliers sigma
     ``noise_weights``, tau ``noise_arch``, ``noise_second`` (>= 0).
     Retraining: ``retrain_epochs``, ``retrain_batch_size``, ``retrain_lr``, ``retrain_channels``
     / ``retrain_cells`` (0: as in the search), ``clip_retrain``, ``noise_retrain``;
     ``fixed_genotype`` (a genotype's JSON): skip the search and retrain that genotype;
-    ``"random"`` (:data:`RANDOM_GENOTYPE`): skip the search and retrain a uniformly random
-    genotype of the same size (:func:`darts.random_genotype`, drawn from the run's key stream
-    ``"random_genotype"``, independent of the data: the paper's searched-vs-random comparison
-    is the grid ``algorithm.fixed_genotype = ["", "random"]``).
-    ``private_retrain`` (default true): retraining is private when the run is; false retrains
-    WITHOUT clipping or noise after a private search (the paper's protocol: its guarantee covers
-    the search only; the ledger then covers the search and declares the retrained network
-    uncovered). ``retrain_seed`` (default -1: the run's key): >= 0 draws the retraining's
-    initialisation, sampling and noise from ``key(retrain_seed)`` instead, so one search (or one
-    random genotype, both from the run's seed) is retrained under several retraining seeds.
+    ``"random"`` (:data:`RANDOM_GENOTYPE`): retrain a uniformly random genotype of the same size
+    (:func:`darts.random_genotype`, key stream ``"random_genotype"``, independent of the data).
+    ``private_retrain`` (default true): false retrains WITHOUT clipping or noise after a private
+    search (the paper's protocol; the ledger then declares the retrained network uncovered).
+    ``retrain_seed`` (default -1: the run's key): >= 0 draws the retraining's initialisation,
+    sampling and noise from ``key(retrain_seed)``, so one search is retrained under several seeds.
     """
 
     nodes: int = 4

@@ -47,9 +47,8 @@ def silo_inputs(num_records, scale, clip):
 
 def isrl_upload_harness(weaken, *, noise_multiplier, clip_norm, num_records, canary_scale,
                         accountant) -> Auditable:
-    """One ISRL-DP gradient upload of one silo (eq. (1) of
-    :mod:`fedjax_dp.algorithms.isrl.uploads`, :func:`uploads.gradient_upload` with
-    ``private=True``, i.e. :func:`fedjax_dp.privacy.private_grad.private_gradient`): Poisson records at rate 1, per-record clip to C, ``N(0, (z C)^2)``,
+    """One ISRL-DP gradient upload of one silo (eq. (1), :func:`uploads.gradient_upload` with
+    ``private=True``): Poisson records at rate 1, per-record clip to C, ``N(0, (z C)^2)``,
     divided by ``n``. Neighbours: the silo's canary record present vs removed (the library's
     relation, add/remove one record of one silo). Statistic: the upload's projection on the
     canary's clipped gradient. Claimed: :func:`isrl.calibration.silo_event` with one upload at

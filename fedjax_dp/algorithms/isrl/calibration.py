@@ -113,11 +113,8 @@ def reference_calibrate(target_epsilon: float, delta: float,
 
         z_ref = max_u calibrate(target, delta, [(p_u, c_u)])
 
-    so every kind's own series of c_u releases meets (target, delta), and the silo's whole
-    transcript (eq. (1), all kinds composed) does NOT: for SPIDER at q = 2 (as many refresh as
-    difference uploads) its epsilon is ~1.4-1.5x the target. Only to reproduce the authors' runs;
-    the run's ledger composes what was really sent and reports that epsilon (:func:`calibrate` is
-    the correct calibration)."""
+    so the silo's whole transcript (eq. (1), all kinds composed) does NOT meet the target. Only
+    to reproduce the authors' runs (:mod:`.spider`); :func:`calibrate` is the correct one."""
     kinds = [(float(p), int(c)) for p, c in releases if int(c) > 0]
     if not kinds:
         raise ValueError("releases must hold at least one kind of upload with count >= 1")
