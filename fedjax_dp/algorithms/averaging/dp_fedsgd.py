@@ -19,10 +19,8 @@ sampled records' gradients are computed (padded passes planned for :func:`expect
 is divided by the *expected* batch size ``p_i n_i`` (Abadi et al.'s fixed "lot size"), never by
 the realised batch size, which would leak it.
 
-Record sampling rate p_i (a documented choice): ``record_sampling_rate = p`` gives every agent the
-same rate p (expected batch p n_i); left unset (None, the default), ``p_i = min(1, B / n_i)`` with
-B = ``local.batch_size``, i.e. every agent's expected batch is B and smaller agents sample a larger
-fraction of their records -- and so pay more privacy: the worst agent is then the smallest one.
+Record sampling rate p_i: ``record_sampling_rate = p`` for every agent, or (None, the default)
+``p_i = min(1, B / n_i)`` with B = ``local.batch_size``: smaller agents pay more privacy.
 
 Privacy. Unit: one instance (record) of one agent. Neighbouring relation: add or remove one
 record of one agent. Sensitivity: one record changes one agent's clipped gradient sum (1) by at
@@ -32,20 +30,14 @@ E steps in each round it takes part in, so agent i's records get
 
     SelfComposed(PoissonSampled(p_i, Gaussian(z)), E * T_i)                                (3)
 
-with T_i the number of rounds agent i took part in (T when every agent runs every round, or
-when the participation is not given: an upper bound). Every later use of the noisy gradients
-(the optimiser, the server average (2), later rounds) is post-processing, and the agent-sampling
-mask is independent of the data. The agents' datasets are disjoint, so by parallel composition
-the run's instance-level guarantee is the worst agent's (3), even against a server that sees
-every individual update. The local sizes n_i are treated as public (as in DP-SGD): p_i and
-p_i n_i are fixed before the run and are the same on neighbouring datasets.
+with T_i the number of rounds agent i took part in (T when not given: an upper bound). The rest
+(optimiser, average (2), later rounds) is post-processing; the agent sampling is independent of
+the data. By parallel composition over the disjoint datasets the run's guarantee is the worst
+agent's (3), even against a server that sees every update. The local sizes n_i are public (as
+in DP-SGD): p_i and p_i n_i are the same on neighbouring datasets. No agent-level guarantee.
 
-No agent-level guarantee is claimed: one agent changes the average (2) without a bound.
-
-Protocol (:mod:`fedjax_dp.algorithms.api`): ``init`` draws the model from ``split(key)[0]`` and
-fixes p_i and p_i n_i; step t is round t with key ``fold_in(split(key)[1], t)``.
-``State.values = {"params", "participation"}``, the latter the number of rounds each agent took
-part in so far (``int32 [N]``), which :func:`ledger` reads to give T_i in (3).
+``State.values = {"params", "participation"}``, the latter the rounds each agent took part in
+(``int32 [N]``), T_i in (3).
 """
 from __future__ import annotations
 

@@ -1,24 +1,13 @@
 """Server-side gradient estimators of the variance-reduced methods (pure updates on pytrees).
 
 ``avg`` is always the server's average of the available silos' uploads,
-``avg = (1/M) sum_{i in S_r} u_i``.
-
-SPIDER (paper Alg. 3, l. 6-11; Fang et al. 2018), phase length q::
-
-    r mod q == 0:  v_r = avg of gradient uploads at w_r                                (refresh)
-    otherwise:     v_r = v_{r-1} + avg of difference uploads  g(w_r) - g(w_{r-1})     (path update)
-
-Prox-SVRG (paper Alg. 1, l. 5-10; Reddi et al. 2016), epoch length m::
-
-    t mod m == 0:  w~ = w_t,  g~ = avg of gradient uploads at w~,  v_t = g~            (snapshot)
-    otherwise:     v_t = g~ + avg of difference uploads  g(w_t) - g(w~)
-
-(at a snapshot the difference at w_t = w~ is zero, so v_t = g~ needs no second upload).
-
-Then every method steps ``w_{t+1} = prox_{eta f1}(w_t - eta v_t)`` (:func:`prox_step`).
-
-Clip of the differences: ``tau = min(2C, beta_hat ||w - w_ref||)`` (:func:`difference_clip`), a
-public quantity (the server knows both iterates); with no ``beta_hat`` tau = 2C.
+``avg = (1/M) sum_{i in S_r} u_i``; the rounds (SPIDER, paper Alg. 3, l. 6-11, Fang et al. 2018,
+phase length q; Prox-SVRG, Alg. 1, l. 5-10, Reddi et al. 2016, epoch length m) are written out
+in :mod:`.spider` and :mod:`.svrg`: a refresh / snapshot sets ``v = avg`` of gradient uploads,
+otherwise ``v`` adds ``avg`` of difference uploads to ``v_{r-1}`` (SPIDER) or to the snapshot's
+``g~`` (SVRG). Then every method steps ``w_{t+1} = prox_{eta f1}(w_t - eta v_t)``
+(:func:`prox_step`). Difference clip: ``tau = min(2C, beta_hat ||w - w_ref||)``
+(:func:`difference_clip`), public (the server knows both iterates); with no ``beta_hat`` 2C.
 """
 from __future__ import annotations
 
