@@ -79,11 +79,9 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
 
     teacher, student, final: learners (default: :func:`.config.make_learners` with ``model``).
     fitted_teachers / fitted_students: reuse the ``teachers`` / ``students`` of an earlier run
-    with the same key, parties, public set, learners, s and t (they do not depend on gamma, the
-    level or the query fraction, except L2 students, which learn noisy labels and cannot be
-    reused). Host-resident parties stay on the host: the phases copy them to the device one
-    chunk at a time. ``config.centralized``: the parties are pooled into one (centralized
-    PATE, :func:`.partition.pool`).
+    with the same key, parties, public set, learners, s and t (not L2 students: they learn
+    noisy labels). Host-resident parties stay on the host. ``config.centralized``: the parties
+    are pooled into one (centralized PATE, :func:`.partition.pool`).
     """
     if not isinstance(config, Config):
         raise ValueError(f"config must be a fedkt.Config, got {type(config).__name__}")

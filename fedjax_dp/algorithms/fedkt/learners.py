@@ -74,9 +74,8 @@ class JaxLearner:
 
     def fit_keyed(self, init_keys: jax.Array, train_keys: jax.Array, data: StackedData):
         """:meth:`fit` with model a's keys given: ``model.init(init_keys[a])``, then training
-        with ``train_keys[a]`` (``fit(key, .)`` uses :func:`model_keys` of ``key``). A slice of
-        the keys trains the same models as the full call: streamed callers train a chunk of
-        the models at a time. Agents without records (padding) give unused parameters."""
+        with ``train_keys[a]``, so a slice of the keys trains the same models as the full call
+        (streaming). Agents without records (padding) give unused parameters."""
         params = _init_fn(self.model)(init_keys)
         chunk = self._chunk(params, data.num_agents)
         fn = lifted_update(self.model, self.train, False, chunk, None, self.backend)

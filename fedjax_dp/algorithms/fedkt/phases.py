@@ -88,9 +88,8 @@ def streamed(state: api.State) -> bool:
 def fitted(state: api.State, name: str):
     """The fitted ``teachers`` / ``students`` / ``final`` of a run (after their phase).
 
-    JAX teachers and students are kept only when the run is not streamed (device-resident
-    parties in one chunk, :func:`streamed`): a streamed run keeps their votes and predictions
-    instead (an error says so). Tree learners are always kept (not streamed).
+    JAX teachers and students are kept only when the run is not :func:`streamed` (else an
+    error says so); tree learners always.
     """
     validation.check_choice("name", name, FITTED)
     ctx: Context = state.context

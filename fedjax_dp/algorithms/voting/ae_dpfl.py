@@ -155,11 +155,8 @@ def _ballot_fn(model: Model, abstain_below: float | None):
 
 def train_student(key: jax.Array, model: Model, x: np.ndarray, labels: np.ndarray,
                   config: LocalTrainConfig) -> Params:
-    """Train the global model on the pseudo-labelled queries (a one-agent ``train_agents``).
-
-    Supervised only; the semi-supervised student is
-    :func:`fedjax_dp.train.student.train_student`.
-    """
+    """Train the global model on the pseudo-labelled queries (a one-agent ``train_agents``);
+    supervised only (semi-supervised: :func:`fedjax_dp.train.student.train_student`)."""
     return student_lib.train_supervised(key, model, x, labels, config)
 
 
@@ -172,8 +169,7 @@ def vote_ledger(config: Config, clean_vote_sums: np.ndarray | None = None,
                 sigma: float | None = None) -> PrivacyLedger:
     """Agent- and instance-level guarantees of Q votes (+ the data-dependent ones given the
     noise-free sums ``[Q, C]``). ``sigma``: the noise std accounted (default ``config.sigma``,
-    also with secure-aggregation dropouts: the talliers top the noise up, see
-    :mod:`fedjax_dp.algorithms.voting.voting_dpfl`)."""
+    also with dropouts: :mod:`.voting_dpfl`)."""
     sigma = config.sigma if sigma is None else sigma
     return vote_lib.vote_ledger(sigma, config.num_queries, sensitivities(),
                                 clean_vote_sums=clean_vote_sums,
@@ -240,12 +236,9 @@ def _local_training(state: api.State) -> tuple[dict, dict]:
 def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
                     ) -> list[tuple[dict, dict]]:
     """:func:`_local_training` of S seeds (``plan``; None: one seed, unbatched call): one host
-    loop over the chunks, each chunk initialised, trained and made to vote for all seeds in ONE
-    compiled call (:func:`_chunk_fn`; vmapped over the seeds with a plan; seed s: its own agents'
-    data, its ``split(init, N)`` / ``split(train, N)`` keys and its queries). The agents' keys
-    are computed inside the call from their global indices (:func:`fedjax_dp.core.rng.
-    agent_keys`), so a run compiles this one function whatever N and however the last chunk
-    is padded."""
+    loop over the chunks, each chunk trained and made to vote for all seeds in ONE compiled call
+    (:func:`_chunk_fn`), the agents' keys computed inside it from their global indices, so a run
+    compiles this one function whatever N."""
     ctxs: list[voting_dpfl.Context] = [st.context for st in states]
     c0 = ctxs[0]
     cfg, model = c0.config, c0.model
@@ -395,10 +388,8 @@ def _chunk_fn(model: Model, local: LocalTrainConfig, inner: int | None,
     counts, queries [Q, ...]) -> (ballot indices [size, Q], mean losses [size] (, params))``.
 
     Agent i (``ids``) starts from ``model.init(split(init, N)[i])`` and trains with
-    ``split(train, N)[i]`` (:func:`fedjax_dp.core.rng.agent_keys`: the keys of
-    :func:`fedjax_dp.train.train_agents` on all N at once), ``runtime.chunk_size`` agents at a
-    time within the chunk (``inner``), then casts its ballots (:func:`ballot_fn`, as indices in
-    ``dtype``). ``agents_axis`` None or 0: the call vmapped over a leading seed axis of the keys
+    ``split(train, N)[i]`` (:func:`fedjax_dp.core.rng.agent_keys`), ``inner`` agents at a time,
+    then casts its ballots (:func:`ballot_fn`, as indices in ``dtype``). ``agents_axis`` None or 0: the call vmapped over a leading seed axis of the keys
     and queries (and, with 0, of the agents' data); ``"single"``: one seed, unbatched.
     ``gather``: ``x, y, mask, counts`` are the whole (device-resident) population and the call
     takes the rows ``ids`` (rows past N: empty agents)."""
@@ -427,10 +418,8 @@ batch_plan = voting_dpfl.seed_plan     # None: runtime.mesh, secure aggregation,
 
 
 def batched_step(plan: voting_dpfl.SeedPlan, states: list[api.State], keys=None):
-    """Step S seeds of AE-DPFL together (the seed driver's batched step): each phase loops over
-    the chunks of agents once, and a chunk's local training, ballots, tally and release, then
-    the students, are the single-seed compiled calls vmapped over the seeds
-    (:func:`voting_dpfl.batched_phase`); seed s equals its own run."""
+    """Step S seeds of AE-DPFL together (:func:`voting_dpfl.batched_phase`); seed s equals its
+    own run."""
     phases = {"local_training": lambda p, st: _train_and_vote(st, p), "vote": _vote_seeds,
               "student": voting_dpfl.student_phase_seeds}
     return voting_dpfl.batched_phase(PHASES, phases, plan, states)

@@ -214,8 +214,7 @@ def vote_ledger(config: Config, clean_vote_sums: np.ndarray | None = None,
                 sigma: float | None = None) -> PrivacyLedger:
     """Instance- and agent-level guarantees of Q votes (+ the data-dependent ones given the
     noise-free sums ``[Q, C]``). ``sigma``: the noise std accounted (default ``config.sigma``,
-    also with secure-aggregation dropouts: the talliers top the noise up, see
-    :mod:`fedjax_dp.algorithms.voting.voting_dpfl`)."""
+    also with dropouts: :mod:`.voting_dpfl`)."""
     sigma = config.sigma if sigma is None else sigma
     note = f"kNN-DPFL, k={config.k}, instance sensitivity rule '{config.instance_sensitivity}'"
     return vote_lib.vote_ledger(sigma, config.num_queries, sensitivities(config),
@@ -313,10 +312,8 @@ def batch_plan(states: list[api.State]) -> voting_dpfl.SeedPlan | None:
 
 
 def batched_step(plan: voting_dpfl.SeedPlan, states: list[api.State], keys=None):
-    """Step S seeds of kNN-DPFL together (the seed driver's batched step): the vote loops over
-    the chunks of agents once, and a chunk's feature map and kNN counts, the tally's add and the
-    release, then the students, are the single-seed compiled calls vmapped over the seeds
-    (:func:`voting_dpfl.batched_phase`); seed s equals its own run."""
+    """Step S seeds of kNN-DPFL together (:func:`voting_dpfl.batched_phase`); seed s equals its
+    own run."""
     return voting_dpfl.batched_phase(PHASES, {"vote": _vote_seeds,
                                               "student": voting_dpfl.student_phase_seeds},
                                      plan, states)
