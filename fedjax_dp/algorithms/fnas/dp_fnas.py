@@ -91,10 +91,7 @@ def compile_checked(fn, *args, what: str = "a step", drivers=None) -> tuple[Any,
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
     """Validate the parties, split their halves, initialise W and alpha (the search step is
-    compiled by the first step, for one seed or for the seeds stepped together).
-
-    ``model`` (the experiment's ``[model]``) is not used: the search network comes from config.
-    """
+    compiled by the first step). ``model`` is not used: the networks come from the config."""
     if not isinstance(config, Config):
         raise ValueError(f"config must be a dp_fnas.Config, got {type(config).__name__}")
     counts = np.asarray(data.agents.counts)
@@ -135,11 +132,9 @@ def iteration(update: Any, seeds: bool = False, data_axis: int | None = None,
     ``update(value, fold_in(k_epoch, i), data)`` with ``update`` the search step
     (:func:`steps.make_search`) or the retraining step (:func:`steps.make_retrain`).
 
-    ``seeds``: the same function vmapped over a leading seed axis of ``value`` and ``k_epoch``
-    (and of ``data`` with ``data_axis = 0``; ``None``: one data for all seeds), ``i`` shared.
-    :func:`step` runs one seed and :func:`batched_step` several seeds through this one
-    function. ``compiled``: jitted (``runtime.backend = "vmap"``), else the plain function
-    (the loop backend's reference runs). Cached: equal arguments give the same function.
+    ``seeds``: vmapped over a leading seed axis of ``value`` and ``k_epoch`` (and of ``data``
+    with ``data_axis = 0``), ``i`` shared. ``compiled``: jitted (``runtime.backend = "vmap"``),
+    else the plain function (the loop backend). Cached on its arguments.
     """
     def one(value, k_epoch, i, data):
         return update(value, jax.random.fold_in(k_epoch, i), data)
@@ -385,10 +380,8 @@ def batch_plan(states: list[api.State]) -> tuple[list, Callable] | None:
 
 def batched_step(plan: tuple[list, Callable], states: list[api.State], keys: list
                  ) -> tuple[list[api.State], list[dict]]:
-    """Step t of S seeds of one config (``plan`` from :func:`batch_plan`), each epoch's
-    iterations ONE compiled call vmapped over the seeds (:func:`iteration`), entry s equal to
-    ``step(states[s], keys[s])`` to float tolerance (tested). Seeds that derived the same
-    genotype retrain together; a seed alone runs as its own :func:`step`."""
+    """Step t of S seeds of one config (``plan`` from :func:`batch_plan`), entry s equal to
+    ``step(states[s], keys[s])`` to float tolerance (:func:`_step_seeds`)."""
     ctxs, group_data = plan
     if len(states) != len(ctxs) or any(s.context is not c for s, c in zip(states, ctxs)):
         raise ValueError("batched_step must get the states its plan was made for")
@@ -421,10 +414,8 @@ def _record_events(config: Config, ctx: Context) -> list[tuple]:
 
 
 def ledger(config: Config, state: api.State) -> tuple[PrivacyLedger, ...]:
-    """Instance-level guarantee of the whole planned run: the worst record of all parties, then
-    one ledger per party when parties differ (see :mod:`fedjax_dp.algorithms.fnas.privacy`;
-    with the common sampling rate every party takes identical events and one ledger covers
-    each). Non-private: empty."""
+    """Instance-level guarantee of the whole planned run (:func:`.privacy.ledgers`: the worst
+    record, then one ledger per party when parties differ). Non-private: empty."""
     if not config.private:
         return (PrivacyLedger(),)
     note = ("parallel over (party, half): training-half records take the weight mechanism"

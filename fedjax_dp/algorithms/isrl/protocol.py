@@ -135,12 +135,8 @@ class Context:
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
     """One member of the family: ``method``, a registered update rule's name
-    (:func:`engine.rule_for`; each method module registers its own), private or not.
-
-    ``batch_sizes(config)`` gives K per upload kind, ``spec_fields(config)`` the method's static
-    round fields, ``planned(config)`` the number of uploads of each kind a silo available every
-    round sends (what the noise is calibrated for).
-    """
+    (:func:`engine.rule_for`, whose ``batch_sizes`` / ``spec_fields`` / ``planned`` it reads),
+    private or not."""
 
     name: str
     Config: type
@@ -199,11 +195,7 @@ class Algorithm:
     def init(self, key: jax.Array, data: api.FederatedData, model: Model, config,
              runtime: api.Runtime = api.Runtime(), *, loss_fn=None) -> api.State:
         """Validate against the data, calibrate the noise, compile the round (once per spec).
-
-        ``loss_fn(params, x, y)``: per-record loss (default: the model's cross-entropy).
-        ``runtime.cohort``: ``"gather"`` (a round computes the M available silos' uploads only)
-        or ``"masked"`` (all N silos compute, a mask keeps M: the reference); same results.
-        """
+        ``loss_fn(params, x, y)``: per-record loss (default: the model's cross-entropy)."""
         if not isinstance(config, self.Config):
             raise ValueError(f"config must be a {self.Config.__qualname__}, got "
                              f"{type(config).__name__}")
@@ -252,8 +244,8 @@ class Algorithm:
         return api.State(step=state.step + 1, values=values, context=ctx), metrics
 
     def seed_step(self, state: api.State):
-        """``(round_fn, data, spec)``: the round as a pure function of ``(key, values, data)``
-        (:func:`fedjax_dp.algorithms.seeds.run_seeds` vmaps it over seeds; runs with equal specs share it)."""
+        """``(round_fn, data, spec)``: the round as a pure function of ``(key, values, data)``,
+        vmapped over seeds by :func:`fedjax_dp.algorithms.seeds.run_seeds`."""
         ctx: Context = state.context
         return ctx.round_fn, ctx.data, ctx.spec
 

@@ -105,10 +105,7 @@ def check_run_args(agents: StackedData, model: Model, x_public) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class Context:
-    """The static part of a voting run's state.
-
-    ``extra`` holds what one algorithm adds (kNN-DPFL: its feature map).
-    """
+    """The static part of a voting run's state; ``extra``: kNN-DPFL's feature map."""
 
     data: api.FederatedData
     model: Model
@@ -172,8 +169,7 @@ def vote_phase(state: api.State, ballot_fn: vote_lib.BallotFn, agents: Any, quer
     """The MPC vote on the queries: ``(values, metrics)`` with the released ``labels [Q]`` and,
     if ``config.data_dependent``, the noise-free ``clean_vote_sums [Q, C]`` (analysis only).
 
-    Metrics: ``num_queries`` and, when ``data.y_public`` is given, ``vote_accuracy`` -- the
-    fraction of released labels equal to the true public labels (a diagnostic; never used).
+    Metrics: ``num_queries`` and, with ``data.y_public``, ``vote_accuracy`` (a diagnostic).
     """
     ctx: Context = state.context
     cfg = ctx.config
@@ -200,12 +196,9 @@ def streamed_vote_phase(state: api.State, blocks: Iterable[tuple], total: int, *
     """The MPC vote over ballots that arrive in chunks: ``(values, metrics)`` as :func:`vote_phase`.
 
     ``blocks`` yields ``(ballots, agent_ids [a], valid [a])`` per chunk of agents (see
-    :func:`tally_add`); ``total`` is the number of chunks (progress). Each agent's noise share is
-    ``N(0, sigma^2/N I_C)`` per query, from its own key (``per_agent``), or the sum's noise is
-    drawn at once (``aggregate``); only the argmax leaves (:func:`tally_release`). The labels, the
-    clean sums ``counts / divisor`` (float64, analysis only) and hence the ledger do not depend
-    on the chunking nor on where the agents' data lives. The S = 1 case of
-    :func:`streamed_vote_seeds` (with the unbatched compiled calls).
+    :func:`tally_add`); ``total`` is the number of chunks (progress). Noise: ``per_agent``
+    shares or the sum's at once (``aggregate``); clean sums ``counts / divisor`` (float64,
+    analysis only). The S = 1 case of :func:`streamed_vote_seeds`.
     """
     if state.context.config.secagg is not None:
         return _secagg_vote(state, blocks, total, divisor)
