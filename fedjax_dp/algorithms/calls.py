@@ -71,9 +71,8 @@ def run_calls(multi_step: Callable, capacity: int, key: jax.Array, state: Any, t
     :class:`fedjax_dp.algorithms.api.State`) in calls of ``multi_step`` (at most ``capacity``
     steps each): each call's size from a :class:`CallSizer` (``setting``: ``"auto"`` or k), cut
     at the next multiple of every nonzero entry of ``boundaries`` and at ``total``; a call's
-    records are made (``finish(t, state after the call, metrics of step t)``) once the next call
-    has been dispatched, and the sizer is told each call's host wall time. Returns the last
-    state."""
+    records (``finish(t, state after the call, metrics of step t)``) are made once the next call
+    has been dispatched. Returns the last state."""
     sizer = CallSizer(setting, capacity)
     every = [int(b) for b in boundaries if b]
     pending = None                       # (first step, count, state after the call, metrics)

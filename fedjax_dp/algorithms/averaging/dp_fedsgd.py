@@ -194,7 +194,7 @@ def make_local_dp_sgd(model: Model, config: Config) -> Callable:
 
 @functools.lru_cache(maxsize=32)
 def agent_update(model: Model, config: Config) -> Callable:
-    """The cohort round's agent update (:func:`fedjax_dp.algorithms.averaging.fedavg.make_round_parts`):
+    """The cohort round's agent update (:func:`fedjax_dp.algorithms.rounds.make_round_parts`):
     ``(key, params, x, y, mask, count, extras) -> (params, metrics)`` with ``extras = {"rate":
     p_i, "denominator": p_i n_i}``. Cached per (model, round fields of ``config``)."""
     local = make_local_dp_sgd(model, config)

@@ -31,9 +31,8 @@ class Config:
     """FedAvg: ``rounds`` rounds; each round's participants are drawn by ``sampling``:
     ``"poisson"`` (every agent independently with rate ``sampling_rate`` q) or ``"fixed"`` (a
     uniformly random subset of exactly ``cohort_size`` agents). ``diagnostics``: report each
-    round's ``num_sampled`` (the realised cohort size) and the cohort's mean ``train_loss`` and
-    ``mean_update_norm`` (computed from the agents' data without noise: a private variant's
-    ledger declares them as releases it does not cover); false: a round reports nothing."""
+    round's ``num_sampled`` and the cohort's mean ``train_loss`` and ``mean_update_norm`` (not
+    noised: a private variant's ledger declares them uncovered); false: nothing."""
 
     rounds: int = 20
     sampling_rate: float = 1.0

@@ -23,11 +23,11 @@ def fedkt_laplace_harness(weaken, *, gamma, num_teachers, gap, num_classes,
     """FedKT's LNMax vote (FedKT Alg. 1, Thm 3; L2 example level), one query of one partition.
 
     ``t`` teachers vote on one public point (:func:`.votes.vote_counts`) and the label is
-    released by :func:`.votes.noisy_labels` (``argmax(counts + Lap(1/gamma))``). Neighbours (replace one training example, which changes
-    one teacher's vote): in D' the top-2 gap is ``gap`` (class 0 ahead); in D teacher 0 votes
-    class 1 instead (gap ``gap - 2``). Statistic: the released label is class 1 (0/1).
-    Claimed: ``LaplaceDpEvent(1 / (2 gamma))`` (L1 sensitivity 2),
-    :func:`.privacy.data_independent_events`.
+    released by :func:`.votes.noisy_labels` (``argmax(counts + Lap(1/gamma))``). Neighbours
+    (replace one training example, which changes one teacher's vote): in D' the top-2 gap is
+    ``gap`` (class 0 ahead); in D teacher 0 votes class 1 instead (gap ``gap - 2``). Statistic:
+    the released label is class 1 (0/1). Claimed: ``LaplaceDpEvent(1 / (2 gamma))`` (L1
+    sensitivity 2), :func:`.privacy.data_independent_events`.
     """
     gamma = check_finite_positive("gamma", gamma)
     t = validation.check_int("num_teachers", num_teachers, minimum=2)

@@ -34,10 +34,8 @@ class Config:
     moment_orders: moments accountant orders l = 1..moment_orders (reference code: 8).
     gap_threshold: a student may change with one record if a query it learnt had a top-2
       teacher gap <= this (2 is correct under index tie-breaking; 1 is the paper's).
-    party_chunk: parties per streamed chunk P (JAX learners): each chunk's s*t teachers and s
-      students are trained, vote / predict and are dropped (see :mod:`.phases`); None:
-      :func:`party_chunk_size` (``DEFAULT_CHUNK // (s t)`` parties, at most n). Results do not
-      depend on it.
+    party_chunk: parties per streamed chunk P (JAX learners, :mod:`.phases`); None:
+      :func:`party_chunk_size`. Results do not depend on it.
     centralized: the paper's "centralized PATE" baseline (Table 1): the parties' records are
       pooled into ONE party before the run (same s x t teachers); needs level L0.
     """

@@ -96,8 +96,7 @@ def teacher_data_seeds(keys: jax.Array, parties: tuple, num_partitions: int,
     """Seed s's :func:`teacher_data_keyed` of its chunk ``parties[s]`` with ``keys[s]
     [P, s]`` (at its own ``n_max``), padded to the seeds' largest ``m = ceil(n_max / t)`` with
     masked rows (local training never reads them: it samples rows below a subset's count) and
-    stacked: ``[S, P s t, m, ...]``. One seed (a single run): its subsets with a seed axis of 1.
-    Integer gathers only: the same rows as an unbatched call."""
+    stacked: ``[S, P s t, m, ...]``. Integer gathers only: the same rows as an unbatched call."""
     m = max(-(-p.max_size // num_teachers) for p in parties)
     out = []
     for i, p in enumerate(parties):          # S seeds (static, small): traced once per S

@@ -14,7 +14,8 @@ __all__ = ["check_parties", "iterations_per_epoch", "make_retrain_data", "make_s
 
 
 def split_halves(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per party ``(n_train, n_val)``: the first ``ceil(n / 2)`` records train, the rest validate."""
+    """Per party ``(n_train, n_val)``: the first ``ceil(n / 2)`` records train, the rest
+    validate."""
     counts = np.asarray(counts, np.int64)
     n_train = (counts + 1) // 2
     return n_train, counts - n_train

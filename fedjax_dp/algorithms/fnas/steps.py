@@ -127,12 +127,9 @@ def noisy_mean(key: jax.Array, per_example_fn: Callable, x: jax.Array, y: jax.Ar
     ``rate`` (``bernoulli(rate) & mask``); ``per_example_fn(x_i, y_i) -> (pytree, loss)``;
     each pytree clipped to ``mech.clip`` (global L2 norm), summed: sensitivity ``mech.clip``;
     plus ``N(0, (mech.noise * mech.clip)^2)`` per coordinate; divided by the FIXED expected
-    batch ``denom`` (the realised batch size is not released). Event:
-    ``PoissonSampled(rate, Gaussian(mech.noise))``. Non-private: no clipping, no noise.
-
-    Only sampled rows are computed (:mod:`fedjax_dp.privacy.private_grad`), ``chunk`` per pass.
-
-    Returns (noisy mean pytree, metrics dict of scalars).
+    batch ``denom``. Event: ``PoissonSampled(rate, Gaussian(mech.noise))``. Non-private: no
+    clipping, no noise. Only sampled rows are computed, ``chunk`` per pass. Returns (noisy mean
+    pytree, metrics dict of scalars).
     """
     k_sample, k_noise = jax.random.split(key)
     weights = bs.poisson_weights(k_sample, mask, rate)                           # [n]
@@ -173,11 +170,9 @@ def alpha_optimizer(h: SearchHyper) -> optax.GradientTransformation:
 
 def over_parties(fn: Callable, in_axes: tuple, *, chunk_size: int | None,
                  backend: str) -> Callable:
-    """``for_each_agent(fn, in_axes)`` over the party axis, except that ONE party (K = 1) calls
-    ``fn`` on party 0 and restores the axis: the vmapped program with a party axis of size 1
-    (a batched ``while_loop`` of size 1 in :func:`noisy_mean`) crashes XLA's CPU runtime with a
-    segmentation fault in jax 0.10.2, and a single party gains nothing from ``vmap``. Same
-    values either way (tested)."""
+    """``for_each_agent(fn, in_axes)`` over the party axis, except that ONE party calls ``fn``
+    on party 0 and restores the axis: a vmapped batched ``while_loop`` of size 1 (in
+    :func:`noisy_mean`) segfaults XLA's CPU runtime in jax 0.10.2. Same values (tested)."""
     lifted = for_each_agent(fn, in_axes, chunk_size=chunk_size, backend=backend)
 
     def call(*args):
@@ -205,8 +200,8 @@ def make_search(model: SearchModel, h: SearchHyper, *, chunk_size: int | None = 
                 backend: str = "vmap") -> SearchFns:
     """``init`` / ``step`` (and ``gradients``) of the DP-FNAS search (cached on the arguments).
 
-    One ``step`` is one iteration of Algorithm 1 for all parties, jitted (``backend='loop'``: the
-    party functions run one party at a time, jitted each, for reference tests).
+    One ``step`` is one iteration of Algorithm 1 for all parties, jitted (``backend='loop'``: one
+    party at a time, the reference).
     """
     w_tx, a_tx = weight_optimizer(h), alpha_optimizer(h)
 
@@ -319,7 +314,7 @@ class RetrainHyper:
 @functools.lru_cache(maxsize=32)
 def make_retrain(model, h: RetrainHyper, *, chunk_size: int | None = None,
                  backend: str = "vmap") -> RetrainFns:
-    """``init`` / ``step`` of retraining ``model`` (a :class:`~fedjax_dp.models.Model`) from scratch.
+    """``init`` / ``step`` of retraining ``model`` (a :class:`~fedjax_dp.models.Model`).
 
     step(state, key, data: PartyData) -> (state, metrics): every party's noisy mean clipped
     gradient over a Poisson sample of its records (:func:`noisy_mean`), averaged over parties,

@@ -389,8 +389,9 @@ def _chunk_fn(model: Model, local: LocalTrainConfig, inner: int | None,
 
     Agent i (``ids``) starts from ``model.init(split(init, N)[i])`` and trains with
     ``split(train, N)[i]`` (:func:`fedjax_dp.core.rng.agent_keys`), ``inner`` agents at a time,
-    then casts its ballots (:func:`ballot_fn`, as indices in ``dtype``). ``agents_axis`` None or 0: the call vmapped over a leading seed axis of the keys
-    and queries (and, with 0, of the agents' data); ``"single"``: one seed, unbatched.
+    then casts its ballots (:func:`ballot_fn`, as indices in ``dtype``). ``agents_axis`` None
+    or 0: vmapped over a leading seed axis of the keys and queries (and, with 0, of the agents'
+    data); ``"single"``: one seed, unbatched.
     ``gather``: ``x, y, mask, counts`` are the whole (device-resident) population and the call
     takes the rows ``ids`` (rows past N: empty agents)."""
     update = for_each_agent(make_local_update(model, local), 0, chunk_size=inner)
