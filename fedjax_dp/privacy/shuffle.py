@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.core import validation
+from fedjax_dp.privacy.clipping import clip_by_global_norm
 
 __all__ = ["NORMS", "NOISE_PROBABILITY", "MAX_NOISE_TRIALS", "ShuffleConfig", "check_config",
            "clip", "randomized_round", "binomial_noise", "shuffle_vector_sum", "shuffle_tree_sum",
@@ -110,17 +111,15 @@ def check_config(config: Any) -> ShuffleConfig:
 
 
 def clip(vectors: jax.Array, config: ShuffleConfig) -> jax.Array:
-    """Clip each row of ``vectors [n, d]`` to norm ``<= C`` in ``config.norm``: ``[n, d]``.
+    """Bound each row of ``vectors [n, d]`` by ``C``: ``[n, d]``, every coordinate in ``[-C, C]``.
 
-    ``'l2'``: ``x * min(1, C / ||x||_2)``; ``'linf'``: ``clip(x, -C, C)`` per coordinate.
-    Either way every coordinate lies in ``[-C, C]``.
+    ``'l2'``: ``x * min(1, C / ||x||_2)`` per row (:func:`clipping.clip_by_global_norm`, vmapped);
+    ``'linf'``: a coordinate clip, ``clip(x, -C, C)``.
     """
     c = config.clip_norm
-    if config.norm == "linf":
-        return jnp.clip(vectors, -c, c)
-    norms = jnp.linalg.norm(vectors, axis=-1, keepdims=True)            # [n, 1]
-    scale = jnp.minimum(1.0, c / jnp.maximum(norms, 1e-30))
-    return jnp.clip(vectors * scale, -c, c)   # the clip only removes float rounding above C
+    if config.norm == "l2":
+        vectors = jax.vmap(clip_by_global_norm, in_axes=(0, None))(vectors, c)[0]
+    return jnp.clip(vectors, -c, c)   # l2: removes only float rounding above C
 
 
 def randomized_round(key: jax.Array, y: jax.Array) -> jax.Array:
