@@ -206,9 +206,8 @@ class Algorithm(Protocol):
     #: ledger is empty and there is nothing to calibrate. Default True.
     private: bool = True
 
-    #: True when :meth:`planned_ledger` depends on the run's key (DP-FedSGD replays each seed's
-    #: agent sampling), so a sweep calibrates every seed on its own. Default False: one
-    #: calibration per sweep cell, shared by its seeds.
+    #: True when :meth:`planned_ledger` depends on the run's key (DP-FedSGD), so a sweep
+    #: calibrates every seed on its own. Default False: one calibration per sweep cell.
     seed_dependent_ledger: bool = False
 
     #: ``seed_step(state) -> (fn, data, signature) | None``: the step as a pure function
@@ -220,8 +219,7 @@ class Algorithm(Protocol):
     #: ``multi_step(state, key, start, count) -> (state, metrics)``: steps ``start .. start +
     #: count - 1`` of the run with root ``key`` in one compiled call, equal to ``count`` calls of
     #: ``step`` with keys :func:`step_key` ``(key, t)``; every metric has a leading axis of at
-    #: least ``count`` (row i: step ``start + i``). Used by :func:`run` where
-    #: ``rounds_per_call(state)`` > 0 (the most steps one call can run). Default None: absent.
+    #: least ``count`` (row i: step ``start + i``). Used where ``rounds_per_call(state)`` > 0.
     multi_step: Callable[[State, jax.Array, int, int], tuple[State, dict]] | None = None
 
     def rounds_per_call(self, state: State) -> int:

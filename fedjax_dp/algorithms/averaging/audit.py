@@ -83,9 +83,7 @@ def dp_sgd_step_harness(weaken, *, noise_multiplier, clip_norm, num_examples, ca
 
     def one(key, inputs):
         w = inputs
-        # The worlds' noise-free releases differ by the canary's clipped gradient / (p n),
-        # parallel to its raw gradient: the adversary's direction u (any fixed direction gives
-        # a valid test). Computed in the compiled function (not batched over trials: once).
+        # the worlds' noise-free releases differ along the canary's gradient: the direction u
         u = direction(jax.grad(loss_fn)(w["params"], w["x"][0], w["y"][0]))
         return jnp.dot(release(key, w, w["std"]), u)
 

@@ -1,14 +1,10 @@
 """FedKT's Table 1 baselines, each in one round: SOLO, centralized PATE, FedAvg, FedProx.
 
-* SOLO: every party trains one model on its own data only (all parties in one compiled call);
-  reported as the mean of the parties' test accuracies: the algorithm ``fedkt_solo``
-  (:mod:`.solo`; :func:`.solo.party_accuracies` gives the parties' accuracies).
-* Centralized PATE (the upper bound of knowledge transfer through public data): FedKT with one
-  party that holds all training data and the same s partitions x t teachers, no noise: the
-  FedKT config key ``algorithm.centralized = true`` (:mod:`.fedkt`).
-* FedAvg (McMahan et al. 2017) restricted to one round: every party trains from one shared
-  initialisation for ``local.steps`` steps and the server averages once (the round engine,
-  :mod:`fedjax_dp.algorithms.rounds`, with FedAvg's rule: every party, server step 1).
+* SOLO: every party trains on its own data only: the algorithm ``fedkt_solo`` (:mod:`.solo`).
+* Centralized PATE: FedKT with one party holding all training data, the same s x t teachers,
+  no noise: ``algorithm.centralized = true`` (:mod:`.fedkt`).
+* FedAvg (McMahan et al. 2017) in one round: every party trains ``local.steps`` steps from one
+  shared initialisation and the server averages once (:mod:`fedjax_dp.algorithms.rounds`).
 * FedProx (Li et al. 2020) in one round: FedAvg whose local objective adds
   ``mu/2 ||w - w_global||^2`` (``LocalTrainConfig.prox_mu``).
 

@@ -165,9 +165,8 @@ class JaxLearner:
         return _over_seeds(fn, (0, x_axis), mode)(params, x)
 
 
-#: How the ``*_seeds`` methods run the seed axis when asked for ``"auto"`` (None: the
-#: ``seed_axis`` of :func:`fedjax_dp.core.defaults.defaults`: "map" on the CPU, "vmap" on
-#: accelerators, "map" on one with little memory; see :class:`JaxLearner`).
+#: How the ``*_seeds`` methods run the seed axis for ``"auto"`` (None: the ``seed_axis`` of
+#: :func:`fedjax_dp.core.defaults.defaults`).
 SEED_AXIS: str | None = None
 
 

@@ -27,8 +27,7 @@ def available_ids(key: jax.Array, num_silos: int, num_available: int) -> jax.Arr
     if num_available >= num_silos:
         return jnp.arange(num_silos, dtype=jnp.int32)
     scores = jax.random.uniform(key, (num_silos,))                          # [N]
-    # top_k of -scores: the M smallest (O(N) partial selection, ~20x faster than a full argsort
-    # at N = 10^4 on a CPU); equal scores: lower index first, as a stable sort
+    # top_k of -scores: the M smallest (partial selection); ties: lower index first
     _, smallest = jax.lax.top_k(-scores, num_available)                     # [M]
     return jnp.sort(smallest).astype(jnp.int32)                             # [M]
 

@@ -1,11 +1,9 @@
 """What one silo sends: noisy means of clipped per-record gradients (or gradient differences).
 
-Written for ONE silo (``x [n_max, ...]``, ``y [n_max]``, ``mask [n_max]``) and lifted over the
-stacked silo axis with :func:`fedjax_dp.core.for_each_agent`.
-
-Record sampling. Each upload draws a Poisson minibatch: every real record independently with
-probability ``rate`` = p_i (padding never), and divides by the FIXED expected batch size
-``denom`` = p_i n_i (never the realised size, which would leak it).
+Written for ONE silo (``x [n_max, ...]``, ``y [n_max]``, ``mask [n_max]``), lifted over the silo
+axis with :func:`fedjax_dp.core.for_each_agent`. Each upload draws a Poisson minibatch (every
+real record with probability ``rate`` = p_i) and divides by the FIXED expected batch size
+``denom`` = p_i n_i (the realised size would leak).
 
 Gradient upload (MB-SGD, SPIDER refresh, SVRG snapshot, one Local-SGD step):
 
@@ -20,14 +18,11 @@ with tau <= 2C public (``tau = min(2C, beta_hat ||w - w_ref||)``; clip_C is the 
 the C-ball, 1-Lipschitz, so ``||d_ij|| <= beta ||w - w_ref||`` when g is beta-Lipschitz in w and
 the outer clip is then a no-op).
 
-``clip_C`` is over the whole parameter vector (global L2 norm over all leaves). Privacy of one
-upload (unit: one record of this silo, relation add/remove it): the sum in (1) moves by at most C,
-in (2) by at most tau; the noise std is z times that: a Poisson-sampled Gaussian mechanism with
-noise multiplier z and rate p_i. With ``private=False`` there is no clipping and no noise (the
-non-private baselines).
-
-Every upload is the private-gradient primitive :mod:`fedjax_dp.privacy.private_grad`, in passes
-planned for the upload kind's expected batch ``K`` (``expected``; None: one pass over all rows).
+``clip_C`` is over the whole parameter vector (global L2 norm). Privacy of one upload (unit: one
+record of this silo, relation add/remove it): the sum in (1) moves by at most C, in (2) by at
+most tau; noise std z times that: a Poisson-sampled Gaussian mechanism, multiplier z, rate p_i.
+``private=False``: no clipping, no noise. Every upload is the private-gradient primitive
+:mod:`fedjax_dp.privacy.private_grad`, in passes planned for ``expected`` (None: all rows).
 """
 from __future__ import annotations
 
@@ -106,13 +101,9 @@ def difference_upload(loss_fn: Callable, private: bool, expected: float | None =
 
 
 # --------------------------------------------------------------------------- shuffle-DP reports
-#
-# The shuffle protocol's local randomiser runs in the silo: each sampled record's report is
-# clipped, scaled to the grid and randomly rounded with the SILO's key, and the silo hands its
-# integer reports to the shuffler. The server sees only the per-coordinate sums over all reports
-# of all available silos plus the binomial noise (:mod:`fedjax_dp.privacy.shuffle`), so the silo
-# may as well pass the sum of its own integer reports: the sums are exact (int32), hence the same
-# whichever silos are computed together (the gathered and the masked round agree bit for bit).
+# The local randomiser runs in the silo with the SILO's key; the server sees only the sums over
+# all reports (:mod:`fedjax_dp.privacy.shuffle`), so a silo passes the exact int32 sum of its own
+# reports (the same whichever silos are computed together).
 
 def encode_reports(key: jax.Array, rows: jax.Array, weights: jax.Array, config) -> jax.Array:
     """One silo's part of the shuffled vector sum: ``sum_j w_j ybar_j`` int32 ``[d]``.

@@ -312,10 +312,8 @@ def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
     return outs
 
 
-#: device-resident agents keep their trained parameters (``agent_params``, for analysis and the
-#: sharded vote) when all N of them take at most this many bytes, or when ``runtime.mesh`` is
-#: set (the sharded vote needs them); larger populations keep only their ballots, as
-#: host-resident ones always do (10^6 agents of a 32-unit MLP would keep 5.5 GB).
+#: device-resident agents keep their trained parameters (``agent_params``) when all N of them
+#: take at most this many bytes, or with ``runtime.mesh`` (the sharded vote needs them).
 KEEP_PARAMS_BYTES = 256 << 20
 
 

@@ -89,19 +89,13 @@ class Config(student_lib.StudentSettings, secagg.SecAggOptions):
     student_semi_supervised: bool = False   # False: supervised on the Q queries (paper)
     student_self_training_rounds: int = 2
     student_confidence: float = 0.8
-    # agents per streamed chunk of the vote; None: agent_stream.DEFAULT_CHUNK (4096, or all N
-    # if fewer). Results do not depend on it.
+    # agents per streamed chunk; None: agent_stream.DEFAULT_CHUNK. Results do not depend on it.
     agent_chunk: int | None = None
     query_chunk: int | None = None       # used by the sharded vote (runtime.mesh) only
     data_dependent: bool = True
-    # the vote's noise: every agent's share ("per_agent") or the secure sum's at once
-    # ("aggregate": same distribution of the released labels; Q C draws instead of N Q C)
+    # the vote's noise: as AE-DPFL's
     vote_noise: str = "per_agent"
-    # secure aggregation (fedjax_dp.privacy.secagg, docs/secagg.md): "plain" float sum (default)
-    # or "secagg": ballots secret-shared among secagg_talliers talliers in fixed point with
-    # secagg_frac_bits fraction bits; secagg_dropout: probability that an agent's shares never
-    # arrive (independent per agent; the talliers top the noise up to sigma, so the ledger is
-    # the one without dropouts: voting_dpfl). secagg_neighbours: DP-FedAvg's masks only.
+    # secure aggregation: as AE-DPFL's (ae_dpfl.Config)
     aggregation: str = "plain"
     secagg_talliers: int = 2
     secagg_frac_bits: int = 16
