@@ -1,8 +1,5 @@
-"""The rounds of the averaging round engine fused on the device (:mod:`fedjax_dp.algorithms.rounds`,
-its module docstring): up to K rounds in ONE compiled call, each round's cohort sampled on the
-device and trained in fixed-size chunks of ``c`` agents by a loop over the chunks actually
-filled, so the cost follows the realised cohort and Poisson cohorts compile nothing after the
-first call.
+"""The averaging rounds (:mod:`fedjax_dp.algorithms.rounds`) fused on the device: up to K rounds
+in ONE compiled call, each cohort trained in chunks of ``c`` agents, only the chunks it fills.
 """
 from __future__ import annotations
 
@@ -42,12 +39,11 @@ def cohort_chunk(rank: jax.Array, count: jax.Array, j: jax.Array, chunk: int,
 def make_fused_rounds(train_sum: Callable, server: Callable, spec, num_agents: int,
                       chunk: int, masked: bool, participation: bool,
                       capacity: int) -> SimpleNamespace:
-    """The rounds fused on the device (module docstring), compiled once per arguments.
+    """The rounds fused on the device, compiled once per arguments.
 
     ``train_sum`` / ``server``: a round's pieces (:func:`make_round_parts`). ``chunk``: agents
     per chunk c; ``masked``: every agent trains, the coins select (the reference);
-    ``participation``: the values hold ``"participation" [N] int32`` (rounds each agent took
-    part in), increased by the round's coins; ``capacity``: K, the most rounds one call runs.
+    ``participation``: ``values["participation"] [N] int32`` += the round's coins; ``capacity``: K.
 
     Returns ``SimpleNamespace(rounds, one)``:
     ``rounds(values, root, start, count, source, extras) -> (values, metrics)``: rounds

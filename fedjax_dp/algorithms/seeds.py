@@ -5,9 +5,8 @@ Run s is exactly :func:`fedjax_dp.algorithms.api.run` ``(algorithm, keys[s], dat
 the same ``init``, the same step keys :func:`~fedjax_dp.algorithms.api.step_key`
 ``(keys[s], t)``; only the execution differs, so results agree to float tolerance (tested).
 An algorithm opts in with one of its optional hooks (:class:`fedjax_dp.algorithms.api.
-Algorithm`): ``seed_step`` (its step as a pure function, vmapped here over the seeds) or the
-batched step ``batch_plan`` / ``batched_step`` (host work per seed, compiled calls over the
-seeds). This module is the one driver of S seeds; no family loops over its seeds' steps.
+Algorithm`): ``seed_step`` (a pure step, vmapped here over the seeds) or the batched step
+``batch_plan`` / ``batched_step`` (host work per seed, compiled calls over the seeds).
 """
 from __future__ import annotations
 

@@ -216,9 +216,7 @@ def make_round(model: Model, config: Config, data: StackedData, rates, denominat
                pass_size: int | None = None,
                rounds_per_call: int | str = "auto") -> rounds.RoundRunner:
     """The round as a :class:`rounds.RoundRunner`: ``runner(key, params) -> (params, metrics)``,
-    ``runner.last_indices`` the agents that took part. Only the sampled agents train
-    (``cohort="gather"``; ``"masked"`` trains all and masks, the reference). Agent i trains with
-    ``fold_in(k_train, i)``; compiled once per (model, round fields of ``config``, plan)."""
+    ``runner.last_indices`` the agents that took part."""
     one_round = dataclasses.replace(config, rounds=1)
     return rounds.RoundRunner(model, config.local, round_spec(config), data,
                               chunk_size=chunk_size, mesh=mesh, cohort=cohort,
@@ -355,10 +353,9 @@ def planned_ledger(config: Config, state: api.State,
     """The ``planned_ledger`` hook (:class:`fedjax_dp.algorithms.api.Algorithm`): the
     :func:`instance_ledger` the run of root ``key`` will report, before any training. Agent i's
     participation ``T_i = sum_t m_t[i]`` is replayed from the run's own cohort draws
-    (``m_t = fedavg.sample_agents(round_keys(step_key(key, t))[0], N, config.participation)``,
-    the host draw every round makes), so a calibrated run's epsilon is the target, not an upper
-    bound. The replay is done once for ``config``'s rounds and participation; the function
-    returned takes a config differing only in its noise (``instance_ledger(c, n_i, T_i)``)."""
+    (``m_t = fedavg.sample_agents(round_keys(step_key(key, t))[0], N, config.participation)``),
+    so a calibrated run's epsilon is the target, not an upper bound; the function returned
+    takes a config differing only in its noise."""
     counts = np.asarray(state.context.agents.counts)
     n = state.context.agents.num_agents
     participation = np.zeros(n, np.int64)

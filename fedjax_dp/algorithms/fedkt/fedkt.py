@@ -19,12 +19,10 @@ Server side (consistent voting, Section 3.3):
     y(x) = argmax_m v_m(x)                    (L1: argmax_m v_m(x) + Lap(1/gamma), Thm 1/2)
     final model = train(D_aux, y)
 
-Queries. At L0 the whole public set is labelled on both tiers. The noisy tier labels only a
-random ``query_fraction`` of the public set (the paper's 0.1%..2%): the server at L1, the parties
-at L2. The other tier labels the whole public set (at L1 the parties' labels are not released;
-at L2 the server's vote is post-processing of DP students). Queries no party votes on (an
-all-zero histogram) are dropped from the final training set except at L1, where dropping them
-would depend on the noiseless votes.
+Queries. The noisy tier (the server at L1, the parties at L2) labels only a random
+``query_fraction`` of the public set; the other tier, and both at L0, the whole set. Queries no
+party votes on are dropped from the final training set except at L1, where dropping them would
+depend on the noiseless votes.
 
 This module is the protocol (:mod:`fedjax_dp.algorithms.api`; the package's modules: see
 docs/fedkt.md): ``init`` checks the inputs and draws both tiers' queries; three steps

@@ -15,16 +15,13 @@ their clip norm, see :mod:`fedjax_dp.algorithms.fnas.steps`) compose over the T 
   ``SelfComposed(PoissonSampled(q^val_k, Gaussian(tau)), T)`` (architecture gradient [D_k, V_k],
   clipped jointly), then retraining as above (retraining reads all records).
 
-Everything else the server sees (W' = W - xi G, v = mean V_k, the optimiser updates, the genotype)
-is post-processing of these releases. Parallel composition over the disjoint (party, half)
-members gives the guarantee of the worst record (:meth:`PrivacyLedger.add_parallel`); one ledger
-per party reports each party's own records.
+Everything else (W', v, the optimiser updates, the genotype) is post-processing. Parallel
+composition over the disjoint (party, half) members gives the worst record's guarantee
+(:meth:`PrivacyLedger.add_parallel`); one ledger per party reports each party's own records.
 
-The paper (Theorem 3.1, Bu et al. 2019's CLT) states
-``mu = (B / N_k) sqrt(T (e^{1 / sigma^2} - 1))``-GDP for the weight mechanism and the same with
-tau for the architecture mechanism (it ignores the second-order term and retraining). That is an
-asymptotic approximation, not a bound; :func:`paper_gdp` reports it beside the dp-accounting
-results, with its ``(epsilon, delta)`` from the exact GDP curve
+The paper (Theorem 3.1, Bu et al. 2019's CLT) states ``mu = (B / N_k) sqrt(T (e^{1 / sigma^2}
+- 1))``-GDP for the weight mechanism (tau for the architecture's; no second order, no
+retraining): an asymptotic approximation, not a bound. :func:`paper_gdp` reports it with
 ``delta(eps) = Phi(-eps / mu + mu / 2) - e^eps Phi(-eps / mu - mu / 2)``.
 """
 from __future__ import annotations

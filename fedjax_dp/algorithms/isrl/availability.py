@@ -4,8 +4,7 @@ exactly M of the N silos receives the model and may send messages.
 Drawn from the round's key: the M silos with the smallest i.i.d. uniform scores (a uniformly
 random M-subset: every M-subset has the same probability by exchangeability), as M indices
 (:func:`available_ids`, what the gathered round trains) or as a mask over the stacked silo axis
-(:func:`available_mask`, the masked reference round). No Python list of silos; ``M`` is static so
-the round compiles once.
+(:func:`available_mask`, the masked reference round). ``M`` is static: one compilation.
 """
 from __future__ import annotations
 

@@ -28,13 +28,10 @@ Protocol: ``init`` checks the inputs and draws the queries; three phases, ``loca
 [N, ...]`` when kept), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and ``student``
 (``params``). Keys, seeds and the streamed vote: :mod:`.voting_dpfl`.
 
-Scale. Chunk c of ``agent_chunk`` agents is initialised, trained and made to vote in ONE
-compiled, vmapped call (:func:`_chunk_fn`); only its ballots (one byte per agent and query) and
-losses come back, parameters kept only for device-resident agents within
-:data:`KEEP_PARAMS_BYTES` or with ``runtime.mesh``. Agent i always trains with
-``split(init, N)[i]`` / ``split(train, N)[i]`` (:func:`fedjax_dp.core.rng.agent_keys`), so the
-results are identical for every ``agent_chunk`` and data placement. ``agent_ballots`` are
-private (each agent's noise-free vote); only the vote's argmax is released.
+Scale. Each chunk of ``agent_chunk`` agents trains and votes in ONE compiled call
+(:func:`_chunk_fn`), agent i with ``split(init, N)[i]`` / ``split(train, N)[i]`` whatever the
+chunking. ``agent_ballots`` are private (each agent's noise-free vote); only the vote's argmax
+is released.
 """
 from __future__ import annotations
 

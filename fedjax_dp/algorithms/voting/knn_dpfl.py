@@ -324,10 +324,8 @@ def _seeds_counts_fn(k: int, num_classes: int, method: str, mean_axis: int | Non
 
 
 def _vote_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]) -> list[tuple[dict, dict]]:
-    """The streamed vote of S seeds: one host loop over the chunks of agents, each chunk's kNN
-    label counts ``[S, size, Q, C]`` in one vmapped call (seed s: its agents, feature map and
-    queries), added to the seeds' tallies in one vmapped call
-    (:func:`voting_dpfl.streamed_vote_seeds`)."""
+    """The streamed vote of S seeds: each chunk's kNN label counts ``[S, size, Q, C]`` in one
+    vmapped call, added to the tallies by :func:`voting_dpfl.streamed_vote_seeds`."""
     ctxs: list[voting_dpfl.Context] = [st.context for st in states]
     c0 = ctxs[0]
     cfg = c0.config

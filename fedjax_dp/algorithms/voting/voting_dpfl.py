@@ -18,13 +18,10 @@ each noisy ballot among ``secagg_talliers`` talliers (shares from the ``secagg``
 :mod:`fedjax_dp.privacy.secagg_shares`); labels equal the plain vote's unless two noisy sums are
 within the fixed-point error ``N 2^-(f+1)``.
 
-Privacy: ledger ``SelfComposed(Gaussian(sigma / Delta), Q)``; agent level, add/remove one agent's
-whole dataset, or instance level, add/remove one record of one agent; Delta from
-:func:`fedjax_dp.privacy.vote.vote_sensitivity` (1, resp. sqrt(2) or sqrt(2)/k). With dropouts
-(``secagg_dropout = p``: independent coins from ``fold_in(k_drop, i)``, the talliers' top-up
-restoring the noise to sigma^2) the same ledger is an upper bound, nothing added to delta: proof in
-docs/secagg.md, "Dropouts and their privacy effect"; ``secagg_survivors`` is an uncovered
-diagnostic.
+Privacy: ``SelfComposed(Gaussian(sigma / Delta), Q)`` (units and Delta: each algorithm's
+module). With dropouts (``secagg_dropout = p``: independent coins from ``fold_in(k_drop, i)``,
+the talliers' top-up restoring the noise to sigma^2) the same ledger is an upper bound, nothing
+added to delta: docs/secagg.md, "Dropouts and their privacy effect".
 
 ``State.values``: ``labels [Q]`` (released by the vote), ``clean_vote_sums [Q, C]`` (noise-free,
 for the data-dependent analysis ONLY; present when ``config.data_dependent``) and ``params`` (the
