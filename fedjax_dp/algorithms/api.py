@@ -380,12 +380,10 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
     last; ``on_step(t + 1, record)`` sees every record (progress display, ``progress.jsonl``,
     checkpoints), so a long run never loses the steps already done.
 
-    Where the algorithm has a ``multi_step`` hook that can run this state
-    (``rounds_per_call(state) > 0``), steps run ``runtime.rounds_per_call`` at a time in one
-    compiled call each (:func:`fedjax_dp.algorithms.calls.run_calls`), a call ending at every
-    multiple of ``eval_every`` and at each of ``boundaries`` (the runner's checkpoints). A
-    step's (or call's) record is made once the next has been dispatched, so the host never
-    stalls the device; the last record is made before returning.
+    With a ``multi_step`` hook that can run this state, steps run ``runtime.rounds_per_call``
+    at a time (:func:`fedjax_dp.algorithms.calls.run_calls`), a call ending at every multiple of
+    ``eval_every`` and of each of ``boundaries`` (checkpoints). A record is made once the next
+    step (or call) has been dispatched, so the host never stalls the device.
     """
     if not isinstance(config, algorithm.Config):
         raise ValueError(f"config must be a {algorithm.Config.__module__}.Config, got "

@@ -293,10 +293,9 @@ def students(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
     """The party labels (noisy at L2), the students, and their predictions on the server's
     queries ``student_preds [n, s, Qs]`` (what the final phase needs), chunk by chunk.
 
-    Per chunk of P parties: the labels ``y^i_j = argmax_m v_m`` (+ Lap(1/gamma) at L2,
-    :func:`.votes.noisy_labels`) from the stored ``teacher_votes``, the P s students trained on
-    them in one call, their predictions on the server queries; then the students are dropped
-    (kept only unstreamed). The parties' private data is not read.
+    Per chunk of P parties: labels from the stored ``teacher_votes`` (:func:`.votes.noisy_labels`),
+    the P s students trained on them in one call, their predictions; then the students are
+    dropped (kept only unstreamed). The parties' private data is not read.
     """
     ctxs = [st.context for st in states]
     ctx, num = ctxs[0], len(states)

@@ -187,9 +187,8 @@ def account(votes, *, level: str, gamma: float, delta: float, num_partitions: in
     """Epsilon of FedKT-L1/L2 for given noiseless vote histograms, without training.
 
     ``votes``: L1: the server's consistent-voting histograms ``[Q, C]``; L2: the teachers'
-    histograms ``[n, s, Q, C]`` (or ``[s, Q, C]``, ``[Q, C]``). Per unit: the paper's
-    ``moments_epsilon``, the dp-accounting conversion of the same moments (RDP) and the
-    data-independent guarantee (``LaplaceDpEvent`` composition; RDP and PLD).
+    histograms ``[n, s, Q, C]`` (or ``[s, Q, C]``, ``[Q, C]``). Per unit as
+    :func:`privacy_summary`.
     """
     validation.check_choice("level", level, ("L1", "L2"))
     delta = validation.check_open_unit("delta", delta)

@@ -9,10 +9,8 @@ Round r (one upload per available silo):
                    v_r = v_{r-1} + (1/M) sum_{i in S_r} u_i
     w_{r+1} = prox_{eta f1}(w_r - eta v_r)
 
-tau_r = min(2C, beta_hat ||w_r - w_{r-1}||) (public: both iterates are broadcast), or 2C with no
-``smoothness``; the noise of a difference upload scales with tau_r (same multiplier z). The server
-keeps v, so partial participation works. q = 2 (alternate refresh and difference rounds) is the
-authors' run; q = 1 is MB-SGD.
+tau_r: :func:`estimators.difference_clip`. The server keeps v, so partial participation works.
+q = 2 (alternate refresh and difference rounds) is the authors' run; q = 1 is MB-SGD.
 
 Privacy per silo: refresh uploads (rate min(1, K1/n_i), sensitivity C) and difference uploads
 (rate min(1, K2/n_i), sensitivity tau_r) are both Poisson-sampled Gaussian mechanisms with

@@ -126,10 +126,9 @@ def check_abstain_below(name: str, value) -> float | None:
 def ballot_fn(model: Model, abstain_below: float | None = None):
     """``(agent params [a, ...], queries [q, ...]) -> ballots [a, q, C]``.
 
-    ``abstain_below = None`` (the paper's rule): agent i's ballot on x is ``onehot(argmax f_i(x))``.
-    ``abstain_below = tau`` in ``(0, 1]``: the same one-hot if ``max softmax f_i(x) >= tau``, else
-    the zero vector (agent i abstains on x). Note ``max softmax >= 1/C`` always, so ``tau <= 1/C``
-    never abstains.
+    ``abstain_below = None`` (the paper's rule): ``onehot(argmax f_i(x))``; ``tau`` in
+    ``(0, 1]``: that one-hot if ``max softmax f_i(x) >= tau``, else zero (``tau <= 1/C`` never
+    abstains).
 
     Every ballot is one-hot or zero, so the vote sum's sensitivity is unchanged by abstention:
     Delta = 1 (add/remove one agent) and sqrt(2) (add/remove one record of one agent: the ballot

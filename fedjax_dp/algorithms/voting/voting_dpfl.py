@@ -205,10 +205,8 @@ def streamed_vote_phase(state: api.State, blocks: Iterable[tuple], total: int, *
 def streamed_vote_seeds(states: Sequence[api.State], blocks: Iterable[tuple], total: int, *,
                         divisor: float = 1.0) -> list[tuple[dict, dict]]:
     """:func:`streamed_vote_phase` of S seeds (no secure aggregation): ``blocks`` yields
-    ``(ballots [S, a, ...], agent ids [a], valid [a])`` per chunk of agents, every seed's tally
-    grows in one vmapped :func:`tally_add` per chunk (seed s's noise shares from its own
-    ``vote`` key) and one vmapped :func:`tally_release` releases all seeds' labels. Returns each
-    seed's ``(values, metrics)``."""
+    ``(ballots [S, a, ...], agent ids [a], valid [a])``; one vmapped :func:`tally_add` per chunk
+    (seed s's noise from its own ``vote`` key), one vmapped :func:`tally_release`."""
     return _streamed_vote(list(states), blocks, total, divisor, batched=True)
 
 
@@ -405,10 +403,9 @@ def seed_plan(states: Sequence[api.State]) -> SeedPlan | None:
 
 def batched_phase(phases: tuple[str, ...], run_phase: dict[str, PhaseFn], plan: SeedPlan,
                   states: Sequence[api.State], keys=None) -> tuple[list, list[dict]]:
-    """The batched step of a voting algorithm (its ``batched_step`` with its ``phases`` and
-    ``run_phase`` bound; ``plan`` from :func:`seed_plan`): the next phase of S seeds together,
-    ``run_phase[name](plan, states)`` giving each seed's ``(values, metrics)``. ``keys`` are
-    unused: each phase draws from the seeds' named streams, as ``step`` does."""
+    """The batched step of a voting algorithm (``phases`` and ``run_phase`` bound; ``plan`` from
+    :func:`seed_plan`): the next phase of S seeds, ``run_phase[name](plan, states)``. ``keys``
+    are unused: each phase draws from the seeds' named streams."""
     states = list(states)
     if len(states) != plan.num_seeds or any(s.step != states[0].step for s in states):
         raise ValueError(f"the seeds' states must be {plan.num_seeds} states at one step, got "
