@@ -1,7 +1,6 @@
 """Device-aware defaults: the ONE place that reads the platform and the device memory.
 
-Every choice that was tuned for one kind of device is decided by :func:`defaults` from two
-facts, the platform (``"cpu"``, ``"gpu"`` or ``"tpu"``) and the memory of one device
+Every device-dependent choice is decided by :func:`defaults` from two facts, the platform (``"cpu"``, ``"gpu"`` or ``"tpu"``) and the memory of one device
 (``memory_stats()["bytes_limit"]``; None where the device does not report it, as the CPU):
 
 =====================  ===============================  =======================================
@@ -29,19 +28,15 @@ Formulas: a chunk of agents holds ``max(minimum, chunk_budget_bytes // bytes_per
 one) would result; ``run.agents_on = "auto"`` keeps agents on the host when their bytes exceed
 ``placement_host_bytes`` (:func:`fedjax_dp.core.auto_placement`).
 
-Results do not depend on any of these choices (chunked, mapped and vmapped runs give the same
-numbers up to float rounding; both kNN methods choose the same neighbours; prefetching changes
-nothing): they only move time and memory. ``fedjax-dp devices`` prints them for this machine;
-docs/devices.md is their page. No other module calls ``jax.default_backend()``, reads a device's
-``.platform`` or calls ``memory_stats()`` (tests/test_device_defaults.py checks the source).
+Results do not depend on any of these choices (up to float rounding): they only move time and
+memory. ``fedjax-dp devices`` prints them (docs/devices.md). No other module calls
+``jax.default_backend()``, reads a device's ``.platform`` or calls ``memory_stats()``.
 
 XLA flags (workarounds of compiler defects) are decided here too, BEFORE any JAX backend starts
 (XLA reads ``XLA_FLAGS`` once, when the first backend is created): :func:`planned_platform`
-reads, without starting JAX, whether a GPU backend may start (``JAX_PLATFORMS``,
-``JAX_PLATFORM_NAME``, the PJRT plugins installed); :func:`xla_flags` is the pure decision;
-:func:`apply_xla_flags` runs once, when this module is first imported (importing any part of
-the library that computes imports it; importing never starts a backend), and records what it
-did in :data:`XLA_FLAGS_STATE` (``fedjax-dp devices --json``: ``xla_workarounds``).
+reads, without starting JAX, whether a GPU backend may start; :func:`xla_flags` is the pure
+decision; :func:`apply_xla_flags` runs once, when this module is first imported, and records
+what it did in :data:`XLA_FLAGS_STATE`.
 
 ======================================  ================  ==============================
 flag                                    platforms         why
@@ -70,8 +65,7 @@ __all__ = ["Defaults", "PLATFORMS", "defaults", "read_device", "memory_stats",
            "apply_xla_flags", "XLA_FLAGS_STATE"]
 
 PLATFORMS = ("cpu", "gpu", "tpu")
-#: CPU: the agents' working set of one chunk (the last-level cache a 2-core machine offers;
-#: measured, 1000 agents x 20 steps of an MLP 64-128-10: 0.56 s plain, 0.35 s in chunks of 50)
+#: CPU: the agents' working set of one chunk (the last-level cache of a small machine)
 CPU_CACHE_BUDGET_BYTES = 8 * 2 ** 20
 #: accelerators: a chunk's working set at most this fraction of the device memory (the rest is
 #: left to the population, parameters, activations and XLA's temporaries)
@@ -178,8 +172,7 @@ def defaults(platform: str | None = None, device_memory: int | None = None, *,
 def describe() -> dict[str, Any]:
     """What ``fedjax-dp devices`` prints: JAX's version, the platform, every device JAX sees
     (with its memory where reported), this machine's :func:`defaults` and ``xla_workarounds``
-    (:data:`XLA_FLAGS_STATE`: the XLA flags decided at import, each with its status and whether
-    it is in effect)."""
+    (:data:`XLA_FLAGS_STATE`)."""
     local = jax.local_devices()
     devices = []
     for dv in jax.devices():
@@ -231,9 +224,8 @@ def _flag_name(token: str) -> str:
 def xla_flags(platform: str, current: str = "") -> str:
     """The ``XLA_FLAGS`` a process on ``platform`` should start with, given the user's
     ``current`` ``XLA_FLAGS``: ``current`` followed by each workaround flag of the platform
-    (:data:`XLA_WORKAROUNDS`: ``--xla_gpu_enable_triton_gemm=false`` on "gpu", nothing on
-    "cpu" / "tpu" / "other") whose name ``current`` does not already mention. The user's flags win: a
-    flag they set, to any value, is kept as they wrote it and never added twice."""
+    (:data:`XLA_WORKAROUNDS`) whose name ``current`` does not already mention (the user's flags
+    win)."""
     if platform not in PLANNED_PLATFORMS:
         raise ValueError(f"platform must be one of {PLANNED_PLATFORMS}, got {platform!r}")
     if not isinstance(current, str):
@@ -246,10 +238,8 @@ def xla_flags(platform: str, current: str = "") -> str:
 
 def installed_plugins() -> list[str]:
     """Names of the JAX PJRT plugins installed, found as JAX finds them but without importing
-    them (:func:`jax._src.xla_bridge.discover_pjrt_plugins` imports the modules of the
-    ``jax_plugins`` namespace package and of the ``jax_plugins`` entry points, e.g.
-    ``jax_plugins.xla_cuda13``), plus JAX's GPU kernel packages (``jax_cuda12_plugin``,
-    ``jax_cuda13_plugin``, ROCm's) and ``libtpu``."""
+    them (the ``jax_plugins`` namespace package and entry points), plus JAX's GPU kernel
+    packages (``jax_cuda12_plugin``, ...) and ``libtpu``."""
     import importlib.metadata
     import pkgutil
     names: set[str] = set()
@@ -289,13 +279,10 @@ def planned_platform(environ: Mapping[str, str] | None = None,
     CUDA or ROCm backend may start (the XLA flags of a GPU are then needed), else "tpu", "cpu"
     or "other" (:data:`PLANNED_PLATFORMS`).
 
-    In JAX's order: ``configured`` (``jax.config.jax_platforms`` when JAX is imported, else
-    None) or ``JAX_PLATFORMS`` restricts the backends to those listed ("gpu" if any of them is
-    cuda / rocm / gpu); otherwise every installed plugin starts (``plugins``, default
-    :func:`installed_plugins`): "gpu" if a CUDA or ROCm one is installed, "tpu" if libtpu is.
-    ``JAX_PLATFORM_NAME`` (deprecated) only names the default backend, so it adds a GPU when it
-    names one and takes none away (JAX still starts an installed GPU backend beside a "cpu"
-    default)."""
+    In JAX's order: ``configured`` (``jax.config.jax_platforms`` when JAX is imported) or
+    ``JAX_PLATFORMS`` restricts the backends to those listed; otherwise every installed plugin
+    starts (``plugins``, default :func:`installed_plugins`). ``JAX_PLATFORM_NAME`` (deprecated)
+    only names the default backend, so it adds a GPU when it names one and takes none away."""
     environ = os.environ if environ is None else environ
     listed = configured if configured else environ.get("JAX_PLATFORMS", "")
     names = [p.strip().lower() for p in str(listed).split(",") if p.strip()]
@@ -339,12 +326,10 @@ def apply_xla_flags(environ: MutableMapping[str, str] | None = None, *,
     """Set ``environ["XLA_FLAGS"]`` (default ``os.environ``) to :func:`xla_flags` of the
     :func:`planned_platform`, unless a backend has already started (XLA has read its flags:
     setting them now would claim a workaround that is not in effect; a warning says what to do).
-    Returns the record of what was decided (:data:`XLA_FLAGS_STATE` holds the import-time one):
-    ``platform``, ``xla_flags`` (the value now in ``environ``), ``backend_started_before``
-    (True / False / None: unknown) and, per workaround flag of the platform, its ``status``:
-    "applied" (set here before any backend started), "user" (the user's XLA_FLAGS name it:
-    their value is kept), "too_late" (not set: a backend had already started), and whether
-    the workaround is ``in_effect``."""
+    Returns the record of what was decided: ``platform``, ``xla_flags`` (the value now in
+    ``environ``), ``backend_started_before`` (True / False / None: unknown) and, per workaround
+    flag, its ``status`` ("applied", "user": the user's XLA_FLAGS name it, "too_late": a
+    backend had already started) and whether it is ``in_effect``."""
     environ = os.environ if environ is None else environ
     platform = planned_platform(environ, configured=_configured_platforms()) \
         if platform is None else platform

@@ -16,16 +16,10 @@ Real records always come first and padding last, so "draw a uniformly random rea
 contribute to a loss, a vote or a neighbour search: every consumer multiplies by or selects on
 ``mask``.
 
-Where the arrays live. The leaves are device arrays (``from_ragged``: small populations, gathered
-on the device) or host numpy arrays, possibly memory-mapped ``.npy`` files (``on_host``,
-``from_arrays``, ``load_stacked``, ``stack_records``): then only a round's cohort, or one chunk of
-agents, is copied to the device at a time (:mod:`fedjax_dp.core.cohort`), so N is bounded by host
-memory or disk. ``stack_records`` writes a stream of records (e.g. a generated source) straight
-into host or memory-mapped stacked arrays; ``stack_drawn`` draws a generated population (a
-:class:`RecordDraw`: features a pure function of the record) by chunks of agents on the device,
-into device arrays or host rows, never as a stream of all records on the host; ``place`` puts a
-population where ``run.agents_on`` says (``"auto"``: :func:`auto_placement`). A partition is
-handed over as :class:`RecordRows` (``[N, n_max]`` record indices, -1 padding).
+The leaves are device arrays (``from_ragged``) or host numpy arrays, possibly memory-mapped
+``.npy`` files (``on_host``, ``from_arrays``, ``load_stacked``, ``stack_records``): then only a
+round's cohort, or one chunk of agents, is copied to the device at a time
+(:mod:`fedjax_dp.core.cohort`), so N is bounded by host memory or disk.
 """
 from __future__ import annotations
 
@@ -142,9 +136,9 @@ def from_arrays(x, y, counts, *, check: bool = True) -> StackedData:
 
 
 def release_pages(a) -> None:
-    """Drop the pages of a read-only memory map ``a`` that this process has read (they are
-    re-read from the file when touched again), so that scanning a memory-mapped population does
-    not leave it all counted in the process's resident memory. Nothing for other arrays."""
+    """Drop the pages of a read-only memory map ``a`` that this process has read (re-read from
+    the file when touched again), so scanning a memory-mapped population does not leave it all
+    in resident memory. Nothing for other arrays."""
     import mmap
     m = getattr(a, "_mmap", None)
     if m is None or getattr(a, "mode", None) != "r" or not hasattr(mmap, "MADV_DONTNEED"):
@@ -343,10 +337,8 @@ def stack_records(blocks: Iterable[np.ndarray], y, indices: Sequence[np.ndarray]
 
     The streamed :func:`from_partition`: agent i holds records ``indices[i]`` (in that order) of
     a record set whose labels are ``y [n]`` and whose features arrive as consecutive blocks
-    ``[b, *feature_shape]`` (records 0, 1, ..., n - 1 in order; a generated source never holds
-    them whole). Each block's rows are scattered into their agents' rows as it arrives, so the
-    only copy of the features is the result ``x [N, n_max, *feature_shape]`` (plus one block and
-    an ``[n]`` int64 record -> row map). Equal to ``from_partition(x, y, indices).on_host()``.
+    ``[b, *feature_shape]``, scattered into their agents' rows as they arrive (the only copy of
+    the features is the result). Equal to ``from_partition(x, y, indices).on_host()``.
 
     Args:
       blocks: the record features in order, in blocks of any sizes summing to ``n``.
@@ -402,10 +394,9 @@ def stack_records(blocks: Iterable[np.ndarray], y, indices: Sequence[np.ndarray]
 
 @dataclasses.dataclass(frozen=True)
 class RecordDraw:
-    """Generated records whose features are a pure function of the record (a counter-based
-    generator): record r's features are ``fn(key, params, ids[r], attrs[r])``, so any records
-    can be drawn, in any order and batch, on the host's behalf or on the device where they are
-    consumed, with the same values (:func:`stack_drawn`, :meth:`rows`).
+    """Generated records whose features are a pure function of the record: record r's features
+    are ``fn(key, params, ids[r], attrs[r])``, so any records can be drawn, in any order and
+    batch, with the same values (:func:`stack_drawn`, :meth:`rows`).
 
     fn: a module-level (hashable), jittable, pure ``fn(key, params, ids [...] int32, attrs)
       -> [..., *feature_shape]`` whose randomness derives from ``(key, ids)`` only (e.g.
@@ -470,8 +461,7 @@ def _draw_block(fn, key, params, ids, attrs, records):
 def _draw_all(fn, key, params, ids, attrs, records, labels, *, chunk: int):
     """``(x [N, n_max, ...], y [N, n_max, ...], mask [N, n_max])`` of the slots ``records
     [N, n_max]`` (-1: padding) with the record labels ``labels [n, ...]``: ``x`` written in place
-    chunk by chunk (a ``fori_loop``: the device holds the result and one chunk's temporaries;
-    the last chunk starts at ``N - chunk`` and redraws a few rows, with the same values)."""
+    chunk by chunk (the last chunk starts at ``N - chunk`` and redraws a few rows)."""
     real = records >= 0
     y = labels[jnp.maximum(records, 0)]
     y = jnp.where(real.reshape(real.shape + (1,) * (y.ndim - 2)), y, jnp.zeros((), y.dtype))
@@ -498,14 +488,10 @@ def stack_drawn(draw: RecordDraw, y, rows: RecordRows, *, on: str = "host",
     """Stacked agents drawn where they are consumed: agent i's slot j holds record
     ``rows.records[i, j]`` of the generated record set ``draw`` (labels ``y [n]``).
 
-    ``on = "device"``: one compiled call draws every agent's records on the device (only the
-    ``[N, n_max]`` record indices, the labels and the per-record attributes go there, and the
-    slots' labels and mask are gathered there too; the features never exist on the host).
-    ``on = "host"``: chunks of ``chunk`` agents are drawn on the device one after the other (the
-    next drawn while the previous is copied) into host arrays, the only full copy. Both give the
-    same values as drawing the records one by one (:meth:`RecordDraw.rows`), whatever
-    ``chunk``. ``check``: validate ``rows`` (:func:`check_rows`; a partitioner's own rows are
-    valid already)."""
+    ``on = "device"``: one compiled call draws every agent's records on the device (the features
+    never exist on the host). ``on = "host"``: chunks of ``chunk`` agents are drawn on the device
+    one after the other into host arrays. Both give the same values as :meth:`RecordDraw.rows`,
+    whatever ``chunk``. ``check``: validate ``rows`` (:func:`check_rows`)."""
     validation.check_choice("on", on, ("host", "device"))
     validation.check_int("chunk", chunk, minimum=1)
     y = np.asarray(y)

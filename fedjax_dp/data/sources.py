@@ -20,10 +20,7 @@ synthetic        Gaussian mixture, any size       (num_features,)  any    any   
 90% / 10% of each client's records for train / test, further clients' records as public split.
 
 :data:`STREAMED` names the sources that also generate their training features block by block
-(:func:`synthetic_stream`, a :class:`~fedjax_dp.data.streamed.StreamedDataset`), so a large
-population is written straight into the agents' stacked rows; ``synthetic``'s
-``generator = "jax"`` draws every record on its own (the dataset's ``draw``), so a population is
-drawn where it is consumed: on the device for device-resident agents.
+(:func:`synthetic_stream`); ``synthetic``'s ``generator = "jax"`` draws every record on its own.
 """
 from __future__ import annotations
 
@@ -164,8 +161,7 @@ def mnist5k_oddeven(seed: int = 0, *, pca_dim: int = 50, standardize: bool = Fal
         raise ValueError(f"pca_dim must be <= the public split size ({len(public)}), "
                          f"got {pca_dim}")
     flat = x.reshape(len(x), -1).astype(np.float64)                      # [5000, 784]
-    # A 784 x 784 eigenproblem: one BLAS thread is fastest, and avoids the oversubscription
-    # that makes threaded BLAS crawl on a shared machine (10x slower seen on 2 busy cores).
+    # A 784 x 784 eigenproblem: one BLAS thread avoids oversubscription on a shared machine.
     with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
         pca = PCA(n_components=pca_dim, svd_solver="covariance_eigh").fit(flat[public])
         z = pca.transform(flat)                                          # [5000, pca_dim]
@@ -196,17 +192,13 @@ def synthetic(num_train: int = 1000, num_public: int = 200, num_test: int = 200,
               num_informative: int = 0, generator: str = "numpy") -> Dataset:
     """A Gaussian mixture: class ``k`` records are ``mu_k + N(0, I)`` in ``num_features`` dims.
 
-    The class means ``mu_k`` point in random directions and have norm ``separation`` (so the
-    distance between two means is about ``separation * sqrt(2)``); the default 3.0 makes the task
-    clearly learnable by a linear classifier yet not trivial. Labels are balanced.
+    The class means ``mu_k`` point in random directions and have norm ``separation`` (distance
+    between two means about ``separation * sqrt(2)``). Labels are balanced.
 
-    Harder tasks (defaults: the task above, bit for bit): ``clusters_per_class = K > 1`` makes
-    every class a mixture of K clusters (``C K`` means of norm ``separation``; record r of
-    cluster ``z_r`` has label ``z_r mod C``, so a class is not linearly separable from the others
-    and a linear model's ceiling drops while a non-linear one's stays); ``num_informative = m``
-    (``0 < m < num_features``) puts the means in the first m coordinates only, the other
-    ``num_features - m`` being pure noise (a high-dimensional task with a low-dimensional
-    signal, which PCA on the public split recovers and noise on every coordinate does not).
+    Harder tasks: ``clusters_per_class = K > 1`` makes every class a mixture of K clusters (``C
+    K`` means; record r of cluster ``z_r`` has label ``z_r mod C``: not linearly separable);
+    ``num_informative = m`` (``0 < m < num_features``) puts the means in the first m
+    coordinates only, the others being pure noise.
 
     With ``num_domains > 1`` every record also gets a domain id and a domain offset
     ``delta_d ~ N(0, domain_shift^2 I)`` is added to its features (covariate shift); training
@@ -214,20 +206,13 @@ def synthetic(num_train: int = 1000, num_public: int = 200, num_test: int = 200,
 
     The means, and each split, come from their own random stream derived from ``seed``, so
     changing ``num_test`` does not change the training records. :func:`synthetic_stream` is the
-    same dataset with the training features generated block by block (for large ``num_train``).
+    same dataset with the training features generated block by block.
 
-    ``generator`` says how the training records' noise ``N(0, I)`` is drawn (the law, the means,
-    the labels, the domains and the public and test splits are the same for both):
-
-    * ``"numpy"`` (default): one numpy stream in record order (the values of every earlier
-      release, bit for bit);
-    * ``"jax"``: record r's noise is :func:`record_normals` ``(k, r)`` (Threefry-2x32 in counter
-      mode on ``(r, j)``, the uniform-to-normal map of ``jax.random.normal``) with
-      ``k = stream(key(seed), "synthetic_features")`` (:mod:`fedjax_dp.core.rng`): a pure
-      function of the record, so a population is drawn where it is consumed, by chunks of
-      agents on the device (:func:`fedjax_dp.core.stacked.stack_drawn`, the source's ``draw``),
-      never as a stream of all records on the host; the same values on every device, placement
-      and chunking.
+    ``generator`` says how the training records' noise ``N(0, I)`` is drawn (everything else is
+    the same for both): ``"numpy"`` (default), one numpy stream in record order; ``"jax"``,
+    record r's noise is :func:`record_normals` ``(k, r)`` with ``k = stream(key(seed),
+    "synthetic_features")``: a pure function of the record, so a population is drawn where it
+    is consumed (:func:`fedjax_dp.core.stacked.stack_drawn`), the same on every device.
     """
     return synthetic_stream(num_train, num_public, num_test, num_features, num_classes, seed,
                             separation, num_domains=num_domains, domain_shift=domain_shift,
@@ -258,9 +243,8 @@ def record_normals(key: jax.Array, ids: jax.Array, d: int) -> jax.Array:
 
 
 def _shuffled_cycle(rng: np.random.Generator, n: int, period: int) -> np.ndarray:
-    """``rng.permutation(arange(n) % period)`` (the same draws, the same values), shuffled in
-    place in int64 (numpy's fast path for 8-byte items: narrower types shuffle 2x slower) and
-    returned in the smallest signed integer type that holds it (no second int64 copy)."""
+    """``rng.permutation(arange(n) % period)`` (the same values), shuffled in place in int64
+    (numpy's fast path) and returned in the smallest signed integer type that holds it."""
     a = np.arange(n)
     a %= period
     rng.shuffle(a)
@@ -358,9 +342,7 @@ def synthetic_stream(num_train: int = 1000, num_public: int = 200, num_test: int
 def resize_images(x: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:
     """Bilinearly resize a batch of images ``[n, H, W, C] -> [n, h, w, C]`` (numpy in and out).
 
-    Uses ``jax.image.resize(method="linear")`` (antialiased when shrinking), e.g. to map
-    28x28x1 MNIST to 8x8x1 so that ``mnist5k`` agents and a ``digits`` server share one input
-    shape. Returns float32.
+    ``jax.image.resize(method="linear")`` (antialiased when shrinking). Returns float32.
     """
     import jax
 

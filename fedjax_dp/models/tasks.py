@@ -1,10 +1,9 @@
 """Learning tasks: what a record's label is, its per-example loss, its accuracy, its checks.
 
 A task is a small frozen value that travels with the data (``Dataset.task``; a converted
-population's ``task.json``) and with the model (``Model.task``, set by :func:`attach`), so every
-step that computes a loss or an accuracy is written once and asks the task (:func:`of`):
+population's ``task.json``) and with the model (``Model.task``, set by :func:`attach`):
 
-``Classification()`` (the default; today's tasks)::
+``Classification()`` (the default)::
 
     x [*feature_shape] float32,  y [] int32 in [0, C),  logits = f(x) [C]
     l(x, y)  = -log softmax(logits)_y
@@ -18,21 +17,14 @@ prediction, TFF's Shakespeare and StackOverflow tasks)::
     l(x, y)  = sum_t m_t (-log softmax(logits_t)_{y_t}) / max(1, sum_t m_t)              (1)
 
 The per-example loss (1) is the MEAN over the sequence's real tokens, not the sum: one record
-(one sequence) is the unit of privacy, and its gradient is then an average of per-token
-gradients, bounded like one classification example's, so a clip norm C means the same whatever
-the sequence length T or the number of real tokens (with the sum, long sequences would have
-gradients ~T times larger and be clipped harder, and C would have to grow with T). A sequence
-of padding only has loss 0 and gradient 0. Minibatch losses weight every record equally
-(:func:`fedjax_dp.train.minibatch_loss`).
+(one sequence) is the unit of privacy, and its gradient, an average of per-token gradients, is
+bounded like one classification example's, so a clip norm C means the same whatever the
+sequence length. A sequence of padding only has loss 0 and gradient 0.
 
-Accuracy is per TOKEN: counts summed over all examples and positions, then divided (not a mean
-of per-sequence accuracies), over three token sets, as TensorFlow Federated's StackOverflow
-next-word task reports it (google-research/federated ``optimization/stackoverflow``, the code
-released with Reddi et al. 2021, "Adaptive Federated Optimization": metrics ``accuracy_with_oov``
-masking pad, ``accuracy_no_oov`` masking pad and the OOV ids, ``accuracy_no_oov_or_eos`` masking
-pad, OOV and EOS; ``tff.simulation.baselines`` names them ``accuracy``,
-``accuracy_without_out_of_vocab``, ``accuracy_without_out_of_vocab_or_end_of_sentence``; BOS never
-appears as a target)::
+Accuracy is per TOKEN (counts summed over all examples and positions, then divided), over three
+token sets, as TFF's StackOverflow next-word task reports it (Reddi et al. 2021, "Adaptive
+Federated Optimization": ``accuracy_with_oov``, ``accuracy_no_oov``,
+``accuracy_no_oov_or_eos``)::
 
     accuracy                = sum [pred = y] m / sum m                       m = [y != pad]
     accuracy_no_oov         = the same over m & [y not in oov_ids]

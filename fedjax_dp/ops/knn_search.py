@@ -1,50 +1,29 @@
 """Exact per-agent k-nearest-neighbour label counts without a sort: threshold search + one count.
 
 kNN-DPFL needs, for every agent i and query t, the label histogram of the k records of agent i
-nearest to query t. ``jax.lax.top_k`` returns the k indices, but on CPU it is a single-threaded
-partial sort over every record of every (agent, query) row. The
-histogram only needs the *set* of the k nearest, and that set is ``{j : s_j <= tau}`` where
-``tau`` is the k-th smallest score. So:
+nearest to query t. ``jax.lax.top_k`` is a single-threaded partial sort per row on CPU; the
+histogram only needs the *set* of the k nearest, ``{j : s_j <= tau}`` with ``tau`` the k-th
+smallest score. So:
 
 1. **Scores** ``s[a, n, q] = ||b_j||^2 - 2 <b_j, x_t>`` (the squared distance minus ``||x_t||^2``,
-   which does not change the ranking for a fixed query): ONE GEMM per block on augmented
-   operands, ``[b_j, ||b_j||^2] . [-2 x_t, 1]`` (no elementwise pass afterwards; padded records
-   have ``||b||^2 = +inf`` and are never chosen). Layout ``[a, n, q]`` keeps the record axis
-   major, so every count below is a reduction over a major axis, vectorised across queries.
-2. **Threshold** (:func:`kth_smallest_key`): per row (agent, query) a bracket of thresholds
-   ``lo < hi`` with exact counts ``c(lo) < k < c(hi)``, ``c(t) = #{j : s_j <= t}``, kept as int32
-   keys (an order-preserving bit map of float32, :func:`to_key`). A *count pass* evaluates ``c``
-   at one threshold per row: the first pass at two, around the normal quantile
-   ``mean + Phi^{-1}((k - 1/2)/n) sd`` of the row (mean and sd from per-agent record
-   statistics, :func:`score_moments`: three tiny GEMMs), then Newton / regula-falsi guesses,
-   then bisection on the keys. Counting alone rarely
-   lands exactly on ``c = k`` (the gap between the k-th and (k+1)-th record can be tiny), so once
-   every row of the block is within ``walk_width`` records of the k-th, *walk passes* (one masked
-   min) move the nearer bracket end to the next record, ``c(lo) += 1`` or ``c(hi) -= 1``, until
-   ``c = k`` at one end. Once at most 1/``compact`` of the block's rows are still searching,
-   their scores are gathered into a small buffer and the last passes run on it alone.
-3. **Counts and verification** (:func:`_block_counts`): the label counts of ``{s <= tau}``
-   are sums of bit-packed one-hot codes (``ceil(log2(k + 1))`` bits a class, several classes per
-   int32 word). The rows that have not exactly ``min(k, n_i)`` chosen records -- a tie at the
-   k-th distance (duplicated records, or two float32 scores equal by chance: about 3 rows in a
-   million at 600 records a row), where the walk's counting assumption fails -- are recomputed
-   with ``lax.top_k`` (:func:`topk_counts`): alone, gathered, while they are at most one row in
-   ``FIX_ROWS`` of the block, else the whole block. So the chosen set is always exactly
-   ``lax.top_k(-s, k)``'s, ties included (lower index first), and an agent with ``n_i < k``
-   records contributes all of them.
+   same ranking): one GEMM per block on augmented operands (:func:`augmented_scores`; padded
+   records score ``+inf``). The record axis is major, so every count is a reduction over it.
+2. **Threshold** (:func:`kth_smallest_key`): count passes and walk passes narrow a bracket of
+   threshold keys per (agent, query) row until ``#{s <= tau} = k``.
+3. **Counts and verification** (:func:`_block_counts`): the label counts of ``{s <= tau}`` are
+   sums of bit-packed one-hot codes. Rows without exactly ``min(k, n_i)`` chosen records (a tie
+   at the k-th distance, where the walk's counting assumption fails) are recomputed with
+   ``lax.top_k`` (:func:`topk_counts`). So the chosen set is always exactly ``lax.top_k(-s,
+   k)``'s, ties included (lower index first), and an agent with ``n_i < k`` records contributes
+   all of them.
 
 The chosen set is a deterministic function of the agent's own records (their scores and their
 positions), and adding/removing one record changes it by at most one record in and one out --
 what kNN-DPFL's instance-level sensitivity ``sqrt(2)/k`` rests on
 (:mod:`fedjax_dp.algorithms.voting.knn_dpfl`); the brute-force sensitivity test runs through this path.
 
-Blocks of ``agent_block`` agents x ``query_block`` queries are visited by ``lax.map`` (no Python
-loop), one after another. Their size is device-aware (:func:`block_sizes`, from
-:func:`fedjax_dp.core.defaults.defaults`): on the CPU small blocks whose scores stay in cache
-across the passes; on an accelerator one wide block (all queries, as many agents as the memory
-budget allows), so that every pass is one kernel over all rows instead of a serial loop of
-small blocks. The result does not depend on the block sizes. ``tools/bench_knn_vote.py`` and
-``fedjax-dp bench --only knn_vote`` compare it with ``lax.top_k``.
+Blocks of ``agent_block`` agents x ``query_block`` queries are visited by ``lax.map``; their
+size is device-aware (:func:`block_sizes`) and does not change the result.
 """
 from __future__ import annotations
 
@@ -100,8 +79,8 @@ def _passes(s: jax.Array, k: int, target, t0: jax.Array, dens: jax.Array, state,
     big = to_key(jnp.float32(jnp.finfo(jnp.float32).max))
 
     def count(t):
-        # c(t) [a, q] for float thresholds t [a, q]: float compare (same order as the keys, but
-        # -0.0 == 0.0: the verification covers that corner); partial counts in int16 when they fit
+        # c(t) [a, q]: float compare (same order as the keys, but -0.0 == 0.0: the verification
+        # covers that corner); partial counts in int16 when they fit
         return jnp.sum((s <= t[:, None, :]).astype(count_dtype), axis=1,
                        dtype=count_dtype).astype(jnp.int32)
 
@@ -126,8 +105,7 @@ def _passes(s: jax.Array, k: int, target, t0: jax.Array, dens: jax.Array, state,
         act = _active(k, lo_key, hi_key, c_lo, c_hi)
         go_up = (k - c_lo) <= (c_hi - k)
         # up: the smallest key > lo. down: the largest key <= hi, as the smallest ~key > ~hi - 1
-        # (~key = -key - 1 reverses the order; one xor with a per-row mask, one integer min:
-        # XLA's float min also handles NaN and is slower)
+        # (~key = -key - 1 reverses the order; an integer min is faster than XLA's float min)
         flip = jnp.where(go_up, 0, -1).astype(jnp.int32)
         bound = jnp.where(go_up, lo_key, ~hi_key - 1)[:, None, :]
         flipped = to_key(s) ^ flip[:, None, :]
@@ -151,9 +129,8 @@ def _passes(s: jax.Array, k: int, target, t0: jax.Array, dens: jax.Array, state,
         return (it + 1,) + new
 
     def bracket_pass(lo_key, hi_key, c_lo, c_hi):
-        # the first pass counts at two thresholds, t0 -+ FIRST_SPREAD records by the model
-        # density: one read of the block usually brackets the k-th within ~2 x FIRST_SPREAD
-        # records; lo / hi become the nearest points with c < k / c >= k
+        # counts at t0 -+ FIRST_SPREAD records by the model density; lo / hi become the nearest
+        # points with c < k / c >= k
         t_a, t_b = t0 - FIRST_SPREAD / dens, t0 + FIRST_SPREAD / dens
         c_a, c_b = count(t_a), count(t_b)
         k_a, k_b = to_key(t_a), to_key(t_b)
@@ -197,10 +174,9 @@ def kth_smallest_key(s: jax.Array, k: int, n_real: jax.Array, mean: jax.Array,
       moves ``lo`` up to the next record (``c(lo) += 1``) or ``hi`` down below the previous one
       (``c(hi) -= 1``), whichever end is nearer.
 
-    **Compaction**: once at most ``rows / compact`` of the block's ``a q`` rows are active, those
-    rows' scores are gathered into a ``[1, n, rows / compact]`` buffer and the passes continue on
-    it alone (a pass there costs ``1 / compact`` of a full one); the results are scattered back.
-    ``compact = 0`` never compacts.
+    **Compaction**: once at most ``rows / compact`` of the block's ``a q`` rows are active, their
+    scores are gathered into a ``[1, n, rows / compact]`` buffer and the passes continue on it
+    alone. ``compact = 0`` never compacts.
 
     A row is done when ``c(lo) = k`` or ``c(hi) = k`` (``tau`` = that end), when it has ``<= k``
     records (``tau = key(float32 max)``: all of them), or when ``lo`` and ``hi`` are adjacent keys
@@ -222,8 +198,7 @@ def kth_smallest_key(s: jax.Array, k: int, n_real: jax.Array, mean: jax.Array,
     dens = nf * jnp.exp(-0.5 * z * z) / (math.sqrt(2 * math.pi) * jnp.maximum(sd, 1e-30))
     kw = dict(search_steps=search_steps, walk_width=walk_width,
               max_passes=search_steps + 34 + walk_width)   # bound without ties; a guard with them
-    # the first passes are count passes for every block: run them without the per-pass
-    # activity check and branch; small k walks from the start
+    # the first count passes run without the activity check; small k walks from the start
     first = 0 if k <= walk_width else min(FIRST_COUNT_PASSES, search_steps)
     rows = a * q
     cap = rows // compact if compact else 0
@@ -292,12 +267,9 @@ def augment_queries(queries: jax.Array) -> jax.Array:
 
 
 def augmented_scores(xa: jax.Array, qa: jax.Array) -> jax.Array:
-    """``s [a, n, q] = ||b_j||^2 - 2 <b_j, x_t>`` (``+inf`` for padded records): ONE GEMM
-    ``[a n, d + 1] x [d + 1, q]`` on the augmented records and queries, no elementwise pass.
-
-    Full float32 precision (``Precision.HIGHEST``): the CPU computes float32 anyway; a GPU's
-    default for float32 GEMMs may round the operands to TF32 (10-bit mantissa), which would
-    round ``||b_j||^2`` and move the ranking away from the float32 distances."""
+    """``s [a, n, q] = ||b_j||^2 - 2 <b_j, x_t>`` (``+inf`` for padded records): one GEMM
+    ``[a n, d + 1] x [d + 1, q]``. ``Precision.HIGHEST``: a GPU's default TF32 rounding of
+    ``||b_j||^2`` would move the ranking away from the float32 distances."""
     a, n, d1 = xa.shape
     s = jnp.dot(xa.reshape(a * n, d1), qa.T, precision=lax.Precision.HIGHEST)
     return s.reshape(a, n, -1)
@@ -311,9 +283,8 @@ def scores(x: jax.Array, mask: jax.Array, queries: jax.Array) -> jax.Array:
 
 def agent_stats(x: jax.Array, mask: jax.Array):
     """Per agent, over its real records ``b`` of ``x [a, n, d]``: ``E[b] [a, d]``,
-    ``Var(b_d) [a, d]``, ``E[sq] [a]``, ``Var(sq) [a]``, ``Cov(sq, b) [a, d]`` (``sq = ||b||^2``)
-    as batched mat-vecs over the records, for all agents of a call at once (raw moments: they
-    only steer the first guesses)."""
+    ``Var(b_d) [a, d]``, ``E[sq] [a]``, ``Var(sq) [a]``, ``Cov(sq, b) [a, d]`` (``sq = ||b||^2``;
+    raw moments: they only steer the first guesses)."""
     m = mask.astype(jnp.float32)                                             # [a, n]
     b = jnp.where(mask[..., None], x, 0.0)                                   # [a, n, d]
     sq = jnp.sum(b * b, axis=-1)                                             # [a, n]
@@ -367,8 +338,8 @@ def _block_counts(xa, y, codes, n_real, stats, qa, k: int, num_classes: int,
     sums = jnp.sum(jnp.where(chosen[:, :, None, :], codes[..., None], 0), axis=1)  # [a, W, q]
     sums = jnp.swapaxes(sums, 1, 2)                                           # [a, q, W]
     counts = _unpack(sums, bits, per, num_classes)                            # [a, q, C]
-    # verify: exactly min(k, n_i) chosen; the rows where not (a tie at the k-th) get the exact
-    # top-k: up to rows / FIX_ROWS of them alone, more by the whole block
+    # rows without exactly min(k, n_i) chosen (a tie at the k-th) get the exact top-k: up to
+    # rows / fix_rows of them alone, more by the whole block
     bad = jnp.sum(counts, -1) != jnp.minimum(k, n_real)[:, None].astype(jnp.float32)  # [a, q]
     n_bad = jnp.sum(bad, dtype=jnp.int32)
     cap = max(1, bad.size // fix_rows)
@@ -400,14 +371,11 @@ def block_sizes(a: int, n: int, q: int, device_defaults=None) -> tuple[int, int]
     of ``n`` records and ``q`` queries on the device of ``device_defaults``
     (:func:`fedjax_dp.core.defaults.defaults`, the default device's when None):
 
-    * CPU: ``(AGENT_BLOCK, QUERY_BLOCK)``, a block whose scores stay in cache across the passes
-      (the passes are bound by the cache's bandwidth);
-    * accelerator: one wide block, ``query_block = q`` and ``agent_block = a`` when
-      ``WIDE_BLOCK_COPIES * 4 a n q`` bytes fit the device's ``chunk_budget_bytes`` (None, not
-      reported: always), else the most agents that fit (and fewer queries when one agent's
-      row of all queries does not fit). The blocks are visited one after another
-      (``lax.map``): small blocks would leave the device idle between small kernels, while a
-      wide block's pass is one kernel over all its rows.
+    * CPU: ``(AGENT_BLOCK, QUERY_BLOCK)``, a block whose scores stay in cache across the passes;
+    * accelerator: one wide block (every pass one kernel over all its rows), ``query_block = q``
+      and ``agent_block = a`` when ``WIDE_BLOCK_COPIES * 4 a n q`` bytes fit the device's
+      ``chunk_budget_bytes`` (None: always), else the most agents that fit (and fewer queries
+      when one agent's row of all queries does not fit).
     """
     if device_defaults is None:
         from fedjax_dp.core import defaults as defaults_lib
@@ -437,11 +405,8 @@ def agent_block_size(a: int, target: int) -> int:
 
 def query_block_size(q: int, target: int) -> int:
     """Queries per block: all ``q`` if ``q <= target``; else the multiple of 64 in
-    ``[64, target]`` that pads ``q`` least (ties: the larger), else ``target``.
-
-    The scores GEMM ``[a n, d + 1] x [d + 1, qb]`` runs faster per query when ``qb`` is a
-    multiple of 64 than at other sizes, which outweighs a few padded queries (Q = 1000: 8 blocks
-    of 128, 24 padded).
+    ``[64, target]`` that pads ``q`` least (ties: the larger), else ``target`` (the scores GEMM
+    is faster per query at multiples of 64, which outweighs a few padded queries).
     """
     if q <= target:
         return max(1, q)
@@ -461,10 +426,9 @@ def neighbour_label_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries:
     ``x [a, n, d]``, ``y [a, n]`` int, ``mask [a, n]`` (real records), ``queries [q, d]`` ->
     ``[a, q, C]`` float32 counts (each row sums to ``min(k, n_i)``). Squared Euclidean distance;
     ties broken by lower record index (as ``lax.top_k``). Blocks of ``agent_block`` x
-    ``query_block`` (None: the device's, :func:`block_sizes`) are mapped with ``lax.map``; the
-    result does not depend on the block sizes. A block's rows with a tie at the k-th are redone
-    with ``lax.top_k`` alone while they are at most one in ``fix_rows``, else the whole block
-    (the same counts either way).
+    ``query_block`` (None: :func:`block_sizes`); the result does not depend on the block sizes.
+    A block's rows with a tie at the k-th are redone with ``lax.top_k`` alone while they are at
+    most one in ``fix_rows``, else the whole block (the same counts either way).
     """
     a, n, d = x.shape
     q = queries.shape[0]

@@ -12,11 +12,9 @@ so that every pair's masks cancel in ``sum_b y_b``. The server's view ``y_b`` is
 ``Z_{2^32}^d`` for any agent with at least one neighbour whose seed it does not know.
 
 The graph (Bell et al. 2020, Sec. 3-4). ``nbr(b)``: a k-regular ring (Harary) graph on a random
-relabelling of the B rows: the rows are placed on a ring in the order of a uniformly random
-permutation drawn from the round's key, and each is joined to the k/2 rows on either side
-(offsets ``+-1..+-k/2``); ``k >= B - 1`` (or ``neighbours=None``) is the complete graph of
-Bonawitz et al. Cost: ``O(B k d)`` PRG output instead of ``O(B^2 d)`` -- vectorised over the B
-agents, a ``lax.scan`` over the k neighbour slots (no loop over agents).
+relabelling of the B rows (a uniformly random permutation from the round's key), each joined
+to the k/2 rows on either side; ``k >= B - 1`` (or ``neighbours=None``) is the complete graph of
+Bonawitz et al. Cost: ``O(B k d)`` PRG output instead of ``O(B^2 d)``.
 
 Privacy consequence of k. The sum hides an honest agent's input from the server as long as the
 graph restricted to honest, surviving agents keeps it connected to others: with a complete graph
@@ -27,16 +25,12 @@ show that k = O(log N) on a random graph keeps the honest survivors connected wi
 probability for a constant fraction of corrupted / dropped agents; a small fixed k (e.g. 2, a
 single ring) gives much weaker protection. The random relabelling is per round and per pass.
 
-Dropouts. If agents drop after sending nothing (or after masking but before their ``y_b``
-arrives), the survivors' masks towards them do not cancel. The server removes them "with the
-survivors' help": in the real protocol every agent Shamir-shares its pair seeds among its
-neighbours, the survivors reveal the shares of the dropped agents' seeds, and the server
-recomputes ``sum_{b alive} sum_{c in nbr(b), c dropped} sign(b, c) PRG(s_{bc})``. **This module
-simulates that step** by recomputing those masks from the same seeds (:func:`dropout_correction`);
-the Shamir sharing, the key agreement (Diffie-Hellman) that derives ``s_{bc}``, the self-masks
-``b_u`` of the double-masking protocol (which stop a server that claims an agent dropped after
-its ``y_b`` arrived) and any malicious behaviour are not simulated. Padding rows of a pass are
-treated as agents that dropped (they send nothing).
+Dropouts. The survivors' masks towards dropped agents do not cancel; in the real protocol the
+survivors reveal Shamir shares of the dropped agents' seeds and the server recomputes
+``sum_{b alive} sum_{c in nbr(b), c dropped} sign(b, c) PRG(s_{bc})``. **This module simulates
+that step** from the same seeds (:func:`dropout_correction`); the Shamir sharing, the key
+agreement, the self-masks of double masking and any malicious behaviour are not simulated.
+Padding rows of a pass are treated as agents that dropped.
 
 Result: ``D(sum_{b alive} y_b - correction) = sum_{b alive} x_b + e``, ``|e| <= M 2^-(f+1)`` per
 coordinate (M survivors), exactly the plain survivors' sum in fixed point.

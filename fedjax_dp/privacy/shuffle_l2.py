@@ -18,10 +18,7 @@ possible rounded report lies in
     S(K, d) = { m in Z^d : |m_j| <= K,  sum_{j: m_j != 0} (|m_j| - 1)^2 <= K^2 - 1 }       (1)
 
 (the strict ``< K^2`` of integers). Its largest L2 norm (:func:`max_rounded_l2`) is about
-``K + sqrt(d)`` grid steps (e.g. 28.5 at K = 16, d = 167, against ``K sqrt(d) = 206.8``) and its
-L1 norm at most ``d + K^2 - 1``-ish: every coordinate may round away from 0 (a tiny ``y_j``
-rounds to +-1 with positive probability), which is why an L2 analysis of THIS rounding must pay
-``sqrt(d)`` grid steps on top of ``K``.
+``K + sqrt(d)`` grid steps, not ``K``: every coordinate may round away from 0.
 
 **One coordinate.** ``B ~ Bin(N, 1/2)``, window ``W = [a, b]`` with ``a = max(0, N/2 - sqrt(Z N))``
 and ``b = min(N - K, N/2 + sqrt(Z N))`` (``Z = 20``), ``pi = P(B not in W)`` (exact, scipy).
@@ -64,12 +61,9 @@ every ``g >= 0`` in both directions (Zhu, Dong and Wang 2022, Def. 7): Poisson s
 (their Thm. 11) and adaptive composition (Thm. 10) then apply to it exactly as to the
 per-coordinate pair (:func:`fedjax_dp.privacy.shuffle_accounting.pld`).
 
-What is proven and what is not: the result is a valid upper bound (never below the exact
-epsilon) for add/remove of one report clipped in L2 (``norm = 'l2'``). It is NOT always tighter
-than the per-coordinate analysis: for small ``d`` (e.g. ``d = 1``) or ``K = 1`` the rounded set
-(1) allows the full ``K`` on every coordinate anyway and the RDP conversion (4) costs a little;
-for large ``d`` and ``K`` it is several times tighter (module docs: docs/shuffle_dp.md). This is
-why ``'per_coordinate'`` stays the default analysis.
+The result is a valid upper bound for add/remove of one report clipped in L2 (``norm =
+'l2'``), but NOT always tighter than the per-coordinate analysis (small ``d`` or ``K = 1``: the
+RDP conversion (4) costs a little), which therefore stays the default (docs/shuffle_dp.md).
 """
 from __future__ import annotations
 
