@@ -5,7 +5,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms import api, rounds
 from fedjax_dp.algorithms.averaging import dp_fedavg, fedavg
 from fedjax_dp.core import cohort, from_ragged
 from fedjax_dp.models import make_model
@@ -30,7 +30,7 @@ def _poisson(q):
 
 
 def _runner(model, spec, data, local=LOCAL, **kwargs):
-    return fedavg.RoundRunner(model, local, spec, data, **kwargs)
+    return rounds.RoundRunner(model, local, spec, data, **kwargs)
 
 
 def _reference_round(key, params, data, model, spec):
@@ -56,8 +56,8 @@ def _close(a, b, tol=1e-5):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=tol, atol=tol), a, b)
 
 
-_FULL = fedavg.RoundSpec(sampling=_poisson(1.0), server_lr=1.0)
-_CLIPPED = fedavg.RoundSpec(sampling=_poisson(0.5), server_lr=0.7, clip_norm=0.05,
+_FULL = rounds.RoundSpec(sampling=_poisson(1.0), server_lr=1.0)
+_CLIPPED = rounds.RoundSpec(sampling=_poisson(0.5), server_lr=0.7, clip_norm=0.05,
                             denominator="expected")
 
 
@@ -76,7 +76,7 @@ def test_round_equals_per_agent_loop(setup, spec, mode):
     _close(got, want)
 
 
-NOISY = fedavg.RoundSpec(sampling=_poisson(0.5), server_lr=1.0, clip_norm=0.1, noise_multiplier=0.1,
+NOISY = rounds.RoundSpec(sampling=_poisson(0.5), server_lr=1.0, clip_norm=0.1, noise_multiplier=0.1,
                          denominator="expected")
 
 
@@ -118,7 +118,7 @@ def test_chunked_round_equals_plain(setup):
 
 def test_fixed_size_round_equals_loop(setup):
     data, model, params = setup
-    spec = fedavg.RoundSpec(sampling=cohort.Sampling("fixed", size=4), server_lr=1.0,
+    spec = rounds.RoundSpec(sampling=cohort.Sampling("fixed", size=4), server_lr=1.0,
                             clip_norm=0.05, denominator="expected")
     key = jax.random.key(4)
     runner = _runner(model, spec, data.on_host())
@@ -154,7 +154,7 @@ def test_dp_noise_std_and_independence(setup):
 def test_clipping_bounds_each_agent_contribution(setup):
     data, model, params = setup
     clip = 1e-3
-    spec = fedavg.RoundSpec(sampling=_poisson(1.0), server_lr=1.0, clip_norm=clip,
+    spec = rounds.RoundSpec(sampling=_poisson(1.0), server_lr=1.0, clip_norm=clip,
                             denominator="expected")
     new, metrics = _runner(model, spec, data, local=LocalTrainConfig(steps=5, learning_rate=1.0))(
         jax.random.key(0), params)

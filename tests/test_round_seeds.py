@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import api, seeds
+from fedjax_dp.algorithms import api, rounds, seeds
 from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
 from fedjax_dp.core import from_ragged
 from fedjax_dp.experiments import config as config_lib
@@ -116,7 +116,7 @@ def _states(module, config, datas, model, runtime, keys, pass_size=None):
     out = []
     for s in states:
         r = s.context.round_fn
-        small = fedavg.RoundRunner(model, config.local, r.spec, r.agents, cohort=r.mode,
+        small = rounds.RoundRunner(model, config.local, r.spec, r.agents, cohort=r.mode,
                                    pass_size=pass_size)
         out.append(dataclasses.replace(s, context=dataclasses.replace(s.context, round_fn=small)))
     return out

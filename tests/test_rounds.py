@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from fedjax_dp.algorithms import api, calls, fused_rounds, rounds
-from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
+from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd
 from fedjax_dp.core import cohort, from_ragged
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import noise as noise_lib
@@ -136,9 +136,9 @@ def test_cohort_past_one_chunk_is_run_exactly(setup):
     fed, model = setup
     config = _dp_fedavg_config(rounds=3, sampling_rate=0.6)
     spec = dp_fedavg.round_spec(config)
-    runner = fedavg.RoundRunner(model, LOCAL, spec, fed.agents, pass_size=2)
-    masked = fedavg.RoundRunner(model, LOCAL, spec, fed.agents, cohort="masked")
-    host = fedavg.RoundRunner(model, LOCAL, spec, fed.agents.on_host(), pass_size=2)
+    runner = rounds.RoundRunner(model, LOCAL, spec, fed.agents, pass_size=2)
+    masked = rounds.RoundRunner(model, LOCAL, spec, fed.agents, cohort="masked")
+    host = rounds.RoundRunner(model, LOCAL, spec, fed.agents.on_host(), pass_size=2)
     assert runner.fusable and not host.fusable
     values = {"params": model.init(jax.random.key(0))}
     key = jax.random.key(2)
@@ -166,7 +166,7 @@ def test_dp_fedsgd_participation_counted_on_the_device(setup):
     want = np.zeros(fed.num_agents, np.int64)
     for t in range(4):
         k_sample = rounds.round_keys(api.step_key(key, t))[0]
-        want += fedavg.sample_agents(k_sample, fed.num_agents, config.participation).astype(int)
+        want += rounds.sample_agents(k_sample, fed.num_agents, config.participation).astype(int)
     np.testing.assert_array_equal(fused.state.values["participation"], want)
     np.testing.assert_array_equal(steps.state.values["participation"], want)
     _close(fused.state.values["params"], steps.state.values["params"])

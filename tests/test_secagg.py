@@ -10,8 +10,8 @@ import pytest
 from scipy import stats
 
 from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl, voting_dpfl
-from fedjax_dp.algorithms import api
-from fedjax_dp.algorithms.averaging import dp_fedavg, fedavg
+from fedjax_dp.algorithms import api, rounds
+from fedjax_dp.algorithms.averaging import dp_fedavg
 from fedjax_dp.core import from_ragged, rng
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import accounting, secagg, secagg_masks, secagg_shares, vote
@@ -361,7 +361,7 @@ def _mean_update(key, params, x, y, mask, count, extras):
 
 
 def _dp_round(cfg, data, model, key):
-    runner = fedavg.RoundRunner(model, LOCAL, dp_fedavg.round_spec(cfg), data,
+    runner = rounds.RoundRunner(model, LOCAL, dp_fedavg.round_spec(cfg), data,
                                 agent_update=_mean_update)
     return runner(key, {"w": jnp.zeros((5,))})
 
@@ -384,7 +384,7 @@ def test_dp_fedavg_secagg_gives_the_plain_update_up_to_fixed_point(fed):
     assert [e.event for e in dp_fedavg.ledger(cfg).entries] == \
         [e.event for e in dp_fedavg.ledger(base).entries]
     with pytest.raises(ValueError, match="overflow"):                    # before any work
-        fedavg.RoundRunner(model, LOCAL, dp_fedavg.round_spec(dataclasses.replace(
+        rounds.RoundRunner(model, LOCAL, dp_fedavg.round_spec(dataclasses.replace(
             cfg, clip_norm=1e5)), data, agent_update=_mean_update)
 
 
@@ -396,7 +396,7 @@ def test_dp_fedavg_round_with_dropouts_sums_the_survivors(fed):
     key = jax.random.key(4)
     new, metrics = _dp_round(cfg, data, model, key)
     # the oracle: the same survivors (the pass's dropout key), their plain updates summed
-    _, k_train, _ = fedavg.round_keys(key)
+    _, k_train, _ = rounds.round_keys(key)
     k_pass = jax.random.fold_in(rng.stream(k_train, "secagg"), 0)             # ids[0] = 0
     alive = np.asarray(secagg.drop_within(jax.random.split(k_pass)[1],
                                           jnp.ones(data.num_agents, bool), 0.4,
@@ -408,6 +408,6 @@ def test_dp_fedavg_round_with_dropouts_sums_the_survivors(fed):
     np.testing.assert_allclose(np.asarray(new["w"]), means[alive].sum(0) / alive.sum(),
                                atol=data.num_agents * 2.0 ** -(F + 1) + 1e-5)
     with pytest.raises(ValueError, match="clip"):
-        fedavg.RoundRunner(model, LOCAL, dataclasses.replace(dp_fedavg.round_spec(cfg),
+        rounds.RoundRunner(model, LOCAL, dataclasses.replace(dp_fedavg.round_spec(cfg),
                                                              clip_norm=None), data,
                            agent_update=_mean_update)

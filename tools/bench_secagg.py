@@ -12,7 +12,7 @@ Parts (one JSON record, ``results/secagg/bench.json`` by default):
   :func:`fedjax_dp.privacy.secagg_masks.secure_sum` (encode, pairwise masks on a k-regular graph,
   server sum, dropout recovery, decode) for several k (None = complete graph): cost O(B k d).
 * ``round``: one DP-FedAvg round (MLP, local SGD, clipping, noise; all N agents) through
-  :class:`fedjax_dp.algorithms.averaging.fedavg.RoundRunner`, plain vs secagg (k = 8).
+  :class:`fedjax_dp.algorithms.averaging.rounds.RoundRunner`, plain vs secagg (k = 8).
 
 Run: ``.venv/bin/python tools/bench_secagg.py [--out results/secagg/bench.json] [--small]``.
 Timings on a shared CPU are noisy: compare ratios measured in the same run.
@@ -104,7 +104,8 @@ def bench_sum(b: int, d: int, ks: list, repeats: int) -> list[dict]:
 
 def bench_round(n: int, ks: list, repeats: int) -> list[dict]:
     import dataclasses
-    from fedjax_dp.algorithms.averaging import dp_fedavg, fedavg
+    from fedjax_dp.algorithms import rounds
+    from fedjax_dp.algorithms.averaging import dp_fedavg
     from fedjax_dp.core import from_ragged
     from fedjax_dp.models import make_model
     from fedjax_dp.train import LocalTrainConfig
@@ -122,7 +123,7 @@ def bench_round(n: int, ks: list, repeats: int) -> list[dict]:
     for label, cfg in [("plain", base)] + [
             (f"secagg_k={'complete' if k is None else k}",
              dataclasses.replace(base, aggregation="secagg", secagg_neighbours=k)) for k in ks]:
-        runner = fedavg.RoundRunner(model, cfg.local, dp_fedavg.round_spec(cfg), data)
+        runner = rounds.RoundRunner(model, cfg.local, dp_fedavg.round_spec(cfg), data)
         times[label] = _median_time(lambda: runner(jax.random.key(1), params)[0], repeats)
     for label, t in times.items():
         rows.append({"agents": n, "params": dim, "aggregation": label, "round_s": t,
