@@ -17,11 +17,10 @@ Kasiviswanathan 2019): sensitivity 2S, so the event is
 ``SelfComposed(SampledWithoutReplacement(N, C, Gaussian(sigma / 2)), T)`` (RDP accountant only;
 dp-accounting's PLD does not support sampling without replacement).
 
-The division is by the *fixed* expected cohort size q*N (McMahan 2018): dividing by the realised
-count m_t (the paper's Algorithm 1 line 6, ``denominator='sampled'``, kept to reproduce its
-tables) also releases m_t, which the sampled-Gaussian analysis does not cover. Adding
-N(0, sigma^2 S^2) once to the sum equals, in distribution, each sampled agent adding
-N(0, sigma^2 S^2 / m_t) (line 4 of NoisyUpdate) and summing.
+The division is by the *fixed* expected cohort size q*N (McMahan 2018): the realised count m_t
+(the paper's Algorithm 1 line 6, ``denominator='sampled'``) would also release m_t, which the
+analysis does not cover. Adding N(0, sigma^2 S^2) once to the sum equals, in distribution, each
+sampled agent adding N(0, sigma^2 S^2 / m_t) (line 4 of NoisyUpdate) and summing.
 
 Secure aggregation (``aggregation = "secagg"``, :mod:`fedjax_dp.privacy.secagg_masks`): each
 pass's sum of clipped updates is computed by pairwise masking in fixed point, equal to the plain

@@ -15,11 +15,9 @@ amplification (an observer sees who speaks); the silo's own record sampling is. 
 the silos are disjoint, so the run's guarantee is the worst silo's (parallel composition).
 
 Calibration (:func:`calibrate`), per silo: the smallest z_i such that (1) with silo i's own rates
-and the planned count of each kind (every round: the availability is random and known only
-afterwards) meets the target, by ``dp_accounting`` through
-:func:`fedjax_dp.privacy.calibration.calibrate_noise_multiplier` (once per distinct set of rates).
-Silo i adds noise with multiplier z_i to all its uploads. (``calibrate_per_silo = false``: one z,
-calibrated for the largest rate of each kind, for every silo; never less private, more noise.)
+and the planned count of each kind (every round: availability is known only afterwards) meets
+the target (:func:`fedjax_dp.privacy.calibration.calibrate_noise_multiplier`, once per distinct
+set of rates). ``calibrate_per_silo = false``: one z, for the largest rate of each kind.
 
 The paper's closed form (Abadi et al.'s moments bound; Lowy et al. Thm 2.1 proof / Appendix H)
 ``sigma^2 = 8 C^2 R log(2/delta) / (n^2 eps^2)`` for the std of a silo's mean gradient over K of n

@@ -33,8 +33,7 @@ Privacy (Theorem 5 and appendix C.1), Gaussian mechanism on the vote sum, Q quer
 Protocol: ``init`` checks the inputs, draws the queries and fits the feature map; two steps,
 ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and ``student`` (``params``). The kNN
 search, noise and secure sum are one phase, so the noise-free ballots never enter the state.
-Keys, streaming in chunks of ``agent_chunk`` (per chunk integer label counts ``[S, Q, C]``),
-seeds and ``runtime.mesh``: as in :mod:`fedjax_dp.algorithms.voting.voting_dpfl`.
+Keys, streaming, seeds and ``runtime.mesh``: :mod:`fedjax_dp.algorithms.voting.voting_dpfl`.
 """
 from __future__ import annotations
 
