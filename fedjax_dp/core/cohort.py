@@ -9,10 +9,7 @@ A round-based algorithm with agent sampling trains only the round's participants
                                                                 and are excluded by ``valid``
 
 Sampling is ONE device function of the round's sampling key, :func:`cohort_coins` (a
-participation mask ``[N]``), so the same key gives the same cohort on every path: the rounds
-fused on the device (:mod:`fedjax_dp.algorithms.rounds`, which sample inside the compiled
-round), the host drivers (:func:`sample_cohort` fetches the mask), masked, sharded, streamed.
-Poisson sampling with rate q draws N independent coins ``bits_i < floor(q 2^32)`` from 32
+participation mask ``[N]``), so the same key gives the same cohort on every path. Poisson sampling with rate q draws N independent coins ``bits_i < floor(q 2^32)`` from 32
 uniform random bits each, i.e. Bernoulli(q') with ``q' = floor(q 2^32) / 2^32`` in
 ``(q - 2^-32, q]``: never above the rate the ledger accounts (privacy amplification by
 subsampling is monotone in the rate), and q = 1 takes every agent. Fixed-size sampling takes
@@ -26,11 +23,9 @@ the alignment), and a pass with fewer agents is padded to the smallest of the bu
 truncated: it runs as several passes whose sums are added (so the privacy analysis, which
 assumes every sampled agent contributes, stays exact). At most three shapes are compiled.
 
-Host-resident data. :class:`fedjax_dp.core.StackedData` may hold numpy arrays (or memory-mapped
-``.npy`` files, :func:`fedjax_dp.core.stacked.load_stacked`) instead of device arrays; then only
-the cohort is copied to the device each round, and :class:`CohortFeeder` prepares the next
-round's cohort in a background thread while the current round computes (double buffering).
-Device-resident data is gathered on the device instead.
+Host-resident data: only the cohort is copied to the device each round, and
+:class:`CohortFeeder` prepares the next round's cohort in a background thread while the current
+round computes. Device-resident data is gathered on the device.
 """
 from __future__ import annotations
 

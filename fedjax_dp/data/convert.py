@@ -14,21 +14,15 @@ The result is the folder ``data.dataset = "stacked:DST"`` runs (the format of
     vocab.txt     the vocabulary (text formats), one token per line, ids 1..V
 
 Each client of the published train split is one agent. The conversion never holds the
-population: pass 1 reads every client's size (for HDF5, the dataset shapes; LEAF: each shard's
-``num_samples``), pass 2 reads one client at a time and writes its rows straight into the
-memory-mapped ``x.npy`` / ``y.npy`` (created at full size, sparse: padding costs no disk write),
-handing written pages back to the OS as it goes, so memory stays about one client (for LEAF, one
-JSON shard) whatever N. The test split is written the same way into temporary memory maps, then
-streamed into ``server.npz``. The folder is built as ``DST.partial`` and renamed at the end, so
-an interrupted conversion never leaves a folder that loads.
+population: pass 1 reads every client's size, pass 2 reads one client at a time and writes its
+rows straight into the memory-mapped ``x.npy`` / ``y.npy`` (sparse: padding costs no disk
+write), so memory stays about one client whatever N. The folder is built as ``DST.partial`` and
+renamed at the end, so an interrupted conversion never leaves a folder that loads.
 
-Options: ``max_clients`` keeps the first K train clients (the format's order; the test split
-keeps every test client: cap it with ``max_test_records``), ``max_records``
-the first k records of every client (e.g. StackOverflow's users hold up to tens of thousands of
-sentences: the stacked arrays are padded to the largest client), ``max_test_records`` a uniform
-random subset (``seed``) of the test records (kept in client order; e.g. 10,000 for
-StackOverflow as Reddi et al. 2021 validate). ``vocab_size`` / ``vocab_file`` / ``seq_len``
-set the text formats' tokenisation (:mod:`fedjax_dp.data.vocab`).
+Options: ``max_clients`` keeps the first K train clients (the test split keeps every test
+client), ``max_records`` the first k records of every client, ``max_test_records`` a uniform
+random subset (``seed``) of the test records (kept in client order). ``vocab_size`` /
+``vocab_file`` / ``seq_len`` set the text formats' tokenisation (:mod:`fedjax_dp.data.vocab`).
 """
 from __future__ import annotations
 

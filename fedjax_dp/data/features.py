@@ -14,21 +14,14 @@ One module holds the fixed maps ``phi`` (voting-dpfl, Sec. 4.2 / Algorithm 3: kN
   to the task's size): a frozen network "pretrained" on disjoint public data, as the paper's
   ImageNet features (:func:`fit_network`).
 
-Two users:
+Users: kNN-DPFL (``algorithm.feature_map``) maps the agents' records and the queries inside its
+vote (:meth:`FeatureMap.apply`); ``data.features = {map = "pca", dim = 16}``
+(:func:`apply_features`) maps EVERY split once before anything trains, so any algorithm with the
+``logistic`` model trains a linear head on the frozen features.
 
-* kNN-DPFL (:mod:`fedjax_dp.algorithms.voting.knn_dpfl`, ``algorithm.feature_map``) maps the
-  agents' records and the queries inside its vote (:meth:`FeatureMap.apply`, traced);
-* ``data.features = {map = "pca", dim = 16}`` (:func:`apply_features`, resolved by
-  ``fedjax_dp.data.population.build``) maps EVERY split (train, public, test, and so the
-  validation hold-out) once before anything trains, so any algorithm with the ``logistic``
-  model trains a linear head on the frozen features -- e.g. DP-FedAvg / DP-FedSGD head-only on
-  the very features kNN-DPFL votes on (its ``feature_map = "identity"`` then).
-
-Privacy. The map reads only the public split (``x_public``), which the paper's threat model
-treats as public (the server's unlabelled data, voting-dpfl Sec. 3): no private record is ever
-read when fitting it, so every algorithm's privacy accounting is unchanged (the map is a fixed
-pre-processing of each record; a record's neighbour differs only in that record, before and
-after the map). ``y_public`` is never read.
+Privacy. The map reads only the public split (``x_public``; ``y_public`` never), public in the
+paper's threat model (voting-dpfl Sec. 3): it is a fixed pre-processing of each record, so every
+algorithm's privacy accounting is unchanged.
 """
 from __future__ import annotations
 

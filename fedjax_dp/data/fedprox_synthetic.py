@@ -18,24 +18,18 @@ DEVIATIONS. The IID variant (``iid=True``, the published ``synthetic_iid``) shar
 ``W ~ N(0, 1) [d, C]``, ``b ~ N(0, 1) [C]`` among all clients and has ``v_k = 0``; it has no
 ``alpha`` or ``beta``.
 
-A property of the published generator worth knowing: ``u_k`` shifts every class's logit by the
-same amount ``u_k (sum_j x_j + 1)``, so it never changes the argmax: ``alpha`` does not change any
-label (with the same seed, Synthetic(0, b) and Synthetic(a, b) hold the same records and
-labels). The clients' models still differ through the unit-variance noise of ``W_k`` and ``b_k``
-(Synthetic(0, 0) is not IID); ``beta`` moves the clients' feature means and with them their label
-distributions (the tests check that heterogeneity grows from IID to beta = 0 to beta = 1).
+Note: ``u_k`` shifts every class's logit by the same amount ``u_k (sum_j x_j + 1)``, so
+``alpha`` never changes a label (Synthetic(0, b) and Synthetic(a, b) hold the same records and
+labels with the same seed); the clients' models still differ through the noise of ``W_k`` and
+``b_k``.
 
-Splits. Each client's records are i.i.d. given its parameters; its first
-``floor(train_fraction n_k)`` records (published: ``int(0.9 n_k)``) are training records, the
-rest its test records. ``x_train`` holds the clients' training records client after client
-(``domain_train`` = the client id, so ``partition("natural", ...)`` gives one agent per client);
-``x_test`` pools every client's test records (FedProx's reported test accuracy is this pooled
-accuracy: correct predictions over all clients' test records). The PUBLIC split (the server's
-unlabelled data, which FedProx does not have) is the records of ``public_clients`` further
-clients drawn exactly like the others (their own ``u``, ``B``, ``v``, model and lognormal size),
-from their own random stream: the server holds data of other devices of the same network; its
-size is random (each such client holds at least 50 records). Changing ``public_clients`` changes
-none of the clients' records.
+Splits. Each client's first ``floor(train_fraction n_k)`` records (published: ``int(0.9 n_k)``)
+are training records, the rest its test records. ``x_train`` holds the clients' training
+records client after client (``domain_train`` = the client id, for the ``natural`` partition);
+``x_test`` pools every client's test records (FedProx's reported test accuracy). The PUBLIC
+split (the server's unlabelled data, which FedProx does not have) is the records of
+``public_clients`` further clients drawn like the others from their own random stream, so
+changing ``public_clients`` changes none of the clients' records.
 """
 from __future__ import annotations
 

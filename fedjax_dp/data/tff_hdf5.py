@@ -25,9 +25,8 @@ the client ids sorted as strings). Records:
 * Shakespeare: every snippet gives ``ceil((len + 2) / 81)`` next-character records
   ``x, y [80]`` (:func:`fedjax_dp.data.vocab.char_windows`).
 * StackOverflow: every sentence gives one next-word record ``x, y [20]``
-  (:func:`fedjax_dp.data.vocab.word_sequence`) over a vocabulary of the 10,000 most frequent
-  words, counted as TFF's ``stackoverflow.word_count`` counts them (the number of training
-  clients using the word), or read from a file (e.g. that word_count file itself).
+  (:func:`fedjax_dp.data.vocab.word_sequence`) over the 10,000 most frequent words (counted as
+  TFF's ``stackoverflow.word_count``), or a vocabulary read from a file.
 
 Reading needs ``h5py`` (``pip install 'fedjax-dp[federated]'``).
 """

@@ -9,24 +9,16 @@ finished run (the first data-independent unit of the algorithm's ledger, the fir
 ``planned_ledger`` hook (:class:`fedjax_dp.algorithms.api.Algorithm`; an algorithm whose
 ``private`` hook is False has nothing to calibrate):
 
-* by default, the algorithm's own ledger of the initial state (DP-FedAvg, AE-DPFL, kNN-DPFL,
-  DP-FNAS: their guarantees are fixed by the config and the data sizes, not by what training
-  does);
-* DP-FedSGD: the instance ledger with each agent's participation replayed from the run's own
-  sampling keys (the same host draws the run makes), so the calibrated run's epsilon is the
-  target, not an upper bound (its ``seed_dependent_ledger`` makes a sweep calibrate each seed);
-* FedKT-L1/L2: the data-independent Laplace composition over the run's noisy queries (the
-  data-dependent LNMax bound needs the votes and is reported beside it, not calibrated);
-* the ISRL-DP / shuffle-DP family calibrates its own noise per silo to
-  ``algorithm.target_epsilon``: the key must be ``algorithm.target_epsilon`` and the value is the
-  target itself (the realised worst-silo epsilon is at most the target, equal when every silo
-  is available every round).
+by default the algorithm's own ledger of the initial state (guarantees fixed by the config and
+the data sizes); DP-FedSGD replays each agent's participation from the run's own sampling keys
+(calibrated per seed); FedKT-L1/L2 use the data-independent Laplace composition (the LNMax bound
+needs the votes); the ISRL-DP / shuffle-DP family calibrates its own noise per silo, so the key
+must be ``algorithm.target_epsilon`` and the value is the target itself.
 
-The search: epsilon is monotone in the key (decreasing in a noise multiplier or ``sigma``,
-increasing in ``gamma``, ``rounds``, ``sampling_rate``); the direction is read from two
-evaluations, the bracket grows geometrically from the config's own value, and bisection on
-log(value) stops when epsilon is within ``rtol`` (1e-4) below the target. The value returned
-always has ``epsilon <= target`` (it errs on the private side).
+The search: epsilon is monotone in the key; the direction is read from two evaluations, the
+bracket grows geometrically from the config's own value, and bisection on log(value) stops when
+epsilon is within ``rtol`` (1e-4) below the target. The value returned always has ``epsilon <=
+target``.
 """
 from __future__ import annotations
 

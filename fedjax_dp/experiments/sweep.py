@@ -19,24 +19,18 @@ a ``[sweep]`` table (``configs/experiments/``)::
     "algorithm.noise_weights+algorithm.noise_arch" = [[0.5, 0.5], [1.0, 1.0]]   # tied keys
 
 A grid key ``"k1+k2"`` ties its keys: each value is a list of one value per key, set together
-(:func:`assignments`), so the grid is the product over the OTHER keys only (e.g. a paper's
-sigma = tau, or (batch, steps, rounds) triples). Command-line flags add to the file's (``--grid`` replaces a key's values, ``--seeds`` and
-``--target-epsilon`` replace). The runs are every base config x grid point x target x seed.
+(:func:`assignments`), so the grid is the product over the OTHER keys only. Command-line flags
+add to the file's (``--grid`` replaces a key's values, ``--seeds`` and ``--target-epsilon``
+replace). The runs are every base config x grid point x target x seed.
 
-Order of work: every run's config is resolved and validated (:func:`runner.plan`) before any
-data is loaded; then, per (base, grid point, target) *cell*, the key is calibrated
-(:mod:`fedjax_dp.experiments.calibrate`) and the cell's seeds run -- as ONE vmapped compiled call
-per round when the algorithm exposes a pure step (:func:`fedjax_dp.algorithms.seeds.run_seeds`;
-the ISRL-DP family) and the seeds' configs differ only in ``seed``, else one after another. Each
-finished run is appended to ``OUT/results.jsonl`` at once (a record of
-:mod:`fedjax_dp.experiments.records`), so a killed sweep keeps what it computed and
-``--resume OUT`` runs only the missing ones (a run is identified by the fingerprint of its
-resolved config). At the end ``summary.csv`` and ``summary.md`` give, per cell, the mean and
-standard deviation over seeds of test accuracy and epsilon. With ``run.log`` (e.g.
-``--set 'run.log=["tensorboard"]'``) every run also logs to its own folder ``OUT/runs/<label>/``
-(:func:`run_folder`; ``tensorboard --logdir OUT/runs`` compares them;
-:mod:`fedjax_dp.experiments.tracking`): live, round by round, when the seeds run one after
-another; once finished (no per-round epsilon) when they run vmapped.
+Every run's config is validated (:func:`runner.plan`) before any data is loaded; then, per
+(base, grid point, target) *cell*, the key is calibrated (:mod:`fedjax_dp.experiments.calibrate`)
+and the cell's seeds run, as ONE vmapped compiled call per round where the algorithm allows it
+(:func:`fedjax_dp.algorithms.seeds.run_seeds`), else one after another. Each finished run is
+appended to ``OUT/results.jsonl`` at once, so ``--resume OUT`` runs only the missing ones (a run
+is identified by the fingerprint of its resolved config). ``summary.csv`` and ``summary.md``
+give, per cell, the mean and standard deviation over seeds of test accuracy and epsilon. With
+``run.log`` every run also logs to its own folder ``OUT/runs/<label>/`` (:func:`run_folder`).
 """
 from __future__ import annotations
 

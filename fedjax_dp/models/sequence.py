@@ -5,29 +5,23 @@ Each is a flax module over a batch of token ids ``x [B, T] int32 -> logits [B, T
 position t predict token t + 1 and depend only on ``x[:, :t + 1]``);
 :func:`fedjax_dp.models.make_model` (names ``"char_lstm"``, ``"word_lstm"``, ``"transformer_lm"``)
 wraps them as a pure ``init``/``apply`` pair over ONE sequence: ``apply(params, x [T]) -> [T, V]``,
-with ``feature_shape = (T,)`` and ``num_classes = V`` (the vocabulary, input and output). The
-recurrences are ``lax.scan``s (``flax.linen.RNN``), nothing is shared across examples, so
-per-example gradients are ``jax.vmap(jax.grad(loss))``. Padding (id 0) is not masked inside the
-model: the benchmarks pad at the end of a sequence, so a causal model's outputs at real positions
-never see it, and the loss ignores padded targets.
+with ``feature_shape = (T,)`` and ``num_classes = V``. Nothing is shared across examples, so
+per-example gradients are ``jax.vmap(jax.grad(loss))``. Padding (id 0, at the end of a
+sequence) is not masked inside the model: causal outputs at real positions never see it.
 
 * ``char_lstm`` (:class:`LSTMLM`) — the Shakespeare next-character model of McMahan et al. 2017
   (section 3: 8-dimensional character embedding, two LSTM layers of 256 units, softmax over
   characters) as built by TensorFlow Federated's simulation baselines and used by Reddi et al.
-  2021 (vocabulary of 86 characters + pad/oov/bos/eos = 90, sequences of 80). Parameters at
-  default sizes: embedding 90*8 = 720, LSTMs 4*(256*(8+256) + 256) = 271,360 and
-  4*(256*512 + 256) = 525,312, output 256*90 + 90 = 23,130: **820,522**. (McMahan et al. report
-  866,578 for their model; no whole vocabulary size gives that count with these layers, so their
-  character set or cell differed.)
+  2021 (vocabulary of 86 characters + pad/oov/bos/eos = 90, sequences of 80): **820,522**
+  parameters at default sizes (McMahan et al. report 866,578; their character set or cell
+  differed).
 * ``word_lstm`` (:class:`LSTMLM` with a projection) — the StackOverflow next-word model of Reddi
   et al. 2021 (appendix on models, after TFF's ``create_recurrent_model``): embedding 96, one
   LSTM of 670 units, a dense projection to 96, and a dense layer to the 10,004-word vocabulary
-  (10,000 words + pad, oov, bos, eos). Parameters at default sizes: 960,384 + 2,055,560 + 64,416 +
-  970,388 = **4,050,748**.
+  (10,000 words + pad, oov, bos, eos): **4,050,748** parameters at default sizes.
 * ``transformer_lm`` (:class:`TransformerLM`) — a small pre-LayerNorm causal transformer (Vaswani
-  et al. 2017 decoder blocks, learned positions); default sizes (2 layers, d_model 128, 4 heads,
-  MLP 512) are this library's choice for a per-example-gradient-friendly alternative, not a
-  published benchmark model. LayerNorm normalises one token's features, so it is per-example.
+  et al. 2017 decoder blocks, learned positions; 2 layers, d_model 128, 4 heads, MLP 512 by
+  default: this library's choice, not a published model). LayerNorm is per token.
 
 An LSTM cell (Hochreiter & Schmidhuber 1997, with a forget gate): ``i, f, g, o = W_x x_t + W_h
 h_{t-1} + b``; ``c_t = sigma(f) c_{t-1} + sigma(i) tanh(g)``; ``h_t = sigma(o) tanh(c_t)``; its

@@ -16,17 +16,13 @@ Log moments of the privacy loss at integer orders l (FedKT Lemmas 5-6, Theorems 
                if q < 1 / (e^{2 z gamma} + 1), else eps_p l
 
 Composition adds alpha over queries; ``eps = min_l (sum alpha(l) + log(1/delta)) / l``
-(Abadi et al. 2016, Theorem 2). The theorems state ``z = k`` (the same sensitivity multiplier in
-both places); the functions keep the two arguments of the reference code, and
-:mod:`fedjax_dp.algorithms.fedkt.fedkt` always passes ``z == k``.
+(Abadi et al. 2016, Theorem 2). The theorems state ``z = k``; the functions keep the two
+arguments of the reference code (FedKT always passes ``z == k``).
 
 The moments are an RDP statement: ``alpha(l) = l * RDP(l + 1)`` (:func:`log_moments_to_rdp`), so
-a :class:`~fedjax_dp.privacy.PrivacyLedger` records them with ``add_rdp`` on the orders
-``l + 1`` and dp-accounting's ``compute_epsilon`` converts them (a slightly tighter conversion
-than :func:`moments_epsilon`, which is the paper's).
-
-All computation is float64 NumPy on the host (accounting is not a hot path), vectorised over
-queries: ``votes [..., C] -> q [...]``, ``q [...] -> log moments [..., L]``.
+a ledger records them with ``add_rdp`` on the orders ``l + 1`` (a slightly tighter conversion
+than the paper's :func:`moments_epsilon`). Float64 NumPy on the host, vectorised over queries:
+``votes [..., C] -> q [...]``, ``q [...] -> log moments [..., L]``.
 """
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
 """Secure aggregation, simulated as a real, vectorised code path: fixed point in Z_{2^32}, additive
 secret sharing among J talliers (the MPC vote) and pairwise masking (the DP-FedAvg cohort sum).
 
-The mechanism layer only (it never trains and knows no algorithm). Three pieces:
-
-* this module: :class:`SecAggConfig`, the fixed-point ring encoding (:func:`encode`,
-  :func:`decode`), the range check that refuses a configuration whose sum could wrap around
-  (:func:`check_range`), the dropout draws and the ``SecAggOptions`` mixin of the algorithm
-  Configs (``algorithm.aggregation = "plain" | "secagg"`` and the ``secagg_*`` fields);
-* :mod:`fedjax_dp.privacy.secagg_shares`: additive secret sharing among J >= 2 non-colluding
-  talliers, whose joint computation releases only the argmax per query (MPC-vote, Dery et al.
-  2019, as the voting-dpfl paper's Algorithms 2-3 assume);
-* :mod:`fedjax_dp.privacy.secagg_masks`: pairwise-mask secure aggregation (Bonawitz et al. 2017,
-  CCS, Protocol 0 "masking with one-time pads" and its dropout recovery) on a k-regular
-  neighbour graph (Bell et al. 2020, CCS, "Secure single-server aggregation with
-  (poly)logarithmic overhead"): cost O(N k d) instead of O(N^2 d).
+Three pieces: this module (:class:`SecAggConfig`, the fixed-point ring encoding, the range
+check :func:`check_range`, the dropout draws and the ``SecAggOptions`` mixin of the algorithm
+Configs); :mod:`fedjax_dp.privacy.secagg_shares` (additive secret sharing among J >= 2
+non-colluding talliers that release only the argmax per query: MPC-vote, Dery et al. 2019, as
+the voting-dpfl paper's Algorithms 2-3 assume); :mod:`fedjax_dp.privacy.secagg_masks`
+(pairwise-mask secure aggregation, Bonawitz et al. 2017, on a k-regular graph, Bell et al. 2020).
 
 Fixed point. A real x is encoded as the ring element ``E(x) = round(x 2^f) mod 2^32`` (``f =
 frac_bits``; round-to-nearest, ties to even: deterministic, no key, so the released value is a
@@ -25,10 +18,9 @@ order or chunking, and for N inputs
     D(sum_i E(x_i)) = sum_i x_i + e,     |e| <= N 2^-(f+1)            (each rounding <= 2^-(f+1))
 
 provided the true fixed-point sum lies in the representable range, ``|sum_i round(x_i 2^f)| <
-2^31``, i.e. ``|sum_i x_i| < 2^(31-f) - N 2^-(f+1)``. Intermediate (partial) sums may wrap: only
-the final sum must be in range. :func:`check_range` raises a ValueError before any work when a
-caller's bound on ``|sum|`` does not satisfy this (and the encoding of a single value is only
-exact for ``|x| < 2^(31-f)``, which the same bound implies).
+2^31``, i.e. ``|sum_i x_i| < 2^(31-f) - N 2^-(f+1)``. Partial sums may wrap: only the final sum
+must be in range. :func:`check_range` raises a ValueError before any work when a caller's bound
+on ``|sum|`` does not satisfy this.
 """
 from __future__ import annotations
 

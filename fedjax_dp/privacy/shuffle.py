@@ -15,22 +15,18 @@ Mechanism (one release, ``n`` reports ``x_i`` in R^d with 0/1 weights ``w_i``; c
     est_j  = (C / K) (S_j - (N mod 2) / 2)             unbiased for sum_i w_i x~_ij
 
 ``S`` (the integer sums, centred by the public constant ``floor(N / 2)``) is all the server sees;
-``est`` is a function of ``S`` and the public config only (:func:`decode`). The ``N`` noise bits per
-coordinate are Bernoulli(1/2) bits that the protocol's participants contribute (e.g. ``N / n`` per
-report slot); a sum of independent binomials with one success probability is binomial, so the
-server's view is the same however they are split, and we draw ``Bin(N, 1/2)`` directly. ``N`` is
-fixed per release (never a function of how many reports are real), so the noise is
-data-independent. Signed grid values are summed (rather than Cheu et al.'s shift to ``{0..2K}``
-bits), so decoding needs no count of reports and the add/remove relation does not reveal it.
+``est`` is a function of ``S`` and the public config only (:func:`decode`). The ``N`` noise bits
+per coordinate are contributed by the participants; their sum is ``Bin(N, 1/2)`` however they
+are split, so it is drawn directly. ``N`` is fixed per release, so the noise is
+data-independent. Signed grid values are summed (not Cheu et al.'s shift to ``{0..2K}``), so
+decoding needs no count of reports and the add/remove relation does not reveal it.
 
 Variance (:func:`estimate_variance`): ``Var(est_j) = (C/K)^2 (sum_i w_i f_ij (1 - f_ij) + N / 4)``
 with ``f_ij = y_ij - floor(y_ij)`` (rounding, then noise).
 
-Clipping: the L2 norm by default, because the ISRL algorithms clip per-record gradients in L2 over
-the whole parameter vector (one ``C`` for the Gaussian and the shuffle variants), and
-``||x||_2 <= C`` implies ``|x_j| <= C``, which is all the grid needs; ``'linf'`` clips each
-coordinate to ``[-C, C]`` (more signal for the same accounting, which uses only the
-per-coordinate bound).
+Clipping: the L2 norm by default (the ISRL algorithms' per-record clip; ``||x||_2 <= C``
+implies ``|x_j| <= C``, all the grid needs); ``'linf'`` clips each coordinate to ``[-C, C]``
+(more signal for the same per-coordinate accounting).
 
 Privacy: :mod:`fedjax_dp.privacy.shuffle_accounting` (the exact PLD of the binomial sum).
 """
