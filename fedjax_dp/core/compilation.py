@@ -1,29 +1,19 @@
 """Where a run's time goes to compilation, and JAX's persistent compilation cache for the CLI.
 
 :class:`CompileLog` listens to JAX's monitoring events while a run is active: every XLA
-compilation (``/jax/core/compile/backend_compile_duration``, with the jitted function's name)
-and whether it was served from the persistent cache (``/jax/compilation_cache/cache_hits``,
-recorded on the same thread just before the compilation's duration). Compilations of at least
-:data:`LISTED_S` seconds are listed one by one (what, seconds, cache hit, the step that was
-being dispatched); the rest are counted. The runner writes the list into ``progress.jsonl``
-(on the round during which they happened) and ``result.json`` (``timing``).
+compilation (with the jitted function's name) and whether it was served from the persistent
+cache. Compilations of at least :data:`LISTED_S` seconds are listed one by one; the rest are
+counted. The runner writes the list into ``progress.jsonl`` and ``result.json`` (``timing``).
 
 :func:`enable_cache` turns on JAX's persistent compilation cache (``run.compilation_cache``:
-``"user"``, the default of the command line, is a user-level folder, :func:`default_cache_dir`;
-``"off"``; or a folder), so
-a second run of the same config loads its executables instead of compiling them. The cache
-changes how fast a run starts, never what it computes.
+``"user"``, :func:`default_cache_dir`; ``"off"``; or a folder). It changes how fast a run
+starts, never what it computes.
 
-:func:`release_compiled` keeps a long-lived process (a sweep, a notebook running many configs, a
-test worker) clear of the kernel's limit on memory mappings: XLA:CPU maps every compiled kernel's
-code and data as pages of their own (20-50 mappings per jitted program, measured with jax 0.6.1
-and 0.10.2; about 3 with jax 0.4.30), JAX keeps every compiled program in memory while its function
-lives (and eager operations' programs in caches of up to 4,096 entries), and past
-``/proc/sys/vm/max_map_count`` mappings (65,530 by default on Linux) the next compilation cannot
-map its code: XLA:CPU then dies in native code (``LLVM compilation error: Cannot allocate memory``,
-then SIGSEGV or SIGABRT in ``backend_compile_and_load`` or in ``executable.serialize()`` of the
-persistent cache's write). ``tools/bench_native_abort.py`` reproduces it; docs/runs.md has the
-numbers. Entering the outermost :class:`CompileLog` (a run or a bench part starting) calls it.
+:func:`release_compiled` keeps a long-lived process clear of the kernel's limit on memory
+mappings: XLA:CPU maps every compiled kernel as pages of its own, JAX keeps every compiled
+program while its function lives, and past ``/proc/sys/vm/max_map_count`` mappings the next
+compilation dies in native code (``LLVM compilation error: Cannot allocate memory``, then
+SIGSEGV / SIGABRT; docs/runs.md). Entering the outermost :class:`CompileLog` calls it.
 """
 from __future__ import annotations
 
@@ -108,9 +98,7 @@ class CompileLog:
         return new
 
     def after_first_call(self) -> int:
-        """Compilations while steps after the first dispatched one ran (the first call of the
-        run compiles its programs; a steady run compiles nothing later), up to ``last_step``
-        (the evaluation after the last step is not counted)."""
+        """Compilations while steps after the first dispatched one ran, up to ``last_step``."""
         steps = sorted(s for s in self.by_step if s >= 1 and
                        (self.last_step is None or s <= self.last_step))
         return sum(self.by_step[s] for s in steps[1:])
@@ -205,11 +193,9 @@ def memory_maps() -> tuple[int, int] | None:
 
 def release_compiled(share: float | None = None) -> bool:
     """Drop JAX's in-memory compiled programs (``jax.clear_caches()``) when this process holds
-    more than ``share`` (default :data:`MAP_SHARE`) of the kernel's memory-mapping limit, so that
-    XLA:CPU can map the next compilations instead of dying in native code (module doc); returns
-    whether it did. Programs
-    still needed compile again on their next call (from the persistent cache where it is on);
-    results never change. Call it between runs, never while a run computes on another thread."""
+    more than ``share`` (default :data:`MAP_SHARE`) of the kernel's memory-mapping limit (module
+    doc); returns whether it did. Results never change. Call it between runs, never while a run
+    computes on another thread."""
     maps = memory_maps()
     if maps is None or maps[0] <= (MAP_SHARE if share is None else share) * maps[1]:
         return False

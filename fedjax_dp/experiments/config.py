@@ -46,10 +46,8 @@ DEFAULTS: dict[str, Any] = {
              # without looking at the test set (fedjax-dp sweep --select val_accuracy)
              "validation_fraction": 0.0,
              # where the hold-out comes from: "pooled" (the whole training split, before
-             # partitioning) or "per_agent" (each agent's own records, after partitioning:
-             # max(1, round(f n_i)) of agent i's n_i), and the seed it is drawn with (-1: the
-             # run's seed; s >= 0: the same hold-out for every run). Fingerprints leave both out
-             # at these defaults (checkpoint.LATER_KEYS), so earlier runs still resume.
+             # partitioning) or "per_agent" (max(1, round(f n_i)) of agent i's n_i records), and
+             # its seed (-1: the run's; s >= 0: the same hold-out for every run)
              "validation_split": "pooled", "validation_seed": -1,
              # frozen features: {} (the raw features) or {map = "pca" | "random_projection" |
              # "identity", dim = m, seed = s}: a fixed map fitted on the PUBLIC split only,
@@ -73,11 +71,9 @@ DEFAULTS: dict[str, Any] = {
             # JAX's persistent compilation cache of the command line: "user" (a user-level
             # folder, core/compilation.py), "off", or a folder
             "compilation_cache": "user",
-            # experiment tracking (experiments/tracking.py): [] (none), "tensorboard" (event
-            # files in <out>/tensorboard, the `tensorboard` extra), "wandb" (Weights & Biases,
-            # the `wandb` extra) and the W&B project its runs go to; the epsilon spent so far is
-            # logged every log_epsilon_every rounds and at the last (0: never; its accounting
-            # costs up to ~0.2 s a round for some ledgers)
+            # experiment tracking (experiments/tracking.py): [] (none), "tensorboard", "wandb"
+            # and the W&B project; the epsilon spent so far is logged every log_epsilon_every
+            # rounds and at the last (0: never)
             "log": [], "wandb_project": "fedjax-dp", "log_epsilon_every": 1},
 }
 
@@ -178,11 +174,9 @@ def _train_fields() -> dict:
     return validation.field_specs(LocalTrainConfig)
 
 
-#: The type and range of every key of the fixed tables (:mod:`fedjax_dp.core.validation`),
-#: checked and converted (2.0 -> 2) by :func:`resolve`; the ``[train]`` keys are
-#: ``train.LocalTrainConfig``'s fields, the ``[algorithm]`` keys the algorithm Config's (checked
-#: by ``runner.plan``). Names (datasets, partitions, models) are checked against their
-#: registries by ``runner.plan``.
+#: The type and range of every key of the fixed tables, checked and converted (2.0 -> 2) by
+#: :func:`resolve`; the ``[algorithm]`` keys and the names (datasets, partitions, models) are
+#: checked by ``runner.plan``.
 FIELDS: dict[tuple[str, ...], Any] = {
     ("seed",): validation.Int(0, 2 ** 32 - 1),
     ("data", "dataset"): validation.Text("a dataset name"),

@@ -1,28 +1,22 @@
 """``fedjax-dp selftest``: every algorithm family at a tiny size on the default device, compared
 with the same run on the CPU.
 
-Each case is a shipped config with ``--set``-style overrides that make it tiny (the list is data:
-``configs/selftest.toml``, one case per algorithm family at least); it runs the way ``fedjax-dp run`` runs it (:func:`fedjax_dp.experiments.runner.plan` / ``setup``,
-:func:`fedjax_dp.algorithms.api.run`, :func:`fedjax_dp.experiments.runner.result_record`), once
-on JAX's default device and once inside ``jax.default_device(<the first CPU device>)``, in this
-process. Three numbers of each run are compared, within :data:`TOLERANCES`:
+Each case is a shipped config with ``--set``-style overrides that make it tiny
+(``configs/selftest.toml``, at least one case per algorithm family); it runs the way ``fedjax-dp
+run`` runs it, once on JAX's default device and once inside ``jax.default_device(<the first CPU
+device>)``, in this process. Three numbers of each run are compared, within :data:`TOLERANCES`:
 
-* ``epsilon``: every data-independent guarantee of the run's ledgers (RDP; PLD where RDP does not
-  apply), equal to ``EPSILON_RTOL`` relative (1e-9): the accounting runs on the host in float64
-  from the same ledger, so any difference is a defect, not rounding;
-* the parameter checksum of the final model, ``sum |params|`` and ``||params||_2`` over all
-  leaves, to ``CHECKSUM_RTOL`` relative (1e-3): float32 training of a few steps; an accelerator
-  rounds differently (fused reductions, TF32 matrix products on NVIDIA GPUs), which moves these
-  sums by ~1e-4 relative in these runs; a wrong kernel moves them by far more. A model without
-  parameters (a prediction function) is checked on the sum of its predicted test labels;
-* ``test_accuracy``, within ``ACCURACY_ATOL`` absolute (0.05): a few test points may fall on the
-  other side of a decision boundary after such rounding.
+* ``epsilon``: every data-independent guarantee, to ``EPSILON_RTOL`` relative (1e-9): the
+  accounting runs on the host in float64, so any difference is a defect, not rounding;
+* the parameter checksum of the final model, ``sum |params|`` and ``||params||_2``, to
+  ``CHECKSUM_RTOL`` relative (1e-3): an accelerator rounds differently (fused reductions, TF32),
+  a wrong kernel moves them by far more. A model without parameters is checked on the sum of
+  its predicted test labels;
+* ``test_accuracy``, within ``ACCURACY_ATOL`` absolute (0.05).
 
-On a CPU-only machine both runs are on the CPU (the second is the same call again, reusing the
-first's compiled functions): the selftest then checks that every family runs without a crash and
-gives the same numbers twice (determinism). On a GPU it is the first command
-to run after installing (docs/devices.md). A crash in one case is reported as that case's FAIL
-and the other cases still run; :func:`main`'s exit status is 1 if any case failed.
+On a CPU-only machine both runs are on the CPU: the selftest then checks that every family runs
+and gives the same numbers twice. A crash in one case is reported as that case's FAIL and the
+other cases still run; the exit status is 1 if any case failed.
 """
 from __future__ import annotations
 

@@ -16,14 +16,11 @@ hparams / the W&B run config), and at the end the scalars of ``result.json``
 (``final/test_accuracy``, ``final/val_accuracy``, ``final/wall_time_s``,
 ``final/epsilon/<unit>/<accountant>``; :func:`final_scalars`) at the last round's step.
 
-Where: a run's events are in ``<run folder>/tensorboard/`` (``tensorboard --logdir runs/``
-compares runs); a sweep's runs each have ``OUT/runs/<label>/tensorboard/``. A new run (or a
-sweep's run done again) removes the event files its folder already holds. A run resumed from its
-checkpoint of round k keeps them and opens a new file that starts with TensorBoard's purge
-marker at step k + 1: TensorBoard (and :func:`read_scalars`) drop what the interrupted process
-logged after the checkpoint, which the resumed run logs again -- no step twice, none lost. A
-resumed W&B run continues the same W&B run (its id is kept in ``<run folder>/tracking.json``)
-from round k + 1.
+Where: ``<run folder>/tensorboard/`` (a sweep's runs: ``OUT/runs/<label>/tensorboard/``). A new
+run removes the event files its folder already holds. A run resumed from its checkpoint of round
+k opens a new file that starts with TensorBoard's purge marker at step k + 1, so what the
+interrupted process logged after the checkpoint is dropped (no step twice, none lost). A resumed
+W&B run continues the same W&B run (its id is kept in ``<run folder>/tracking.json``).
 
 TensorBoard stores scalars as float32. The W&B backend imports ``wandb`` only when asked for.
 """

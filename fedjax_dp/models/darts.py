@@ -4,8 +4,7 @@ network, architecture variables, genotype derivation and the fixed network built
 Used by DP-FNAS (dp-fnas paper, Sec. 2, Eq. 1-5). Layout follows DARTS' CIFAR search space:
 
 * primitives (8): ``none``, ``max_pool_3x3``, ``avg_pool_3x3``, ``skip_connect``,
-  ``sep_conv_3x3``, ``sep_conv_5x5``, ``dil_conv_3x3``, ``dil_conv_5x5`` (any subset may be used,
-  e.g. 2-4 primitives in tests);
+  ``sep_conv_3x3``, ``sep_conv_5x5``, ``dil_conv_3x3``, ``dil_conv_5x5`` (any subset may be used);
 * MixedOp on an edge: ``o(x) = sum_k softmax(alpha_edge)_k * op_k(x)`` (paper Eq. after 2);
 * cell: inputs ``s0`` (cell k-2) and ``s1`` (cell k-1), each preprocessed to C channels (1x1
   ReLU-conv-norm, or FactorizedReduce when the previous cell reduced); ``nodes`` intermediate
@@ -17,15 +16,12 @@ Used by DP-FNAS (dp-fnas paper, Sec. 2, Eq. 1-5). Layout follows DARTS' CIFAR se
 * architecture variables ``alpha = {"normal": [E, P], "reduce": [E, P]}``, init ``1e-3 N(0, 1)``.
 
 Normalisation. Batch norm mixes the examples of a batch, so a per-example gradient (and hence
-per-example clipping, the sensitivity of DP-SGD) is undefined with it, and under ``vmap`` over
-single examples it silently becomes instance norm. Every norm here is :func:`per_example_norm`:
-layer norm over ``(H, W, C)`` of ONE example, without affine parameters and without running
-statistics, identical in training and evaluation. ``apply`` takes one example, so batched calls
-are ``vmap`` and give the same numbers as one example at a time.
+per-example clipping, the sensitivity of DP-SGD) is undefined with it. Every norm here is
+:func:`per_example_norm`: layer norm over ``(H, W, C)`` of ONE example, without affine
+parameters or running statistics, identical in training and evaluation.
 
-Models are pure pairs like :mod:`fedjax_dp.models.classifiers`: the search network is a
-:class:`SearchModel` (``init_weights(key) -> W``, ``init_alphas(key) -> alpha``,
-``apply(W, alpha, x) -> logits`` for one example), the fixed network a :class:`Model`.
+The search network is a :class:`SearchModel` (``init_weights(key) -> W``, ``init_alphas(key) ->
+alpha``, ``apply(W, alpha, x) -> logits`` for one example), the fixed network a :class:`Model`.
 """
 from __future__ import annotations
 

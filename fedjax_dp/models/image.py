@@ -9,20 +9,16 @@ gradients are exactly ``jax.vmap(jax.grad(loss))``.
   from Decentralized Data", section 3 ("CNN"): two 5x5 convolutions (32 then 64 channels, "same"
   padding), each followed by 2x2 max pooling, a 512-unit ReLU layer and a softmax output. This is
   TensorFlow Federated's ``create_original_fedavg_cnn_model`` (the EMNIST model of the TFF
-  simulation baselines). Parameters at default sizes on 28x28x1 inputs:
-  10 classes: 832 + 51,264 + 1,606,144 + 5,130 = **1,663,370** (the figure printed in the paper);
-  62 classes (EMNIST-62 / FEMNIST): 1,690,046.
+  simulation baselines).
+  **1,663,370** parameters for 10 classes on 28x28x1 (the paper's figure), 1,690,046 for 62.
 * :class:`ResNet18GN` — He et al. 2016's ResNet-18 (basic blocks [2, 2, 2, 2], widths
   64/128/256/512) with every BatchNorm replaced by GroupNorm (Wu & He 2018), as Hsieh et al.
   2020 ("The Non-IID Data Quagmire", the section on batch normalisation) recommend for federated
   training and Reddi et al. 2021 ("Adaptive Federated Optimization", section 5 and the appendix on
   models: ResNet-18 "replacing batch norm with group norm", two groups) use for CIFAR-100.
-  ``stem="cifar"`` (default) is the usual stem for 32x32 inputs (one 3x3 stride-1 convolution, no
-  pooling); ``stem="imagenet"`` is He et al.'s ImageNet stem (7x7 stride-2 convolution, 3x3
-  stride-2 max pooling), for larger inputs. Parameters at default sizes with
-  the CIFAR stem: 100 classes **11,220,132**; 10 classes 11,173,962 (GroupNorm has the same
-  2 * channels affine parameters as BatchNorm, so these are the well-known CIFAR ResNet-18
-  counts). Convolutions have no bias (a norm layer follows each one).
+  ``stem="cifar"`` (default): one 3x3 stride-1 convolution, no pooling; ``stem="imagenet"``: He
+  et al.'s 7x7 stride-2 convolution and 3x3 stride-2 max pooling. **11,220,132** parameters for
+  100 classes with the CIFAR stem. Convolutions have no bias (a norm layer follows each one).
 """
 from __future__ import annotations
 
@@ -81,10 +77,9 @@ class ResNet18GN(nn.Module):
     """ResNet-18 with GroupNorm (``groups`` groups per norm layer, Reddi et al. 2021 use 2).
 
     Stages of two basic blocks with ``width * (1, 2, 4, 8)`` channels (stride 1, 2, 2, 2), global
-    average pooling and a linear classifier; ``stage_blocks`` (default ``(2, 2, 2, 2)``,
-    ResNet-18) sets the number of stages and of blocks per stage (stage s has ``width * 2**s``
-    channels), so tests can build a shallow model of the same layers. Each GroupNorm normalises
-    one example's activations over (H, W, channels of a group):
+    average pooling and a linear classifier; ``stage_blocks`` (default ``(2, 2, 2, 2)``) sets the
+    number of stages and of blocks per stage. Each GroupNorm normalises one example's
+    activations over (H, W, channels of a group):
     ``(a - mean_g) / sqrt(var_g + 1e-6) * gamma + beta`` (Wu & He 2018, eq. 1), so nothing is
     shared across examples."""
     num_classes: int

@@ -4,7 +4,7 @@ voting-dpfl Theorem 7 applies PATE 2018's analysis to the MPC vote: only
 ``argmax_c (n_c + N(0, sigma^2))`` is released, so a query whose noise-free vote sum ``n`` has a
 large margin costs far less than the data-independent ``alpha Delta^2 / (2 sigma^2)``.
 
-All functions are float64 numpy/scipy and vectorised over queries (no Python loop over queries).
+All functions are float64 numpy/scipy and vectorised over queries.
 
 * :func:`gnmax_logq`: ``log q >= log Pr[noisy argmax != argmax n]`` per query (union bound)::
 
@@ -19,11 +19,9 @@ All functions are float64 numpy/scipy and vectorised over queries (no Python loo
 **Sensitivity convention.** PATE's ``rdp_gaussian`` assumes L2 sensitivity ``sqrt(2)`` (one voter
 moves its vote from one class to another): its data-independent bound is ``alpha / sigma^2``.
 For another sensitivity ``Delta`` (1 for add/remove one agent in voting-dpfl; ``sqrt(2)/k`` for
-one record in kNN-DPFL) the problem is rescaled by ``c = sqrt(2) / Delta``: the votes become
-``c n`` (sensitivity ``sqrt(2)``) and the noise ``sigma_eff = c sigma``. The released argmax is
-unchanged by the rescaling, and so is ``q`` (the gap and the noise scale together):
-``gnmax_logq(c n, c sigma) == gnmax_logq(n, sigma)``, so ``q`` is computed from the votes in their
-own units with the *actual* noise ``sigma``, and only the RDP uses ``sigma_eff``.
+one record in kNN-DPFL) the problem is rescaled by ``c = sqrt(2) / Delta``: votes ``c n``, noise
+``sigma_eff = c sigma``. ``q`` is scale invariant (``gnmax_logq(c n, c sigma) == gnmax_logq(n,
+sigma)``), so it is computed with the *actual* ``sigma`` and only the RDP uses ``sigma_eff``.
 """
 from __future__ import annotations
 

@@ -14,17 +14,12 @@ jointly compute ``argmax_c D(sum_j T_j)`` per query and reveal only that index; 
 :func:`release_labels`, that returns labels only).
 
 What one tallier sees. Any J-1 of the J shares of ``E(x_i)`` are independent and uniform on
-``Z_{2^32}^{Q x C}``, whatever ``x_i`` (the shares ``s_{i,1..J-1}`` by construction; with
-``s_{i,J}`` in place of one of them, because ``s_{i,J}`` is ``E(x_i)`` minus an independent
-uniform element): a coalition of up to J - 1 talliers learns nothing about any agent's ballot;
-its partial sums are uniform too. All J together would learn every ballot, hence the
-"non-colluding" assumption.
+``Z_{2^32}^{Q x C}``, whatever ``x_i``: a coalition of up to J - 1 talliers learns nothing about
+any agent's ballot. All J together would learn every ballot, hence "non-colluding".
 
-Keys. Agent i's shares come from ``fold_in(key, i)`` (global agent index): independent across
-agents, identical however the agents are chunked; the caller derives ``key`` per vote from its
-own stream (never the noise key). The sum of shares does not depend on the shares at all: it is
-``sum_i E(x_i) mod 2^32`` exactly, associative and commutative, so chunked accumulation
-(:func:`tally_add`) equals the one-shot :func:`tallier_sums`.
+Keys. Agent i's shares come from ``fold_in(key, i)`` (global agent index; never the noise key),
+identical however the agents are chunked. The sum of shares is ``sum_i E(x_i) mod 2^32`` exactly,
+so chunked accumulation (:func:`tally_add`) equals the one-shot :func:`tallier_sums`.
 """
 from __future__ import annotations
 

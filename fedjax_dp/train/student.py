@@ -13,17 +13,13 @@ queries ``x_t`` drawn from it. Two ways to train the student (voting-dpfl spec, 
   overwritten) plus the pseudo-labelled points.
 
 **No privacy cost.** Both are post-processing of the DP release: they read only the released
-argmax labels and the server's own public unlabelled data (the queries and the rest of D_G), never
-the agents' private data, the noise-free vote sums or the test set. By the post-processing
-property of (R)DP the privacy ledger of a run is identical with and without self-training (tested
-in ``tests/test_student.py``).
+argmax labels and the server's own public unlabelled data, never the agents' private data, the
+noise-free vote sums or the test set, so the ledger is identical with and without self-training.
 
-Vectorised: a round's pseudo-labelling is one batched forward pass and one ``argsort``; the
-training set always has the fixed shape ``[1, Q + U, ...]`` (released rows first, then the selected
-pseudo-labelled rows, then unused rows beyond ``count``), so every round reuses one compiled
-``train_agents`` (only the loop over the few rounds is in Python). :func:`train_students` trains
-the S students of S seeds together (each training one compiled call over the seeds), each equal
-to its own :func:`train_student`.
+The training set always has the fixed shape ``[1, Q + U, ...]`` (released rows first, then the
+selected pseudo-labelled rows), so every round reuses one compiled ``train_agents``.
+:func:`train_students` trains the S students of S seeds together, each equal to its own
+:func:`train_student`.
 """
 from __future__ import annotations
 
