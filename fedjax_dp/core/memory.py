@@ -14,11 +14,10 @@ buffers within the temporaries). The limit (:func:`memory_limit`):
   (GPU/TPU), or on the CPU the host's available memory (``MemAvailable`` of /proc/meminfo, else
   ``os.sysconf``): the inputs are already held there, so ``peak - arguments`` must fit.
 
-:func:`checked` wraps a jitted function: at its first call per shape signature it lowers and
-compiles it (jax keeps that executable: the call that follows compiles nothing again), and
-raises :class:`MemoryBudgetError` naming the step, its estimate, the limit and the parameters that
-drive it (``drivers``: config key -> value). :func:`explain_oom` turns an out-of-memory error that
-still happens into the same kind of line.
+:func:`checked` wraps a jitted function: at its first call per shape signature it compiles it
+and raises :class:`MemoryBudgetError` naming the step, its estimate, the limit and the
+parameters that drive it (``drivers``: config key -> value). :func:`explain_oom` turns an
+out-of-memory error that still happens into the same kind of line.
 """
 from __future__ import annotations
 
@@ -214,10 +213,9 @@ def _seen_for(fn) -> set:
 def check_call(jitted, *args, what: str | Callable[..., str], drivers: Drivers = None,
                **kwargs) -> None:
     """At the first call of ``jitted`` (a ``jax.jit`` function) per shape signature of
-    ``(args, kwargs)``: lower and compile it (jax caches the executable, so the call that follows
-    does not compile again) and :func:`check_fits` it. Later calls cost one tree flatten.
-    ``what`` may be a function of the arguments (called on refusal only). Inside a trace (the
-    arguments are tracers: ``jitted`` is part of a larger compiled step) nothing is checked."""
+    ``(args, kwargs)``: lower and compile it (jax caches the executable) and :func:`check_fits`
+    it. ``what`` may be a function of the arguments (called on refusal only). Inside a trace
+    nothing is checked."""
     leaves, tree = jax.tree.flatten((args, kwargs))
     if any(isinstance(l, jax.core.Tracer) for l in leaves):
         return

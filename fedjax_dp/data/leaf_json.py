@@ -75,11 +75,8 @@ def read_shard(path) -> dict:
 
 
 class LeafClients(ClientReader):
-    """The users of one LEAF dataset's train and test shards (a base class; one per dataset).
-
-    :class:`fedjax_dp.data.client_reader.ClientReader`'s interface, the users as clients, one shard in
-    memory at a time.
-    """
+    """The users of one LEAF dataset's train and test shards as a
+    :class:`fedjax_dp.data.client_reader.ClientReader`, one shard in memory at a time."""
 
     def __init__(self, fmt: str, src):
         self.name = fmt

@@ -96,16 +96,14 @@ def iid(labels_or_n: Any, num_agents: int, seed_or_key: Any) -> list[np.ndarray]
 
 def iid_rows(labels_or_n: Any, num_agents: int, seed_or_key: Any) -> RecordRows:
     """:func:`iid` as its :class:`~fedjax_dp.core.stacked.RecordRows` (``record_rows(iid(...))``,
-    the same partition) without the N index arrays: the shuffled records cut into near-equal
-    parts is a reshape, and every part is sorted by one ``sort(axis=1)`` (no loop over agents:
-    10^7 agents need seconds, not minutes, and no list of 10^7 arrays)."""
+    the same partition) without the N index arrays: a reshape and one ``sort(axis=1)``."""
     if isinstance(labels_or_n, (int, np.integer)) and not isinstance(labels_or_n, bool):
         n = validation.check_int("labels_or_n", labels_or_n, minimum=1)
     else:
         n = len(_ids("labels_or_n", labels_or_n))
     num_agents = _num_agents(num_agents, n)
     dtype = np.int32 if n < 2 ** 31 else np.int64
-    perm = _rng(seed_or_key).permutation(n).astype(dtype)      # [n] (int64 shuffles 2x faster)
+    perm = _rng(seed_or_key).permutation(n).astype(dtype)      # [n]
     q, big = divmod(n, num_agents)     # array_split: the first `big` parts hold q + 1 records
     n_max = q + (big > 0)
     records = np.full((num_agents, n_max), -1, dtype)
@@ -283,7 +281,7 @@ def natural(domains: Any, num_agents: int | None = None) -> list[np.ndarray]:
     :func:`fedjax_dp.data.fedprox_synthetic.fedprox_synthetic`: one agent per FedProx device).
 
     ``num_agents`` (None: the number of clients) must equal the number of distinct client ids.
-    Deterministic (no randomness); covers every index. One stable argsort, no loop over clients.
+    Deterministic; covers every index.
     """
     domains = _ids("domains", domains)
     order = np.argsort(domains, kind="stable")                         # [n] grouped by client
@@ -340,9 +338,7 @@ def _by_domain_dispatch(labels: Any, num_agents: int, seed_or_key: Any, *,
 
 def _natural_dispatch(labels: Any, num_agents: int, seed_or_key: Any, *,
                       domains: Any) -> list[np.ndarray]:
-    """:func:`natural` behind the common signature: ``domains`` (one client id per record of
-    ``labels``) is required, ``num_agents`` must equal the number of clients, the seed is unused
-    (the partition is the data's own)."""
+    """:func:`natural` behind the common signature (``domains`` required; the seed is unused)."""
     domains = _ids("domains", domains)
     validation.check_same_length(("domains", "labels"), domains, np.asarray(labels))
     return natural(domains, num_agents)

@@ -10,10 +10,9 @@ A checkpoint of step t is a folder ``<out>/checkpoints/step_<t>/`` holding
   SHA-256 of every leaf (a corrupted file is refused, not trained on), the history of rounds
   1..t and the privacy ledger(s) of the state at t.
 
-The PRNG state needs no file: step t's key is ``api.step_key(root, t)``, a function of the seed's
-root key and t, so the resumed run draws exactly the keys the uninterrupted run would have drawn
-(no key used twice, none skipped); the ledger is a function of the config, the data and the
-saved counters, so it is the same too (tested: resume == uninterrupted, parameters and ledger).
+The PRNG state needs no file: step t's key is ``api.step_key(root, t)``, so the resumed run
+draws exactly the keys the uninterrupted run would have drawn; the ledger is a function of the
+config, the data and the saved counters, so it is the same too.
 
 Writing is atomic: the folder is built under a temporary name and renamed when complete, so a
 run killed while writing leaves the previous checkpoint intact. The last ``keep`` are kept.

@@ -3,18 +3,13 @@
 Two reports, each written as ``STEM.md`` and ``STEM.json`` (and ``STEM.png`` for arms):
 
 * :func:`selected_table` -- several sweeps' ``selected.json`` (``fedjax-dp sweep --select``)
-  lined up: one row per value of the row keys (default: every key the chosen cells are grouped
-  by, e.g. ``data.num_agents`` and ``target_epsilon``), one column per sweep, the cell
-  ``mean ± std`` of the test accuracy over the seeds with the chosen hyper-parameters, the best
-  mean of each row in bold; optionally a ceiling sweep (no privacy) as a reference line.
-* :func:`arms` -- the runs of one sweep split by the values of one grid key (the *arms*, e.g.
-  DP-FNAS's ``algorithm.private+algorithm.fixed_genotype``: DP search / non-private search /
-  random genotype). Within an arm a *unit* (default the run's ``seed``: one search or one random
-  draw) may have several runs (e.g. retraining seeds); the unit's mean is the observation.
-  Per arm: the pooled mean and standard deviation over all runs, the mean and standard deviation
-  over unit means (between units) and the mean within-unit standard deviation; between every
-  two arms, Welch's two-sided t-test on the unit means (``scipy.stats.ttest_ind``,
-  ``equal_var=False``).
+  lined up: one row per value of the row keys, one column per sweep, the cell ``mean ± std`` of
+  the test accuracy over the seeds, the best mean of each row in bold; optionally a ceiling
+  sweep (no privacy) as a reference line.
+* :func:`arms` -- the runs of one sweep split by the values of one grid key (the *arms*).
+  Within an arm a *unit* (default the run's ``seed``) may have several runs; the unit's mean is
+  the observation. Per arm: pooled, between-unit and mean within-unit statistics; between
+  every two arms, Welch's two-sided t-test on the unit means (``equal_var=False``).
 
 ``fedjax-dp compare selected ...`` and ``fedjax-dp compare arms ...`` are the command line.
 """

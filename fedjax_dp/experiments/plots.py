@@ -5,15 +5,12 @@ Records are the flat run records of :mod:`fedjax_dp.experiments.records` (a swee
 looked up with :func:`records.field`: a top-level key (``epsilon``, ``test_accuracy``,
 ``algorithm``), a grid key in ``params`` (``algorithm.noise_multiplier``) or a dotted config path.
 
-* :func:`summarize` groups records by (hue, x) and gives mean and standard deviation of y over
-  each group (usually the seeds); :func:`plot_xy` draws it as lines with error bars.
-* :func:`summarize_curves` / :func:`plot_curves` do the same for a per-round history metric
-  against the round, drawn as a mean line and a mean +- std band; :func:`plot_run` draws a single
-  run's training curve (``fedjax-dp run --plot``).
+:func:`summarize` / :func:`plot_xy`: mean and standard deviation of y per (hue, x) group
+(usually the seeds); :func:`summarize_curves` / :func:`plot_curves`: the same for a per-round
+history metric; :func:`plot_run`: a single run's training curve (``fedjax-dp run --plot``).
 
-matplotlib is imported only when a figure is drawn (``pip install 'fedjax-dp[plot]'``); figures
-are made with :class:`matplotlib.figure.Figure` and saved through the Agg (PNG) and SVG canvases,
-so no display or interactive backend is ever needed and pyplot's global state is not touched.
+matplotlib is imported only when a figure is drawn; figures are made with
+:class:`matplotlib.figure.Figure` (no display, pyplot's global state untouched).
 """
 from __future__ import annotations
 

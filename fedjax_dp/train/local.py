@@ -7,9 +7,8 @@
 running ``steps`` optax steps on minibatches of the agent's *real* records (``batching``):
 ``"replacement"`` draws them uniformly with replacement, indices in ``[0, count)`` for all steps
 at once (:func:`batch_indices`); ``"stored"`` takes the records in stored order, cycling
-(:func:`stored_indices`). Every row is additionally weighted by its mask, so padded rows never
-contribute. ``train_agents`` lifts it over the stacked agent axis
-with :func:`fedjax_dp.core.for_each_agent` (vmap, chunks of agents, or devices).
+(:func:`stored_indices`). Every row is weighted by its mask, so padded rows never contribute.
+``train_agents`` lifts it over the agent axis with :func:`fedjax_dp.core.for_each_agent`.
 """
 from __future__ import annotations
 
@@ -190,9 +189,8 @@ def train_agents(key: jax.Array, params: Params, data: StackedData, model: Model
       key: root key; agent i trains with ``split(key, N)[i]`` (independent minibatch streams).
       params: the starting parameters: one pytree shared by all agents (``shared_init=True``), or a
         stacked pytree with leading axis N.
-      chunk_size: agents per chunk (identical results, bounded memory); ``"auto"`` sizes chunks
-        to the CPU cache and, on accelerators, chunks only agents whose working set exceeds a
-        quarter of the device memory (:mod:`fedjax_dp.core.defaults`); None: all agents at once.
+      chunk_size: agents per chunk (identical results, bounded memory); ``"auto"``:
+        :mod:`fedjax_dp.core.defaults`; None: all agents at once.
     Returns:
       (stacked params [N, ...], mean training loss per agent [N]).
     """

@@ -157,9 +157,7 @@ def train_self_training(key: jax.Array, model: Model, x: np.ndarray, labels: np.
     labels); ``x_unlabelled [U, ...]`` the rest of the server's public data. Round 0 uses the same
     keys as :func:`train_supervised` (so it IS the supervised student); every round retrains from
     the same initialisation with its own minibatch key. ``history`` (optional list) receives one
-    dict per round: number of pseudo-labelled points and the pseudo labels / confidences.
-    ``on_round()`` (optional) is called after each of the ``1 + semi.rounds`` trainings
-    (progress).
+    dict per round; ``on_round()`` (optional) is called after each training.
     """
     if not isinstance(semi, SelfTraining):
         raise ValueError(f"semi must be a student.SelfTraining, got {type(semi).__name__}")
@@ -221,8 +219,8 @@ def train_student(key: jax.Array, model: Model, x_public: np.ndarray, query_indi
     ``x_public [P, ...]`` the server's unlabelled data, ``query_indices [Q]`` the voted queries,
     ``labels [Q]`` the released labels. ``semi=None``: :func:`train_supervised` on the queries
     (the paper's choice); otherwise :func:`train_self_training` with the other ``P - Q`` public
-    points unlabelled. ``on_round()`` (optional) is called after each training: once for the
-    supervised student, ``1 + semi.rounds`` times when self-trained (:func:`num_trainings`).
+    points unlabelled. ``on_round()`` (optional) is called after each training
+    (:func:`num_trainings`).
     """
     x_public = np.asarray(x_public)
     qidx = np.asarray(query_indices)
@@ -266,12 +264,9 @@ def train_students(keys: list, model: Model, x_publics: list, query_indices: lis
                    labels: list, config: LocalTrainConfig, semi: SelfTraining | None = None, *,
                    on_round: Callable[[], None] | None = None) -> list:
     """S students (S seeds of a voting run) trained together: student s equals
-    ``train_student(keys[s], model, x_publics[s], query_indices[s], labels[s], config, semi)``
-    (same keys, initialisation and training sets), but every training -- the supervised one and
-    each self-training round -- is ONE compiled call over the S students, which are the S agents
-    of one lifted local update. The seeds need equal numbers of queries and public records. The
-    self-training's pseudo-labelling and confidence selection stay per student (host work).
-    ``on_round()`` is called after each training of all S (:func:`num_trainings` times)."""
+    ``train_student(keys[s], model, x_publics[s], query_indices[s], labels[s], config, semi)``,
+    but every training is ONE compiled call over the S students. The seeds need equal numbers of
+    queries and public records. ``on_round()`` is called after each training of all S."""
     num = len(keys)
     if not (len(x_publics) == len(query_indices) == len(labels) == num) or num < 1:
         raise ValueError(f"keys, x_publics, query_indices and labels must have one entry per "
