@@ -6,11 +6,9 @@ from a root key so that adding a new random draw elsewhere never shifts an exist
 :func:`agent_keys` gives rows of ``split_per_agent(key, n)`` without the other rows (inside a
 compiled chunk of agents).
 
-No compilation for a run's key derivation: with JAX's default ``threefry2x32`` keys,
-:func:`as_key` of an int seed and :func:`stream` of a concrete key compute the key's two words
-on the host (:func:`threefry2x32`, the Threefry-2x32 hash JAX uses, bit for bit: tested against
-``jax.random.key`` / ``jax.random.fold_in``) where JAX would compile and run a small program per
-process (``_threefry_seed``, ``_threefry_fold_in``); other key implementations, traced keys and
+With JAX's default ``threefry2x32`` keys, :func:`as_key` of an int seed and :func:`stream` of a
+concrete key compute the key's two words on the host (:func:`threefry2x32`, bit for bit JAX's)
+instead of compiling a small program per process; other key implementations, traced keys and
 batches of keys take JAX's own path.
 """
 from __future__ import annotations
@@ -95,8 +93,7 @@ def agent_keys(key: jax.Array, ids, num_agents: int) -> jax.Array:
     its own keys inside its compiled call; O(len(ids)) work, not O(N)). ``ids`` may hold values
     ``>= num_agents`` (padding rows of a chunk): their keys are valid keys that no real agent
     uses. Bit for bit the keys of :func:`split_per_agent` under either setting of
-    ``jax_threefry_partitionable`` (tested); another key implementation computes the whole
-    split (O(N))."""
+    ``jax_threefry_partitionable``; another key implementation computes the whole split."""
     key = as_key(key)
     ids = jnp.asarray(ids, jnp.uint32)
     if str(jax.random.key_impl(key)) != _THREEFRY:
@@ -137,9 +134,8 @@ def counter_normals(key: jax.Array, hi: jax.Array, lo: jax.Array, d: int) -> jax
     does. ``hi``, ``lo [m]`` integers with ``lo h + j < 2^32``.
 
     Any rows, in any batch or chunk, on any device, give the same values; distinct counter pairs
-    give independent values (Threefry is a pseudo-random function of the counter). One hash per
-    two values: about twice as fast on a CPU as ``normal(fold_in(fold_in(key, hi), lo), (d,))``,
-    which hashes once for the key and once per value.
+    give independent values. One hash per two values (``normal(fold_in(fold_in(key, hi), lo),
+    (d,))`` hashes once for the key and once per value).
     """
     from jax.extend.random import threefry_2x32
     words = jax.random.key_data(key)

@@ -8,14 +8,11 @@
   never held whole (:func:`synthetic_stream`).
 * User files: :func:`load_npz`, :func:`load_idx`, :func:`load_libsvm`, :func:`load_csv`, then
   :func:`dataset_from_arrays`; TFDS (optional): :func:`load_tfds`.
-* Published federated datasets (one agent per client): TFF's HDF5 files
-  (:mod:`fedjax_dp.data.tff_hdf5`) and LEAF's JSON (:mod:`fedjax_dp.data.leaf_json`), tokenised
-  by :mod:`fedjax_dp.data.vocab`, written once as a memory-mapped stacked population by
-  :func:`fedjax_dp.data.convert.convert` (``fedjax-dp data convert FORMAT SRC DST``).
+* Published federated datasets (one agent per client): TFF's HDF5 files and LEAF's JSON,
+  written once as a memory-mapped stacked population by :func:`fedjax_dp.data.convert.convert`.
 * Partitioners (index lists, one per agent): :func:`iid`, :func:`dirichlet`,
-  :func:`label_shards`, :func:`one_class`, :func:`by_domain`, :func:`natural` (the data's own
-  clients), by name through :func:`partition`; as one ``[N, n_max]`` array of record indices
-  through :func:`partition_rows` (``iid``: :func:`iid_rows`, no per-agent arrays).
+  :func:`label_shards`, :func:`one_class`, :func:`by_domain`, :func:`natural`, by name through
+  :func:`partition`; as one ``[N, n_max]`` array of record indices through :func:`partition_rows`.
 * FedProx's Synthetic(alpha, beta) with natural clients: :func:`fedprox_synthetic`.
 """
 from fedjax_dp.data.dataset import Dataset

@@ -33,11 +33,10 @@ from fedjax_dp.models import tasks as tasks_lib
 class Dataset:
     """A classification task split into train (the agents' data), public (server) and test sets.
 
-    Arrays are converted on construction: features to float32, labels to int32. Construction
-    validates that every split has matching x/y lengths, all splits share one feature shape,
-    labels lie in ``[0, num_classes)`` and every feature is finite. ``task`` (None:
-    classification) says what a record is: with a ``NextToken`` task x and y are ``[n, T]``
-    int32 token ids in ``[0, num_classes)`` (:meth:`~fedjax_dp.models.tasks.NextToken.check_split`).
+    Features are converted to float32, labels to int32. Construction validates matching x/y
+    lengths, one feature shape, labels in ``[0, num_classes)`` and finite features (ValueError).
+    ``task`` (None: classification): with a ``NextToken`` task x and y are ``[n, T]`` int32 token
+    ids in ``[0, num_classes)``.
     """
 
     name: str

@@ -1,20 +1,15 @@
 """A run's population from its resolved ``[data]`` table: load -> hold out -> partition -> stack,
 the agents' records copied once, into ``x [N, n_max, ...]`` (docs/scale.md):
 
-* a streamed source (:data:`fedjax_dp.data.STREAMED`) partitions its labels, then generates its
-  features block by block into the agents' rows (:func:`fedjax_dp.core.stack_records`); one that
-  draws records one by one (``dataset_options.generator = "jax"``) is drawn where it is consumed
-  (:func:`fedjax_dp.core.stacked.stack_drawn`); other sources' rows are gathered in blocks from
-  their training split;
+* a streamed source generates its features block by block into the agents' rows
+  (:func:`fedjax_dp.core.stack_records`) or draws them where they are consumed
+  (:func:`fedjax_dp.core.stacked.stack_drawn`); other sources' rows are gathered in blocks;
 * the validation hold-out (``data.validation_fraction``) comes from the whole training split
-  (``data.validation_split = "pooled"``) or from every agent's records (``"per_agent"``,
-  :func:`hold_out_per_agent`), drawn with the run's seed or ``data.validation_seed >= 0``;
-* ``data.dataset = "stacked:PATH"`` reads a population saved by :func:`save` memory-mapped
-  (:func:`load_population`: ``server.npz`` beside it holds the server's splits, ``task.json`` a
-  next-token task, :mod:`fedjax_dp.models.tasks`);
-* the population is placed by ``run.agents_on`` (:func:`fedjax_dp.core.place`; ``"auto"``: on
-  the host when it would not comfortably fit on the device); every placement gives the same
-  results.
+  (``"pooled"``) or from every agent's records (``"per_agent"``, :func:`hold_out_per_agent`);
+* ``data.dataset = "stacked:PATH"`` reads a population saved by :func:`save`, memory-mapped
+  (:func:`load_population`);
+* the population is placed by ``run.agents_on`` (:func:`fedjax_dp.core.place`); every placement
+  gives the same results.
 """
 from __future__ import annotations
 
@@ -168,9 +163,8 @@ def hold_out_per_agent(dataset: AnyDataset, parts: list, fraction: float, key
     drawn first, on the whole training split).
 
     Record r gets a score ``u_r ~ U[0, 1)`` (``jax.random.uniform(key, [n])[r]``) and agent i
-    holds out its m_i records of smallest score (:func:`fedjax_dp.data.splits.per_group_holdout`,
-    one sort, no loop over agents), so the held-out records depend only on ``key`` and each
-    agent's set of records -- not on their order. Returns ``(dataset without the held-out records,
+    holds out its m_i records of smallest score (:func:`fedjax_dp.data.splits.per_group_holdout`),
+    so the held-out records depend only on ``key`` and each agent's set of records. Returns ``(dataset without the held-out records,
     the agents' remaining records as indices into it (each agent's in its partition order),
     x_val, y_val)``; the validation records are pooled, agent after agent.
     """

@@ -1,19 +1,15 @@
 """A dataset whose training features are produced block by block and never held whole.
 
 A :class:`StreamedDataset` is a :class:`~fedjax_dp.data.Dataset` without ``x_train``: it holds the
-training labels (``y_train``, ``domain_train``: partitioners need them) and the public and test
-splits, and yields the training features in record order, in blocks, as often as asked (a
-generated source replays its random stream). :func:`fedjax_dp.core.stack_records` writes such a
-stream straight into the agents' stacked rows, so a population of N agents costs its stacked
-arrays and one block, not a second ``[n_train, ...]`` copy (``fedjax_dp.data.population``).
-
+training labels (``y_train``, ``domain_train``) and the public and test splits, and yields the
+training features in record order, in blocks, as often as asked. :func:`fedjax_dp.core.stack_records`
+writes such a stream straight into the agents' stacked rows (no second ``[n_train, ...]`` copy).
 :func:`train_blocks` reads either kind of dataset the same way.
 
-A generated source may also say how to draw any of its records directly (``draw``, a
-:class:`fedjax_dp.core.stacked.RecordDraw`: features that are a pure function of the record, e.g.
-``synthetic``'s ``generator = "jax"``): then a population is drawn where it is consumed, by chunks
-of agents on the device (:func:`fedjax_dp.core.stacked.stack_drawn`), never as a stream of all
-records on the host, and :meth:`StreamedDataset.rows` draws only the records asked for.
+A generated source may also draw any of its records directly (``draw``, a
+:class:`fedjax_dp.core.stacked.RecordDraw`): then a population is drawn where it is consumed
+(:func:`fedjax_dp.core.stacked.stack_drawn`) and :meth:`StreamedDataset.rows` draws only the
+records asked for.
 """
 from __future__ import annotations
 

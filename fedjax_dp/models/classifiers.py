@@ -169,8 +169,7 @@ def make_model(name: str, feature_shape: Sequence[int], num_classes: int, *,
     the vocabulary size.
 
     The same arguments give the same :class:`Model` object, so every compiled function keyed on
-    the model (local training, rounds, votes, evaluation) is compiled once per process, however
-    many runs build it."""
+    the model is compiled once per process."""
     validation.check_choice("model.name", name, MODELS)
     validation.check_int("num_classes", num_classes, minimum=2)
     feature_shape = tuple(int(s) for s in feature_shape)
