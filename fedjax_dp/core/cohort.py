@@ -8,13 +8,13 @@ A round-based algorithm with agent sampling trains only the round's participants
     (ids [B] int32, valid [B] bool)                             padding rows repeat a real agent
                                                                 and are excluded by ``valid``
 
-Sampling is ONE device function of the round's sampling key, :func:`cohort_coins` (a
-participation mask ``[N]``), so the same key gives the same cohort on every path. Poisson sampling with rate q draws N independent coins ``bits_i < floor(q 2^32)`` from 32
-uniform random bits each, i.e. Bernoulli(q') with ``q' = floor(q 2^32) / 2^32`` in
-``(q - 2^-32, q]``: never above the rate the ledger accounts (privacy amplification by
-subsampling is monotone in the rate), and q = 1 takes every agent. Fixed-size sampling takes
-the first C of a uniformly random permutation (:func:`jax.random.permutation`): a uniform
-C-subset.
+Sampling is ONE device function of the round's sampling key, :func:`cohort_coins` (a participation
+mask ``[N]``), so the same key gives the same cohort on every path. Poisson sampling with rate q
+draws N independent coins ``bits_i < floor(q 2^32)`` from 32 uniform random bits each, i.e.
+Bernoulli(q') with ``q' = floor(q 2^32) / 2^32`` in ``(q - 2^-32, q]``: never above the rate the
+ledger accounts (privacy amplification by subsampling is monotone in the rate), and q = 1 takes
+every agent. Fixed-size sampling takes the first C of a uniformly random permutation
+(:func:`jax.random.permutation`): a uniform C-subset.
 
 Buckets (:class:`CohortPlan`) keep compilations few: a *pass* holds at most ``pass_size``
 agents (``C`` for fixed-size sampling; ``ceil(qN + 2 sqrt(qN(1-q)))`` for Poisson, rounded up to
@@ -167,8 +167,7 @@ class CohortPlan:
     def passes(self, m: int) -> list[tuple[int, int]]:
         """``[(start, bucket), ...]``: the cohort's rows ``[start, start + bucket)`` per pass.
 
-        Every sampled agent is in exactly one pass; the last pass is padded to its bucket.
-        """
+        Every sampled agent is in exactly one pass; the last pass is padded to its bucket."""
         out = []
         start = 0
         while m - start > self.pass_size:
@@ -254,11 +253,10 @@ def gather_host(data: StackedData, ids: np.ndarray) -> StackedData:
 class CohortFeeder:
     """Prepares rounds' cohorts: sample, plan passes, gather (host data) and transfer.
 
-    ``get(k_sample)`` returns the round's :class:`Cohort`; ``prefetch(k_sample)`` starts preparing
-    a later round's cohort in a background thread (double buffering: host gather and transfer
-    overlap the current round's compute). Results are identical with or without prefetching.
-    ``shapes_used`` records the bucket sizes seen (each one compilation of the round).
-    """
+    ``get(k_sample)`` returns the round's :class:`Cohort`; ``prefetch(k_sample)`` starts preparing a
+    later round's cohort in a background thread (double buffering: host gather and transfer overlap
+    the current round's compute). Results are identical with or without prefetching. ``shapes_used``
+    records the bucket sizes seen (each one compilation of the round)."""
 
     def __init__(self, data: StackedData, sampling: Sampling, plan: CohortPlan, *,
                  sharding: Any = None):

@@ -1,7 +1,8 @@
 """Device-aware defaults: the ONE place that reads the platform and the device memory.
 
-Every device-dependent choice is decided by :func:`defaults` from two facts, the platform (``"cpu"``, ``"gpu"`` or ``"tpu"``) and the memory of one device
-(``memory_stats()["bytes_limit"]``; None where the device does not report it, as the CPU):
+Every device-dependent choice is decided by :func:`defaults` from two facts, the platform
+(``"cpu"``, ``"gpu"`` or ``"tpu"``) and the memory of one device (``memory_stats()["bytes_limit"]``;
+None where the device does not report it, as the CPU):
 
 =====================  ===============================  =======================================
 choice                 CPU                              GPU / TPU
@@ -45,8 +46,7 @@ flag                                    platforms         why
 ======================================  ================  ==============================
 
 A flag whose name the user's own ``XLA_FLAGS`` already mention is never added: the user's value
-wins.
-"""
+wins."""
 from __future__ import annotations
 
 import dataclasses

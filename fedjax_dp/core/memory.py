@@ -14,11 +14,10 @@ buffers within the temporaries). The limit (:func:`memory_limit`):
   (GPU/TPU), or on the CPU the host's available memory (``MemAvailable`` of /proc/meminfo, else
   ``os.sysconf``): the inputs are already held there, so ``peak - arguments`` must fit.
 
-:func:`checked` wraps a jitted function: at its first call per shape signature it compiles it
-and raises :class:`MemoryBudgetError` naming the step, its estimate, the limit and the
-parameters that drive it (``drivers``: config key -> value). :func:`explain_oom` turns an
-out-of-memory error that still happens into the same kind of line.
-"""
+:func:`checked` wraps a jitted function: at its first call per shape signature it compiles it and
+raises :class:`MemoryBudgetError` naming the step, its estimate, the limit and the parameters that
+drive it (``drivers``: config key -> value). :func:`explain_oom` turns an out-of-memory error that
+still happens into the same kind of line."""
 from __future__ import annotations
 
 import dataclasses

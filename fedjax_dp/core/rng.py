@@ -8,9 +8,8 @@ compiled chunk of agents).
 
 With JAX's default ``threefry2x32`` keys, :func:`as_key` of an int seed and :func:`stream` of a
 concrete key compute the key's two words on the host (:func:`threefry2x32`, bit for bit JAX's)
-instead of compiling a small program per process; other key implementations, traced keys and
-batches of keys take JAX's own path.
-"""
+instead of compiling a small program per process; other key implementations, traced keys and batches
+of keys take JAX's own path."""
 from __future__ import annotations
 
 import zlib
@@ -135,8 +134,7 @@ def counter_normals(key: jax.Array, hi: jax.Array, lo: jax.Array, d: int) -> jax
 
     Any rows, in any batch or chunk, on any device, give the same values; distinct counter pairs
     give independent values. One hash per two values (``normal(fold_in(fold_in(key, hi), lo),
-    (d,))`` hashes once for the key and once per value).
-    """
+    (d,))`` hashes once for the key and once per value)."""
     from jax.extend.random import threefry_2x32
     words = jax.random.key_data(key)
     h = -(-d // 2)

@@ -9,8 +9,7 @@ None); what differs (keys, parameters, data partitioned per seed) is stacked::
                                     = (stack(t_1, ..., t_S), 0)    otherwise
                                     = (None, None)                 layouts differ: no shared call
 
-The pair is exactly what ``jax.vmap(fn, in_axes=(..., axis, ...))(..., tree, ...)`` needs.
-"""
+The pair is exactly what ``jax.vmap(fn, in_axes=(..., axis, ...))(..., tree, ...)`` needs."""
 from __future__ import annotations
 
 from typing import Any, Sequence

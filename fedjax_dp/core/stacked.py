@@ -16,11 +16,10 @@ Real records always come first and padding last, so "draw a uniformly random rea
 contribute to a loss, a vote or a neighbour search: every consumer multiplies by or selects on
 ``mask``.
 
-The leaves are device arrays (``from_ragged``) or host numpy arrays, possibly memory-mapped
-``.npy`` files (``on_host``, ``from_arrays``, ``load_stacked``, ``stack_records``): then only a
-round's cohort, or one chunk of agents, is copied to the device at a time
-(:mod:`fedjax_dp.core.cohort`), so N is bounded by host memory or disk.
-"""
+The leaves are device arrays (``from_ragged``) or host numpy arrays, possibly memory-mapped ``.npy``
+files (``on_host``, ``from_arrays``, ``load_stacked``, ``stack_records``): then only a round's
+cohort, or one chunk of agents, is copied to the device at a time (:mod:`fedjax_dp.core.cohort`), so
+N is bounded by host memory or disk."""
 from __future__ import annotations
 
 import dataclasses
@@ -531,14 +530,13 @@ def stack_drawn(draw: RecordDraw, y, rows: RecordRows, *, on: str = "host",
 def auto_placement(nbytes: int, device=None) -> str:
     """``"host"`` or ``"device"``: where ``run.agents_on = "auto"`` keeps ``nbytes`` of agents.
 
-    Host when they exceed ``placement_host_bytes`` of :func:`fedjax_dp.core.defaults.defaults`
-    for ``device`` (default: the first local device): ``AUTO_HOST_FRACTION`` (25%) of
-    ``device.memory_stats()["bytes_limit"]`` (GPU, TPU: the rest is left to parameters,
-    activations and XLA). A device without memory statistics (the CPU, whose "device" memory is
-    host memory) keeps populations above ``AUTO_HOST_BYTES`` (64 MiB) on the host: on the device
-    they would be a second copy of the data, while host-resident agents are streamed a chunk or
-    a cohort at a time, as fast, with the same results.
-    """
+    Host when they exceed ``placement_host_bytes`` of :func:`fedjax_dp.core.defaults.defaults` for
+    ``device`` (default: the first local device): ``AUTO_HOST_FRACTION`` (25%) of
+    ``device.memory_stats()["bytes_limit"]`` (GPU, TPU: the rest is left to parameters, activations
+    and XLA). A device without memory statistics (the CPU, whose "device" memory is host memory)
+    keeps populations above ``AUTO_HOST_BYTES`` (64 MiB) on the host: on the device they would be a
+    second copy of the data, while host-resident agents are streamed a chunk or a cohort at a time,
+    as fast, with the same results."""
     limit = defaults_lib.defaults(device=device).placement_host_bytes
     return "host" if nbytes > limit else "device"
 

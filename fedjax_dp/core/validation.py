@@ -1,8 +1,7 @@
 """Argument checks that fail early with a message naming the parameter and its allowed range.
 
-Every public entry point validates its inputs with these helpers *before* any JAX work, so a
-user sees ``ValueError: sigma must be >= 0, got -1.0`` rather than a traceback from inside XLA.
-"""
+Every public entry point validates its inputs with these helpers *before* any JAX work, so a user
+sees ``ValueError: sigma must be >= 0, got -1.0`` rather than a traceback from inside XLA."""
 from __future__ import annotations
 
 import dataclasses
@@ -105,8 +104,7 @@ def check_finite_array(name: str, array: Any) -> np.ndarray:
 def check_per_order(name: str, values: Any, num_orders: int, mismatch: str) -> np.ndarray:
     """A float64 vector with one entry ``>= 0`` (infinity allowed) per order of a grid.
 
-    ``mismatch`` is the message when the length differs (it names both quantities).
-    """
+    ``mismatch`` is the message when the length differs (it names both quantities)."""
     vec = np.asarray(values, dtype=np.float64).reshape(-1)
     if vec.size != num_orders:
         raise ValueError(mismatch)

@@ -13,8 +13,7 @@ class ClientReader:
     ``sizes(split)`` yields ``(client_id, number of records)`` and ``clients(split)`` yields
     ``(client_id, x [n, *feature_shape], y [n, *label_shape])``, client after client in the same
     order (``split``: ``"train"`` or ``"test"``); ``paths[split]`` names the files read. The class
-    attributes describe the records; ``prepare`` does the work needed before them (a vocabulary).
-    """
+    attributes describe the records; ``prepare`` does the work needed before them (a vocabulary)."""
 
     name = ""
     paths: dict = {}

@@ -15,9 +15,8 @@ instead: ``x_* [n, T]`` int32 input token ids and ``y_* [n, T]`` int32 target id
 token; ``pad_id`` where there is none), ``num_classes`` = the vocabulary size.
 
 ``y_public`` exists only so that experiments can *report* how accurate a vote or a teacher ensemble
-was on the public queries. The public split models data the server holds without labels:
-algorithms must never train on, select with, or otherwise read ``y_public``.
-"""
+was on the public queries. The public split models data the server holds without labels: algorithms
+must never train on, select with, or otherwise read ``y_public``."""
 from __future__ import annotations
 
 import dataclasses
@@ -33,11 +32,10 @@ from fedjax_dp.models import tasks as tasks_lib
 class Dataset:
     """A classification task split into train (the agents' data), public (server) and test sets.
 
-    Features are converted to float32, labels to int32. Construction validates matching x/y
-    lengths, one feature shape, labels in ``[0, num_classes)`` and finite features (ValueError).
-    ``task`` (None: classification): with a ``NextToken`` task x and y are ``[n, T]`` int32 token
-    ids in ``[0, num_classes)``.
-    """
+    Features are converted to float32, labels to int32. Construction validates matching x/y lengths,
+    one feature shape, labels in ``[0, num_classes)`` and finite features (ValueError). ``task``
+    (None: classification): with a ``NextToken`` task x and y are ``[n, T]`` int32 token ids in
+    ``[0, num_classes)``."""
 
     name: str
     x_train: np.ndarray    # [n_train, *feature_shape] float32

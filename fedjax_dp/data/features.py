@@ -21,8 +21,7 @@ vote (:meth:`FeatureMap.apply`); ``data.features = {map = "pca", dim = 16}``
 
 Privacy. The map reads only the public split (``x_public``; ``y_public`` never), public in the
 paper's threat model (voting-dpfl Sec. 3): it is a fixed pre-processing of each record, so every
-algorithm's privacy accounting is unchanged.
-"""
+algorithm's privacy accounting is unchanged."""
 from __future__ import annotations
 
 import math
@@ -166,10 +165,9 @@ def fit_feature_map(kind: str, key: jax.Array, x_public, dim: int) -> FeatureMap
 
 def check_spec(name: str, value: Any) -> dict:
     """``data.features``: ``{}`` (no map) or ``{map = <DATA_MAPS>, dim = m >= 1, seed = s >= 0}``
-    (``dim`` required unless ``map = "identity"``; ``seed`` (default 0) draws the random
-    projection or the network's initialisation); ``map = "network"`` also takes ``source`` (a
-    dataset name, required), ``steps`` (500) and ``learning_rate`` (0.5). Errors name
-    ``<name>.<key>``."""
+    (``dim`` required unless ``map = "identity"``; ``seed`` (default 0) draws the random projection
+    or the network's initialisation); ``map = "network"`` also takes ``source`` (a dataset name,
+    required), ``steps`` (500) and ``learning_rate`` (0.5). Errors name ``<name>.<key>``."""
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a table such as {{map = \"pca\", dim = 16}} ({{}}: the "
                          f"raw features), got {value!r}")

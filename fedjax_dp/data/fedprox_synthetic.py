@@ -1,9 +1,8 @@
 """FedProx's Synthetic(alpha, beta): per-client logistic-regression data with natural clients.
 
-Li, Sahu, Zaheer, Sanjabi, Talwalkar and Smith, "Federated Optimization in Heterogeneous
-Networks", MLSys 2020, Section 5.1 ("Synthetic data") and the appendix's dataset details; the
-generator as published in the authors' repository
-(``data/synthetic_{0_0,0.5_0.5,1_1}/generate_synthetic.py``,
+Li, Sahu, Zaheer, Sanjabi, Talwalkar and Smith, "Federated Optimization in Heterogeneous Networks",
+MLSys 2020, Section 5.1 ("Synthetic data") and the appendix's dataset details; the generator as
+published in the authors' repository (``data/synthetic_{0_0,0.5_0.5,1_1}/generate_synthetic.py``,
 ``data/synthetic_iid/generate_iid.py``). For client ``k = 0..K-1`` (``K = num_clients``,
 ``d = num_features``, ``C = num_classes``)::
 
@@ -23,14 +22,13 @@ Note: ``u_k`` shifts every class's logit by the same amount ``u_k (sum_j x_j + 1
 labels with the same seed); the clients' models still differ through the noise of ``W_k`` and
 ``b_k``.
 
-Splits. Each client's first ``floor(train_fraction n_k)`` records (published: ``int(0.9 n_k)``)
-are training records, the rest its test records. ``x_train`` holds the clients' training
-records client after client (``domain_train`` = the client id, for the ``natural`` partition);
-``x_test`` pools every client's test records (FedProx's reported test accuracy). The PUBLIC
-split (the server's unlabelled data, which FedProx does not have) is the records of
-``public_clients`` further clients drawn like the others from their own random stream, so
-changing ``public_clients`` changes none of the clients' records.
-"""
+Splits. Each client's first ``floor(train_fraction n_k)`` records (published: ``int(0.9 n_k)``) are
+training records, the rest its test records. ``x_train`` holds the clients' training records client
+after client (``domain_train`` = the client id, for the ``natural`` partition); ``x_test`` pools
+every client's test records (FedProx's reported test accuracy). The PUBLIC split (the server's
+unlabelled data, which FedProx does not have) is the records of ``public_clients`` further clients
+drawn like the others from their own random stream, so changing ``public_clients`` changes none of
+the clients' records."""
 from __future__ import annotations
 
 import numpy as np
@@ -99,11 +97,10 @@ def fedprox_synthetic(alpha: float | None = None, beta: float | None = None,
     """FedProx's Synthetic(alpha, beta) (Li et al. 2020, Section 5.1) as a :class:`Dataset`.
 
     See the module docstring for the formulas and splits. ``alpha`` and ``beta`` (standard
-    deviations of ``u_k`` and ``B_k``, >= 0) default to 1, i.e. Synthetic(1, 1); with
-    ``iid=True`` they must be left unset (or 0). ``domain_train[i]`` is the client (0..K-1) of
-    training record ``i``. Deterministic in ``seed``. The dataset is named
-    ``"fedprox_synthetic(alpha,beta)"`` or ``"fedprox_synthetic(iid)"``.
-    """
+    deviations of ``u_k`` and ``B_k``, >= 0) default to 1, i.e. Synthetic(1, 1); with ``iid=True``
+    they must be left unset (or 0). ``domain_train[i]`` is the client (0..K-1) of training record
+    ``i``. Deterministic in ``seed``. The dataset is named ``"fedprox_synthetic(alpha,beta)"`` or
+    ``"fedprox_synthetic(iid)"``."""
     if not isinstance(iid, (bool, np.bool_)):
         raise ValueError(f"iid must be a bool, got {iid!r}")
     iid = bool(iid)

@@ -59,9 +59,8 @@ def _integer_labels(name: str, y: np.ndarray, path: str) -> np.ndarray:
 def remap_labels(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Map arbitrary label values to ``0..C-1`` in sorted order.
 
-    Returns ``(y, classes)`` with ``classes[y[i]] == values[i]``: e.g. ``{-1, +1} -> {0, 1}``,
-    ``{1, 2, 3} -> {0, 1, 2}``, ``{"<=50K", ">50K"} -> {0, 1}``.
-    """
+    Returns ``(y, classes)`` with ``classes[y[i]] == values[i]``: e.g. ``{-1, +1} -> {0, 1}``, ``{1,
+    2, 3} -> {0, 1, 2}``, ``{"<=50K", ">50K"} -> {0, 1}``."""
     classes, y = np.unique(np.asarray(values), return_inverse=True)
     return y.astype(np.int32).ravel(), classes
 
@@ -136,9 +135,8 @@ def load_idx(images_path: PathLike, labels_path: PathLike, *,
              scale: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """MNIST-style IDX images and labels as ``(x [n, H, W, 1] float32, y [n] int32)``.
 
-    3-D image files ``[n, H, W]`` get a trailing channel axis; other ranks are kept. With
-    ``scale`` (default), unsigned-byte images are divided by 255 to lie in [0, 1].
-    """
+    3-D image files ``[n, H, W]`` get a trailing channel axis; other ranks are kept. With ``scale``
+    (default), unsigned-byte images are divided by 255 to lie in [0, 1]."""
     images = read_idx(images_path)
     labels = read_idx(labels_path)
     labels_path = os.fspath(labels_path)
@@ -163,10 +161,9 @@ def load_libsvm(path: PathLike, num_features: int | None = None, *, zero_based: 
     Labels are remapped to ``0..C-1`` in sorted order of the original values (see
     :func:`remap_labels`): ``{-1, +1} -> {0, 1}`` (cod-rna, a9a), ``{1, 2, ...} -> {0, 1, ...}``.
     With ``return_classes`` the original values are returned too, as ``(x, y, classes)`` with
-    ``classes[y[i]]`` the label written in the file. ``num_features`` fixes the width (needed
-    when a split file does not mention the last feature); ``zero_based`` is passed to
-    ``sklearn.datasets.load_svmlight_file`` ("auto" detects 1-based files, the LIBSVM norm).
-    """
+    ``classes[y[i]]`` the label written in the file. ``num_features`` fixes the width (needed when a
+    split file does not mention the last feature); ``zero_based`` is passed to
+    ``sklearn.datasets.load_svmlight_file`` ("auto" detects 1-based files, the LIBSVM norm)."""
     from sklearn.datasets import load_svmlight_file
 
     path = _require_file(path, "LIBSVM file")
@@ -188,10 +185,9 @@ def load_csv(path: PathLike, *, label_column: int = -1, delimiter: str = ",",
              skip_header: int = 0, return_classes: bool = False):
     """A CSV of numeric features plus one label column as ``(x [n, d] float32, y [n] int32)``.
 
-    The label column may hold any values (numbers or strings); they are remapped to ``0..C-1``
-    in sorted order as in :func:`load_libsvm`. Categorical feature columns are not supported:
-    encode them first.
-    """
+    The label column may hold any values (numbers or strings); they are remapped to ``0..C-1`` in
+    sorted order as in :func:`load_libsvm`. Categorical feature columns are not supported: encode
+    them first."""
     path = _require_file(path, "CSV file")
     try:
         table = np.loadtxt(path, dtype=str, delimiter=delimiter, skiprows=skip_header, ndmin=2)
@@ -220,9 +216,8 @@ def dataset_from_arrays(name: str, x: np.ndarray, y: np.ndarray, *, test_fractio
     """Split ``(x [n, ...], y [n])`` into a :class:`Dataset` (same logic as the offline sources).
 
     ``round(n * test_fraction)`` records go to test and ``round(n * public_fraction)`` to public
-    (stratified by label when possible), the rest to train. ``num_classes`` defaults to
-    ``max(y) + 1``. ``domains`` (one id per record) is carried into ``domain_train``.
-    """
+    (stratified by label when possible), the rest to train. ``num_classes`` defaults to ``max(y) +
+    1``. ``domains`` (one id per record) is carried into ``domain_train``."""
     x = validation.check_finite_array("x", x)
     y = np.asarray(y)
     validation.check_same_length(("x", "y"), x, y)

@@ -82,9 +82,8 @@ def _finish(parts: list) -> list[np.ndarray]:
 def iid(labels_or_n: Any, num_agents: int, seed_or_key: Any) -> list[np.ndarray]:
     """Uniformly random partition into ``num_agents`` near-equal parts (sizes differ by <= 1).
 
-    ``labels_or_n`` is the label array (only its length is used) or the record count itself.
-    Covers every index exactly once.
-    """
+    ``labels_or_n`` is the label array (only its length is used) or the record count itself. Covers
+    every index exactly once."""
     if isinstance(labels_or_n, (int, np.integer)) and not isinstance(labels_or_n, bool):
         n = validation.check_int("labels_or_n", labels_or_n, minimum=1)
     else:
@@ -140,11 +139,10 @@ def dirichlet(labels: Any, num_agents: int, beta: float, seed_or_key: Any, min_s
     until every agent holds at least ``min_size`` records. Small ``beta`` gives highly skewed
     label distributions; large ``beta`` approaches IID. Covers every index exactly once.
 
-    Raises ValueError if ``min_size`` is not met within ``max_tries`` draws (or cannot be met at
-    all because ``num_agents * min_size`` exceeds the number of records). A draw in which every
+    Raises ValueError if ``min_size`` is not met within ``max_tries`` draws (or cannot be met at all
+    because ``num_agents * min_size`` exceeds the number of records). A draw in which every
     still-eligible agent gets probability exactly 0 (possible for tiny ``beta`` through float
-    underflow) counts as a failed draw.
-    """
+    underflow) counts as a failed draw."""
     labels = _labels(labels)
     n = len(labels)
     num_agents = _num_agents(num_agents, n)
@@ -244,8 +242,7 @@ def one_class(labels: Any, num_agents: int, seed_or_key: Any, classes_per_agent:
               samples_per_agent: int | None = None) -> list[np.ndarray]:
     """Extreme label skew: each agent holds a single class (or a class pair with 2).
 
-    :func:`label_shards` with ``classes_per_agent`` 1 (default) or 2.
-    """
+    :func:`label_shards` with ``classes_per_agent`` 1 (default) or 2."""
     classes_per_agent = validation.check_int("classes_per_agent", classes_per_agent, minimum=1,
                                              maximum=2)
     return label_shards(labels, num_agents, classes_per_agent, seed_or_key,
@@ -256,10 +253,9 @@ def by_domain(domains: Any, seed_or_key: Any = None, agents_per_domain: int = 1
               ) -> list[np.ndarray]:
     """Agents formed within domains: each domain's records are split IID among its agents.
 
-    Agents are ordered domain by domain (sorted domain ids), ``agents_per_domain`` per domain,
-    so agent ``i`` belongs to domain ``sorted(unique(domains))[i // agents_per_domain]``.
-    Without ``seed_or_key`` the split is the contiguous, unshuffled one. Covers every index.
-    """
+    Agents are ordered domain by domain (sorted domain ids), ``agents_per_domain`` per domain, so
+    agent ``i`` belongs to domain ``sorted(unique(domains))[i // agents_per_domain]``. Without
+    ``seed_or_key`` the split is the contiguous, unshuffled one. Covers every index."""
     domains = _ids("domains", domains)
     per = validation.check_int("agents_per_domain", agents_per_domain, minimum=1)
     rng = None if seed_or_key is None else _rng(seed_or_key)
@@ -281,8 +277,7 @@ def natural(domains: Any, num_agents: int | None = None) -> list[np.ndarray]:
     :func:`fedjax_dp.data.fedprox_synthetic.fedprox_synthetic`: one agent per FedProx device).
 
     ``num_agents`` (None: the number of clients) must equal the number of distinct client ids.
-    Deterministic; covers every index.
-    """
+    Deterministic; covers every index."""
     domains = _ids("domains", domains)
     order = np.argsort(domains, kind="stable")                         # [n] grouped by client
     ids, counts = np.unique(domains, return_counts=True)               # [K], [K]

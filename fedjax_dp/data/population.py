@@ -121,9 +121,8 @@ def partition_indices(d: dict, dataset: AnyDataset, key) -> list:
     """The agents' training-record indices for a resolved ``[data]`` table.
 
     ``partition = "by_domain"`` uses the dataset's own training domains (e.g. mnist5k_oddeven's
-    (even, odd) digit pairs) unless ``partition_options.domains`` is given; so does
-    ``partition = "natural"`` (one agent per client id, e.g. fedprox_synthetic's clients).
-    """
+    (even, odd) digit pairs) unless ``partition_options.domains`` is given; so does ``partition =
+    "natural"`` (one agent per client id, e.g. fedprox_synthetic's clients)."""
     options = dict(d["partition_options"])
     if d["partition"] in ("by_domain", "natural") and "domains" not in options:
         if dataset.domain_train is None:
@@ -162,12 +161,11 @@ def hold_out_per_agent(dataset: AnyDataset, parts: list, fraction: float, key
     ``m_i = max(1, round(fraction n_i))`` of its own ``n_i`` records (the partition ``parts`` is
     drawn first, on the whole training split).
 
-    Record r gets a score ``u_r ~ U[0, 1)`` (``jax.random.uniform(key, [n])[r]``) and agent i
-    holds out its m_i records of smallest score (:func:`fedjax_dp.data.splits.per_group_holdout`),
-    so the held-out records depend only on ``key`` and each agent's set of records. Returns ``(dataset without the held-out records,
-    the agents' remaining records as indices into it (each agent's in its partition order),
-    x_val, y_val)``; the validation records are pooled, agent after agent.
-    """
+    Record r gets a score ``u_r ~ U[0, 1)`` (``jax.random.uniform(key, [n])[r]``) and agent i holds
+    out its m_i records of smallest score (:func:`fedjax_dp.data.splits.per_group_holdout`), so the
+    held-out records depend only on ``key`` and each agent's set of records. Returns ``(dataset
+    without the held-out records, the agents' remaining records as indices into it (each agent's in
+    its partition order), x_val, y_val)``; the validation records are pooled, agent after agent."""
     counts = np.fromiter((np.size(q) for q in parts), np.int64, count=len(parts))     # [N]
     flat = np.concatenate([np.asarray(q, np.int64) for q in parts])                  # [sum]
     n = len(dataset.y_train)

@@ -20,8 +20,7 @@ synthetic        Gaussian mixture, any size       (num_features,)  any    any   
 90% / 10% of each client's records for train / test, further clients' records as public split.
 
 :data:`STREAMED` names the sources that also generate their training features block by block
-(:func:`synthetic_stream`); ``synthetic``'s ``generator = "jax"`` draws every record on its own.
-"""
+(:func:`synthetic_stream`); ``synthetic``'s ``generator = "jax"`` draws every record on its own."""
 from __future__ import annotations
 
 import copy
@@ -258,10 +257,9 @@ def synthetic_stream(num_train: int = 1000, num_public: int = 200, num_test: int
                      domain_shift: float = 1.0, clusters_per_class: int = 1,
                      num_informative: int = 0, generator: str = "numpy") -> StreamedDataset:
     """:func:`synthetic` (the same arguments and values) whose training features are generated
-    in blocks when read, never held whole: labels and domains are drawn at once, then the
-    training stream's state is kept, and every read of the features replays it from there
-    (``generator = "numpy"``), or any record is drawn on its own (``"jax"``: the dataset's
-    ``draw``)."""
+    in blocks when read, never held whole: labels and domains are drawn at once, then the training
+    stream's state is kept, and every read of the features replays it from there (``generator =
+    "numpy"``), or any record is drawn on its own (``"jax"``: the dataset's ``draw``)."""
     num_train = validation.check_int("num_train", num_train, minimum=1)
     num_public = validation.check_int("num_public", num_public, minimum=0)
     num_test = validation.check_int("num_test", num_test, minimum=0)
@@ -342,8 +340,7 @@ def synthetic_stream(num_train: int = 1000, num_public: int = 200, num_test: int
 def resize_images(x: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:
     """Bilinearly resize a batch of images ``[n, H, W, C] -> [n, h, w, C]`` (numpy in and out).
 
-    ``jax.image.resize(method="linear")`` (antialiased when shrinking). Returns float32.
-    """
+    ``jax.image.resize(method="linear")`` (antialiased when shrinking). Returns float32."""
     import jax
 
     x = np.asarray(x)
@@ -396,8 +393,7 @@ def load_dataset(name: str, **kwargs) -> Dataset:
     """Load a dataset by name: one of :data:`DATASETS`, or ``"tfds:<name>"`` for TFDS.
 
     ``kwargs`` go to the source (e.g. ``seed=1``, ``num_train=500`` for ``synthetic``, or
-    :func:`fedjax_dp.data.tfds_adapter.load_tfds` options for a ``tfds:`` name).
-    """
+    :func:`fedjax_dp.data.tfds_adapter.load_tfds` options for a ``tfds:`` name)."""
     if isinstance(name, str) and name.startswith(TFDS_PREFIX) and len(name) > len(TFDS_PREFIX):
         from fedjax_dp.data.tfds_adapter import load_tfds
         return load_tfds(name[len(TFDS_PREFIX):], **kwargs)

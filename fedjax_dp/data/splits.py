@@ -1,9 +1,8 @@
 """Deterministic train / public / test splits (shared by the offline sources and file loaders).
 
-A split is a function of the labels and an integer seed only, so every call with the same
-arguments returns identical index arrays. Splits are stratified by label when every class has
-enough records, and fall back to a plain shuffle otherwise.
-"""
+A split is a function of the labels and an integer seed only, so every call with the same arguments
+returns identical index arrays. Splits are stratified by label when every class has enough records,
+and fall back to a plain shuffle otherwise."""
 from __future__ import annotations
 
 import numpy as np
@@ -34,9 +33,8 @@ def split_indices(labels: np.ndarray, *, num_test: int, num_public: int, seed: i
                   stratify: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Indices ``(train, public, test)`` of a fixed split of ``len(labels)`` records.
 
-    The test set is drawn first, then the public set from the remainder; the rest is train.
-    The three int64 index arrays are disjoint and cover ``range(len(labels))``.
-    """
+    The test set is drawn first, then the public set from the remainder; the rest is train. The
+    three int64 index arrays are disjoint and cover ``range(len(labels))``."""
     labels = np.asarray(labels)
     n = len(labels)
     if n == 0:
@@ -54,8 +52,7 @@ def split_indices(labels: np.ndarray, *, num_test: int, num_public: int, seed: i
 def split_counts(n: int, test_fraction: float, public_fraction: float) -> tuple[int, int]:
     """``(num_test, num_public)`` for ``n`` records, rounding each fraction to a whole count.
 
-    Raises ValueError unless at least one record is left for training.
-    """
+    Raises ValueError unless at least one record is left for training."""
     validation.check_probability("test_fraction", test_fraction, allow_zero=True)
     validation.check_probability("public_fraction", public_fraction, allow_zero=True)
     if test_fraction + public_fraction >= 1.0:
@@ -78,8 +75,7 @@ def per_group_holdout(counts: np.ndarray, scores: np.ndarray, fraction: float
     so which records a group holds out depends only on its own records' scores, not on their
     order. Returns ``(held [sum n_i] bool, m [N] int64)``.
 
-    Raises ValueError naming the group when ``m_i >= n_i`` (no record left to it).
-    """
+    Raises ValueError naming the group when ``m_i >= n_i`` (no record left to it)."""
     counts = np.asarray(counts, np.int64)
     scores = np.asarray(scores)
     validation.check_probability("fraction", fraction)

@@ -2,15 +2,15 @@
 
 A :class:`StreamedDataset` is a :class:`~fedjax_dp.data.Dataset` without ``x_train``: it holds the
 training labels (``y_train``, ``domain_train``) and the public and test splits, and yields the
-training features in record order, in blocks, as often as asked. :func:`fedjax_dp.core.stack_records`
-writes such a stream straight into the agents' stacked rows (no second ``[n_train, ...]`` copy).
+training features in record order, in blocks, as often as asked.
+:func:`fedjax_dp.core.stack_records` writes such a stream straight into the agents' stacked rows (no
+second ``[n_train, ...]`` copy).
 :func:`train_blocks` reads either kind of dataset the same way.
 
 A generated source may also draw any of its records directly (``draw``, a
 :class:`fedjax_dp.core.stacked.RecordDraw`): then a population is drawn where it is consumed
-(:func:`fedjax_dp.core.stacked.stack_drawn`) and :meth:`StreamedDataset.rows` draws only the
-records asked for.
-"""
+(:func:`fedjax_dp.core.stacked.stack_drawn`) and :meth:`StreamedDataset.rows` draws only the records
+asked for."""
 from __future__ import annotations
 
 import dataclasses
@@ -33,10 +33,9 @@ class StreamedDataset:
 
     ``blocks(size)`` yields float32 ``[<= size, *feature_shape]`` blocks of the training features,
     records ``0 .. n_train - 1`` in order; every call yields the same values whatever ``size``.
-    ``task`` as :class:`~fedjax_dp.data.Dataset`'s (None: classification); a next-token task
-    has ``y_train [n_train, T]`` and int32 ``[n, T]`` public / test splits, and its blocks are
-    int32 token ids.
-    """
+    ``task`` as :class:`~fedjax_dp.data.Dataset`'s (None: classification); a next-token task has
+    ``y_train [n_train, T]`` and int32 ``[n, T]`` public / test splits, and its blocks are int32
+    token ids."""
 
     name: str
     y_train: np.ndarray                       # [n_train] int32

@@ -33,8 +33,7 @@ def _to_arrays(source: Sequence[dict[str, Any]], image_key: str, label_key: str,
                limit: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Stack the records of a data source: ``(x [n, *shape] float32, y [n] int64)``.
 
-    Unsigned-byte features (images) are scaled to [0, 1]; other numeric features are cast.
-    """
+    Unsigned-byte features (images) are scaled to [0, 1]; other numeric features are cast."""
     n = len(source) if limit is None else min(limit, len(source))
     if n == 0:
         raise ValueError(f"TFDS split {split!r} is empty")

@@ -28,8 +28,7 @@ the client ids sorted as strings). Records:
   (:func:`fedjax_dp.data.vocab.word_sequence`) over the 10,000 most frequent words (counted as
   TFF's ``stackoverflow.word_count``), or a vocabulary read from a file.
 
-Reading needs ``h5py`` (``pip install 'fedjax-dp[federated]'``).
-"""
+Reading needs ``h5py`` (``pip install 'fedjax-dp[federated]'``)."""
 from __future__ import annotations
 
 import collections
@@ -107,8 +106,7 @@ def client_ids(group) -> list[str]:
 class TFFClients(ClientReader):
     """The clients of one TFF dataset's train and test files (a base class; one per format).
 
-    :class:`fedjax_dp.data.client_reader.ClientReader`'s interface, reading one client at a time.
-    """
+    :class:`fedjax_dp.data.client_reader.ClientReader`'s interface, reading one client at a time."""
 
     features: tuple[str, ...] = ()          # the datasets every client group must hold
 

@@ -16,9 +16,8 @@ ids; ``eos`` is appended when fewer than T words remain and ``bos`` is prepended
 zero-padded and give one record ``x = s[:-1]``, ``y = s[1:]`` (T = 20, Reddi et al. 2021).
 
 Sent140 (:func:`sent140_ids`): LEAF's ``split_line`` (words ``[\\w']+`` and the punctuation
-``.,!?;``) of the tweet's text, the first T = 25 words as ids of a word vocabulary, zero-padded
-(one label per tweet).
-"""
+``.,!?;``) of the tweet's text, the first T = 25 words as ids of a word vocabulary, zero-padded (one
+label per tweet)."""
 from __future__ import annotations
 
 import collections
@@ -120,8 +119,7 @@ def load_vocab(path, size: int | None = None, *, default: int | None = None) -> 
     A line may carry a count after the token (``word 1234``, the format of TFF's
     ``stackoverflow.word_count``): only its first field is the token, so the file's order (most
     frequent first) gives the ids. Escapes as :meth:`Vocab.save` writes them; blank lines are
-    skipped.
-    """
+    skipped."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"--vocab {str(p)!r} is not a file (a vocabulary: one token per line)")

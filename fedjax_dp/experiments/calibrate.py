@@ -57,8 +57,7 @@ def set_key(config: dict, key: str, value) -> dict:
 
 class _Planner:
     """The planned ledger(s) of one config family, with the expensive set-up (data, init, the
-    algorithm's ``planned_ledger`` preparation) done once and re-used for every value of the
-    key."""
+    algorithm's ``planned_ledger`` preparation) done once and re-used for every value of the key."""
 
     def __init__(self, config: dict):
         from fedjax_dp.algorithms import api

@@ -21,8 +21,7 @@
     fedjax-dp devices [--json]
     fedjax-dp selftest [--json] [--families FAMILY,FAMILY] [--compilation-cache user|off|DIR]
 
-Errors in the arguments or the config print one line naming the parameter and exit with status 2.
-"""
+Errors in the arguments or the config print one line naming the parameter and exit with status 2."""
 from __future__ import annotations
 
 import argparse

@@ -11,8 +11,7 @@ Two reports, each written as ``STEM.md`` and ``STEM.json`` (and ``STEM.png`` for
   the observation. Per arm: pooled, between-unit and mean within-unit statistics; between
   every two arms, Welch's two-sided t-test on the unit means (``equal_var=False``).
 
-``fedjax-dp compare selected ...`` and ``fedjax-dp compare arms ...`` are the command line.
-"""
+``fedjax-dp compare selected ...`` and ``fedjax-dp compare arms ...`` are the command line."""
 from __future__ import annotations
 
 import itertools

@@ -22,8 +22,7 @@ A config has these tables (see ``configs/``)::
                  log (["tensorboard", "wandb"]: experiment tracking), wandb_project,
                  log_epsilon_every (rounds between the tracked epsilons; 0: none)
 
-Unknown keys are errors that name the key, so a typo never silently falls back to a default.
-"""
+Unknown keys are errors that name the key, so a typo never silently falls back to a default."""
 from __future__ import annotations
 
 import copy

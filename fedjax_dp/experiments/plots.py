@@ -10,8 +10,7 @@ looked up with :func:`records.field`: a top-level key (``epsilon``, ``test_accur
 history metric; :func:`plot_run`: a single run's training curve (``fedjax-dp run --plot``).
 
 matplotlib is imported only when a figure is drawn; figures are made with
-:class:`matplotlib.figure.Figure` (no display, pyplot's global state untouched).
-"""
+:class:`matplotlib.figure.Figure` (no display, pyplot's global state untouched)."""
 from __future__ import annotations
 
 import json
@@ -104,11 +103,10 @@ def summarize(records: Iterable[dict], x: str, y: str, hue: str | None = None) -
     """Rows ``{hue, x, mean, std, n}``: mean and standard deviation (``ddof=1`` when ``n > 1``,
     else 0) of ``y`` over the records sharing a (hue value, x value) — usually the seeds.
 
-    Records whose x or y is ``None`` (no epsilon, a failed metric) are dropped with one warning
-    that counts them. Rows are sorted by hue value, then x value (numbers numerically, then text,
-    then ``None``). ``hue=None`` puts every record in one group (``hue`` is ``None`` in the rows).
-    A list or dict value (``model.hidden``) is grouped by its JSON text.
-    """
+    Records whose x or y is ``None`` (no epsilon, a failed metric) are dropped with one warning that
+    counts them. Rows are sorted by hue value, then x value (numbers numerically, then text, then
+    ``None``). ``hue=None`` puts every record in one group (``hue`` is ``None`` in the rows). A list
+    or dict value (``model.hidden``) is grouped by its JSON text."""
     records = _check_records(records)
     xs = _values(records, x, "x")
     ys = _values(records, y, "y")
@@ -281,8 +279,7 @@ def plot_xy(records: Iterable[dict], x: str, y: str, hue: str | None, out_stem: 
     (:func:`summarize`); writes ``out_stem.png`` and ``out_stem.svg`` and returns their paths.
 
     ``logx=None`` draws epsilon (:data:`LOG_X_FIELDS`) on a log scale and anything else linearly.
-    Non-numeric x values (e.g. ``x="algorithm"``) are drawn as categories.
-    """
+    Non-numeric x values (e.g. ``x="algorithm"``) are drawn as categories."""
     records = _check_records(records)
     rows = summarize(records, x, y, hue)
     numeric = all(_is_number(r["x"]) for r in rows)

@@ -16,8 +16,7 @@ A *record* is one finished run as one JSON object (a line of a sweep's ``results
     wall_time_s, config (resolved), run_id, sweep
 
 Field look-up for plots and tables (:func:`field`) accepts a top-level name, a grid key
-(``algorithm.sigma`` is found in ``params`` first, then in ``config``), or any dotted path.
-"""
+(``algorithm.sigma`` is found in ``params`` first, then in ``config``), or any dotted path."""
 from __future__ import annotations
 
 import gzip
@@ -64,9 +63,8 @@ _RESULT_FIELDS = {"algorithm", "dataset", "num_agents", "seed", "test_accuracy",
 
 def from_result(result: dict, unit: str | None = None, **extra) -> dict:
     """The record of a ``result.json`` (``extra`` sets ``params``, ``target_epsilon``, ...);
-    ``unit`` picks the headline unit (default: the algorithm's first). Fields of the result
-    beyond the common ones (an algorithm's artifacts, timings, other metrics) are kept under
-    ``extras``."""
+    ``unit`` picks the headline unit (default: the algorithm's first). Fields of the result beyond
+    the common ones (an algorithm's artifacts, timings, other metrics) are kept under ``extras``."""
     config = result.get("config", {})
     accountants = config.get("privacy", {}).get("accountants", ("rdp", "pld"))
     eps, unit, acc = headline(result.get("privacy", []), accountants, unit)

@@ -220,9 +220,8 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     ``resume=True``: continue the run held in ``out_dir`` (same config, except the execution keys
     :data:`checkpoint.EXECUTION_KEYS`) from its last checkpoint; without one it starts over.
     ``tracker``: where the rounds are logged instead of the trackers ``run.log`` opens in
-    ``out_dir`` (:mod:`fedjax_dp.experiments.tracking`; a sweep's per-run folder); the caller
-    closes it.
-    """
+    ``out_dir`` (:mod:`fedjax_dp.experiments.tracking`; a sweep's per-run folder); the caller closes
+    it."""
     p = plan(config)
     show = config["run"]["progress"] if progress is None else progress
     out = Path(out_dir) if out_dir is not None else None
@@ -426,9 +425,8 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
            live: _Live, s: "Setup", compiles: compilation.CompileLog,
            tracker: tracking_lib.Tracker | None = None):
     """Drive the algorithm's steps: progress, checkpoints, per-round seconds and compilations,
-    the non-finite check, the tracker (every progress.jsonl record's scalars and the epsilon
-    spent so far, :func:`epsilon_spent`). Returns ``(api.Result, history, seconds per
-    round)``."""
+    the non-finite check, the tracker (every progress.jsonl record's scalars and the epsilon spent
+    so far, :func:`epsilon_spent`). Returns ``(api.Result, history, seconds per round)``."""
     tracker = tracker if tracker is not None else tracking_lib.NoTracker()
     model, fed, key = s.model, s.fed, s.key
     steps_total = p.entry.num_steps(p.algorithm_config)

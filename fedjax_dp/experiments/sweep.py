@@ -23,15 +23,14 @@ A grid key ``"k1+k2"`` ties its keys: each value is a list of one value per key,
 add to the file's (``--grid`` replaces a key's values, ``--seeds`` and ``--target-epsilon``
 replace). The runs are every base config x grid point x target x seed.
 
-Every run's config is validated (:func:`runner.plan`) before any data is loaded; then, per
-(base, grid point, target) *cell*, the key is calibrated (:mod:`fedjax_dp.experiments.calibrate`)
-and the cell's seeds run, as ONE vmapped compiled call per round where the algorithm allows it
+Every run's config is validated (:func:`runner.plan`) before any data is loaded; then, per (base,
+grid point, target) *cell*, the key is calibrated (:mod:`fedjax_dp.experiments.calibrate`) and the
+cell's seeds run, as ONE vmapped compiled call per round where the algorithm allows it
 (:func:`fedjax_dp.algorithms.seeds.run_seeds`), else one after another. Each finished run is
-appended to ``OUT/results.jsonl`` at once, so ``--resume OUT`` runs only the missing ones (a run
-is identified by the fingerprint of its resolved config). ``summary.csv`` and ``summary.md``
-give, per cell, the mean and standard deviation over seeds of test accuracy and epsilon. With
-``run.log`` every run also logs to its own folder ``OUT/runs/<label>/`` (:func:`run_folder`).
-"""
+appended to ``OUT/results.jsonl`` at once, so ``--resume OUT`` runs only the missing ones (a run is
+identified by the fingerprint of its resolved config). ``summary.csv`` and ``summary.md`` give, per
+cell, the mean and standard deviation over seeds of test accuracy and epsilon. With ``run.log``
+every run also logs to its own folder ``OUT/runs/<label>/`` (:func:`run_folder`)."""
 from __future__ import annotations
 
 import copy

@@ -22,8 +22,7 @@ k opens a new file that starts with TensorBoard's purge marker at step k + 1, so
 interrupted process logged after the checkpoint is dropped (no step twice, none lost). A resumed
 W&B run continues the same W&B run (its id is kept in ``<run folder>/tracking.json``).
 
-TensorBoard stores scalars as float32. The W&B backend imports ``wandb`` only when asked for.
-"""
+TensorBoard stores scalars as float32. The W&B backend imports ``wandb`` only when asked for."""
 from __future__ import annotations
 
 import json

@@ -11,8 +11,7 @@ Every model is exposed as a :class:`Model`, a pair of pure functions
     apply(params, x) -> logits        x: [*feature_shape] (ONE example), logits: [num_classes]
 
 so per-example gradients are ``jax.vmap(jax.grad(loss), (None, 0, 0))`` and all agents' models are
-one params pytree with a leading agent axis (``jax.vmap(model.init)(keys)``).
-"""
+one params pytree with a leading agent axis (``jax.vmap(model.init)(keys)``)."""
 from __future__ import annotations
 
 import functools

@@ -21,8 +21,7 @@ per-example clipping, the sensitivity of DP-SGD) is undefined with it. Every nor
 parameters or running statistics, identical in training and evaluation.
 
 The search network is a :class:`SearchModel` (``init_weights(key) -> W``, ``init_alphas(key) ->
-alpha``, ``apply(W, alpha, x) -> logits`` for one example), the fixed network a :class:`Model`.
-"""
+alpha``, ``apply(W, alpha, x) -> logits`` for one example), the fixed network a :class:`Model`."""
 from __future__ import annotations
 
 import dataclasses
@@ -331,9 +330,8 @@ def _search_cell(space: SearchSpace, cp: dict, s0, s1, weights, red: bool, red_p
     """One search cell on one example; ``weights [E, P]`` (softmax of the cell type's alpha).
 
     The MixedOps of the 2 input edges of every node run as one ``vmap`` (they share s0, s1), and
-    node i's edges from earlier nodes as one ``vmap`` over them: a cell compiles ``nodes``
-    MixedOp instances instead of one per edge, with exactly the DARTS computation.
-    """
+    node i's edges from earlier nodes as one ``vmap`` over them: a cell compiles ``nodes`` MixedOp
+    instances instead of one per edge, with exactly the DARTS computation."""
     n, prims = space.nodes, space.primitives
     s0, s1 = _preprocess(cp, s0, s1, red_prev)
     inputs = jnp.stack([s0, s1])                                        # [2, H, W, C]
@@ -373,9 +371,8 @@ def _search_apply(space: SearchSpace, weights: dict, alpha: dict, x: jax.Array) 
 class SearchModel(NamedTuple):
     """The search network as pure functions of one example.
 
-    init_weights(key) -> W; init_alphas(key) -> {"normal": [E, P], "reduce": [E, P]};
-    apply(W, alpha, x [*feature_shape]) -> logits [num_classes].
-    """
+    init_weights(key) -> W; init_alphas(key) -> {"normal": [E, P], "reduce": [E, P]}; apply(W,
+    alpha, x [*feature_shape]) -> logits [num_classes]."""
 
     init_weights: Callable[[jax.Array], Params]
     init_alphas: Callable[[jax.Array], dict]
@@ -451,9 +448,8 @@ def search_network(space: SearchSpace, feature_shape: Sequence[int], num_classes
 class Genotype(NamedTuple):
     """A discrete architecture: per cell type, for each node i two ``(op, input)`` pairs.
 
-    ``input`` j < i + 2 indexes the cell's states (0: s0, 1: s1, 2 + m: node m). ``*_concat``
-    lists the states concatenated into the cell output (all intermediate nodes).
-    """
+    ``input`` j < i + 2 indexes the cell's states (0: s0, 1: s1, 2 + m: node m). ``*_concat`` lists
+    the states concatenated into the cell output (all intermediate nodes)."""
 
     normal: tuple[tuple[str, int], ...]
     normal_concat: tuple[int, ...]

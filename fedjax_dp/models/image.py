@@ -78,10 +78,9 @@ class ResNet18GN(nn.Module):
 
     Stages of two basic blocks with ``width * (1, 2, 4, 8)`` channels (stride 1, 2, 2, 2), global
     average pooling and a linear classifier; ``stage_blocks`` (default ``(2, 2, 2, 2)``) sets the
-    number of stages and of blocks per stage. Each GroupNorm normalises one example's
-    activations over (H, W, channels of a group):
-    ``(a - mean_g) / sqrt(var_g + 1e-6) * gamma + beta`` (Wu & He 2018, eq. 1), so nothing is
-    shared across examples."""
+    number of stages and of blocks per stage. Each GroupNorm normalises one example's activations
+    over (H, W, channels of a group): ``(a - mean_g) / sqrt(var_g + 1e-6) * gamma + beta`` (Wu & He
+    2018, eq. 1), so nothing is shared across examples."""
     num_classes: int
     width: int = 64
     groups: int = 2

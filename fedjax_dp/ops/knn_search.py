@@ -22,9 +22,8 @@ positions), and adding/removing one record changes it by at most one record in a
 what kNN-DPFL's instance-level sensitivity ``sqrt(2)/k`` rests on
 (:mod:`fedjax_dp.algorithms.voting.knn_dpfl`); the brute-force sensitivity test runs through this path.
 
-Blocks of ``agent_block`` agents x ``query_block`` queries are visited by ``lax.map``; their
-size is device-aware (:func:`block_sizes`) and does not change the result.
-"""
+Blocks of ``agent_block`` agents x ``query_block`` queries are visited by ``lax.map``; their size is
+device-aware (:func:`block_sizes`) and does not change the result."""
 from __future__ import annotations
 
 import math
@@ -73,8 +72,7 @@ def _passes(s: jax.Array, k: int, target, t0: jax.Array, dens: jax.Array, state,
 
     ``state = (it, lo_key, hi_key, c_lo, c_hi)`` (``it`` scalar, the rest ``[a, q]`` int32);
     ``t0``/``dens [a, q]`` the normal-model first guess and density. ``first`` count passes run
-    unconditionally first (no activity check or branch). Returns the new state.
-    """
+    unconditionally first (no activity check or branch). Returns the new state."""
     count_dtype = jnp.int16 if s.shape[1] < 2 ** 15 else jnp.int32
     big = to_key(jnp.float32(jnp.finfo(jnp.float32).max))
 
@@ -183,9 +181,8 @@ def kth_smallest_key(s: jax.Array, k: int, n_real: jax.Array, mean: jax.Array,
     (a tie at the k-th: no threshold separates it). Without ties a block needs at most
     ``search_steps + 32 + walk_width`` passes; the loop is capped just above that. The counts of
     walk passes assume no tied scores; the caller verifies ``#{s <= tau}`` and falls back to an
-    exact top-k if it is off, so ties and the cap never give a wrong set.
-    Returns ``(tau [a, q] int32 keys, passes [])``.
-    """
+    exact top-k if it is off, so ties and the cap never give a wrong set. Returns ``(tau [a, q]
+    int32 keys, passes [])``."""
     a, n, q = s.shape
     n_real = jnp.broadcast_to(n_real[:, None], (a, q)).astype(jnp.int32)
     nf = jnp.maximum(n_real, 1).astype(jnp.float32)
@@ -236,8 +233,7 @@ def _label_codes(y: jax.Array, k: int, num_classes: int) -> tuple[jax.Array, int
     """Pack per-class counts into int32 words: ``codes [a, n, W]`` with ``bits`` bits a class.
 
     ``floor(31 / bits)`` classes share a word (:func:`_code_layout`), so a sum of codes over the
-    chosen records holds every class count without carries.
-    """
+    chosen records holds every class count without carries."""
     bits, per = _code_layout(k)
     words = -(-num_classes // per)
     word = y // per                                                           # [a, n]
@@ -304,9 +300,8 @@ def score_moments(stats, qa: jax.Array) -> tuple[jax.Array, jax.Array]:
 
         mean = E[sq] - 2 E[b].x,   var = Var(sq) - 4 Cov(sq, b).x + 4 x' Cov(b) x
 
-    with ``Cov(b)`` taken as diagonal (three tiny GEMMs, no pass over the scores). Only steers
-    the first threshold guesses of :func:`kth_smallest_key`: any value is correct.
-    """
+    with ``Cov(b)`` taken as diagonal (three tiny GEMMs, no pass over the scores). Only steers the
+    first threshold guesses of :func:`kth_smallest_key`: any value is correct."""
     mb, vb, msq, vsq, csb = stats
     x = -0.5 * qa[:, :-1]                                                     # [q, d]
     mean = msq[:, None] - 2.0 * mb @ x.T
@@ -405,9 +400,8 @@ def agent_block_size(a: int, target: int) -> int:
 
 def query_block_size(q: int, target: int) -> int:
     """Queries per block: all ``q`` if ``q <= target``; else the multiple of 64 in
-    ``[64, target]`` that pads ``q`` least (ties: the larger), else ``target`` (the scores GEMM
-    is faster per query at multiples of 64, which outweighs a few padded queries).
-    """
+    ``[64, target]`` that pads ``q`` least (ties: the larger), else ``target`` (the scores GEMM is
+    faster per query at multiples of 64, which outweighs a few padded queries)."""
     if q <= target:
         return max(1, q)
     sizes = list(range(64, target + 1, 64))
@@ -423,13 +417,12 @@ def neighbour_label_counts(x: jax.Array, y: jax.Array, mask: jax.Array, queries:
                            fix_rows: int = FIX_ROWS) -> jax.Array:
     """Per agent and query, how many of the agent's k nearest records carry each label.
 
-    ``x [a, n, d]``, ``y [a, n]`` int, ``mask [a, n]`` (real records), ``queries [q, d]`` ->
-    ``[a, q, C]`` float32 counts (each row sums to ``min(k, n_i)``). Squared Euclidean distance;
-    ties broken by lower record index (as ``lax.top_k``). Blocks of ``agent_block`` x
-    ``query_block`` (None: :func:`block_sizes`); the result does not depend on the block sizes.
-    A block's rows with a tie at the k-th are redone with ``lax.top_k`` alone while they are at
-    most one in ``fix_rows``, else the whole block (the same counts either way).
-    """
+    ``x [a, n, d]``, ``y [a, n]`` int, ``mask [a, n]`` (real records), ``queries [q, d]`` -> ``[a,
+    q, C]`` float32 counts (each row sums to ``min(k, n_i)``). Squared Euclidean distance; ties
+    broken by lower record index (as ``lax.top_k``). Blocks of ``agent_block`` x ``query_block``
+    (None: :func:`block_sizes`); the result does not depend on the block sizes. A block's rows with
+    a tie at the k-th are redone with ``lax.top_k`` alone while they are at most one in
+    ``fix_rows``, else the whole block (the same counts either way)."""
     a, n, d = x.shape
     q = queries.shape[0]
     if agent_block is None or query_block is None:

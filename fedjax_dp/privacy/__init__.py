@@ -3,8 +3,7 @@ noise mechanisms, dp-accounting wrappers, the privacy ledger and noise calibrati
 the shuffle-DP binomial vector sum (``shuffle``) and its exact PLD (``shuffle_accounting``); secure
 aggregation in Z_{2^32} (:mod:`fedjax_dp.privacy.secagg`, ``secagg_shares``, ``secagg_masks``).
 
-Builds on :mod:`fedjax_dp.core` only; it never trains and knows no algorithm.
-"""
+Builds on :mod:`fedjax_dp.core` only; it never trains and knows no algorithm."""
 from fedjax_dp.privacy import (accounting, batch_selection, calibration, clipping, ledger,
                                mechanisms, noise, private_grad, shuffle, shuffle_accounting)
 from fedjax_dp.privacy import secagg, secagg_masks, secagg_shares

@@ -10,14 +10,13 @@ and an accountant turns the event into ``(epsilon, delta)``. Two accountants:
   discretisation) with ``value_discretization_interval =``
   :data:`DEFAULT_PLD_DISCRETIZATION` (1e-4): tighter than RDP, slower.
 
-All accountants run under ``dp_accounting``'s default ``ADD_OR_REMOVE_ONE`` relation. The
-Gaussian and Laplace events are stated in terms of the sensitivity under *the caller's* relation
-(``noise_multiplier = std / sensitivity``), so a replace-one relation is expressed by its
-(larger) sensitivity; Poisson subsampling is analysed for add/remove only. The one exception:
-an event containing ``SampledWithoutReplacementDpEvent`` (fixed-size sampling) is analysed by the
-RDP accountant under ``REPLACE_ONE`` (Wang et al. 2019; the only relation dp-accounting supports
-for it, :func:`uses_replace_one`); the PLD accountant does not support it.
-"""
+All accountants run under ``dp_accounting``'s default ``ADD_OR_REMOVE_ONE`` relation. The Gaussian
+and Laplace events are stated in terms of the sensitivity under *the caller's* relation
+(``noise_multiplier = std / sensitivity``), so a replace-one relation is expressed by its (larger)
+sensitivity; Poisson subsampling is analysed for add/remove only. The one exception: an event
+containing ``SampledWithoutReplacementDpEvent`` (fixed-size sampling) is analysed by the RDP
+accountant under ``REPLACE_ONE`` (Wang et al. 2019; the only relation dp-accounting supports for it,
+:func:`uses_replace_one`); the PLD accountant does not support it."""
 from __future__ import annotations
 
 import contextlib
@@ -108,8 +107,7 @@ def composed_accountant(event: dp_event.DpEvent, accountant: str = "rdp",
                         ) -> dp_accounting.PrivacyAccountant:
     """A fresh accountant (:func:`make_accountant`) that has composed ``event`` once.
 
-    Raises ``ValueError`` if the accountant does not support the event.
-    """
+    Raises ``ValueError`` if the accountant does not support the event."""
     check_event("event", event)
     acc = make_accountant(accountant, orders)
     if accountant == "rdp" and uses_replace_one(event):
@@ -188,9 +186,8 @@ def epsilon_from_rdp(orders: Sequence[float], rdp: Sequence[float], delta: float
                      ) -> tuple[float, float]:
     """``(epsilon, optimal_order)`` from a per-order RDP vector (e.g. a data-dependent PATE bound).
 
-    Uses ``dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon``:
-    ``eps = min_a [rdp(a) + log1p(-1/a) - log(delta * a) / (a - 1)]`` (clipped at 0).
-    """
+    Uses ``dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon``: ``eps = min_a [rdp(a) +
+    log1p(-1/a) - log(delta * a) / (a - 1)]`` (clipped at 0)."""
     delta = validation.check_open_unit("delta", delta)
     grid = _check_orders(orders)
     vec = validation.check_per_order(
@@ -211,8 +208,7 @@ def gaussian_event(noise_multiplier: float, count: int = 1) -> dp_event.DpEvent:
     """``count`` adaptive applications of the Gaussian mechanism with std ``z * sensitivity``.
 
     ``GaussianDpEvent(z)`` (``count == 1``) or ``SelfComposedDpEvent(GaussianDpEvent(z), count)``;
-    RDP ``count * alpha / (2 z^2)``. ``count == 0`` gives ``NoOpDpEvent()``.
-    """
+    RDP ``count * alpha / (2 z^2)``. ``count == 0`` gives ``NoOpDpEvent()``."""
     z = validation.check_nonnegative("noise_multiplier", noise_multiplier)
     count = validation.check_int("count", count, minimum=0)
     return _repeat(dp_accounting.GaussianDpEvent(z), count)
@@ -223,8 +219,7 @@ def laplace_event(noise_multiplier: float, count: int = 1) -> dp_event.DpEvent:
 
     With scale ``b`` and L1 sensitivity ``Delta``, one application is ``(Delta / b, 0)``-DP, i.e.
     ``epsilon = 1 / noise_multiplier``. ``LaplaceDpEvent(noise_multiplier)``, self-composed if
-    ``count != 1``. ``noise_multiplier > 0``.
-    """
+    ``count != 1``. ``noise_multiplier > 0``."""
     b = validation.check_positive("noise_multiplier", noise_multiplier)
     count = validation.check_int("count", count, minimum=0)
     return _repeat(dp_accounting.LaplaceDpEvent(b), count)
@@ -291,10 +286,9 @@ def _to_jsonable(value: Any) -> Any:
 def event_to_json(event: dp_event.DpEvent) -> dict:
     """A DpEvent as nested JSON-able dicts, from ``event.to_named_tuple()``.
 
-    Each event becomes ``{"class_name": ..., "module_name": ..., <field>: <value>, ...}``;
-    nested events (``event``) and lists of events (``events``) are converted recursively.
-    Floats may be ``inf`` (``json.dumps`` writes ``Infinity``).
-    """
+    Each event becomes ``{"class_name": ..., "module_name": ..., <field>: <value>, ...}``; nested
+    events (``event``) and lists of events (``events``) are converted recursively. Floats may be
+    ``inf`` (``json.dumps`` writes ``Infinity``)."""
     check_event("event", event)
     return _to_jsonable(event.to_named_tuple())
 

@@ -1,12 +1,10 @@
 """Noise calibration: the smallest noise multiplier that meets a target ``(epsilon, delta)``.
 
-A thin wrapper on ``dp_accounting.calibrate_dp_mechanism`` (Brent's method on
-``gap(z) = eps(make_event(z), delta) - target_epsilon`` in an explicit bracket, with a fallback
-bisection that guarantees ``gap(z) <= 0``). The result ``z`` satisfies
-``eps(make_event(z)) <= target_epsilon`` and is within ``tol`` of the smallest such ``z``,
-provided epsilon decreases as the noise multiplier grows (true for the events built in
-:mod:`fedjax_dp.privacy.accounting`).
-"""
+A thin wrapper on ``dp_accounting.calibrate_dp_mechanism`` (Brent's method on ``gap(z) =
+eps(make_event(z), delta) - target_epsilon`` in an explicit bracket, with a fallback bisection that
+guarantees ``gap(z) <= 0``). The result ``z`` satisfies ``eps(make_event(z)) <= target_epsilon`` and
+is within ``tol`` of the smallest such ``z``, provided epsilon decreases as the noise multiplier
+grows (true for the events built in :mod:`fedjax_dp.privacy.accounting`)."""
 from __future__ import annotations
 
 import math
@@ -33,8 +31,7 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float,
     ``epsilon(make_event(z), delta, accountant) <= target_epsilon``.
 
     Raises ``ValueError`` if the target is unreachable in the bracket (even the upper end gives a
-    larger epsilon) or already met at its lower end (the answer lies below the bracket).
-    """
+    larger epsilon) or already met at its lower end (the answer lies below the bracket)."""
     target = validation.check_positive("target_epsilon", target_epsilon)
     if not math.isfinite(target):
         raise ValueError(f"target_epsilon must be finite, got {target_epsilon!r}")

@@ -41,8 +41,7 @@ def clip_by_global_norm(tree: Any, max_norm) -> tuple[Any, jax.Array]:
     Returns ``(clipped_tree, norm)`` with ``norm`` the *original* global norm (a float scalar).
     Bounds the L2 sensitivity of a sum of clipped contributions by ``max_norm`` (add/remove one
     contribution) or ``2 * max_norm`` (replace one). ``max_norm`` finite ``>= 0``. Use
-    ``jax.vmap(clip_by_global_norm, in_axes=(0, None))`` for per-agent / per-example clipping.
-    """
+    ``jax.vmap(clip_by_global_norm, in_axes=(0, None))`` for per-agent / per-example clipping."""
     check_scale("max_norm", max_norm)
     return _clip_by_global_norm(tree, max_norm)
 

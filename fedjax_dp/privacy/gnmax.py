@@ -71,8 +71,7 @@ def gnmax_logq(votes, sigma) -> np.ndarray | float:
     ``votes``: noise-free vote sums ``[C]`` or ``[Q, C]``. For each query, with ``* = argmax n``
     (first maximum), ``log q = logsumexp_{j != *} log Phi-bar((n_* - n_j) / (sqrt(2) sigma))``,
     capped at ``log(1 - 1/C)``. Returns a float for ``[C]``, an array ``[Q]`` for ``[Q, C]``.
-    ``sigma`` finite ``> 0``.
-    """
+    ``sigma`` finite ``> 0``."""
     v = _check_votes(votes)
     sigma = _check_sigma(sigma)
     single = v.ndim == 1
@@ -106,9 +105,8 @@ def gnmax_rdp(logq, sigma, orders) -> np.ndarray:
         log B = (alpha - 1)(eps1 - log q / (mu1 - 1))
         rdp   = min(alpha / sigma^2, logaddexp(log(1 - q) + log A, log q + log B) / (alpha - 1))
 
-    and ``rdp = alpha / sigma^2`` elsewhere; ``log q = -inf`` (a certain outcome) gives 0.
-    Returns ``[len(orders)]`` for a scalar ``logq``, ``[..., len(orders)]`` for an array.
-    """
+    and ``rdp = alpha / sigma^2`` elsewhere; ``log q = -inf`` (a certain outcome) gives 0. Returns
+    ``[len(orders)]`` for a scalar ``logq``, ``[..., len(orders)]`` for an array."""
     sigma = _check_sigma(sigma)
     grid = _check_orders(orders)
     lq = np.asarray(logq, dtype=np.float64)
@@ -151,9 +149,8 @@ def gnmax_total_rdp(votes, sigma, sensitivity=2 ** 0.5, orders=None
 
     ``votes [Q, C]`` (or ``[C]``: one query) are the noise-free vote sums in the units in which the
     vote sum has L2 ``sensitivity``; ``sigma`` is the actual std of the noise on the sum. The RDP
-    uses ``sigma_eff = sigma sqrt(2) / sensitivity`` (module docstring); the data-independent
-    vector is ``Q alpha / sigma_eff^2 = Q alpha sensitivity^2 / (2 sigma^2)``.
-    """
+    uses ``sigma_eff = sigma sqrt(2) / sensitivity`` (module docstring); the data-independent vector
+    is ``Q alpha / sigma_eff^2 = Q alpha sensitivity^2 / (2 sigma^2)``."""
     v = np.atleast_2d(_check_votes(votes))
     sigma = _check_sigma(sigma)
     sigma_eff = _sigma_eff(sigma, sensitivity)
@@ -170,11 +167,10 @@ def gnmax_epsilon(votes, sigma, delta, sensitivity=2 ** 0.5, orders: Sequence[fl
 
     Both RDP curves (:func:`gnmax_total_rdp`) are converted at ``delta`` by
     ``dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon``. ``sensitivity``: the L2
-    sensitivity of the vote sum for the unit of privacy (``sqrt(2)``: PATE's convention, one
-    voter changes its vote; 1: add/remove one agent). ``orders`` default :data:`PATE_ORDERS`.
-    The data-dependent epsilon depends on the private votes (publish it only with smooth
-    sensitivity, PATE 2018 Section B).
-    """
+    sensitivity of the vote sum for the unit of privacy (``sqrt(2)``: PATE's convention, one voter
+    changes its vote; 1: add/remove one agent). ``orders`` default :data:`PATE_ORDERS`. The
+    data-dependent epsilon depends on the private votes (publish it only with smooth sensitivity,
+    PATE 2018 Section B)."""
     delta = validation.check_open_unit("delta", delta)
     grid, dd, di = gnmax_total_rdp(votes, sigma, sensitivity, orders)
     eps_dd, _ = rdp_privacy_accountant.compute_epsilon(grid.tolist(), dd.tolist(), delta)

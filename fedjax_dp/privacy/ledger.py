@@ -40,12 +40,11 @@ Epsilon for a delta is always computed from these data by ``dp_accounting``.
 **What a guarantee does not cover.** A run may release quantities that none of its entries
 accounts for (a denominator that is the realised cohort size, training losses or realised batch
 sizes reported without noise, a data-dependent epsilon). An algorithm declares each with
-:meth:`PrivacyLedger.declare_uncovered` (what is released and why it is not covered); a ledger
-with data-dependent entries declares its data-dependent epsilons itself. Every guarantee of
+:meth:`PrivacyLedger.declare_uncovered` (what is released and why it is not covered); a ledger with
+data-dependent entries declares its data-dependent epsilons itself. Every guarantee of
 :meth:`PrivacyLedger.report` then says ``covers_all_releases: false`` and lists them in
-``not_covered``, so it cannot be mistaken for one that covers the whole run
-(``covers_all_releases: true``).
-"""
+``not_covered``, so it cannot be mistaken for one that covers the whole run (``covers_all_releases:
+true``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -129,9 +128,8 @@ class LedgerEntry:
     ``'shuffle'``.
 
     ``event`` is set for ``'event'`` (a DpEvent) and ``'shuffle'`` (a ``BinomialSumEvent``),
-    ``members`` (one DpEvent or ``BinomialSumEvent`` per member) for ``'parallel'``,
-    ``orders`` and ``rdp`` for ``'rdp'`` (data-dependent). ``sensitivity`` is informational.
-    """
+    ``members`` (one DpEvent or ``BinomialSumEvent`` per member) for ``'parallel'``, ``orders`` and
+    ``rdp`` for ``'rdp'`` (data-dependent). ``sensitivity`` is informational."""
     unit: str
     relation: str
     kind: str
@@ -216,9 +214,8 @@ def _pld_epsilon(events: Sequence[Any], delta: float) -> float:
     """PLD epsilon of DpEvents and shuffle events composed (one discretisation interval).
 
     The DpEvents go through dp_accounting's PLD accountant; its PLD (the accountant's ``_pld``,
-    which dp_accounting exposes no other way) is composed with each shuffle event's exact PLD.
-    The two private fields read here are why pyproject.toml bounds dp-accounting (< 0.7).
-    """
+    which dp_accounting exposes no other way) is composed with each shuffle event's exact PLD. The
+    two private fields read here are why pyproject.toml bounds dp-accounting (< 0.7)."""
     dp_events = [e for e in events if not _is_shuffle(e)]
     shuffles = [e for e in events if _is_shuffle(e)]
     total = None
@@ -245,9 +242,8 @@ class _Evaluation:
 class PrivacyLedger:
     """What an algorithm ran, per unit of privacy; epsilon for any delta by RDP or PLD.
 
-    ``add_*`` methods append an entry and return the ledger (so calls chain). Entries are
-    immutable; :meth:`merged` returns a new ledger.
-    """
+    ``add_*`` methods append an entry and return the ledger (so calls chain). Entries are immutable;
+    :meth:`merged` returns a new ledger."""
 
     def __init__(self, entries: Sequence[LedgerEntry] = (), uncovered: Sequence[Uncovered] = ()):
         self._entries: list[LedgerEntry] = []
@@ -301,11 +297,10 @@ class PrivacyLedger:
                      note: str = "") -> "PrivacyLedger":
         """Record one event per member of a disjoint partition (parallel composition).
 
-        Each unit's data lies in exactly one member (e.g. each party's records only in that
-        party's model), so the guarantee is that of the worst member, found at report time
-        for the requested delta and accountant. Members may also be shuffle
-        ``BinomialSumEvent`` s (the unit is then evaluated by the PLD accountant only).
-        """
+        Each unit's data lies in exactly one member (e.g. each party's records only in that party's
+        model), so the guarantee is that of the worst member, found at report time for the requested
+        delta and accountant. Members may also be shuffle ``BinomialSumEvent`` s (the unit is then
+        evaluated by the PLD accountant only)."""
         members = tuple(events_per_member)
         if not members:
             raise ValueError("events_per_member must hold at least one DpEvent, got none")
@@ -334,8 +329,7 @@ class PrivacyLedger:
                 relation: str, note: str = "") -> "PrivacyLedger":
         """Record a data-dependent RDP vector ``rdp[i] = RDP at orders[i]`` (marked data-dependent).
 
-        Vectors of one unit must share one order grid; they add up (RDP composition).
-        """
+        Vectors of one unit must share one order grid; they add up (RDP composition)."""
         grid = np.asarray(orders, dtype=np.float64).reshape(-1)
         vec = np.asarray(rdp, dtype=np.float64).reshape(-1)
         if grid.size == 0 or not np.all(np.isfinite(grid)) or np.any(grid <= 1):

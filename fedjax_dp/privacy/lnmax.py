@@ -120,8 +120,7 @@ def moments_epsilon(total_log_moments, delta,
                     orders: Iterable[int] = DEFAULT_MOMENT_ORDERS) -> float:
     """``eps = min_l (total_alpha(l) + log(1/delta)) / l`` (Abadi et al. 2016 Theorem 2).
 
-    ``total_log_moments [L]``: log moments summed over all composed queries, one per order.
-    """
+    ``total_log_moments [L]``: log moments summed over all composed queries, one per order."""
     delta = validation.check_open_unit("delta", delta)
     ls = _orders(orders)
     total = validation.check_per_order(

@@ -5,12 +5,11 @@ Each is "constrain sensitivity, then add noise" (the pfl-research split): clippi
 draws the noise, and :func:`gaussian_mechanism` / :func:`laplace_mechanism` add it to a value
 whose sensitivity the caller has bounded; the noisy-argmax votes release only a label.
 
-Privacy is *not* computed here. Each docstring states the neighbouring relation, the sensitivity
-and the unit of privacy, and the ``dp_accounting`` event of one application; the caller records
-it in a :class:`~fedjax_dp.privacy.ledger.PrivacyLedger`. Keys: one per random draw (one per
-agent for a distributed vote, :func:`fedjax_dp.core.rng.split_per_agent`); noise scales are
-checked on the host when concrete (:func:`fedjax_dp.privacy.noise.check_scale`).
-"""
+Privacy is *not* computed here. Each docstring states the neighbouring relation, the sensitivity and
+the unit of privacy, and the ``dp_accounting`` event of one application; the caller records it in a
+:class:`~fedjax_dp.privacy.ledger.PrivacyLedger`. Keys: one per random draw (one per agent for a
+distributed vote, :func:`fedjax_dp.core.rng.split_per_agent`); noise scales are checked on the host
+when concrete (:func:`fedjax_dp.privacy.noise.check_scale`)."""
 from __future__ import annotations
 
 import functools
@@ -62,8 +61,7 @@ def laplace_mechanism(key: jax.Array, value_tree: Any, l1_sensitivity, epsilon) 
     ``noise_multiplier = b / l1_sensitivity = 1 / epsilon``
     (``accounting.laplace_event(1 / epsilon)``).
 
-    ``l1_sensitivity`` finite ``>= 0``; ``epsilon`` finite ``> 0``.
-    """
+    ``l1_sensitivity`` finite ``>= 0``; ``epsilon`` finite ``> 0``."""
     check_scale("l1_sensitivity", l1_sensitivity)
     check_scale("epsilon", epsilon, positive=True)
     noise = laplace_noise(key, value_tree, l1_sensitivity / epsilon)
@@ -77,8 +75,7 @@ def agent_vote_noise(key: jax.Array, num_agents: int, shape: tuple[int, ...], si
 
     Row ``i`` is drawn from agent ``i``'s own key (``split_per_agent(key, N)[i]``), so the rows are
     independent and the sum over agents is ``N(0, sigma^2 I)``: the distributed noise of a
-    secure-aggregation ("MPC") vote, where no single party ever sees noise-free counts.
-    """
+    secure-aggregation ("MPC") vote, where no single party ever sees noise-free counts."""
     num_agents = validation.check_int("num_agents", num_agents, minimum=1)
     check_scale("sigma", sigma)
     return _agent_vote_noise(rng.as_key(key), sigma, num_agents=num_agents,
@@ -113,9 +110,8 @@ def noisy_argmax_vote(key: jax.Array, ballots: jax.Array, sigma, *,
     * relation replace one agent's ballots (one vote moved from class a to b): sensitivity
       ``sqrt(2)`` per query: ``GaussianDpEvent(sigma / sqrt(2))`` composed Q times.
 
-    Releasing only the argmax also allows data-dependent (PATE / GNMax) RDP analyses.
-    ``sigma`` finite ``>= 0``; ``sigma = 0`` gives the plain argmax of the vote sum.
-    """
+    Releasing only the argmax also allows data-dependent (PATE / GNMax) RDP analyses. ``sigma``
+    finite ``>= 0``; ``sigma = 0`` gives the plain argmax of the vote sum."""
     check_scale("sigma", sigma)
     ballots = jnp.asarray(ballots)
     if ballots.ndim != 3:
@@ -143,13 +139,11 @@ def _noisy_argmax_vote(key: jax.Array, ballots: jax.Array, sigma, *, distributed
 def noisy_argmax_laplace(key: jax.Array, counts: jax.Array, gamma) -> jax.Array:
     """LNMax: ``argmax_c (counts[..., c] + Laplace(0, 1 / gamma))``, returning ``int32 [...]``.
 
-    ``counts``: ``[..., C]`` vote counts (e.g. teacher votes per class, one row per query).
-    Privacy per query (Papernot et al. 2017, PATE): unit = one voter (teacher / party), relation
-    replace one voter's vote, L1 sensitivity 2 (one count -1, another +1), so one query is
-    ``(2 gamma, 0)``-DP: ``LaplaceDpEvent(noise_multiplier=(1/gamma)/2)``; under add/remove one
-    voter the L1 sensitivity is 1 and a query is ``(gamma, 0)``-DP.
-    ``gamma`` finite ``> 0``.
-    """
+    ``counts``: ``[..., C]`` vote counts (e.g. teacher votes per class, one row per query). Privacy
+    per query (Papernot et al. 2017, PATE): unit = one voter (teacher / party), relation replace one
+    voter's vote, L1 sensitivity 2 (one count -1, another +1), so one query is ``(2 gamma, 0)``-DP:
+    ``LaplaceDpEvent(noise_multiplier=(1/gamma)/2)``; under add/remove one voter the L1 sensitivity
+    is 1 and a query is ``(gamma, 0)``-DP. ``gamma`` finite ``> 0``."""
     check_scale("gamma", gamma, positive=True)
     counts = jnp.asarray(counts)
     if counts.ndim < 1 or counts.shape[-1] == 0:

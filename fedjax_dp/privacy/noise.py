@@ -26,8 +26,7 @@ __all__ = ["check_scale", "float_dtype", "gaussian_noise", "laplace_noise", "add
 def check_scale(name: str, value: Any, *, positive: bool = False) -> None:
     """Check a noise scale on the host: finite and ``>= 0`` (``> 0`` if ``positive``).
 
-    Tracers are skipped (they have no value yet); concrete arrays are checked elementwise.
-    """
+    Tracers are skipped (they have no value yet); concrete arrays are checked elementwise."""
     if isinstance(value, jax.core.Tracer):
         return
     if isinstance(value, (jax.Array, np.ndarray)) and np.ndim(value) > 0:
@@ -75,9 +74,8 @@ def _scaled_noise(key: jax.Array, scale, *, kind: str, specs: tuple, split: bool
 def _noise_like(kind: str, key: jax.Array, shape_or_tree: Any, scale, dtype=None) -> Any:
     """``scale *`` standard noise: one array for a shape, a pytree of arrays for a pytree.
 
-    A bare array (a single-leaf pytree) uses ``key`` directly; a pytree with several leaves gets
-    one independent key per leaf (``jax.random.split``).
-    """
+    A bare array (a single-leaf pytree) uses ``key`` directly; a pytree with several leaves gets one
+    independent key per leaf (``jax.random.split``)."""
     key = rng.as_key(key)
     if _is_shape(shape_or_tree):
         shape = (int(shape_or_tree),) if isinstance(shape_or_tree, (int, np.integer)) \
@@ -104,8 +102,7 @@ def gaussian_noise(key: jax.Array, shape_or_tree: Any, std, *, dtype=None) -> An
     and shapes; float leaves keep their dtype, others get JAX's default float). Each leaf of a
     pytree draws from its own key (split from ``key``), so no two leaves share noise.
 
-    ``std`` must be finite and ``>= 0`` (checked on the host unless traced).
-    """
+    ``std`` must be finite and ``>= 0`` (checked on the host unless traced)."""
     check_scale("std", std)
     return _noise_like("normal", key, shape_or_tree, std, dtype)
 
@@ -113,9 +110,8 @@ def gaussian_noise(key: jax.Array, shape_or_tree: Any, std, *, dtype=None) -> An
 def laplace_noise(key: jax.Array, shape_or_tree: Any, scale, *, dtype=None) -> Any:
     """Noise i.i.d. ``Laplace(0, b)`` with ``b = scale``: density ``exp(-|x| / b) / (2 b)``.
 
-    Variance ``2 b^2``. ``shape_or_tree`` as in :func:`gaussian_noise` (one key per leaf).
-    ``scale`` must be finite and ``>= 0``.
-    """
+    Variance ``2 b^2``. ``shape_or_tree`` as in :func:`gaussian_noise` (one key per leaf). ``scale``
+    must be finite and ``>= 0``."""
     check_scale("scale", scale)
     return _noise_like("laplace", key, shape_or_tree, scale, dtype)
 

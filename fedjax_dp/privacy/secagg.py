@@ -132,8 +132,7 @@ def check_range(name: str, bound: float, frac_bits: int, num_terms: int) -> None
     """ValueError unless a sum of ``num_terms`` values with ``|sum| <= bound`` fits the ring.
 
     ``name`` says what the bound is (e.g. "algorithm.clip_norm x cohort size"); the message gives
-    the largest admissible bound and the fraction bits that would fit.
-    """
+    the largest admissible bound and the fraction bits that would fit."""
     limit = max_abs_sum(frac_bits, num_terms)
     if not bound < limit:
         fit = [f for f in range(_MAX_FRAC_BITS + 1) if bound < max_abs_sum(f, num_terms)]

@@ -84,8 +84,7 @@ def mask_terms(key: jax.Array, ids: jax.Array, nbr: jax.Array, weight: jax.Array
     """``m_b = sum_s weight[b, s] sign(b, nbr[b, s]) PRG(s_{b, nbr[b, s]})`` mod 2^32: ``[B, d]``.
 
     ``ids [B]`` agent identities (pair seeds), ``nbr [B, K]``, ``weight [B, K]`` bool (which
-    neighbour slots count). Vectorised over the B rows; a scan over the K slots.
-    """
+    neighbour slots count). Vectorised over the B rows; a scan over the K slots."""
     def slot(acc, cols):
         partner, w = cols                                                    # [B], [B]
         other = ids[partner]
@@ -108,8 +107,7 @@ def masked_inputs(key: jax.Array, encoded: jax.Array, ids: jax.Array,
     """What the agents send: ``(y [B, d] uint32, nbr [B, K])`` for ``encoded [B, d]`` uint32.
 
     ``key``: the round's masking key; the graph comes from ``fold_in(key, 0)`` and the pair seeds
-    from ``fold_in(key, 1)`` (two streams of one key, see :func:`secure_sum`).
-    """
+    from ``fold_in(key, 1)`` (two streams of one key, see :func:`secure_sum`)."""
     b, d = encoded.shape
     graph_key, seed_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
     nbr = neighbours(graph_key, b, k)
@@ -131,11 +129,10 @@ def secure_sum(key: jax.Array, x: jax.Array, ids: jax.Array, alive: jax.Array,
                config: secagg.SecAggConfig) -> jax.Array:
     """``sum_{b alive} x_b`` through pairwise masking: ``x [B, d]`` float -> ``[d]`` float32.
 
-    Encode, mask (every row masks, then the non-alive rows drop: padding and dropouts), the
-    server adds the survivors' masked inputs mod 2^32, removes the dropped agents' masks
-    (:func:`dropout_correction`) and decodes. Equals the plain survivors' sum up to
-    ``M 2^-(f+1)`` per coordinate.
-    """
+    Encode, mask (every row masks, then the non-alive rows drop: padding and dropouts), the server
+    adds the survivors' masked inputs mod 2^32, removes the dropped agents' masks
+    (:func:`dropout_correction`) and decodes. Equals the plain survivors' sum up to ``M 2^-(f+1)``
+    per coordinate."""
     enc = secagg.encode(x, config.frac_bits)
     y, nbr = masked_inputs(key, enc, ids, config.neighbours)
     received = jnp.sum(jnp.where(alive[:, None], y, jnp.uint32(0)), axis=0, dtype=jnp.uint32)

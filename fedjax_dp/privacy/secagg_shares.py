@@ -18,9 +18,8 @@ What one tallier sees. Any J-1 of the J shares of ``E(x_i)`` are independent and
 any agent's ballot. All J together would learn every ballot, hence "non-colluding".
 
 Keys. Agent i's shares come from ``fold_in(key, i)`` (global agent index; never the noise key),
-identical however the agents are chunked. The sum of shares is ``sum_i E(x_i) mod 2^32`` exactly,
-so chunked accumulation (:func:`tally_add`) equals the one-shot :func:`tallier_sums`.
-"""
+identical however the agents are chunked. The sum of shares is ``sum_i E(x_i) mod 2^32`` exactly, so
+chunked accumulation (:func:`tally_add`) equals the one-shot :func:`tallier_sums`."""
 from __future__ import annotations
 
 import functools
@@ -38,9 +37,8 @@ __all__ = ["share", "tallier_sums", "tally_init", "tally_add", "combine", "relea
 def share(key: jax.Array, agent_ids: jax.Array, encoded: jax.Array, talliers: int) -> jax.Array:
     """``encoded [a, ...]`` uint32 -> shares ``[a, J, ...]`` uint32 (see the module formula).
 
-    ``agent_ids [a]``: global indices; agent i's J-1 uniform shares are
-    ``random.bits(fold_in(key, i), (J-1, ...))``.
-    """
+    ``agent_ids [a]``: global indices; agent i's J-1 uniform shares are ``random.bits(fold_in(key,
+    i), (J-1, ...))``."""
     def one(i, x):
         r = jax.random.bits(jax.random.fold_in(key, i), (talliers - 1,) + x.shape, jnp.uint32)
         last = x - jnp.sum(r, axis=0, dtype=jnp.uint32)                  # wraps mod 2^32
@@ -84,10 +82,9 @@ def release_labels(acc: jax.Array, extra: jax.Array | None = None, *,
     """The talliers' joint output: ``argmax_c to_signed(sum_j T_j + E(extra))`` per query,
     ``int32 [Q]`` and nothing else.
 
-    ``extra [Q, C]`` (optional, float): a term the talliers add jointly inside the MPC (the
-    vote's aggregate noise, ``vote_noise = "aggregate"``). The argmax is taken on the signed
-    integers, so it is exact (no float rounding of the decoded sums).
-    """
+    ``extra [Q, C]`` (optional, float): a term the talliers add jointly inside the MPC (the vote's
+    aggregate noise, ``vote_noise = "aggregate"``). The argmax is taken on the signed integers, so
+    it is exact (no float rounding of the decoded sums)."""
     total = combine(acc)
     if extra is not None:
         total = total + secagg.encode(extra, frac_bits)

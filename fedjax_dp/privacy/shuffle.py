@@ -121,8 +121,7 @@ def clip(vectors: jax.Array, config: ShuffleConfig) -> jax.Array:
 def randomized_round(key: jax.Array, y: jax.Array) -> jax.Array:
     """Unbiased randomised rounding to the integers: ``floor(y) + Bernoulli(y - floor(y))``, int32.
 
-    ``E[result] = y``; ``Var = f (1 - f)`` with ``f = y - floor(y)``. One uniform per entry.
-    """
+    ``E[result] = y``; ``Var = f (1 - f)`` with ``f = y - floor(y)``. One uniform per entry."""
     lower = jnp.floor(y)
     up = jax.random.uniform(key, y.shape, dtype=y.dtype) < (y - lower)
     return lower.astype(jnp.int32) + up.astype(jnp.int32)
@@ -133,9 +132,8 @@ def _cdf_table(n: int) -> tuple[int, np.ndarray, np.ndarray]:
     """``(lo, F_hi, F_lo)``: the Bin(n, 1/2) cdf on its window ``lo..hi`` as 64-bit fixed point.
 
     ``F[k] = floor(2^64 P(B <= lo + k))`` split into two uint32 words (float64 cdf from scipy, so
-    exact to ~2^-53); the last entry is ``2^64 - 1``, so the mass above the window (< e^-70) and
-    any rounding go to the last outcome, the mass below it to the first.
-    """
+    exact to ~2^-53); the last entry is ``2^64 - 1``, so the mass above the window (< e^-70) and any
+    rounding go to the last outcome, the mass below it to the first."""
     from scipy import stats
     half = math.sqrt(WINDOW_Z * n)
     lo, hi = max(0, math.floor(n / 2 - half)), min(n, math.ceil(n / 2 + half))
@@ -153,10 +151,9 @@ def _cdf_table(n: int) -> tuple[int, np.ndarray, np.ndarray]:
 def _table_draw(key: jax.Array, n: int, dim: int) -> jax.Array:
     """``B - floor(n / 2)`` for ``dim`` draws of ``B ~ Bin(n, 1/2)`` by inverting the cdf table.
 
-    A uniform 64-bit ``U`` (two uint32 words) goes to the first ``k`` with ``F[k] > U``
-    (vectorised binary search on the fixed-point table of :func:`_cdf_table`), so
-    ``P(k) = (F[k] - F[k-1]) / 2^64``.
-    """
+    A uniform 64-bit ``U`` (two uint32 words) goes to the first ``k`` with ``F[k] > U`` (vectorised
+    binary search on the fixed-point table of :func:`_cdf_table`), so ``P(k) = (F[k] - F[k-1]) /
+    2^64``."""
     lo, f_hi, f_lo = _cdf_table(n)
     table_hi, table_lo = jnp.asarray(f_hi), jnp.asarray(f_lo)                # [m]
     u = jax.random.bits(key, (2, dim), jnp.uint32)                           # U = (u_hi, u_lo)

@@ -169,8 +169,7 @@ def make_event(config: ShuffleConfig, dimension: int, releases: int = 1,
     ``sampling_probability``: each record is a report of a release independently with this
     probability (Poisson sampling, e.g. the weights of a silo's minibatch); amplification is
     analysed for the add/remove relation only. ``analysis``: ``'per_coordinate'`` or ``'l2'``
-    (:mod:`fedjax_dp.privacy.shuffle_l2`; needs ``config.norm == 'l2'`` and add/remove).
-    """
+    (:mod:`fedjax_dp.privacy.shuffle_l2`; needs ``config.norm == 'l2'`` and add/remove)."""
     q = validation.check_probability("sampling_probability", sampling_probability)
     _check_analysis(analysis, relation, check_config(config).norm)
     if q < 1 and relation != "add_remove":
@@ -220,9 +219,8 @@ def _connect_dots_pmf(log_p: np.ndarray, log_q: np.ndarray, tail_p: float,
                       interval: float) -> pld_pmf.PLDPmf:
     """Pessimistic connect-the-dots PLD pmf of (upper P, lower Q) from the exact hockey stick.
 
-    ``delta(e) = sum_{l(o) > e} (P(o) - e^e Q(o)) + P(l = inf)`` at the floor / ceil grid
-    points of every finite loss ``l(o) = log P(o) - log Q(o)``.
-    """
+    ``delta(e) = sum_{l(o) > e} (P(o) - e^e Q(o)) + P(l = inf)`` at the floor / ceil grid points of
+    every finite loss ``l(o) = log P(o) - log Q(o)``."""
     # Outcomes the lower pmf cannot produce, and upper outcomes of negligible mass (< e^-69),
     # count as infinite loss (pessimistic; it keeps the loss range, hence the grid, short).
     tiny = log_p < _LOG_TINY
@@ -391,13 +389,12 @@ def calibrate_noise_trials(target_epsilon: float, delta: float, *, granularity: 
     ``sampling_probability``).
 
     Epsilon is non-increasing in ``N`` (``Bin(N + 1) = Bin(N) + `` an independent bit: a
-    post-processing), so doubling brackets the answer and integer bisection finds it (stopped
-    once the bracket is within ``rtol`` relative width; ``rtol = 0``: the exact smallest ``N``).
-    The result always meets the target. Raises ``ValueError`` if ``max_trials`` is not enough.
+    post-processing), so doubling brackets the answer and integer bisection finds it (stopped once
+    the bracket is within ``rtol`` relative width; ``rtol = 0``: the exact smallest ``N``). The
+    result always meets the target. Raises ``ValueError`` if ``max_trials`` is not enough.
     ``analysis``: ``'per_coordinate'`` or ``'l2'`` (:class:`BinomialSumEvent`; for ``'l2'`` the
-    bound is not proven monotone in ``N``, but the returned ``N`` is always one that was
-    evaluated and meets the target).
-    """
+    bound is not proven monotone in ``N``, but the returned ``N`` is always one that was evaluated
+    and meets the target)."""
     target = validation.check_positive("target_epsilon", target_epsilon)
     if not math.isfinite(target):
         raise ValueError(f"target_epsilon must be finite, got {target_epsilon!r}")

@@ -61,10 +61,9 @@ every ``g >= 0`` in both directions (Zhu, Dong and Wang 2022, Def. 7): Poisson s
 (their Thm. 11) and adaptive composition (Thm. 10) then apply to it exactly as to the
 per-coordinate pair (:func:`fedjax_dp.privacy.shuffle_accounting.pld`).
 
-The result is a valid upper bound for add/remove of one report clipped in L2 (``norm =
-'l2'``), but NOT always tighter than the per-coordinate analysis (small ``d`` or ``K = 1``: the
-RDP conversion (4) costs a little), which therefore stays the default (docs/shuffle_dp.md).
-"""
+The result is a valid upper bound for add/remove of one report clipped in L2 (``norm = 'l2'``), but
+NOT always tighter than the per-coordinate analysis (small ``d`` or ``K = 1``: the RDP conversion
+(4) costs a little), which therefore stays the default (docs/shuffle_dp.md)."""
 from __future__ import annotations
 
 import functools
@@ -246,9 +245,8 @@ def _lower_hull(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def release_pld(noise_trials: int, granularity: int, dimension: int,
                 value_discretization_interval: float) -> pld_lib.PrivacyLossDistribution:
     """A dominating pair (PLD, both directions) of ONE release under the L2 analysis: the
-    connect-the-dots PLD of the lower convex hull (in ``e^eps``, with the point ``(0, 1)``) of
-    (4) on a grid of ``eps`` in ``[-E, E]``, ``E`` where (4) has reached its floor
-    ``pi_d`` (or 60)."""
+    connect-the-dots PLD of the lower convex hull (in ``e^eps``, with the point ``(0, 1)``) of (4)
+    on a grid of ``eps`` in ``[-E, E]``, ``E`` where (4) has reached its floor ``pi_d`` (or 60)."""
     n, k, d = _check(noise_trials, granularity, dimension)
     h = validation.check_positive("value_discretization_interval", value_discretization_interval)
     rho, pi_d = release_rdp(n, k, d)

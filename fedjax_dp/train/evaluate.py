@@ -1,9 +1,8 @@
 """Evaluation: accuracy of one model, or of every agent's model, on a labelled set.
 
 The accuracy is the model's task's (:mod:`fedjax_dp.models.tasks`): the fraction of examples
-classified correctly, or for a next-token task the fraction of real tokens (``y != pad``)
-predicted correctly, counted over all examples and positions.
-"""
+classified correctly, or for a next-token task the fraction of real tokens (``y != pad``) predicted
+correctly, counted over all examples and positions."""
 from __future__ import annotations
 
 import functools

@@ -5,11 +5,10 @@
     local_update(key, params, x [n_max, ...], y [n_max, ...], count []) -> (params, mean_loss)
 
 running ``steps`` optax steps on minibatches of the agent's *real* records (``batching``):
-``"replacement"`` draws them uniformly with replacement, indices in ``[0, count)`` for all steps
-at once (:func:`batch_indices`); ``"stored"`` takes the records in stored order, cycling
+``"replacement"`` draws them uniformly with replacement, indices in ``[0, count)`` for all steps at
+once (:func:`batch_indices`); ``"stored"`` takes the records in stored order, cycling
 (:func:`stored_indices`). Every row is weighted by its mask, so padded rows never contribute.
-``train_agents`` lifts it over the agent axis with :func:`fedjax_dp.core.for_each_agent`.
-"""
+``train_agents`` lifts it over the agent axis with :func:`fedjax_dp.core.for_each_agent`."""
 from __future__ import annotations
 
 import dataclasses
@@ -129,8 +128,7 @@ def make_local_step(model: Model, config: LocalTrainConfig):
 
     Returns ``(step, optimizer)``; ``step`` gives ``(params, opt_state, loss)``. The minibatch is
     the rows ``idx [batch_size]`` of the agent's records (a row of :func:`batch_indices`), each
-    weighted by its mask.
-    """
+    weighted by its mask."""
     opt = config.make_optimizer()
     grad_fn = jax.value_and_grad(minibatch_loss(model))
 
@@ -148,10 +146,8 @@ def make_local_step(model: Model, config: LocalTrainConfig):
 def make_local_update(model: Model, config: LocalTrainConfig):
     """One agent's local training (pure; lift with ``for_each_agent`` / ``train_agents``).
 
-    Step t trains on the rows ``minibatch_rows(config, key, count)[t]``. With
-    ``config.prox_mu > 0`` the proximal term is anchored at the starting ``params`` (FedProx
-    local training).
-    """
+    Step t trains on the rows ``minibatch_rows(config, key, count)[t]``. With ``config.prox_mu > 0``
+    the proximal term is anchored at the starting ``params`` (FedProx local training)."""
     step, opt = make_local_step(model, config)
 
     anchored = bool(config.prox_mu)   # FedProx anchors the proximal term at the start point

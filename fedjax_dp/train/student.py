@@ -19,8 +19,7 @@ noise-free vote sums or the test set, so the ledger is identical with and withou
 The training set always has the fixed shape ``[1, Q + U, ...]`` (released rows first, then the
 selected pseudo-labelled rows), so every round reuses one compiled ``train_agents``.
 :func:`train_students` trains the S students of S seeds together, each equal to its own
-:func:`train_student`.
-"""
+:func:`train_student`."""
 from __future__ import annotations
 
 import dataclasses
@@ -70,9 +69,8 @@ def from_config(semi_supervised: bool, rounds: int, confidence: float) -> SelfTr
 class StudentSettings:
     """Mixin for algorithm Configs with ``student_*`` fields (AE-DPFL, kNN-DPFL).
 
-    Gives the student's training configuration and its self-training settings, with errors that
-    name the ``algorithm.student_*`` field.
-    """
+    Gives the student's training configuration and its self-training settings, with errors that name
+    the ``algorithm.student_*`` field."""
 
     #: types and ranges of the fields (:func:`fedjax_dp.core.validation.check_config`)
     FIELDS = {"student_steps": validation.Int(0),
@@ -157,8 +155,7 @@ def train_self_training(key: jax.Array, model: Model, x: np.ndarray, labels: np.
     labels); ``x_unlabelled [U, ...]`` the rest of the server's public data. Round 0 uses the same
     keys as :func:`train_supervised` (so it IS the supervised student); every round retrains from
     the same initialisation with its own minibatch key. ``history`` (optional list) receives one
-    dict per round; ``on_round()`` (optional) is called after each training.
-    """
+    dict per round; ``on_round()`` (optional) is called after each training."""
     if not isinstance(semi, SelfTraining):
         raise ValueError(f"semi must be a student.SelfTraining, got {type(semi).__name__}")
     x = np.asarray(x, np.float32)
@@ -217,11 +214,9 @@ def train_student(key: jax.Array, model: Model, x_public: np.ndarray, query_indi
     """The voting algorithms' student: supervised on the queries, or self-trained on all of D_G.
 
     ``x_public [P, ...]`` the server's unlabelled data, ``query_indices [Q]`` the voted queries,
-    ``labels [Q]`` the released labels. ``semi=None``: :func:`train_supervised` on the queries
-    (the paper's choice); otherwise :func:`train_self_training` with the other ``P - Q`` public
-    points unlabelled. ``on_round()`` (optional) is called after each training
-    (:func:`num_trainings`).
-    """
+    ``labels [Q]`` the released labels. ``semi=None``: :func:`train_supervised` on the queries (the
+    paper's choice); otherwise :func:`train_self_training` with the other ``P - Q`` public points
+    unlabelled. ``on_round()`` (optional) is called after each training (:func:`num_trainings`)."""
     x_public = np.asarray(x_public)
     qidx = np.asarray(query_indices)
     if semi is None:
