@@ -1,25 +1,5 @@
 """``fedjax-dp`` command line: ``run``, ``sweep``, ``list``, ``account``, ``audit``, ``plot``, ``data``,
-``devices``, ``selftest``.
-
-    fedjax-dp run CONFIG [--set key=value ...] [--out DIR] [--quiet] [--plot]
-    fedjax-dp run --resume DIR [--set run.key=value ...]
-    fedjax-dp sweep CONFIG [CONFIG ...] [--grid KEY=V1,V2 ...] [--seeds S] [--target-epsilon E1,E2
-        --calibrate [ALGORITHM=]KEY] [--set key=value ...] [--out DIR] [--resume DIR] [--quiet]
-    fedjax-dp list [--json]
-    fedjax-dp account sampled-gaussian --noise-multiplier Z --sampling-rate Q --steps T --delta D
-    fedjax-dp account gaussian --noise-multiplier Z --count K --delta D
-    fedjax-dp account fedkt --votes FILE --gamma G --delta D --level L1|L2 [--s S] [--unit U]
-    fedjax-dp account gaussian-vote --sigma S --queries Q --delta D --unit agent|instance [--k K]
-        [--algorithm ae|knn] [--rule derived|paper]
-    fedjax-dp audit MECHANISM [--trials N] [--delta D] [--seed S] [--confidence C]
-        [--weaken halve-noise|no-clip] [--sigma S --noise-multiplier Z --clip C --gamma G ...]
-    fedjax-dp plot RESULTS... [--x epsilon] [--y test_accuracy] [--hue algorithm] [--curve]
-        [--out STEM] [--title T] [--logx | --no-logx]
-    fedjax-dp bench [--suite quick|full] [--out FILE] [--only PART,PART]
-    fedjax-dp data convert FORMAT SRC DST [--max-clients K] [--max-records k]
-        [--max-test-records M] [--vocab-size V] [--vocab FILE] [--seq-len T] [--seed S] [--quiet]
-    fedjax-dp devices [--json]
-    fedjax-dp selftest [--json] [--families FAMILY,FAMILY] [--compilation-cache user|off|DIR]
+``devices``, ``selftest`` (``fedjax-dp COMMAND --help`` lists each one's flags).
 
 Errors in the arguments or the config print one line naming the parameter and exit with status 2."""
 from __future__ import annotations

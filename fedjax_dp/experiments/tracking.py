@@ -179,12 +179,10 @@ class TensorBoardTracker:
     """TensorBoard event files in ``folder`` through tensorboardX's ``SummaryWriter`` (flushed
     after every round).
 
-    ``purge_step=None`` (a new run, or a sweep's run done again): event files already in
-    ``folder`` are removed. ``purge_step=k + 1`` (a run resumed from its checkpoint of round k):
-    the earlier files are kept and the new one starts with TensorBoard's purge marker at step
-    k + 1, so readers drop what the interrupted process logged after the checkpoint (it is
-    logged again) -- no step twice, none lost; the checkpoint's rounds (``restored``) are not
-    logged again unless the folder held no events (tracking switched on at the resume)."""
+    ``purge_step=None`` (a new run): event files already in ``folder`` are removed.
+    ``purge_step=k + 1`` (a run resumed from its checkpoint of round k): the new file starts with
+    TensorBoard's purge marker (module docstring); the checkpoint's rounds (``restored``) are
+    logged again only if the folder held no events."""
 
     enabled = True
 

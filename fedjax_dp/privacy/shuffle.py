@@ -174,11 +174,9 @@ def binomial_noise(key: jax.Array, noise_trials: int, dim: int) -> jax.Array:
       ``ceil(N / 32)`` random uint32 words per coordinate).
     * Larger ``N``: inversion of the exact cdf (float64, on the window of mass
       ``1 - e^-70``) held as a 64-bit fixed-point table (:func:`_table_draw`); each outcome's
-      probability is off by at most ~1e-12 (scipy's cdf at ``N = 3e8``). ``N`` above 2^30 is
-      a sum of independent chunks of 2^30 trials (one draw of ``chunks * d`` from one table)
-      plus the remainder, so tables stay below ~400k entries (constants of the compiled
-      program). Cost ``O(d log N)`` per chunk: ~4 ms per release at ``d = 3394``,
-      ``N = 3e8`` on a CPU.
+      probability is off by at most ~1e-12. ``N`` above 2^30 is a sum of independent chunks of
+      2^30 trials plus the remainder, so tables stay below ~400k entries (constants of the
+      compiled program). Cost ``O(d log N)`` per chunk.
     """
     noise_trials = int(noise_trials)
     if noise_trials <= _MAX_EXACT_BITS:
@@ -228,12 +226,9 @@ def shuffle_vector_sum(key: jax.Array, vectors: jax.Array, weights: jax.Array,
     """The shuffled vector sum: the server's unbiased estimate of ``sum_i w_i clip(x_i)``, ``[d]``.
 
     ``vectors [n, d]`` (one report per row), ``weights [n]`` 0/1 (1 marks a real / sampled
-    report; 0-rows contribute nothing). Each report is clipped, scaled to ``[-K, K]`` and
-    randomly rounded; binomial noise is added to each coordinate's sum (see the module
-    docstring). With ``return_sums`` also returns the integer sums ``S [d]`` (int32), the only
-    thing the server sees; the estimate is :func:`decode` of them. Pure, jit- and vmap-able
-    (vmap over silos with one key each); one key, split into a rounding and a noise key.
-    Privacy: :func:`fedjax_dp.privacy.shuffle_accounting.make_event` with ``dimension = d``.
+    report). With ``return_sums`` also returns the integer sums ``S [d]`` (int32), the only thing
+    the server sees; the estimate is :func:`decode` of them. Pure, jit- and vmap-able; one key,
+    split into a rounding and a noise key. Privacy: :func:`fedjax_dp.privacy.shuffle_accounting.make_event` with ``dimension = d``.
     """
     config = check_config(config)
     if vectors.ndim != 2:
