@@ -95,7 +95,9 @@ def test_the_rounded_set_and_its_l2_norm_match_brute_force():
     for k, d in [(1, 3), (2, 2), (3, 3), (4, 2)]:
         brute = max(sum(x * x for x in m) for m in rounded_set(k, d))
         assert shuffle_l2.max_rounded_l2(k, d) == pytest.approx(math.sqrt(brute))
-        assert shuffle_l2.rounded_shift_set_size(k, d) == len(rounded_set(k, d))
+        assert len(rounded_set(k, d)) == sum(                # the sign-free vectors |m| of (1)
+            1 for m in itertools.product(range(k + 1), repeat=d)
+            if sum((x - 1) ** 2 for x in m if x) <= k * k - 1)
     # Large d: at most K + sqrt(d) grid steps (the bound), far below K sqrt(d).
     assert shuffle_l2.max_rounded_l2(16, 167) <= 16 + math.sqrt(167)
     assert shuffle_l2.max_rounded_l2(16, 167) < 16 * math.sqrt(167) / 7

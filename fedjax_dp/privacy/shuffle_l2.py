@@ -75,7 +75,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from fedjax_dp.core import validation
 
-__all__ = ["ANALYSES", "ORDERS", "max_rounded_l2", "rounded_shift_set_size", "window",
+__all__ = ["ANALYSES", "ORDERS", "max_rounded_l2", "window",
            "coordinate_rdp", "release_rdp", "release_delta", "release_pld"]
 
 #: The two analyses of the binomial vector sum: Cheu et al.'s per-coordinate one (default) and
@@ -140,15 +140,6 @@ def max_rounded_l2(granularity: int, dimension: int) -> float:
     d = validation.check_int("dimension", dimension, minimum=1)
     sq = np.arange(k + 1, dtype=np.float64)[None, :] ** 2
     return float(math.sqrt(_knapsack(sq, k, d)[0]))
-
-
-def rounded_shift_set_size(granularity: int, dimension: int) -> int:
-    """Number of sign-free vectors ``|m|`` in (1) (for the tests' enumeration; small cases)."""
-    import itertools
-    k = validation.check_int("granularity", granularity, minimum=1)
-    d = validation.check_int("dimension", dimension, minimum=1, maximum=6)
-    return sum(1 for m in itertools.product(range(k + 1), repeat=d)
-               if sum((x - 1) ** 2 for x in m if x) <= k * k - 1)
 
 
 def window(noise_trials: int, granularity: int) -> tuple[int, int, float]:
