@@ -88,13 +88,6 @@ def minibatch_loss(model: Model):
     return loss
 
 
-def sample_batch(key: jax.Array, x: jax.Array, y: jax.Array, mask: jax.Array, count: jax.Array,
-                 batch_size: int):
-    """``batch_size`` rows drawn uniformly with replacement from the first ``count`` (real) rows."""
-    idx = jax.random.randint(key, (batch_size,), 0, jnp.maximum(count, 1))
-    return x[idx], y[idx], mask[idx].astype(jnp.float32)
-
-
 def batch_indices(key: jax.Array, count: jax.Array, steps: int, batch_size: int) -> jax.Array:
     """``[steps, batch_size]`` int32 row indices, uniform with replacement over ``[0, count)``:
     every minibatch of an agent's local training drawn in one call (hoisted out of the step
