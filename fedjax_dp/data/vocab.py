@@ -1,8 +1,7 @@
 """Vocabularies and tokenisers of the federated text benchmarks, as TensorFlow Federated builds them.
 
-Both vocabularies reserve id 0 for padding and put their special ids after the words
-(``tff.simulation.baselines``: ``shakespeare.char_prediction_preprocessing`` and
-``stackoverflow.word_prediction_preprocessing``; the layout the project fixed in issue 23)::
+Both vocabularies reserve id 0 for padding and put their special ids after the words (as
+``tff.simulation.baselines``' preprocessing does)::
 
     Shakespeare characters:  pad 0 | the 86 characters of CHAR_VOCAB 1..86 | oov 87 | bos 88 | eos 89
     StackOverflow words:     pad 0 | the top V words 1..V | oov V+1 | bos V+2 | eos V+3
