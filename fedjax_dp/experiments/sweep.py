@@ -1,36 +1,13 @@
 """Sweeps: a grid of configs x target epsilons x seeds, one record per run in ``results.jsonl``.
 
-    fedjax-dp sweep CONFIG [CONFIG ...] [--grid KEY=V1,V2 ...] [--seeds S | --seeds s1,s2]
-        [--target-epsilon E1,E2 --calibrate KEY | --calibrate ALGORITHM=KEY ...]
-        [--set KEY=VALUE ...] [--out DIR] [--resume DIR] [--no-vmap-seeds] [--quiet]
-
-A CONFIG is a run config (``configs/<algorithm>/<dataset>.toml``) or a sweep file: a TOML with
-a ``[sweep]`` table (``configs/experiments/``)::
-
-    [sweep]
-    configs = ["../ae_dpfl/mnist5k.toml", "../dp_fedavg/mnist5k.toml"]  # relative to this file;
-                                                   # omitted: the file's own tables are the config
-    seeds = 3                                      # or [0, 1, 2]
-    target_epsilon = [1.0, 4.0]                    # optional
-    calibrate = { ae_dpfl = "algorithm.sigma", dp_fedavg = "algorithm.noise_multiplier" }
-    set = { "algorithm.rounds" = 5 }               # applied to every run
-    [sweep.grid]
-    "data.num_agents" = [50, 100]
-    "algorithm.noise_weights+algorithm.noise_arch" = [[0.5, 0.5], [1.0, 1.0]]   # tied keys
-
-A grid key ``"k1+k2"`` ties its keys: each value is a list of one value per key, set together
-(:func:`assignments`), so the grid is the product over the OTHER keys only. Command-line flags
-add to the file's (``--grid`` replaces a key's values, ``--seeds`` and ``--target-epsilon``
-replace). The runs are every base config x grid point x target x seed.
-
-Every run's config is validated (:func:`runner.plan`) before any data is loaded; then, per (base,
-grid point, target) *cell*, the key is calibrated (:mod:`fedjax_dp.experiments.calibrate`) and the
-cell's seeds run, as ONE vmapped compiled call per round where the algorithm allows it
-(:func:`fedjax_dp.algorithms.seeds.run_seeds`), else one after another. Each finished run is
-appended to ``OUT/results.jsonl`` at once, so ``--resume OUT`` runs only the missing ones (a run is
-identified by the fingerprint of its resolved config). ``summary.csv`` and ``summary.md`` give, per
-cell, the mean and standard deviation over seeds of test accuracy and epsilon. With ``run.log``
-every run also logs to its own folder ``OUT/runs/<label>/`` (:func:`run_folder`)."""
+The command, the sweep-file format (a TOML with a ``[sweep]`` table, ``configs/experiments/``)
+and the output files: docs/sweeps.md. A grid key ``"k1+k2"`` ties its keys (:func:`assignments`),
+so the grid is the product over the other keys only. Every run's config is validated
+(:func:`runner.plan`) before any data is loaded; then, per (base, grid point, target) *cell*, the
+key is calibrated (:mod:`fedjax_dp.experiments.calibrate`) and the cell's seeds run, as one
+vmapped call where the algorithm allows it (:func:`fedjax_dp.algorithms.seeds.run_seeds`). Each
+finished run is appended to ``OUT/results.jsonl`` at once, so ``--resume OUT`` runs only the
+missing ones (a run is identified by the fingerprint of its resolved config)."""
 from __future__ import annotations
 
 import copy

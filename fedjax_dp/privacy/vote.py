@@ -1,39 +1,28 @@
 """The MPC noisy-argmax vote and its accounting (voting-dpfl Algorithms 2-3, Theorems 5 and 7).
 
-The mechanism only: it never trains and knows no algorithm. For Q public queries and N agents
-with ballots ``b_i(x_t)`` of length C (``ballot="one_hot"``: a one-hot prediction, as AE-DPFL
-casts; ``ballot="neighbour_counts"``: the labels of k records counted and divided by k, as
-kNN-DPFL casts)::
+The mechanism only (no training; the algorithms: docs/voting_dpfl.md). For Q public queries and
+N agents with ballots ``b_i(x_t)`` of length C (``ballot="one_hot"``: AE-DPFL's prediction;
+``"neighbour_counts"``: kNN-DPFL's labels of k records counted and divided by k)::
 
-    released label of query t = argmax_c  sum_i ( b_i(x_t)_c + z_{i,t,c} ),   z_{i,t} ~ N(0, sigma^2/N I_C)
+    label of query t = argmax_c  sum_i ( b_i(x_t)_c + z_{i,t,c} ),   z_{i,t} ~ N(0, sigma^2/N I_C)
 
-Every agent adds its own share of the noise, drawn for that query from its own counters
-(``(i, t)`` hashed under the agents' noise key, :func:`agent_query_noise`: independent across
-agents and queries, identical however the work is chunked), so the secure sum carries
-``N(0, sigma^2 I_C)`` and no party ever holds a noise-free count.
+Noise (``noise=``): ``"per_agent"`` (default) simulates every agent's share, hashed from
+``(i, t)`` under the agents' noise key (:func:`agent_query_noise`: independent across agents and
+queries, identical however the work is chunked); ``"aggregate"`` (C draws per query, not N C)
+draws the secure sum's ``sigma N(0, I_C)`` per query from ``fold_in(fold_in(key, 2^32 - 1), t)``
+(one virtual party: agent indices stay below 2^32 - 1). N independent ``N(0, sigma^2/N)``
+shares sum to ``N(0, sigma^2)``: the released labels' distribution and guarantee are the same.
 
-Noise modes (``noise=``): ``"per_agent"`` (default) simulates every agent's share as above:
-``N Q C`` normal draws, which can dominate the vote's cost when the ballots are cheap.
-``"aggregate"`` draws the secure sum's noise directly, ``sigma N(0, I_C)``
-per query from ``fold_in(fold_in(key, 2^32 - 1), t)`` (one virtual party: agent indices stay
-below 2^32 - 1): a sum of N independent ``N(0, sigma^2/N)`` shares IS ``N(0, sigma^2)``, so the
-released labels have exactly the same distribution and the same privacy guarantee; only the
-individual shares, which nobody sees, are not simulated. Both modes release only the argmax.
+:func:`mpc_vote` returns only the argmax per query (what the talliers of MPC-vote, Dery et al.
+2019, reveal, and what licenses the data-dependent GNMax analysis); :func:`vote_sums` computes
+the noise-free sums for the privacy *analysis* only, never an input to training. Ballots
+``ballot_fn(agents_chunk, queries_chunk) -> [a, q, C]`` are evaluated on chunks of
+``agent_chunk`` x ``query_chunk`` (a ``lax.scan`` over agent chunks inside a ``lax.map`` over
+query chunks): memory is one chunk, the result that of one chunk up to float summation order.
 
-**The tally never leaves this module**: :func:`mpc_vote` returns only the
-argmax index per query, which is what the talliers of MPC-vote (Dery et al. 2019) reveal and what
-licenses the data-dependent (GNMax) analysis. :func:`vote_sums` computes the noise-free sums for the
-privacy *analysis* only (a data-dependent epsilon, reported with ``data_dependent: true``); it is
-never an input to the server's training.
-
-Execution: a ballot function ``ballot_fn(agents_chunk, queries_chunk) -> [a, q, C]`` is evaluated
-on chunks of ``agent_chunk`` agents x ``query_chunk`` queries (a ``lax.scan`` over agent chunks
-inside a ``lax.map`` over query chunks), so memory is bounded by one chunk and not by N x Q; the
-result equals the one-chunk computation up to float summation order.
-
-Accounting (Theorem 5): a Gaussian mechanism on the vote sum with L2 sensitivity ``Delta`` and
-noise std ``sigma`` per query, composed over the Q queries: ``GaussianDpEvent(sigma / Delta)``
-self-composed Q times, RDP ``Q alpha Delta^2 / (2 sigma^2)``. Sensitivities (:func:`vote_sensitivity`):
+Accounting (Theorem 5): ``GaussianDpEvent(sigma / Delta)`` self-composed Q times, RDP
+``Q alpha Delta^2 / (2 sigma^2)``, with ``Delta`` the vote sum's L2 sensitivity per query
+(:func:`vote_sensitivity`):
 
 =========  ================  ===========  ========================================================
 unit       ballot            Delta        why
@@ -66,8 +55,7 @@ __all__ = ["RELATIONS", "NOISE_MODES", "BallotFn", "vote_sensitivity", "vote_eve
            "agent_query_noise", "aggregate_noise", "mpc_vote", "mpc_vote_and_sums", "run_vote",
            "vote_sums", "check_vote_args", "BALLOTS"]
 
-#: How the vote's noise is simulated (see the module docstring): every agent's share, or the
-#: secure sum's total at once (same distribution of the released labels).
+#: How the vote's noise is simulated (see the module docstring).
 NOISE_MODES = ("per_agent", "aggregate")
 _AGGREGATE_PARTY = 2 ** 32 - 1     # the index of the virtual party that draws the total noise
 _AGENTS_NOISE = 2 ** 32 - 2        # fold_in index of the key the agents' noise is hashed under
@@ -81,19 +69,17 @@ RELATIONS: dict[str, str] = {
 #: The ballot kinds :func:`vote_sensitivity` knows.
 BALLOTS = ("one_hot", "neighbour_counts")
 
-BallotFn = Callable[[Any, jax.Array], jax.Array]   # (agents chunk [a, ...], queries [q, ...]) -> [a, q, C]
+BallotFn = Callable[[Any, jax.Array], jax.Array]   # (agents [a, ...], queries [q, ...]) -> [a,q,C]
 
 
 # --------------------------------------------------------------------------- accounting
 
 def vote_sensitivity(unit: str, ballot: str = "one_hot", k: int | None = None,
                      rule: str = "derived") -> float:
-    """L2 sensitivity of the vote sum per query for ``unit`` (see the module table).
+    """L2 sensitivity of the vote sum per query for ``unit`` (the module's table).
 
-    ``ballot``: ``'one_hot'`` or ``'neighbour_counts'`` (label counts of k records / k, needs
-    ``k``). ``rule``: ``'derived'`` (``sqrt(2)/k`` for neighbour counts at instance level) or
-    ``'paper'`` (the voting-dpfl paper's ``sqrt(2/k)``, kept only to reproduce its tables).
-    """
+    ``'neighbour_counts'`` needs ``k``; ``rule='paper'`` (the paper's ``sqrt(2/k)``) is kept only
+    to reproduce its tables."""
     validation.check_choice("unit", unit, tuple(RELATIONS))
     validation.check_choice("ballot", ballot, BALLOTS)
     validation.check_choice("rule", rule, ("derived", "paper"))
@@ -148,12 +134,9 @@ def agent_query_noise(key: jax.Array, agent_ids: jax.Array, query_ids: jax.Array
                       num_classes: int) -> jax.Array:
     """Agent i's noise on query t: ``std * N(0, I_C)``, the counter-mode normals
     (:func:`fedjax_dp.core.rng.counter_normals`) of the counters ``(i, t ceil(C/2) + j)`` under
-    the agents' noise key ``fold_in(key, 2^32 - 2)`` (hashed under a key of their own: counters
-    hashed under ``key`` itself would be the words of ``fold_in(key, .)``'s children).
-
-    ``agent_ids [a]``, ``query_ids [q]`` (global indices) -> ``[a, q, C]``. A deterministic
-    function of (key, i, t): chunking never changes the noise; distinct (i, t) are independent.
-    """
+    ``fold_in(key, 2^32 - 2)`` (a key of their own: counters hashed under ``key`` itself would be
+    the words of ``fold_in(key, .)``'s children). ``agent_ids [a]``, ``query_ids [q]`` (global
+    indices) -> ``[a, q, C]``; a function of (key, i, t) only, so chunking never changes it."""
     a, q = agent_ids.shape[0], query_ids.shape[0]
     hi = jnp.broadcast_to(agent_ids[:, None], (a, q)).reshape(-1)
     lo = jnp.broadcast_to(query_ids[None, :], (a, q)).reshape(-1)
@@ -164,8 +147,7 @@ def agent_query_noise(key: jax.Array, agent_ids: jax.Array, query_ids: jax.Array
 
 def aggregate_noise(key: jax.Array, query_ids: jax.Array, sigma, num_classes: int) -> jax.Array:
     """The secure sum's noise drawn at once: ``sigma * N(0, I_C)`` per query ``[q, C]``, query t
-    from ``fold_in(fold_in(key, 2^32 - 1), t)`` (independent across queries; the noise of query t
-    does not depend on how many queries there are or how they are chunked)."""
+    from ``fold_in(fold_in(key, 2^32 - 1), t)`` (independent of the query count and chunking)."""
     party = jax.random.fold_in(key, jnp.uint32(_AGGREGATE_PARTY))
 
     def one(t):
@@ -182,11 +164,8 @@ def _add_aggregate_noise(key: jax.Array, clean: jax.Array, sigma) -> jax.Array:
 
 def _local_tally(key, agents, ids, valid, queries, std, *, ballot_fn: BallotFn, num_classes: int,
                  agent_chunk: int | None, query_chunk: int | None, noisy: bool) -> jax.Array:
-    """Sum over the given agents of (ballot + own noise): ``[Q, C]``.
-
-    ``ids [n]`` are the agents' *global* indices (they pick each agent's noise key), ``valid [n]``
-    marks real agents (padding contributes nothing).
-    """
+    """Sum over the given agents of (ballot + own noise): ``[Q, C]``. ``ids [n]``: global agent
+    indices (they pick the noise), ``valid [n]``: real agents (padding contributes nothing)."""
     n = jax.tree.leaves(agents)[0].shape[0]
     q = queries.shape[0]
     ac = n if agent_chunk is None else min(agent_chunk, n)
@@ -215,16 +194,12 @@ def _local_tally(key, agents, ids, valid, queries, std, *, ballot_fn: BallotFn, 
 def noisy_tally(key, agents, queries, sigma, *, ballot_fn: BallotFn, num_classes: int,
                 agent_chunk: int | None, query_chunk: int | None, noisy: bool,
                 mesh: Mesh | None = None, noise: str = "per_agent") -> jax.Array:
-    """Sum over agents of (ballot + own noise): ``[Q, C]``, the talliers' secret: the protocol
-    (:func:`mpc_vote`) releases only its argmax; public for tests, audits and benchmarks.
+    """Sum over agents of (ballot + own noise): ``[Q, C]``, the talliers' secret (:func:`mpc_vote`
+    releases only its argmax); public for tests, audits and benchmarks.
 
-    ``noise="aggregate"``: the noise-free sum plus :func:`aggregate_noise` (same distribution).
-
-    With ``mesh`` (an ``agents`` axis, :func:`fedjax_dp.core.agent_mesh`) every device tallies
-    its slice of the agents (padded with invalid agents to a multiple of the device count) and
-    the partial tallies are summed across devices (``psum``): the same noise per agent and query
-    (keys use global agent indices), the same result up to float summation order.
-    """
+    With ``mesh`` (an ``agents`` axis) every device tallies its slice of the agents (padded with
+    invalid agents) and the partial tallies are ``psum``-ed: the same noise (keyed by global
+    agent index), the same result up to float summation order."""
     if noisy and noise == "aggregate":
         clean = noisy_tally(None, agents, queries, 0.0, ballot_fn=ballot_fn,
                             num_classes=num_classes, agent_chunk=agent_chunk,
@@ -302,18 +277,13 @@ def mpc_vote(key: jax.Array, ballot_fn: BallotFn, agents: Any, queries: jax.Arra
              num_classes: int, agent_chunk: int | None = None,
              query_chunk: int | None = None, mesh: Mesh | None = None,
              noise: str = "per_agent") -> jax.Array:
-    """The MPC noisy-argmax vote: released labels ``int32 [Q]`` and nothing else.
+    """The MPC noisy-argmax vote (the module docstring): released labels ``int32 [Q]`` only.
 
     ``agents``: a pytree with leading axis N (what ``ballot_fn`` needs per agent); ``queries``
-    ``[Q, ...]``; ``ballot_fn(agents_chunk, queries_chunk) -> [a, q, C]`` (hashable: build it
-    once per model / k and reuse it, so the compiled vote is reused). Each agent adds
-    ``N(0, sigma^2/N)`` to each ballot with its own key per query (:func:`agent_query_noise`),
-    the shares are summed, and only ``argmax`` is returned. ``agent_chunk`` / ``query_chunk``
-    bound memory (None: all at once); ``mesh`` (:func:`fedjax_dp.core.agent_mesh`) splits the
-    agents over devices and sums the partial tallies across them; results do not depend on them.
-    ``noise``: ``"per_agent"`` (every agent's share simulated) or ``"aggregate"`` (the sum's
-    noise drawn at once, :func:`aggregate_noise`; the same distribution of released labels).
-    """
+    ``[Q, ...]``; ``ballot_fn`` hashable (build it once per model / k, so the compiled vote is
+    reused). ``agent_chunk`` / ``query_chunk`` bound memory (None: all at once), ``mesh``
+    (:func:`fedjax_dp.core.agent_mesh`) splits the agents over devices; neither changes the
+    result. ``noise``: ``"per_agent"`` or ``"aggregate"``."""
     n, q = _sizes(agents, queries)
     check_vote_args(sigma, n, q, num_classes, agent_chunk, query_chunk, noise)
     return _release(key, agents, jnp.asarray(queries), jnp.float32(sigma), ballot_fn=ballot_fn,
@@ -335,13 +305,8 @@ def mpc_vote_and_sums(key: jax.Array, ballot_fn: BallotFn, agents: Any, queries:
                       sigma, *, num_classes: int, agent_chunk: int | None = None,
                       query_chunk: int | None = None,
                       mesh: Mesh | None = None) -> tuple[jax.Array, np.ndarray]:
-    """``(mpc_vote(..., noise="aggregate"), vote_sums(...))`` from ONE evaluation of the ballots.
-
-    For a run that also reports the data-dependent epsilon: the released labels are exactly those
-    of :func:`mpc_vote` with ``noise="aggregate"`` and the same key, the sums exactly those of
-    :func:`vote_sums` (float64 on the host, for the privacy analysis ONLY, as there). Per-agent
-    noise shares would need the ballots twice (the shares never meet the clean sums).
-    """
+    """``(mpc_vote(..., noise="aggregate"), vote_sums(...))``, exactly, from ONE evaluation of the
+    ballots (per-agent shares would need them twice: the shares never meet the clean sums)."""
     n, q = _sizes(agents, queries)
     check_vote_args(sigma, n, q, num_classes, agent_chunk, query_chunk, "aggregate")
     labels, clean = _release_and_clean(key, agents, jnp.asarray(queries), jnp.float32(sigma),
@@ -355,13 +320,9 @@ def run_vote(key: jax.Array, ballot_fn: BallotFn, agents: Any, queries: jax.Arra
              num_classes: int, agent_chunk: int | None = None, query_chunk: int | None = None,
              noise: str = "per_agent", data_dependent: bool = False,
              mesh: Mesh | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """A run's vote: ``(released labels [Q], noise-free sums [Q, C] or None)``.
-
-    The sums (for the data-dependent analysis only) are computed when ``data_dependent``; with
-    ``noise="aggregate"`` both come from one evaluation of the ballots (:func:`mpc_vote_and_sums`),
-    with per-agent shares from two (:func:`mpc_vote`, :func:`vote_sums`). The labels are those of
-    :func:`mpc_vote` with the same key either way.
-    """
+    """A run's vote: ``(released labels [Q], noise-free sums [Q, C] or None)``, the sums only
+    when ``data_dependent`` (:func:`mpc_vote_and_sums` with ``noise="aggregate"``, else
+    :func:`mpc_vote` and :func:`vote_sums`); the labels are :func:`mpc_vote`'s with the key."""
     kw = dict(num_classes=num_classes, agent_chunk=agent_chunk, query_chunk=query_chunk,
               mesh=mesh)
     if data_dependent and noise == "aggregate":
@@ -375,11 +336,8 @@ def run_vote(key: jax.Array, ballot_fn: BallotFn, agents: Any, queries: jax.Arra
 def vote_sums(ballot_fn: BallotFn, agents: Any, queries: jax.Array, *, num_classes: int,
               agent_chunk: int | None = None, query_chunk: int | None = None,
               mesh: Mesh | None = None) -> np.ndarray:
-    """Noise-free vote sums ``[Q, C]`` (float64 on the host) -- for the privacy analysis ONLY.
-
-    The data-dependent GNMax bound needs them; a deployment would compute that bound inside the
-    MPC as well (or with smooth sensitivity). Never feed them to training or to the server.
-    """
+    """Noise-free vote sums ``[Q, C]`` (float64, host) for the data-dependent GNMax analysis
+    ONLY (a deployment would compute it inside the MPC); never an input to training."""
     n, q = _sizes(agents, queries)
     check_vote_args(1.0, n, q, num_classes, agent_chunk, query_chunk)
     out = _clean(agents, jnp.asarray(queries), ballot_fn=ballot_fn, num_classes=int(num_classes),
@@ -388,17 +346,13 @@ def vote_sums(ballot_fn: BallotFn, agents: Any, queries: jax.Array, *, num_class
 
 
 # --------------------------------------------------------------------------- the streamed tally
-# The same secure sum accumulated chunk by chunk on the host's schedule (agents that arrive in
-# chunks: host-resident data, one chunk of agents trained at a time), released once.
+# The same secure sum accumulated as chunks of agents arrive on the host's schedule, released once.
 
 class Tally(NamedTuple):
-    """The secure sum of a streamed vote, accumulated chunk by chunk (never released).
-
-    ``counts [Q, C]`` int32: the noise-free ballot counts (exact integers: the sum does not depend
-    on how the agents are chunked). ``noise [Q, C]`` float32: the sum of the agents' noise shares
-    (``vote_noise = "per_agent"``), added one agent at a time in agent order (a ``lax.scan``), so
-    the float32 rounding is the same for every chunking and for host- or device-resident data.
-    """
+    """The secure sum of a streamed vote (never released). ``counts [Q, C]`` int32: noise-free
+    ballot counts (exact: independent of the chunking). ``noise [Q, C]`` float32: the agents'
+    noise shares (``"per_agent"``) added in agent order (a ``lax.scan``), so the rounding is the
+    same for every chunking and for host- or device-resident data."""
 
     counts: jax.Array
     noise: jax.Array
@@ -418,9 +372,7 @@ def tally_add(tally: Tally, key: jax.Array, ballots: jax.Array, agent_ids: jax.A
 
     ``ballots``: ``[a, Q]`` class indices (AE-DPFL; -1 = abstain, the zero ballot) or ``[a, Q, C]``
     integer label counts (kNN-DPFL, the ballot times k). ``agent_ids [a]`` global indices (they
-    pick each agent's noise key, :func:`agent_query_noise`),
-    ``valid [a]`` False for padding (contributes nothing).
-    """
+    pick the noise, :func:`agent_query_noise`), ``valid [a]`` False for padding."""
     if ballots.ndim == 2:
         ballots = jax.nn.one_hot(ballots.astype(jnp.int32), num_classes, dtype=jnp.int32)
     ballots = jnp.where(valid[:, None, None], ballots.astype(jnp.int32), 0)       # [a, Q, C]
@@ -437,11 +389,8 @@ def tally_add(tally: Tally, key: jax.Array, ballots: jax.Array, agent_ids: jax.A
 @functools.partial(jax.jit, static_argnames=("noise",))
 def tally_release(tally: Tally, key: jax.Array, sigma, divisor, *, noise: str) -> jax.Array:
     """``argmax_c counts / divisor + noise``: the released labels ``int32 [Q]`` and nothing else.
-
-    ``divisor``: 1 (one-hot ballots) or k (kNN label counts). ``noise="aggregate"``: the secure
-    sum's noise drawn at once (:func:`aggregate_noise`, same key and
-    query indices as :func:`mpc_vote`).
-    """
+    ``divisor``: 1 (one-hot ballots) or k (kNN label counts). ``noise="aggregate"``:
+    :func:`aggregate_noise` with the key and query indices :func:`mpc_vote` uses."""
     return _release_tally(tally, key, sigma, divisor, noise)
 
 
