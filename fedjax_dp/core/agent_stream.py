@@ -1,27 +1,12 @@
 """Stream the agents to the device in fixed-shape chunks (one-shot algorithms at large N).
 
-The one-shot algorithms (AE-DPFL, kNN-DPFL) never need all N agents on the device at once: every
-agent's work (train, cast a ballot, find neighbours) is independent of the others', and only sums
-over agents leave a chunk. :func:`chunks` cuts the agent axis into chunks of ``size`` agents:
-
-* host-resident data (numpy or memory-mapped arrays, :func:`fedjax_dp.core.is_on_host`): rows
-  ``[start, start + size)`` are read on the host and copied to the device; the next chunk is read
-  and copied in a background thread while the caller's compiled call on the current one runs
-  (double buffering, ``prefetch``, on by default: :data:`PREFETCH`);
-* device-resident data: the same rows are sliced on the device.
-
-Every chunk has the same shape ``[size, ...]`` (the last one is padded with empty agents and a
-``valid`` mask), so a vmapped per-chunk function compiles once. Peak memory is one or two chunks,
-not N. The Python loop is over chunks, never over agents. Nothing here compiles per chunk: host
-rows are cut and padded by numpy and copied with ``jax.device_put``, device rows are taken by
-one compiled gather per tree (every chunk, the ragged last one included, has its shape), and
-``valid`` is a host array.
-
-:func:`chunks` is the package's one host chunker (its boundaries:
-:func:`fedjax_dp.core.lift.num_chunks`): it takes any pytree whose leaves share the agent axis (a
-:class:`~fedjax_dp.core.StackedData`, stored ballots, teachers' votes, arrays with a leading seed
-axis ``[S, N, ...]`` via ``axis = 1``, S seeds' trees stacked per chunk via ``stack``) and a
-padding value ``fill``.
+One-shot algorithms (AE-DPFL, kNN-DPFL, FedKT) never need all N agents on the device: each
+agent's work is independent and only sums over agents leave a chunk (docs/scale.md).
+:func:`chunks`, the package's one host chunker, cuts the agent axis into chunks of ``size``:
+host-resident rows (:func:`fedjax_dp.core.is_on_host`) are read and padded by numpy and copied
+with ``jax.device_put``, the next chunk in a background thread (:data:`PREFETCH`); device rows
+are taken by one compiled gather. Every chunk has the shape ``[size, ...]`` (the last padded,
+with a host ``valid`` mask), so nothing compiles per chunk and peak memory is one or two chunks.
 """
 from __future__ import annotations
 
@@ -37,9 +22,8 @@ import numpy as np
 from fedjax_dp.core import StackedData, defaults as defaults_lib, is_on_host, seed_axis, validation
 from fedjax_dp.core.lift import num_chunks
 
-#: Double-buffer host chunks: None (default) as :func:`fedjax_dp.core.defaults.defaults` decides
-#: (``prefetch``: on, every platform), True/False forces it (a switch for benchmarks; results
-#: never depend on it).
+#: Double-buffer host chunks: None (default) as :func:`fedjax_dp.core.defaults.defaults` decides,
+#: True/False forces it (for benchmarks; results never depend on it).
 PREFETCH: bool | None = None
 
 #: Agents per chunk when the config says None (fewer agents: all at once).
@@ -129,19 +113,17 @@ def _make(index: int, tree, size: int, axis: int, fill, extra: tuple, num: int, 
 
 def chunks(tree, size: int, *, axis: int = 0, fill=0, extra: tuple = (), take: bool = True,
            stack: bool = False, prefetch: bool | None = None) -> Iterator[Chunk]:
-    """The agents in chunks of ``size`` (see the module): the one chunker of the package.
+    """The agents in chunks of ``size`` (see the module).
 
-    ``tree``: a pytree (:class:`StackedData`, a tuple of arrays, ...) of host (numpy or
-    memory-mapped) or device arrays whose axis ``axis`` is the agent axis, of one length N
-    (``axis = 1`` for arrays ``[S, N, ...]`` that carry a leading seed axis). Each chunk's
-    ``agents`` is the tree's rows ``[start, start + size)`` along ``axis``, padded with
-    ``fill`` to ``size`` (a padded :class:`StackedData` agent has no records). ``extra``:
-    per-agent host arrays (leading axis N) sliced and padded with zeros alongside. With
-    ``prefetch`` (default :data:`PREFETCH`) and host leaves, the next chunk is prepared in a
-    background thread while the caller works on the current one. ``take`` False: every chunk's
-    ``agents`` is the whole ``tree`` (device data whose rows ``ids`` the caller's compiled call
-    takes itself). ``stack``: ``tree`` is a list of S seeds' trees, each chunk's ``agents``
-    their rows stacked ``[S, size, ...]``."""
+    ``tree``: a pytree (:class:`StackedData`, stored ballots, ...) of host or device arrays whose
+    axis ``axis`` is the agent axis, of one length N (``axis = 1`` for ``[S, N, ...]`` with a
+    leading seed axis). Each chunk's ``agents`` is the rows ``[start, start + size)`` along
+    ``axis``, padded with ``fill`` (a padded :class:`StackedData` agent has no records).
+    ``extra``: per-agent host arrays (leading axis N) sliced and zero-padded alongside.
+    ``prefetch``: default :data:`PREFETCH`. ``take`` False: every chunk's ``agents`` is the whole
+    ``tree`` (device data whose rows ``ids`` the caller's compiled call takes itself).
+    ``stack``: ``tree`` is a list of S seeds' trees, each chunk's ``agents`` their rows stacked
+    ``[S, size, ...]``. ``ValueError`` if the leaves' lengths on ``axis`` differ."""
     validation.check_int("size", size, minimum=1)
     lengths = {int(np.shape(a)[axis]) for a in jax.tree.leaves(tree)}
     if len(lengths) != 1:

@@ -1,18 +1,13 @@
 """Lift a one-agent function over the stacked agent axis: vmap, in chunks, or across devices.
 
-``for_each_agent`` is this library's analogue of fedjax's ``for_each_client``, but all agents run
-in *one* compiled computation. Backends, all with identical results:
-
-* ``vmap`` (default): ``jax.vmap(fn)`` over axis 0 of every mapped argument.
-* ``chunk_size=c``: ``jax.lax.map(..., batch_size=c)``: memory bounded by c agents, not N.
-* ``backend="map"`` (no ``chunk_size``): ``jax.lax.map`` one agent at a time in one compiled
-  call, each running ``fn``'s own program (bit for bit the numbers of separate calls).
-* ``mesh=``: ``jax.shard_map`` over a :class:`jax.sharding.Mesh` with an ``agents`` axis; each
-  device vmaps (or chunk-maps) its slice of agents. N is padded to a multiple of the device count
-  by repeating the last agent and the padding is dropped from the result. A sum over agents of a
-  sharded result (``agent_sum``) is a cross-device reduction: the simulation of secure aggregation.
-* ``backend="loop"``: a Python loop over agents calling ``jax.jit(fn)``; for debugging (the error
-  names the failing agent) and for tests/benchmarks that compare against the vectorised paths.
+``for_each_agent`` (fedjax's ``for_each_client``, but all agents in *one* compiled computation)
+has backends with identical results: ``vmap`` (default); ``chunk_size=c`` (``lax.map`` with
+``batch_size=c``: memory bounded by c agents); ``backend="map"`` (``lax.map`` one agent at a
+time: bit for bit the numbers of separate calls); ``mesh=`` (``shard_map`` over an ``agents``
+axis, each device vmapping its slice; N is padded to a multiple of the device count by repeating
+the last agent, the padding dropped; a sum over agents is a cross-device reduction, the
+simulation of secure aggregation); ``backend="loop"`` (a Python loop over ``jax.jit(fn)`` for
+debugging, the error naming the failing agent, and as the reference of tests and benchmarks).
 """
 from __future__ import annotations
 
@@ -142,13 +137,10 @@ def for_each_agent_sum(fn: Callable[..., Any], in_axes=0, *, chunk_size: int | N
 
         lifted(*args, where=w) = sum_b [w_b] fn(args_b)        (w [N] bool; default all True)
 
-    the reduction of :func:`for_each_agent` followed by a masked sum, without materialising the
-    per-agent outputs ``[N, ...]``: with ``chunk_size`` a scan over chunks adds each chunk's sum
-    to an accumulator (the chunk's parameters never leave the cache; measured 0.065 -> 0.051 s
-    for a 1,000-agent DP-FedAvg round of an MLP 64-100-10 on a 2-core CPU), with ``mesh`` every
-    device sums its shard and a ``psum`` adds the devices' sums. Rows with ``w_b`` False are
-    selected away (``jnp.where``: a NaN there cannot leak into the sum). The same sum as
-    stacking then summing, up to float reassociation.
+    without materialising the per-agent outputs ``[N, ...]``: with ``chunk_size`` a scan adds
+    each chunk's sum to an accumulator (the chunk's parameters stay in cache), with ``mesh`` a
+    ``psum`` adds the devices' sums. Rows with ``w_b`` False are selected away (``jnp.where``: a
+    NaN there cannot leak into the sum). Equal to stacking then summing, up to float reassociation.
     """
     if chunk_size is not None:
         validation.check_int("chunk_size", chunk_size, minimum=1)
@@ -225,11 +217,8 @@ def _loop(fn, in_axes):
 
 
 def agent_sum(tree: Any, weights: jax.Array | None = None) -> Any:
-    """Sum over the agent axis (secure-aggregation simulation), optionally weighted per agent.
-
-    ``weights`` has shape [N] (e.g. a participation mask). With a sharded agent axis this compiles
-    to a cross-device reduction.
-    """
+    """Sum over the agent axis (secure-aggregation simulation), optionally weighted by
+    ``weights [N]`` (e.g. a participation mask); a cross-device reduction on a sharded axis."""
     if weights is None:
         return jax.tree.map(lambda l: jnp.sum(l, axis=0), tree)
     return jax.tree.map(
@@ -237,10 +226,8 @@ def agent_sum(tree: Any, weights: jax.Array | None = None) -> Any:
 
 
 def shard_agents(tree: Any, mesh: Mesh) -> Any:
-    """Place a stacked pytree on ``mesh`` with its leading (agent) axis split over ``agents``.
-
-    The number of agents must be divisible by the number of devices.
-    """
+    """Place a stacked pytree on ``mesh`` with its leading (agent) axis split over ``agents``
+    (``ValueError`` unless the number of agents is divisible by the number of devices)."""
     ndev = mesh.shape[AGENTS]
     for leaf in jax.tree.leaves(tree):
         if leaf.shape[0] % ndev:
@@ -258,28 +245,18 @@ def auto_chunk_size(bytes_per_agent: int, num_agents: int, *,
     """A chunk of agents whose working set fits the budget of this device (None: no chunking).
 
     ``chunk = max(minimum, budget_bytes // bytes_per_agent)`` agents, None when fewer than
-    ``min_chunks`` chunks (or a single one) would result. Budget and ``min_chunks`` come from
-    :func:`fedjax_dp.core.defaults.defaults` (``platform_defaults``; default: this machine's):
-
-    * CPU: 8 MiB of cache, at least 4 chunks. A vmapped multi-step update streams every agent's
-      parameters through memory at every step; processing ``budget / bytes_per_agent`` agents at
-      a time (all their steps, then the next chunk) keeps them in cache. Measured on a 2-core
-      CPU, 1000 agents x 20 steps of an MLP 64-128-10: 0.56 s plain, 0.35 s in chunks of 50
-      (results are identical). With fewer than 4 chunks the agents (nearly) fit anyway and a
-      ragged last chunk costs a second compiled body: no faster, sometimes slower.
-    * GPU / TPU: the whole axis is one kernel launch and chunking only costs, so agents are
-      chunked only when their working set exceeds 1/4 of the device memory (never when the
-      device does not report its memory).
-
-    ``budget_bytes`` given overrides the platform's budget.
+    ``min_chunks`` chunks (or a single one) would result. Budget (``budget_bytes`` overrides it)
+    and ``min_chunks`` come from :func:`fedjax_dp.core.defaults.defaults` (``platform_defaults``;
+    default: this machine's): on a CPU cache-sized chunks keep a multi-step update's parameters
+    in cache; on an accelerator agents are chunked only beyond 1/4 of its memory (docs/devices.md).
     """
     d = defaults_lib.defaults() if platform_defaults is None else platform_defaults
     budget = d.chunk_budget_bytes if budget_bytes is None else budget_bytes
     if budget is None or bytes_per_agent <= 0:
         return None
     chunk = max(minimum, int(budget // bytes_per_agent))
-    # fewer than min_chunks chunks: the agents' weights (nearly) fit anyway, and a ragged last
-    # chunk costs a second compiled body; measured no faster than plain vmap, sometimes slower
+    # fewer than min_chunks chunks: the agents (nearly) fit anyway; a ragged last chunk costs a
+    # second compiled body
     return None if d.min_chunks * chunk > num_agents or chunk >= num_agents else chunk
 
 
