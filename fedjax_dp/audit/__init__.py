@@ -1,9 +1,7 @@
 """Empirical privacy audits: lower bounds on every mechanism's epsilon, checked against its claim.
 
-:mod:`.bounds` (Clopper-Pearson bounds, the threshold test's epsilon lower bound),
-:mod:`.harness` (what an auditable mechanism is, and the registry the families' harnesses,
-``fedjax_dp/algorithms/<family>/audit.py``, add themselves to when imported), :mod:`.audit`
-(``audit(...)``). Command line: ``fedjax-dp audit MECHANISM``. See ``docs/audit.md``.
+:mod:`.bounds` (Clopper-Pearson bounds, the test's epsilon lower bound), :mod:`.harness` (the
+auditable mechanisms' registry), :mod:`.audit` (``audit(...)``, ``fedjax-dp audit``); docs/audit.md.
 """
 from fedjax_dp.audit import bounds, harness
 from fedjax_dp.audit.audit import AuditResult, audit, statistics, world_keys

@@ -1,18 +1,11 @@
 """``audit(mechanism, ...)``: an empirical lower bound on a mechanism's epsilon, beside its claim.
 
-Procedure (Jagielski et al. 2020; Nasr et al. 2021): run the library's mechanism
-``trials`` times on D and ``trials`` times on its neighbour D' (:mod:`.harness`), reduce each
-run to a scalar statistic, and turn the best threshold test between the two samples into a
-one-sided lower bound on epsilon at ``delta`` that holds with probability ``>= confidence``
-(:func:`.bounds.audit_threshold`: threshold chosen on half the trials, bound on the other half).
-
-Keys: ``root = key(seed)``; world D uses ``fold_in(root, 0)``, world D' ``fold_in(root, 1)``
-(:func:`world_keys`), and each world's trials use ``split(world_key, trials)``: no key is used
-twice, and the two worlds' noise is independent.
-
-A lower bound above the claim means the claim is wrong (or the implementation is): the audit
-has caught a privacy bug. A lower bound below the claim proves nothing about the claim being
-right; it says only that this test, with these trials, could not refute it.
+The library's mechanism runs ``trials`` times on D and on its neighbour D' (:mod:`.harness`)
+and the best threshold test between the two samples of its statistic becomes a one-sided lower
+bound on epsilon at ``delta``, holding with probability ``>= confidence``
+(:func:`.bounds.audit_threshold`). Keys: world D uses ``fold_in(key(seed), 0)``, world D'
+``fold_in(key(seed), 1)`` (:func:`world_keys`), each world's trials ``split(world_key, trials)``.
+A bound above the claim proves a privacy bug; one below it proves nothing (docs/audit.md).
 """
 from __future__ import annotations
 

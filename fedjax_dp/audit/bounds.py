@@ -16,11 +16,8 @@ trials with one-sided Clopper-Pearson upper bounds (exact binomial bounds, Clopp
 1934), each at level ``1 - alpha/2`` with ``alpha = 1 - confidence``: by the union bound both hold
 at once with probability >= ``confidence``, hence so does ``eps >= eps_lb``.
 
-No data snooping: the threshold is chosen on the FIRST half of each world's trials (the
-threshold maximising the same bound computed on that half) and the bound is computed on the
-SECOND half only, whose trials are independent of the choice (:func:`audit_threshold`). The
-statistic of a discrete mechanism may take few values; thresholds are taken among the observed
-values, and ``s >= tau`` is the test.
+No data snooping (:func:`audit_threshold`): the threshold is chosen on the FIRST half of each
+world's trials and the bound computed on the SECOND half, independent of the choice.
 """
 from __future__ import annotations
 
@@ -129,13 +126,12 @@ def _candidates(a: np.ndarray, b: np.ndarray, max_candidates: int) -> np.ndarray
 
 def audit_threshold(stat_d, stat_d_prime, delta: float, confidence: float = 0.95, *,
                     max_candidates: int = 2048) -> ThresholdBound:
-    """The epsilon lower bound of the best threshold test, without data snooping.
+    """The epsilon lower bound of the best threshold test, without data snooping (the module).
 
     ``stat_d [n]``, ``stat_d_prime [n']``: the statistic over independent trials in world D
-    (where it tends to be larger) and D'. Each is split in halves; on the first halves every
-    candidate threshold (the observed values, or ``max_candidates`` pooled quantiles) is scored by
-    the lower bound it would give there, the best is kept, and the bound is computed on the
-    second halves with Clopper-Pearson upper bounds at ``1 - alpha/2`` for each rate.
+    (where it tends to be larger) and D'. Candidate thresholds: the observed values, or
+    ``max_candidates`` pooled quantiles; the test is ``s >= tau``. ``ValueError`` on fewer than
+    2 trials per world or non-finite statistics.
     """
     delta = validation.check_open_unit("delta", delta)
     confidence = validation.check_open_unit("confidence", confidence)

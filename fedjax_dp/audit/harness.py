@@ -1,42 +1,15 @@
 """What an auditable mechanism is, the registry of them, and checks shared by every family.
 
-A family's harness (``fedjax_dp/algorithms/<family>/audit.py``) builds, from its parameters, an
-:class:`Auditable`:
-
-* ``one_trial(key, neighbour) -> statistic`` (a float32 scalar): ONE run of the library's
-  mechanism on dataset D (``neighbour=False``, the world where the statistic tends to be larger:
-  the canary is present / the changed vote is cast) or on its neighbour D' (``neighbour=True``),
-  reduced to a scalar statistic;
-* ``trials(key, num_trials, neighbour) -> [num_trials]``: ``one_trial`` over the keys
-  ``split(key, num_trials)`` in ONE jit-compiled call (``jax.lax.map`` over chunks of trials,
-  each chunk vmapped), compiled once per (mechanism, parameters, num_trials, world);
-* ``claimed_epsilon(delta)``: the epsilon the library's own accounting (its ledger for exactly
-  what ran, through ``dp_accounting``) claims for that one release.
-
-Statistic for the Gaussian mechanisms: the projection ``<release, u>`` of the release on the
-unit vector ``u`` along the noise-free difference ``f(D) - f(D')`` (computed once by the same
-code with zero noise). For ``release = f + N(0, s^2 I)`` it is ``N(<f, u>, s^2)``: the
-Neyman-Pearson optimal statistic of the pair, so a threshold test on it is the best test there
-is. The vote mechanisms release only an argmax: the Gaussian vote is audited on its noisy tally
-(what Theorem 5's accounting covers; the argmax is post-processing), the FedKT LNMax vote on its
-released label (its noisy counts are never materialised by the library).
-
-Worst-case inputs: the canary's contribution is always at the sensitivity bound (a gradient or
-update of norm ``canary_scale`` times the clip, clipped down to the clip), the other inputs are
-fixed, and the mechanism's only randomness left is its noise (record / agent sampling rate 1).
-Auditing the un-sampled single release is deliberate: the accounting's claim for it is tight,
-so the audit can come close to it; amplification by sampling and composition over rounds are
-outside what a single pair of worlds can probe with modest trial counts.
-
-Weakened variants (``weaken=``), built by the same code path and audited against the ORIGINAL
-claim: ``"halve-noise"`` runs with half the noise std (noise multiplier / 2, sigma / 2,
-Laplace scale / 2, or a quarter of the binomial noise trials); ``"no-clip"`` runs with a clip
-that never binds (``clip = inf``, no clipping, or a clip far above the canary with the noise
-std kept at ``z C``). A correct audit must report a lower bound ABOVE the claim for them.
-
-Registry: each family's ``audit.py`` calls :func:`register` when the family is imported (so
-whoever audits imports the families first); :func:`build` makes an entry by name, the runner is
-:mod:`fedjax_dp.audit.audit`. This module imports no algorithm.
+A family's harness (``fedjax_dp/algorithms/<family>/audit.py``) builds an :class:`Auditable`
+from its parameters: ``one_trial(key, neighbour)``, ONE run of the library's mechanism on D
+(``neighbour=False``: the world where the statistic tends to be larger) or on its neighbour D'
+reduced to a float32 scalar; ``trials(key, num_trials, neighbour)``, ``one_trial`` over
+``split(key, num_trials)`` in one compiled call; ``claimed_epsilon(delta)``, what the library's
+own ledger claims for that one release. The Gaussian mechanisms' statistic is the release
+projected on the unit vector along ``f(D) - f(D')`` (Neyman-Pearson optimal). Worst-case
+inputs, the weakened variants (``weaken=``, audited against the ORIGINAL claim) and why a single
+un-sampled release is audited: docs/audit.md. Each family's ``audit.py`` calls :func:`register`
+when imported (whoever audits imports the families first); this module imports no algorithm.
 """
 from __future__ import annotations
 
