@@ -1,5 +1,4 @@
-"""``fedjax-dp`` command line: ``run``, ``sweep``, ``list``, ``account``, ``audit``, ``plot``, ``data``,
-``devices``, ``selftest`` (``fedjax-dp COMMAND --help`` lists each one's flags).
+"""``fedjax-dp`` command line (``fedjax-dp COMMAND --help`` lists each command's flags).
 
 Errors in the arguments or the config print one line naming the parameter and exit with status 2."""
 from __future__ import annotations
@@ -378,50 +377,40 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", nargs="?", help="TOML config (see configs/)")
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a config value, e.g. --set algorithm.rounds=5")
-    run.add_argument("--out", help="output folder (default: a new runs/<config name>/<time>); "
-                     "a folder that holds a run is refused")
+    run.add_argument("--out", help="a new output folder (default: runs/<config name>/<time>)")
     run.add_argument("--resume", metavar="DIR",
                      help="continue the run in DIR from its last checkpoint (CONFIG optional)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
-    run.add_argument("--plot", action="store_true", help="also write the training curve, "
-                     "training_curve.png/.svg, into the run's folder (needs matplotlib)")
-    run.add_argument("--debug", action="store_true",
-                     help="show the Python traceback of an error instead of one line")
+    run.add_argument("--plot", action="store_true", help="also write training_curve.png/.svg")
+    run.add_argument("--debug", action="store_true", help="the traceback, not one error line")
     run.set_defaults(func=_cmd_run)
 
-    sw = sub.add_parser("sweep", help="run a grid of configs x target epsilons x seeds; "
-                        "results.jsonl + summary.csv / summary.md (mean and std over seeds)")
+    sw = sub.add_parser("sweep", help="grid of configs x target epsilons x seeds (docs/sweeps.md)")
     sw.add_argument("configs", nargs="+", metavar="CONFIG",
                     help="run configs and/or sweep files (a TOML with a [sweep] table)")
     sw.add_argument("--grid", action="append", metavar="KEY=V1,V2",
                     help="a config key and its values, e.g. --grid algorithm.sigma=5,10,20")
     sw.add_argument("--seeds", metavar="S|s1,s2", default=None,
-                    help="a count S (seeds 0..S-1) or a list of seeds (default: the file's, "
-                         "else 0)")
+                    help="a count S (seeds 0..S-1) or a list (default: the file's, else 0)")
     sw.add_argument("--target-epsilon", metavar="E1,E2", default=None,
                     help="calibrate --calibrate KEY so that each run's headline epsilon is E")
     sw.add_argument("--calibrate", action="append", metavar="[ALGORITHM=]KEY",
-                    help="the config key to calibrate, e.g. algorithm.noise_multiplier "
-                         "(per algorithm: --calibrate ae_dpfl=algorithm.sigma)")
+                    help="the config key to calibrate, for all or per algorithm")
     sw.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override a config value in every run")
     sw.add_argument("--unit", default=None, metavar="UNIT",
-                    help="the unit whose epsilon is calibrated and reported (default: the "
-                         "algorithm's first, e.g. agent; kNN-DPFL at instance level: instance)")
+                    help="the unit calibrated and reported (default: the algorithm's first)")
     sw.add_argument("--select", metavar="val_accuracy", default=None,
-                    help="choose the grid point with the best mean of this metric per algorithm "
-                         "and target (needs data.validation_fraction); writes selected.md")
+                    help="per algorithm and target, the grid point with this metric's best mean")
     sw.add_argument("--select-over", metavar="KEY1,KEY2", default=None,
                     help="the grid keys chosen over (default: all grid keys)")
     sw.add_argument("--out", help="output folder (default: a new runs/sweeps/<name>/<time>)")
     sw.add_argument("--resume", metavar="DIR", help="run only the runs missing from DIR")
     sw.add_argument("--no-vmap-seeds", action="store_true",
                     help="run seeds one by one even where they could share one vmapped call")
-    sw.add_argument("--dry-run", action="store_true",
-                    help="validate every run's config and print the plan; run nothing")
+    sw.add_argument("--dry-run", action="store_true", help="validate and print the plan only")
     sw.add_argument("--quiet", action="store_true", help="no progress or per-run lines")
-    sw.add_argument("--debug", action="store_true",
-                    help="show the Python traceback of an error instead of one line")
+    sw.add_argument("--debug", action="store_true", help="the traceback, not one error line")
     sw.add_argument("--compilation-cache", default="user", metavar="user|off|DIR",
                     help="JAX's persistent compilation cache (default: a user-level folder)")
     sw.set_defaults(func=_cmd_sweep)
@@ -432,16 +421,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     acc = sub.add_parser("account", help="epsilon for a mechanism, without training")
     mech = acc.add_subparsers(dest="mechanism", required=True)
-    sg = mech.add_parser("sampled-gaussian",
-                         help="Poisson-subsampled Gaussian composed over steps (DP-FedAvg, DP-SGD)")
+    sg = mech.add_parser("sampled-gaussian", help="Poisson-subsampled Gaussian over steps")
     sg.add_argument("--noise-multiplier", type=float, required=True)
     sg.add_argument("--sampling-rate", type=float, required=True)
     sg.add_argument("--steps", type=int, required=True)
     g = mech.add_parser("gaussian", help="Gaussian mechanism composed count times")
     g.add_argument("--noise-multiplier", type=float, required=True)
     g.add_argument("--count", type=int, required=True)
-    gv = mech.add_parser("gaussian-vote",
-                         help="voting-dpfl MPC vote (AE-DPFL / kNN-DPFL): Q Gaussian votes")
+    gv = mech.add_parser("gaussian-vote", help="AE-DPFL / kNN-DPFL MPC vote: Q Gaussian votes")
     gv.add_argument("--sigma", type=float, required=True, help="std of the noise on the vote sum")
     gv.add_argument("--queries", type=int, required=True, help="number of queries Q")
     gv.add_argument("--unit", choices=("agent", "instance"), required=True)
@@ -452,8 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (sg, g, gv):
         p.add_argument("--delta", type=float, required=True)
         p.add_argument("--accountant", choices=ACCOUNTANTS + ("both",), default="both")
-    fk = mech.add_parser("fedkt", help="FedKT-L1/L2 LNMax votes: data-dependent moments and "
-                         "data-independent Laplace composition")
+    fk = mech.add_parser("fedkt", help="FedKT-L1/L2 LNMax votes (moments, Laplace composition)")
     fk.add_argument("--votes", required=True,
                     help=".npz (array 'votes', optional 'z') or .json ({'votes': ..., 'z': ...}); "
                          "L1: server histograms [Q, C]; L2: teacher histograms [n, s, Q, C]")
@@ -470,10 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     fk.add_argument("--accountant", choices=ACCOUNTANTS + ("both",), default="both")
     acc.set_defaults(func=_cmd_account)
 
-    # (No import of fedjax_dp.audit here: building the parser stays free of JAX; the mechanism
-    # name is checked by audit(), whose ValueError lists the registered ones.)
-    aud = sub.add_parser("audit", help="empirical lower bound on a mechanism's epsilon (the "
-                         "library's code on a worst-case neighbour pair) beside its claim")
+    # no import of fedjax_dp.audit (the parser stays JAX-free): audit() checks the mechanism
+    aud = sub.add_parser("audit", help="empirical epsilon lower bound vs its claim (docs/audit.md)")
     aud.add_argument("mechanism", help="gaussian-vote, fedkt-laplace, dp-sgd-step, "
                      "dp-fedavg-round, isrl-upload or sdp-upload")
     aud.add_argument("--trials", type=int, default=100_000, help="runs per world (D and D')")
@@ -488,8 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="mechanism parameter" + (" (clip_norm)" if name == "clip" else ""))
     aud.set_defaults(func=_cmd_audit)
 
-    plt = sub.add_parser("plot", help="plot a metric against a parameter (mean +- std over "
-                         "seeds) or training curves, from results.jsonl / result.json files")
+    plt = sub.add_parser("plot", help="a metric against a parameter (mean +- std), or curves")
     plt.add_argument("results", nargs="+", metavar="RESULTS",
                      help="sweep results.jsonl files, run result.json files, or their folders")
     plt.add_argument("--x", default=None, help="field on the x axis (default epsilon; a record "
@@ -498,11 +481,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "history metric, default test_accuracy if logged, else the first one)")
     plt.add_argument("--hue", default="algorithm",
                      help="one line per value of this field (default algorithm; none: one line)")
-    plt.add_argument("--curve", action="store_true",
-                     help="training curves: the history metric --y against the round")
+    plt.add_argument("--curve", action="store_true", help="training curves: --y against the round")
     plt.add_argument("--selected", action="store_true",
-                     help="only the runs of the grid points a sweep's --select chose (its "
-                     "selected.json), one line per selected row (default --hue setting)")
+                     help="only the grid points a sweep's --select chose, a line per row "
+                     "(default --hue setting)")
     plt.add_argument("--out", metavar="STEM", default=None, help="writes STEM.png and STEM.svg "
                      "(default plot_<y>_vs_<x> beside the first RESULTS file)")
     plt.add_argument("--title", default=None)
@@ -510,11 +492,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="log-scale x axis (default: on for epsilon, off otherwise)")
     plt.set_defaults(func=_cmd_plot)
 
-    cmp_ = sub.add_parser("compare", help="sweeps compared: chosen cells side by side, or the "
-                          "arms of one grid key with Welch tests (OUT.md, OUT.json)")
+    cmp_ = sub.add_parser("compare", help="sweeps compared: chosen cells, or a key's arms")
     csub = cmp_.add_subparsers(dest="compare_command", required=True)
-    cs = csub.add_parser("selected", help="several sweeps' validation-chosen cells (their "
-                         "selected.json) in one table, a column per sweep")
+    cs = csub.add_parser("selected", help="sweeps' validation-chosen cells, a column per sweep")
     cs.add_argument("sweeps", nargs="+", metavar="SWEEP", help="sweep output folders")
     cs.add_argument("--names", default=None, help="column names, comma-separated (default: "
                     "each sweep's algorithm)")
@@ -522,8 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "the chosen cells are grouped by)")
     cs.add_argument("--ceiling", default=None, metavar="SWEEP",
                     help="a sweep without privacy; its best chosen cell is the reference line")
-    ca = csub.add_parser("arms", help="the runs split by one grid key's values: pooled and "
-                         "per-unit mean / std, Welch's t-test on unit means (OUT.png too)")
+    ca = csub.add_parser("arms", help="the runs split by one grid key's values, Welch's t-test")
     ca.add_argument("results", nargs="+", metavar="RESULTS",
                     help="sweep results.jsonl(.gz) files or their folders")
     ca.add_argument("--arm", required=True, metavar="KEY", help="the grid key whose values are "
@@ -537,29 +516,24 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--title", default=None)
         c.add_argument("--out", required=True, metavar="STEM", help="writes STEM.md and "
                        "STEM.json" + (" and STEM.png / .svg" if c is ca else ""))
-        c.add_argument("--debug", action="store_true",
-                       help="show the Python traceback of an error instead of one line")
+        c.add_argument("--debug", action="store_true", help="the traceback, not one error line")
         c.set_defaults(func=_cmd_compare)
 
-    be = sub.add_parser("bench", help="the headline measurements in one process: one JSON and "
-                        "one markdown table of ratios timed in the same run (docs/bench.md)")
-    be.add_argument("--suite", default="quick", help="quick (under 3 minutes on a 2-core CPU) "
-                    "or full")
+    be = sub.add_parser("bench", help="the headline measurements in one process (docs/bench.md)")
+    be.add_argument("--suite", default="quick", help="quick or full")
     be.add_argument("--out", metavar="FILE", default=None,
                     help="writes FILE.json and FILE.md (default: the table on stdout only)")
     be.add_argument("--only", metavar="PART,PART", default=None, help="run these parts only: "
                     "local_training, peers_dp_fedavg, dp_sgd_step, knn_vote, "
                     "isrl_spider_round, dp_fnas_search_step, ae_dpfl_end_to_end")
     be.add_argument("--sizes", default=None, help=argparse.SUPPRESS)    # "tiny": the tests
-    be.add_argument("--debug", action="store_true",
-                    help="show the Python traceback of an error instead of one line")
+    be.add_argument("--debug", action="store_true", help="the traceback, not one error line")
     be.set_defaults(func=_cmd_bench)
 
     dat = sub.add_parser("data", help="federated datasets from the files they are published in")
     dsub = dat.add_subparsers(dest="data_command", required=True)
-    cv = dsub.add_parser("convert", help="write a published federated dataset (TFF HDF5, LEAF "
-                         "JSON) as a memory-mapped stacked population, one agent per client, "
-                         "for data.dataset = \"stacked:DST\"")
+    cv = dsub.add_parser("convert", help="a published dataset (TFF HDF5, LEAF JSON) as a "
+                         "stacked population for data.dataset = \"stacked:DST\"")
     cv.add_argument("format", metavar="FORMAT", help=", ".join(DATA_FORMATS))
     cv.add_argument("src", metavar="SRC", help="the downloaded files: TFF: the folder holding "
                     "<name>_train.h5 and <name>_test.h5 (or the _train.h5 file); LEAF: the data "
@@ -577,30 +551,24 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--vocab", default=None, metavar="FILE", help="a vocabulary file, one word "
                     "per line, most frequent first (e.g. TFF's stackoverflow.word_count)")
     cv.add_argument("--seq-len", type=int, default=None, metavar="T",
-                    help="tokens per record (defaults: Shakespeare 80, StackOverflow 20, "
-                    "Sent140 25)")
+                    help="tokens/record (defaults: Shakespeare 80, StackOverflow 20, Sent140 25)")
     cv.add_argument("--seed", type=int, default=0, help="seed of --max-test-records' subset")
     cv.add_argument("--quiet", action="store_true", help="no progress bar")
-    cv.add_argument("--debug", action="store_true",
-                    help="show the Python traceback of an error instead of one line")
+    cv.add_argument("--debug", action="store_true", help="the traceback, not one error line")
     cv.set_defaults(func=_cmd_data)
 
-    dev = sub.add_parser("devices", help="the platform, the devices JAX sees (with their "
-                         "memory) and the device-aware defaults chosen for them")
+    dev = sub.add_parser("devices", help="the devices JAX sees and the defaults chosen for them")
     dev.add_argument("--json", action="store_true", help="print it as JSON")
     dev.set_defaults(func=_cmd_devices)
 
-    st = sub.add_parser("selftest", help="every algorithm family at a tiny size on the default "
-                        "device, compared with the same run on the CPU (accuracy, epsilon, a "
-                        "parameter checksum); exit 1 on a crash or a mismatch")
+    st = sub.add_parser("selftest", help="every family at a tiny size, default device vs CPU; "
+                        "exit 1 on a crash or a mismatch")
     st.add_argument("--json", action="store_true", help="print the report as JSON")
     st.add_argument("--families", default=None, metavar="FAMILY,FAMILY",
-                    help="only these families (averaging, voting, fedkt, isrl, fnas) or "
-                    "algorithms (default: all)")
+                    help="only these families (averaging, voting, fedkt, isrl, fnas) or algorithms")
     st.add_argument("--compilation-cache", default="user", metavar="user|off|DIR",
                     help="JAX's persistent compilation cache (default: a user-level folder)")
-    st.add_argument("--debug", action="store_true",
-                    help="show the Python traceback of an error instead of one line")
+    st.add_argument("--debug", action="store_true", help="the traceback, not one error line")
     st.set_defaults(func=_cmd_selftest)
     return parser
 
