@@ -79,11 +79,10 @@ def audit(mechanism: str, *, trials: int = 100_000, delta: float = 1e-5, seed: i
           confidence: float = 0.95, weaken: str | None = None, **params) -> AuditResult:
     """Audit ``mechanism`` (a name of :data:`fedjax_dp.audit.harness.MECHANISMS`).
 
-    ``trials`` runs per world (half choose the threshold, half bound the rates); ``delta`` in
-    (0, 1); ``confidence`` in (0, 1); ``weaken``: None, ``"halve-noise"`` or ``"no-clip"`` (a
-    deliberately broken variant audited against the original claim); ``params``: the
-    mechanism's parameters (see its registry entry; unknown names raise ``ValueError``).
-    All arguments are checked before any work.
+    ``trials`` runs per world (half choose the threshold, half bound the rates); ``delta`` and
+    ``confidence`` in (0, 1); ``weaken``: None, ``"halve-noise"`` or ``"no-clip"`` (audited
+    against the original claim); ``params``: the mechanism's (registry entry). Every argument is
+    checked (``ValueError``, unknown names included) before any work.
     """
     trials = validation.check_int("trials", trials, minimum=4, maximum=MAX_TRIALS)
     delta = validation.check_open_unit("delta", delta)

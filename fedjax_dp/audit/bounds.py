@@ -71,12 +71,9 @@ def clopper_pearson(successes, trials, confidence: float = 0.95) -> tuple[np.nda
 
 
 def epsilon_from_rates(fpr, fnr, delta: float) -> np.ndarray:
-    """``max(log((1 - delta - fnr) / fpr), log((1 - delta - fpr) / fnr), 0)`` elementwise.
-
-    With exact rates of a test this is the smallest epsilon that test allows at ``delta``; with
-    upper confidence bounds it is the audit's lower bound. A zero rate with a positive numerator
-    gives infinity (only exact rates can be zero; confidence bounds never are).
-    """
+    """``max(log((1 - delta - fnr) / fpr), log((1 - delta - fpr) / fnr), 0)`` elementwise: with a
+    test's exact rates the smallest epsilon it allows at ``delta``, with upper confidence bounds
+    the audit's lower bound. A zero rate with a positive numerator gives infinity."""
     delta = validation.check_nonnegative("delta", delta)
     fpr = np.asarray(fpr, np.float64)
     fnr = np.asarray(fnr, np.float64)

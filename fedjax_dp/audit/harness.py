@@ -56,9 +56,8 @@ class Auditable:
         return self.one(key, self.inputs[bool(neighbour)])
 
     def trials(self, key: jax.Array, num_trials: int, neighbour: bool) -> jax.Array:
-        """``[num_trials]`` float32: ``one_trial(k, neighbour)`` for ``k`` in
-        ``split(key, num_trials)``, in one compiled call (the world's arrays are arguments, not
-        constants, so XLA does not constant-fold the batched mechanism)."""
+        """``[num_trials]`` float32: ``one_trial`` over ``split(key, num_trials)`` in one compiled
+        call (the world's arrays are arguments, not constants for XLA to fold)."""
         num_trials = validation.check_int("trials", num_trials, minimum=1)
         sig = (self.name, self.structure or id(self), num_trials, self.chunk)
         fn = _COMPILED.get(sig)
@@ -88,15 +87,13 @@ class Auditable:
         return float(self.claimed(validation.check_open_unit("delta", delta)))
 
 
-#: Compiled trial runners, shared by every Auditable with the same (name, structure): variants
-#: that differ only in array inputs (noise scale, clip) reuse one compilation.
+#: Compiled trial runners per (name, structure): variants differing in array inputs share one.
 _COMPILED: dict = {}
 
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """A registry entry: defaults of its parameters, the weakenings it supports, its builder
-    ``builder(weaken, **params) -> Auditable``."""
+    """A registry entry; ``builder(weaken, **params) -> Auditable``."""
 
     description: str
     defaults: dict
@@ -183,8 +180,8 @@ def check_scale(canary_scale) -> float:
 
 def check_gaussian_params(noise_multiplier, clip_norm, canary_scale, accountant
                           ) -> tuple[float, float, float]:
-    """The common parameters of a clipped-Gaussian harness, checked (errors name each one):
-    ``(z, C, canary_scale)`` with ``z, C`` finite and ``> 0``, and the accountant's name."""
+    """``(z, C, canary_scale)`` of a clipped-Gaussian harness checked (``z, C`` finite ``> 0``),
+    and the accountant's name; errors name each one."""
     z = check_finite_positive("noise_multiplier", noise_multiplier)
     clip = check_finite_positive("clip_norm", clip_norm)
     scale = check_scale(canary_scale)

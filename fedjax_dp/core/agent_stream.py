@@ -43,8 +43,7 @@ class Chunk:
 
     @property
     def ids(self) -> np.ndarray:
-        """``[size]`` int32 global agent indices ``start + j`` (host; padding rows continue the
-        count past N)."""
+        """``[size]`` int32 global agent indices ``start + j`` (host; padding continues past N)."""
         return np.arange(self.start, self.start + len(self.valid), dtype=np.int32)
 
 
@@ -68,8 +67,8 @@ def check_agents(data: StackedData, *, min_records: int = 1, what: str = "to vot
 
 
 def _host_rows(a, start: int, stop: int, size: int, axis: int, fill) -> np.ndarray:
-    """Rows ``[start, stop)`` of the host array ``a`` along ``axis``, padded with ``fill`` to
-    ``size`` rows (numpy: read only these rows)."""
+    """Rows ``[start, stop)`` of the host array ``a`` along ``axis`` (only these read), padded with
+    ``fill`` to ``size`` rows."""
     index = (slice(None),) * axis + (slice(start, stop),)
     part = np.asarray(a[index])
     if stop - start < size:

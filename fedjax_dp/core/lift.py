@@ -86,17 +86,10 @@ def _pad_to_devices(args, axes, ndev: int) -> list:
 
 def for_each_agent(fn: Callable[..., Any], in_axes=0, *, chunk_size: int | None = None,
                    mesh: Mesh | None = None, backend: str = "vmap") -> Callable[..., Any]:
-    """Lift ``fn`` (written for one agent) to all agents along the leading axis.
-
-    Args:
-      fn: ``fn(*args)`` for one agent.
-      in_axes: 0 (argument has a leading agent axis) or None (shared by all), per argument.
-      chunk_size: process this many agents at a time (bounded memory, identical results).
-      mesh: shard the agent axis over the ``agents`` axis of this mesh.
-      backend: ``"vmap"``, ``"map"`` (one agent at a time, see the module) or ``"loop"``.
-    Returns:
-      A function of the same arguments whose outputs have a leading agent axis.
-    """
+    """Lift ``fn(*args)`` (one agent) to all agents: a function of the same arguments whose
+    outputs have a leading agent axis. ``in_axes``: per argument, 0 (a leading agent axis) or
+    None (shared); ``chunk_size``, ``mesh``, ``backend`` (``"vmap"``, ``"map"``, ``"loop"``): the
+    module's backends, with identical results."""
     validation.check_choice("backend", backend, ("vmap", "map", "loop"))
     if chunk_size is not None:
         validation.check_int("chunk_size", chunk_size, minimum=1)

@@ -100,8 +100,7 @@ def split_values(text: str) -> list:
 
 
 def tied_keys(key: str) -> list[str]:
-    """The dotted keys a grid key sets: ``"a.x+b.y"`` (tied) -> ``["a.x", "b.y"]``; a plain key
-    -> ``[key]``."""
+    """The dotted keys a grid key sets: ``"a.x+b.y"`` (tied) -> ``["a.x", "b.y"]``."""
     return [k.strip() for k in key.split("+")]
 
 
@@ -203,8 +202,7 @@ def _read_toml(path: Path) -> dict:
 
 
 def _base_name(path: Path) -> str:
-    """``<folder>/<stem>`` (``dp_fedavg/mnist5k``): configs of two algorithms on one dataset
-    share a stem."""
+    """``<folder>/<stem>`` (``dp_fedavg/mnist5k``): two algorithms' configs may share a stem."""
     return f"{path.resolve().parent.name}/{path.stem}"
 
 
@@ -303,8 +301,7 @@ def _toml_value(v) -> str:
 
 
 def expand(sw: Sweep) -> list[Run]:
-    """Every run of the sweep, validated (config keys, algorithm fields, calibrate keys) before
-    any data is loaded or anything is trained."""
+    """Every run of the sweep, validated before any data is loaded or anything is trained."""
     from fedjax_dp.experiments import runner
     keys = list(sw.grid)
     points = [dict(zip(keys, combo)) for combo in itertools.product(*sw.grid.values())]
@@ -463,8 +460,7 @@ def run_folder(out: Path, r: Run, rid: str) -> Path:
 
 
 def _tracker(out: Path, r: Run, config: dict, rid: str, sw: Sweep) -> tracking_lib.Tracker:
-    """The tracker ``run.log`` asks for, in the run's :func:`run_folder` (a run done again --
-    a resumed sweep's unfinished one -- starts its events over)."""
+    """The tracker ``run.log`` asks for, in :func:`run_folder` (a run done again starts over)."""
     if not config["run"].get("log"):
         return tracking_lib.NoTracker()
     folder = run_folder(out, r, rid)
@@ -472,9 +468,8 @@ def _tracker(out: Path, r: Run, config: dict, rid: str, sw: Sweep) -> tracking_l
 
 
 def _seed_dependent_calibration(config: dict) -> bool:
-    """Whether the algorithm's planned ledger depends on the run's key (its
-    ``seed_dependent_ledger`` hook, e.g. DP-FedSGD replays each seed's agent sampling): then
-    every seed is calibrated on its own."""
+    """Whether the planned ledger depends on the run's key (``seed_dependent_ledger``, e.g.
+    DP-FedSGD): then every seed is calibrated on its own."""
     from fedjax_dp.algorithms import api
     from fedjax_dp.experiments import runner
     return api.hooks(runner.plan(config).entry).seed_dependent_ledger
@@ -588,11 +583,9 @@ def write_summaries(records: list[dict], out: Path) -> list[dict]:
 
 
 def select(records: list[dict], metric: str, over: list[str]) -> list[dict]:
-    """Per group of cells that differ only in the ``over`` grid keys (same base, algorithm, other
-    grid keys, target epsilon): the cell with the best mean ``metric`` over its seeds (ties: the
-    first), with its test accuracy mean / std -- hyper-parameters chosen on the validation split,
-    reported on the test set. Rows: the group's keys, ``selected`` {key: value}, ``n_candidates``,
-    ``<metric>_mean`` and the chosen cell's summary fields."""
+    """Per group of cells that differ only in the ``over`` grid keys: the cell with the best mean
+    ``metric`` over its seeds (ties: the first), with its test accuracy. Rows: the group's keys,
+    ``selected`` {key: value}, ``n_candidates``, ``<metric>_mean``, the cell's summary fields."""
     groups: dict[str, list[tuple[dict, list[dict]]]] = {}
     for recs in _cells(records):
         row = _summary_row(recs)

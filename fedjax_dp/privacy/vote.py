@@ -104,14 +104,11 @@ def vote_event(sigma: float, num_queries: int, sensitivity: float):
 
 def vote_ledger(sigma: float, num_queries: int, sensitivities: Mapping[str, float], *,
                 clean_vote_sums: np.ndarray | None = None, note: str = "") -> PrivacyLedger:
-    """The ledger of Q MPC votes: one data-independent entry per unit, plus the data-dependent one.
-
-    ``sensitivities``: ``{unit: Delta}`` for units in :data:`RELATIONS`. With ``clean_vote_sums``
-    (the noise-free ``[Q, C]`` vote sums, in the units of ``Delta``) each unit also gets a
-    data-dependent entry under the unit name ``'<unit>_data_dependent'``: the GNMax RDP (PATE 2018
-    Theorem 6, :func:`fedjax_dp.privacy.gnmax.gnmax_total_rdp`) summed over queries on
-    :data:`PATE_ORDERS`, recorded with ``add_rdp`` and reported with ``data_dependent: true``.
-    """
+    """The ledger of Q MPC votes: a data-independent entry per unit of ``sensitivities``
+    (``{unit: Delta}``, units of :data:`RELATIONS`); with ``clean_vote_sums`` (the noise-free
+    ``[Q, C]`` sums, in the units of ``Delta``) also ``'<unit>_data_dependent'``: the GNMax RDP
+    (PATE 2018 Theorem 6, :func:`fedjax_dp.privacy.gnmax.gnmax_total_rdp`) summed over queries
+    on :data:`PATE_ORDERS` (``add_rdp``, reported with ``data_dependent: true``)."""
     ledger = PrivacyLedger()
     for unit, sens in sensitivities.items():
         validation.check_choice("unit", unit, tuple(RELATIONS))
@@ -421,9 +418,8 @@ def tally_step(tally: Tally, key: jax.Array, ballots: jax.Array, agent_ids: jax.
 
 @functools.lru_cache(maxsize=32)
 def tally_fns(num_classes: int, per_agent: bool, noise: str, batched: bool):
-    """``(add, release)``: :func:`tally_add` and :func:`tally_release`, vmapped over a leading
-    seed axis of the tally, the vote key and the ballots (agent ids, padding, the noise share's
-    std, sigma and the divisor shared) when ``batched``."""
+    """``(add, release)``: :func:`tally_add` and :func:`tally_release`; ``batched``: vmapped over
+    a leading seed axis of the tally, the vote key and the ballots (the other arguments shared)."""
     def add(tally, key, ballots, ids, valid, std):
         return tally_add(tally, key, ballots, ids, valid, std, num_classes=num_classes,
                          per_agent=per_agent)
@@ -440,8 +436,7 @@ def tally_fns(num_classes: int, per_agent: bool, noise: str, batched: bool):
 @functools.lru_cache(maxsize=32)
 def tally_step_fn(num_classes: int, per_agent: bool, noise: str, batched: bool):
     """``step(tally, key, ballots, ids, valid, std, sigma, divisor, last) -> (tally, labels)``:
-    :func:`tally_step`, vmapped over a leading seed axis of the tally, the vote key and the
-    ballots when ``batched`` (as :func:`tally_fns`)."""
+    :func:`tally_step`, ``batched`` as in :func:`tally_fns`."""
     def step(tally, key, ballots, ids, valid, std, sigma, divisor, last):
         return tally_step(tally, key, ballots, ids, valid, std, sigma, divisor, last,
                           num_classes=num_classes, per_agent=per_agent, noise=noise)
@@ -455,11 +450,10 @@ def tally_step_fn(num_classes: int, per_agent: bool, noise: str, batched: bool):
 def secagg_tally_add(tally: Tally, key: jax.Array, share_key: jax.Array, ballots: jax.Array,
                      agent_ids: jax.Array, valid: jax.Array, alive: jax.Array, std, divisor, *,
                      num_classes: int, per_agent: bool, frac_bits: int) -> Tally:
-    """Secure-aggregation :func:`tally_add`: agent i's noisy ballot ``b_i / divisor + z_i``
-    (``z_i`` the plain vote's noise share, ``per_agent``; else 0) is encoded and shared among the
-    talliers (:func:`fedjax_dp.privacy.secagg_shares.tally_add`); only real (``valid``) agents
-    that did not drop (``alive [N]``, indexed by ``agent_ids``) deliver. ``counts`` (analysis
-    only) counts the same agents."""
+    """Secure-aggregation :func:`tally_add`: agent i's ``b_i / divisor + z_i`` (``z_i`` its noise
+    share if ``per_agent``, else 0) is shared among the talliers
+    (:func:`fedjax_dp.privacy.secagg_shares.tally_add`) by the ``valid`` agents still ``alive``
+    (``[N]``, indexed by ``agent_ids``); ``counts`` (analysis only) counts the same agents."""
     if ballots.ndim == 2:
         ballots = jax.nn.one_hot(ballots.astype(jnp.int32), num_classes, dtype=jnp.int32)
     contrib = valid & jnp.take(alive, agent_ids, mode="fill", fill_value=False)   # [a]
@@ -478,7 +472,6 @@ def secagg_tally_add(tally: Tally, key: jax.Array, share_key: jax.Array, ballots
 def top_up_noise(key: jax.Array, num_queries: int, num_classes: int, sigma: float,
                  num_agents: int, num_survivors: int) -> jax.Array:
     """The talliers' top-up ``[Q, C]``: ``N(0, sigma^2 (N - M)/N)`` per coordinate
-    (:func:`fedjax_dp.privacy.secagg.top_up_std`), query t from its own key (as
-    :func:`aggregate_noise` draws, here from the top-up key)."""
+    (:func:`fedjax_dp.privacy.secagg.top_up_std`), drawn as :func:`aggregate_noise` from ``key``."""
     std = secagg.top_up_std(sigma, num_agents, num_survivors)
     return aggregate_noise(key, jnp.arange(num_queries), jnp.float32(std), num_classes)
