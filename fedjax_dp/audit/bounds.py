@@ -10,11 +10,10 @@ so with upper confidence bounds ``FPR_hi >= FPR`` and ``FNR_hi >= FNR``
 
     eps >= eps_lb = max( log((1 - delta - FNR_hi) / FPR_hi), log((1 - delta - FPR_hi) / FNR_hi), 0 )
 
-(Jagielski, Ullman and Oprea 2020, "Auditing differentially private machine learning";
-Nasr et al. 2021, "Adversary instantiation"). The rates are estimated from independent
-trials with one-sided Clopper-Pearson upper bounds (exact binomial bounds, Clopper and Pearson
-1934), each at level ``1 - alpha/2`` with ``alpha = 1 - confidence``: by the union bound both hold
-at once with probability >= ``confidence``, hence so does ``eps >= eps_lb``.
+(Jagielski, Ullman and Oprea 2020; Nasr et al. 2021). The rates' one-sided Clopper-Pearson
+upper bounds (Clopper and Pearson 1934) from independent trials are each at level
+``1 - alpha/2``, ``alpha = 1 - confidence``: by the union bound both hold at once with
+probability >= ``confidence``, hence so does ``eps >= eps_lb``.
 
 No data snooping (:func:`audit_threshold`): the threshold is chosen on the FIRST half of each
 world's trials and the bound computed on the SECOND half, independent of the choice.

@@ -1,15 +1,12 @@
 """What an auditable mechanism is, the registry of them, and checks shared by every family.
 
-A family's harness (``fedjax_dp/algorithms/<family>/audit.py``) builds an :class:`Auditable`
-from its parameters: ``one_trial(key, neighbour)``, ONE run of the library's mechanism on D
-(``neighbour=False``: the world where the statistic tends to be larger) or on its neighbour D'
-reduced to a float32 scalar; ``trials(key, num_trials, neighbour)``, ``one_trial`` over
-``split(key, num_trials)`` in one compiled call; ``claimed_epsilon(delta)``, what the library's
-own ledger claims for that one release. The Gaussian mechanisms' statistic is the release
-projected on the unit vector along ``f(D) - f(D')`` (Neyman-Pearson optimal). Worst-case
-inputs, the weakened variants (``weaken=``, audited against the ORIGINAL claim) and why a single
-un-sampled release is audited: docs/audit.md. Each family's ``audit.py`` calls :func:`register`
-when imported (whoever audits imports the families first); this module imports no algorithm.
+A family's harness (``fedjax_dp/algorithms/<family>/audit.py``: it calls :func:`register` when
+imported; this module imports no algorithm) builds an :class:`Auditable`: ``one_trial(key,
+neighbour)``, ONE run of the library's mechanism on D (``neighbour=False``: where the statistic
+tends to be larger) or D' as a float32 scalar (Gaussian mechanisms: the release projected on the
+unit vector along ``f(D) - f(D')``, Neyman-Pearson optimal); ``trials`` (in one compiled call);
+``claimed_epsilon(delta)``, the library's ledger for that one release. Worst cases, weakened
+variants (``weaken=``, audited against the ORIGINAL claim) and their reasons: docs/audit.md.
 """
 from __future__ import annotations
 

@@ -112,17 +112,15 @@ def _make(index: int, tree, size: int, axis: int, fill, extra: tuple, num: int, 
 
 def chunks(tree, size: int, *, axis: int = 0, fill=0, extra: tuple = (), take: bool = True,
            stack: bool = False, prefetch: bool | None = None) -> Iterator[Chunk]:
-    """The agents in chunks of ``size`` (see the module).
-
-    ``tree``: a pytree (:class:`StackedData`, stored ballots, ...) of host or device arrays whose
-    axis ``axis`` is the agent axis, of one length N (``axis = 1`` for ``[S, N, ...]`` with a
-    leading seed axis). Each chunk's ``agents`` is the rows ``[start, start + size)`` along
-    ``axis``, padded with ``fill`` (a padded :class:`StackedData` agent has no records).
-    ``extra``: per-agent host arrays (leading axis N) sliced and zero-padded alongside.
-    ``prefetch``: default :data:`PREFETCH`. ``take`` False: every chunk's ``agents`` is the whole
-    ``tree`` (device data whose rows ``ids`` the caller's compiled call takes itself).
-    ``stack``: ``tree`` is a list of S seeds' trees, each chunk's ``agents`` their rows stacked
-    ``[S, size, ...]``. ``ValueError`` if the leaves' lengths on ``axis`` differ."""
+    """The agents in chunks of ``size`` (see the module). ``tree``: a pytree (:class:`StackedData`,
+    stored ballots, ...) of host or device arrays whose axis ``axis`` is the agent axis, of one
+    length N (``axis = 1`` for ``[S, N, ...]`` with a leading seed axis). Each chunk's ``agents``
+    is the rows ``[start, start + size)`` along ``axis``, padded with ``fill`` (a padded
+    :class:`StackedData` agent has no records). ``extra``: per-agent host arrays (leading axis N)
+    sliced and zero-padded alongside. ``prefetch``: default :data:`PREFETCH`. ``take`` False:
+    every chunk's ``agents`` is the whole ``tree`` (device data whose rows ``ids`` the caller's
+    compiled call takes itself). ``stack``: ``tree`` is a list of S seeds' trees, each chunk's
+    ``agents`` their rows stacked ``[S, size, ...]``. ``ValueError`` if the lengths differ."""
     validation.check_int("size", size, minimum=1)
     lengths = {int(np.shape(a)[axis]) for a in jax.tree.leaves(tree)}
     if len(lengths) != 1:

@@ -248,8 +248,7 @@ def auto_chunk_size(bytes_per_agent: int, num_agents: int, *,
     if budget is None or bytes_per_agent <= 0:
         return None
     chunk = max(minimum, int(budget // bytes_per_agent))
-    # fewer than min_chunks chunks: the agents (nearly) fit anyway; a ragged last chunk costs a
-    # second compiled body
+    # < min_chunks chunks: the agents (nearly) fit anyway, a ragged last one costs a second body
     return None if d.min_chunks * chunk > num_agents or chunk >= num_agents else chunk
 
 

@@ -475,12 +475,10 @@ def build_parser() -> argparse.ArgumentParser:
     plt = sub.add_parser("plot", help="a metric against a parameter (mean +- std), or curves")
     plt.add_argument("results", nargs="+", metavar="RESULTS",
                      help="sweep results.jsonl files, run result.json files, or their folders")
-    plt.add_argument("--x", default=None, help="field on the x axis (default epsilon; a record "
-                     "key, a swept key such as algorithm.noise_multiplier, or a config path)")
+    plt.add_argument("--x", default=None, help="a record, swept or config key (default epsilon)")
     plt.add_argument("--y", default=None, help="metric (default test_accuracy; with --curve a "
                      "history metric, default test_accuracy if logged, else the first one)")
-    plt.add_argument("--hue", default="algorithm",
-                     help="one line per value of this field (default algorithm; none: one line)")
+    plt.add_argument("--hue", default="algorithm", help="a line per value of the field (none: one)")
     plt.add_argument("--curve", action="store_true", help="training curves: --y against the round")
     plt.add_argument("--selected", action="store_true",
                      help="only the grid points a sweep's --select chose, a line per row "
@@ -489,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default plot_<y>_vs_<x> beside the first RESULTS file)")
     plt.add_argument("--title", default=None)
     plt.add_argument("--logx", action=argparse.BooleanOptionalAction, default=None,
-                     help="log-scale x axis (default: on for epsilon, off otherwise)")
+                     help="log-scale x axis (default: for epsilon only)")
     plt.set_defaults(func=_cmd_plot)
 
     cmp_ = sub.add_parser("compare", help="sweeps compared: chosen cells, or a key's arms")
@@ -498,8 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("sweeps", nargs="+", metavar="SWEEP", help="sweep output folders")
     cs.add_argument("--names", default=None, help="column names, comma-separated (default: "
                     "each sweep's algorithm)")
-    cs.add_argument("--rows", default=None, help="row keys, comma-separated (default: every key "
-                    "the chosen cells are grouped by)")
+    cs.add_argument("--rows", default=None, help="row keys, comma-separated (default: all)")
     cs.add_argument("--ceiling", default=None, metavar="SWEEP",
                     help="a sweep without privacy; its best chosen cell is the reference line")
     ca = csub.add_parser("arms", help="the runs split by one grid key's values, Welch's t-test")
@@ -521,8 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     be = sub.add_parser("bench", help="the headline measurements in one process (docs/bench.md)")
     be.add_argument("--suite", default="quick", help="quick or full")
-    be.add_argument("--out", metavar="FILE", default=None,
-                    help="writes FILE.json and FILE.md (default: the table on stdout only)")
+    be.add_argument("--out", metavar="FILE", default=None, help="writes FILE.json and FILE.md")
     be.add_argument("--only", metavar="PART,PART", default=None, help="run these parts only: "
                     "local_training, peers_dp_fedavg, dp_sgd_step, knn_vote, "
                     "isrl_spider_round, dp_fnas_search_step, ae_dpfl_end_to_end")
@@ -535,9 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
     cv = dsub.add_parser("convert", help="a published dataset (TFF HDF5, LEAF JSON) as a "
                          "stacked population for data.dataset = \"stacked:DST\"")
     cv.add_argument("format", metavar="FORMAT", help=", ".join(DATA_FORMATS))
-    cv.add_argument("src", metavar="SRC", help="the downloaded files: TFF: the folder holding "
-                    "<name>_train.h5 and <name>_test.h5 (or the _train.h5 file); LEAF: the data "
-                    "folder holding train/ and test/")
+    cv.add_argument("src", metavar="SRC", help="the downloaded files: TFF: the folder of "
+                    "<name>_train.h5, _test.h5 (or the _train.h5); LEAF: that of train/, test/")
     cv.add_argument("dst", metavar="DST", help="a new folder for the stacked population")
     cv.add_argument("--max-clients", type=int, default=None, metavar="K",
                     help="keep the first K train clients (default: all)")
@@ -548,8 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--vocab-size", type=int, default=None, metavar="V",
                     help="tff_stackoverflow / leaf_sent140: the V most frequent training words "
                     "(default 10000), or the first V words of --vocab")
-    cv.add_argument("--vocab", default=None, metavar="FILE", help="a vocabulary file, one word "
-                    "per line, most frequent first (e.g. TFF's stackoverflow.word_count)")
+    cv.add_argument("--vocab", default=None, metavar="FILE", help="a word a line, commonest first")
     cv.add_argument("--seq-len", type=int, default=None, metavar="T",
                     help="tokens/record (defaults: Shakespeare 80, StackOverflow 20, Sent140 25)")
     cv.add_argument("--seed", type=int, default=0, help="seed of --max-test-records' subset")

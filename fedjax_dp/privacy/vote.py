@@ -192,11 +192,9 @@ def noisy_tally(key, agents, queries, sigma, *, ballot_fn: BallotFn, num_classes
                 agent_chunk: int | None, query_chunk: int | None, noisy: bool,
                 mesh: Mesh | None = None, noise: str = "per_agent") -> jax.Array:
     """Sum over agents of (ballot + own noise): ``[Q, C]``, the talliers' secret (:func:`mpc_vote`
-    releases only its argmax); public for tests, audits and benchmarks.
-
-    With ``mesh`` (an ``agents`` axis) every device tallies its slice of the agents (padded with
-    invalid agents) and the partial tallies are ``psum``-ed: the same noise (keyed by global
-    agent index), the same result up to float summation order."""
+    releases only its argmax); public for tests, audits and benchmarks. With ``mesh`` every
+    device tallies its slice of the agents (padded with invalid agents), the partial tallies
+    ``psum``-ed: the same noise (keyed by global agent index), the same result up to rounding."""
     if noisy and noise == "aggregate":
         clean = noisy_tally(None, agents, queries, 0.0, ballot_fn=ballot_fn,
                             num_classes=num_classes, agent_chunk=agent_chunk,
@@ -275,12 +273,9 @@ def mpc_vote(key: jax.Array, ballot_fn: BallotFn, agents: Any, queries: jax.Arra
              query_chunk: int | None = None, mesh: Mesh | None = None,
              noise: str = "per_agent") -> jax.Array:
     """The MPC noisy-argmax vote (the module docstring): released labels ``int32 [Q]`` only.
-
-    ``agents``: a pytree with leading axis N (what ``ballot_fn`` needs per agent); ``queries``
-    ``[Q, ...]``; ``ballot_fn`` hashable (build it once per model / k, so the compiled vote is
-    reused). ``agent_chunk`` / ``query_chunk`` bound memory (None: all at once), ``mesh``
-    (:func:`fedjax_dp.core.agent_mesh`) splits the agents over devices; neither changes the
-    result. ``noise``: ``"per_agent"`` or ``"aggregate"``."""
+    ``agents``: a pytree with leading axis N; ``queries [Q, ...]``; ``ballot_fn`` hashable (built
+    once per model / k, the compiled vote is reused). ``agent_chunk`` / ``query_chunk`` (None:
+    all at once) and ``mesh`` (agents split over devices) never change the result."""
     n, q = _sizes(agents, queries)
     check_vote_args(sigma, n, q, num_classes, agent_chunk, query_chunk, noise)
     return _release(key, agents, jnp.asarray(queries), jnp.float32(sigma), ballot_fn=ballot_fn,
