@@ -2,6 +2,7 @@
 with Welch's test on unit means, checked against numpy / scipy on hand-made records."""
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -84,7 +85,7 @@ def test_selected_table_lines_up_sweeps_and_marks_the_best(tmp_path, capsys):
                      "--out", str(out)]) == 0
     assert json.loads((tmp_path / "cmp.json").read_text())["names"] == ["x", "y"]
     assert cli.main(["compare", "selected", str(tmp_path), "--out", str(out)]) == 2
-    assert "holds no selected.json" in capsys.readouterr().err
+    assert "no selected.json" in capsys.readouterr().err
 
 
 def test_cli_compare_arms_writes_the_table_the_json_and_the_plot(tmp_path):
@@ -97,3 +98,66 @@ def test_cli_compare_arms_writes_the_table_the_json_and_the_plot(tmp_path):
                                                             [False, "random"]]
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     assert "Welch" in out.with_suffix(".md").read_text()
+
+
+def test_difference_matches_welch_and_the_exact_bootstrap_on_tiny_samples():
+    a, b = [0.71, 0.74, 0.69], [0.66, 0.70, 0.61]
+    d = compare.difference(a, b, resamples=200_000)
+    want = stats.ttest_ind(a, b, equal_var=False)
+    assert (d["t"], d["p_value"]) == pytest.approx((want.statistic, want.pvalue))
+    assert d["difference"] == pytest.approx(np.mean(a) - np.mean(b)) and d["n"] == [3, 3]
+    # the bootstrap's exact law: all 27 x 27 equally likely pairs of resamples, enumerated
+    exact = np.sort([np.mean(x) - np.mean(y) for x in itertools.product(a, repeat=3)
+                     for y in itertools.product(b, repeat=3)])
+    lo, hi = d["interval"]
+    assert np.quantile(exact, 0.02) <= lo <= np.quantile(exact, 0.03)
+    assert np.quantile(exact, 0.97) <= hi <= np.quantile(exact, 0.98)
+    assert d["excludes_zero"] == (lo > 0)
+    same = compare.difference([0.5, 0.5], [0.5, 0.5])
+    assert np.isnan(same["p_value"]) and same["interval"] == [0.0, 0.0]
+    with pytest.raises(ValueError, match="2 or more values"):
+        compare.difference([0.5], [0.4, 0.6])
+
+
+def _sweep_with_runs(folder, cells):
+    """A sweep folder with selected.json and results.jsonl: cells (algorithm, epsilon, chosen
+    rounds, per-seed accuracies); a second rounds value is a candidate not chosen."""
+    folder.mkdir()
+    rows, recs = [], []
+    for algorithm, e, rounds, accs in cells:
+        rows.append({"base": f"b/{algorithm}", "algorithm": algorithm, "target_epsilon": e,
+                     "selected": {"algorithm.rounds": rounds}, "n_candidates": 2,
+                     "val_accuracy_mean": 0.0, "n": len(accs),
+                     "test_accuracy_mean": float(np.mean(accs)),
+                     "test_accuracy_std": float(np.std(accs, ddof=1)), "epsilon_mean": e,
+                     "epsilon_std": 0.0, "epsilon_unit": "agent", "calibrated_value": 1.0})
+        for r in (rounds, rounds + 1):
+            for seed, acc in enumerate(accs):
+                recs.append({"base": f"b/{algorithm}", "algorithm": algorithm, "seed": seed,
+                             "target_epsilon": e, "params": {"algorithm.rounds": r},
+                             "test_accuracy": acc if r == rounds else 0.0})
+    (folder / "selected.json").write_text(json.dumps(rows))
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return folder
+
+
+def test_selected_table_tests_every_two_cells_from_the_sweeps_seeds(tmp_path):
+    # one sweep holding two algorithms (a column each) beside a sweep of one
+    two = _sweep_with_runs(tmp_path / "two", [("x", 1.0, 10, [0.80, 0.82, 0.81]),
+                                              ("y", 1.0, 20, [0.70, 0.72, 0.69]),
+                                              ("x", 4.0, 10, [0.90, 0.91])])
+    one = _sweep_with_runs(tmp_path / "one", [("z", 1.0, 5, [0.79, 0.85, 0.80, 0.83]),
+                                              ("z", 4.0, 5, [0.92, 0.90, 0.91])])
+    md, data = compare.selected_table([two, one], resamples=2_000)
+    assert data["names"] == ["x", "y", "z"]
+    row1, row4 = data["rows"]
+    assert set(row1["tests"]) == {"x vs y", "x vs z", "y vs z"}
+    want = compare.difference([0.80, 0.82, 0.81], [0.79, 0.85, 0.80, 0.83], resamples=2_000)
+    assert row1["tests"]["x vs z"] == want
+    assert row1["tests"]["x vs y"]["excludes_zero"] and row1["tests"]["x vs y"]["n"] == [3, 3]
+    assert row4["tests"] == {}                      # x has 2 seeds at epsilon 4: not tested
+    assert row1["tests"]["x vs y"]["p_value"] < 0.05
+    assert "| target_epsilon=1.0 | x vs y | +0.107 * |" in md and "Welch p" in md
+    assert "| target_epsilon=1.0 | x vs z | -0.008 |" in md        # no star: p > 0.05
+    with pytest.raises(ValueError, match="names: 2 names for 3 columns"):
+        compare.selected_table([two, one], names=["a", "b"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from fedjax_dp.experiments import cli
+from fedjax_dp.experiments import cli, records
 from fedjax_dp.experiments import sweep as sweep_lib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,7 +129,7 @@ def test_plot_selected_draws_the_selected_rows(tmp_path, capsys):
     assert (sweep_dir / "selected.json").is_file() and len(rows) == 4
 
     from fedjax_dp.experiments import plots
-    chosen = plots.selected_records(recs, plots.read_selected([sweep_dir]))
+    chosen = records.selected_records(recs, records.read_selected([sweep_dir]))
     assert len(chosen) == 12                                       # 4 cells x 3 seeds
     assert {r["params"]["algorithm.num_queries"] for r in chosen
             if r["algorithm"] == "knn_dpfl"} == {50}
@@ -147,4 +147,4 @@ def test_plot_selected_draws_the_selected_rows(tmp_path, capsys):
     assert out["records"] == 12 and all(Path(p).stat().st_size > 0 for p in out["written"])
     (sweep_dir / "selected.json").unlink()
     with pytest.raises(ValueError, match="selected.json"):
-        plots.read_selected([sweep_dir])
+        records.read_selected([sweep_dir])

@@ -230,7 +230,7 @@ def _cmd_plot(args) -> int:
         raise ValueError(f"RESULTS {[str(p) for p in args.results]} hold no records "
                          f"(an empty results file?)")
     if args.selected:          # only the runs of the cells --select chose, a line per row
-        recs = plots.selected_records(recs, plots.read_selected(args.results))
+        recs = records.selected_records(recs, records.read_selected(args.results))
         if args.hue == "algorithm":
             args.hue = "setting"
     hue = None if args.hue.lower() in ("", "none") else args.hue

@@ -5,11 +5,15 @@ Two reports, each written as ``STEM.md`` and ``STEM.json`` (and ``STEM.png`` for
 * :func:`selected_table` -- several sweeps' ``selected.json`` (``fedjax-dp sweep --select``)
   lined up: one row per value of the row keys, one column per sweep, the cell ``mean ± std`` of
   the test accuracy over the seeds, the best mean of each row in bold; optionally a ceiling
-  sweep (no privacy) as a reference line.
+  sweep (no privacy) as a reference line. A sweep whose ``selected.json`` holds several
+  (base, algorithm) pairs gives a column each. Under the table, every two cells of a row with
+  3 or more seeds are tested (:func:`difference`: Welch's t-test and a bootstrap interval), from
+  the per-seed accuracies in the sweep's ``results.jsonl[.gz]``.
 * :func:`arms` -- the runs of one sweep split by the values of one grid key (the *arms*).
   Within an arm a *unit* (default the run's ``seed``) may have several runs; the unit's mean is
   the observation. Per arm: pooled, between-unit and mean within-unit statistics; between
-  every two arms, Welch's two-sided t-test on the unit means (``equal_var=False``).
+  every two arms, :func:`difference` of the unit means (Welch's two-sided t-test and a
+  bootstrap interval).
 
 ``fedjax-dp compare selected ...`` and ``fedjax-dp compare arms ...`` are the command line."""
 from __future__ import annotations
@@ -28,14 +32,68 @@ from fedjax_dp.experiments import records as records_lib
 _RESULT_KEYS = {"base", "algorithm", "selected", "n_candidates", "val_accuracy_mean", "n",
                 "test_accuracy_mean", "test_accuracy_std", "epsilon_mean", "epsilon_std",
                 "epsilon_unit", "calibrated_value"}
+#: the fewest seeds a cell needs before two cells are tested against each other
+MIN_SEEDS = 3
 
 
-def read_selected(folder: str | Path) -> list[dict]:
-    path = Path(folder) / "selected.json"
-    if not path.is_file():
-        raise ValueError(f"{str(folder)!r} holds no selected.json (run the sweep with "
-                         f"--select val_accuracy)")
-    return json.loads(path.read_text())
+def difference(a: Sequence[float], b: Sequence[float], *, resamples: int = 10_000,
+               level: float = 0.95, seed: int = 0) -> dict:
+    """Two samples' difference of means ``mean(a) - mean(b)``, tested two ways:
+
+    * Welch's two-sided t-test (unequal variances; ``p_value`` NaN when both samples are
+      constant), and
+    * the percentile bootstrap interval at ``level``: ``resamples`` times, each sample is drawn
+      again with replacement from itself (numpy's generator seeded with ``seed``, so a table is
+      reproducible) and the difference of the two means is taken; the interval is the
+      (1 - level) / 2 and (1 + level) / 2 quantiles of those differences.
+
+    ``excludes_zero``: the interval lies on one side of 0 (the sign is settled at ``level``)."""
+    from scipy import stats
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if min(a.size, b.size) < 2:
+        raise ValueError(f"difference: each sample needs 2 or more values, got {a.size} and "
+                         f"{b.size}")
+    if a.std() == 0 and b.std() == 0:
+        t, p = (math.nan, math.nan) if a.mean() == b.mean() else (math.copysign(
+            math.inf, a.mean() - b.mean()), 0.0)
+    else:
+        t, p = stats.ttest_ind(a, b, equal_var=False)
+    rng = np.random.default_rng(seed)
+    boot = (rng.choice(a, (resamples, a.size)).mean(1)
+            - rng.choice(b, (resamples, b.size)).mean(1))              # [resamples]
+    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+    return {"difference": float(a.mean() - b.mean()), "t": float(t), "p_value": float(p),
+            "interval": [float(lo), float(hi)], "level": level, "resamples": resamples,
+            "excludes_zero": bool(lo > 0 or hi < 0), "n": [int(a.size), int(b.size)]}
+
+
+def _columns(sweeps: Sequence[str | Path]) -> list[dict]:
+    """A column per (sweep, base, algorithm) in the sweeps' ``selected.json``, in order; each
+    with its rows and, where a ``results.jsonl[.gz]`` lies beside, every row's per-seed test
+    accuracies (``runs``)."""
+    cols: list[dict] = []
+    for s in sweeps:
+        rows = records_lib.read_selected([s])
+        folder = Path(s)
+        runs = None
+        if any((folder / n).is_file() for n in ("results.jsonl", "results.jsonl.gz")):
+            runs = records_lib.read([folder])
+        own: dict[tuple, dict] = {}
+        for r in rows:
+            col = own.setdefault((r["base"], r["algorithm"]), {
+                "sweep": str(s), "base": r["base"], "algorithm": r["algorithm"], "rows": []})
+            seeds = None
+            if runs is not None:
+                seeds = [x["test_accuracy"] for x in records_lib.selected_records(runs, [r])]
+            col["rows"].append({**r, "runs": seeds})
+        cols += own.values()
+    return cols
+
+
+def _default_names(cols: list[dict]) -> list[str]:
+    names = [c["algorithm"] for c in cols]
+    return [f"{n} ({str(c['base']).split('/')[-1]})" if names.count(n) > 1 else n
+            for n, c in zip(names, cols)]
 
 
 def _cell(rec: dict | None, bold: bool) -> str:
@@ -53,27 +111,27 @@ def _cell(rec: dict | None, bold: bool) -> str:
 
 def selected_table(sweeps: Sequence[str | Path], *, names: Sequence[str] | None = None,
                    rows: Sequence[str] | None = None, ceiling: str | Path | None = None,
-                   title: str = "") -> tuple[str, dict]:
-    """``(markdown, json)`` of the sweeps' chosen cells side by side (module docstring)."""
-    tables = [read_selected(s) for s in sweeps]
-    for s, t in zip(sweeps, tables):
-        if not t:
-            raise ValueError(f"{str(s)!r}: selected.json holds no chosen cell")
-    names = list(names) if names else [t[0]["algorithm"] for t in tables]
-    if len(names) != len(tables):
-        raise ValueError(f"names: {len(names)} names for {len(tables)} sweeps")
+                   title: str = "", resamples: int = 10_000) -> tuple[str, dict]:
+    """``(markdown, json)`` of the sweeps' chosen cells side by side (module docstring), and, in
+    each row, every two cells with :data:`MIN_SEEDS` or more seeds each tested
+    (:func:`difference` on their per-seed test accuracies, read from the sweeps' records)."""
+    cols = _columns(sweeps)
+    names = list(names) if names else _default_names(cols)
+    if len(names) != len(cols):
+        raise ValueError(f"names: {len(names)} names for {len(cols)} columns "
+                         f"({', '.join(_default_names(cols))})")
     if len(set(names)) != len(names):
         raise ValueError(f"names: {names} repeat a name; give --names")
-    keys = list(rows) if rows else sorted({k for t in tables for r in t if True for k in r
-                                           if k not in _RESULT_KEYS},
+    keys = list(rows) if rows else sorted({k for c in cols for r in c["rows"] for k in r
+                                           if k not in _RESULT_KEYS and k != "runs"},
                                           key=lambda k: (k == "target_epsilon", k))
     grouped: dict[tuple, dict] = {}
-    for name, table in zip(names, tables):
-        for rec in table:
+    for name, col in zip(names, cols):
+        for rec in col["rows"]:
             grouped.setdefault(tuple(json.dumps(rec.get(k)) for k in keys), {})[name] = rec
     top = None
     if ceiling is not None:
-        top = max(read_selected(ceiling), key=lambda r: r["test_accuracy_mean"])
+        top = max(records_lib.read_selected([ceiling]), key=lambda r: r["test_accuracy_mean"])
     lines = [f"# {title or 'Chosen cells side by side'}", "",
              "Sources: " + ", ".join(f"`{s}`" for s in sweeps) + ". Test accuracy mean ± std "
              "over the seeds of the cell chosen on validation (its chosen values, and the "
@@ -81,7 +139,7 @@ def selected_table(sweeps: Sequence[str | Path], *, names: Sequence[str] | None 
     if top is not None:
         lines += [f"Ceiling without privacy (`{ceiling}`): {_cell(top, False)}.", ""]
     lines += ["| " + " | ".join(keys + names) + " |", "|" + "---|" * (len(keys) + len(names))]
-    out_rows = []
+    out_rows, test_lines = [], []
 
     def order(k: tuple) -> list:
         return [(v is None, v if isinstance(v, (int, float)) else str(v))
@@ -89,22 +147,41 @@ def selected_table(sweeps: Sequence[str | Path], *, names: Sequence[str] | None 
 
     for rk in sorted(grouped, key=order):
         cells = grouped[rk]
+        label = ", ".join(f"{k.split('.')[-1]}={json.loads(v)}" for k, v in zip(keys, rk))
         best = max(c["test_accuracy_mean"] for c in cells.values())
         winners = [n for n in names if n in cells and cells[n]["test_accuracy_mean"] == best]
         lines.append("| " + " | ".join([str(json.loads(x)) for x in rk] +
                                         [_cell(cells.get(n), n in winners) for n in names])
                      + " |")
+        tests = {}
+        for x, y in itertools.combinations([n for n in names if n in cells], 2):
+            rx, ry = cells[x].get("runs") or [], cells[y].get("runs") or []
+            if min(len(rx), len(ry)) >= MIN_SEEDS:
+                d = tests[f"{x} vs {y}"] = difference(rx, ry, resamples=resamples)
+                test_lines.append(_test_line(label, f"{x} vs {y}", d))
         out_rows.append({"row": dict(zip(keys, map(json.loads, rk))),
-                         "cells": {n: cells.get(n) for n in names}, "best": winners})
+                         "cells": {n: cells.get(n) for n in names}, "best": winners,
+                         "tests": tests})
+    if test_lines:
+        lines += ["", f"Every two cells of a row with {MIN_SEEDS} or more seeds each: the "
+                  "difference of their mean test accuracies, its 95% percentile bootstrap "
+                  f"interval ({resamples:,} resamples of each cell's seeds) and Welch's "
+                  "two-sided t-test on the seeds; * where p < 0.05 and the interval excludes "
+                  "0. With few seeds the bootstrap interval is narrow (it resamples the same "
+                  "few values: about sqrt((n - 1) / n) of the spread): read the verdict from "
+                  "Welch's p.", "",
+                  "| row | comparison | difference | 95% interval | Welch p |",
+                  "|---|---|---:|---:|---:|"] + test_lines
     return "\n".join(lines) + "\n", {"sources": [str(s) for s in sweeps], "names": names,
                                      "row_keys": keys, "ceiling": top, "rows": out_rows}
 
 
-def _welch(a: Sequence[float], b: Sequence[float]) -> dict:
-    from scipy import stats
-    t, p = stats.ttest_ind(a, b, equal_var=False)
-    return {"difference": float(np.mean(a) - np.mean(b)), "t": float(t), "p_value": float(p),
-            "n": [len(a), len(b)]}
+def _test_line(row: str, comparison: str, d: dict) -> str:
+    lo, hi = d["interval"]
+    p = "-" if math.isnan(d["p_value"]) else f"{d['p_value']:.3g}"
+    star = " *" if d["excludes_zero"] and d["p_value"] < 0.05 else ""
+    return (f"| {row} | {comparison} | {d['difference']:+.3f}{star} | [{lo:+.3f}, {hi:+.3f}] "
+            f"| {p} |")
 
 
 def _std(x: Sequence[float]) -> float:
@@ -148,7 +225,7 @@ def arms(recs: Sequence[dict], key: str, *, unit: str = "seed",
     for x, y in itertools.combinations(names, 2):
         mx, my = list(out[x]["unit_means"].values()), list(out[y]["unit_means"].values())
         if min(len(mx), len(my)) > 1:
-            tests[f"{x} vs {y}"] = _welch(mx, my)
+            tests[f"{x} vs {y}"] = difference(mx, my)
     return {"key": key, "unit": unit, "metric": metric, "arms": out, "tests": tests}
 
 
@@ -164,11 +241,14 @@ def arms_markdown(s: dict, title: str = "", source: str = "") -> str:
                      f"{a['between_unit_std']:.3f} | {a['within_unit_std']:.3f} | "
                      + ", ".join(f"{m:.3f}" for m in a["unit_means"].values()) + " |")
     if s["tests"]:
-        lines += ["", "Welch's t-test on the unit means (two-sided):", "",
-                  "| comparison | difference | t | p |", "|---|---:|---:|---:|"]
+        lines += ["", "Welch's t-test on the unit means (two-sided) and the 95% percentile "
+                  "bootstrap interval of the difference (unit means resampled):", "",
+                  "| comparison | difference | 95% interval | t | p |",
+                  "|---|---:|---:|---:|---:|"]
         for name, t in s["tests"].items():
-            lines.append(f"| {name} | {t['difference']:+.3f} | {t['t']:.2f} | "
-                         f"{t['p_value']:.3f} |")
+            lo, hi = t["interval"]
+            lines.append(f"| {name} | {t['difference']:+.3f} | [{lo:+.3f}, {hi:+.3f}] | "
+                         f"{t['t']:.2f} | {t['p_value']:.3f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -25,8 +25,7 @@ import numpy as np
 from fedjax_dp.experiments import records as records_lib
 
 __all__ = ["summarize", "summarize_curves", "plot_xy", "plot_curves", "plot_run",
-           "history_metrics", "default_curve_metric", "read_selected", "selected_records",
-           "LOG_X_FIELDS"]
+           "history_metrics", "default_curve_metric", "LOG_X_FIELDS"]
 
 #: x fields drawn on a log scale unless ``logx=False``.
 LOG_X_FIELDS = ("epsilon", "target_epsilon")
@@ -131,42 +130,6 @@ def summarize(records: Iterable[dict], x: str, y: str, hue: str | None = None) -
         mean, std = _stats(groups[(hv, xv)])
         rows.append({"hue": hv, "x": xv, "mean": mean, "std": std, "n": len(groups[(hv, xv)])})
     return rows
-
-
-def read_selected(paths: Iterable[str | Path]) -> list[dict]:
-    """The rows of every ``selected.json`` (``fedjax-dp sweep --select``) in the sweep folders
-    ``paths`` (or beside their ``results.jsonl``); a ValueError if none holds one."""
-    rows: list[dict] = []
-    for p in map(Path, paths):
-        f = (p if p.is_dir() else p.parent) / "selected.json"
-        if f.is_file():
-            rows += json.loads(f.read_text())
-    if not rows:
-        raise ValueError(f"selected: no selected.json in {[str(p) for p in paths]} (run the "
-                         f"sweep with --select val_accuracy)")
-    return rows
-
-
-def selected_records(records: Iterable[dict], rows: Sequence[dict]) -> list[dict]:
-    """The runs of each selected cell (:func:`fedjax_dp.experiments.sweep.select`'s ``rows``),
-    with ``setting``: the algorithm (and dataset, when the runs hold several) and the other grid
-    keys' values, so that each selected row is one line of :func:`plot_xy` with ``hue =
-    "setting"``; its points are the rows' test accuracy mean +- std."""
-    records = list(records)
-    datasets = {r.get("dataset") for r in records}
-    out = []
-    for row in rows:
-        chosen = row["selected"]
-        for r in records:
-            p = r.get("params") or {}
-            if ((r.get("base"), r.get("algorithm"), r.get("target_epsilon"))
-                    == (row["base"], row["algorithm"], row["target_epsilon"])
-                    and all(p.get(k) == v for k, v in chosen.items())
-                    and all(row.get(k) == v for k, v in p.items() if k not in chosen)):
-                rest = [f"{k.split('.')[-1]}={v}" for k, v in p.items() if k not in chosen]
-                where = f" ({r.get('dataset')})" if len(datasets) > 1 else ""
-                out.append({**r, "setting": " ".join([f"{r['algorithm']}{where}"] + rest)})
-    return out
 
 
 def history_metrics(records: Iterable[dict]) -> list[str]:
