@@ -27,6 +27,11 @@ def test_site_builds_strict_with_every_page_and_the_api(tmp_path):
     api = (site / "api" / "privacy" / "index.html").read_text()
     assert 'id="fedjax_dp.privacy.ledger.PrivacyLedger"' in api       # rendered from docstrings
     assert 'id="fedjax_dp.algorithms.api"' in (site / "api" / "algorithms" / "index.html").read_text()
+    # the wide theme: the content column's stylesheet is linked, code blocks get a copy button
+    # (tools/docs_screenshots.py measures in a browser that nothing is cut)
+    home = (site / "index.html").read_text()
+    assert "stylesheets/wide.css" in home and "content.code.copy" in home
+    assert (site / "stylesheets" / "wide.css").is_file()
     units = (site / "privacy_units" / "index.html").read_text()
     for unit in ("agent", "instance", "party", "example", "silo_record", "shuffle"):
         assert f"<code>{unit}</code>" in units, unit

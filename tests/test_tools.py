@@ -16,9 +16,10 @@ def _tools_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(TOOLS))
 
 
-def test_tools_holds_benchmarks_only_without_sys_path_edits():
+def test_tools_holds_benchmarks_and_docs_checks_only_without_sys_path_edits():
     for path in TOOLS.glob("*.py"):
-        assert path.name.startswith("bench_"), f"{path.name}: tools/ holds benchmarks only"
+        assert path.name.startswith(("bench_", "docs_")), \
+            f"{path.name}: tools/ holds benchmarks (bench_*) and docs checks (docs_*) only"
         text = path.read_text()
         assert "sys.path" not in text.replace("no ``sys.path`` edit", ""), path.name
         assert "PYTHONPATH" not in text, path.name
