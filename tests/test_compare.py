@@ -161,3 +161,57 @@ def test_selected_table_tests_every_two_cells_from_the_sweeps_seeds(tmp_path):
     assert "| target_epsilon=1.0 | x vs z | -0.008 |" in md        # no star: p > 0.05
     with pytest.raises(ValueError, match="names: 2 names for 3 columns"):
         compare.selected_table([two, one], names=["a", "b"])
+
+
+def _gaussian_run(algorithm, lr, seed, z, count):
+    from fedjax_dp.privacy import accounting
+    from dp_accounting import dp_event
+    event = dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(z), count)
+    return {"base": "b", "algorithm": algorithm, "seed": seed, "target_epsilon": 2.0,
+            "params": {"train.learning_rate": lr, "data.num_agents": 50}, "test_accuracy": 0.5,
+            "privacy": [{"unit": "agent", "accountant": "rdp", "delta": 1e-5,
+                         "events": [accounting.event_to_json(event)]}]}
+
+
+def test_tuning_cost_composes_every_candidate_like_one_gaussian_of_the_summed_rdp():
+    from dp_accounting import dp_event, rdp
+    # three candidates (learning rates) x two seeds; a cell of other num_agents is not one
+    zs = {0.1: (4.0, 10), 0.3: (5.0, 20), 1.0: (3.0, 5)}
+    runs = [_gaussian_run("a", lr, seed, *zs[lr]) for lr in zs for seed in (1, 0)]
+    runs.append({**_gaussian_run("a", 0.1, 0, 0.5, 1), "params": {"train.learning_rate": 0.1,
+                                                                  "data.num_agents": 99}})
+    row = {"base": "b", "algorithm": "a", "target_epsilon": 2.0, "data.num_agents": 50,
+           "selected": {"train.learning_rate": 0.3}, "epsilon_mean": 2.0,
+           "epsilon_unit": "agent"}
+    cost = compare.tuning_cost(runs, row)
+    # Gaussian RDP alpha / (2 z^2) adds over the compositions: one Gaussian of
+    # z = (sum count / z^2)^(-1/2) has the same RDP curve, hence the same epsilon (up to the
+    # accountants' grids of orders: the library's is finer than dp-accounting's default)
+    z_all = sum(c / z ** 2 for z, c in zs.values()) ** -0.5
+    want = rdp.RdpAccountant().compose(dp_event.GaussianDpEvent(z_all)).get_epsilon(1e-5)
+    assert cost["candidates"] == 3 and cost["epsilon_all"] == pytest.approx(want, rel=1e-3)
+    assert cost["epsilon_one"] == 2.0
+    shuffled = [dict(r, privacy=[dict(r["privacy"][0], events=[{
+        "class_name": "X", "module_name": "fedjax_dp.privacy.shuffle_accounting"}])])
+        for r in runs]
+    assert compare.tuning_cost(shuffled, row) is None
+
+
+def test_tuning_cost_of_a_parallel_ledger_is_its_worst_members_composition():
+    from dp_accounting import dp_event, rdp
+    from fedjax_dp.privacy import accounting
+
+    def run(lr, zs):       # member m's whole event: a Gaussian of z = zs[m]
+        r = _gaussian_run("a", lr, 0, 1.0, 1)
+        r["privacy"][0]["parallel"] = [{"num_members": 3, "distinct_members": [
+            {"members": [m], "event": accounting.event_to_json(dp_event.GaussianDpEvent(z))}
+            for m, z in enumerate(zs)]}]
+        return r
+
+    runs = [run(0.1, [2.0, 3.0, 4.0]), run(0.3, [5.0, 1.5, 4.0])]
+    row = {"base": "b", "algorithm": "a", "target_epsilon": 2.0, "data.num_agents": 50,
+           "selected": {"train.learning_rate": 0.1}, "epsilon_unit": "agent"}
+    cost = compare.tuning_cost(runs, row)
+    want = max(rdp.RdpAccountant().compose(dp_event.GaussianDpEvent(
+        (a ** -2 + b ** -2) ** -0.5)).get_epsilon(1e-5) for a, b in ((2, 5), (3, 1.5), (4, 4)))
+    assert cost["members"] == 3 and cost["epsilon_all"] == pytest.approx(want, rel=1e-3)

@@ -275,7 +275,8 @@ def _cmd_compare(args) -> int:
         names = args.names.split(",") if args.names else None
         rows = args.rows.split(",") if args.rows else None
         md, data = compare.selected_table(args.sweeps, names=names, rows=rows,
-                                          ceiling=args.ceiling, title=args.title or "")
+                                          ceiling=args.ceiling, title=args.title or "",
+                                          tuning=args.tuning_cost)
         written = compare.write(args.out, md, data)
     else:
         from fedjax_dp.experiments import records
@@ -499,6 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--rows", default=None, help="row keys, comma-separated (default: all)")
     cs.add_argument("--ceiling", default=None, metavar="SWEEP",
                     help="a sweep without privacy; its best chosen cell is the reference line")
+    cs.add_argument("--tuning-cost", action="store_true", help="also each chosen cell's "
+                    "epsilon with all its candidates' runs composed (docs/sweeps.md)")
     ca = csub.add_parser("arms", help="the runs split by one grid key's values, Welch's t-test")
     ca.add_argument("results", nargs="+", metavar="RESULTS",
                     help="sweep results.jsonl(.gz) files or their folders")

@@ -81,7 +81,8 @@ def _columns(sweeps: Sequence[str | Path]) -> list[dict]:
         own: dict[tuple, dict] = {}
         for r in rows:
             col = own.setdefault((r["base"], r["algorithm"]), {
-                "sweep": str(s), "base": r["base"], "algorithm": r["algorithm"], "rows": []})
+                "sweep": str(s), "base": r["base"], "algorithm": r["algorithm"], "rows": [],
+                "records": runs or []})
             seeds = None
             if runs is not None:
                 seeds = [x["test_accuracy"] for x in records_lib.selected_records(runs, [r])]
@@ -111,10 +112,12 @@ def _cell(rec: dict | None, bold: bool) -> str:
 
 def selected_table(sweeps: Sequence[str | Path], *, names: Sequence[str] | None = None,
                    rows: Sequence[str] | None = None, ceiling: str | Path | None = None,
-                   title: str = "", resamples: int = 10_000) -> tuple[str, dict]:
+                   title: str = "", resamples: int = 10_000,
+                   tuning: bool = False) -> tuple[str, dict]:
     """``(markdown, json)`` of the sweeps' chosen cells side by side (module docstring), and, in
     each row, every two cells with :data:`MIN_SEEDS` or more seeds each tested
-    (:func:`difference` on their per-seed test accuracies, read from the sweeps' records)."""
+    (:func:`difference` on their per-seed test accuracies, read from the sweeps' records);
+    ``tuning``: also each chosen cell's :func:`tuning_cost`."""
     cols = _columns(sweeps)
     names = list(names) if names else _default_names(cols)
     if len(names) != len(cols):
@@ -139,7 +142,8 @@ def selected_table(sweeps: Sequence[str | Path], *, names: Sequence[str] | None 
     if top is not None:
         lines += [f"Ceiling without privacy (`{ceiling}`): {_cell(top, False)}.", ""]
     lines += ["| " + " | ".join(keys + names) + " |", "|" + "---|" * (len(keys) + len(names))]
-    out_rows, test_lines = [], []
+    out_rows, test_lines, cost_lines = [], [], []
+    by_name = dict(zip(names, cols))
 
     def order(k: tuple) -> list:
         return [(v is None, v if isinstance(v, (int, float)) else str(v))
@@ -159,9 +163,18 @@ def selected_table(sweeps: Sequence[str | Path], *, names: Sequence[str] | None 
             if min(len(rx), len(ry)) >= MIN_SEEDS:
                 d = tests[f"{x} vs {y}"] = difference(rx, ry, resamples=resamples)
                 test_lines.append(_test_line(label, f"{x} vs {y}", d))
+        costs = {}
+        for n in (names if tuning else []):
+            cost = n in cells and tuning_cost(by_name[n]["records"], cells[n])
+            if cost:
+                costs[n] = cost
+                one = cost["epsilon_one"]
+                cost_lines.append(f"| {label} | {n} | {cost['candidates']} | "
+                                  f"{'-' if one is None else f'{one:.3g}'} | "
+                                  f"{cost['epsilon_all']:.3g} |")
         out_rows.append({"row": dict(zip(keys, map(json.loads, rk))),
                          "cells": {n: cells.get(n) for n in names}, "best": winners,
-                         "tests": tests})
+                         "tests": tests, **({"tuning_cost": costs} if tuning else {})})
     if test_lines:
         lines += ["", f"Every two cells of a row with {MIN_SEEDS} or more seeds each: the "
                   "difference of their mean test accuracies, its 95% percentile bootstrap "
@@ -172,8 +185,71 @@ def selected_table(sweeps: Sequence[str | Path], *, names: Sequence[str] | None 
                   "Welch's p.", "",
                   "| row | comparison | difference | 95% interval | Welch p |",
                   "|---|---|---:|---:|---:|"] + test_lines
+    if cost_lines:
+        lines += ["", "What the tuning would cost: the chosen cell's epsilon beside the epsilon "
+                  "of all its candidates' runs composed (dp-accounting's RDP accountant, first "
+                  "seed's events, the same delta). The validation scores that chose among them "
+                  "are not private and are in neither figure (docs/reproducibility.md).", "",
+                  "| row | column | candidates | epsilon, chosen cell | epsilon, all "
+                  "candidates |", "|---|---|---:|---:|---:|"] + cost_lines
     return "\n".join(lines) + "\n", {"sources": [str(s) for s in sweeps], "names": names,
                                      "row_keys": keys, "ceiling": top, "rows": out_rows}
+
+
+def tuning_cost(runs: Sequence[dict], row: dict, accountant: str = "rdp") -> dict | None:
+    """What releasing every candidate of a chosen cell would cost: the K candidates of ``row``
+    (a ``selected.json`` row: the runs of the same base, algorithm, target epsilon and other grid
+    values that differ only in the chosen keys) each give their first seed's events for the
+    row's privacy unit, and dp-accounting's ``accountant`` composes all K
+    (``ComposedDpEvent``, :func:`fedjax_dp.privacy.accounting.epsilon`) at the row's delta; where the ledger composes the unit's members in
+    parallel (each agent's own records), each member's K events are composed and the worst
+    member's epsilon is reported.
+
+    This is the cost of the candidate *models*; choosing among them on validation data adds the
+    scores' own release, which here is not private (docs/reproducibility.md, "Tuning"): the
+    composed epsilon is what a private tuning would pay at least, by plain composition (Papernot
+    and Steinke, ICLR 2022, pay less with a random number of candidates and private scores).
+    None where a candidate's events are not dp-accounting's (e.g. the shuffle analysis)."""
+    from dp_accounting import dp_event
+
+    from fedjax_dp.privacy import accounting
+    chosen = row.get("selected") or {}
+    cands: dict[str, dict] = {}
+    for r in sorted(runs, key=lambda r: r.get("seed", 0)):
+        p = r.get("params") or {}
+        if ((r.get("base"), r.get("algorithm"), r.get("target_epsilon"))
+                == (row["base"], row["algorithm"], row["target_epsilon"])
+                and all(row.get(k) == v for k, v in p.items() if k not in chosen)):
+            cands.setdefault(json.dumps({k: p.get(k) for k in chosen}, sort_keys=True), r)
+    # per member of the unit (one member unless the ledger composes members in parallel, e.g.
+    # every agent's own records): its events in each candidate
+    members: dict[int, list] = {}
+    delta = None
+    for r in cands.values():
+        entry = next((g for g in r.get("privacy") or [] if g.get("accountant") == accountant
+                      and g.get("unit") == row.get("epsilon_unit")), None)
+        if entry is None or len(entry.get("parallel") or [None]) != 1:
+            return None
+        own = ({0: entry["events"]} if not entry.get("parallel") else
+               {m: [d["event"]] for d in entry["parallel"][0]["distinct_members"]
+                for m in d["members"]})
+        if members and set(own) != set(members):
+            return None
+        for m, evs in own.items():
+            members.setdefault(m, []).extend(evs)
+        delta = entry["delta"]
+    if not members:
+        return None
+    eps = 0.0
+    for evs in {json.dumps(v, sort_keys=True): v for v in members.values()}.values():
+        try:
+            composed = dp_event.ComposedDpEvent([accounting.event_from_json(e) for e in evs])
+        except ValueError:
+            return None
+        eps = max(eps, accounting.epsilon(composed, delta, accountant))
+    return {"candidates": len(cands), "accountant": accountant, "delta": delta,
+            "epsilon_one": row.get("epsilon_mean"), "epsilon_all": float(eps),
+            "members": len(members)}
 
 
 def _test_line(row: str, comparison: str, d: dict) -> str:
