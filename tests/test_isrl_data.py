@@ -84,6 +84,26 @@ def test_by_domain_gives_one_even_odd_pair_per_silo(oddeven, raw):
                               oddeven.domain_train[:200])
 
 
+def test_overlap_silos_hold_every_record_of_their_two_digits(oddeven, raw):
+    """The paper's recipe: silo (e, o) holds all training records of digits e and o, so each
+    record is in 5 silos; features and labels are copies of the split's."""
+    over = mnist5k_oddeven(seed=SEED, silos="overlap")
+    assert over.x_train.shape == (5 * 3000, 50) and over.x_test.shape == oddeven.x_test.shape
+    parts = partition("by_domain", over.y_train, 25, 0, domains=over.domain_train)
+    # map each copy back to its record of the split by its features (distinct PCA rows)
+    index = {row.tobytes(): i for i, row in enumerate(oddeven.x_train)}
+    source = np.array([index[row.tobytes()] for row in over.x_train])      # [15000]
+    np.testing.assert_array_equal(over.y_train, oddeven.y_train[source])
+    assert np.all(np.bincount(source, minlength=3000) == 5)
+    for part in parts:
+        held = np.unique(raw.y_train[source[part]])
+        assert len(held) == 2 and held[0] % 2 != held[1] % 2
+        want = np.flatnonzero(np.isin(raw.y_train, held))                # every record of both
+        assert sorted(source[part].tolist()) == want.tolist()
+    with pytest.raises(ValueError, match="silos must be 'split' or 'overlap'"):
+        mnist5k_oddeven(silos="all")
+
+
 def test_wbcd_one_class_two_silos():
     ds = wbcd()
     for seed in (0, 1):

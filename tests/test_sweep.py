@@ -3,6 +3,7 @@ its targets, resume runs only what is missing, summaries are mean / std over see
 fails before any work."""
 import json
 import types
+from pathlib import Path
 
 import dp_accounting
 import numpy as np
@@ -227,6 +228,27 @@ def test_dry_run_keeps_two_algorithms_on_one_dataset_apart(capsys):
     plan = json.loads(capsys.readouterr().out)
     assert code == 0 and plan["runs"] == 2 * 2 * 2 * 3 and plan["cells"] == 8
     assert plan["bases"] == ["dp_fedavg/mnist5k", "ae_dpfl/mnist5k"]
+
+
+def test_sweep_file_sets_inline_tables_and_lists_of_them(tmp_path):
+    """[sweep.set] values reach every run's config as TOML: a table (dataset options), a list,
+    nested tables."""
+    f = tmp_path / "s.toml"
+    f.write_text(f"""[sweep]
+configs = ["{Path(ISRL).resolve()}"]
+[sweep.set]
+"data.dataset_options" = {{ standardize = true, seed = 3 }}
+"privacy.accountants" = ["rdp"]
+"data.features" = {{ map = "pca", dim = 4 }}
+"data.partition_options" = {{ nested = {{ a = [1, 2] }} }}
+""")
+    sw = sweep.load([str(f)])
+    config = sweep.expand(sw)[0].config
+    assert config["data"]["dataset_options"] == {"standardize": True, "seed": 3}
+    assert config["privacy"]["accountants"] == ["rdp"]
+    assert config["data"]["features"] == {"map": "pca", "dim": 4}
+    assert config["data"]["partition_options"] == {"nested": {"a": [1, 2]}}
+    assert sweep._toml_value([{"a": 1}, "x"]) == '[{"a" = 1}, "x"]'
 
 
 #: a private shipped config of every calibratable family and the key a sweep calibrates

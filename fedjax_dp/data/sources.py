@@ -129,7 +129,8 @@ def oddeven_pair_id(even_digit, odd_digit):
 
 
 def mnist5k_oddeven(seed: int = 0, *, pca_dim: int = 50, standardize: bool = False,
-                    num_test: int = 1000, num_public: int = 1000) -> Dataset:
+                    num_test: int = 1000, num_public: int = 1000, silos: str = "split"
+                    ) -> Dataset:
     """mnist5k as the ISRL-DP paper's odd/even task: PCA features, parity labels, 25 digit pairs.
 
     * Split exactly as :func:`mnist5k` (same ``seed``: stratified test 1000, public 1000, train
@@ -145,6 +146,12 @@ def mnist5k_oddeven(seed: int = 0, *, pca_dim: int = 50, standardize: bool = Fal
       to its 5 pairs ``(e, o)``; so ``partition("by_domain", y, 25, ..., domains=domain_train)``
       gives 25 silos, each holding exactly one even and one odd digit (the paper's setting,
       one silo per pair), with about 60 records of each.
+    * ``silos = "overlap"``: the paper's recipe instead, every pair ``(e, o)`` holds ALL
+      training records of digits ``e`` and ``o``; each record is repeated in its digit's 5 pairs
+      (``x_train`` is 5x the training split, ordered pair by pair; about 2 n_train / 10 records
+      per silo, e.g. 800 with ``num_test = num_public = 500``). The unit ``silo_record`` then
+      protects one copy: one image is 5 silo records (group privacy of size 5), and a copy held
+      out for validation in one silo may train another.
     """
     import threadpoolctl
     from sklearn.decomposition import PCA
@@ -170,8 +177,20 @@ def mnist5k_oddeven(seed: int = 0, *, pca_dim: int = 50, standardize: bool = Fal
     z = z.astype(np.float32)
     parity = (digit % 2).astype(np.int32)                                # [5000]
 
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 25]))
+    if silos not in ("split", "overlap"):
+        raise ValueError(f"silos must be 'split' or 'overlap', got {silos!r}")
     d_train = digit[train]
+    if silos == "overlap":                       # pair (e, o): every record of e, then of o
+        pairs = [(e, o) for e in _EVENS for o in _ODDS]
+        rows = np.concatenate([np.flatnonzero((d_train == e) | (d_train == o))
+                               for e, o in pairs])                       # [5 n_train]
+        domains = np.concatenate([np.full(np.sum((d_train == e) | (d_train == o)),
+                                          oddeven_pair_id(e, o)) for e, o in pairs])
+        return Dataset(name="mnist5k_oddeven", x_train=z[train][rows],
+                       y_train=parity[train][rows], x_public=z[public], y_public=parity[public],
+                       x_test=z[test], y_test=parity[test], num_classes=2,
+                       domain_train=domains.astype(np.int64))
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 25]))
     partner = np.empty(len(train), dtype=np.int64)   # the other digit of each record's pair
     for own, others in [(e, _ODDS) for e in _EVENS] + [(o, _EVENS) for o in _ODDS]:
         idx = rng.permutation(np.flatnonzero(d_train == own))

@@ -248,7 +248,7 @@ def load(paths: list[str], *, grid: list[str] = (), seeds=None, target_epsilon=N
         if "calibrate" in table:
             sw.calibrate.update(_calibrate_arg(table["calibrate"]))
         for k, v in table.get("set", {}).items():
-            sw.overrides.append(f"{k}={json.dumps(v)}")
+            sw.overrides.append(f"{k}={_toml_value(v)}")
         sw.name = table.get("name", path.stem)
         sw.select = table.get("select", sw.select)
         sw.select_over = table.get("select_over", sw.select_over)
@@ -296,7 +296,12 @@ def load(paths: list[str], *, grid: list[str] = (), seeds=None, target_epsilon=N
 
 
 def _toml_value(v) -> str:
-    """A value as TOML text for a ``--set`` override."""
+    """A value as TOML text for a ``--set`` override (a dict as an inline table)."""
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(x)}"
+                               for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     return json.dumps(v)
 
 
