@@ -113,6 +113,10 @@ def test_sweep_calibration_summary_and_resume(tmp_path):
     new = [json.loads(line) for line in after[len(before):].splitlines()]
     assert sorted(r["seed"] for r in new) == [2, 2]
     assert all(r["n"] == 3 for r in sweep.summarize(records.read([out])))
+    # sweep.json describes both invocations (seeds 0-1, then 0-2), the latest at the top
+    plan = json.loads((out / "sweep.json").read_text())
+    assert plan["seeds"] == [0, 1, 2]
+    assert [i["seeds"] for i in plan["invocations"]] == [[0, 1], [0, 1, 2]]
 
 
 def test_sweep_file_vmaps_seeds_and_calibrates_isrl_directly(tmp_path):

@@ -390,10 +390,19 @@ def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = 
     if resume and not (out / "results.jsonl").exists():
         raise ConfigError(f"--resume {str(out)!r} holds no sweep (no results.jsonl)")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps(
-        {"name": sw.name, "bases": [n for n, _ in sw.bases], "grid": sw.grid, "seeds": sw.seeds,
-         "target_epsilon": sw.target_epsilon, "calibrate": sw.calibrate,
-         "overrides": sw.overrides, "runs": len(runs)}, indent=2))
+    # sweep.json: this invocation's plan at the top, and every invocation that wrote into the
+    # folder (a --resume with another grid adds arms) under "invocations", so it describes
+    # every record the folder holds
+    plan = {"name": sw.name, "bases": [n for n, _ in sw.bases], "grid": sw.grid,
+            "seeds": sw.seeds, "target_epsilon": sw.target_epsilon, "calibrate": sw.calibrate,
+            "overrides": sw.overrides, "runs": len(runs)}
+    earlier = []
+    if resume and (out / "sweep.json").is_file():
+        old = json.loads((out / "sweep.json").read_text())
+        earlier = old.get("invocations") or [{k: v for k, v in old.items()
+                                              if k != "invocations"}]
+    (out / "sweep.json").write_text(json.dumps({**plan, "invocations": earlier + [plan]},
+                                               indent=2))
     log = log or (lambda msg: None)
     _drop_partial_line(out / "results.jsonl")
     done = _done_ids(out)
