@@ -281,6 +281,8 @@ def _cmd_compare(args) -> int:
     else:
         from fedjax_dp.experiments import records
         recs = records.read(args.results)
+        if args.selected:        # only the runs of the cells --select chose
+            recs = records.selected_records(recs, records.read_selected(args.results))
         labels = args.labels.split(",") if args.labels else None
         data = compare.arms(recs, args.arm, unit=args.unit, labels=labels, metric=args.y)
         md = compare.arms_markdown(data, title=args.title or "",
@@ -512,6 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--labels", default=None, help="the arms' names in their order of first "
                     "appearance, comma-separated")
     ca.add_argument("--y", default="test_accuracy", help="the metric (default test_accuracy)")
+    ca.add_argument("--selected", action="store_true", help="only the runs of the cells the "
+                    "sweep's --select chose (selected.json beside the results)")
     for c in (cs, ca):
         c.add_argument("--title", default=None)
         c.add_argument("--out", required=True, metavar="STEM", help="writes STEM.md and "

@@ -324,7 +324,7 @@ def arms_markdown(s: dict, title: str = "", source: str = "") -> str:
         for name, t in s["tests"].items():
             lo, hi = t["interval"]
             lines.append(f"| {name} | {t['difference']:+.3f} | [{lo:+.3f}, {hi:+.3f}] | "
-                         f"{t['t']:.2f} | {t['p_value']:.3f} |")
+                         f"{t['t']:.2f} | {t['p_value']:.3g} |")
     return "\n".join(lines) + "\n"
 
 

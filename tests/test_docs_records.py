@@ -1,0 +1,197 @@
+"""The verdicts the docs quote agree with the committed records: every figure below is computed
+here from the records (``results.jsonl[.gz]``, ``selected.json``, the ``compare`` outputs) and
+must stand, as written here, on the page that quotes it. A record that changes, or a page edited
+by hand, fails the test. Reads files only (no run, no compilation)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedjax_dp.experiments import records
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _json(path: str):
+    return json.loads((ROOT / path).read_text())
+
+
+def _page(name: str) -> str:
+    return " ".join((ROOT / "docs" / name).read_text().split())     # lines joined
+
+
+def f3(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def sci(p: float) -> str:
+    """1.4e-4 style: one decimal, no zero-padded exponent."""
+    mantissa, exponent = f"{p:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _row(table: dict, **keys) -> dict:
+    rows = [r for r in table["rows"] if all(r["row"].get(k) == v for k, v in keys.items())]
+    assert len(rows) == 1, keys
+    return rows[0]
+
+
+def _mean(table: dict, name: str, **keys) -> float:
+    return _row(table, **keys)["cells"][name]["test_accuracy_mean"]
+
+
+def _p(table: dict, pair: str, **keys) -> float:
+    return _row(table, **keys)["tests"][pair]["p_value"]
+
+
+def voting_claims() -> list[tuple[str, str]]:
+    hard = _json("results/voting_dpfl/hard_task.json")
+    fair = _json("results/voting_dpfl/fair_controls.json")
+    big = dict(**{"data.num_agents": 1000})
+    knn = [_mean(hard, "knn_dpfl", target_epsilon=e, **big) for e in (1.0, 4.0)]
+    sgd = [_mean(hard, "dp_fedsgd", target_epsilon=e, **big) for e in (1.0, 4.0)]
+    p_big = [_p(hard, "dp_fedsgd vs knn_dpfl", target_epsilon=e, **big) for e in (1.0, 4.0)]
+    crossing = f"{f3(knn[0])} / {f3(knn[1])} against {f3(sgd[0])} / {f3(sgd[1])}"
+
+    def wins(table, a, b):     # cells where a's mean is above b's, and of those p < 0.05
+        rows = [r for r in table["rows"] if a in r["tests"].get(f"{a} vs {b}", {}) or True]
+        above = [r for r in rows if r["cells"][a]["test_accuracy_mean"]
+                 > r["cells"][b]["test_accuracy_mean"]]
+        return len(rows), len(above), sum(r["tests"][f"{a} vs {b}"]["p_value"] < 0.05
+                                          for r in above)
+
+    n_fa, w_fa, s_fa = wins(fair, "dp_fedavg", "ae_dpfl")
+    n_fs, w_fs, s_fs = wins(fair, "dp_fedsgd", "knn_dpfl")
+    assert (n_fa, n_fs) == (8, 8)
+    return [
+        ("voting_dpfl.md", f"({crossing} at epsilon 1 / 4; p = {sci(p_big[0])}, "
+                           f"{sci(p_big[1])})"),
+        ("voting_dpfl.md", f"DP-FedAvg beats AE-DPFL in all {w_fa} mnist5k cells (Welch p < 0.05 "
+                           f"in {s_fa};"),
+        ("voting_dpfl.md", f"DP-FedSGD beats kNN-DPFL in {w_fs} of 8 mnist5k cells (p < 0.05 in "
+                           f"{s_fs};"),
+        ("reproducibility.md", f"({crossing} at epsilon 1 / 4)"),
+        ("index.md", f"kNN-DPFL wins at N = 1,000 agents of 60 training records there "
+                     f"({f3(knn[1])} against {f3(sgd[1])} at epsilon 4)"),
+        ("index.md", f"DP-FedSGD beats kNN-DPFL in {w_fs} of 8 mnist5k cells"),
+    ]
+
+
+def tuning_claims() -> list[tuple[str, str]]:
+    fair = _json("results/voting_dpfl/fair_controls.json")
+
+    def cost(name, e):
+        return _row(fair, target_epsilon=e, **{"data.num_agents": 50})["tuning_cost"][name]
+
+    c1 = {n: cost(n, 1.0) for n in ("dp_fedavg", "ae_dpfl", "knn_dpfl", "dp_fedsgd")}
+    c8 = {n: cost(n, 8.0) for n in c1}
+    g = lambda c: f"{c['epsilon_all']:.3g}"                                   # noqa: E731
+    return [("reproducibility.md",
+             f"DP-FedAvg's {c1['dp_fedavg']['candidates']} candidates compose to epsilon "
+             f"{g(c1['dp_fedavg'])}, AE-DPFL's {c1['ae_dpfl']['candidates']} to "
+             f"{g(c1['ae_dpfl'])}, kNN-DPFL's {c1['knn_dpfl']['candidates']} to "
+             f"{g(c1['knn_dpfl'])} and DP-FedSGD's {c1['dp_fedsgd']['candidates']} to "
+             f"{g(c1['dp_fedsgd'])}; at epsilon 8, {g(c8['dp_fedavg'])} / {g(c8['ae_dpfl'])} "
+             f"/ {g(c8['knn_dpfl'])} / {g(c8['dp_fedsgd'])}")]
+
+
+def fnas_claims() -> list[tuple[str, str]]:
+    arms = _json("results/fnas/discriminative.json")
+    a, t = arms["arms"], arms["tests"]
+    ms = {k: (f3(v["between_unit_mean"]), f3(v["between_unit_std"])) for k, v in a.items()}
+    p_dp = f"{t['DP search vs non-private search']['p_value']:.1g}"
+    p_rand = f"{t['non-private search vs random genotype']['p_value']:.2f}"
+    dp, nonp, rand = ms["DP search"], ms["non-private search"], ms["random genotype"]
+    return [
+        ("fnas.md", f"the DP search's genotypes reach {dp[0]} ± {dp[1]} against {nonp[0]} ± "
+                    f"{nonp[1]} for non-private search (p = {p_dp}), and non-private search does "
+                    f"not beat random genotypes of the same size ({rand[0]} ± {rand[1]}, "
+                    f"p = {p_rand})"),
+        ("fnas.md", f"reach {dp[0]} ± {dp[1]} against {nonp[0]} ± {nonp[1]} for non-private "
+                    f"search (Welch p = {p_dp}) and {rand[0]} ± {rand[1]} for random genotypes"),
+        ("index.md", f"DP search {dp[0]}, non-private search {nonp[0]} (p = {p_dp}), random "
+                     f"genotypes of the same size {rand[0]}"),
+    ]
+
+
+def isrl_claims() -> list[tuple[str, str]]:
+    sel = {tuple(r["algorithm.phase_length+algorithm.accounting+algorithm.learning_rate+"
+                   "algorithm.clip_norm"][:2]): r
+           for r in _json("results/sweeps/isrl_reproduction/selected.json")}
+    mb, comp, ref = sel[(1, "composed")], sel[(2, "composed")], sel[(2, "reference")]
+    tests = _json("results/isrl/reproduction_tests.json")["tests"]
+    p_comp = tests["MB-SGD (q=1) vs SPIDER q=2 composed"]["p_value"]
+    p_ref = tests["MB-SGD (q=1) vs SPIDER q=2 reference"]["p_value"]
+    true_eps = f"{ref['epsilon_mean']:.2f}"
+    # the seven-epsilon tables: at how many epsilons SPIDER's error is at or below MB-SGD's
+    table = {d["dataset"]: d["private"] for d in _json("results/isrl/results.json")["results"]}
+
+    def at_or_below(ds):
+        return sum(s["test_error_mean"] <= m["test_error_mean"] for s, m in
+                   zip(table[ds]["isrl_spider"], table[ds]["isrl_mb_sgd"]))
+
+    return [
+        ("index.md", f"MB-SGD reaches {f3(mb['test_accuracy_mean'])}, SPIDER "
+                     f"{f3(comp['test_accuracy_mean'])} (Welch p = {p_comp:.1g}), and "
+                     f"{f3(ref['test_accuracy_mean'])} even under the authors' accounting, which "
+                     f"spends {true_eps}x the budget (p = {p_ref:.2g})"),
+        ("index.md", f"SPIDER is at or below MB-SGD at {at_or_below('wbcd')} of 7 epsilons on "
+                     f"WBCD, {at_or_below('mnist5k_oddeven')} of 7 on mnist5k odd/even"),
+        ("reproducibility.md", f"MB-SGD {f3(mb['test_accuracy_mean'])} ± "
+                               f"{f3(mb['test_accuracy_std'])} test accuracy; SPIDER (q = 2) as "
+                               f"the authors account it {f3(ref['test_accuracy_mean'])} ± "
+                               f"{f3(ref['test_accuracy_std'])} at a true epsilon of {true_eps} "
+                               f"(Welch p = {p_ref:.2g} against MB-SGD), as it should be "
+                               f"accounted {f3(comp['test_accuracy_mean'])} ± "
+                               f"{f3(comp['test_accuracy_std'])} (p = {p_comp:.1g})"),
+        ("isrl.md", f"({f3(ref['test_accuracy_mean'])} against {f3(mb['test_accuracy_mean'])}; "
+                    f"Welch p = {p_ref:.2g} over the 5 seeds"),
+    ]
+
+
+def fedkt_claims() -> list[tuple[str, str]]:
+    def cells(path):
+        out = {}
+        for r in records.read([ROOT / path]):
+            key = (r["dataset"], r["config"]["model"]["name"])
+            out.setdefault(key, []).append(r["test_accuracy"])
+        return {k: (np.mean(v), np.std(v, ddof=1)) for k, v in out.items()}
+
+    l0 = cells("results/fedkt/table1_seeds")
+    solo = cells("results/sweeps/fedkt_table1_solo")
+    pate = cells("results/sweeps/fedkt_table1_pate")
+    claims = []
+    for key, label in ((("mnist5k", "mlp"), "| mnist5k (10, mlp 100-100) |"),
+                       (("digits", "mlp"), "| digits (5, mlp 100) |"),
+                       (("wbcd", "mlp"), "| wbcd (5, mlp 32) |"),
+                       (("wbcd", "logistic"), "| wbcd (5, DT teachers / RF students) |")):
+        claims.append(("fedkt.md", f"{label} {f3(l0[key][0])} ± {f3(l0[key][1])} | "
+                                   f"{f3(solo[key][0])} ± {f3(solo[key][1])} | "
+                                   f"{f3(pate[key][0])} ± {f3(pate[key][1])} |"))
+        # the difference columns of the same row, from the unrounded means
+        claims.append(("fedkt.md", f"| {l0[key][0] - solo[key][0]:+.3f} | "
+                                   f"{pate[key][0] - l0[key][0]:+.3f} |"))
+    # the one-round baselines: the cell chosen on validation, its step count in brackets
+    for r in records.read_selected([ROOT / "results/fedkt/table1_one_round_seeds"]):
+        if r["algorithm"] == "fedavg":                          # FedAvg and FedProx
+            steps = next(iter(r["selected"].values()))
+            claims.append(("fedkt.md", f"| {f3(r['test_accuracy_mean'])} ± "
+                                       f"{f3(r['test_accuracy_std'])} ({steps}) |"))
+    return claims
+
+
+CLAIMS = voting_claims() + tuning_claims() + fnas_claims() + isrl_claims() + fedkt_claims()
+
+
+@pytest.mark.parametrize("page, text", CLAIMS, ids=[f"{p}:{t[:40]}" for p, t in CLAIMS])
+def test_page_quotes_the_records(page, text):
+    assert " ".join(text.split()) in _page(page), f"docs/{page} does not say: {text}"
+
+
+def test_every_paper_page_and_the_summaries_have_checked_claims():
+    pages = {p for p, _ in CLAIMS}
+    assert {"index.md", "reproducibility.md", "voting_dpfl.md", "fnas.md", "isrl.md",
+            "fedkt.md"} <= pages
