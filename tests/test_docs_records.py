@@ -164,6 +164,30 @@ def isrl_claims() -> list[tuple[str, str]]:
     ]
 
 
+def isrl_silo_claims() -> list[tuple[str, str]]:
+    """ISRL at the paper's silo size: the chosen cells and their Welch p."""
+    table = _json("results/isrl/paper_silos.json")
+    mb, sp = "ISRL-DP MB-SGD", "ISRL-DP SPIDER"
+    rows = [_row(table, target_epsilon=e) for e in (0.75, 3.0, 18.0)]
+    acc = lambda r, n: f3(r["cells"][n]["test_accuracy_mean"])              # noqa: E731
+    ps = [r["tests"][f"{mb} vs {sp}"]["p_value"] for r in rows]
+    fmt = [f"{ps[0]:.1g}", sci(ps[1]), f"{ps[2]:.3f}"]
+    claims = [("reproducibility.md",
+               f"0.75 / 3 / 18: {' / '.join(acc(r, mb) for r in rows)} against "
+               f"{' / '.join(acc(r, sp) for r in rows)} (Welch p = {' / '.join(fmt)};"),
+              ("index.md", f"MB-SGD still leads at epsilon 0.75 / 3 / 18 (p = "
+                           f"{' / '.join(fmt)})")]
+    for r, e, p in zip(rows, ("0.75", "3", "18"), fmt):
+        m, s = r["cells"][mb], r["cells"][sp]
+        claims.append(("isrl.md", f"| {e} | **{f3(m['test_accuracy_mean'])} ± "
+                                  f"{f3(m['test_accuracy_std'])}**"))
+        claims.append(("isrl.md", f"| {f3(s['test_accuracy_mean'])} ± "
+                                  f"{f3(s['test_accuracy_std'])}"))
+        claims.append(("isrl.md", f"| {m['test_accuracy_mean'] - s['test_accuracy_mean']:+.3f}"
+                                  f" (p = {p}) |"))
+    return claims
+
+
 def shuffle_claims() -> list[tuple[str, str]]:
     """The L2 analysis' gain over the per-coordinate one, in points, over every SDP row."""
     rows = _json("results/sweeps/isrl_sdp/selected.json")
@@ -209,8 +233,8 @@ def fedkt_claims() -> list[tuple[str, str]]:
     return claims
 
 
-CLAIMS = (voting_claims() + tuning_claims() + fnas_claims() + isrl_claims() + shuffle_claims()
-          + fedkt_claims())
+CLAIMS = (voting_claims() + tuning_claims() + fnas_claims() + isrl_claims() + isrl_silo_claims()
+          + shuffle_claims() + fedkt_claims())
 
 
 @pytest.mark.parametrize("page, text", CLAIMS, ids=[f"{p}:{t[:40]}" for p, t in CLAIMS])
