@@ -200,10 +200,11 @@ def tuning_cost(runs: Sequence[dict], row: dict, accountant: str = "rdp") -> dic
     """What releasing every candidate of a chosen cell would cost: the K candidates of ``row``
     (a ``selected.json`` row: the runs of the same base, algorithm, target epsilon and other grid
     values that differ only in the chosen keys) each give their first seed's events for the
-    row's privacy unit, and dp-accounting's ``accountant`` composes all K
-    (``ComposedDpEvent``, :func:`fedjax_dp.privacy.accounting.epsilon`) at the row's delta; where the ledger composes the unit's members in
-    parallel (each agent's own records), each member's K events are composed and the worst
-    member's epsilon is reported.
+    row's privacy unit (:func:`fedjax_dp.experiments.records.candidate_of`), and
+    dp-accounting's ``accountant`` composes all K (``ComposedDpEvent``,
+    :func:`fedjax_dp.privacy.accounting.epsilon`) at the row's delta; where the ledger composes
+    the unit's members in parallel (each agent's own records), each member's K events are
+    composed and the worst member's epsilon is reported.
 
     This is the cost of the candidate *models*; choosing among them on validation data adds the
     scores' own release, which here is not private (docs/reproducibility.md, "Tuning"): the
@@ -216,10 +217,8 @@ def tuning_cost(runs: Sequence[dict], row: dict, accountant: str = "rdp") -> dic
     chosen = row.get("selected") or {}
     cands: dict[str, dict] = {}
     for r in sorted(runs, key=lambda r: r.get("seed", 0)):
-        p = r.get("params") or {}
-        if ((r.get("base"), r.get("algorithm"), r.get("target_epsilon"))
-                == (row["base"], row["algorithm"], row["target_epsilon"])
-                and all(row.get(k) == v for k, v in p.items() if k not in chosen)):
+        if records_lib.candidate_of(r, row):
+            p = r.get("params") or {}
             cands.setdefault(json.dumps({k: p.get(k) for k in chosen}, sort_keys=True), r)
     # per member of the unit (one member unless the ledger composes members in parallel, e.g.
     # every agent's own records): its events in each candidate

@@ -145,6 +145,17 @@ def read_selected(paths: Iterable[str | Path]) -> list[dict]:
     return rows
 
 
+def candidate_of(record: dict, row: dict) -> bool:
+    """Whether ``record`` ran one of the candidates a ``selected.json`` ``row`` chose among: the
+    same base, algorithm and target epsilon, and the row's values of every grid key but the
+    chosen ones (``row["selected"]``)."""
+    p = record.get("params") or {}
+    chosen = row.get("selected") or {}
+    return ((record.get("base"), record.get("algorithm"), record.get("target_epsilon"))
+            == (row["base"], row["algorithm"], row["target_epsilon"])
+            and all(row.get(k) == v for k, v in p.items() if k not in chosen))
+
+
 def selected_records(records: Iterable[dict], rows: Sequence[dict]) -> list[dict]:
     """The runs of each selected cell (:func:`fedjax_dp.experiments.sweep.select`'s ``rows``),
     with ``setting``: the algorithm (and dataset, when the runs hold several) and the other grid
@@ -157,10 +168,7 @@ def selected_records(records: Iterable[dict], rows: Sequence[dict]) -> list[dict
         chosen = row["selected"]
         for r in records:
             p = r.get("params") or {}
-            if ((r.get("base"), r.get("algorithm"), r.get("target_epsilon"))
-                    == (row["base"], row["algorithm"], row["target_epsilon"])
-                    and all(p.get(k) == v for k, v in chosen.items())
-                    and all(row.get(k) == v for k, v in p.items() if k not in chosen)):
+            if candidate_of(r, row) and all(p.get(k) == v for k, v in chosen.items()):
                 rest = [f"{k.split('.')[-1]}={v}" for k, v in p.items() if k not in chosen]
                 where = f" ({r.get('dataset')})" if len(datasets) > 1 else ""
                 out.append({**r, "setting": " ".join([f"{r['algorithm']}{where}"] + rest)})
