@@ -58,7 +58,7 @@ def make_fused_rounds(train_sum: Callable, server: Callable, spec, num_agents: i
     def one_round(values, key, source, extras):
         k_sample, k_train, k_noise = jax.random.split(key, 3)               # round_keys
         coins = cohort_lib.cohort_coins(k_sample, n, spec.sampling)         # [N] bool
-        params = values["params"]
+        params = spec.view(values)                        # the params (, C_t when adaptive)
         if masked:
             ids = jnp.arange(n, dtype=jnp.int32)
             sums = train_sum(k_train, params, source, None, ids, coins, extras)
@@ -80,8 +80,8 @@ def make_fused_rounds(train_sum: Callable, server: Callable, spec, num_agents: i
             # the chunks actually filled: ceil(M / c) of them (none for an empty cohort)
             _, sums = jax.lax.while_loop(lambda carry: carry[0] * chunk < m, body,
                                          (jnp.int32(0), zero))
-        new_params, metrics = server(k_noise, params, sums)
-        out = {**values, "params": new_params}
+        new_view, metrics = server(k_noise, params, sums)
+        out = {**values, **spec.unview(new_view)}
         if participation:
             out["participation"] = values["participation"] + coins.astype(jnp.int32)
         return out, metrics

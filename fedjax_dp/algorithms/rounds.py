@@ -40,6 +40,7 @@ from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import memory
 from fedjax_dp.core.lift import resolve_chunk_size, training_bytes
 from fedjax_dp.models import Model
+from fedjax_dp.privacy import adaptive_clip as adaptive_lib
 from fedjax_dp.privacy import clipping, mechanisms
 from fedjax_dp.privacy import secagg as secagg_lib
 from fedjax_dp.privacy import secagg_masks
@@ -91,6 +92,10 @@ class RoundSpec:
       (McMahan et al. 2018's fixed-denominator estimator, needed for DP-FedAvg's guarantee).
     secagg: None (the plain sum) or secure aggregation of the clipped updates
       (:func:`fedjax_dp.privacy.secagg_masks.secure_tree_sum`); needs ``clip_norm`` (the range).
+    adaptive: None (the clip is ``clip_norm`` every round) or adaptive clipping
+      (:mod:`fedjax_dp.privacy.adaptive_clip`): ``clip_norm`` is C_0, the run's values carry C_t
+      (``"clip_norm"``), the agents also sum their centred unclipped bits, and
+      ``noise_multiplier`` is the round's combined z (the updates get z_Delta, the count sigma_b).
     """
 
     sampling: cohort_lib.Sampling
@@ -101,6 +106,28 @@ class RoundSpec:
     denominator: str = "sampled"
     secagg: secagg_lib.SecAggConfig | None = None
     diagnostics: bool = True        # False: the server reports no metrics (see Config)
+    adaptive: adaptive_lib.AdaptiveClip | None = None
+
+    def view(self, values: dict) -> Any:
+        """What a round reads from the run's values: the params, or ``(params, C_t)``."""
+        return (values["params"], values["clip_norm"]) if self.adaptive else values["params"]
+
+    def unview(self, view: Any) -> dict:
+        """The values a round's result ``view`` sets (:meth:`view`'s inverse)."""
+        return ({"params": view[0], "clip_norm": view[1]} if self.adaptive
+                else {"params": view})
+
+    def init_values(self, params: Params) -> dict:
+        """The run's first values: the params, and C_0 = ``clip_norm`` when adaptive."""
+        return self.unview((params, jnp.float32(self.clip_norm)) if self.adaptive else params)
+
+    def sum_noise_multiplier(self, num_agents: int) -> float:
+        """The updates' noise multiplier: z, or z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2 when
+        adaptive (:func:`fedjax_dp.privacy.adaptive_clip.update_noise_multiplier`)."""
+        if self.adaptive is None:
+            return self.noise_multiplier
+        return adaptive_lib.update_noise_multiplier(
+            self.noise_multiplier, self.adaptive.count_std(self.sampling.expected(num_agents)))
 
     @property
     def l2_sensitivity(self) -> float | None:
@@ -134,14 +161,22 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
     ``fused``: both in one compiled call (the one-pass round). Cached per (update, spec, N, plan).
     """
     axes = (0, None, 0, 0, 0, 0, 0)
+    adaptive = spec.adaptive
+    z_sum = spec.sum_noise_multiplier(num_agents)
+    count_std = adaptive.count_std(spec.sampling.expected(num_agents)) if adaptive else 0.0
 
-    def clipped_update(key, params, x, y, mask, count, extras):
-        """One agent's contribution to the sum: its update Delta (clipped) and its metrics."""
+    def clipped_update(key, view, x, y, mask, count, extras):
+        """One agent's contribution to the sum: its update Delta (clipped) and its metrics;
+        adaptive: ``view = (params, C_t)`` and the contribution ``(Delta, b - 1/2)``."""
+        params, clip = view if adaptive else (view, spec.clip_norm)
         local_params, metrics = agent_update(key, params, x, y, mask, count, extras)
         delta = jax.tree.map(jnp.subtract, local_params, params)
-        metrics = {**metrics, "mean_update_norm": optax.tree.norm(delta)}
-        if spec.clip_norm is not None:
-            delta = clipping.clip_by_global_norm(delta, spec.clip_norm)[0]
+        norm = optax.tree.norm(delta)
+        metrics = {**metrics, "mean_update_norm": norm}
+        if clip is not None:
+            delta = clipping.clip_by_global_norm(delta, clip)[0]
+        if adaptive:
+            return (delta, adaptive_lib.centred_unclipped(norm, clip)), metrics
         return delta, metrics
 
     # the plain sum never holds the updates [B, ...]; secure aggregation needs them stacked
@@ -181,11 +216,13 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
         return (total, cohort_lib.masked_sum(metrics, alive),
                 jnp.sum(alive.astype(jnp.float32)))
 
-    def server(k_noise, params, sums):
+    def server(k_noise, view, sums):
         total, metric_sums, num_sampled = sums
-        if spec.noise_multiplier > 0:
-            total = mechanisms.gaussian_mechanism(k_noise, total, spec.l2_sensitivity,
-                                                  spec.noise_multiplier)
+        params, clip = view if adaptive else (view, spec.l2_sensitivity)
+        if adaptive:
+            total, centred = total
+        if z_sum > 0:
+            total = mechanisms.gaussian_mechanism(k_noise, total, clip, z_sum)
         if spec.denominator == "expected":
             denom = spec.sampling.expected(num_agents)
         else:
@@ -196,6 +233,11 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
                    **{k: v / seen for k, v in metric_sums.items()}}    # means over the cohort
         if not spec.diagnostics:
             metrics = {}
+        if adaptive:      # C_t and the noisy fraction are releases the ledger covers
+            new_clip, fraction = adaptive_lib.next_clip_norm(k_noise, clip, centred, denom,
+                                                             count_std, adaptive)
+            metrics = {**metrics, "clip_norm": clip, "unclipped_fraction": fraction}
+            return (new_params, new_clip), metrics
         return new_params, metrics
 
     def fused(k_train, k_noise, params, source, rows, ids, valid, extras):
@@ -215,8 +257,16 @@ def check_secagg_range(spec: RoundSpec, rows: int) -> None:
     if spec.clip_norm is None:
         raise ValueError("algorithm.aggregation = 'secagg' needs clipped updates (clip_norm): "
                          "the fixed-point range is bounded by the number of agents x clip_norm")
-    secagg_lib.check_range(f"algorithm.clip_norm x agents per pass ({rows})",
-                           rows * float(spec.clip_norm), spec.secagg.frac_bits, rows)
+    bound, name = float(spec.clip_norm), "algorithm.clip_norm"
+    if spec.adaptive is not None:
+        if spec.adaptive.max_clip_norm is None:
+            raise ValueError("algorithm.aggregation = 'secagg' with algorithm.adaptive_clip needs "
+                             "algorithm.adaptive_clip.max_clip_norm (> 0): the fixed-point range "
+                             "is bounded by the number of agents x the largest clip norm")
+        bound = max(bound, spec.adaptive.max_clip_norm)
+        name = "max(algorithm.clip_norm, algorithm.adaptive_clip.max_clip_norm)"
+    secagg_lib.check_range(f"{name} x agents per pass ({rows})", rows * bound,
+                           spec.secagg.frac_bits, rows)
 
 
 class RoundRunner:
@@ -294,8 +344,8 @@ class RoundRunner:
             args = (values, key, self.agents, self.extras)
             self._check_memory(self.fused.one, *args)
             return self.fused.one(*args)
-        params, metrics = self(key, values["params"])
-        out = {**values, "params": params}
+        view, metrics = self(key, self.spec.view(values))
+        out = {**values, **self.spec.unview(view)}
         if self.participation:
             took_part = jnp.asarray(self.last_indices, jnp.int32)
             out["participation"] = jnp.asarray(values["participation"]).at[took_part].add(1)
@@ -312,9 +362,9 @@ class RoundRunner:
             self.feeder.prefetch(round_keys(key)[0])
 
     def __call__(self, key: jax.Array, params: Params) -> tuple[Params, dict]:
-        """One round on the host driver: ``(params, metrics)`` (device arrays); one compiled call
-        per pass, several passes' sums added before the server's step. Records the participants
-        in ``last_indices``."""
+        """One round on the host driver: ``(params, metrics)`` (device arrays; ``params`` is the
+        round's view, :meth:`RoundSpec.view`); one compiled call per pass, several passes' sums
+        added before the server's step. Records the participants in ``last_indices``."""
         if self.mesh is not None:
             # replicated, as the round returns them, so round 2 compiles no second program
             params = jax.device_put(params, NamedSharding(self.mesh, P()))
@@ -392,7 +442,7 @@ def init_rounds(key: jax.Array, data: api.FederatedData, model: Model, local: Lo
     round_fn = RoundRunner(model, local, spec, data.agents, chunk_size=chunk_size,
                            mesh=runtime.mesh, cohort=runtime.cohort, memory_drivers=drivers,
                            rounds_per_call=runtime.rounds_per_call)
-    return api.State(step=0, values={"params": params},
+    return api.State(step=0, values=spec.init_values(params),
                      context=Context(agents=data.agents, model=model, round_fn=round_fn))
 
 

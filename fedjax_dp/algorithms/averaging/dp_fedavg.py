@@ -22,6 +22,14 @@ The division is by the *fixed* expected cohort size q*N (McMahan 2018): the real
 analysis does not cover. Adding N(0, sigma^2 S^2) once to the sum equals, in distribution, each
 sampled agent adding N(0, sigma^2 S^2 / m_t) (line 4 of NoisyUpdate) and summing.
 
+Adaptive clipping (``adaptive_clip = {target_quantile, learning_rate, count_noise,
+max_clip_norm}``, Andrew et al. 2021; :mod:`fedjax_dp.privacy.adaptive_clip`): S becomes C_t,
+``clip_norm`` is C_0, the cohort also releases a noisy count of unclipped updates (std sigma_b,
+sensitivity 1/2) that steers C_t to the target quantile; ``noise_multiplier`` is the round's
+*combined* z, the updates carrying z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2, so the event above is
+unchanged (both releases are one Gaussian mechanism on one sampled cohort; relation and unit as
+above, sensitivity C_t per round, and 2 C_t for fixed-size cohorts).
+
 Secure aggregation (``aggregation = "secagg"``, :mod:`fedjax_dp.privacy.secagg_masks`): each
 pass's sum of clipped updates is computed by pairwise masking in fixed point, equal to the plain
 sum up to ``M 2^-(f+1)`` per coordinate (M agents); the server still adds the noise (central DP).
@@ -41,6 +49,7 @@ from fedjax_dp.algorithms.averaging import fedavg
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, secagg
+from fedjax_dp.privacy import adaptive_clip as adaptive_lib
 
 RELATION = "add/remove one agent's entire local dataset"
 RELATION_FIXED = "replace one agent's entire local dataset"
@@ -61,14 +70,25 @@ class Config(fedavg.Config, secagg.SecAggOptions):
     secagg_frac_bits: int = 16
     secagg_neighbours: int | None = None
     secagg_dropout: float = 0.0
+    # adaptive clipping (Andrew et al. 2021): None / false, true (the paper's defaults) or a
+    # table of privacy.adaptive_clip.OPTIONS; clip_norm is then the first round's clip C_0
+    adaptive_clip: adaptive_lib.AdaptiveClip | None = None
 
-    FIELDS = {"clip_norm": validation.Float(0.0, low_open=True),
+    FIELDS = {"adaptive_clip": validation.Custom(
+                  adaptive_lib.parse, bad=(3, "x", {"target_quantile": 1.5},
+                                           {"learning_rate": 0}, {"count_noise": -1},
+                                           {"quantile": 0.5})),
+              "clip_norm": validation.Float(0.0, low_open=True),
               "noise_multiplier": validation.Float(0.0),
               "denominator": validation.Choice(("expected", "sampled"))}
 
     def __post_init__(self):
         super().__post_init__()            # checks every field (validation.check_config)
         self.check_aggregation()
+        if self.adaptive_clip is not None and self.noise_multiplier > 0 and \
+                self.adaptive_clip.count_noise is not None:  # the paper's default: with N
+            adaptive_lib.update_noise_multiplier(self.noise_multiplier,
+                                                 self.adaptive_clip.count_noise)
 
 
 def round_spec(config: Config) -> fedavg.RoundSpec:
@@ -78,7 +98,7 @@ def round_spec(config: Config) -> fedavg.RoundSpec:
     return fedavg.RoundSpec(sampling=config.participation, server_lr=config.server_lr,
                             clip_norm=config.clip_norm, noise_multiplier=config.noise_multiplier,
                             denominator=config.denominator, secagg=config.secagg,
-                            diagnostics=config.diagnostics)
+                            diagnostics=config.diagnostics, adaptive=config.adaptive_clip)
 
 
 DESCRIPTION = "DP-FedAvg, agent-level DP (McMahan et al. 2018)"
@@ -123,13 +143,23 @@ def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
 
     Fixed-size sampling needs the number of agents N: from ``state`` (the run's agents)."""
     out = PrivacyLedger()
+    note = "" if config.adaptive_clip is None else ADAPTIVE_NOTE
     if config.sampling == "fixed":
         n = None if state is None else state.context.agents.num_agents
         out.add_event("agent", dp_event(config, n), relation=RELATION_FIXED,
-                      sensitivity=2 * config.clip_norm)
+                      sensitivity=2 * config.clip_norm, note=note)
     else:
-        out.add_event("agent", dp_event(config), relation=RELATION, sensitivity=config.clip_norm)
+        out.add_event("agent", dp_event(config), relation=RELATION, sensitivity=config.clip_norm,
+                      note=note)
     return declare_uncovered(config, out)
+
+
+#: the ledger's account of adaptive clipping's two releases per round
+ADAPTIVE_NOTE = ("adaptive clipping: each round releases the noised sum of updates clipped to "
+                 "C_t (noise z_Delta C_t) and the unclipped count (terms b - 1/2, noise sigma_b); "
+                 "on one sampled cohort they are one Gaussian mechanism of the combined "
+                 "multiplier z = (z_Delta^-2 + (2 sigma_b)^-2)^-1/2 (Andrew et al. 2021), the "
+                 "event's; the sensitivity stated is C_0, the round's is C_t")
 
 
 def declare_uncovered(config: Config, out: PrivacyLedger) -> PrivacyLedger:
