@@ -242,8 +242,28 @@ def fedkt_claims() -> list[tuple[str, str]]:
     return claims
 
 
+def adaptive_clip_claims() -> list[tuple[str, str]]:
+    """docs/adaptive_clipping.md's table: per clip S (= C_0), fixed and adaptive mean ± std over
+    3 seeds, their difference and Welch's p, from the two sweeps' records."""
+    from scipy import stats
+    claims = []
+    for name in ("mnist5k", "synthetic"):
+        cells: dict = {}
+        for r in records.read([ROOT / f"results/sweeps/adaptive_clip_{name}"]):
+            key = (r["params"]["algorithm.clip_norm"], bool(r["params"]["algorithm.adaptive_clip"]))
+            cells.setdefault(key, []).append(r["test_accuracy"])
+        for s in sorted({k[0] for k in cells}):
+            fixed, adaptive = cells[(s, False)], cells[(s, True)]
+            p = stats.ttest_ind(adaptive, fixed, equal_var=False).pvalue
+            claims.append(("adaptive_clipping.md",
+                           f"| {name} | {s:g} | {f3(np.mean(fixed))} ± {f3(np.std(fixed, ddof=1))} | "
+                           f"{f3(np.mean(adaptive))} ± {f3(np.std(adaptive, ddof=1))} | "
+                           f"{np.mean(adaptive) - np.mean(fixed):+.3f} | {p:.3f} |"))
+    return claims
+
+
 CLAIMS = (voting_claims() + tuning_claims() + fnas_claims() + isrl_claims() + isrl_silo_claims()
-          + shuffle_claims() + fedkt_claims())
+          + shuffle_claims() + fedkt_claims() + adaptive_clip_claims())
 
 
 @pytest.mark.parametrize("page, text", CLAIMS, ids=[f"{p}:{t[:40]}" for p, t in CLAIMS])
