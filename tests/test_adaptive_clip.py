@@ -97,8 +97,9 @@ def test_server_noises_are_the_ledgers_and_independent():
     sums = ((params, jnp.float32(0.0)), {}, jnp.float32(0.0))
 
     def one(key):
-        (new, clip), metrics = server(key, (params, jnp.float32(c_t)), sums)
-        return new["w"][0], clip, metrics["clip_norm"], metrics["unclipped_fraction"]
+        new, metrics = server(key, {"params": params, "clip_norm": jnp.float32(c_t)}, sums)
+        return (new["params"]["w"][0], new["clip_norm"], metrics["clip_norm"],
+                metrics["unclipped_fraction"])
 
     keys = jax.random.split(jax.random.key(3), 4000)
     w0, clip, used, fraction = map(np.asarray, jax.vmap(one)(keys))
@@ -134,13 +135,13 @@ def test_clip_tracks_the_target_quantile():
                                     server_lr=0.0, clip_norm=c0, denominator="expected",
                                     adaptive=adaptive_clip.AdaptiveClip(gamma, 0.3, 0.0))
             _, _, fused = rounds.make_round_parts(update, spec, n)
-            view = ({"w": jnp.zeros(2)}, jnp.float32(c0))
+            view = {"params": {"w": jnp.zeros(2)}, "clip_norm": jnp.float32(c0)}
             ids = jnp.arange(n, dtype=jnp.int32)
             valid = jnp.ones(n, bool)
             for t in range(120):
                 view, metrics = fused(jax.random.key(t), jax.random.key(t), view, data, None,
                                       ids, valid, {})
-            assert lo <= float(view[1]) <= hi, (gamma, c0, float(view[1]))
+            assert lo <= float(view["clip_norm"]) <= hi, (gamma, c0, float(view["clip_norm"]))
 
 
 # --------------------------------------------------------------------------- the run

@@ -57,8 +57,8 @@ def make_fused_rounds(train_sum: Callable, server: Callable, spec, num_agents: i
 
     def one_round(values, key, source, extras):
         k_sample, k_train, k_noise = jax.random.split(key, 3)               # round_keys
-        coins = cohort_lib.cohort_coins(k_sample, n, spec.sampling)         # [N] bool
-        params = spec.view(values)                        # the params (, C_t when adaptive)
+        coins = spec.cohort_mask(values, cohort_lib.cohort_coins(k_sample, n, spec.sampling))
+        params = spec.view(values)               # the params (a dict with C_t, noise state)
         if masked:
             ids = jnp.arange(n, dtype=jnp.int32)
             sums = train_sum(k_train, params, source, None, ids, coins, extras)
@@ -82,6 +82,8 @@ def make_fused_rounds(train_sum: Callable, server: Callable, spec, num_agents: i
                                          (jnp.int32(0), zero))
         new_view, metrics = server(k_noise, params, sums)
         out = {**values, **spec.unview(new_view)}
+        if spec.correlated:
+            out["round"] = values["round"] + 1
         if participation:
             out["participation"] = values["participation"] + coins.astype(jnp.int32)
         return out, metrics

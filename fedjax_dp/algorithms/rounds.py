@@ -29,11 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.calls import resolve_capacity
 from fedjax_dp.algorithms.fused_rounds import add_trees, make_fused_rounds
+from fedjax_dp.algorithms.round_spec import RoundSpec
 from fedjax_dp.core import (AGENTS, StackedData, for_each_agent, for_each_agent_sum, is_on_host,
                             rng, validation)
 from fedjax_dp.core import cohort as cohort_lib
@@ -42,6 +44,7 @@ from fedjax_dp.core.lift import resolve_chunk_size, training_bytes
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import adaptive_clip as adaptive_lib
 from fedjax_dp.privacy import clipping, mechanisms
+from fedjax_dp.privacy import correlated_noise as correlated_lib
 from fedjax_dp.privacy import secagg as secagg_lib
 from fedjax_dp.privacy import secagg_masks
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
@@ -76,70 +79,6 @@ def local_sgd_update(model: Model, local: LocalTrainConfig) -> Callable:
     return agent
 
 
-@dataclasses.dataclass(frozen=True)
-class RoundSpec:
-    """What one federated-averaging round does with the agents' updates.
-
-    sampling: how the round's participants are drawn (:class:`fedjax_dp.core.cohort.Sampling`).
-    clip_norm: clip each agent's update to this global L2 norm S (None: no clipping).
-    noise_multiplier: z; the Gaussian mechanism on the *sum* of updates adds N(0, (z S)^2 I)
-      once per round (:func:`fedjax_dp.privacy.mechanisms.gaussian_mechanism`, sensitivity S;
-      0: no noise). The private algorithms' ledgers read this spec (the mechanism's own object).
-    noise_sensitivity: the S the noise is scaled to where it is not ``clip_norm`` (an audit's
-      no-clip weakening keeps the noise of the clip it drops); None: ``clip_norm``.
-    denominator: ``'sampled'`` divides the sum by the realised number of participants
-      (FedAvg; the voting-dpfl paper's Algorithm 1), ``'expected'`` by the fixed q*N or C
-      (McMahan et al. 2018's fixed-denominator estimator, needed for DP-FedAvg's guarantee).
-    secagg: None (the plain sum) or secure aggregation of the clipped updates
-      (:func:`fedjax_dp.privacy.secagg_masks.secure_tree_sum`); needs ``clip_norm`` (the range).
-    adaptive: None (the clip is ``clip_norm`` every round) or adaptive clipping
-      (:mod:`fedjax_dp.privacy.adaptive_clip`): ``clip_norm`` is C_0, the run's values carry C_t
-      (``"clip_norm"``), the agents also sum their centred unclipped bits, and
-      ``noise_multiplier`` is the round's combined z (the updates get z_Delta, the count sigma_b).
-    """
-
-    sampling: cohort_lib.Sampling
-    server_lr: float
-    clip_norm: float | None = None
-    noise_multiplier: float = 0.0
-    noise_sensitivity: float | None = None
-    denominator: str = "sampled"
-    secagg: secagg_lib.SecAggConfig | None = None
-    diagnostics: bool = True        # False: the server reports no metrics (see Config)
-    adaptive: adaptive_lib.AdaptiveClip | None = None
-
-    def view(self, values: dict) -> Any:
-        """What a round reads from the run's values: the params, or ``(params, C_t)``."""
-        return (values["params"], values["clip_norm"]) if self.adaptive else values["params"]
-
-    def unview(self, view: Any) -> dict:
-        """The values a round's result ``view`` sets (:meth:`view`'s inverse)."""
-        return ({"params": view[0], "clip_norm": view[1]} if self.adaptive
-                else {"params": view})
-
-    def init_values(self, params: Params) -> dict:
-        """The run's first values: the params, and C_0 = ``clip_norm`` when adaptive."""
-        return self.unview((params, jnp.float32(self.clip_norm)) if self.adaptive else params)
-
-    def sum_noise_multiplier(self, num_agents: int) -> float:
-        """The updates' noise multiplier: z, or z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2 when
-        adaptive (:func:`fedjax_dp.privacy.adaptive_clip.update_noise_multiplier`)."""
-        if self.adaptive is None:
-            return self.noise_multiplier
-        return adaptive_lib.update_noise_multiplier(
-            self.noise_multiplier, self.adaptive.count_std(self.sampling.expected(num_agents)))
-
-    @property
-    def l2_sensitivity(self) -> float | None:
-        """S, the L2 sensitivity the noise is scaled to (``noise_sensitivity`` or ``clip_norm``)."""
-        return self.clip_norm if self.noise_sensitivity is None else self.noise_sensitivity
-
-    @property
-    def noise_std(self) -> float:
-        """The std of the noise on the sum, ``z S`` (0 without noise)."""
-        return self.noise_multiplier * self.l2_sensitivity if self.noise_multiplier else 0.0
-
-
 @functools.lru_cache(maxsize=64)
 def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *,
                      chunk_size: int | None = None, mesh=None) -> tuple[Callable, Callable,
@@ -163,12 +102,14 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
     axes = (0, None, 0, 0, 0, 0, 0)
     adaptive = spec.adaptive
     z_sum = spec.sum_noise_multiplier(num_agents)
-    count_std = adaptive.count_std(spec.sampling.expected(num_agents)) if adaptive else 0.0
+    count_std = adaptive.count_std(spec.expected_cohort(num_agents)) if adaptive else 0.0
+    correlated = spec.correlated
 
     def clipped_update(key, view, x, y, mask, count, extras):
         """One agent's contribution to the sum: its update Delta (clipped) and its metrics;
-        adaptive: ``view = (params, C_t)`` and the contribution ``(Delta, b - 1/2)``."""
-        params, clip = view if adaptive else (view, spec.clip_norm)
+        adaptive: ``view["clip_norm"]`` is C_t and the contribution ``(Delta, b - 1/2)``."""
+        params, clip = ((view["params"], view["clip_norm"]) if adaptive else
+                        (view["params"] if correlated else view, spec.clip_norm))
         local_params, metrics = agent_update(key, params, x, y, mask, count, extras)
         delta = jax.tree.map(jnp.subtract, local_params, params)
         norm = optax.tree.norm(delta)
@@ -218,13 +159,19 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
 
     def server(k_noise, view, sums):
         total, metric_sums, num_sampled = sums
-        params, clip = view if adaptive else (view, spec.l2_sensitivity)
+        params, clip = ((view["params"], view["clip_norm"]) if adaptive else
+                        (view["params"] if correlated else view, spec.l2_sensitivity))
         if adaptive:
             total, centred = total
-        if z_sum > 0:
+        if correlated:                        # z S (C^-1 Z)_t, streamed (correlated_noise)
+            flat, unravel = ravel_pytree(total)
+            noise, noise_state = correlated_lib.next_noise(correlated, k_noise,
+                                                           view["noise_state"], flat.size)
+            total = unravel(flat + (z_sum * clip) * noise)
+        elif z_sum > 0:
             total = mechanisms.gaussian_mechanism(k_noise, total, clip, z_sum)
         if spec.denominator == "expected":
-            denom = spec.sampling.expected(num_agents)
+            denom = spec.expected_cohort(num_agents)
         else:
             denom = jnp.maximum(num_sampled, 1.0)
         new_params = jax.tree.map(lambda g, s: g + spec.server_lr * s / denom, params, total)
@@ -237,8 +184,14 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
             new_clip, fraction = adaptive_lib.next_clip_norm(k_noise, clip, centred, denom,
                                                              count_std, adaptive)
             metrics = {**metrics, "clip_norm": clip, "unclipped_fraction": fraction}
-            return (new_params, new_clip), metrics
-        return new_params, metrics
+        if spec.server_keys == ("params",):
+            return new_params, metrics
+        out = {"params": new_params}
+        if adaptive:
+            out["clip_norm"] = new_clip
+        if correlated:
+            out["noise_state"] = noise_state
+        return out, metrics
 
     def fused(k_train, k_noise, params, source, rows, ids, valid, extras):
         return server(k_noise, params, train_sum(k_train, params, source, rows, ids, valid,
@@ -314,6 +267,10 @@ class RoundRunner:
         self.participation = participation
         self.capacity = resolve_capacity(rounds_per_call)
         self.fusable = mesh is None and not is_on_host(agents)
+        if spec.correlated and not self.fusable:
+            raise ValueError("algorithm.noise (correlated across rounds) runs on the fused device "
+                             "path: device-resident agents without a mesh (run.agents_on = "
+                             "\"device\", one device)")
         train_sum, server, _ = self.parts
         self.fused = make_fused_rounds(train_sum, server, spec, n, self.plan.pass_size,
                                        cohort == "masked", participation, self.capacity) \
@@ -428,12 +385,15 @@ class Context:
 
 
 def init_rounds(key: jax.Array, data: api.FederatedData, model: Model, local: LocalTrainConfig,
-                spec: RoundSpec, runtime: api.Runtime = api.Runtime()) -> api.State:
-    """State of a round-based averaging run: ``values = {"params": model.init(split(key)[0])}``."""
+                spec: RoundSpec, runtime: api.Runtime = api.Runtime(), *,
+                agent_update: Callable | None = None, extras: Any = None) -> api.State:
+    """State of a round-based averaging run: ``values = {"params": model.init(split(key)[0])}``
+    (and :meth:`RoundSpec.init_values`'s). ``agent_update`` / ``extras``: as
+    :class:`RoundRunner`'s (default: local SGD, none)."""
     check_trainable(data.agents)
     spec.sampling.check(data.num_agents)
     params = model.init(api.init_key(key))
-    expected = max(1, math.ceil(spec.sampling.expected(data.num_agents)))
+    expected = max(1, math.ceil(spec.expected_cohort(data.num_agents)))
     chunk_size = resolve_chunk_size(runtime.chunk_size, num_agents=expected,
                                     bytes_per_agent=training_bytes(params, expected))
     drivers = lambda: {"train.batch_size": local.batch_size,  # noqa: E731 (named on refusal)
@@ -441,8 +401,9 @@ def init_rounds(key: jax.Array, data: api.FederatedData, model: Model, local: Lo
                        **memory.model_driver(model, params)}
     round_fn = RoundRunner(model, local, spec, data.agents, chunk_size=chunk_size,
                            mesh=runtime.mesh, cohort=runtime.cohort, memory_drivers=drivers,
-                           rounds_per_call=runtime.rounds_per_call)
-    return api.State(step=0, values=spec.init_values(params),
+                           rounds_per_call=runtime.rounds_per_call, agent_update=agent_update,
+                           extras=extras)
+    return api.State(step=0, values=spec.init_values(params, key, data.num_agents),
                      context=Context(agents=data.agents, model=model, round_fn=round_fn))
 
 

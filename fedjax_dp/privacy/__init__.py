@@ -4,7 +4,8 @@ the shuffle-DP binomial vector sum (``shuffle``) and its exact PLD (``shuffle_ac
 aggregation in Z_{2^32} (:mod:`fedjax_dp.privacy.secagg`, ``secagg_shares``, ``secagg_masks``).
 
 Builds on :mod:`fedjax_dp.core` only; it never trains and knows no algorithm."""
-from fedjax_dp.privacy import (accounting, adaptive_clip, batch_selection, calibration, clipping, ledger,
+from fedjax_dp.privacy import (accounting, adaptive_clip, batch_selection, calibration, clipping,
+                               correlated_noise, ledger,
                                mechanisms, noise, private_grad, shuffle, shuffle_accounting)
 from fedjax_dp.privacy import secagg, secagg_masks, secagg_shares
 from fedjax_dp.privacy.secagg import SecAggConfig

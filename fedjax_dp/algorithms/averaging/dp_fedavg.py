@@ -30,6 +30,14 @@ sensitivity 1/2) that steers C_t to the target quantile; ``noise_multiplier`` is
 unchanged (both releases are one Gaussian mechanism on one sampled cohort; relation and unit as
 above, sensitivity C_t per round, and 2 C_t for fixed-size cohorts).
 
+Correlated noise (``noise = {kind = "banded_mf", bands = b}`` or ``{kind = "blt", min_sep = b}``;
+:mod:`fedjax_dp.privacy.correlated_noise`, strategies from jax-privacy): round t adds
+``z S (C^-1 Z)_t`` instead of fresh noise, and Poisson-samples (rate q) only the agents of group
+``t mod b`` (each agent's group independent and uniform, so the expected cohort is q N / b).
+Relation and unit as above; the event is jax-privacy's amplified banded MF event
+``SelfComposed(PoissonSampled(q, Gaussian(z)), ceil(T / b))`` (banded_mf) or
+``Gaussian(z / s)`` with s the BLT's b-min-sep sensitivity (blt). Poisson sampling only.
+
 Secure aggregation (``aggregation = "secagg"``, :mod:`fedjax_dp.privacy.secagg_masks`): each
 pass's sum of clipped updates is computed by pairwise masking in fixed point, equal to the plain
 sum up to ``M 2^-(f+1)`` per coordinate (M agents); the server still adds the noise (central DP).
@@ -50,6 +58,7 @@ from fedjax_dp.core import validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, secagg
 from fedjax_dp.privacy import adaptive_clip as adaptive_lib
+from fedjax_dp.privacy import correlated_noise as correlated_lib
 
 RELATION = "add/remove one agent's entire local dataset"
 RELATION_FIXED = "replace one agent's entire local dataset"
@@ -73,8 +82,15 @@ class Config(fedavg.Config, secagg.SecAggOptions):
     # adaptive clipping (Andrew et al. 2021): None / false, true (the paper's defaults) or a
     # table of privacy.adaptive_clip.OPTIONS; clip_norm is then the first round's clip C_0
     adaptive_clip: adaptive_lib.AdaptiveClip | None = None
+    # noise across rounds: "independent" (fresh each round) or a correlated strategy table,
+    # {kind = "banded_mf", bands = b} / {kind = "blt", min_sep = b} (privacy.correlated_noise)
+    noise: correlated_lib.CorrelatedNoise | None = None
 
-    FIELDS = {"adaptive_clip": validation.Custom(
+    FIELDS = {"noise": validation.Custom(
+                  correlated_lib.parse, bad=(3, {"kind": "tree"}, {"kind": "banded_mf"},
+                                             {"kind": "banded_mf", "bands": 0},
+                                             {"kind": "blt", "bands": 2})),
+              "adaptive_clip": validation.Custom(
                   adaptive_lib.parse, bad=(3, "x", {"target_quantile": 1.5},
                                            {"learning_rate": 0}, {"count_noise": -1},
                                            {"quantile": 0.5})),
@@ -85,6 +101,13 @@ class Config(fedavg.Config, secagg.SecAggOptions):
     def __post_init__(self):
         super().__post_init__()            # checks every field (validation.check_config)
         self.check_aggregation()
+        if self.noise is not None:
+            object.__setattr__(self, "noise", correlated_lib.check_rounds(
+                "algorithm.noise", self.noise, self.rounds))
+            if self.sampling != "poisson" or self.adaptive_clip is not None:
+                raise ValueError("algorithm.noise (correlated) needs algorithm.sampling = "
+                                 "\"poisson\" and no algorithm.adaptive_clip (their analyses "
+                                 "are not composed here)")
         if self.adaptive_clip is not None and self.noise_multiplier > 0 and \
                 self.adaptive_clip.count_noise is not None:  # the paper's default: with N
             adaptive_lib.update_noise_multiplier(self.noise_multiplier,
@@ -98,7 +121,8 @@ def round_spec(config: Config) -> fedavg.RoundSpec:
     return fedavg.RoundSpec(sampling=config.participation, server_lr=config.server_lr,
                             clip_norm=config.clip_norm, noise_multiplier=config.noise_multiplier,
                             denominator=config.denominator, secagg=config.secagg,
-                            diagnostics=config.diagnostics, adaptive=config.adaptive_clip)
+                            diagnostics=config.diagnostics, adaptive=config.adaptive_clip,
+                            correlated=config.noise)
 
 
 DESCRIPTION = "DP-FedAvg, agent-level DP (McMahan et al. 2018)"
@@ -128,6 +152,8 @@ def dp_event(config: Config, num_agents: int | None = None):
     Gaussian(sigma / 2)), T)`` (sensitivity 2S under replace-one). sigma is the noise multiplier
     of the round's mechanism (:func:`round_spec`), the object the run's server uses."""
     z = round_spec(config).noise_multiplier
+    if config.noise is not None:
+        return correlated_lib.dp_event(config.noise, z, config.sampling_rate)
     if config.sampling == "fixed":
         if num_agents is None:
             raise ValueError("num_agents is needed to account fixed-size sampling (C of N)")
@@ -144,6 +170,11 @@ def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
     Fixed-size sampling needs the number of agents N: from ``state`` (the run's agents)."""
     out = PrivacyLedger()
     note = "" if config.adaptive_clip is None else ADAPTIVE_NOTE
+    if config.noise is not None:
+        note = (f"noise correlated across rounds ({config.noise.kind}, b = {config.noise.cycle}, "
+                f"T = {config.rounds}): round t adds z S (C^-1 Z)_t and samples group t mod b "
+                f"with rate q; the whole run is one (amplified) matrix mechanism, its event "
+                f"jax-privacy's")
     if config.sampling == "fixed":
         n = None if state is None else state.context.agents.num_agents
         out.add_event("agent", dp_event(config, n), relation=RELATION_FIXED,
