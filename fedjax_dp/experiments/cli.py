@@ -210,14 +210,49 @@ def _cmd_audit(args) -> int:
     from fedjax_dp.algorithms import registry
     from fedjax_dp.audit import audit
     registry.algorithms()                    # imports every family: their audit harnesses register
+    if args.mechanism == "run":
+        print(json.dumps(_audit_run(args), indent=2))
+        return 0
+    if args.config is not None:
+        raise ValueError("--config goes with the mechanism \"run\" (fedjax-dp audit run "
+                         "--config CONFIG --canaries M)")
     params = {name: getattr(args, name) for name in AUDIT_PARAMS
               if getattr(args, name) is not None}
     if "clip" in params:
         params["clip_norm"] = params.pop("clip")
-    result = audit(args.mechanism, trials=args.trials, delta=args.delta, seed=args.seed,
+    result = audit(args.mechanism, trials=args.trials,
+                   delta=1e-5 if args.delta is None else args.delta, seed=args.seed,
                    confidence=args.confidence, weaken=args.weaken, **params)
     print(json.dumps(result.to_json(), indent=2))
     return 0
+
+
+def _audit_run(args) -> dict:
+    """``fedjax-dp audit run --config CONFIG``: the one-run audit of the config's run, canary
+    agents inserted (:mod:`fedjax_dp.audit.one_run`), its lower bound beside the ledger's."""
+    from fedjax_dp.audit import one_run
+    from fedjax_dp.experiments import config as config_lib
+    from fedjax_dp.experiments import runner
+    if args.config is None:
+        raise ValueError("fedjax-dp audit run needs --config CONFIG (a run config)")
+    config = config_lib.load(args.config, args.set)
+    plan = runner.plan(config)
+    name = config["algorithm"]["name"]
+    if name not in one_run.RUN_AUDITS:
+        raise ValueError(f"algorithm.name = {name!r} has no one-run audit; one of "
+                         f"{sorted(one_run.RUN_AUDITS)}")
+    delta = config["privacy"]["delta"] if args.delta is None else args.delta
+    accountant = args.accountant or config["privacy"]["accountants"][0]
+    if args.canaries < 2 or not 0 < args.significance < 1:
+        raise ValueError(f"--canaries must be >= 2 and --significance in (0, 1), got "
+                         f"{args.canaries} and {args.significance}")
+    s = runner.setup(config)
+    scores = one_run.RUN_AUDITS[name](s.key, s.fed, s.model, plan.algorithm_config,
+                                      canaries=args.canaries,
+                                      canary_scale=args.canary_scale or 1.0, delta=delta,
+                                      accountant=accountant)
+    return {"config": str(args.config), "algorithm": name,
+            **one_run.report(scores, significance=args.significance)}
 
 
 def _cmd_plot(args) -> int:
@@ -462,9 +497,18 @@ def build_parser() -> argparse.ArgumentParser:
     # no import of fedjax_dp.audit (the parser stays JAX-free): audit() checks the mechanism
     aud = sub.add_parser("audit", help="empirical epsilon lower bound vs its claim (docs/audit.md)")
     aud.add_argument("mechanism", help="gaussian-vote, fedkt-laplace, dp-sgd-step, "
-                     "dp-fedavg-round, isrl-upload or sdp-upload")
+                     "dp-fedavg-round, isrl-upload or sdp-upload; or \"run\": the one-run "
+                     "audit of --config's run with canary agents")
     aud.add_argument("--trials", type=int, default=100_000, help="runs per world (D and D')")
-    aud.add_argument("--delta", type=float, default=1e-5)
+    aud.add_argument("--delta", type=float, default=None,
+                     help="default 1e-5 (run: the config's privacy.delta)")
+    aud.add_argument("--config", default=None, help="run: the run config audited")
+    aud.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="run: override a config value")
+    aud.add_argument("--canaries", type=int, default=1000,
+                     help="run: canary agents, each included with probability 1/2")
+    aud.add_argument("--significance", type=float, default=0.05,
+                     help="run: the lower bound holds with probability 1 - significance")
     aud.add_argument("--seed", type=int, default=0)
     aud.add_argument("--confidence", type=float, default=0.95)
     aud.add_argument("--weaken", choices=("halve-noise", "no-clip"), default=None,
