@@ -160,3 +160,27 @@ def test_fedkt_run_writes_votes_and_account_command_reproduces_its_epsilons(tmp_
         got = row["data_dependent"]["rdp"] if g["data_dependent"] else \
             row["data_independent"][g["accountant"]]
         assert got == pytest.approx(g["epsilon"], rel=1e-9), g
+
+
+@pytest.mark.parametrize("setting, check", [
+    ("algorithm.adaptive_clip={target_quantile=0.5, learning_rate=0.3, count_noise=3.0}",
+     "adaptive"),
+    ('algorithm.noise={kind="banded_mf", bands=3}', "banded_mf"),
+])
+def test_run_with_the_newer_mechanisms(tmp_path, capsys, setting, check):
+    """Adaptive clipping and correlated noise from the command line: the history carries C_t,
+    the ledger the amplified banded MF event (SelfComposed over ceil(T / b) participations)."""
+    argv = ["run", str(DP_CONFIG), "--out", str(tmp_path), "--set", setting]
+    for s in SMALL:
+        argv += ["--set", s]
+    code, out, err = _run(capsys, argv)
+    assert code == 0, err
+    result = json.loads((tmp_path / "result.json").read_text())
+    entry = result["privacy"][0]
+    if check == "adaptive":
+        clips = [h["clip_norm"] for h in result["history"]]
+        assert clips[0] == pytest.approx(1.0) and len(set(clips)) == 3
+        assert "unclipped count" in entry["notes"][0]
+    else:
+        event = accounting.event_from_json(entry["events"][0])
+        assert event.count == 1 and event.event.sampling_probability == 0.3   # ceil(3 / 3)
