@@ -80,6 +80,24 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_one(tmp_path, monkeypat
     assert [r["round"] for r in resumed["history"]] == list(range(1, ROUNDS + 1))
 
 
+@pytest.mark.parametrize("extra", [
+    {"adaptive_clip": {"target_quantile": 0.5, "learning_rate": 0.3, "count_noise": 2.0}},
+    {"noise": {"kind": "banded_mf", "bands": 2}}], ids=["adaptive_clip", "banded_mf"])
+def test_killed_and_resumed_with_server_state(tmp_path, monkeypatch, extra):
+    """DP-FedAvg whose rounds carry server state besides the model (C_t; the noise stream's
+    buffers, round counter and participation groups): resumed == uninterrupted."""
+    raw = {**BASE, "algorithm": {"name": "dp_fedavg", "rounds": ROUNDS,
+                                 **ALGORITHMS["dp_fedavg"], **extra}}
+    cfg = config_lib.resolve(raw)
+    whole = runner.run(cfg, tmp_path / "whole")
+    with monkeypatch.context() as m:
+        _killed_after(m, 3)
+        with pytest.raises(Killed):
+            runner.run(cfg, tmp_path / "killed")
+    resumed = runner.run(cfg, tmp_path / "killed", resume=True)
+    _same_run(resumed, whole)
+
+
 def test_cli_resume_refuses_other_configs_corruption_and_finished_runs(tmp_path, monkeypatch,
                                                                        capsys):
     cfg = _config("dp_fedavg")
