@@ -46,6 +46,10 @@ class RoundSpec:
       (:mod:`fedjax_dp.privacy.correlated_noise`): round t adds ``z S (C^-1 Z)_t``, streamed from
       the run's values (``"noise_state"``), and Poisson-samples only the agents of group
       ``t mod b`` (``"cohort_group" [N]``, ``"round"``); fused device path only.
+    weight_cap: None (every agent's update counts once) or w-hat: agent i's clipped update is
+      weighted by ``w_i = min(n_i / w-hat, 1)`` (n_i its records; McMahan et al. 2018's capped
+      weights), so the sensitivity stays S; the expected denominator is then q W with
+      ``total_weight`` W = sum_i w_i over the population (set by ``init_rounds``).
     """
 
     sampling: cohort_lib.Sampling
@@ -58,6 +62,8 @@ class RoundSpec:
     diagnostics: bool = True        # False: the server reports no metrics (see Config)
     adaptive: adaptive_lib.AdaptiveClip | None = None
     correlated: correlated_lib.CorrelatedNoise | None = None
+    weight_cap: float | None = None
+    total_weight: float | None = None
 
     @property
     def server_keys(self) -> tuple[str, ...]:
@@ -95,7 +101,23 @@ class RoundSpec:
     def expected_cohort(self, num_agents: int) -> float:
         """m: the expected cohort size, q N (or C), over b for cyclic groups (correlated)."""
         m = self.sampling.expected(num_agents)
+        if self.weight_cap is not None:             # E[sum of the cohort's weights]: q W
+            m = m * self.total_weight / num_agents
         return m / self.correlated.cycle if self.correlated else m
+
+    def weight(self, count: jax.Array) -> jax.Array:
+        """An agent's weight ``min(n_i / w-hat, 1)`` (1 without ``weight_cap``)."""
+        if self.weight_cap is None:
+            return jnp.float32(1.0)
+        return jnp.minimum(count.astype(jnp.float32) / self.weight_cap, 1.0)
+
+    def with_weights(self, counts) -> "RoundSpec":
+        """The spec with ``total_weight`` W = sum_i min(n_i / w-hat, 1) of a population's
+        record counts ``[N]`` (unchanged without ``weight_cap``)."""
+        if self.weight_cap is None:
+            return self
+        w = np.minimum(np.asarray(counts, np.float64) / self.weight_cap, 1.0)
+        return dataclasses.replace(self, total_weight=float(w.sum()))
 
     def cohort_mask(self, values: dict, coins: jax.Array) -> jax.Array:
         """The round's coins ``[N]`` restricted to group ``round mod b`` when correlated."""

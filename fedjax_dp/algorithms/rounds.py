@@ -116,6 +116,9 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
         metrics = {**metrics, "mean_update_norm": norm}
         if clip is not None:
             delta = clipping.clip_by_global_norm(delta, clip)[0]
+        if spec.weight_cap is not None:           # capped record weight: norm still <= S
+            w = spec.weight(count)
+            delta = jax.tree.map(lambda d: d * w, delta)
         if adaptive:
             return (delta, adaptive_lib.centred_unclipped(norm, clip)), metrics
         return delta, metrics
@@ -392,6 +395,7 @@ def init_rounds(key: jax.Array, data: api.FederatedData, model: Model, local: Lo
     :class:`RoundRunner`'s (default: local SGD, none)."""
     check_trainable(data.agents)
     spec.sampling.check(data.num_agents)
+    spec = spec.with_weights(data.agents.counts)
     params = model.init(api.init_key(key))
     expected = max(1, math.ceil(spec.expected_cohort(data.num_agents)))
     chunk_size = resolve_chunk_size(runtime.chunk_size, num_agents=expected,

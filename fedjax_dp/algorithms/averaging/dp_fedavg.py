@@ -38,6 +38,11 @@ Relation and unit as above; the event is jax-privacy's amplified banded MF event
 ``SelfComposed(PoissonSampled(q, Gaussian(z)), ceil(T / b))`` (banded_mf) or
 ``Gaussian(z / s)`` with s the BLT's b-min-sep sensitivity (blt). Poisson sampling only.
 
+Agents with different numbers of records (``weight_cap = w``): agent i's clipped update is
+weighted ``min(n_i / w, 1)`` and the sum divided by the fixed ``q W``, ``W = sum_i min(n_i / w,
+1)`` (McMahan et al. 2018's capped weights); every weight is at most 1, so the sensitivity (S)
+and the event are those above, whatever n_i.
+
 Secure aggregation (``aggregation = "secagg"``, :mod:`fedjax_dp.privacy.secagg_masks`): each
 pass's sum of clipped updates is computed by pairwise masking in fixed point, equal to the plain
 sum up to ``M 2^-(f+1)`` per coordinate (M agents); the server still adds the noise (central DP).
@@ -85,8 +90,12 @@ class Config(fedavg.Config, secagg.SecAggOptions):
     # noise across rounds: "independent" (fresh each round) or a correlated strategy table,
     # {kind = "banded_mf", bands = b} / {kind = "blt", min_sep = b} (privacy.correlated_noise)
     noise: correlated_lib.CorrelatedNoise | None = None
+    # client-level weighting by records: None (every agent once) or w-hat, each update weighted
+    # min(n_i / w-hat, 1) (McMahan et al. 2018); needs denominator = "expected"
+    weight_cap: float | None = None
 
-    FIELDS = {"noise": validation.Custom(
+    FIELDS = {"weight_cap": validation.Float(0.0, low_open=True, optional=True),
+              "noise": validation.Custom(
                   correlated_lib.parse, bad=(3, {"kind": "tree"}, {"kind": "banded_mf"},
                                              {"kind": "banded_mf", "bands": 0},
                                              {"kind": "blt", "bands": 2})),
@@ -101,6 +110,9 @@ class Config(fedavg.Config, secagg.SecAggOptions):
     def __post_init__(self):
         super().__post_init__()            # checks every field (validation.check_config)
         self.check_aggregation()
+        if self.weight_cap is not None and self.denominator != "expected":
+            raise ValueError("algorithm.weight_cap needs algorithm.denominator = \"expected\" "
+                             "(the fixed q W of McMahan et al. 2018's weighted estimator)")
         if self.noise is not None:
             object.__setattr__(self, "noise", correlated_lib.check_rounds(
                 "algorithm.noise", self.noise, self.rounds))
@@ -122,7 +134,7 @@ def round_spec(config: Config) -> fedavg.RoundSpec:
                             clip_norm=config.clip_norm, noise_multiplier=config.noise_multiplier,
                             denominator=config.denominator, secagg=config.secagg,
                             diagnostics=config.diagnostics, adaptive=config.adaptive_clip,
-                            correlated=config.noise)
+                            correlated=config.noise, weight_cap=config.weight_cap)
 
 
 DESCRIPTION = "DP-FedAvg, agent-level DP (McMahan et al. 2018)"
@@ -170,8 +182,15 @@ def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
     Fixed-size sampling needs the number of agents N: from ``state`` (the run's agents)."""
     out = PrivacyLedger()
     note = "" if config.adaptive_clip is None else ADAPTIVE_NOTE
+    if config.weight_cap is not None:
+        note = ((note + "; ") if note else "") + (
+            f"client-level with unequal records: agent i's clipped update is weighted "
+            f"min(n_i / {config.weight_cap:g}, 1) <= 1, so the sensitivity stays S whatever n_i; "
+            f"divided by the fixed q W, W = sum_i min(n_i / {config.weight_cap:g}, 1) over the "
+            f"population (McMahan et al. 2018), treated as public")
     if config.noise is not None:
-        note = (f"noise correlated across rounds ({config.noise.kind}, b = {config.noise.cycle}, "
+        note = ((note + "; ") if note else "") + (
+                f"noise correlated across rounds ({config.noise.kind}, b = {config.noise.cycle}, "
                 f"T = {config.rounds}): round t adds z S (C^-1 Z)_t and samples group t mod b "
                 f"with rate q; the whole run is one (amplified) matrix mechanism, its event "
                 f"jax-privacy's")
