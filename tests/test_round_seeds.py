@@ -1,5 +1,5 @@
 """Seeds of FedAvg / DP-FedAvg / DP-FedSGD in one vmapped compiled call per round (the seed
-driver vmapping the fused round, :func:`fedjax_dp.algorithms.rounds.seed_step`) equal the seeds
+driver vmapping the fused round, :func:`fedjax_dp.algorithms.rounds_protocol.seed_step`) equal the seeds
 run one by one: the same cohorts, the same metrics, the same models, the same ledgers."""
 import dataclasses
 

@@ -10,6 +10,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from fedjax_dp.algorithms import round_values
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import defaults as defaults_lib
 
@@ -57,8 +58,9 @@ def make_fused_rounds(train_sum: Callable, server: Callable, spec, num_agents: i
 
     def one_round(values, key, source, extras):
         k_sample, k_train, k_noise = jax.random.split(key, 3)               # round_keys
-        coins = spec.cohort_mask(values, cohort_lib.cohort_coins(k_sample, n, spec.sampling))
-        params = spec.view(values)               # the params (a dict with C_t, noise state)
+        coins = round_values.cohort_mask(spec, values,
+                                         cohort_lib.cohort_coins(k_sample, n, spec.sampling))
+        params = round_values.view(spec, values)               # the params (a dict with C_t, noise state)
         if masked:
             ids = jnp.arange(n, dtype=jnp.int32)
             sums = train_sum(k_train, params, source, None, ids, coins, extras)
@@ -81,7 +83,7 @@ def make_fused_rounds(train_sum: Callable, server: Callable, spec, num_agents: i
             _, sums = jax.lax.while_loop(lambda carry: carry[0] * chunk < m, body,
                                          (jnp.int32(0), zero))
         new_view, metrics = server(k_noise, params, sums)
-        out = {**values, **spec.unview(new_view)}
+        out = {**values, **round_values.unview(spec, new_view)}
         if spec.correlated:
             out["round"] = values["round"] + 1
         if participation:

@@ -32,10 +32,9 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms import api, round_values
 from fedjax_dp.algorithms.calls import resolve_capacity
 from fedjax_dp.algorithms.fused_rounds import add_trees, make_fused_rounds
-from fedjax_dp.algorithms.round_spec import RoundSpec
 from fedjax_dp.core import (AGENTS, StackedData, for_each_agent, for_each_agent_sum, is_on_host,
                             rng, validation)
 from fedjax_dp.core import cohort as cohort_lib
@@ -77,6 +76,89 @@ def local_sgd_update(model: Model, local: LocalTrainConfig) -> Callable:
         return new, {"train_loss": loss}
 
     return agent
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundSpec:
+    """What one federated-averaging round does with the agents' updates.
+
+    sampling: how the round's participants are drawn (:class:`fedjax_dp.core.cohort.Sampling`).
+    clip_norm: clip each agent's update to this global L2 norm S (None: no clipping).
+    noise_multiplier: z; the Gaussian mechanism on the *sum* of updates adds N(0, (z S)^2 I)
+      once per round (:func:`fedjax_dp.privacy.mechanisms.gaussian_mechanism`, sensitivity S;
+      0: no noise). The private algorithms' ledgers read this spec (the mechanism's own object).
+    noise_sensitivity: the S the noise is scaled to where it is not ``clip_norm`` (an audit's
+      no-clip weakening keeps the noise of the clip it drops); None: ``clip_norm``.
+    denominator: ``'sampled'`` divides the sum by the realised number of participants
+      (FedAvg; the voting-dpfl paper's Algorithm 1), ``'expected'`` by the fixed q*N or C
+      (McMahan et al. 2018's fixed-denominator estimator, needed for DP-FedAvg's guarantee).
+    secagg: None (the plain sum) or secure aggregation of the clipped updates
+      (:func:`fedjax_dp.privacy.secagg_masks.secure_tree_sum`); needs ``clip_norm`` (the range).
+    adaptive: None (the clip is ``clip_norm`` every round) or adaptive clipping
+      (:mod:`fedjax_dp.privacy.adaptive_clip`): ``clip_norm`` is C_0, the run's values carry C_t
+      (``"clip_norm"``), the agents also sum their centred unclipped bits, and
+      ``noise_multiplier`` is the round's combined z (the updates get z_Delta, the count sigma_b).
+    correlated: None (fresh noise each round) or noise correlated across rounds
+      (:mod:`fedjax_dp.privacy.correlated_noise`): round t adds ``z S (C^-1 Z)_t``, streamed from
+      the run's values (``"noise_state"``), and Poisson-samples only the agents of group
+      ``t mod b`` (``"cohort_group" [N]``, ``"round"``); fused device path only.
+    weight_cap: None (every agent's update counts once) or w-hat: agent i's clipped update is
+      weighted by ``w_i = min(n_i / w-hat, 1)`` (n_i its records; McMahan et al. 2018's capped
+      weights), so the sensitivity stays S; the expected denominator is then q W with
+      ``total_weight`` W = sum_i w_i over the population (set by ``init_rounds``).
+    """
+
+    sampling: cohort_lib.Sampling
+    server_lr: float
+    clip_norm: float | None = None
+    noise_multiplier: float = 0.0
+    noise_sensitivity: float | None = None
+    denominator: str = "sampled"
+    secagg: secagg_lib.SecAggConfig | None = None
+    diagnostics: bool = True        # False: the server reports no metrics (see Config)
+    adaptive: adaptive_lib.AdaptiveClip | None = None
+    correlated: correlated_lib.CorrelatedNoise | None = None
+    weight_cap: float | None = None
+    total_weight: float | None = None
+
+    def expected_cohort(self, num_agents: int) -> float:
+        """m: the expected cohort size, q N (or C), over b for cyclic groups (correlated)."""
+        m = self.sampling.expected(num_agents)
+        if self.weight_cap is not None:             # E[sum of the cohort's weights]: q W
+            m = m * self.total_weight / num_agents
+        return m / self.correlated.cycle if self.correlated else m
+
+    def weight(self, count: jax.Array) -> jax.Array:
+        """An agent's weight ``min(n_i / w-hat, 1)`` (1 without ``weight_cap``)."""
+        if self.weight_cap is None:
+            return jnp.float32(1.0)
+        return jnp.minimum(count.astype(jnp.float32) / self.weight_cap, 1.0)
+
+    def with_weights(self, counts) -> "RoundSpec":
+        """The spec with ``total_weight`` W = sum_i min(n_i / w-hat, 1) of a population's
+        record counts ``[N]`` (unchanged without ``weight_cap``)."""
+        if self.weight_cap is None:
+            return self
+        w = np.minimum(np.asarray(counts, np.float64) / self.weight_cap, 1.0)
+        return dataclasses.replace(self, total_weight=float(w.sum()))
+
+    def sum_noise_multiplier(self, num_agents: int) -> float:
+        """The updates' noise multiplier: z, or z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2 when
+        adaptive (:func:`fedjax_dp.privacy.adaptive_clip.update_noise_multiplier`)."""
+        if self.adaptive is None:
+            return self.noise_multiplier
+        return adaptive_lib.update_noise_multiplier(
+            self.noise_multiplier, self.adaptive.count_std(self.expected_cohort(num_agents)))
+
+    @property
+    def l2_sensitivity(self) -> float | None:
+        """S, the L2 sensitivity the noise is scaled to (``noise_sensitivity`` or ``clip_norm``)."""
+        return self.clip_norm if self.noise_sensitivity is None else self.noise_sensitivity
+
+    @property
+    def noise_std(self) -> float:
+        """The std of the noise on the sum, ``z S`` (0 without noise)."""
+        return self.noise_multiplier * self.l2_sensitivity if self.noise_multiplier else 0.0
 
 
 @functools.lru_cache(maxsize=64)
@@ -187,7 +269,7 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
             new_clip, fraction = adaptive_lib.next_clip_norm(k_noise, clip, centred, denom,
                                                              count_std, adaptive)
             metrics = {**metrics, "clip_norm": clip, "unclipped_fraction": fraction}
-        if spec.server_keys == ("params",):
+        if round_values.server_keys(spec) == ("params",):
             return new_params, metrics
         out = {"params": new_params}
         if adaptive:
@@ -304,8 +386,8 @@ class RoundRunner:
             args = (values, key, self.agents, self.extras)
             self._check_memory(self.fused.one, *args)
             return self.fused.one(*args)
-        view, metrics = self(key, self.spec.view(values))
-        out = {**values, **self.spec.unview(view)}
+        view, metrics = self(key, round_values.view(self.spec, values))
+        out = {**values, **round_values.unview(self.spec, view)}
         if self.participation:
             took_part = jnp.asarray(self.last_indices, jnp.int32)
             out["participation"] = jnp.asarray(values["participation"]).at[took_part].add(1)
@@ -407,55 +489,5 @@ def init_rounds(key: jax.Array, data: api.FederatedData, model: Model, local: Lo
                            mesh=runtime.mesh, cohort=runtime.cohort, memory_drivers=drivers,
                            rounds_per_call=runtime.rounds_per_call, agent_update=agent_update,
                            extras=extras)
-    return api.State(step=0, values=spec.init_values(params, key, data.num_agents),
+    return api.State(step=0, values=round_values.init_values(spec, params, key, data.num_agents),
                      context=Context(agents=data.agents, model=model, round_fn=round_fn))
-
-
-def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
-    """One round (:meth:`RoundRunner.one`) with round key ``key``."""
-    values, metrics = state.context.round_fn.one(dict(state.values), key)
-    return api.State(step=state.step + 1, values=values, context=state.context), metrics
-
-
-def seed_step(state: api.State) -> tuple[Callable, Any, Hashable] | None:
-    """The ``seed_step`` hook: the fused round as a pure function the seed driver vmaps
-    (:meth:`RoundRunner.seed_step`; None on the host driver)."""
-    return state.context.round_fn.seed_step()
-
-
-def rounds_per_call(state: api.State) -> int:
-    """The ``rounds_per_call`` hook: the capacity K of a fused call, 0 where the rounds run on
-    the host (host-resident agents, a mesh)."""
-    runner: RoundRunner = state.context.round_fn
-    return runner.capacity if runner.fusable else 0
-
-
-def multi_step(state: api.State, key: jax.Array, start: int, count: int
-               ) -> tuple[api.State, dict]:
-    """The ``multi_step`` hook: rounds ``start .. start + count - 1`` of the run with root
-    ``key`` in one compiled call (:meth:`RoundRunner.run_rounds`); equal to ``count`` calls of
-    :func:`step` with keys ``api.step_key(key, t)``. Metrics ``[K]``, first ``count`` filled."""
-    if state.step != start:
-        raise ValueError(f"multi_step: the state is after round {state.step}, not {start}")
-    values, metrics = state.context.round_fn.run_rounds(dict(state.values), key, start, count)
-    return api.State(step=start + count, values=values, context=state.context), metrics
-
-
-def prefetch(state: api.State, key: jax.Array) -> None:
-    """Start gathering round ``key``'s cohort while the current round computes (host path)."""
-    state.context.round_fn.prefetch(key)
-
-
-def output(state: api.State) -> api.Output:
-    return api.Output(model=state.context.model, params=state.values["params"])
-
-
-def artifacts(state: api.State, out_dir=None, run_config: dict | None = None) -> dict:
-    """Extra ``result.json`` fields: how the rounds ran (``cohort``: execution, ``fused`` (on
-    the device) or not, chunk / bucket sizes, the fused call's capacity, host pass sizes run)."""
-    runner: RoundRunner = state.context.round_fn
-    return {"cohort": {"execution": runner.mode, "fused": runner.fusable,
-                       "pass_size": runner.plan.pass_size,
-                       "rounds_per_call_capacity": runner.capacity,
-                       "buckets": list(runner.plan.buckets),
-                       "compiled_pass_sizes": list(runner.compiled_pass_sizes)}}

@@ -155,7 +155,7 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     return fedavg.init_rounds(key, data, model, config.local, round_spec(config), runtime)
 
 
-seed_step = fedavg.seed_step              # S seeds: the fused round vmapped (rounds.seed_step)
+seed_step = fedavg.seed_step              # S seeds: the fused round vmapped (rounds_protocol.seed_step)
 
 
 def dp_event(config: Config, num_agents: int | None = None):

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from fedjax_dp.algorithms import api, rounds
+from fedjax_dp.algorithms import api, rounds, rounds_protocol
 from fedjax_dp.algorithms.averaging import dp_fedavg
 from fedjax_dp.audit.one_run import CanaryScores, register_run
 from fedjax_dp.core import StackedData, rng, validation
@@ -83,7 +83,7 @@ def canary_run(key: jax.Array, data: api.FederatedData, model, config: dp_fedavg
                                agent_update=update, extras={"canary": canary_of})
     theta0 = ravel_pytree(state.values["params"])[0]
     for t in range(config.rounds):
-        state, _ = rounds.step(state, api.step_key(k_run, t))
+        state, _ = rounds_protocol.step(state, api.step_key(k_run, t))
     moved = ravel_pytree(state.values["params"])[0] - theta0
     dirs = jax.vmap(lambda j: _direction(k_dir, j, moved.size))(jnp.arange(m))     # [m, d]
     scores = np.asarray(dirs @ moved)

@@ -16,7 +16,7 @@ import dataclasses
 
 import jax
 
-from fedjax_dp.algorithms import api, rounds
+from fedjax_dp.algorithms import api, rounds, rounds_protocol
 from fedjax_dp.core import StackedData, validation
 from fedjax_dp.core.cohort import Sampling
 from fedjax_dp.models import Model
@@ -32,5 +32,5 @@ def one_round(key: jax.Array, parties: StackedData, model: Model, local: LocalTr
     spec = rounds.RoundSpec(sampling=Sampling("poisson", rate=1.0), server_lr=1.0)
     data = api.FederatedData(agents=parties, num_classes=model.num_classes)
     state = rounds.init_rounds(key, data, model, local, spec, api.Runtime(chunk_size=chunk_size))
-    state, _ = rounds.step(state, api.step_key(key, 0))                # the one round
+    state, _ = rounds_protocol.step(state, api.step_key(key, 0))                # the one round
     return accuracy(model, state.values["params"], x_test, y_test)
