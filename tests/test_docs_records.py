@@ -76,7 +76,11 @@ def voting_claims() -> list[tuple[str, str]]:
     knn100 = _row(fair, target_epsilon=1.0, **n100)["cells"]["knn_dpfl"]
     sgd100 = _row(fair, target_epsilon=1.0, **n100)["cells"]["dp_fedsgd"]
     p100 = _p(fair, "dp_fedsgd vs knn_dpfl", target_epsilon=1.0, **n100)
+    fa = [_mean(hard, "dp_fedavg", target_epsilon=e, **big) for e in (1.0, 4.0)]
+    ae = [_mean(hard, "ae_dpfl", target_epsilon=e, **big) for e in (1.0, 4.0)]
     return [
+        ("voting_dpfl.md", f"N = 1,000, {f3(fa[0])} / {f3(fa[1])} against {f3(ae[0])} / "
+                           f"{f3(ae[1])}."),
         ("voting_dpfl.md", f"({crossing} at epsilon 1 / 4; p = {sci(p_big[0])}, "
                            f"{sci(p_big[1])})"),
         ("voting_dpfl.md", f"DP-FedAvg beats AE-DPFL in all {w_fa} mnist5k cells (Welch p < 0.05 "
