@@ -295,25 +295,32 @@ def _is_synopsis(cmd: str) -> bool:
 
 
 def _subparser(parser, words: list[str]):
-    """The argparse parser of ``fedjax-dp WORD [WORD]`` (``account sampled-gaussian``)."""
+    """The argparse parser of ``fedjax-dp WORD [WORD]`` (``account sampled-gaussian``) and the
+    words it consumed; a word after a parser without sub-commands is a positional argument
+    (``audit run``), a word that a parser with sub-commands does not know is not consumed."""
     import argparse
+    used = []
     for word in words:
         actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if not actions or word not in actions[0].choices:
-            return parser
+        if not actions:
+            return parser, used, False
+        if word not in actions[0].choices:
+            return parser, used, True
         parser = actions[0].choices[word]
-    return parser
+        used.append(word)
+    return parser, used, False
 
 
 def check_synopsis(cmd: str) -> None:
     """A synopsis line names real sub-commands and flags of ``fedjax-dp``."""
     words = cmd.split()[1:]
     head = [w for w in words[:2] if re.fullmatch(r"[a-z][a-z-]*", w)]
-    parser = _subparser(cli.build_parser(), head)
+    parser, used, unknown = _subparser(cli.build_parser(), head)
     known = {s for a in parser._actions for s in a.option_strings}
     flags = set(re.findall(r"(--[a-z][a-z-]*)", cmd))
-    assert flags <= known, f"{cmd!r}: {sorted(flags - known)} are not flags of {head}"
-    assert head and parser.prog.endswith(" ".join(head)), f"{cmd!r}: unknown sub-command"
+    assert flags <= known, f"{cmd!r}: {sorted(flags - known)} are not flags of {used}"
+    assert used and not unknown and parser.prog.endswith(" ".join(used)), \
+        f"{cmd!r}: unknown sub-command"
 
 
 #: commands shown in the docs that other tests run (the test that runs each)
@@ -382,6 +389,10 @@ def test_the_shown_command_check_can_fail(tmp_path):
                                     "python tools/slow.py"]
     with pytest.raises(AssertionError, match="--no-such-flag"):
         check_synopsis(cmds[1][0])
+    # a misspelt sub-command of a command that has them; a positional word after one that has not
+    with pytest.raises(AssertionError, match="unknown sub-command"):
+        check_synopsis("fedjax-dp account sampled-gausian")
+    check_synopsis("fedjax-dp audit run --config CONFIG --canaries M")
 
 
 @pytest.mark.slow
