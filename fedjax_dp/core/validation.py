@@ -84,6 +84,15 @@ def check_int(name: str, value: Any, *, minimum: int | None = None,
     return value
 
 
+def check_keys(name: str, table: dict, options, accepts: str) -> None:
+    """Refuse a table's keys outside ``options``, naming each as ``<name>.<key>`` and saying what
+    ``name`` accepts (``accepts``)."""
+    unknown = sorted(set(table) - set(options))
+    if unknown:
+        raise ValueError(f"unknown key(s) {[f'{name}.{k}' for k in unknown]}; {name} accepts "
+                         f"{accepts}")
+
+
 def check_choice(name: str, value: Any, choices: tuple | list) -> Any:
     if value not in choices:
         raise ValueError(f"{name} must be one of {sorted(map(str, choices))}, got {_fmt(value)}")

@@ -171,10 +171,7 @@ def check_spec(name: str, value: Any) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a table such as {{map = \"pca\", dim = 16}} ({{}}: the "
                          f"raw features), got {value!r}")
-    unknown = sorted(set(value) - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown key(s) {[f'{name}.{k}' for k in unknown]}; {name} accepts "
-                         f"{list(OPTIONS)}")
+    validation.check_keys(name, value, OPTIONS, f"{list(OPTIONS)}")
     if not value:
         return {}
     if "map" not in value:

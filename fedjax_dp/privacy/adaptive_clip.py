@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp.core import rng
+from fedjax_dp.core import rng, validation
 
 __all__ = ["AdaptiveClip", "parse", "update_noise_multiplier", "centred_unclipped",
            "next_clip_norm", "OPTIONS"]
@@ -83,10 +83,7 @@ def parse(name: str, value: Any) -> AdaptiveClip | None:
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be true, false or a table of {sorted(OPTIONS)}, "
                          f"got {value!r}")
-    unknown = sorted(set(value) - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown key(s) {[f'{name}.{k}' for k in unknown]}; {name} accepts "
-                         + "; ".join(f"{k}: {v}" for k, v in OPTIONS.items()))
+    validation.check_keys(name, value, OPTIONS, "; ".join(f"{k}: {v}" for k, v in OPTIONS.items()))
     out = {"target_quantile": _number(f"{name}.target_quantile",
                                       value.get("target_quantile", 0.5), 0.0, 1.0),
            "learning_rate": _number(f"{name}.learning_rate", value.get("learning_rate", 0.2),

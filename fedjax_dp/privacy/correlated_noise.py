@@ -39,6 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.core import validation
+
 __all__ = ["CorrelatedNoise", "parse", "KINDS", "strategy_coefs", "sensitivity", "dp_event",
            "init_state", "next_noise"]
 
@@ -78,10 +80,7 @@ def parse(name: str, value: Any) -> CorrelatedNoise | None:
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be \"independent\" or a table such as "
                          f"{{kind = \"banded_mf\", bands = 4}}, got {value!r}")
-    unknown = sorted(set(value) - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown key(s) {[f'{name}.{k}' for k in unknown]}; {name} accepts "
-                         + "; ".join(f"{k}: {v}" for k, v in OPTIONS.items()))
+    validation.check_keys(name, value, OPTIONS, "; ".join(f"{k}: {v}" for k, v in OPTIONS.items()))
     kind = value.get("kind")
     if kind not in KINDS:
         raise ValueError(f"{name}.kind must be one of {list(KINDS)}, got {kind!r}")
