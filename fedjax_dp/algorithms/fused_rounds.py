@@ -82,7 +82,7 @@ def make_fused_rounds(train_sum: Callable, server: Callable, spec, num_agents: i
             # the chunks actually filled: ceil(M / c) of them (none for an empty cohort)
             _, sums = jax.lax.while_loop(lambda carry: carry[0] * chunk < m, body,
                                          (jnp.int32(0), zero))
-        new_view, metrics = server(k_noise, params, sums)
+        new_view, metrics = server(k_noise, params, sums, k_train)
         out = {**values, **round_values.unview(spec, new_view)}
         if spec.correlated:
             out["round"] = values["round"] + 1

@@ -44,6 +44,8 @@ from fedjax_dp.models import Model
 from fedjax_dp.privacy import adaptive_clip as adaptive_lib
 from fedjax_dp.privacy import clipping, mechanisms
 from fedjax_dp.privacy import correlated_noise as correlated_lib
+from fedjax_dp.privacy import distributed_dp as distributed_lib
+from fedjax_dp.privacy import rotation
 from fedjax_dp.privacy import secagg as secagg_lib
 from fedjax_dp.privacy import secagg_masks
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
@@ -106,6 +108,11 @@ class RoundSpec:
       weighted by ``w_i = min(n_i / w-hat, 1)`` (n_i its records; McMahan et al. 2018's capped
       weights), so the sensitivity stays S; the expected denominator is then q W with
       ``total_weight`` W = sum_i w_i over the population (set by ``init_rounds``).
+    distributed: None (the server adds the noise) or distributed discrete noise under secure
+      aggregation (:mod:`fedjax_dp.privacy.distributed_dp`; needs ``secagg`` and a fixed-size
+      cohort): each agent scales, rotates, rounds and noises its update, the pass sums them mod
+      2^b, and the server unwraps the modular sum; ``noise_multiplier`` is then the central
+      equivalent z of the discrete noise (std z S in model units with n_min survivors).
     """
 
     sampling: cohort_lib.Sampling
@@ -120,6 +127,7 @@ class RoundSpec:
     correlated: correlated_lib.CorrelatedNoise | None = None
     weight_cap: float | None = None
     total_weight: float | None = None
+    distributed: distributed_lib.DistributedNoise | None = None
 
     def expected_cohort(self, num_agents: int) -> float:
         """m: the expected cohort size, q N (or C), over b for cyclic groups (correlated)."""
@@ -186,6 +194,15 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
     z_sum = spec.sum_noise_multiplier(num_agents)
     count_std = adaptive.count_std(spec.expected_cohort(num_agents)) if adaptive else 0.0
     correlated = spec.correlated
+    distributed = spec.distributed
+    n_min = distributed.survivors_needed(spec.sampling.size) if distributed else 0
+
+    def distributed_plan(k_train, dim):
+        """The round's plan (scale, noise, norm bound) and public rotation signs ``[d']``,
+        the same for every pass of the round (from ``k_train``'s "rotation" stream)."""
+        plan = distributed_lib.plan(distributed, noise_multiplier=spec.noise_multiplier,
+                                    clip=spec.clip_norm, dim=dim, cohort=spec.sampling.size)
+        return plan, rotation.signs(rng.stream(k_train, "rotation"), dim)
 
     def clipped_update(key, view, x, y, mask, count, extras):
         """One agent's contribution to the sum: its update Delta (clipped) and its metrics;
@@ -238,17 +255,35 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
         # every agent drops independently, its coin from fold_in(k_drop, id) (dp_fedavg's proof)
         alive = (secagg_lib.drop_within(k_drop, valid, spec.secagg.dropout, ids)   # [B]
                  if spec.secagg.dropout else valid)
-        total = secagg_masks.secure_tree_sum(k_mask, deltas, ids, alive, spec.secagg)
+        if distributed:         # each agent's message in Z_2^b; the sum stays modular
+            flat = jax.vmap(lambda t: ravel_pytree(t)[0])(deltas)                # [B, d]
+            plan, sign = distributed_plan(k_train, flat.shape[1])
+            k_client = rng.stream(k_train, "distributed_noise")
+            msgs = jax.vmap(lambda i, x: distributed_lib.client_message(
+                jax.random.fold_in(k_client, i), x, sign, plan, distributed.kind, n_min))(
+                ids, flat)                                                        # [B, d']
+            total = distributed_lib.modular_sum(k_mask, msgs, ids, alive, plan.bits,
+                                                spec.secagg.neighbours)
+        else:
+            total = secagg_masks.secure_tree_sum(k_mask, deltas, ids, alive, spec.secagg)
         return (total, cohort_lib.masked_sum(metrics, alive),
                 jnp.sum(alive.astype(jnp.float32)))
 
-    def server(k_noise, view, sums):
+    def server(k_noise, view, sums, k_train=None):
         total, metric_sums, num_sampled = sums
         params, clip = ((view["params"], view["clip_norm"]) if adaptive else
                         (view["params"] if correlated else view, spec.l2_sensitivity))
         if adaptive:
             total, centred = total
-        if correlated:                        # z S (C^-1 Z)_t, streamed (correlated_noise)
+        released = None
+        if distributed:                       # unwrap the modular sum; abort if M < n_min
+            _, unravel = ravel_pytree(params)
+            dim = sum(int(math.prod(l.shape)) for l in jax.tree.leaves(params))
+            plan, sign = distributed_plan(k_train, dim)
+            released = num_sampled >= n_min
+            flat = jnp.where(released, distributed_lib.server_sum(total, sign, plan, dim), 0.0)
+            total = unravel(flat)
+        elif correlated:                      # z S (C^-1 Z)_t, streamed (correlated_noise)
             flat, unravel = ravel_pytree(total)
             noise, noise_state = correlated_lib.next_noise(correlated, k_noise,
                                                            view["noise_state"], flat.size)
@@ -265,6 +300,8 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
                    **{k: v / seen for k, v in metric_sums.items()}}    # means over the cohort
         if not spec.diagnostics:
             metrics = {}
+        if distributed:                       # public: whether the round was released
+            metrics = {**metrics, "released": released.astype(jnp.float32)}
         if adaptive:      # C_t and the noisy fraction are releases the ledger covers
             new_clip, fraction = adaptive_lib.next_clip_norm(k_noise, clip, centred, denom,
                                                              count_std, adaptive)
@@ -280,7 +317,7 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
 
     def fused(k_train, k_noise, params, source, rows, ids, valid, extras):
         return server(k_noise, params, train_sum(k_train, params, source, rows, ids, valid,
-                                                 extras))
+                                                 extras), k_train)
 
     return jax.jit(train_sum), jax.jit(server), jax.jit(fused)
 
@@ -290,7 +327,7 @@ def check_secagg_range(spec: RoundSpec, rows: int) -> None:
     clipped update is at most ``clip_norm`` in absolute value, so a pass of ``rows`` agents sums
     to at most ``rows * clip_norm`` per coordinate, which must fit the ring
     (:func:`fedjax_dp.privacy.secagg.check_range`)."""
-    if spec.secagg is None:
+    if spec.secagg is None or spec.distributed is not None:   # distributed: the plan's range
         return
     if spec.clip_norm is None:
         raise ValueError("algorithm.aggregation = 'secagg' needs clipped updates (clip_norm): "
@@ -428,7 +465,7 @@ class RoundRunner:
         for p in passes:
             sums = self._run_pass(train_sum, p, k_train, params)
             total = sums if total is None else add_trees(total, sums)
-        return server(k_noise, params, total)
+        return server(k_noise, params, total, k_train)
 
     def _run_pass(self, fn, p: cohort_lib.CohortPass, *head):
         """``fn(*head, source, rows, ids, valid, extras)`` on pass ``p`` (its gathered agents,
@@ -479,6 +516,13 @@ def init_rounds(key: jax.Array, data: api.FederatedData, model: Model, local: Lo
     spec.sampling.check(data.num_agents)
     spec = spec.with_weights(data.agents.counts)
     params = model.init(api.init_key(key))
+    if spec.distributed is not None:          # bits that cannot hold the sum: refused here
+        dim = sum(int(np.prod(l.shape)) for l in jax.tree.leaves(params))
+        try:
+            distributed_lib.plan(spec.distributed, noise_multiplier=spec.noise_multiplier,
+                                 clip=spec.clip_norm, dim=dim, cohort=spec.sampling.size)
+        except ValueError as e:
+            raise ValueError(f"algorithm.distributed_noise: {e}") from None
     expected = max(1, math.ceil(spec.expected_cohort(data.num_agents)))
     chunk_size = resolve_chunk_size(runtime.chunk_size, num_agents=expected,
                                     bytes_per_agent=training_bytes(params, expected))

@@ -139,6 +139,7 @@ class LedgerEntry:
     rdp: tuple[float, ...] = ()
     sensitivity: float | None = None
     note: str = ""
+    dependent: bool = True          # an 'rdp' entry's curve depends on the data (PATE-style)
 
     def __post_init__(self):
         validation.check_choice("kind", self.kind, _KINDS)
@@ -157,7 +158,7 @@ class LedgerEntry:
 
     @property
     def data_dependent(self) -> bool:
-        return self.kind == "rdp"
+        return self.kind == "rdp" and self.dependent
 
     def to_json(self) -> dict:
         out: dict[str, Any] = {"unit": self.unit, "relation": self.relation, "kind": self.kind}
@@ -168,6 +169,8 @@ class LedgerEntry:
         else:
             out["orders"] = list(self.orders)
             out["rdp"] = list(self.rdp)
+            if not self.dependent:
+                out["data_dependent"] = False
         out["sensitivity"] = self.sensitivity
         out["note"] = self.note
         return out
@@ -181,7 +184,8 @@ class LedgerEntry:
                    members=tuple(_member_from_json(e) for e in data.get("members", ())),
                    orders=tuple(float(a) for a in data.get("orders", ())),
                    rdp=tuple(float(r) for r in data.get("rdp", ())),
-                   sensitivity=data.get("sensitivity"), note=data.get("note", ""))
+                   sensitivity=data.get("sensitivity"), note=data.get("note", ""),
+                   dependent=bool(data.get("data_dependent", True)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,8 +330,11 @@ class PrivacyLedger:
             unit, relation, float(event.sensitivity), note)))
 
     def add_rdp(self, unit: str, orders: Sequence[float], rdp: Sequence[float], *,
-                relation: str, note: str = "") -> "PrivacyLedger":
-        """Record a data-dependent RDP vector ``rdp[i] = RDP at orders[i]`` (marked data-dependent).
+                relation: str, note: str = "", data_dependent: bool = True,
+                sensitivity: float | None = None) -> "PrivacyLedger":
+        """Record an RDP vector ``rdp[i] = RDP at orders[i]``: data-dependent (PATE-style, the
+        default) or, with ``data_dependent=False``, a data-independent bound no DpEvent expresses
+        (e.g. distributed discrete noise, :mod:`fedjax_dp.privacy.distributed_accounting`).
 
         Vectors of one unit must share one order grid; they add up (RDP composition)."""
         grid = np.asarray(orders, dtype=np.float64).reshape(-1)
@@ -341,8 +348,8 @@ class PrivacyLedger:
         if np.any(np.isnan(vec)) or np.any(vec < 0):
             raise ValueError(f"rdp must be >= 0 at every order, got {vec.tolist()}")
         return self._append(LedgerEntry(kind="rdp", orders=tuple(grid.tolist()),
-                                        rdp=tuple(vec.tolist()),
-                                        **self._common(unit, relation, None, note)))
+                                        rdp=tuple(vec.tolist()), dependent=bool(data_dependent),
+                                        **self._common(unit, relation, sensitivity, note)))
 
     def declare_uncovered(self, release: str, reason: str) -> "PrivacyLedger":
         """Declare that the run also releases ``release``, which no entry accounts for
@@ -536,19 +543,21 @@ class PrivacyLedger:
             entries = self._entries_for(unit)
             dependent = self.data_dependent(unit)
             with_shuffle = self.has_shuffle(unit)
-            rdp_only = dependent or self.replace_one(unit)
+            curves = any(e.kind == "rdp" for e in entries)     # RDP vectors: RDP only
+            rdp_only = curves or self.replace_one(unit)
             usable = [a for a in accountants if not (rdp_only and a != "rdp")
                       and not (with_shuffle and a != "pld")]
             if not usable:
                 why, need = (("shuffle entries", "pld") if with_shuffle else
                              ("data-dependent RDP", "rdp") if dependent else
+                             ("RDP-curve entries", "rdp") if curves else
                              ("sampling without replacement", "rdp"))
                 raise ValueError(f"accountants {list(accountants)} do not apply to unit "
                                  f"{unit!r} ({why}): include {need!r}")
             for acc in usable:
                 ev = self._evaluate(unit, delta, acc)
                 events: list[dict] = [_member_to_json(e) for e in ev.events]
-                if dependent:
+                if curves:
                     orders, rdp = self.rdp(unit)
                     events.append({"orders": [float(a) for a in orders],
                                    "rdp": [float(r) for r in rdp]})

@@ -49,6 +49,14 @@ sum up to ``M 2^-(f+1)`` per coordinate (M agents); the server still adds the no
 Dropouts (``secagg_dropout = p``, coin ``fold_in(k_drop, id)``,
 :func:`fedjax_dp.privacy.secagg.drop_within`) leave the ledger an upper bound: see
 docs/secagg.md, "Dropouts and their privacy effect".
+
+Distributed DP (``distributed_noise = {kind = "ddg" | "skellam", bits = b}`` with
+``aggregation = "secagg"`` and ``sampling = "fixed"``; :mod:`fedjax_dp.privacy.distributed_dp`):
+no server noise; each agent scales, rotates, rounds and adds a discrete noise share, the secure
+sum is taken mod 2^b, and the server unwraps it (a round with fewer than ``min_survivors``
+survivors aborts). ``noise_multiplier`` is the central-equivalent z. Relation: replace one
+agent's entire local dataset (sensitivity 2 Delta_2 of the rounded, scaled update); the ledger's
+entry is the RDP curve of :func:`fedjax_dp.privacy.distributed_accounting.run_rdp`.
 """
 from __future__ import annotations
 
@@ -56,6 +64,7 @@ import dataclasses
 
 import dp_accounting
 import jax
+import numpy as np
 
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.averaging import fedavg
@@ -64,6 +73,8 @@ from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, secagg
 from fedjax_dp.privacy import adaptive_clip as adaptive_lib
 from fedjax_dp.privacy import correlated_noise as correlated_lib
+from fedjax_dp.privacy import distributed_accounting
+from fedjax_dp.privacy import distributed_dp as distributed_lib
 
 RELATION = "add/remove one agent's entire local dataset"
 RELATION_FIXED = "replace one agent's entire local dataset"
@@ -93,8 +104,15 @@ class Config(fedavg.Config, secagg.SecAggOptions):
     # client-level weighting by records: None (every agent once) or w-hat, each update weighted
     # min(n_i / w-hat, 1) (McMahan et al. 2018); needs denominator = "expected"
     weight_cap: float | None = None
+    # distributed DP under secure aggregation: "none" (the server adds the noise) or a table
+    # {kind = "ddg" | "skellam", bits = b, k_stddevs, beta, min_survivors} (privacy.distributed_dp)
+    distributed_noise: distributed_lib.DistributedNoise | None = None
 
     FIELDS = {"weight_cap": validation.Float(0.0, low_open=True, optional=True),
+              "distributed_noise": validation.Custom(
+                  distributed_lib.parse, bad=(3, {"kind": "gauss"}, {"kind": "ddg", "bits": 1},
+                                              {"kind": "skellam", "beta": 1.0},
+                                              {"kind": "ddg", "bit": 16})),
               "noise": validation.Custom(
                   correlated_lib.parse, bad=(3, {"kind": "tree"}, {"kind": "banded_mf"},
                                              {"kind": "banded_mf", "bands": 0},
@@ -120,10 +138,32 @@ class Config(fedavg.Config, secagg.SecAggOptions):
                 raise ValueError("algorithm.noise (correlated) needs algorithm.sampling = "
                                  "\"poisson\" and no algorithm.adaptive_clip (their analyses "
                                  "are not composed here)")
+        if self.distributed_noise is not None:
+            self._check_distributed()
         if self.adaptive_clip is not None and self.noise_multiplier > 0 and \
                 self.adaptive_clip.count_noise is not None:  # the paper's default: with N
             adaptive_lib.update_noise_multiplier(self.noise_multiplier,
                                                  self.adaptive_clip.count_noise)
+
+
+    def _check_distributed(self) -> None:
+        """What distributed noise needs, refused before any work with the key named."""
+        need = [(self.aggregation == "secagg", "algorithm.aggregation = \"secagg\" (the "
+                 "noise shares only add up inside the secure sum)"),
+                (self.sampling == "fixed", "algorithm.sampling = \"fixed\" (a cohort of "
+                 "exactly cohort_size agents: the shares are sized for it)"),
+                (self.adaptive_clip is None and self.noise is None,
+                 "no algorithm.adaptive_clip and no correlated algorithm.noise (not composed "
+                 "with distributed noise here)"),
+                (self.denominator == "expected", "algorithm.denominator = \"expected\""),
+                (self.noise_multiplier > 0, "algorithm.noise_multiplier > 0")]
+        missing = [why for ok, why in need if not ok]
+        if missing:
+            raise ValueError("algorithm.distributed_noise needs " + "; ".join(missing))
+        n_min = self.distributed_noise.min_survivors
+        if n_min is not None and n_min > self.cohort_size:
+            raise ValueError(f"algorithm.distributed_noise.min_survivors must be in [1, "
+                             f"{self.cohort_size}] (algorithm.cohort_size), got {n_min}")
 
 
 def round_spec(config: Config) -> fedavg.RoundSpec:
@@ -134,7 +174,8 @@ def round_spec(config: Config) -> fedavg.RoundSpec:
                             clip_norm=config.clip_norm, noise_multiplier=config.noise_multiplier,
                             denominator=config.denominator, secagg=config.secagg,
                             diagnostics=config.diagnostics, adaptive=config.adaptive_clip,
-                            correlated=config.noise, weight_cap=config.weight_cap)
+                            correlated=config.noise, weight_cap=config.weight_cap,
+                            distributed=config.distributed_noise)
 
 
 DESCRIPTION = "DP-FedAvg, agent-level DP (McMahan et al. 2018)"
@@ -164,6 +205,9 @@ def dp_event(config: Config, num_agents: int | None = None):
     Gaussian(sigma / 2)), T)`` (sensitivity 2S under replace-one). sigma is the noise multiplier
     of the round's mechanism (:func:`round_spec`), the object the run's server uses."""
     z = round_spec(config).noise_multiplier
+    if config.distributed_noise is not None:
+        raise ValueError("algorithm.distributed_noise has no DpEvent: its guarantee is an RDP "
+                         "curve (distributed_rdp; the ledger records it)")
     if config.noise is not None:
         return correlated_lib.dp_event(config.noise, z, config.sampling_rate)
     if config.sampling == "fixed":
@@ -194,7 +238,21 @@ def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
                 f"T = {config.rounds}): round t adds z S (C^-1 Z)_t and samples group t mod b "
                 f"with rate q; the whole run is one (amplified) matrix mechanism, its event "
                 f"jax-privacy's")
-    if config.sampling == "fixed":
+    if config.distributed_noise is not None:
+        if state is None:
+            raise ValueError("the run's state is needed to account distributed noise (the "
+                             "number of agents N and the model's dimension d)")
+        orders, rdp, plan = distributed_rdp(config, state)
+        n_min = config.distributed_noise.survivors_needed(config.cohort_size)
+        note = ((note + "; ") if note else "") + (
+            f"distributed {config.distributed_noise.kind} noise under secure aggregation mod "
+            f"2^{plan.bits}: scale gamma = {plan.scale:.4g}, noise variance {plan.total_variance:.4g}"
+            f" per coordinate of the integer sum (n_min = {n_min} shares), rounded norm "
+            f"Delta_2 = {plan.rounded_norm:.4g} (d' = {plan.padded_dim}); the run's RDP is the "
+            f"papers' bound, amplified by sampling without replacement (Wang et al. 2019)")
+        out.add_rdp("agent", orders, rdp, relation=RELATION_FIXED, data_dependent=False,
+                    sensitivity=2 * config.clip_norm, note=note)
+    elif config.sampling == "fixed":
         n = None if state is None else state.context.agents.num_agents
         out.add_event("agent", dp_event(config, n), relation=RELATION_FIXED,
                       sensitivity=2 * config.clip_norm, note=note)
@@ -202,6 +260,24 @@ def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
         out.add_event("agent", dp_event(config), relation=RELATION, sensitivity=config.clip_norm,
                       note=note)
     return declare_uncovered(config, out)
+
+
+def distributed_rdp(config: Config, state: api.State):
+    """``(orders, rdp, plan)``: the run's RDP curve under distributed noise (replace one agent;
+    :func:`fedjax_dp.privacy.distributed_accounting.run_rdp` of the round's plan for the model's
+    d parameters, C of N agents per round, T rounds)."""
+    dn = config.distributed_noise
+    params = state.values["params"]
+    dim = sum(int(np.prod(np.shape(l))) for l in jax.tree.leaves(params))
+    plan = distributed_lib.plan(dn, noise_multiplier=config.noise_multiplier,
+                                clip=config.clip_norm, dim=dim, cohort=config.cohort_size)
+    orders = distributed_accounting.ORDERS
+    rdp = distributed_accounting.run_rdp(
+        dn.kind, orders, scaled_clip=config.clip_norm / plan.scale, dim=plan.padded_dim,
+        beta=dn.beta, total_variance=plan.total_variance, cohort=config.cohort_size,
+        min_survivors=dn.survivors_needed(config.cohort_size),
+        population=state.context.agents.num_agents, rounds=config.rounds)
+    return orders, rdp, plan
 
 
 #: the ledger's account of adaptive clipping's two releases per round
