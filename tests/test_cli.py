@@ -1,5 +1,6 @@
 """The fedjax-dp command line: run writes result.json per the contract, list, account, errors."""
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -160,6 +161,26 @@ def test_fedkt_run_writes_votes_and_account_command_reproduces_its_epsilons(tmp_
         got = row["data_dependent"]["rdp"] if g["data_dependent"] else \
             row["data_independent"][g["accountant"]]
         assert got == pytest.approx(g["epsilon"], rel=1e-9), g
+
+
+def test_run_with_distributed_noise(tmp_path, capsys):
+    """Skellam noise under secure aggregation from the command line (a fixed cohort, 14 bits):
+    the ledger's entry is the distributed RDP curve (data-independent, replace-one, its plan in
+    the note), and every round is released."""
+    argv = ["run", str(DP_CONFIG), "--out", str(tmp_path), "--set", 'algorithm.aggregation="secagg"',
+            "--set", 'algorithm.sampling="fixed"', "--set", "algorithm.cohort_size=5",
+            "--set", 'algorithm.distributed_noise={kind="skellam", bits=14}']
+    for s in SMALL:
+        argv += ["--set", s]
+    code, out, err = _run(capsys, argv)
+    assert code == 0, err
+    result = json.loads((tmp_path / "result.json").read_text())
+    [entry] = [g for g in result["privacy"] if g["unit"] == "agent"]
+    assert not entry["data_dependent"] and entry["relation"].startswith("replace one")
+    assert "distributed skellam noise under secure aggregation mod 2^14" in entry["notes"][0]
+    assert 0 < entry["epsilon"] < math.inf and "rdp" in entry["events"][-1]
+    assert [h["released"] for h in result["history"]] == [1.0] * 3
+    assert [h["num_sampled"] for h in result["history"]] == [5.0] * 3
 
 
 @pytest.mark.parametrize("setting, check", [

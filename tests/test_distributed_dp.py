@@ -180,6 +180,7 @@ def test_round_decodes_the_modular_sum_of_the_messages(setup, kind):
     rows = jnp.asarray(ids)
     total, _, m = train_sum(k_train, params, fed.agents, rows, ids, valid, {})
     assert total.dtype == jnp.uint32 and float(m) == 4.0      # the server's view: Z_2^b sum
+    assert total.shape == (64,) and int(jnp.max(total)) < 2 ** 14
     new, metrics = server(k_noise, params, (total, {}, m), k_train)
     flat0, unravel = jax.flatten_util.ravel_pytree(params)
     d = flat0.size

@@ -272,3 +272,22 @@ def test_a_gzipped_results_file_reads_as_the_plain_one(grid, tmp_path):
     (packed / "results.jsonl.gz").write_bytes(gzip.compress(text.encode()))
     assert records.read([packed]) == records.read([plain]) == recs
     assert records.read([packed / "results.jsonl.gz"]) == recs
+
+
+def test_reference_records_are_a_band_not_a_line(grid, tmp_path, capsys):
+    """--reference KEY=VALUE takes a baseline arm out of the lines (its mean +- std becomes a
+    horizontal band); a value no record has, or every record has, is refused naming it."""
+    recs, acc = grid
+    base = [_record("central", None, s, 0.5 + 0.1 * s) for s in SEEDS]
+    others, matching = plots.split_reference(recs + base, ("algorithm", "central"))
+    assert matching == base and others == recs
+    _check_files(plots.plot_xy(recs + base, "epsilon", "test_accuracy", "algorithm",
+                               tmp_path / "ref", reference=("algorithm", "central")))
+    with pytest.raises(ValueError, match="reference: no record has algorithm = 'x'"):
+        plots.split_reference(recs, ("algorithm", "x"))
+    results = _write_jsonl(tmp_path / "results.jsonl", recs + base)
+    assert cli.main(["plot", str(results), "--reference", "algorithm=central",
+                     "--out", str(tmp_path / "cli")]) == 0
+    assert (tmp_path / "cli.png").exists() and "warning" not in capsys.readouterr().err
+    assert cli.main(["plot", str(results), "--reference", "algorithm"]) == 2
+    assert "--reference: expected KEY=VALUE" in capsys.readouterr().err

@@ -8,11 +8,16 @@
 #     rounds   tools/bench_cli_rounds.py: the CLI's round vs the peers' reference, q = 0.01, 0.1, 1
 #     bench    fedjax-dp bench --suite full
 #     scale    AE-DPFL with 1e7 synthetic agents through the CLI (SCALE_AGENTS to change)
+#     mechanisms  tools/bench_mechanisms.py: DP-FedAvg's per-round cost with each privacy
+#              mechanism (adaptive clip, banded MF, BLT, secagg, ...) against fixed clip +
+#              Gaussian noise, through the CLI (not in the default list; MECH_ROUNDS, MECH_COHORT,
+#              MECH_VARIANTS, MECH_LIMIT; writes mechanisms.json / mechanisms.txt)
 #
-# Needs the peers' folder copied to .peers/ and, where the image lacks them, the wheels of
-# dp-accounting, dm-tree and mlxtend in .whl/ (docs/devices.md says how). Runs from the source
-# folder (python -m fedjax_dp.experiments.cli), each stage under its own timeout, and writes
-# OUTDIR/<stage>.log and the stages' JSON.
+# Needs the peers' folder copied to .peers/ (stage rounds only) and, where the image lacks them,
+# the wheels of dp-accounting, dm-tree, mlxtend and jax-privacy (+ pydantic, pydantic-core,
+# annotated-types, typing-inspection, its declared needs) in .whl/ (docs/devices.md says how).
+# Runs from the source folder (python -m fedjax_dp.experiments.cli), each stage under its own
+# timeout, and writes OUTDIR/<stage>.log and the stages' JSON.
 set -u
 out=${1:?OUTDIR}
 stages=${2:-devices,selftest,fnas,rounds,bench,scale}
@@ -22,7 +27,7 @@ if [ -z "${SKIP_WHEELS:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
     --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
 else
-  export PYTHONPATH=$PWD
+  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD     # SKIP_WHEELS: keep a /tmp/site set before
 fi
 export PYTHONUNBUFFERED=1 FEDJAX_DP_CACHE_DIR=/tmp/fedjax_cache
 cli="python3 -m fedjax_dp.experiments.cli"
@@ -48,5 +53,14 @@ if has scale; then
   stage scale "${SCALE_LIMIT:-400}" python3 tools/bench_scale_oneshot.py --agents "$n" \
     --algorithms ae_dpfl --paths cli --generator jax --agents-on "${SCALE_ON:-device}" \
     --out "$out/scale_cli.json"
+fi
+if has mechanisms; then
+  lim=${MECH_LIMIT:-480}
+  # --deadline: runs that would end past the stage's limit are skipped, so the JSON and the
+  # table are written before timeout kills the stage
+  stage mechanisms "$lim" python3 tools/bench_mechanisms.py --rounds "${MECH_ROUNDS:-5000}" \
+    --cohort "${MECH_COHORT:-20}" ${MECH_VARIANTS:+--variants "$MECH_VARIANTS"} \
+    --deadline $((lim - 60)) --run-timeout 300 --out "$out/mechanisms.json"
+  cat "$out/mechanisms.txt" 2>/dev/null
 fi
 exit 0

@@ -291,11 +291,18 @@ def _cmd_plot(args) -> int:
                                             title=args.title)
             else:
                 x, y = args.x or "epsilon", args.y or "test_accuracy"
+                reference = None
+                if args.reference is not None:
+                    key, eq, value = args.reference.partition("=")
+                    if not eq or not key:
+                        raise ValueError(f"reference: expected KEY=VALUE, got "
+                                         f"{args.reference!r}")
+                    reference = (key.strip(), value.strip())
                 written = plots.plot_xy(recs, x, y, hue, stem(y, x), title=args.title,
-                                        logx=args.logx)
+                                        logx=args.logx, reference=reference)
         except ValueError as e:                  # "x: ..." -> "--x: ...": the flag's name
             msg = str(e)
-            if msg.split(":")[0] in ("x", "y", "hue", "logx"):
+            if msg.split(":")[0] in ("x", "y", "hue", "logx", "reference"):
                 raise ValueError("--" + msg) from None
             raise
     for w in caught:
@@ -533,6 +540,9 @@ def build_parser() -> argparse.ArgumentParser:
     plt.add_argument("--out", metavar="STEM", default=None, help="writes STEM.png and STEM.svg "
                      "(default plot_<y>_vs_<x> beside the first RESULTS file)")
     plt.add_argument("--title", default=None)
+    plt.add_argument("--reference", metavar="KEY=VALUE", default=None,
+                     help="draw the records with KEY = VALUE (e.g. a baseline arm without the "
+                     "x key) as a horizontal mean +- std band")
     plt.add_argument("--logx", action=argparse.BooleanOptionalAction, default=None,
                      help="log-scale x axis (default: for epsilon only)")
     plt.set_defaults(func=_cmd_plot)

@@ -236,14 +236,37 @@ def _label(v: Any) -> str:
     return "None" if v is None else str(v)
 
 
+def split_reference(records: Sequence[dict], reference: tuple[str, str]
+                    ) -> tuple[list[dict], list[dict]]:
+    """``(others, matching)``: the records whose field ``reference[0]`` reads ``reference[1]``
+    (compared as text; a table by its JSON) apart. ValueError naming ``reference`` when none or
+    all match."""
+    key, value = reference
+    vals = _values(records, key, "reference")
+    text = [None if v is None else (v if isinstance(v, str) else json.dumps(v, sort_keys=True))
+            for v in vals]
+    matching = [r for r, t in zip(records, text) if t == value]
+    if not matching or len(matching) == len(records):
+        raise ValueError(f"reference: {'no' if not matching else 'every'} record has "
+                         f"{key} = {value!r}; the reference must pick some of them")
+    return [r for r, t in zip(records, text) if t != value], matching
+
+
 def plot_xy(records: Iterable[dict], x: str, y: str, hue: str | None, out_stem: str | Path,
-            title: str | None = None, logx: bool | None = None) -> list[str]:
+            title: str | None = None, logx: bool | None = None,
+            reference: tuple[str, str] | None = None) -> list[str]:
     """Mean +- std of ``y`` against ``x``, one line with error bars per ``hue`` value
     (:func:`summarize`); writes ``out_stem.png`` and ``out_stem.svg`` and returns their paths.
 
     ``logx=None`` draws epsilon (:data:`LOG_X_FIELDS`) on a log scale and anything else linearly.
-    Non-numeric x values (e.g. ``x="algorithm"``) are drawn as categories."""
+    Non-numeric x values (e.g. ``x="algorithm"``) are drawn as categories. ``reference = (key,
+    value)``: the records with ``key = value`` (e.g. a baseline arm that has no x) are drawn as
+    a horizontal band, their mean +- std of ``y``, instead of a line."""
     records = _check_records(records)
+    ref = None
+    if reference is not None:
+        records, matching = split_reference(records, reference)
+        ref = _stats([float(v) for v in _values(matching, y, "y") if v is not None])
     rows = summarize(records, x, y, hue)
     numeric = all(_is_number(r["x"]) for r in rows)
     if logx is None:
@@ -266,6 +289,11 @@ def plot_xy(records: Iterable[dict], x: str, y: str, hue: str | None, out_stem: 
         ax.errorbar(xs, [r["mean"] for r in sel], yerr=[r["std"] for r in sel], marker="o",
                     markersize=4, capsize=3, linewidth=1.5, linestyle="-" if numeric else "none",
                     label=_label(hv) if hue is not None else None)
+    if ref is not None:
+        mean, std = ref
+        ax.axhline(mean, color="0.3", linestyle="--", linewidth=1.2,
+                   label=f"{reference[0]} = {reference[1]}")
+        ax.axhspan(mean - std, mean + std, color="0.5", alpha=0.15)
     if logx:
         from matplotlib import ticker
         ax.set_xscale("log")
@@ -283,7 +311,7 @@ def plot_xy(records: Iterable[dict], x: str, y: str, hue: str | None, out_stem: 
     ax.set_ylabel(f"{y} (mean ± std over {runs} run{'s' if n[-1] > 1 else ''})")
     ax.set_title(_title(records, title, f"{y} vs {x}"))
     ax.grid(True, alpha=0.3)
-    _legend(ax, hue, len(hues))
+    _legend(ax, hue, len(hues) + (ref is not None))
     return _save(fig, out_stem)
 
 
