@@ -312,6 +312,35 @@ def correlated_noise_claims() -> list[tuple[str, str]]:
     return claims
 
 
+def distributed_dp_claims() -> list[tuple[str, str]]:
+    """docs/distributed_dp.md's tables: per population, the central arm's calibrated z and
+    accuracy, and per bit-width each discrete arm's z and mean ± std (Welch's p against the
+    central arm), from the two sweeps' records."""
+    from scipy import stats
+    claims = []
+    for name in ("mnist5k", "synthetic"):
+        cells: dict = {}
+        zs: dict = {}
+        for r in records.read([ROOT / f"results/sweeps/distributed_dp_{name}"]):
+            arm = r["params"]["algorithm.distributed_noise"]
+            key = "none" if arm == "none" else (arm["kind"], arm["bits"])
+            cells.setdefault(key, []).append(r["test_accuracy"])
+            zs[key] = r["calibrated"]["value"]
+        ref = cells["none"]
+        claims.append(("distributed_dp.md", f"| {name} | central | {zs['none']:.2f} | "
+                       f"{f3(np.mean(ref))} ± {f3(np.std(ref, ddof=1))} | | |"))
+        for bits in sorted({k[1] for k in cells if k != "none"}):
+            row = f"| {name} | {bits} |"
+            for kind in ("ddg", "skellam"):
+                acc = cells[(kind, bits)]
+                p = stats.ttest_ind(acc, ref, equal_var=False).pvalue
+                row += (f" {zs[(kind, bits)]:.2f} | {f3(np.mean(acc))} ± "
+                        f"{f3(np.std(acc, ddof=1))} ({np.mean(acc) - np.mean(ref):+.3f}, "
+                        f"p {p:.3f}) |")
+            claims.append(("distributed_dp.md", row))
+    return claims
+
+
 def one_run_audit_claims() -> list[tuple[str, str]]:
     """docs/audit.md's one-run figures, from the audit's JSON."""
     r = _json("results/audit/one_run_mnist5k.json")
@@ -323,7 +352,7 @@ def one_run_audit_claims() -> list[tuple[str, str]]:
 
 
 CLAIMS = (one_run_audit_claims() + correlated_noise_claims() + voting_claims() + tuning_claims() + fnas_claims() + isrl_claims() + isrl_silo_claims()
-          + shuffle_claims() + fedkt_claims() + adaptive_clip_claims())
+          + shuffle_claims() + fedkt_claims() + adaptive_clip_claims() + distributed_dp_claims())
 
 
 @pytest.mark.parametrize("page, text", CLAIMS, ids=[f"{p}:{t[:40]}" for p, t in CLAIMS])
