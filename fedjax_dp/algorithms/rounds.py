@@ -375,6 +375,10 @@ class RoundRunner:
         update = local_sgd_update(model, local) if agent_update is None else agent_update
         self.parts = make_round_parts(update, spec, n, chunk_size=chunk_size, mesh=mesh)
         align = 1 if mesh is None else mesh.shape[AGENTS]
+        if pass_size is None and spec.correlated:   # one group a round: q N / b expected
+            mean = spec.sampling.expected(n) / spec.correlated.cycle
+            q = spec.sampling.rate if spec.sampling.kind == "poisson" else 0.0
+            pass_size = min(n, max(1, math.ceil(mean + 2.0 * math.sqrt(mean * (1.0 - q)))))
         self.plan = cohort_lib.CohortPlan.for_sampling(spec.sampling, n, align=align,
                                                        pass_size=pass_size)
         check_secagg_range(spec, n if cohort == "masked" else self.plan.pass_size)
