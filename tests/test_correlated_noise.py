@@ -15,7 +15,7 @@ from fedjax_dp.algorithms import api, rounds, seeds
 from fedjax_dp.algorithms.averaging import dp_fedavg
 from fedjax_dp.core import from_ragged
 from fedjax_dp.models import make_model
-from fedjax_dp.privacy import DEFAULT_RDP_ORDERS, correlated_noise
+from fedjax_dp.privacy import DEFAULT_RDP_ORDERS, correlated_noise, tree_noise
 from fedjax_dp.train import LocalTrainConfig
 
 LOCAL = LocalTrainConfig(steps=2, batch_size=4, learning_rate=0.2)
@@ -149,6 +149,73 @@ def test_server_adds_the_streamed_noise(spec):
     np.testing.assert_allclose(np.stack(steps), want, rtol=1e-4, atol=1e-6)
 
 
+# --------------------------------------------------------------------------- tree aggregation
+
+def _greedy_nodes(c: int) -> list[tuple[int, int]]:
+    """The test's own dyadic decomposition of the first c leaves: the largest aligned blocks
+    from the left, block [start, start + 2^l) being node (l, start / 2^l)."""
+    nodes, start = [], 0
+    for l in reversed(range(c.bit_length())):
+        if (c >> l) & 1:
+            nodes.append((l, start >> l))
+            start += 1 << l
+    return nodes
+
+
+def test_tree_sensitivity_by_brute_force_and_event():
+    """Every prefix uses the greedy dyadic blocks; the most nodes holding one leaf (the squared
+    sensitivity of one participation per tree) is dp-accounting's depth ceil(log2(b + 1)), so the
+    run's event is the Gaussian of z / sqrt(depth) per tree."""
+    for c in range(1, 65):
+        assert sorted(tree_noise.decomposition(c)) == sorted(_greedy_nodes(c))
+    for b in range(1, 21):
+        used = {n for c in range(1, b + 1) for n in _greedy_nodes(c)}
+        per_leaf = [sum(1 for (l, i) in used if i << l <= j < (i + 1) << l) for j in range(b)]
+        assert max(per_leaf) == math.ceil(math.log2(b + 1)) == tree_noise.levels(b)
+        np.testing.assert_array_equal(tree_noise.used_nodes_per_leaf(b), per_leaf)
+    z, b, rounds_ = 1.3, 5, 12
+    spec = _spec({"kind": "tree", "min_sep": b}, rounds_)
+    acc = dp_accounting.rdp.RdpAccountant(
+        DEFAULT_RDP_ORDERS, dp_accounting.NeighboringRelation.REPLACE_SPECIAL)
+    acc.compose(correlated_noise.dp_event(spec, z, 0.5))
+    want = np.asarray(DEFAULT_RDP_ORDERS) * 3 / (2 * z ** 2) * 3      # depth 3, 3 trees
+    np.testing.assert_allclose(acc._rdp, want, rtol=1e-12)
+    assert correlated_noise.sensitivity(spec) == pytest.approx(math.sqrt(3))
+
+
+def test_tree_noise_covariance_is_the_trees():
+    """Streamed over two trees of b = 5 rounds, the running sums of the noise are the prefix
+    noises: Cov(P(c), P(c')) = shared nodes of c and c' within a tree, 0 across trees."""
+    b, d = 5, 40_000
+    spec = _spec({"kind": "tree", "min_sep": b}, 2 * b)
+    state = correlated_noise.init_state(spec, d)
+    step = jax.jit(lambda k, st: correlated_noise.next_noise(spec, k, st, d))
+    noise = []
+    for t in range(2 * b):
+        n, state = step(jax.random.key(500 + t), state)
+        noise.append(np.asarray(n))
+    noise = np.stack(noise)                                                # [2b, d]
+    prefix = np.concatenate([np.cumsum(noise[:b], 0), np.cumsum(noise[b:], 0)])
+    shared = np.array([[len(set(_greedy_nodes(c % b + 1)) & set(_greedy_nodes(e % b + 1)))
+                        if c // b == e // b else 0 for e in range(2 * b)] for c in range(2 * b)])
+    np.testing.assert_allclose(prefix @ prefix.T / d, shared, atol=0.06)
+    assert int(state["t"]) == 2 * b
+
+
+def test_tree_run_through_dp_fedavg(setup):
+    """DP-FedAvg with tree noise: groups take turns, fused calls agree, the ledger's event is
+    the composed single-epoch tree."""
+    fed, model = setup
+    cfg = _config(noise={"kind": "tree", "min_sep": 2})
+    runs = [api.run(dp_fedavg, jax.random.key(3), fed, model, cfg,
+                    runtime=api.Runtime(rounds_per_call=rpc)) for rpc in (1, 4)]
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 runs[0].state.values, runs[1].state.values)
+    event = dp_fedavg.ledger(cfg, runs[0].state).event("agent")
+    assert isinstance(event.event, dp_accounting.SingleEpochTreeAggregationDpEvent)
+    assert event.count == 3 and event.event.step_counts == 2
+
+
 @pytest.fixture(scope="module")
 def setup():
     r = np.random.default_rng(4)
@@ -194,6 +261,8 @@ def test_refusals_name_the_parameter(setup):
     with pytest.raises(ValueError, match=r"algorithm.noise.bands = 9 must be at most"):
         _config(noise={"kind": "banded_mf", "bands": 9})
     with pytest.raises(ValueError, match="algorithm.noise.kind"):
+        _config(noise={"kind": "trees"})
+    with pytest.raises(ValueError, match="algorithm.noise.min_sep"):
         _config(noise={"kind": "tree"})
     with pytest.raises(ValueError, match="sampling"):
         _config(sampling="fixed", cohort_size=3)

@@ -296,7 +296,7 @@ def correlated_noise_claims() -> list[tuple[str, str]]:
         for eps in sorted({k[0] for k in cells}):
             ind = cells[(eps, "independent")]
             row = f"| {name} | {eps:g} | {f3(np.mean(ind))} ± {f3(np.std(ind, ddof=1))} |"
-            for arm in ("banded_mf", "blt"):
+            for arm in ("banded_mf", "blt", "tree"):
                 acc = cells[(eps, arm)]
                 p = stats.ttest_ind(acc, ind, equal_var=False).pvalue
                 row += (f" {f3(np.mean(acc))} ± {f3(np.std(acc, ddof=1))} "
@@ -308,7 +308,8 @@ def correlated_noise_claims() -> list[tuple[str, str]]:
                     if r["target_epsilon"] == eps:
                         z[r["base"].rsplit("_mnist5k_", 1)[1]] = r["calibrated"]["value"]
                 claims.append(("correlated_noise.md", f"| {eps:g} | {z['independent']:.2f} | "
-                                                      f"{z['banded_mf']:.2f} | {z['blt']:.2f} |"))
+                                                      f"{z['banded_mf']:.2f} | {z['blt']:.2f} | "
+                                                      f"{z['tree']:.2f} |"))
     return claims
 
 

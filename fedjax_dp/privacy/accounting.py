@@ -91,15 +91,26 @@ def check_event(name: str, event: Any) -> dp_event.DpEvent:
     return event
 
 
+def _contains(event: dp_event.DpEvent, kind: type) -> bool:
+    if isinstance(event, kind):
+        return True
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return any(_contains(e, kind) for e in event.events)
+    inner = getattr(event, "event", None)
+    return isinstance(inner, dp_event.DpEvent) and _contains(inner, kind)
+
+
 def uses_replace_one(event: dp_event.DpEvent) -> bool:
     """True if ``event`` contains fixed-size sampling (``SampledWithoutReplacementDpEvent``),
     which dp-accounting analyses under the replace-one relation only."""
-    if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
-        return True
-    if isinstance(event, dp_event.ComposedDpEvent):
-        return any(uses_replace_one(e) for e in event.events)
-    inner = getattr(event, "event", None)
-    return isinstance(inner, dp_event.DpEvent) and uses_replace_one(inner)
+    return _contains(event, dp_event.SampledWithoutReplacementDpEvent)
+
+
+def uses_replace_special(event: dp_event.DpEvent) -> bool:
+    """True if ``event`` contains tree aggregation (``SingleEpochTreeAggregationDpEvent``),
+    which dp-accounting's RDP accountant analyses under its replace-special relation only: one
+    record replaced by a zero (the agent's contribution present or absent, its slot kept)."""
+    return _contains(event, dp_event.SingleEpochTreeAggregationDpEvent)
 
 
 def composed_accountant(event: dp_event.DpEvent, accountant: str = "rdp",
@@ -110,10 +121,12 @@ def composed_accountant(event: dp_event.DpEvent, accountant: str = "rdp",
     Raises ``ValueError`` if the accountant does not support the event."""
     check_event("event", event)
     acc = make_accountant(accountant, orders)
-    if accountant == "rdp" and uses_replace_one(event):
+    special = uses_replace_special(event)
+    if accountant == "rdp" and (uses_replace_one(event) or special):
+        rel = dp_accounting.NeighboringRelation
         acc = dp_accounting.rdp.RdpAccountant(
             orders=_check_orders(DEFAULT_RDP_ORDERS if orders is None else orders).tolist(),
-            neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+            neighboring_relation=rel.REPLACE_SPECIAL if special else rel.REPLACE_ONE)
     if not acc.supports(event):
         raise ValueError(f"the {accountant!r} accountant does not support "
                          f"{type(event).__name__} (event: {event})")

@@ -24,6 +24,12 @@ Gaussian mechanism on ``C x`` with L2 sensitivity ``s = sqrt(max over b-min-sep 
 ||C u||^2)`` (``toeplitz.minsep_sensitivity_squared``) times the clip, so its event is
 ``Gaussian(z / s)`` for noise std ``z S``.
 
+``tree`` (tree aggregation, DP-FTRL; Kairouz et al. ICML 2021): jax-privacy 2.0 has no tree, so
+:mod:`fedjax_dp.privacy.tree_noise` builds it (a binary tree over each b rounds, restarted every
+b rounds, node noises regenerated from the tree's key) and dp-accounting gives its event,
+``SelfComposed(SingleEpochTreeAggregation(z, b), ceil(T / b))``; the same groups make every
+agent take part at most once per tree.
+
 The noise is generated round by round from the round's key by jax-privacy's streaming ``C^-1``
 (``StreamingMatrix``: (b - 1) d numbers of state for banded, ``nbuf d`` for BLT; never a T x d
 matrix), carried in the run's values, so the rounds stay fused on the device.
@@ -40,14 +46,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.core import validation
+from fedjax_dp.privacy import tree_noise
 
 __all__ = ["CorrelatedNoise", "parse", "KINDS", "strategy_coefs", "sensitivity", "dp_event",
            "init_state", "next_noise"]
 
-KINDS = ("banded_mf", "blt")
+KINDS = ("banded_mf", "blt", "tree")
 OPTIONS = {"kind": f"one of {list(KINDS)}",
            "bands": "b >= 1: banded_mf's bands and the participation cycle (min separation)",
-           "min_sep": "b >= 1: blt's participation cycle (rounds between an agent's turns)",
+           "min_sep": "b >= 1: blt's and tree's participation cycle (rounds between an agent's "
+                      "turns; the tree restarts every b rounds)",
            "optimizer_steps": "the strategy optimisation's L-BFGS steps (>= 1; default 250)",
            "buf_decay": "blt only: a given BLT's buffer decays (0 < theta < 1; no optimisation)",
            "output_scale": "blt only: a given BLT's output scales (> 0), as many as buf_decay"}
@@ -74,7 +82,8 @@ class CorrelatedNoise:
 
 def parse(name: str, value: Any) -> CorrelatedNoise | None:
     """``algorithm.noise``: None / ``"independent"`` (fresh noise each round) or a table
-    ``{kind = "banded_mf", bands = b}`` / ``{kind = "blt", min_sep = b}``."""
+    ``{kind = "banded_mf", bands = b}`` / ``{kind = "blt", min_sep = b}`` /
+    ``{kind = "tree", min_sep = b}``."""
     if value is None or value == "independent" or isinstance(value, CorrelatedNoise):
         return None if value == "independent" else value
     if not isinstance(value, dict):
@@ -146,8 +155,11 @@ def strategy_coefs(spec: CorrelatedNoise) -> np.ndarray:
 
 @functools.lru_cache(maxsize=16)
 def sensitivity(spec: CorrelatedNoise) -> float:
-    """s: the L2 sensitivity of ``C x`` per unit of clip over b-min-sep patterns of at most
+    """s: the L2 sensitivity (tree: of one tree, sqrt of its levels,
+    :func:`fedjax_dp.privacy.tree_noise.levels`) of ``C x`` per unit of clip over b-min-sep patterns of at most
     ceil(T / b) participations (jax-privacy's ``toeplitz.minsep_sensitivity_squared``)."""
+    if spec.kind == "tree":
+        return math.sqrt(tree_noise.levels(spec.cycle))
     from jax_privacy.matrix_factorization import toeplitz
     with jax.enable_x64(True):
         sq = toeplitz.minsep_sensitivity_squared(jnp.asarray(strategy_coefs(spec)), spec.cycle,
@@ -159,6 +171,8 @@ def dp_event(spec: CorrelatedNoise, noise_multiplier: float, sampling_rate: floa
     """The run's event under add/remove one agent, noise std ``z S`` per coordinate per round:
     banded_mf ``amplified_bandmf_event(z, T, b, q)``; blt ``Gaussian(z / s)``."""
     import dp_accounting
+    if spec.kind == "tree":
+        return tree_noise.dp_event(noise_multiplier, spec.cycle, spec.rounds)
     from jax_privacy.experimental import accounting as jp_accounting
     if spec.kind == "banded_mf":
         return jp_accounting.amplified_bandmf_event(
@@ -181,12 +195,18 @@ def _inverse(spec: CorrelatedNoise):
 
 
 def init_state(spec: CorrelatedNoise, dim: int) -> Any:
-    """The streaming ``C^-1``'s state for noise vectors of ``dim`` coordinates."""
+    """The streaming ``C^-1``'s state for noise vectors of ``dim`` coordinates (tree: its
+    root key and round, :func:`fedjax_dp.privacy.tree_noise.init_state`)."""
+    if spec.kind == "tree":
+        return tree_noise.init_state()
     return _inverse(spec).init_multiply(jax.ShapeDtypeStruct((dim,), jnp.float32))
 
 
 def next_noise(spec: CorrelatedNoise, key: jax.Array, state: Any, dim: int
                ) -> tuple[jax.Array, Any]:
-    """``((C^-1 Z)_t [d], state')`` with ``Z_t ~ N(0, I_d)`` drawn from ``key`` (the round's)."""
+    """``((C^-1 Z)_t [d], state')`` with ``Z_t ~ N(0, I_d)`` drawn from ``key`` (the round's);
+    tree: the increment of the prefix noise (:func:`fedjax_dp.privacy.tree_noise.next_noise`)."""
+    if spec.kind == "tree":
+        return tree_noise.next_noise(spec.cycle, key, state, dim)
     z = jax.random.normal(key, (dim,), jnp.float32)
     return _inverse(spec).multiply_next(z, state)

@@ -447,9 +447,11 @@ class PrivacyLedger:
                    for e in self._entries_for(unit))
 
     def replace_one(self, unit: str) -> bool:
-        """Whether ``unit`` has fixed-size (without-replacement) sampling events, which only the
-        RDP accountant analyses (under replace-one; :func:`accounting.uses_replace_one`)."""
-        return any(e.kind == "event" and accounting.uses_replace_one(e.event)
+        """Whether ``unit`` has fixed-size (without-replacement) sampling or tree-aggregation
+        events, which only the RDP accountant analyses (under replace-one or replace-special;
+        :func:`accounting.uses_replace_one`, :func:`accounting.uses_replace_special`)."""
+        return any(e.kind == "event" and (accounting.uses_replace_one(e.event) or
+                                          accounting.uses_replace_special(e.event))
                    for e in self._entries_for(unit))
 
     def epsilon(self, unit: str, delta: float, accountant: str = "rdp") -> float:
@@ -551,7 +553,7 @@ class PrivacyLedger:
                 why, need = (("shuffle entries", "pld") if with_shuffle else
                              ("data-dependent RDP", "rdp") if dependent else
                              ("RDP-curve entries", "rdp") if curves else
-                             ("sampling without replacement", "rdp"))
+                             ("sampling without replacement or tree aggregation", "rdp"))
                 raise ValueError(f"accountants {list(accountants)} do not apply to unit "
                                  f"{unit!r} ({why}): include {need!r}")
             for acc in usable:

@@ -30,13 +30,16 @@ sensitivity 1/2) that steers C_t to the target quantile; ``noise_multiplier`` is
 unchanged (both releases are one Gaussian mechanism on one sampled cohort; relation and unit as
 above, sensitivity C_t per round, and 2 C_t for fixed-size cohorts).
 
-Correlated noise (``noise = {kind = "banded_mf", bands = b}`` or ``{kind = "blt", min_sep = b}``;
+Correlated noise (``noise = {kind = "banded_mf", bands = b}``, ``{kind = "blt", min_sep = b}`` or
+``{kind = "tree", min_sep = b}``;
 :mod:`fedjax_dp.privacy.correlated_noise`, strategies from jax-privacy): round t adds
 ``z S (C^-1 Z)_t`` instead of fresh noise, and Poisson-samples (rate q) only the agents of group
 ``t mod b`` (each agent's group independent and uniform, so the expected cohort is q N / b).
 Relation and unit as above; the event is jax-privacy's amplified banded MF event
 ``SelfComposed(PoissonSampled(q, Gaussian(z)), ceil(T / b))`` (banded_mf) or
-``Gaussian(z / s)`` with s the BLT's b-min-sep sensitivity (blt). Poisson sampling only.
+``Gaussian(z / s)`` with s the BLT's b-min-sep sensitivity (blt), or dp-accounting's
+``SelfComposed(SingleEpochTreeAggregation(z, b), ceil(T / b))`` (tree, restarted every b rounds).
+Poisson sampling only.
 
 Agents with different numbers of records (``weight_cap = w``): agent i's clipped update is
 weighted ``min(n_i / w, 1)`` and the sum divided by the fixed ``q W``, ``W = sum_i min(n_i / w,
@@ -99,7 +102,7 @@ class Config(fedavg.Config, secagg.SecAggOptions):
     # table of privacy.adaptive_clip.OPTIONS; clip_norm is then the first round's clip C_0
     adaptive_clip: adaptive_lib.AdaptiveClip | None = None
     # noise across rounds: "independent" (fresh each round) or a correlated strategy table,
-    # {kind = "banded_mf", bands = b} / {kind = "blt", min_sep = b} (privacy.correlated_noise)
+    # {kind = "banded_mf", bands = b} / {kind = "blt" | "tree", min_sep = b} (correlated_noise)
     noise: correlated_lib.CorrelatedNoise | None = None
     # client-level weighting by records: None (every agent once) or w-hat, each update weighted
     # min(n_i / w-hat, 1) (McMahan et al. 2018); needs denominator = "expected"
@@ -237,7 +240,7 @@ def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
                 f"noise correlated across rounds ({config.noise.kind}, b = {config.noise.cycle}, "
                 f"T = {config.rounds}): round t adds z S (C^-1 Z)_t and samples group t mod b "
                 f"with rate q; the whole run is one (amplified) matrix mechanism, its event "
-                f"jax-privacy's")
+                f"jax-privacy's (tree: dp-accounting's, a tree per b rounds)")
     if config.distributed_noise is not None:
         if state is None:
             raise ValueError("the run's state is needed to account distributed noise (the "
