@@ -205,3 +205,26 @@ def test_run_with_the_newer_mechanisms(tmp_path, capsys, setting, check):
     else:
         event = accounting.event_from_json(entry["events"][0])
         assert event.count == 1 and event.event.sampling_probability == 0.3   # ceil(3 / 3)
+
+
+def test_account_distributed_plans_and_calibrates(capsys):
+    """``fedjax-dp account distributed``: the calibrated z meets the target; the same z given
+    back reports that epsilon; too few bits or both/neither of z and the target are one-line
+    errors naming the flag."""
+    base = ["account", "distributed", "--kind", "skellam", "--bits", "12", "--dim", "610",
+            "--clip", "0.25", "--population", "30", "--cohort", "10", "--rounds", "20",
+            "--delta", "1e-3"]
+    assert cli.main(base + ["--target-epsilon", "5"]) == 0
+    calibrated = json.loads(capsys.readouterr().out)
+    assert calibrated["calibrated"] and 4.99 <= calibrated["epsilon"] <= 5.0
+    assert calibrated["plan"]["padded_dim"] == 1024 and calibrated["plan"]["bits"] == 12
+    z = calibrated["noise_multiplier"]
+    assert cli.main(base + ["--noise-multiplier", str(z)]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["epsilon"] == pytest.approx(calibrated["epsilon"], rel=1e-9)
+    assert not again["calibrated"]
+    assert cli.main(base) == 2
+    assert "exactly one of --noise-multiplier and --target-epsilon" in capsys.readouterr().err
+    bad = ["3" if a == "12" else a for a in base]
+    assert cli.main(bad + ["--noise-multiplier", "1"]) == 2
+    assert "bits=3 is too few" in capsys.readouterr().err

@@ -155,6 +155,8 @@ def _cmd_account(args) -> int:
     from fedjax_dp.core import validation
     from fedjax_dp.privacy import accounting
     validation.check_open_unit("--delta", args.delta)
+    if args.mechanism == "distributed":
+        return _cmd_account_distributed(args)
     accountants = ACCOUNTANTS if args.accountant == "both" else (args.accountant,)
     if args.mechanism == "fedkt":
         return _cmd_account_fedkt(args, accountants)
@@ -181,6 +183,34 @@ def _cmd_account(args) -> int:
         extra = {"mechanism": "gaussian", "noise_multiplier": args.noise_multiplier,
                  "count": args.count}
     print(json.dumps(_report(event, args.delta, accountants, extra), indent=2))
+    return 0
+
+
+def _cmd_account_distributed(args) -> int:
+    """DDG / Skellam under secure aggregation: the plan (scale, noise, rounded norm) and the
+    run's epsilon for a noise multiplier, or the smallest noise multiplier for a target epsilon
+    (:mod:`fedjax_dp.privacy.distributed_accounting`)."""
+    import dataclasses
+    from fedjax_dp.privacy import distributed_accounting as da
+    if (args.noise_multiplier is None) == (args.target_epsilon is None):
+        raise ValueError("give exactly one of --noise-multiplier and --target-epsilon")
+    common = dict(clip=args.clip, dim=args.dim, cohort=args.cohort, bits=args.bits,
+                  k_stddevs=args.k_stddevs, beta=args.beta, min_survivors=args.min_survivors)
+    z = args.noise_multiplier
+    if z is None:
+        z = da.calibrate(args.kind, target_epsilon=args.target_epsilon, delta=args.delta,
+                         population=args.population, rounds=args.rounds, **common)
+    plan = da.plan(args.kind, noise_multiplier=z, **common)
+    rdp = da.run_rdp(args.kind, da.ORDERS, scaled_clip=args.clip / plan.scale,
+                     dim=plan.padded_dim, beta=plan.beta, total_variance=plan.total_variance,
+                     cohort=args.cohort, min_survivors=plan.min_survivors,
+                     population=args.population, rounds=args.rounds)
+    print(json.dumps({"mechanism": "distributed", "kind": args.kind,
+                      "relation": "replace one agent's entire local dataset",
+                      "noise_multiplier": z, "calibrated": args.target_epsilon is not None,
+                      "epsilon": da.epsilon(da.ORDERS, rdp, args.delta), "delta": args.delta,
+                      "population": args.population, "rounds": args.rounds,
+                      "plan": dataclasses.asdict(plan)}, indent=2))
     return 0
 
 
@@ -484,6 +514,23 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (sg, g, gv):
         p.add_argument("--delta", type=float, required=True)
         p.add_argument("--accountant", choices=ACCOUNTANTS + ("both",), default="both")
+    dd = mech.add_parser("distributed", help="DDG / Skellam under secure aggregation: the "
+                         "plan and epsilon, or the noise for a target epsilon")
+    dd.add_argument("--kind", choices=("ddg", "skellam"), required=True)
+    dd.add_argument("--bits", type=int, required=True, help="b: the modular sum's bits")
+    dd.add_argument("--dim", type=int, required=True, help="d: the model's parameters")
+    dd.add_argument("--clip", type=float, required=True, help="S: the update clip norm")
+    dd.add_argument("--population", type=int, required=True, help="N agents")
+    dd.add_argument("--cohort", type=int, required=True, help="m agents a round (fixed size)")
+    dd.add_argument("--rounds", type=int, required=True)
+    dd.add_argument("--delta", type=float, required=True)
+    dd.add_argument("--noise-multiplier", type=float, default=None,
+                    help="z, the central-equivalent noise multiplier")
+    dd.add_argument("--target-epsilon", type=float, default=None,
+                    help="calibrate z to this epsilon instead")
+    dd.add_argument("--k-stddevs", type=float, default=4.0)
+    dd.add_argument("--beta", type=float, default=0.6065306597126334)
+    dd.add_argument("--min-survivors", type=int, default=None)
     fk = mech.add_parser("fedkt", help="FedKT-L1/L2 LNMax votes (moments, Laplace composition)")
     fk.add_argument("--votes", required=True,
                     help=".npz (array 'votes', optional 'z') or .json ({'votes': ..., 'z': ...}); "
