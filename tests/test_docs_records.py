@@ -342,6 +342,35 @@ def distributed_dp_claims() -> list[tuple[str, str]]:
     return claims
 
 
+def participation_claims() -> list[tuple[str, str]]:
+    """docs/privacy_units.md's table: per population and target epsilon, the Poisson baseline's
+    z and mean ± std, and each other arm's (Welch's p against the baseline)."""
+    from scipy import stats
+    claims = []
+    for name, arms in (("mnist5k", ("fixed",)), ("synthetic", ("weighted", "fixed"))):
+        cells: dict = {}
+        zs: dict = {}
+        for r in records.read([ROOT / f"results/sweeps/participation_{name}"]):
+            arm = ("poisson" if r["base"].endswith("_independent")
+                   else r["base"].rsplit("_", 1)[1])
+            cells.setdefault((r["target_epsilon"], arm), []).append(r["test_accuracy"])
+            zs[(r["target_epsilon"], arm)] = r["calibrated"]["value"]
+        for eps in sorted({k[0] for k in cells}):
+            ref = cells[(eps, "poisson")]
+            row = (f"| {name} | {eps:g} | {zs[(eps, 'poisson')]:.2f} | {f3(np.mean(ref))} ± "
+                   f"{f3(np.std(ref, ddof=1))} |")
+            for arm in ("weighted", "fixed"):
+                if arm not in arms:
+                    row += " | |"
+                    continue
+                acc = cells[(eps, arm)]
+                p = stats.ttest_ind(acc, ref, equal_var=False).pvalue
+                row += (f" {zs[(eps, arm)]:.2f} | {f3(np.mean(acc))} ± {f3(np.std(acc, ddof=1))}"
+                        f" ({np.mean(acc) - np.mean(ref):+.3f}, p {p:.3f}) |")
+            claims.append(("privacy_units.md", row))
+    return claims
+
+
 def one_run_audit_claims() -> list[tuple[str, str]]:
     """docs/audit.md's one-run figures, from the audit's JSON."""
     r = _json("results/audit/one_run_mnist5k.json")
@@ -353,7 +382,8 @@ def one_run_audit_claims() -> list[tuple[str, str]]:
 
 
 CLAIMS = (one_run_audit_claims() + correlated_noise_claims() + voting_claims() + tuning_claims() + fnas_claims() + isrl_claims() + isrl_silo_claims()
-          + shuffle_claims() + fedkt_claims() + adaptive_clip_claims() + distributed_dp_claims())
+          + shuffle_claims() + fedkt_claims() + adaptive_clip_claims() + distributed_dp_claims()
+          + participation_claims())
 
 
 @pytest.mark.parametrize("page, text", CLAIMS, ids=[f"{p}:{t[:40]}" for p, t in CLAIMS])
