@@ -32,11 +32,11 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from fedjax_dp.algorithms import api, round_values
+from fedjax_dp.algorithms import api, round_values, secure_rounds
 from fedjax_dp.algorithms.calls import resolve_capacity
 from fedjax_dp.algorithms.fused_rounds import add_trees, make_fused_rounds
 from fedjax_dp.core import (AGENTS, StackedData, for_each_agent, for_each_agent_sum, is_on_host,
-                            rng, validation)
+                            validation)
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import memory
 from fedjax_dp.core.lift import resolve_chunk_size, training_bytes
@@ -45,9 +45,7 @@ from fedjax_dp.privacy import adaptive_clip as adaptive_lib
 from fedjax_dp.privacy import clipping, mechanisms
 from fedjax_dp.privacy import correlated_noise as correlated_lib
 from fedjax_dp.privacy import distributed_dp as distributed_lib
-from fedjax_dp.privacy import rotation
 from fedjax_dp.privacy import secagg as secagg_lib
-from fedjax_dp.privacy import secagg_masks
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
 
 Params = Any
@@ -195,14 +193,6 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
     count_std = adaptive.count_std(spec.expected_cohort(num_agents)) if adaptive else 0.0
     correlated = spec.correlated
     distributed = spec.distributed
-    n_min = distributed.survivors_needed(spec.sampling.size) if distributed else 0
-
-    def distributed_plan(k_train, dim):
-        """The round's plan (scale, noise, norm bound) and public rotation signs ``[d']``,
-        the same for every pass of the round (from ``k_train``'s "rotation" stream)."""
-        plan = distributed_lib.plan(distributed, noise_multiplier=spec.noise_multiplier,
-                                    clip=spec.clip_norm, dim=dim, cohort=spec.sampling.size)
-        return plan, rotation.signs(rng.stream(k_train, "rotation"), dim)
 
     def clipped_update(key, view, x, y, mask, count, extras):
         """One agent's contribution to the sum: its update Delta (clipped) and its metrics;
@@ -248,24 +238,7 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
             return total, metric_sums, jnp.sum(valid.astype(jnp.float32))
         deltas, metrics = stacked(keys, params, agents.x, agents.y, agents.mask,   # [B, ...]
                                   agents.counts, mine)
-        # the pass's own masking / dropout keys (its first agent's id tells passes apart);
-        # fold_in(k_train, crc32("secagg") = 1951061648) is no agent's training key for N < 1.95e9
-        k_pass = jax.random.fold_in(rng.stream(k_train, "secagg"), ids[0])
-        k_mask, k_drop = jax.random.split(k_pass)
-        # every agent drops independently, its coin from fold_in(k_drop, id) (dp_fedavg's proof)
-        alive = (secagg_lib.drop_within(k_drop, valid, spec.secagg.dropout, ids)   # [B]
-                 if spec.secagg.dropout else valid)
-        if distributed:         # each agent's message in Z_2^b; the sum stays modular
-            flat = jax.vmap(lambda t: ravel_pytree(t)[0])(deltas)                # [B, d]
-            plan, sign = distributed_plan(k_train, flat.shape[1])
-            k_client = rng.stream(k_train, "distributed_noise")
-            msgs = jax.vmap(lambda i, x: distributed_lib.client_message(
-                jax.random.fold_in(k_client, i), x, sign, plan, distributed.kind, n_min))(
-                ids, flat)                                                        # [B, d']
-            total = distributed_lib.modular_sum(k_mask, msgs, ids, alive, plan.bits,
-                                                spec.secagg.neighbours)
-        else:
-            total = secagg_masks.secure_tree_sum(k_mask, deltas, ids, alive, spec.secagg)
+        total, alive = secure_rounds.pass_sum(spec, k_train, deltas, ids, valid)
         return (total, cohort_lib.masked_sum(metrics, alive),
                 jnp.sum(alive.astype(jnp.float32)))
 
@@ -277,12 +250,8 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
             total, centred = total
         released = None
         if distributed:                       # unwrap the modular sum; abort if M < n_min
-            _, unravel = ravel_pytree(params)
-            dim = sum(int(math.prod(l.shape)) for l in jax.tree.leaves(params))
-            plan, sign = distributed_plan(k_train, dim)
-            released = num_sampled >= n_min
-            flat = jnp.where(released, distributed_lib.server_sum(total, sign, plan, dim), 0.0)
-            total = unravel(flat)
+            total, released = secure_rounds.distributed_release(spec, k_train, params, total,
+                                                                num_sampled)
         elif correlated:                      # z S (C^-1 Z)_t, streamed (correlated_noise)
             flat, unravel = ravel_pytree(total)
             noise, noise_state = correlated_lib.next_noise(correlated, k_noise,
@@ -322,26 +291,7 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
     return jax.jit(train_sum), jax.jit(server), jax.jit(fused)
 
 
-def check_secagg_range(spec: RoundSpec, rows: int) -> None:
-    """Secure aggregation needs a bound on the sum (before any work): every coordinate of a
-    clipped update is at most ``clip_norm`` in absolute value, so a pass of ``rows`` agents sums
-    to at most ``rows * clip_norm`` per coordinate, which must fit the ring
-    (:func:`fedjax_dp.privacy.secagg.check_range`)."""
-    if spec.secagg is None or spec.distributed is not None:   # distributed: the plan's range
-        return
-    if spec.clip_norm is None:
-        raise ValueError("algorithm.aggregation = 'secagg' needs clipped updates (clip_norm): "
-                         "the fixed-point range is bounded by the number of agents x clip_norm")
-    bound, name = float(spec.clip_norm), "algorithm.clip_norm"
-    if spec.adaptive is not None:
-        if spec.adaptive.max_clip_norm is None:
-            raise ValueError("algorithm.aggregation = 'secagg' with algorithm.adaptive_clip needs "
-                             "algorithm.adaptive_clip.max_clip_norm (> 0): the fixed-point range "
-                             "is bounded by the number of agents x the largest clip norm")
-        bound = max(bound, spec.adaptive.max_clip_norm)
-        name = "max(algorithm.clip_norm, algorithm.adaptive_clip.max_clip_norm)"
-    secagg_lib.check_range(f"{name} x agents per pass ({rows})", rows * bound,
-                           spec.secagg.frac_bits, rows)
+check_secagg_range = secure_rounds.check_secagg_range
 
 
 class RoundRunner:
@@ -520,13 +470,7 @@ def init_rounds(key: jax.Array, data: api.FederatedData, model: Model, local: Lo
     spec.sampling.check(data.num_agents)
     spec = spec.with_weights(data.agents.counts)
     params = model.init(api.init_key(key))
-    if spec.distributed is not None:          # bits that cannot hold the sum: refused here
-        dim = sum(int(np.prod(l.shape)) for l in jax.tree.leaves(params))
-        try:
-            distributed_lib.plan(spec.distributed, noise_multiplier=spec.noise_multiplier,
-                                 clip=spec.clip_norm, dim=dim, cohort=spec.sampling.size)
-        except ValueError as e:
-            raise ValueError(f"algorithm.distributed_noise: {e}") from None
+    secure_rounds.check_distributed_plan(spec, params)     # bits that cannot hold the sum
     expected = max(1, math.ceil(spec.expected_cohort(data.num_agents)))
     chunk_size = resolve_chunk_size(runtime.chunk_size, num_agents=expected,
                                     bytes_per_agent=training_bytes(params, expected))
