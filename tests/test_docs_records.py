@@ -5,6 +5,8 @@ by hand, fails the test. Reads files only (no run, no compilation)."""
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,10 @@ def _json(path: str):
 
 
 def _page(name: str) -> str:
-    return " ".join((ROOT / "docs" / name).read_text().split())     # lines joined
+    """A docs page by its name (``audit.md``) or any page by its path from the repository root
+    (``results/sweeps/README.md``), its lines joined."""
+    path = ROOT / name if "/" in name else ROOT / "docs" / name
+    return " ".join(path.read_text().split())
 
 
 def f3(x: float) -> str:
@@ -45,6 +50,85 @@ def _mean(table: dict, name: str, **keys) -> float:
 
 def _p(table: dict, pair: str, **keys) -> float:
     return _row(table, **keys)["tests"][pair]["p_value"]
+
+
+# Helpers shared with test_docs_records_pages / _readmes: figures written as a page writes them,
+# and a page's table row with its numbers recomputed from a record.
+
+def sig(x: float, n: int = 2) -> str:
+    """``x`` to ``n`` significant figures, fixed point, thousands separated: 1,400 / 64 / 1.3 /
+    1.0 / 0.49."""
+    if x == 0:
+        return "0"
+    rounded = float(f"{x:.{n}g}")
+    decimals = max(0, n - 1 - math.floor(math.log10(abs(rounded))))
+    return f"{rounded:,.{decimals}f}"
+
+
+def dec(n: int):
+    """A formatter: ``n`` decimals."""
+    return lambda x: f"{x:.{n}f}"
+
+
+def ms(seconds: float, n: int = 2) -> str:
+    return f"{sig(1e3 * seconds, n)} ms"
+
+
+def span(values, fmt=f3, sep="-") -> str:
+    """``min-max`` of the values, each formatted (one figure where the two read the same)."""
+    lo, hi = fmt(min(values)), fmt(max(values))
+    return lo if lo == hi else f"{lo}{sep}{hi}"
+
+
+def _text(path: str) -> str:
+    return (ROOT / path).read_text()
+
+
+def _runs(sweep: str) -> list[dict]:
+    return list(records.read([ROOT / "results" / "sweeps" / sweep]))
+
+
+def _md_row(path: str, *cells: str, width: int | None = None) -> list[str]:
+    """The cells of the one row of a markdown table in ``path`` that starts with ``cells`` (and
+    has ``width`` cells, where two tables' rows start alike)."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in _text(path).splitlines() if line.startswith("|")]
+    found = [r for r in rows if r[:len(cells)] == list(cells) and width in (None, len(r))]
+    assert len(found) == 1, (path, cells)
+    return found[0]
+
+
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def like(printed: str, value: float) -> str:
+    """``value`` with as many decimals as ``printed`` (and its thousands separator)."""
+    decimals = len(printed.split(".")[1]) if "." in printed else 0
+    return f"{value:{',' if ',' in printed else ''}.{decimals}f}"
+
+
+def fill(cell: str, values: list) -> str:
+    """The cell with its numbers replaced, in order, by ``values`` written like them (a string as
+    it is; None keeps the page's number: a label or a figure checked elsewhere)."""
+    found = NUMBER.findall(cell)
+    assert len(found) == len(values), (cell, values)
+    pieces = NUMBER.split(cell)
+    out = pieces[0]
+    for printed, value, rest in zip(found, values, pieces[1:]):
+        if value is None:
+            value = printed
+        out += (value if isinstance(value, str) else like(printed, value)) + rest
+    return out
+
+
+def row_claim(page: str, keys: tuple, columns: dict[int, list],
+              width: int | None = None) -> tuple[str, str]:
+    """The page's table row that starts with ``keys``, its numbers in ``columns`` (column index
+    -> values) recomputed from a record: the claim that the page's row reads so."""
+    row = _md_row(page if "/" in page else f"docs/{page}", *keys, width=width)
+    for i, values in columns.items():
+        row[i] = fill(row[i], values)
+    return page, f"| {' | '.join(row)} |"
 
 
 def voting_claims() -> list[tuple[str, str]]:
@@ -392,6 +476,8 @@ def test_page_quotes_the_records(page, text):
 
 
 def test_every_paper_page_and_the_summaries_have_checked_claims():
+    # every other page with results, and that each such page has claims somewhere:
+    # test_docs_records_pages.py (RESULT_PAGES, OTHER_PAGES)
     pages = {p for p, _ in CLAIMS}
     assert {"index.md", "reproducibility.md", "voting_dpfl.md", "fnas.md", "isrl.md",
             "shuffle_dp.md", "fedkt.md"} <= pages
