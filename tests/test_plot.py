@@ -91,6 +91,20 @@ def test_summarize_single_record_std_zero_numeric_order_and_params(grid):
     assert len(rows) == 1 and rows[0]["n"] == 12
 
 
+def test_a_hue_of_two_fields_joined_by_plus_is_a_line_per_pair(grid):
+    """``--hue algorithm+target_epsilon``: one line per (method, epsilon) pair, each over its own
+    seeds; an unknown part names the field."""
+    recs, acc = grid
+    rows = plots.summarize(recs, "num_agents", "test_accuracy", hue="algorithm+target_epsilon")
+    assert sorted(r["hue"] for r in rows) == sorted(f"{a}, {e}" for a in ALGOS for e in EPSILONS)
+    for r in rows:
+        a, e = r["hue"].split(", ")
+        assert r["n"] == 3
+        assert r["mean"] == pytest.approx(np.mean([acc[a, float(e), s] for s in SEEDS]))
+    with pytest.raises(ValueError, match="no_such_key"):
+        plots.summarize(recs, "num_agents", "test_accuracy", hue="algorithm+no_such_key")
+
+
 def test_summarize_drops_missing_x_with_a_count(grid):
     recs, _ = grid
     recs = recs + [_record("fedavg", None, s, 0.9) for s in SEEDS]      # no privacy: no epsilon

@@ -84,11 +84,15 @@ def from_result(result: dict, unit: str | None = None, **extra) -> dict:
 
 def field(record: dict, name: str) -> Any:
     """``record[name]``; else ``params[name]``; else the dotted path ``name`` in the record, then
-    in its ``config``. ``KeyError`` names the field when none has it."""
+    in its ``config``; else, for ``a+b`` (e.g. ``algorithm+target_epsilon``, a line per method
+    and epsilon), the fields' values joined as ``"va, vb"``. ``KeyError`` names the field when
+    none has it."""
     if name in record:
         return record[name]
     if name in record.get("params", {}):
         return record["params"][name]
+    if "+" in name:
+        return ", ".join(str(field(record, part)) for part in name.split("+"))
     for root in (record, record.get("config", {})):
         node: Any = root
         for part in name.split("."):
