@@ -189,6 +189,49 @@ def voting_claims() -> list[tuple[str, str]]:
     ]
 
 
+def crossing_rows() -> list[str]:
+    """docs/voting_dpfl.md's crossing table (issue 33): per N (training records per agent), per
+    target epsilon, DP-FedSGD's and kNN-DPFL's chosen mean test accuracy on the generated task,
+    the leader in bold, and Welch's p of the difference (results/voting_dpfl/hard_task.json)."""
+    hard = _json("results/voting_dpfl/hard_task.json")
+    records_per_agent = {100: 600, 300: 200, 1000: 60, 3000: 20}
+    rows = []
+    for n in sorted({r["row"]["data.num_agents"] for r in hard["rows"]}):
+        line = f"| {n:,} ({records_per_agent[n]}) |"
+        for e in (1.0, 2.0, 4.0, 8.0):
+            row = _row(hard, target_epsilon=e, **{"data.num_agents": n})
+            sgd, knn = (row["cells"][k]["test_accuracy_mean"] for k in ("dp_fedsgd", "knn_dpfl"))
+            a, b = (f"**{f3(sgd)}**", f3(knn)) if sgd > knn else (f3(sgd), f"**{f3(knn)}**")
+            p = row["tests"]["dp_fedsgd vs knn_dpfl"]["p_value"]
+            line += f" {a} / {b} (p {sci(p) if p < 0.01 else f'{p:.2f}'}) |"
+        rows.append(line)
+    return rows
+
+
+def crossing_claims() -> list[tuple[str, str]]:
+    """The crossing table, the candidates per chosen cell (reproducibility.md) and the hard-task
+    folders' run counts and seconds of runs (results/sweeps/README.md)."""
+    def candidates(name):
+        return {(r["data.num_agents"], r["target_epsilon"]): r["n_candidates"]
+                for r in _json(f"results/sweeps/voting_hard_task_{name}/selected.json")}
+    sgd, knn = candidates("dp_fedsgd"), candidates("knn_dpfl")
+    retuned = {(n, e) for n in (100, 1000) for e in (1.0, 4.0)}
+    others = {v for k, v in sgd.items() if k not in retuned}
+    assert len(sgd) - len(retuned) == 12 and others == {2}
+    assert {sgd[100, e] for e in (1.0, 4.0)} == {10} and {sgd[1000, e] for e in (1.0, 4.0)} == {6}
+    assert {v for (n, _), v in knn.items() if n != 3000} == {4}
+    assert {v for (n, _), v in knn.items() if n == 3000} == {3}
+    names = ("ceiling", "dp_fedavg", "dp_fedsgd", "ae_dpfl", "knn_dpfl")
+    runs = [_runs(f"voting_hard_task_{n}") for n in names]
+    return [("voting_dpfl.md", row) for row in crossing_rows()] + [
+        ("reproducibility.md", f"DP-FedSGD {sgd[100, 1.0]} at N = 100 and {sgd[1000, 1.0]} at "
+                               f"N = 1,000 (epsilon 1 / 4), 2 in the crossing's other 12 cells "
+                               f"(3), kNN-DPFL {knn[100, 1.0]}, {knn[3000, 1.0]} at N = 3,000 (3)"),
+        ("results/sweeps/README.md",
+         f"| `voting_hard_task_{{{','.join(names)}}}` | {' / '.join(str(len(r)) for r in runs)} | "
+         + " / ".join(f"{sum(x['wall_time_s'] for x in r):,.0f}" for r in runs) + " |")]
+
+
 def tuning_claims() -> list[tuple[str, str]]:
     fair = _json("results/voting_dpfl/fair_controls.json")
 
@@ -465,7 +508,7 @@ def one_run_audit_claims() -> list[tuple[str, str]]:
                          f"{r['mean_out_score']:.3f}")]
 
 
-CLAIMS = (one_run_audit_claims() + correlated_noise_claims() + voting_claims() + tuning_claims() + fnas_claims() + isrl_claims() + isrl_silo_claims()
+CLAIMS = (one_run_audit_claims() + correlated_noise_claims() + voting_claims() + crossing_claims() + tuning_claims() + fnas_claims() + isrl_claims() + isrl_silo_claims()
           + shuffle_claims() + fedkt_claims() + adaptive_clip_claims() + distributed_dp_claims()
           + participation_claims())
 
