@@ -2,6 +2,9 @@ import os
 
 # Tests run on the CPU; keep XLA from grabbing every core's worth of threads per process.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The notebooks (run by nbmake) at their smoke sizes: the same cells with fewer steps (each
+# notebook's first cell reads it; users' runs keep the sizes the text discusses).
+os.environ.setdefault("FEDJAX_DP_NOTEBOOK_SMOKE", "1")
 # glibc's fatal messages (heap corruption before an abort) to stderr, not only to a terminal: a
 # worker that dies in native code then says why in the test log.
 os.environ.setdefault("LIBC_FATAL_STDERR_", "1")
