@@ -215,18 +215,29 @@ def crossing_claims() -> list[tuple[str, str]]:
         return {(r["data.num_agents"], r["target_epsilon"]): r["n_candidates"]
                 for r in _json(f"results/sweeps/voting_hard_task_{name}/selected.json")}
     sgd, knn = candidates("dp_fedsgd"), candidates("knn_dpfl")
+    fedavg, ae = candidates("dp_fedavg"), candidates("ae_dpfl")
     retuned = {(n, e) for n in (100, 1000) for e in (1.0, 4.0)}
     others = {v for k, v in sgd.items() if k not in retuned}
     assert len(sgd) - len(retuned) == 12 and others == {2}
     assert {sgd[100, e] for e in (1.0, 4.0)} == {10} and {sgd[1000, e] for e in (1.0, 4.0)} == {6}
-    assert {v for (n, _), v in knn.items() if n != 3000} == {4}
+
+    def span(values):
+        return f"{min(values)}" if min(values) == max(values) else f"{min(values)}-{max(values)}"
+
+    knn_small = [v for (n, _), v in knn.items() if n != 3000]
+    knn_other = [v for k, v in knn.items() if k not in retuned]
     assert {v for (n, _), v in knn.items() if n == 3000} == {3}
     names = ("ceiling", "dp_fedavg", "dp_fedsgd", "ae_dpfl", "knn_dpfl")
     runs = [_runs(f"voting_hard_task_{n}") for n in names]
     return [("voting_dpfl.md", row) for row in crossing_rows()] + [
-        ("reproducibility.md", f"DP-FedSGD {sgd[100, 1.0]} at N = 100 and {sgd[1000, 1.0]} at "
-                               f"N = 1,000 (epsilon 1 / 4), 2 in the crossing's other 12 cells "
-                               f"(3), kNN-DPFL {knn[100, 1.0]}, {knn[3000, 1.0]} at N = 3,000 (3)"),
+        ("reproducibility.md", f"DP-FedAvg {span(fedavg.values())} (3), AE-DPFL "
+                               f"{span(ae.values())} (3), DP-FedSGD {sgd[100, 1.0]} at N = 100 "
+                               f"and {sgd[1000, 1.0]} at N = 1,000 (epsilon 1 / 4), 2 in the "
+                               f"crossing's other 12 cells (3), kNN-DPFL {span(knn_small)}, "
+                               f"{knn[3000, 1.0]} at N = 3,000 (3)"),
+        ("reproducibility.md", f"on the harder task 10 or 6 against "
+                               f"{span([knn[k] for k in retuned])} where both were re-tuned, "
+                               f"2 against {span(knn_other)} in the crossing's other cells"),
         ("results/sweeps/README.md",
          f"| `voting_hard_task_{{{','.join(names)}}}` | {' / '.join(str(len(r)) for r in runs)} | "
          + " / ".join(f"{sum(x['wall_time_s'] for x in r):,.0f}" for r in runs) + " |")]
