@@ -143,6 +143,23 @@ def test_knn_search_chunk_refused_naming_agent_chunk(problem, monkeypatch):
                 api.FederatedData(agents=data, num_classes=3, x_public=x_public), model, cfg)
 
 
+def test_knn_search_of_vmapped_seeds_refused_naming_the_seeds(problem, monkeypatch):
+    """The seeds' path (one vmapped kNN search of S seeds per chunk) is budgeted as the single
+    seed's: refused before any work, naming the chunk, the queries and the seeds."""
+    from fedjax_dp.algorithms import seeds
+    data, model, _ = problem
+    x_public = np.random.default_rng(1).normal(size=(3000, 5)).astype(np.float32)
+    cfg = knn_dpfl.Config(k=2, sigma=1.0, num_queries=3000, student_steps=2, agent_chunk=4,
+                          feature_map="identity")
+    fed = api.FederatedData(agents=data, num_classes=3, x_public=x_public)
+    monkeypatch.setenv(memory.ENV, TINY)
+    with pytest.raises(memory.MemoryBudgetError,
+                       match=r"kNN search of a chunk of 4 agents .* for 3000 queries, 2 seeds "
+                             r"vmapped together.*algorithm\.agent_chunk \(4\), "
+                             r"algorithm\.num_queries \(3000\) or seeds vmapped together \(2\)"):
+        seeds.run_seeds(knn_dpfl, [jax.random.key(0), jax.random.key(1)], [fed, fed], model, cfg)
+
+
 def test_isrl_round_refused(monkeypatch):
     from isrl_fixtures import FED, MODEL, config
     monkeypatch.setenv(memory.ENV, "1kB")

@@ -270,7 +270,8 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
 
 
 def _count_blocks(fn: Callable, mean, matrix, chunks: Iterable[agent_stream.Chunk],
-                  queries: jax.Array, size: int, *, drivers: dict | None = None):
+                  queries: jax.Array, size: int, *, drivers: dict | None = None,
+                  seeds: int = 1):
     """``(label counts [(S,) size, Q, C] int32, agent ids [size], valid [size])`` per streamed
     chunk: the feature map and the kNN search of one chunk of agents in one compiled call
     (:func:`_chunk_counts_fn`, or vmapped over S seeds: :func:`_seeds_counts_fn`); with
@@ -281,7 +282,8 @@ def _count_blocks(fn: Callable, mean, matrix, chunks: Iterable[agent_stream.Chun
         if drivers is not None:
             memory.check_call(fn, *args, drivers=drivers,
                               what=f"the kNN search of a chunk of {size} agents "
-                              f"({a.x.shape[1]} records each) for {queries.shape[0]} queries")
+                              f"({a.mask.shape[-1]} records each) for {queries.shape[-2]} queries"
+                              + (f", {seeds} seeds vmapped together" if seeds > 1 else ""))
         yield fn(*args), chunk.ids, chunk.valid
 
 
@@ -343,7 +345,12 @@ def _vote_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]) -> list[tup
 
     chunks = agent_stream.chunks(datas if plan.agents_axis == 0 else datas[0], size,
                                  stack=plan.agents_axis == 0)
-    blocks = _count_blocks(fn, mean, matrix, chunks, queries, size)
+    # the seeds' calls are budgeted as the single seed's (a vmapped call of S seeds holds S
+    # chunks' distances: unchecked, 3 seeds at N = 3,000, Q = 10,000 were killed at 23.5 GB)
+    drivers = {"algorithm.agent_chunk": size, "algorithm.num_queries": int(queries.shape[1]),
+               "seeds vmapped together": len(states)}
+    blocks = _count_blocks(fn, mean, matrix, chunks, queries, size, drivers=drivers,
+                           seeds=len(states))
     outs = voting_dpfl.streamed_vote_seeds(states, blocks, num_chunks(datas[0].num_agents, size),
                                            divisor=float(cfg.k))
     return [(values, {**metrics, "k": cfg.k, "agent_chunk": size}) for values, metrics in outs]
