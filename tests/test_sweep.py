@@ -56,6 +56,24 @@ def test_seeds_vmapped_equal_separate_runs():
     assert together[0]["history"][-1] != together[1]["history"][-1]
 
 
+def test_seeds_that_do_not_fit_together_run_one_by_one(tmp_path, monkeypatch):
+    """The memory budget refuses a cell's vmapped seeds (before any work): the sweep says so and
+    runs them one by one, each checked on its own, and records every seed."""
+    from fedjax_dp.core import memory
+
+    def refused(configs, **kwargs):
+        raise memory.MemoryBudgetError("one step of 2 seeds needs about 36 GB of memory")
+
+    monkeypatch.setattr(runner, "run_seeds", refused)
+    sw = sweep.load([FEDAVG], seeds=2, overrides=FEDAVG_SETS + ["run.progress=false"])
+    lines = []
+    records = sweep.run(sw, tmp_path / "sw", log=lines.append)
+    assert sorted(r["seed"] for r in records) == [0, 1]
+    assert [r["vmapped_seeds"] for r in records] == [1, 1]
+    assert any("2 seeds do not fit in memory together" in line and "36 GB" in line
+               and "one by one" in line for line in lines), lines
+
+
 def test_algorithm_without_pure_step_is_not_vmapped(monkeypatch):
     # an algorithm with neither seed_step nor batched_step (DP-FedAvg with its hook taken away:
     # every registered algorithm may gain one) runs its seeds one by one

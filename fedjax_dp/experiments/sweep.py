@@ -22,7 +22,7 @@ import tomllib
 from pathlib import Path
 from typing import Callable
 
-from fedjax_dp.core import compilation
+from fedjax_dp.core import compilation, memory
 from fedjax_dp.core import validation
 from fedjax_dp.experiments import calibrate as calibrate_lib
 from fedjax_dp.experiments import config as config_lib
@@ -433,7 +433,11 @@ def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = 
         results = None
         compilation.release_compiled()     # one process runs every cell: stay below the map limit
         if vmap_seeds and len(todo) > 1 and not (calibrated and len(set(calibrated)) > 1):
-            results = runner.run_seeds([configs[i] for i in todo], progress=False)
+            try:
+                results = runner.run_seeds([configs[i] for i in todo], progress=False)
+            except memory.MemoryBudgetError as e:  # refused before its work: one seed at a time
+                log(f"  the cell's {len(todo)} seeds do not fit in memory together ({e}); "
+                    "running them one by one")
         if results is None:
             results = []
             for i in todo:
