@@ -270,12 +270,12 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
 
 
 def _count_blocks(fn: Callable, mean, matrix, chunks: Iterable[agent_stream.Chunk],
-                  queries: jax.Array, size: int, *, drivers: dict | None = None,
-                  seeds: int = 1):
+                  queries: jax.Array, size: int, *, drivers: dict | None = None):
     """``(label counts [(S,) size, Q, C] int32, agent ids [size], valid [size])`` per streamed
     chunk: the feature map and the kNN search of one chunk of agents in one compiled call
     (:func:`_chunk_counts_fn`, or vmapped over S seeds: :func:`_seeds_counts_fn`); with
     ``drivers``, each call is first checked against the memory budget."""
+    seeds = queries.shape[0] if queries.ndim == 3 else 1                   # [S, Q, m] or [Q, m]
     for chunk in chunks:
         a = chunk.agents
         args = (mean, matrix, a.x, a.y, a.mask, queries)
@@ -345,12 +345,11 @@ def _vote_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]) -> list[tup
 
     chunks = agent_stream.chunks(datas if plan.agents_axis == 0 else datas[0], size,
                                  stack=plan.agents_axis == 0)
-    # the seeds' calls are budgeted as the single seed's (a vmapped call of S seeds holds S
-    # chunks' distances: unchecked, 3 seeds at N = 3,000, Q = 10,000 were killed at 23.5 GB)
+    # the seeds' calls are budgeted as the single seed's (a vmapped call holds S chunks' label
+    # counts: unchecked, 3 seeds at N = 3,000, Q = 10,000 were killed at 23.5 GB)
     drivers = {"algorithm.agent_chunk": size, "algorithm.num_queries": int(queries.shape[1]),
                "seeds vmapped together": len(states)}
-    blocks = _count_blocks(fn, mean, matrix, chunks, queries, size, drivers=drivers,
-                           seeds=len(states))
+    blocks = _count_blocks(fn, mean, matrix, chunks, queries, size, drivers=drivers)
     outs = voting_dpfl.streamed_vote_seeds(states, blocks, num_chunks(datas[0].num_agents, size),
                                            divisor=float(cfg.k))
     return [(values, {**metrics, "k": cfg.k, "agent_chunk": size}) for values, metrics in outs]
