@@ -335,6 +335,60 @@ ISRL_NAMES = {"isrl_spider": "ISRL-DP SPIDER", "isrl_prox_pl_svrg": "ISRL-DP Pro
               "mb_sgd": "MB-SGD (non-private)", "local_sgd": "Local SGD (non-private)"}
 
 
+# --- docs/fnas.md: which part loses the accuracy (issue 33; results/fnas/causes.json) -------------
+
+FNAS_ARM = "algorithm.private+algorithm.noise_weights+algorithm.noise_arch+algorithm.fixed_genotype"
+
+
+def _fnas_eps(runs: list[dict]) -> str:
+    """An arm's search epsilon as the page writes it: RDP at delta 1e-5, infinite without noise,
+    none without a private search."""
+    if not runs[0]["params"][FNAS_ARM][0]:
+        return "none (no private search)"
+    eps = {e["epsilon"] for r in runs for e in r["privacy"] if e["accountant"] == "rdp"}
+    return "infinite (no noise)" if eps == {None} else f"{eps.pop():.1f}"
+
+
+def fnas_causes_claims() -> list[tuple[str, str]]:
+    page = "fnas.md"
+    runs = _runs("fnas_causes")
+    chosen = {tuple(r[FNAS_ARM]): r["selected"]["algorithm.retrain_lr"]
+              for r in _json("results/sweeps/fnas_causes/selected.json")}
+    d = _json("results/fnas/causes.json")
+    claims = []
+    for name, a in d["arms"].items():
+        arm = tuple(a["value"])
+        mine = [r for r in runs if tuple(r["params"][FNAS_ARM]) == arm]
+        lr = chosen[arm]
+        sel = [r for r in mine if r["params"]["algorithm.retrain_lr"] == lr]
+        at01 = [r["test_accuracy"] for r in mine if r["params"]["algorithm.retrain_lr"] == 0.1]
+        lrs = sorted({r["params"]["algorithm.retrain_lr"] for r in mine})
+        share = [np.mean([np.mean(["pool" in op for op, _ in r["extras"]["genotype"][c]])
+                          for r in sel]) for c in ("normal", "reduce")]
+        means = ", ".join(f3(a["unit_means"][u]) for u in sorted(a["unit_means"]))
+        assert a["units"] == len(sel)
+        claims.append((page, f"| {name} | {a['units']} | {_fnas_eps(sel)} | "
+                             f"{', '.join(f'{x:g}' for x in lrs)} | {lr:g} | "
+                             f"{f3(a['between_unit_mean'])} ± {f3(a['between_unit_std'])} | "
+                             f"{means} | {f3(np.mean(at01))} ± {f3(np.std(at01, ddof=1))} | "
+                             f"{share[0]:.2f} / {share[1]:.2f} |"))
+    for pair, t in d["tests"].items():
+        p = t["p_value"]
+        claims.append((page, f"{pair}: {t['difference']:+.3f} (p = "
+                             f"{sci(p) if p < 0.001 else f'{p:.3f}'})"))
+    # the learning-rate edge, checked on the genotypes (fnas_causes_lr_edge)
+    edge = _runs("fnas_causes_lr_edge")
+    genos = {g: i for i, g in enumerate(dict.fromkeys(
+        r["params"]["algorithm.fixed_genotype"] for r in edge))}
+    for label, part in (("clip-only", range(0, 5)), ("sigma = 2", range(5, 10))):
+        val = {lr: np.mean([r["val_accuracy"] for r in edge
+                            if genos[r["params"]["algorithm.fixed_genotype"]] in part
+                            and r["params"]["algorithm.retrain_lr"] == lr]) for lr in (0.01, 0.03)}
+        claims.append((page, f"{label} genotypes: mean validation accuracy {f3(val[0.01])} at "
+                             f"0.01 against {f3(val[0.03])} at 0.03"))
+    return claims
+
+
 def _isrl_results(path: str = "results/isrl/results.json") -> dict:
     return {d["dataset"]: d for d in _json(path)["results"]}
 
@@ -685,7 +739,7 @@ def scale_page_claims() -> list[tuple[str, str]]:
 
 CLAIMS = (secagg_claims() + audit_claims() + devices_claims() + bench_claims()
           + performance_claims() + getting_started_claims() + shuffle_tables_claims()
-          + fnas_page_claims() + isrl_page_claims() + fedkt_page_claims()
+          + fnas_page_claims() + fnas_causes_claims() + isrl_page_claims() + fedkt_page_claims()
           + adaptive_clip_text_claims() + participation_text_claims() + scale_page_claims())
 
 # Figures a page quotes with no committed record behind them: the page must say so, in these

@@ -168,7 +168,7 @@ def sweeps_readme_claims() -> list[tuple[str, str]]:
                       f"{_md_row(table, 'searched')[1]} against {_md_row(table, 'random')[1]})")]
     # issue 25's and 33's sweeps (the non-voting rows)
     for name in ("isrl_reproduction_lr_clip", "isrl_reproduction", "isrl_sdp",
-                 "fnas_discriminative"):
+                 "fnas_discriminative", "fnas_causes", "fnas_causes_lr_edge"):
         claims.append((page, _sweep_row(name, _runs(name))))
     sel = {tuple(r["algorithm.phase_length+algorithm.accounting+algorithm.learning_rate+"
                    "algorithm.clip_norm"][:2]): r
