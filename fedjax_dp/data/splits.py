@@ -18,7 +18,7 @@ def holdout(indices: np.ndarray, labels: np.ndarray, num_holdout: int, seed: int
     if num_holdout == len(indices):
         return indices[:0], np.random.default_rng(seed).permutation(indices)
     if stratify:
-        from sklearn.model_selection import train_test_split   # here: importing sklearn costs ~2.7 s
+        from sklearn.model_selection import train_test_split   # here only: slow to import
         try:
             rest, held = train_test_split(indices, test_size=num_holdout, random_state=seed,
                                           stratify=labels)
