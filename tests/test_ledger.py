@@ -335,3 +335,27 @@ def test_printed_guarantees_say_when_they_are_data_dependent():
         "party: eps=1.235 at delta=1e-05 (rdp)"
     assert guarantee_line({**row, "epsilon": None}) == \
         "party: eps=inf at delta=1e-05 (rdp)"                 # result.json's null: no guarantee
+
+
+def test_report_memo_computes_each_ledger_once_and_matches_direct(monkeypatch):
+    """Identical ledgers (a sweep's seeds and non-privacy grid points) are accounted once; the
+    memoised epsilon equals dp-accounting's, and a different event is not served from the memo."""
+    from fedjax_dp.privacy import ledger as ledger_lib
+    monkeypatch.setattr(ledger_lib, "_EPSILON_MEMO", type(ledger_lib._EPSILON_MEMO)())
+    calls = []
+    real = A.composed_accountant
+    monkeypatch.setattr(A, "composed_accountant", lambda *a, **k: calls.append(a) or real(*a, **k))
+
+    def ledger(z):
+        return PrivacyLedger().add_event(
+            "record", dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.05, dpa.GaussianDpEvent(z)), 40),
+            relation="add/remove one record")
+
+    first = ledger(1.3).report(DELTA, accountants=("rdp", "pld"))
+    again = ledger(1.3).report(DELTA, accountants=("rdp", "pld"))
+    assert len(calls) == 2 and again == first              # one RDP and one PLD computation
+    direct = dpa.rdp.RdpAccountant(orders=ORDERS)
+    direct.compose(dpa.PoissonSampledDpEvent(0.05, dpa.GaussianDpEvent(1.3)), 40)
+    assert first[0]["epsilon"] == pytest.approx(direct.get_epsilon(DELTA), rel=1e-9)
+    other = ledger(1.4).report(DELTA, accountants=("rdp",))
+    assert len(calls) == 3 and other[0]["epsilon"] < first[0]["epsilon"]

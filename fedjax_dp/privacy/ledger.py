@@ -47,6 +47,7 @@ data-dependent entries declares its data-dependent epsilons itself. Every guaran
 true``)."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import json
@@ -233,6 +234,35 @@ def _pld_epsilon(events: Sequence[Any], delta: float) -> float:
             e, value_discretization_interval=accounting.DEFAULT_PLD_DISCRETIZATION)
         total = one if total is None else total.compose(one)
     return float(total.get_epsilon_for_delta(delta))
+
+
+_EPSILON_MEMO: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
+_EPSILON_MEMO_SIZE = 512
+
+
+def _events_epsilon(events: Sequence[Any], delta: float, accountant: str,
+                    with_shuffle: bool) -> tuple[float, float | None]:
+    """(epsilon, optimal RDP order or None) of ``events`` composed, by ``accountant`` (PLD with
+    shuffle events). A pure function of the events' JSON, delta and the accountant, so it is
+    memoised (LRU, 512 entries): the runs of a sweep that differ only in non-privacy keys
+    (step size, clip-free settings) or in their seed report one ledger, computed once."""
+    key = (tuple(_event_key(e) for e in events), float(delta), accountant, with_shuffle)
+    if key in _EPSILON_MEMO:
+        _EPSILON_MEMO.move_to_end(key)
+        return _EPSILON_MEMO[key]
+    if with_shuffle:
+        out = (_pld_epsilon(events, delta), None)
+    else:
+        acc = accounting.composed_accountant(_compose(events), accountant, None)
+        if accountant == "rdp":
+            eps, order = acc.get_epsilon_and_optimal_order(delta)
+            out = (float(eps), float(order))
+        else:
+            out = (float(acc.get_epsilon(delta)), None)
+    _EPSILON_MEMO[key] = out
+    if len(_EPSILON_MEMO) > _EPSILON_MEMO_SIZE:
+        _EPSILON_MEMO.popitem(last=False)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -501,19 +531,12 @@ class PrivacyLedger:
                     events.append(e.event)
                 elif e.kind == "parallel":
                     events.append(e.members[next(picks)])
-            if with_shuffle:
-                eps, order = _pld_epsilon(events, delta), None
-            elif dd:
+            if dd:
                 total = dd_sum + (accounting.event_rdp(_compose(events), dd_orders)
                                   if events else 0.0)
                 eps, order = accounting.epsilon_from_rdp(dd_orders, total, delta)
             else:
-                acc = accounting.composed_accountant(_compose(events), accountant, None)
-                if accountant == "rdp":
-                    eps, order = acc.get_epsilon_and_optimal_order(delta)
-                    eps, order = float(eps), float(order)
-                else:
-                    eps, order = float(acc.get_epsilon(delta)), None
+                eps, order = _events_epsilon(events, delta, accountant, with_shuffle)
             if best is None or eps > best.epsilon:
                 best = _Evaluation(eps, events, list(combo), order)
         return best
