@@ -222,6 +222,27 @@ def test_select_chooses_on_validation_and_reports_test():
     assert rows[0]["x"] == 1 and rows[0]["n_candidates"] == 2
 
 
+def test_grid_edges_along_the_axes_through_the_chosen_point():
+    over = ["rounds", "lr"]
+    grid = [{"rounds": r, "lr": lr} for r in (25, 100, 300) for lr in (0.3, 1.0, 3.0)]
+    edges = lambda chosen, tried=grid: sweep.grid_edges(chosen, tried, over)     # noqa: E731
+    assert edges({"rounds": 100, "lr": 1.0}) == ""
+    assert edges({"rounds": 300, "lr": 0.3}) == "rounds=high; lr=low"
+    # an extension past one edge, tried only along the chosen point's axis, makes it interior
+    ext = [{"rounds": 100, "lr": 1.0}, {"rounds": 30, "lr": 3.0}, {"rounds": 100, "lr": 3.0},
+           {"rounds": 300, "lr": 3.0}, {"rounds": 100, "lr": 10.0}]
+    assert edges({"rounds": 100, "lr": 3.0}, ext) == ""
+    assert edges({"rounds": 300, "lr": 3.0}, ext) == "rounds=high; lr=only"
+    # names and flags have no order; a single numeric value is "only"
+    assert sweep.grid_edges({"opt": "adam", "lr": 0.1}, [{"opt": "sgd", "lr": 0.1},
+                            {"opt": "adam", "lr": 0.1}], ["opt", "lr"]) == "lr=only"
+    recs = [_rec(lr, 1.0, 0, val, 0.5) for lr, val in ((0.1, 0.4), (0.3, 0.6), (1.0, 0.5))]
+    assert sweep.select(recs, "val_accuracy", ["train.learning_rate"])[0]["at_edge"] == ""
+    recs = recs[:2]
+    assert (sweep.select(recs, "val_accuracy", ["train.learning_rate"])[0]["at_edge"]
+            == "train.learning_rate=high")
+
+
 def test_validation_split_is_held_out_of_training(tmp_path):
     cfg = config_lib.load(FEDAVG, FEDAVG_SETS + ["data.validation_fraction=0.1"])
     full = runner.setup(config_lib.load(FEDAVG, FEDAVG_SETS))

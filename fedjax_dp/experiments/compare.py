@@ -29,8 +29,8 @@ import numpy as np
 from fedjax_dp.experiments import records as records_lib
 
 #: selected.json fields that are results, not the keys a chosen cell is grouped by
-_RESULT_KEYS = {"base", "algorithm", "selected", "n_candidates", "val_accuracy_mean", "n",
-                "test_accuracy_mean", "test_accuracy_std", "epsilon_mean", "epsilon_std",
+_RESULT_KEYS = {"base", "algorithm", "selected", "at_edge", "n_candidates", "val_accuracy_mean",
+                "n", "test_accuracy_mean", "test_accuracy_std", "epsilon_mean", "epsilon_std",
                 "epsilon_unit", "calibrated_value"}
 #: the fewest seeds a cell needs before two cells are tested against each other
 MIN_SEEDS = 3

@@ -30,7 +30,7 @@ from fedjax_dp.experiments import records as records_lib
 from fedjax_dp.experiments import tracking as tracking_lib
 
 __all__ = ["Sweep", "Run", "load", "expand", "run", "run_folder", "summarize", "split_values",
-           "summary_markdown", "tied_keys", "assignments"]
+           "grid_edges", "summary_markdown", "tied_keys", "assignments"]
 
 ConfigError = config_lib.ConfigError
 
@@ -622,10 +622,12 @@ def select(records: list[dict], metric: str, over: list[str]) -> list[dict]:
             scored.append((m, row, recs))
         best_m, best, recs = max(scored, key=lambda t: t[0])
         params = recs[0].get("params", {})
+        tried = [r[0].get("params", {}) for _, _, r in scored]
         out.append({"base": best["base"], "algorithm": best["algorithm"],
                     **{k: v for k, v in params.items() if k not in over},
                     "target_epsilon": best["target_epsilon"],
                     "selected": {k: params.get(k) for k in over},
+                    "at_edge": grid_edges(params, tried, over),
                     "n_candidates": len(scored), f"{metric}_mean": best_m,
                     **{k: best[k] for k in ("n", "test_accuracy_mean", "test_accuracy_std",
                                             "epsilon_mean", "epsilon_std", "epsilon_unit",
@@ -636,12 +638,37 @@ def select(records: list[dict], metric: str, over: list[str]) -> list[dict]:
     return out
 
 
+def grid_edges(chosen: dict, tried: list[dict], over: list[str]) -> str:
+    """The numeric ``over`` keys at which ``chosen`` sits on an edge of the tried grid, as
+    ``"key=low"`` / ``"key=high"`` / ``"key=only"`` joined by ``"; "`` (``""``: interior).
+
+    Along each key's axis through the chosen point (the tried points equal to ``chosen`` in every
+    other ``over`` key), the chosen value is interior when a smaller and a larger value were
+    tried; ``only`` when it is the one value tried. Non-numeric keys (names, flags) have no
+    order and are skipped. A selection at an edge may improve past it: widen the grid there."""
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    edges = []
+    for k in over:
+        if not number(chosen.get(k)):
+            continue
+        axis = {p.get(k) for p in tried
+                if number(p.get(k)) and all(p.get(j) == chosen.get(j) for j in over if j != k)}
+        below = any(v < chosen[k] for v in axis)
+        above = any(v > chosen[k] for v in axis)
+        if not (below and above):
+            edges.append(f"{k}={'only' if not (below or above) else 'low' if not below else 'high'}")
+    return "; ".join(edges)
+
+
 def write_selection(records: list[dict], out: Path, metric: str, over: list[str]
                     ) -> list[dict]:
     """``selected.md`` / ``selected.csv`` / ``selected.json`` of :func:`select`."""
     rows = select(records, metric, over)
-    flat = [{**{k: v for k, v in r.items() if k != "selected"},
-             **{f"selected {k}": v for k, v in r["selected"].items()}} for r in rows]
+    flat = [{**{k: v for k, v in r.items() if k not in ("selected", "at_edge")},
+             **{f"selected {k}": v for k, v in r["selected"].items()},
+             "at_edge": r["at_edge"]} for r in rows]
     cols = list(dict.fromkeys(k for r in flat for k in r))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=cols)
