@@ -304,3 +304,26 @@ def test_record_rows_checks():
         check_rows(RecordRows(np.array([[5]]), np.array([1])), 5)
     with pytest.raises(ValueError, match="-1 after"):
         check_rows(RecordRows(np.array([[1, 2]]), np.array([1])), 5)
+
+
+def test_runs_sharing_a_dataset_load_it_once_and_build_as_before(monkeypatch):
+    """A sweep's runs that differ only in seed or non-data keys load the source once (the memo),
+    build the same agents as a fresh load, and cannot write into the shared splits."""
+    cfg = config_lib.load("configs/fedavg/mnist5k.toml", ["data.validation_fraction=0.1"])
+    monkeypatch.setattr(population, "_SOURCE_MEMO", {})
+    fresh = population.build(cfg)
+    calls = []
+    real = population.load_data
+    monkeypatch.setattr(population, "load_data", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for seed in (cfg["seed"], cfg["seed"] + 1):
+        again = population.build({**cfg, "seed": seed})
+    assert calls == [] and len(population._SOURCE_MEMO) == 1
+    _equal(population.build(cfg).agents, fresh.agents)
+    assert not np.array_equal(np.asarray(again.agents.x), np.asarray(fresh.agents.x))
+    shared = next(iter(population._SOURCE_MEMO.values()))
+    with pytest.raises(ValueError, match="read-only"):
+        shared.x_train[0] = 0
+    other = copy.deepcopy(cfg)
+    other["data"]["features"] = {"map": "pca", "dim": 8}
+    population.build(other)
+    assert calls == [1]                                   # other features: loaded again

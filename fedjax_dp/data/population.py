@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import inspect
+import json
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +215,33 @@ def frozen_features(dataset: AnyDataset, spec: dict) -> AnyDataset:
         raise ConfigError(str(e).splitlines()[0]) from None
 
 
+_SOURCE_KEYS = ("dataset", "dataset_options", "image_size", "server_dataset",
+                "server_dataset_options", "features")
+_SOURCE_MEMO: dict[str, AnyDataset] = {}
+_SOURCE_MEMO_BYTES = 256 << 20
+
+
+def _source(d: dict) -> AnyDataset:
+    """``frozen_features(load_data(d, stream=True), d["features"])``, memoised (one entry) on the
+    ``[data]`` keys it reads, so the runs of a sweep that share a dataset load it and fit its
+    features once. Not memoised: streamed sources and splits over 256 MiB (kept alive past the
+    hold-out, they would raise the run's peak memory). The memoised splits are made read-only."""
+    key = json.dumps({k: d.get(k) for k in _SOURCE_KEYS}, sort_keys=True, default=str)
+    if key in _SOURCE_MEMO:
+        return _SOURCE_MEMO[key]
+    dataset = frozen_features(load_data(d, stream=True), d.get("features", {}))
+    x = getattr(dataset, "x_train", None)
+    if getattr(dataset, "draw", None) is None and isinstance(x, np.ndarray) \
+            and x.nbytes <= _SOURCE_MEMO_BYTES:
+        for f in dataclasses.fields(dataset):                  # shared: a write would leak
+            v = getattr(dataset, f.name)
+            if isinstance(v, np.ndarray):
+                v.setflags(write=False)
+        _SOURCE_MEMO.clear()
+        _SOURCE_MEMO[key] = dataset
+    return dataset
+
+
 def build(config: dict, *, path=None) -> Population:
     """The population of a resolved config, placed by ``run.agents_on`` (the seed's root key
     drives the hold-out and the partition). ``path``: write the agents there as memory-mapped
@@ -225,7 +253,7 @@ def build(config: dict, *, path=None) -> Population:
         dataset, agents = load_population(d)
         return Population(dataset=dataset, agents=place(agents, config["run"]["agents_on"]))
     root = rng.as_key(config["seed"])
-    dataset = frozen_features(load_data(d, stream=True), d.get("features", {}))
+    dataset = _source(d)
     x_val = y_val = None
     fraction = d.get("validation_fraction", 0.0)
     per_agent = d.get("validation_split", "pooled") == "per_agent"
