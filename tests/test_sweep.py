@@ -243,6 +243,67 @@ def test_grid_edges_along_the_axes_through_the_chosen_point():
             == "train.learning_rate=high")
 
 
+def test_next_value_past_an_edge():
+    nv = sweep._next_value
+    assert nv([25, 100, 300], "high", (None, None)) == 900
+    assert nv([25, 100, 300], "low", (None, None)) == 6            # 25 / 4, floored
+    assert nv([0.1, 0.3, 1.0], "high", (None, None)) == 3.333
+    assert nv([0.5], "low", (None, None)) == 0.1667                 # 4 significant digits
+    assert nv([100, 500], "high", (None, 1000)) == 1000            # clamped to the limit ...
+    assert nv([100, 1000], "high", (None, 1000)) is None           # ... which is a hard edge
+    assert nv([1, 2], "low", (None, None)) is None                 # no integer below 1
+    assert nv([0.0, 1.0], "low", (None, None)) is None             # no geometric step below 0
+
+
+def test_edge_points_step_past_each_edge_of_each_chosen_cell():
+    def rec(lr, steps, seed, val, target=1.0):
+        return {"base": "b", "algorithm": "a", "target_epsilon": target, "seed": seed,
+                "params": {"train.learning_rate": lr, "train.steps": steps, "x": 1},
+                "val_accuracy": val, "test_accuracy": val, "epsilon": target,
+                "epsilon_unit": "agent", "calibrated": None}
+    over = ["train.learning_rate", "train.steps"]
+    recs = [rec(lr, st, s, v) for lr, st, v in
+            ((0.1, 10, 0.5), (0.3, 10, 0.6), (0.1, 20, 0.4), (0.3, 20, 0.55)) for s in (3, 4)]
+    recs += [rec(0.3, 10, 0, 0.7, target=2.0), rec(0.1, 10, 0, 0.2, target=2.0)]
+    pts = sweep.edge_points(recs, "val_accuracy", over)
+    assert [(p, t, s) for _, p, t, s in pts] == [
+        ({"train.learning_rate": 0.9, "train.steps": 10, "x": 1}, 1.0, [3, 4]),
+        ({"train.learning_rate": 0.3, "train.steps": 5, "x": 1}, 1.0, [3, 4]),
+        ({"train.learning_rate": 0.9, "train.steps": 10, "x": 1}, 2.0, [0]),
+        ({"train.learning_rate": 0.3, "train.steps": 3, "x": 1}, 2.0, [0]),    # only: /3 ...
+        ({"train.learning_rate": 0.3, "train.steps": 30, "x": 1}, 2.0, [0])]   # ... and x3
+    limited = sweep.edge_points(recs, "val_accuracy", over, {"train.learning_rate": (None, 0.3),
+                                                              "train.steps": (10, None)})
+    assert [(p["train.steps"], t) for _, p, t, _ in limited] == [(30, 2.0)]
+
+
+def test_extend_edges_runs_past_the_edge_until_interior(tmp_path, capsys):
+    out = tmp_path / "e"
+    args = ["sweep", ISRL, "--grid", "algorithm.learning_rate=0.1,0.3", "--seeds", "2",
+            "--select", "val_accuracy"] + sum((["--set", s] for s in ISRL_SETS + [
+                "data.validation_fraction=0.2"]), [])
+    assert cli.main(args + ["--out", str(out), "--quiet"]) == 0
+    first = json.loads((out / "selected.json").read_text())[0]
+    assert first["at_edge"]                              # two values: the choice is an edge
+    assert cli.main(args + ["--resume", str(out), "--extend-edges", "3", "--quiet",
+                            "--edge-limit", "algorithm.learning_rate=0.01:3"]) == 0
+    row = json.loads((out / "selected.json").read_text())[0]
+    lrs = sorted({r["params"]["algorithm.learning_rate"]
+                  for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())})
+    assert len(lrs) > 2 and min(lrs) >= 0.01 and max(lrs) <= 3
+    lr = row["selected"]["algorithm.learning_rate"]
+    assert row["at_edge"] == "" or lr in (0.01, 3)       # interior, or at the hard limit
+    invocations = json.loads((out / "sweep.json").read_text())["invocations"]
+    assert [i.get("extend_edges") for i in invocations][:2] == [None, None]
+    assert invocations[2]["extend_edges"] == 1 and invocations[2]["points"]
+    capsys.readouterr()
+    assert cli.main(args + ["--resume", str(out), "--extend-edges", "1", "--edge-limit",
+                            "x=a:b"]) == 2
+    assert "--edge-limit expects KEY=LO:HI" in capsys.readouterr().err
+    assert cli.main(args + ["--resume", str(out), "--extend-edges", "0"]) == 2
+    assert "--extend-edges must be a number of rounds >= 1" in capsys.readouterr().err
+
+
 def test_validation_split_is_held_out_of_training(tmp_path):
     cfg = config_lib.load(FEDAVG, FEDAVG_SETS + ["data.validation_fraction=0.1"])
     full = runner.setup(config_lib.load(FEDAVG, FEDAVG_SETS))

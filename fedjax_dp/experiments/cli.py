@@ -78,6 +78,11 @@ def _cmd_sweep(args) -> int:
                     target_epsilon=args.target_epsilon, calibrate=args.calibrate or [],
                     overrides=args.set or [], select=args.select,
                     select_over=args.select_over, unit=args.unit)
+    limits = _edge_limits(args.edge_limit or [])
+    if args.extend_edges is not None and (args.extend_edges < 1 or sw.select is None):
+        raise ValueError(f"--extend-edges must be a number of rounds >= 1 with --select "
+                         f"val_accuracy (the file's or the flag), got {args.extend_edges}"
+                         f"{'' if sw.select else ' and no --select'}")
     if args.dry_run:                       # validate every run, list them, run nothing
         runs = sweep.expand(sw)
         print(json.dumps({"name": sw.name, "runs": len(runs),
@@ -101,6 +106,9 @@ def _cmd_sweep(args) -> int:
             records = sweep.run(sw, out, resume=bool(args.resume),
                                 vmap_seeds=not args.no_vmap_seeds, progress=not args.quiet,
                                 log=say)
+            if args.extend_edges:
+                records = sweep.extend_edges(sw, out, rounds=args.extend_edges, limits=limits,
+                                             vmap_seeds=not args.no_vmap_seeds, log=say)
     except BaseException as e:
         done = out / "results.jsonl"
         kept = len(done.read_text().splitlines()) if done.is_file() else 0
@@ -117,6 +125,24 @@ def _cmd_sweep(args) -> int:
                       "summary_csv": str(out / "summary.csv"),
                       "summary_md": str(out / "summary.md")}, indent=2))
     return 0
+
+
+def _edge_limits(items: list[str]) -> dict[str, tuple]:
+    """``--edge-limit KEY=LO:HI`` (either side may be empty) -> {key: (lo, hi)}."""
+    out = {}
+    for item in items:
+        key, _, bounds = item.partition("=")
+        lo, sep, hi = bounds.partition(":")
+        try:
+            if not key or not sep:
+                raise ValueError
+            out[key.strip()] = tuple(None if not b.strip() else json.loads(b) for b in (lo, hi))
+            if not all(v is None or type(v) in (int, float) for v in out[key.strip()]):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"--edge-limit expects KEY=LO:HI with numbers (either side may be "
+                             f"empty, e.g. algorithm.num_queries=:1000), got {item!r}") from None
+    return out
 
 
 def _cmd_list(args) -> int:
@@ -483,6 +509,12 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--resume", metavar="DIR", help="run only the runs missing from DIR")
     sw.add_argument("--no-vmap-seeds", action="store_true",
                     help="run seeds one by one even where they could share one vmapped call")
+    sw.add_argument("--extend-edges", type=int, metavar="ROUNDS", default=None,
+                    help="then, up to ROUNDS times, run the next grid value past every selected "
+                         "cell's edge and select again (needs --select)")
+    sw.add_argument("--edge-limit", action="append", metavar="KEY=LO:HI",
+                    help="a hard limit --extend-edges never passes, e.g. "
+                         "algorithm.batch_size=1:96")
     sw.add_argument("--dry-run", action="store_true", help="validate and print the plan only")
     sw.add_argument("--quiet", action="store_true", help="no progress or per-run lines")
     sw.add_argument("--debug", action="store_true", help="the traceback, not one error line")

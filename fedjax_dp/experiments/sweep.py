@@ -30,7 +30,7 @@ from fedjax_dp.experiments import records as records_lib
 from fedjax_dp.experiments import tracking as tracking_lib
 
 __all__ = ["Sweep", "Run", "load", "expand", "run", "run_folder", "summarize", "split_values",
-           "grid_edges", "summary_markdown", "tied_keys", "assignments"]
+           "grid_edges", "edge_points", "extend_edges", "summary_markdown", "tied_keys", "assignments"]
 
 ConfigError = config_lib.ConfigError
 
@@ -379,8 +379,18 @@ def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = 
         progress: bool = False, log: Callable[[str], None] | None = None) -> list[dict]:
     """Run every run of ``sw`` not yet in ``out/results.jsonl`` and write the summaries; return
     all records (earlier and new)."""
-    from fedjax_dp.experiments import runner
     runs = expand(sw)                                   # every config checked before any work
+    plan = {"name": sw.name, "bases": [n for n, _ in sw.bases], "grid": sw.grid,
+            "seeds": sw.seeds, "target_epsilon": sw.target_epsilon, "calibrate": sw.calibrate,
+            "overrides": sw.overrides, "runs": len(runs)}
+    return _run_all(sw, runs, plan, out, resume=resume, vmap_seeds=vmap_seeds, log=log)
+
+
+def _run_all(sw: Sweep, runs: list[Run], plan: dict, out: str | Path, *, resume: bool,
+             vmap_seeds: bool, log: Callable[[str], None] | None) -> list[dict]:
+    """Run ``runs`` (those not yet in ``out``), add ``plan`` to sweep.json's invocations, and
+    write the summaries and the selection."""
+    from fedjax_dp.experiments import runner
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file, not a folder")
@@ -393,9 +403,6 @@ def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = 
     # sweep.json: this invocation's plan at the top, and every invocation that wrote into the
     # folder (a --resume with another grid adds arms) under "invocations", so it describes
     # every record the folder holds
-    plan = {"name": sw.name, "bases": [n for n, _ in sw.bases], "grid": sw.grid,
-            "seeds": sw.seeds, "target_epsilon": sw.target_epsilon, "calibrate": sw.calibrate,
-            "overrides": sw.overrides, "runs": len(runs)}
     earlier = []
     if resume and (out / "sweep.json").is_file():
         old = json.loads((out / "sweep.json").read_text())
@@ -465,6 +472,97 @@ def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = 
     write_summaries(records, out)
     if sw.select is not None:
         write_selection(records, out, sw.select, sw.select_over or list(sw.grid))
+    return records
+
+
+def _next_value(axis: list, side: str, limit: tuple) -> int | float | None:
+    """The value past ``axis``'s ``side`` end (``"low"`` / ``"high"``): one step of the ratio of
+    the two values at that end (x3 with one value), rounded outward for integer axes (to 4
+    significant digits otherwise), clamped to
+    ``limit`` (lo, hi; None: open); None when the end is the limit or no value lies past it."""
+    axis = sorted(axis)
+    ints = all(isinstance(v, int) for v in axis)
+    end, near = (axis[-1], axis[-2:][0]) if side == "high" else (axis[0], axis[:2][-1])
+    if end <= 0 or near <= 0:
+        return None
+    ratio = max(end, near) / min(end, near)
+    ratio = 3.0 if ratio <= 1 else ratio
+    v = end * ratio if side == "high" else end / ratio
+    if ints:
+        v = math.ceil(v) if side == "high" else math.floor(v)
+    else:
+        v = float(f"{v:.4g}")                           # 0.9, not 0.8999999999999998
+    lo, hi = limit
+    v = v if hi is None else min(v, hi)
+    v = v if lo is None else max(v, lo)
+    past = v > end if side == "high" else v < end
+    return (int(v) if ints else float(v)) if past and (not ints or v >= 1) else None
+
+
+def edge_points(records: list[dict], metric: str, over: list[str],
+                limits: dict[str, tuple] | None = None) -> list[tuple[str, dict, float, list]]:
+    """(base, params, target epsilon, seeds) of the next grid point past each edge of each
+    selected cell (:func:`select`'s ``at_edge``): along the edge key's axis through the chosen
+    point, one step past the tried values (:func:`_next_value`; ``only``: both ways), the other
+    keys at the chosen values, with the chosen cell's seeds. ``limits``: key -> (lo, hi), the
+    hard limits (the whole batch, every public record) past which nothing is tried."""
+    points, seen = [], set()
+    for row in select(records, metric, over):
+        if not row["at_edge"]:
+            continue
+        cell = [r for r in records if r.get("base") == row["base"]
+                and r.get("algorithm") == row["algorithm"]
+                and r.get("target_epsilon") == row["target_epsilon"]
+                and all(row.get(k) == v for k, v in r.get("params", {}).items() if k not in over)]
+        chosen = next(r["params"] for r in cell
+                      if all(r["params"].get(k) == v for k, v in row["selected"].items()))
+        seeds = sorted({r["seed"] for r in cell if r["params"] == chosen})
+        for edge in row["at_edge"].split("; "):
+            key, side = edge.split("=")
+            axis = {r["params"][key] for r in cell
+                    if all(r["params"].get(j) == chosen.get(j) for j in over if j != key)}
+            for way in (("low", "high") if side == "only" else (side,)):
+                v = _next_value(list(axis), way, (limits or {}).get(key, (None, None)))
+                point = {**chosen, key: v}
+                mark = json.dumps([row["base"], point, row["target_epsilon"]], sort_keys=True)
+                if v is not None and mark not in seen:
+                    seen.add(mark)
+                    points.append((row["base"], point, row["target_epsilon"], seeds))
+    return points
+
+
+def extend_edges(sw: Sweep, out: str | Path, *, rounds: int, limits: dict | None = None,
+                 vmap_seeds: bool = True, log: Callable[[str], None] | None = None
+                 ) -> list[dict]:
+    """Re-tune past the grid's edges: up to ``rounds`` times, run :func:`edge_points` of the
+    selection in ``out`` (a finished sweep of ``sw``) and select again, until no selected cell
+    is at an edge that can be extended. Each round is one invocation in sweep.json (its
+    ``extend_edges`` points). Returns every record."""
+    if sw.select is None:
+        raise ConfigError("--extend-edges needs --select val_accuracy (the file's or the flag)")
+    out, log = Path(out), log or (lambda msg: None)
+    over = sw.select_over or list(sw.grid)
+    bases = dict(sw.bases)
+    records = records_lib.read([out / "results.jsonl"])
+    for i in range(rounds):
+        points = edge_points(records, sw.select, over, limits)
+        if not points:
+            log(f"extend-edges: no selected cell at an extensible edge after {i} round(s)")
+            break
+        runs = []
+        for base, point, target, seeds in points:
+            if base not in bases:
+                raise ConfigError(f"--extend-edges: the folder's base {base!r} is not a config "
+                                  f"of this sweep ({sorted(bases)})")
+            one = dataclasses.replace(sw, bases=[(base, bases[base])], seeds=seeds,
+                                      grid={k: [v] for k, v in point.items()},
+                                      target_epsilon=[] if target is None else [target])
+            runs += expand(one)
+        log(f"extend-edges round {i + 1}: {len(points)} point(s) past the edges")
+        plan = {"name": sw.name, "extend_edges": i + 1, "runs": len(runs),
+                "points": [{"base": b, "params": p, "target_epsilon": t, "seeds": s}
+                           for b, p, t, s in points]}
+        records = _run_all(sw, runs, plan, out, resume=True, vmap_seeds=vmap_seeds, log=log)
     return records
 
 
