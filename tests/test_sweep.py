@@ -294,8 +294,9 @@ def test_extend_edges_runs_past_the_edge_until_interior(tmp_path, capsys):
     lr = row["selected"]["algorithm.learning_rate"]
     assert row["at_edge"] == "" or lr in (0.01, 3)       # interior, or at the hard limit
     invocations = json.loads((out / "sweep.json").read_text())["invocations"]
-    assert [i.get("extend_edges") for i in invocations][:2] == [None, None]
-    assert invocations[2]["extend_edges"] == 1 and invocations[2]["points"]
+    assert [i.get("extend_edges") for i in invocations][:2] == [None, 1]   # no grid re-run
+    assert invocations[1]["points"] and len(lrs) == 2 + sum(len(i["points"])
+                                                            for i in invocations[1:])
     capsys.readouterr()
     assert cli.main(args + ["--resume", str(out), "--extend-edges", "1", "--edge-limit",
                             "x=a:b"]) == 2

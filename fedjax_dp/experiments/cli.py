@@ -103,9 +103,10 @@ def _cmd_sweep(args) -> int:
     compilation.enable_cache(args.compilation_cache)
     try:
         with _sigterm_as_interrupt():
-            records = sweep.run(sw, out, resume=bool(args.resume),
-                                vmap_seeds=not args.no_vmap_seeds, progress=not args.quiet,
-                                log=say)
+            if not (args.extend_edges and args.resume):     # resumed: only the extension
+                records = sweep.run(sw, out, resume=bool(args.resume),
+                                    vmap_seeds=not args.no_vmap_seeds, progress=not args.quiet,
+                                    log=say)
             if args.extend_edges:
                 records = sweep.extend_edges(sw, out, rounds=args.extend_edges, limits=limits,
                                              vmap_seeds=not args.no_vmap_seeds, log=say)
