@@ -7,6 +7,7 @@ must have checked claims (here, in ``test_docs_records`` or in ``test_docs_recor
 and every page must be listed there or in ``OTHER_PAGES``. Reads files only."""
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -182,11 +183,10 @@ def getting_started_claims() -> list[tuple[str, str]]:
     fnas = expected["configs/fnas/digits_dp.toml"]
     bench = _json("results/isrl/bench_isrl.json")["runs"]
     speedups = [r[k] for r in bench for k in ("speedup_refresh", "speedup_difference")]
-    table = {d["dataset"]: d["private"] for d in _json("results/isrl/results.json")["results"]}
-
     def at_or_below(ds):
-        return sum(s["test_error_mean"] <= m["test_error_mean"] for s, m in
-                   zip(table[ds]["isrl_spider"], table[ds]["isrl_mb_sgd"]))
+        rows = _json(f"results/isrl/seven_epsilon_{ds}.json")["rows"]
+        return sum(r["cells"]["isrl_spider"]["test_accuracy_mean"]
+                   >= r["cells"]["isrl_mb_sgd"]["test_accuracy_mean"] for r in rows)
 
     return [
         ("getting_started.md", f"| `fedjax-dp run configs/fedavg/mnist5k.toml` | "
@@ -396,13 +396,9 @@ def _isrl_results(path: str = "results/isrl/results.json") -> dict:
 def isrl_page_claims() -> list[tuple[str, str]]:
     page = "isrl.md"
     claims = []
+    # the seven-epsilon tables themselves: test_docs_records.isrl_seven_epsilon_claims (the
+    # sweeps); the former script's results.json still gives the silos and the variants below
     results = _isrl_results()
-    for ds, d in results.items():
-        for name, rows in d["private"].items():
-            claims.append((page, f"| {ISRL_NAMES[name]} | " + " | ".join(
-                f"{f3(r['test_error_mean'])} ± {f3(r['test_error_std'])}" for r in rows) + " |"))
-        for name, r in d["non_private"].items():
-            claims.append((page, f"| {ISRL_NAMES[name]} |" + f" {f3(r['test_error_mean'])} |" * 7))
     wbcd = results["wbcd"]
     claims += [(page, f"training sizes {wbcd['silo_sizes'][0]} and {wbcd['silo_sizes'][1]}, "
                       f"delta {wbcd['delta']:.2e}):"),
@@ -737,10 +733,49 @@ def scale_page_claims() -> list[tuple[str, str]]:
     ]
 
 
+def _selected_folders() -> list:
+    return sorted(p.parent for p in (ROOT / "results" / "sweeps").glob("*/selected.json"))
+
+
+def _reselect(folder) -> tuple[list, list]:
+    """(committed selected.json rows, the same selection recomputed from the folder's records)."""
+    from fedjax_dp.experiments import sweep
+    rows = _json(str((folder / "selected.json").relative_to(ROOT)))
+    metric = next(k[:-5] for k in rows[0] if k.endswith("_mean")
+                  and k not in ("test_accuracy_mean", "epsilon_mean"))
+    return rows, sweep.select(_runs(folder.name), metric, list(rows[0]["selected"]))
+
+
+def grid_edge_claims() -> list[tuple[str, str]]:
+    """docs/reproducibility.md's table of the selections at a grid edge, one row per sweep
+    folder with a selection: its cells, how many sit at an edge, and which keys and sides
+    (``sweep.grid_edges``), recomputed from the records."""
+    claims = []
+    for folder in _selected_folders():
+        _, rows = _reselect(folder)
+        sides: dict[str, int] = {}
+        for r in rows:
+            for e in filter(None, r["at_edge"].split("; ")):
+                sides[e] = sides.get(e, 0) + 1
+        edges = ", ".join(f"{k} ({n})" for k, n in sorted(sides.items())) or "none"
+        claims.append(("reproducibility.md",
+                       f"| `{folder.name}` | {len(rows)} | "
+                       f"{sum(bool(r['at_edge']) for r in rows)} | {edges} |"))
+    return claims
+
+
+@pytest.mark.parametrize("folder", _selected_folders(), ids=lambda f: f.name)
+def test_selected_json_is_the_selection_of_its_records(folder):
+    """Every committed selection, with its at_edge field, is what the records select today."""
+    committed, recomputed = _reselect(folder)
+    assert committed == json.loads(json.dumps(recomputed)), folder.name
+
+
 CLAIMS = (secagg_claims() + audit_claims() + devices_claims() + bench_claims()
           + performance_claims() + getting_started_claims() + shuffle_tables_claims()
           + fnas_page_claims() + fnas_causes_claims() + isrl_page_claims() + fedkt_page_claims()
-          + adaptive_clip_text_claims() + participation_text_claims() + scale_page_claims())
+          + adaptive_clip_text_claims() + participation_text_claims() + scale_page_claims()
+          + grid_edge_claims())
 
 # Figures a page quotes with no committed record behind them: the page must say so, in these
 # words (a record committed later replaces the sentence with a claim above).
