@@ -253,6 +253,7 @@ def test_next_value_past_an_edge():
     assert nv([100, 1000], "high", (None, 1000)) is None           # ... which is a hard edge
     assert nv([1, 2], "low", (None, None)) is None                 # no integer below 1
     assert nv([0.0, 1.0], "low", (None, None)) is None             # no geometric step below 0
+    assert nv([1], "low", (None, None), ints=False) == 0.3333       # a float key given as 1
 
 
 def test_edge_points_step_past_each_edge_of_each_chosen_cell():
@@ -272,6 +273,11 @@ def test_edge_points_step_past_each_edge_of_each_chosen_cell():
         ({"train.learning_rate": 0.9, "train.steps": 10, "x": 1}, 2.0, [0]),
         ({"train.learning_rate": 0.3, "train.steps": 3, "x": 1}, 2.0, [0]),    # only: /3 ...
         ({"train.learning_rate": 0.3, "train.steps": 30, "x": 1}, 2.0, [0])]   # ... and x3
+    # a learning rate given as the integer 1 is a float key (the resolved config says so)
+    ones = [{**r, "params": {**r["params"], "train.learning_rate": 1}, "config": {"train": {
+        "learning_rate": 1.0, "steps": r["params"]["train.steps"]}}} for r in recs[-2:]]
+    assert [p["train.learning_rate"] for _, p, _, _ in sweep.edge_points(
+        ones, "val_accuracy", over)][:2] == [0.3333, 3]
     limited = sweep.edge_points(recs, "val_accuracy", over, {"train.learning_rate": (None, 0.3),
                                                               "train.steps": (10, None)})
     assert [(p["train.steps"], t) for _, p, t, _ in limited] == [(30, 2.0)]

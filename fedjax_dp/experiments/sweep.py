@@ -475,13 +475,15 @@ def _run_all(sw: Sweep, runs: list[Run], plan: dict, out: str | Path, *, resume:
     return records
 
 
-def _next_value(axis: list, side: str, limit: tuple) -> int | float | None:
+def _next_value(axis: list, side: str, limit: tuple, ints: bool | None = None
+                ) -> int | float | None:
     """The value past ``axis``'s ``side`` end (``"low"`` / ``"high"``): one step of the ratio of
     the two values at that end (x3 with one value), rounded outward for integer axes (to 4
-    significant digits otherwise), clamped to
+    significant digits otherwise; ``ints``: whether the key is an integer, by default whether every
+    tried value is), clamped to
     ``limit`` (lo, hi; None: open); None when the end is the limit or no value lies past it."""
     axis = sorted(axis)
-    ints = all(isinstance(v, int) for v in axis)
+    ints = all(isinstance(v, int) for v in axis) if ints is None else ints
     end, near = (axis[-1], axis[-2:][0]) if side == "high" else (axis[0], axis[:2][-1])
     if end <= 0 or near <= 0:
         return None
@@ -514,15 +516,23 @@ def edge_points(records: list[dict], metric: str, over: list[str],
                 and r.get("algorithm") == row["algorithm"]
                 and r.get("target_epsilon") == row["target_epsilon"]
                 and all(row.get(k) == v for k, v in r.get("params", {}).items() if k not in over)]
-        chosen = next(r["params"] for r in cell
-                      if all(r["params"].get(k) == v for k, v in row["selected"].items()))
+        first = next(r for r in cell
+                     if all(r["params"].get(k) == v for k, v in row["selected"].items()))
+        chosen = first["params"]
         seeds = sorted({r["seed"] for r in cell if r["params"] == chosen})
         for edge in row["at_edge"].split("; "):
             key, side = edge.split("=")
             axis = {r["params"][key] for r in cell
                     if all(r["params"].get(j) == chosen.get(j) for j in over if j != key)}
+            # the resolved config's type says whether the key is an integer (1 given for a
+            # learning rate is the float 1.0 there)
+            try:
+                typed = calibrate_lib.get_key(first.get("config") or {}, key)
+                ints = isinstance(typed, int) and not isinstance(typed, bool)
+            except ConfigError:                       # no resolved config: by the values
+                ints = None
             for way in (("low", "high") if side == "only" else (side,)):
-                v = _next_value(list(axis), way, (limits or {}).get(key, (None, None)))
+                v = _next_value(list(axis), way, (limits or {}).get(key, (None, None)), ints)
                 point = {**chosen, key: v}
                 mark = json.dumps([row["base"], point, row["target_epsilon"]], sort_keys=True)
                 if v is not None and mark not in seen:
