@@ -30,7 +30,8 @@ from fedjax_dp.experiments import records as records_lib
 from fedjax_dp.experiments import tracking as tracking_lib
 
 __all__ = ["Sweep", "Run", "load", "expand", "run", "run_folder", "summarize", "split_values",
-           "grid_edges", "edge_points", "extend_edges", "summary_markdown", "tied_keys", "assignments"]
+           "grid_edges", "edge_points", "extend_edges", "summary_markdown", "tied_keys",
+           "assignments"]
 
 ConfigError = config_lib.ConfigError
 
@@ -478,10 +479,10 @@ def _run_all(sw: Sweep, runs: list[Run], plan: dict, out: str | Path, *, resume:
 def _next_value(axis: list, side: str, limit: tuple, ints: bool | None = None
                 ) -> int | float | None:
     """The value past ``axis``'s ``side`` end (``"low"`` / ``"high"``): one step of the ratio of
-    the two values at that end (x3 with one value), rounded outward for integer axes (to 4
-    significant digits otherwise; ``ints``: whether the key is an integer, by default whether every
-    tried value is), clamped to
-    ``limit`` (lo, hi; None: open); None when the end is the limit or no value lies past it."""
+    the two values at that end (x3 with one value), rounded outward for integer keys and to 4
+    significant digits otherwise (``ints``: whether the key is an integer; by default, whether
+    every tried value is), clamped to ``limit`` (lo, hi; None: open). None when the end is the
+    limit or no value lies past it."""
     axis = sorted(axis)
     ints = all(isinstance(v, int) for v in axis) if ints is None else ints
     end, near = (axis[-1], axis[-2:][0]) if side == "high" else (axis[0], axis[:2][-1])
@@ -766,7 +767,8 @@ def grid_edges(chosen: dict, tried: list[dict], over: list[str]) -> str:
         below = any(v < chosen[k] for v in axis)
         above = any(v > chosen[k] for v in axis)
         if not (below and above):
-            edges.append(f"{k}={'only' if not (below or above) else 'low' if not below else 'high'}")
+            side = "only" if not (below or above) else "low" if not below else "high"
+            edges.append(f"{k}={side}")
     return "; ".join(edges)
 
 
