@@ -2,6 +2,7 @@
 its targets, resume runs only what is missing, summaries are mean / std over seeds, bad input
 fails before any work."""
 import json
+import shutil
 import types
 from pathlib import Path
 
@@ -310,6 +311,49 @@ def test_extend_edges_runs_past_the_edge_until_interior(tmp_path, capsys):
     assert "--edge-limit expects KEY=LO:HI" in capsys.readouterr().err
     assert cli.main(args + ["--resume", str(out), "--extend-edges", "0"]) == 2
     assert "--extend-edges must be a number of rounds >= 1" in capsys.readouterr().err
+
+
+def test_extend_edges_stops_at_a_limit_the_run_refuses(tmp_path, monkeypatch, capsys):
+    """A value past a limit only the data shows (a ValueError naming the stepped key, raised
+    before any work) is a hard limit: listed in the invocation's ``refused``, never tried again;
+    any other error still stops the sweep."""
+    out = tmp_path / "r"
+    args = ["sweep", ISRL, "--grid", "algorithm.learning_rate=0.1,0.3", "--seeds", "1",
+            "--select", "val_accuracy", "--quiet"] + sum((["--set", s] for s in ISRL_SETS + [
+                "data.validation_fraction=0.2"]), [])
+    assert cli.main(args + ["--out", str(out)]) == 0
+    message = {"text": "algorithm.learning_rate must be 0.1 or 0.3 here"}
+    tried = []
+
+    def refuse(run):
+        def wrapped(config, *a, **k):
+            configs = config if isinstance(config, list) else [config]
+            tried.extend(c["algorithm"]["learning_rate"] for c in configs)
+            if any(c["algorithm"]["learning_rate"] not in (0.1, 0.3) for c in configs):
+                raise ValueError(message["text"])
+            return run(config, *a, **k)
+        return wrapped
+    monkeypatch.setattr(runner, "run", refuse(runner.run))
+    monkeypatch.setattr(runner, "run_seeds", refuse(runner.run_seeds))
+    assert cli.main(args + ["--resume", str(out), "--extend-edges", "3"]) == 0
+    invocations = json.loads((out / "sweep.json").read_text())["invocations"]
+    assert len(invocations) == 2 and len(tried) == 1          # one round: the point refused
+    (refused,) = invocations[1]["refused"]
+    assert refused["params"]["algorithm.learning_rate"] == tried[0] not in (0.1, 0.3)
+    assert refused["error"] == message["text"]
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2
+    assert cli.main(args + ["--resume", str(out), "--extend-edges", "1"]) == 0
+    assert len(tried) == 1 and len(json.loads((out / "sweep.json").read_text())[
+        "invocations"]) == 2                                    # read back: not tried again
+    message["text"] = "data.num_agents must be at least 2"       # names no stepped key
+    fresh = tmp_path / "s"
+    shutil.copytree(out, fresh)
+    sj = json.loads((fresh / "sweep.json").read_text())
+    sj["invocations"][1].pop("refused")
+    (fresh / "sweep.json").write_text(json.dumps(sj))
+    capsys.readouterr()
+    assert cli.main(args + ["--resume", str(fresh), "--extend-edges", "1"]) != 0
+    assert "data.num_agents must be at least 2" in capsys.readouterr().err
 
 
 def test_validation_split_is_held_out_of_training(tmp_path):

@@ -20,6 +20,7 @@ import math
 import time
 import tomllib
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Callable
 
 from fedjax_dp.core import compilation, memory
@@ -388,10 +389,12 @@ def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = 
 
 
 def _run_all(sw: Sweep, runs: list[Run], plan: dict, out: str | Path, *, resume: bool,
-             vmap_seeds: bool, log: Callable[[str], None] | None) -> list[dict]:
+             vmap_seeds: bool, log: Callable[[str], None] | None,
+             refusable: Callable[[Run, ValueError], bool] | None = None) -> list[dict]:
     """Run ``runs`` (those not yet in ``out``), add ``plan`` to sweep.json's invocations, and
-    write the summaries and the selection."""
-    from fedjax_dp.experiments import runner
+    write the summaries and the selection. A cell whose run raises a ValueError that
+    ``refusable`` accepts (a value past a limit only the data shows) is skipped and listed in
+    the plan's ``refused`` (its params and the message)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a file, not a folder")
@@ -409,8 +412,10 @@ def _run_all(sw: Sweep, runs: list[Run], plan: dict, out: str | Path, *, resume:
         old = json.loads((out / "sweep.json").read_text())
         earlier = old.get("invocations") or [{k: v for k, v in old.items()
                                               if k != "invocations"}]
-    (out / "sweep.json").write_text(json.dumps({**plan, "invocations": earlier + [plan]},
-                                               indent=2))
+    def write_plan():
+        (out / "sweep.json").write_text(json.dumps({**plan, "invocations": earlier + [plan]},
+                                                   indent=2))
+    write_plan()
     log = log or (lambda msg: None)
     _drop_partial_line(out / "results.jsonl")
     done = _done_ids(out)
@@ -438,42 +443,62 @@ def _run_all(sw: Sweep, runs: list[Run], plan: dict, out: str | Path, *, resume:
         todo = [i for i, rid in enumerate(ids) if rid not in done]
         if not todo:
             continue
-        results = None
-        compilation.release_compiled()     # one process runs every cell: stay below the map limit
-        if vmap_seeds and len(todo) > 1 and not (calibrated and len(set(calibrated)) > 1):
-            try:
-                results = runner.run_seeds([configs[i] for i in todo], progress=False)
-            except memory.MemoryBudgetError as e:  # refused before its work: one seed at a time
-                log(f"  the cell's {len(todo)} seeds do not fit in memory together ({e}); "
-                    "running them one by one")
-        if results is None:
-            results = []
-            for i in todo:
-                tracker = _tracker(out, cell_runs[i], configs[i], ids[i], sw)
-                try:
-                    results.append(runner.run(configs[i], None, progress=False,
-                                              tracker=tracker))
-                finally:
-                    tracker.close()
-                _write(out, cell_runs[i], configs[i], ids[i], results[-1], calibrated, i, sw)
-                finished += 1
-                log(_line(cell_runs[i], results[-1], finished, len(runs), t0, sw.unit))
-        else:
-            for i, res in zip(todo, results):
-                tracker = _tracker(out, cell_runs[i], configs[i], ids[i], sw)
-                try:                          # the vmapped seeds are logged once finished
-                    if tracker.enabled:
-                        tracking_lib.log_result(tracker, configs[i], res)
-                finally:
-                    tracker.close()
-                _write(out, cell_runs[i], configs[i], ids[i], res, calibrated, i, sw)
-                finished += 1
-                log(_line(cell_runs[i], res, finished, len(runs), t0, sw.unit))
+        try:
+            finished = _run_cell(sw, out, cell_runs, configs, ids, todo, calibrated, vmap_seeds,
+                                 log, finished, len(runs), t0)
+        except ValueError as e:
+            if refusable is None or not refusable(first, e):
+                raise
+            plan.setdefault("refused", []).append({
+                "base": first.base, "params": first.params,
+                "target_epsilon": first.target_epsilon, "error": str(e)})
+            write_plan()
+            log(f"  refused: {first.params}: {e}")
     records = records_lib.read([out / "results.jsonl"])
     write_summaries(records, out)
     if sw.select is not None:
         write_selection(records, out, sw.select, sw.select_over or list(sw.grid))
     return records
+
+
+def _run_cell(sw: Sweep, out: Path, cell_runs: list[Run], configs: list[dict], ids: list[str],
+              todo: list[int], calibrated, vmap_seeds: bool, log: Callable[[str], None],
+              finished: int, total: int, t0: float) -> int:
+    """Run one cell's missing seeds (``todo``), vmapped where they can share a call, appending
+    each record; returns the count of finished runs."""
+    from fedjax_dp.experiments import runner
+    results = None
+    compilation.release_compiled()     # one process runs every cell: stay below the map limit
+    if vmap_seeds and len(todo) > 1 and not (calibrated and len(set(calibrated)) > 1):
+        try:
+            results = runner.run_seeds([configs[i] for i in todo], progress=False)
+        except memory.MemoryBudgetError as e:  # refused before its work: one seed at a time
+            log(f"  the cell's {len(todo)} seeds do not fit in memory together ({e}); "
+                "running them one by one")
+    if results is None:
+        results = []
+        for i in todo:
+            tracker = _tracker(out, cell_runs[i], configs[i], ids[i], sw)
+            try:
+                results.append(runner.run(configs[i], None, progress=False,
+                                          tracker=tracker))
+            finally:
+                tracker.close()
+            _write(out, cell_runs[i], configs[i], ids[i], results[-1], calibrated, i, sw)
+            finished += 1
+            log(_line(cell_runs[i], results[-1], finished, total, t0, sw.unit))
+    else:
+        for i, res in zip(todo, results):
+            tracker = _tracker(out, cell_runs[i], configs[i], ids[i], sw)
+            try:                          # the vmapped seeds are logged once finished
+                if tracker.enabled:
+                    tracking_lib.log_result(tracker, configs[i], res)
+            finally:
+                tracker.close()
+            _write(out, cell_runs[i], configs[i], ids[i], res, calibrated, i, sw)
+            finished += 1
+            log(_line(cell_runs[i], res, finished, total, t0, sw.unit))
+    return finished
 
 
 def _next_value(axis: list, side: str, limit: tuple, ints: bool | None = None
@@ -503,13 +528,18 @@ def _next_value(axis: list, side: str, limit: tuple, ints: bool | None = None
 
 
 def edge_points(records: list[dict], metric: str, over: list[str],
-                limits: dict[str, tuple] | None = None) -> list[tuple[str, dict, float, list]]:
+                limits: dict[str, tuple] | None = None, refused: Sequence[dict] = ()
+                ) -> list[tuple[str, dict, float, list]]:
     """(base, params, target epsilon, seeds) of the next grid point past each edge of each
     selected cell (:func:`select`'s ``at_edge``): along the edge key's axis through the chosen
     point, one step past the tried values (:func:`_next_value`; ``only``: both ways), the other
     keys at the chosen values, with the chosen cell's seeds. ``limits``: key -> (lo, hi), the
-    hard limits (the whole batch, every public record) past which nothing is tried."""
-    points, seen = [], set()
+    hard limits (the whole batch, every public record) past which nothing is tried;
+    ``refused``: points a run refused (a limit only the data shows, e.g. k above the fewest
+    records an agent holds), ``{"base", "params", "target_epsilon"}``, not tried again."""
+    points = []
+    seen = {json.dumps([p.get("base"), p["params"], p.get("target_epsilon")], sort_keys=True)
+            for p in refused}
     for row in select(records, metric, over):
         if not row["at_edge"]:
             continue
@@ -548,15 +578,20 @@ def extend_edges(sw: Sweep, out: str | Path, *, rounds: int, limits: dict | None
     """Re-tune past the grid's edges: up to ``rounds`` times, run :func:`edge_points` of the
     selection in ``out`` (a finished sweep of ``sw``) and select again, until no selected cell
     is at an edge that can be extended. Each round is one invocation in sweep.json (its
-    ``extend_edges`` points). Returns every record."""
+    ``extend_edges`` points). A point whose run refuses the value it steps to (a ValueError
+    naming that key, raised before any work, such as ``algorithm.k must be in [1, 54]``) is a
+    hard limit the data sets: it is listed in the invocation's ``refused`` and not tried again.
+    Returns every record."""
     if sw.select is None:
         raise ConfigError("--extend-edges needs --select val_accuracy (the file's or the flag)")
     out, log = Path(out), log or (lambda msg: None)
     over = sw.select_over or list(sw.grid)
     bases = dict(sw.bases)
     records = records_lib.read([out / "results.jsonl"])
+    refused = [r for inv in json.loads((out / "sweep.json").read_text()).get("invocations", [])
+               for r in inv.get("refused", [])] if (out / "sweep.json").is_file() else []
     for i in range(rounds):
-        points = edge_points(records, sw.select, over, limits)
+        points = edge_points(records, sw.select, over, limits, refused)
         if not points:
             log(f"extend-edges: no selected cell at an extensible edge after {i} round(s)")
             break
@@ -573,7 +608,16 @@ def extend_edges(sw: Sweep, out: str | Path, *, rounds: int, limits: dict | None
         plan = {"name": sw.name, "extend_edges": i + 1, "runs": len(runs),
                 "points": [{"base": b, "params": p, "target_epsilon": t, "seeds": s}
                            for b, p, t, s in points]}
-        records = _run_all(sw, runs, plan, out, resume=True, vmap_seeds=vmap_seeds, log=log)
+        stepped = {json.dumps([b, p, t], sort_keys=True): [k for k in p if k in over]
+                   for b, p, t, _ in points}
+
+        def refusable(run: Run, e: ValueError) -> bool:
+            keys = stepped.get(json.dumps([run.base, run.params, run.target_epsilon],
+                                          sort_keys=True), [])
+            return any(str(e).startswith(f"{k} must") for k in keys)
+        records = _run_all(sw, runs, plan, out, resume=True, vmap_seeds=vmap_seeds, log=log,
+                           refusable=refusable)
+        refused += plan.get("refused", [])
     return records
 
 
