@@ -17,11 +17,17 @@ os.environ.setdefault("LIBC_FATAL_STDERR_", "1")
 # fusion as an LLVM module of its own, and the legacy emitters build them faster (measured with
 # jax 0.10.2 on 2 cores, persistent cache off: tests/test_fedavg.py + test_knn_search.py
 # 170 -> 100 s, test_protocol.py 162 -> 101 s; a tiny ISRL SPIDER round's compile 3.7 -> 2.2 s).
+# And one LLVM module per program, not split for parallel code generation (XLA:CPU's default
+# splits it in up to 32 parts compiled on a thread pool: on 2 cores, for the suite's tiny programs,
+# the split costs more than it saves; measured with -n 2, paired: test_round_seeds.py +
+# test_fedavg.py + test_knn_search.py 69 -> 57 s, test_protocol.py + test_dp_fedsgd.py +
+# test_private_grad.py + test_isrl_algorithms.py 90 / 83 -> 76 / 79 s).
 if (os.environ.get("FEDJAX_DP_TEST_XLA_OPT", "0") != "default"
         and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + " --xla_backend_optimization_level=0"
-                               " --xla_cpu_use_fusion_emitters=false").strip()
+                               " --xla_cpu_use_fusion_emitters=false"
+                               " --xla_cpu_parallel_codegen_split_count=1").strip()
 
 # One persistent XLA compilation cache shared by the test workers (pytest -n) and the processes
 # they start (8-device checks, CLI runs, notebook kernels): a function two processes compile

@@ -57,8 +57,8 @@ TINY.update({
     "isrl_local_sgd": isrl.ISRL_LOCAL_SGD.Config(**_ISRL, **_NOISE, local_steps=2),
     "mb_sgd": isrl.MB_SGD.Config(**_ISRL),
     "local_sgd": isrl.LOCAL_SGD.Config(**_ISRL, local_steps=2),
-    "sdp_mb_sgd": isrl.SDP_MB_SGD.Config(**_ISRL, noise_trials=64),
-    "sdp_spider": isrl.SDP_SPIDER.Config(**_ISRL, noise_trials=64),
+    "sdp_mb_sgd": isrl.SDP_MB_SGD.Config(**_ISRL, noise_trials=16384),
+    "sdp_spider": isrl.SDP_SPIDER.Config(**_ISRL, noise_trials=16384),
 })
 #: DP-FNAS: the smallest search space (the features read as a 1 x D x 1 image), one search and
 #: one retraining epoch
