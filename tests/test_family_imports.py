@@ -2,6 +2,7 @@
 share the round engine, ``api`` and the lower layers instead), and the concepts written once
 keep no second copy under their old names."""
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fedjax_dp"
@@ -51,9 +52,15 @@ def test_one_chunk_size_resolver():
     assert _defined("resolve_chunk_size") == ["core/lift.py"]
 
 
+@functools.cache
+def _nodes() -> tuple[tuple[str, tuple[ast.AST, ...]], ...]:
+    """Every module of the package (relative path) with its AST's nodes, parsed once."""
+    return tuple((str(path.relative_to(PACKAGE)), tuple(ast.walk(ast.parse(path.read_text()))))
+                 for path in sorted(PACKAGE.rglob("*.py")))
+
+
 def _defined(name: str) -> list[str]:
-    return [str(path.relative_to(PACKAGE)) for path in sorted(PACKAGE.rglob("*.py"))
-            for node in ast.walk(ast.parse(path.read_text()))
+    return [rel for rel, nodes in _nodes() for node in nodes
             if isinstance(node, ast.FunctionDef) and node.name == name]
 
 
@@ -83,8 +90,7 @@ def test_one_seed_driver():
     assert _defined("seed_batch") == ["algorithms/seeds.py"]
     assert _defined("seeds_stepper") == _defined("seed_rounds_stepper") == []
     assert _defined("seed_calls") == []
-    classes = [node.name for path in PACKAGE.rglob("*.py")
-               for node in ast.walk(ast.parse(path.read_text()))
+    classes = [node.name for _, nodes in _nodes() for node in nodes
                if isinstance(node, ast.ClassDef)]
     assert "SeedRounds" not in classes
 
