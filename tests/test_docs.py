@@ -50,9 +50,10 @@ def test_broken_links_and_anchors_fail_the_build(tmp_path):
     (tmp_path / "mkdocs.yml").write_text(config.replace("paths: [.]", f"paths: [{ROOT}]"))
     assert _build(tmp_path / "mkdocs.yml", tmp_path / "ok").returncode == 0
 
-    for bad in ("[a](fnas.md#no-such-section)", "[b](no_such_page.md)",
-                "[c](../results/isrl/table.md)", "[d](#nowhere)"):
-        (docs / "sweeps.md").write_text(f"# Sweeps\n\nSee {bad}.\n")
-        proc = _build(tmp_path / "mkdocs.yml", tmp_path / "bad")
-        assert proc.returncode != 0, bad
+    bads = ("[a](fnas.md#no-such-section)", "[b](no_such_page.md)",
+            "[c](../results/isrl/table.md)", "[d](#nowhere)")
+    (docs / "sweeps.md").write_text("# Sweeps\n\n" + "".join(f"See {b}.\n\n" for b in bads))
+    proc = _build(tmp_path / "mkdocs.yml", tmp_path / "bad")    # strict: every warning named
+    assert proc.returncode != 0
+    for bad in bads:
         assert bad[bad.index("(") + 1:-1] in proc.stdout + proc.stderr, bad
