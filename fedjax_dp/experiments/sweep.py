@@ -426,26 +426,13 @@ def _run_all(sw: Sweep, runs: list[Run], plan: dict, out: str | Path, *, resume:
     finished = 0
     for cell_runs in cells.values():
         first = cell_runs[0]
-        calibrated = None
-        configs = [r.config for r in cell_runs]
-        if first.target_epsilon is not None:
-            per_seed = _seed_dependent_calibration(first.config)
-            values = []
-            for i, r in enumerate(cell_runs):
-                if i == 0 or per_seed:
-                    v = calibrate_lib.calibrate(r.config, first.calibrate_key, r.target_epsilon,
-                                                unit=sw.unit)
-                values.append(v)
-            configs = [calibrate_lib.set_key(c, first.calibrate_key, v)
-                       for c, v in zip(configs, values)]
-            calibrated = values
-        ids = [run_id(c) for c in configs]
-        todo = [i for i, rid in enumerate(ids) if rid not in done]
-        if not todo:
-            continue
-        try:
-            finished = _run_cell(sw, out, cell_runs, configs, ids, todo, calibrated, vmap_seeds,
-                                 log, finished, len(runs), t0)
+        try:                   # a refused value shows in the calibration (it sets up the data)
+            configs, calibrated = _calibrated(sw, cell_runs)
+            ids = [run_id(c) for c in configs]
+            todo = [i for i, rid in enumerate(ids) if rid not in done]
+            if todo:
+                finished = _run_cell(sw, out, cell_runs, configs, ids, todo, calibrated,
+                                     vmap_seeds, log, finished, len(runs), t0)
         except ValueError as e:
             if refusable is None or not refusable(first, e):
                 raise
@@ -459,6 +446,24 @@ def _run_all(sw: Sweep, runs: list[Run], plan: dict, out: str | Path, *, resume:
     if sw.select is not None:
         write_selection(records, out, sw.select, sw.select_over or list(sw.grid))
     return records
+
+
+def _calibrated(sw: Sweep, cell_runs: list[Run]) -> tuple[list[dict], list | None]:
+    """The cell's configs with the calibrated key set for its target epsilon (per seed where
+    the planned ledger depends on the seed), and the calibrated values (None: no target)."""
+    first = cell_runs[0]
+    configs = [r.config for r in cell_runs]
+    if first.target_epsilon is None:
+        return configs, None
+    per_seed = _seed_dependent_calibration(first.config)
+    values = []
+    for i, r in enumerate(cell_runs):
+        if i == 0 or per_seed:
+            v = calibrate_lib.calibrate(r.config, first.calibrate_key, r.target_epsilon,
+                                        unit=sw.unit)
+        values.append(v)
+    return [calibrate_lib.set_key(c, first.calibrate_key, v)
+            for c, v in zip(configs, values)], values
 
 
 def _run_cell(sw: Sweep, out: Path, cell_runs: list[Run], configs: list[dict], ids: list[str],
@@ -527,6 +532,11 @@ def _next_value(axis: list, side: str, limit: tuple, ints: bool | None = None
     return (int(v) if ints else float(v)) if past and (not ints or v >= 1) else None
 
 
+def _mark(base: str, params: dict, target: float | None) -> str:
+    """A grid point's identity (the target as a float: 1 and 1.0 are one target)."""
+    return json.dumps([base, params, None if target is None else float(target)], sort_keys=True)
+
+
 def edge_points(records: list[dict], metric: str, over: list[str],
                 limits: dict[str, tuple] | None = None, refused: Sequence[dict] = ()
                 ) -> list[tuple[str, dict, float, list]]:
@@ -538,8 +548,7 @@ def edge_points(records: list[dict], metric: str, over: list[str],
     ``refused``: points a run refused (a limit only the data shows, e.g. k above the fewest
     records an agent holds), ``{"base", "params", "target_epsilon"}``, not tried again."""
     points = []
-    seen = {json.dumps([p.get("base"), p["params"], p.get("target_epsilon")], sort_keys=True)
-            for p in refused}
+    seen = {_mark(p.get("base"), p["params"], p.get("target_epsilon")) for p in refused}
     for row in select(records, metric, over):
         if not row["at_edge"]:
             continue
@@ -565,7 +574,7 @@ def edge_points(records: list[dict], metric: str, over: list[str],
             for way in (("low", "high") if side == "only" else (side,)):
                 v = _next_value(list(axis), way, (limits or {}).get(key, (None, None)), ints)
                 point = {**chosen, key: v}
-                mark = json.dumps([row["base"], point, row["target_epsilon"]], sort_keys=True)
+                mark = _mark(row["base"], point, row["target_epsilon"])
                 if v is not None and mark not in seen:
                     seen.add(mark)
                     points.append((row["base"], point, row["target_epsilon"], seeds))
@@ -608,13 +617,11 @@ def extend_edges(sw: Sweep, out: str | Path, *, rounds: int, limits: dict | None
         plan = {"name": sw.name, "extend_edges": i + 1, "runs": len(runs),
                 "points": [{"base": b, "params": p, "target_epsilon": t, "seeds": s}
                            for b, p, t, s in points]}
-        stepped = {json.dumps([b, p, t], sort_keys=True): [k for k in p if k in over]
-                   for b, p, t, _ in points}
-
         def refusable(run: Run, e: ValueError) -> bool:
-            keys = stepped.get(json.dumps([run.base, run.params, run.target_epsilon],
-                                          sort_keys=True), [])
-            return any(str(e).startswith(f"{k} must") for k in keys)
+            """The run is one of this round's points and the error names a key it steps."""
+            return any(b == run.base and p == run.params and t == run.target_epsilon
+                       and any(str(e).startswith(f"{k} must") for k in p if k in over)
+                       for b, p, t, _ in points)
         records = _run_all(sw, runs, plan, out, resume=True, vmap_seeds=vmap_seeds, log=log,
                            refusable=refusable)
         refused += plan.get("refused", [])
