@@ -771,19 +771,6 @@ def test_selected_json_is_the_selection_of_its_records(folder):
     assert committed == json.loads(json.dumps(recomputed)), folder.name
 
 
-def pending_edges_claims() -> list[tuple[str, str]]:
-    """results/pending_edges/README.md: the unfinished AE-DPFL push, against the published cell."""
-    def cell(path):
-        return next(r for r in _json(path) if r["data.num_agents"] == 1000
-                    and r["target_epsilon"] == 4.0)
-    new = cell("results/pending_edges/voting_hard_task_ae_dpfl/selected.json")
-    old = cell("results/sweeps/voting_hard_task_ae_dpfl/selected.json")
-    return [("results/pending_edges/README.md",
-             f"Q {new['selected']['algorithm.num_queries']:,} and "
-             f"{new['selected']['train.steps']} steps, {f3(new['test_accuracy_mean'])} against "
-             f"{f3(old['test_accuracy_mean'])}")]
-
-
 def pending_fnas_claims() -> list[tuple[str, str]]:
     """results/pending_fnas_sigma1/README.md: the sigma = 1 arm at its one learning rate."""
     runs = list(records.read([ROOT / "results" / "pending_fnas_sigma1"]))
@@ -799,7 +786,7 @@ CLAIMS = (secagg_claims() + audit_claims() + devices_claims() + bench_claims()
           + performance_claims() + getting_started_claims() + shuffle_tables_claims()
           + fnas_page_claims() + fnas_causes_claims() + isrl_page_claims() + fedkt_page_claims()
           + adaptive_clip_text_claims() + participation_text_claims() + scale_page_claims()
-          + grid_edge_claims() + pending_edges_claims() + pending_fnas_claims())
+          + grid_edge_claims() + pending_fnas_claims())
 
 # Figures a page quotes with no committed record behind them: the page must say so, in these
 # words (a record committed later replaces the sentence with a claim above).
@@ -847,7 +834,7 @@ RESULT_PAGES = {
     "results/fedkt/README.md", "results/scale/README.md", "results/fnas/README.md",
     "scale.md", "results/bench/h200-2026-11-27/README.md",
     "results/bench/h200-2026-11-27-rooms/README.md", "results/voting_dpfl/README.md",
-    "results/pending_edges/README.md", "results/pending_fnas_sigma1/README.md",
+    "results/pending_fnas_sigma1/README.md",
 }
 
 # Every other docs page and results README, and why it has no checked figure.
