@@ -253,6 +253,7 @@ def test_next_value_past_an_edge():
     assert nv([100, 500], "high", (None, 1000)) == 1000            # clamped to the limit ...
     assert nv([100, 1000], "high", (None, 1000)) is None           # ... which is a hard edge
     assert nv([1, 2], "low", (None, None)) is None                 # no integer below 1
+    assert nv([3, 10], "low", (None, None)) == 1                   # 3 / 3.33 floors to 1, not 0
     assert nv([0.0, 1.0], "low", (None, None)) is None             # no geometric step below 0
     assert nv([1], "low", (None, None), ints=False) == 0.3333       # a float key given as 1
 

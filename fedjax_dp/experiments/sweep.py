@@ -509,9 +509,9 @@ def _run_cell(sw: Sweep, out: Path, cell_runs: list[Run], configs: list[dict], i
 def _next_value(axis: list, side: str, limit: tuple, ints: bool | None = None
                 ) -> int | float | None:
     """The value past ``axis``'s ``side`` end (``"low"`` / ``"high"``): one step of the ratio of
-    the two values at that end (x3 with one value), rounded outward for integer keys and to 4
-    significant digits otherwise (``ints``: whether the key is an integer; by default, whether
-    every tried value is), clamped to ``limit`` (lo, hi; None: open). None when the end is the
+    the two values at that end (x3 with one value), rounded outward (not below 1) for integer
+    keys and to 4 significant digits otherwise (``ints``: whether the key is an integer; by
+    default, whether every tried value is), clamped to ``limit`` (lo, hi; None: open). None when the end is the
     limit or no value lies past it."""
     axis = sorted(axis)
     ints = all(isinstance(v, int) for v in axis) if ints is None else ints
@@ -521,8 +521,8 @@ def _next_value(axis: list, side: str, limit: tuple, ints: bool | None = None
     ratio = max(end, near) / min(end, near)
     ratio = 3.0 if ratio <= 1 else ratio
     v = end * ratio if side == "high" else end / ratio
-    if ints:
-        v = math.ceil(v) if side == "high" else math.floor(v)
+    if ints:       # below an integer end > 1 the next value is at least 1 (k = 3 -> 1, not none)
+        v = math.ceil(v) if side == "high" else max(math.floor(v), 1)
     else:
         v = float(f"{v:.4g}")                           # 0.9, not 0.8999999999999998
     lo, hi = limit
