@@ -511,8 +511,8 @@ def _next_value(axis: list, side: str, limit: tuple, ints: bool | None = None
     """The value past ``axis``'s ``side`` end (``"low"`` / ``"high"``): one step of the ratio of
     the two values at that end (x3 with one value), rounded outward (not below 1) for integer
     keys and to 4 significant digits otherwise (``ints``: whether the key is an integer; by
-    default, whether every tried value is), clamped to ``limit`` (lo, hi; None: open). None when the end is the
-    limit or no value lies past it."""
+    default, whether every tried value is), clamped to ``limit`` (lo, hi; None: open). None
+    when the end is the limit or no value lies past it."""
     axis = sorted(axis)
     ints = all(isinstance(v, int) for v in axis) if ints is None else ints
     end, near = (axis[-1], axis[-2:][0]) if side == "high" else (axis[0], axis[:2][-1])
