@@ -19,8 +19,8 @@ import json
 import math
 import time
 import tomllib
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Callable
 
 from fedjax_dp.core import compilation, memory
@@ -440,7 +440,8 @@ def _run_all(sw: Sweep, runs: list[Run], plan: dict, out: str | Path, *, resume:
                 "base": first.base, "params": first.params,
                 "target_epsilon": first.target_epsilon, "error": str(e)})
             write_plan()
-            log(f"  refused: {first.params}: {e}")
+            target = "" if first.target_epsilon is None else f" target={first.target_epsilon:g}"
+            log(f"  refused: {first.params}{target}: {e}")
     records = records_lib.read([out / "results.jsonl"])
     write_summaries(records, out)
     if sw.select is not None:
