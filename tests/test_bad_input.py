@@ -190,7 +190,7 @@ def _api_cases():
     _, neg_y = _with(y_change=((2, 1), -1))
     x, y = _with()
     return [
-        (lambda: noise.gaussian_noise(key, (3,), -1.0), "std must be >= 0"),
+        (lambda: noise.gaussian_noise(key, (3,), -1.0), "std must be a finite number >= 0"),
         (lambda: mechanisms.gaussian_mechanism(key, np.zeros(3), 1.0, math.nan),
          "noise_multiplier"),
         (lambda: accounting.epsilon(event, 0.0), "delta"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Callable
 
 import jax
@@ -24,7 +23,7 @@ from fedjax_dp.core import validation
 
 __all__ = ["WEAKENINGS", "ACCOUNTANTS", "DEFAULT_CHUNK", "Auditable", "Spec", "MECHANISMS",
            "register", "resolve", "build", "unit_vector", "flat", "direction", "check_accountant",
-           "check_finite_positive", "check_scale", "check_gaussian_params"]
+           "check_scale", "check_gaussian_params"]
 
 #: The weakened variants any mechanism may offer (each entry lists those it supports).
 WEAKENINGS = ("halve-noise", "no-clip")
@@ -159,14 +158,6 @@ def check_accountant(accountant: str) -> str:
     return validation.check_choice("accountant", accountant, ACCOUNTANTS)
 
 
-def check_finite_positive(name: str, value) -> float:
-    """``value`` as a finite float ``> 0`` (``ValueError`` naming ``name``)."""
-    v = validation.check_positive(name, value)
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return v
-
-
 def check_scale(canary_scale) -> float:
     """``canary_scale`` in ``[1, 1e6)``: the canary's gradient norm over the clip."""
     scale = validation.check_number("canary_scale", canary_scale)
@@ -179,8 +170,8 @@ def check_gaussian_params(noise_multiplier, clip_norm, canary_scale, accountant
                           ) -> tuple[float, float, float]:
     """``(z, C, canary_scale)`` of a clipped-Gaussian harness checked (``z, C`` finite ``> 0``),
     and the accountant's name; errors name each one."""
-    z = check_finite_positive("noise_multiplier", noise_multiplier)
-    clip = check_finite_positive("clip_norm", clip_norm)
+    z = validation.check_positive("noise_multiplier", noise_multiplier, finite=True)
+    clip = validation.check_positive("clip_norm", clip_norm, finite=True)
     scale = check_scale(canary_scale)
     check_accountant(accountant)
     return z, clip, scale

@@ -38,11 +38,13 @@ def check_nonnegative(name: str, value: Any, *, finite: bool = False) -> float:
     return v
 
 
-def check_positive(name: str, value: Any) -> float:
-    """``value > 0`` (infinity allowed)."""
+def check_positive(name: str, value: Any, *, finite: bool = False) -> float:
+    """``value > 0`` (infinity allowed unless ``finite``)."""
     v = check_number(name, value)
     if not v > 0:
         raise ValueError(f"{name} must be > 0, got {_fmt(value)}")
+    if finite and math.isinf(v):
+        raise ValueError(f"{name} must be finite, got {_fmt(value)}")
     return v
 
 
@@ -65,11 +67,12 @@ def check_probability(name: str, value: Any, *, allow_zero: bool = False) -> flo
 
 
 def check_int(name: str, value: Any, *, minimum: int | None = None,
-              maximum: int | None = None) -> int:
-    """An integer in ``[minimum, maximum]`` (either bound optional)."""
+              maximum: int | None = None, exact: bool = False) -> int:
+    """An integer in ``[minimum, maximum]`` (either bound optional); an integral float (2.0) is
+    converted unless ``exact``."""
     given = value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        if not exact and isinstance(value, (float, np.floating)) and float(value).is_integer():
             value = int(value)
         else:
             raise ValueError(f"{name} must be an integer, got {_fmt(value)}")
@@ -84,6 +87,20 @@ def check_int(name: str, value: Any, *, minimum: int | None = None,
     return value
 
 
+def check_orders(name: str, orders: Any, *, minimum: float = 1.0, strict: bool = True,
+                 integer: bool = False) -> np.ndarray:
+    """A non-empty 1-D float64 grid of finite orders ``> minimum`` (``>= minimum`` unless
+    ``strict``), integral if ``integer``: RDP orders (alpha > 1) or moment orders (l >= 1)."""
+    arr = np.asarray(orders, dtype=np.float64)
+    ok = arr.ndim <= 1 and arr.size > 0 and bool(np.all(np.isfinite(arr)))
+    ok = ok and bool(np.all(arr > minimum if strict else arr >= minimum))
+    if not ok or (integer and np.any(arr != np.round(arr))):
+        kind = "integer" if integer else "finite"
+        raise ValueError(f"{name} must be a non-empty 1-D list of {kind} orders "
+                         f"{'>' if strict else '>='} {minimum:g}, got {arr.tolist()}")
+    return arr.reshape(-1)
+
+
 def check_keys(name: str, table: dict, options, accepts: str) -> None:
     """Refuse a table's keys outside ``options``, naming each as ``<name>.<key>`` and saying what
     ``name`` accepts (``accepts``)."""
@@ -91,6 +108,25 @@ def check_keys(name: str, table: dict, options, accepts: str) -> None:
     if unknown:
         raise ValueError(f"unknown key(s) {[f'{name}.{k}' for k in unknown]}; {name} accepts "
                          f"{accepts}")
+
+
+def options_table(name: str, value: Any, options: dict[str, str], *, off: Any, cls: type,
+                  accepts: str, kinds: tuple | None = None) -> Any:
+    """The common part of an option table's parser (``algorithm.adaptive_clip``, ``.noise``,
+    ``.distributed_noise``): None for None and for the ``off`` word, the value itself for an
+    instance of ``cls``; else a table (``name`` must be ``accepts``) of ``options``' keys
+    (``{key: meaning}``, listed on refusal) whose ``kind``, with ``kinds``, is one of them. A
+    table comes back as the dict for the caller to read its values."""
+    if value is None or value is off or (isinstance(value, str) and value == off):
+        return None
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be {accepts}, got {_fmt(value)}")
+    check_keys(name, value, options, "; ".join(f"{k}: {v}" for k, v in options.items()))
+    if kinds is not None:
+        check_choice(f"{name}.kind", value.get("kind"), kinds)
+    return value
 
 
 def check_choice(name: str, value: Any, choices: tuple | list) -> Any:

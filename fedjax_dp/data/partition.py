@@ -22,7 +22,6 @@ natural          one agent per client id (the dataset's own clients)            
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Any, Callable
 
 import numpy as np
@@ -146,9 +145,7 @@ def dirichlet(labels: Any, num_agents: int, beta: float, seed_or_key: Any, min_s
     labels = _labels(labels)
     n = len(labels)
     num_agents = _num_agents(num_agents, n)
-    beta = validation.check_positive("beta", beta)
-    if not math.isfinite(beta):
-        raise ValueError(f"beta must be finite, got {beta}")
+    beta = validation.check_positive("beta", beta, finite=True)
     min_size = validation.check_int("min_size", min_size, minimum=0)
     max_tries = validation.check_int("max_tries", max_tries, minimum=1)
     if num_agents * min_size > n:

@@ -59,15 +59,6 @@ DEFAULT_PLD_DISCRETIZATION = 1e-4
 
 # --------------------------------------------------------------------------- accountants
 
-def _check_orders(orders: Any) -> np.ndarray:
-    arr = np.asarray(orders, dtype=np.float64).reshape(-1)
-    if arr.size == 0:
-        raise ValueError("orders must be a non-empty list of RDP orders > 1")
-    if not np.all(np.isfinite(arr)) or np.any(arr <= 1):
-        raise ValueError(f"orders must be finite RDP orders > 1, got {arr.tolist()}")
-    return arr
-
-
 def make_accountant(kind: str = "rdp", orders: Sequence[float] | None = None, *,
                     value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION
                     ) -> dp_accounting.PrivacyAccountant:
@@ -75,7 +66,7 @@ def make_accountant(kind: str = "rdp", orders: Sequence[float] | None = None, *,
     or ``'pld'`` (with ``value_discretization_interval``)."""
     validation.check_choice("accountant", kind, ACCOUNTANTS)
     if kind == "rdp":
-        grid = _check_orders(DEFAULT_RDP_ORDERS if orders is None else orders)
+        grid = validation.check_orders("orders", DEFAULT_RDP_ORDERS if orders is None else orders)
         return dp_accounting.rdp.RdpAccountant(orders=grid.tolist())
     if orders is not None:
         raise ValueError("orders applies to the 'rdp' accountant only, got accountant='pld'")
@@ -124,8 +115,9 @@ def composed_accountant(event: dp_event.DpEvent, accountant: str = "rdp",
     special = uses_replace_special(event)
     if accountant == "rdp" and (uses_replace_one(event) or special):
         rel = dp_accounting.NeighboringRelation
+        grid = validation.check_orders("orders", DEFAULT_RDP_ORDERS if orders is None else orders)
         acc = dp_accounting.rdp.RdpAccountant(
-            orders=_check_orders(DEFAULT_RDP_ORDERS if orders is None else orders).tolist(),
+            orders=grid.tolist(),
             neighboring_relation=rel.REPLACE_SPECIAL if special else rel.REPLACE_ONE)
     if not acc.supports(event):
         raise ValueError(f"the {accountant!r} accountant does not support "
@@ -202,7 +194,7 @@ def epsilon_from_rdp(orders: Sequence[float], rdp: Sequence[float], delta: float
     Uses ``dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon``: ``eps = min_a [rdp(a) +
     log1p(-1/a) - log(delta * a) / (a - 1)]`` (clipped at 0)."""
     delta = validation.check_open_unit("delta", delta)
-    grid = _check_orders(orders)
+    grid = validation.check_orders("orders", orders)
     vec = validation.check_per_order(
         "rdp", rdp, grid.size, f"orders and rdp must have the same length, got {grid.size} and "
         f"{np.size(rdp)}")

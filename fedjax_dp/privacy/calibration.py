@@ -32,9 +32,7 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float,
 
     Raises ``ValueError`` if the target is unreachable in the bracket (even the upper end gives a
     larger epsilon) or already met at its lower end (the answer lies below the bracket)."""
-    target = validation.check_positive("target_epsilon", target_epsilon)
-    if not math.isfinite(target):
-        raise ValueError(f"target_epsilon must be finite, got {target_epsilon!r}")
+    target = validation.check_positive("target_epsilon", target_epsilon, finite=True)
     delta = validation.check_open_unit("delta", delta)
     validation.check_choice("accountant", accountant, accounting.ACCOUNTANTS)
     if not callable(make_event):

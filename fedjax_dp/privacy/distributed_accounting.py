@@ -48,12 +48,15 @@ post-processing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable, Sequence, Union
 
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import special
+
+from fedjax_dp.core import validation
 
 __all__ = ["KINDS", "ORDERS", "Plan", "rounded_norm_bound", "l1_bound", "ddg_rdp", "skellam_rdp",
            "wor_subsampled_rdp", "round_rdp", "run_rdp", "epsilon", "plan", "calibrate"]
@@ -64,45 +67,19 @@ ORDERS: tuple[int, ...] = tuple(range(2, 257)) + (512, 1024)
 Curve = Union[Callable[[int], float], Sequence[float], np.ndarray]
 
 
-def _num(name: str, value, lo: float = -math.inf, hi: float = math.inf, *, lo_open=False,
-         hi_open=False) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if (isinstance(value, bool) or not math.isfinite(v) or v < lo or v > hi
-            or (lo_open and v == lo) or (hi_open and v == hi)):
-        rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-        raise ValueError(f"{name} must be a finite number in {rng}, got {value!r}")
-    return v
-
-
-def _int(name: str, value, lo: int, hi: float = math.inf) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be an integer in [{lo}, {hi:g}], got {value!r}")
-    return int(value)
-
-
-def _kind(kind) -> str:
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
-    return kind
-
-
-def _orders(orders, integer: bool) -> np.ndarray:
-    a = np.asarray(orders, dtype=np.float64).reshape(-1)
-    if a.size == 0 or not np.all(np.isfinite(a)) or np.any(a <= 1):
-        raise ValueError(f"orders must be finite numbers > 1, got {orders!r}")
-    if integer and np.any(a != np.round(a)):
-        raise ValueError(f"orders must be integers >= 2 here, got {orders!r}")
-    return a
+#: Real arguments' ranges (``ValueError`` naming the parameter and the range).
+_POSITIVE = validation.Float(0.0, low_open=True)            # a finite number > 0
+_NONNEGATIVE = validation.Float(0.0)                        # a finite number >= 0
+_BETA = validation.Float(0.0, 1.0, high_open=True)          # in [0, 1)
+#: Integer arguments: an int (``bits=8.0`` is refused, not converted).
+_int = functools.partial(validation.check_int, exact=True)
 
 
 def rounded_norm_bound(scaled_clip: float, dim: int, beta: float) -> float:
     """Delta_2: the L2 bound of a conditionally rounded vector of ``||x||_2 <= scaled_clip``."""
-    c = _num("scaled_clip", scaled_clip, 0.0, lo_open=True)
-    d = _int("dim", dim, 1)
-    b = _num("beta", beta, 0.0, 1.0, hi_open=True)
+    c = _POSITIVE("scaled_clip", scaled_clip)
+    d = _int("dim", dim, minimum=1)
+    b = _BETA("beta", beta)
     bound = (c + math.sqrt(d)) ** 2
     if b > 0.0:
         bound = min(bound, c * c + d / 4.0
@@ -112,18 +89,19 @@ def rounded_norm_bound(scaled_clip: float, dim: int, beta: float) -> float:
 
 def l1_bound(l2: float, dim: int) -> float:
     """L1 bound of an integer vector of L2 norm <= l2 in dimension dim: min(sqrt(d) l2, l2^2)."""
-    l2 = _num("l2", l2, 0.0)
-    return min(math.sqrt(_int("dim", dim, 1)) * l2, l2 * l2)
+    l2 = _NONNEGATIVE("l2", l2)
+    return min(math.sqrt(_int("dim", dim, minimum=1)) * l2, l2 * l2)
 
 
 def ddg_rdp(orders, *, l1: float, l2: float, share_sigma: float, num_shares: int,
             dim: int) -> np.ndarray:
     """RDP of the sum of ``num_shares`` iid N_Z(0, share_sigma^2) per coordinate, for integer
     shifts with L1 <= l1 and L2 <= l2 (Kairouz et al. 2021, Proposition 14); any real order > 1."""
-    a = _orders(orders, integer=False)
-    l1, l2 = _num("l1", l1, 0.0), _num("l2", l2, 0.0)
-    n, d = _int("num_shares", num_shares, 1), _int("dim", dim, 1)
-    sigma = _num("share_sigma", share_sigma, 0.0, lo_open=True)
+    a = validation.check_orders("orders", orders)
+    l1, l2 = _NONNEGATIVE("l1", l1), _NONNEGATIVE("l2", l2)
+    n = _int("num_shares", num_shares, minimum=1)
+    d = _int("dim", dim, minimum=1)
+    sigma = _POSITIVE("share_sigma", share_sigma)
     if n > 1 and sigma < 0.5:
         raise ValueError(f"share_sigma must be >= 0.5 for a sum of {n} discrete Gaussians "
                          f"(Proposition 14's condition), got {share_sigma!r}")
@@ -143,9 +121,9 @@ def _ddg(a, l1, l2, sigma, n, d, tau):
 def skellam_rdp(orders, *, l1: float, l2: float, variance: float) -> np.ndarray:
     """RDP of Skellam noise of total variance ``variance`` per coordinate for integer shifts
     with L1 <= l1, L2 <= l2 (Agarwal et al. 2021; integer orders)."""
-    a = _orders(orders, integer=True)
-    l1, l2 = _num("l1", l1, 0.0), _num("l2", l2, 0.0)
-    mu = _num("variance", variance, 0.0, lo_open=True)
+    a = validation.check_orders("orders", orders, integer=True)
+    l1, l2 = _NONNEGATIVE("l1", l1), _NONNEGATIVE("l2", l2)
+    mu = _POSITIVE("variance", variance)
     return a * l2 ** 2 / (2 * mu) + np.minimum(((2 * a - 1) * l2 ** 2 + 6 * l1) / (4 * mu ** 2),
                                                3 * l1 / (2 * mu))
 
@@ -175,9 +153,9 @@ def wor_subsampled_rdp(orders, base_rdp: Curve, *, population: int, cohort: int)
     ``base_rdp``: a callable ``j -> RDP at integer order j``, or an array on ``orders`` (then the
     RDP at an integer j not in ``orders`` is bounded by that at the next larger order, Renyi
     divergences being non-decreasing in the order)."""
-    a = _orders(orders, integer=True)
-    n = _int("population", population, 1)
-    m = _int("cohort", cohort, 1, n)
+    a = validation.check_orders("orders", orders, integer=True)
+    n = _int("population", population, minimum=1)
+    m = _int("cohort", cohort, minimum=1, maximum=n)
     top = int(a.max())
     if callable(base_rdp):
         full = np.array([0.0, 0.0] + [float(base_rdp(j)) for j in range(2, top + 1)])
@@ -196,11 +174,11 @@ def wor_subsampled_rdp(orders, base_rdp: Curve, *, population: int, cohort: int)
 
 
 def _round_rdp(kind, a, scaled_clip, dim, beta, total_variance, cohort, min_survivors):
-    kind = _kind(kind)
-    d = _int("dim", dim, 1)
-    m = _int("cohort", cohort, 1)
-    n_min = _int("min_survivors", min_survivors, 1, m)
-    mu = _num("total_variance", total_variance, 0.0, lo_open=True)
+    kind = validation.check_choice("kind", kind, KINDS)
+    d = _int("dim", dim, minimum=1)
+    m = _int("cohort", cohort, minimum=1)
+    n_min = _int("min_survivors", min_survivors, minimum=1, maximum=m)
+    mu = _POSITIVE("total_variance", total_variance)
     delta2 = rounded_norm_bound(scaled_clip, d, beta)
     l2, l1 = 2.0 * delta2, 2.0 * l1_bound(delta2, d)
     if kind == "skellam":  # M shares of variance mu / n_min: the least noise at M = n_min
@@ -226,8 +204,8 @@ def round_rdp(kind: str, orders, *, scaled_clip: float, dim: int, beta: float,
     """One round's RDP (no sampling): replace-one sensitivities ``2 Delta_2`` (L2) and
     ``2 l1_bound(Delta_2)`` (L1), worst over the survivor count M in [min_survivors, cohort].
     ``dim``: the rounded vector's dimension (the padded d')."""
-    return _round_rdp(kind, _orders(orders, integer=(kind == "skellam")), scaled_clip, dim, beta,
-                      total_variance, cohort, min_survivors)
+    a = validation.check_orders("orders", orders, integer=(kind == "skellam"))
+    return _round_rdp(kind, a, scaled_clip, dim, beta, total_variance, cohort, min_survivors)
 
 
 def run_rdp(kind: str, orders, *, scaled_clip: float, dim: int, beta: float,
@@ -235,10 +213,10 @@ def run_rdp(kind: str, orders, *, scaled_clip: float, dim: int, beta: float,
             rounds: int) -> np.ndarray:
     """RDP of ``rounds`` rounds, each a cohort of ``cohort`` of ``population`` clients sampled
     without replacement (integer orders)."""
-    a = _orders(orders, integer=True)
-    t = _int("rounds", rounds, 0)
-    n = _int("population", population, 1)
-    _int("cohort", cohort, 1, n)
+    a = validation.check_orders("orders", orders, integer=True)
+    t = _int("rounds", rounds, minimum=0)
+    n = _int("population", population, minimum=1)
+    _int("cohort", cohort, minimum=1, maximum=n)
     full = np.zeros(int(a.max()) + 1)
     full[2:] = _round_rdp(kind, np.arange(2.0, a.max() + 1), scaled_clip, dim, beta,
                           total_variance, cohort, min_survivors)
@@ -247,8 +225,9 @@ def run_rdp(kind: str, orders, *, scaled_clip: float, dim: int, beta: float,
 
 def epsilon(orders, rdp, delta: float) -> float:
     """The (eps, delta)-DP epsilon of an RDP curve (dp_accounting ``compute_epsilon``)."""
-    d = _num("delta", delta, 0.0, 1.0, lo_open=True, hi_open=True)
-    a, r = _orders(orders, integer=False), np.asarray(rdp, dtype=np.float64).reshape(-1)
+    d = validation.check_open_unit("delta", delta)
+    a = validation.check_orders("orders", orders)
+    r = np.asarray(rdp, dtype=np.float64).reshape(-1)
     if r.shape != a.shape:
         raise ValueError(f"rdp must have one value per order ({a.size}), got {r.size}")
     return float(rdp_privacy_accountant.compute_epsilon(a, r, d)[0])
@@ -282,15 +261,16 @@ def plan(kind: str, *, noise_multiplier: float, clip: float, dim: int, cohort: i
     possibly aligned, noise of up to cohort / n_min shares' worth), k standard deviations fit
     the range: ``k^2 ((m c)^2 / d' + (m / n_min) (z c)^2) / gamma^2 + k^2 m / 4 = 4^(b-1)``;
     then ``mu = (z c / gamma)^2`` and ``Delta_2 = rounded_norm_bound(c / gamma, d', beta)``."""
-    kind = _kind(kind)
-    z = _num("noise_multiplier", noise_multiplier, 0.0, lo_open=True)
-    c = _num("clip", clip, 0.0, lo_open=True)
-    d = _int("dim", dim, 1)
-    m = _int("cohort", cohort, 1)
-    b = _int("bits", bits, 2, 31)
-    k = _num("k_stddevs", k_stddevs, 0.0, lo_open=True)
-    beta = _num("beta", beta, 0.0, 1.0, hi_open=True)
-    n_min = m if min_survivors is None else _int("min_survivors", min_survivors, 1, m)
+    kind = validation.check_choice("kind", kind, KINDS)
+    z = _POSITIVE("noise_multiplier", noise_multiplier)
+    c = _POSITIVE("clip", clip)
+    d = _int("dim", dim, minimum=1)
+    m = _int("cohort", cohort, minimum=1)
+    b = _int("bits", bits, minimum=2, maximum=31)
+    k = _POSITIVE("k_stddevs", k_stddevs)
+    beta = _BETA("beta", beta)
+    n_min = m if min_survivors is None else _int("min_survivors", min_survivors, minimum=1,
+                                                 maximum=m)
     d_pad = 1 << (d - 1).bit_length()
     room = (2.0 ** (b - 1) / k) ** 2 - m / 4.0
     if room <= 0:
@@ -318,12 +298,12 @@ def calibrate(kind: str, *, target_epsilon: float, delta: float, clip: float, di
               tol: float = 1e-3) -> float:
     """The smallest noise multiplier z (to relative ``tol``) whose plan's ``rounds``-round
     epsilon at ``delta`` is <= ``target_epsilon``; ValueError if no z reaches it."""
-    target = _num("target_epsilon", target_epsilon, 0.0, lo_open=True)
-    _num("delta", delta, 0.0, 1.0, lo_open=True, hi_open=True)
-    tol = _num("tol", tol, 0.0, 1.0, lo_open=True, hi_open=True)
-    n = _int("population", population, 1)
-    _int("cohort", cohort, 1, n)
-    _int("rounds", rounds, 1)
+    target = _POSITIVE("target_epsilon", target_epsilon)
+    validation.check_open_unit("delta", delta)
+    tol = validation.check_open_unit("tol", tol)
+    n = _int("population", population, minimum=1)
+    _int("cohort", cohort, minimum=1, maximum=n)
+    _int("rounds", rounds, minimum=1)
 
     def eps(z: float) -> float:
         p = plan(kind, noise_multiplier=z, clip=clip, dim=dim, cohort=cohort, bits=bits,

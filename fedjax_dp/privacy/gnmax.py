@@ -42,13 +42,6 @@ PATE_ORDERS: np.ndarray = np.concatenate([np.arange(2, 100.5, 0.5),
 PATE_ORDERS.flags.writeable = False
 
 
-def _check_sigma(sigma) -> float:
-    s = validation.check_positive("sigma", sigma)
-    if not math.isfinite(s):
-        raise ValueError(f"sigma must be finite, got {sigma!r}")
-    return s
-
-
 def _check_votes(votes) -> np.ndarray:
     arr = validation.check_finite_array("votes", votes).astype(np.float64)
     if arr.ndim not in (1, 2) or arr.shape[-1] < 2:
@@ -58,11 +51,7 @@ def _check_votes(votes) -> np.ndarray:
 
 
 def _check_orders(orders) -> np.ndarray:
-    grid = np.asarray(PATE_ORDERS if orders is None else orders, dtype=np.float64)
-    if grid.ndim > 1 or grid.size == 0 or not np.all(np.isfinite(grid)) or np.any(grid <= 1):
-        raise ValueError(f"orders must be a non-empty 1-D list of finite RDP orders > 1, "
-                         f"got {np.asarray(orders).tolist()}")
-    return grid
+    return validation.check_orders("orders", PATE_ORDERS if orders is None else orders)
 
 
 def gnmax_logq(votes, sigma) -> np.ndarray | float:
@@ -73,7 +62,7 @@ def gnmax_logq(votes, sigma) -> np.ndarray | float:
     capped at ``log(1 - 1/C)``. Returns a float for ``[C]``, an array ``[Q]`` for ``[Q, C]``.
     ``sigma`` finite ``> 0``."""
     v = _check_votes(votes)
-    sigma = _check_sigma(sigma)
+    sigma = validation.check_positive("sigma", sigma, finite=True)
     single = v.ndim == 1
     v = np.atleast_2d(v)                                                  # [Q, C]
     q, c = v.shape
@@ -107,7 +96,7 @@ def gnmax_rdp(logq, sigma, orders) -> np.ndarray:
 
     and ``rdp = alpha / sigma^2`` elsewhere; ``log q = -inf`` (a certain outcome) gives 0. Returns
     ``[len(orders)]`` for a scalar ``logq``, ``[..., len(orders)]`` for an array."""
-    sigma = _check_sigma(sigma)
+    sigma = validation.check_positive("sigma", sigma, finite=True)
     grid = _check_orders(orders)
     lq = np.asarray(logq, dtype=np.float64)
     if np.any(np.isnan(lq)) or np.any(lq > 0):
@@ -137,9 +126,7 @@ def gnmax_rdp(logq, sigma, orders) -> np.ndarray:
 
 
 def _sigma_eff(sigma: float, sensitivity) -> float:
-    delta_l2 = validation.check_positive("sensitivity", sensitivity)
-    if not math.isfinite(delta_l2):
-        raise ValueError(f"sensitivity must be finite, got {sensitivity!r}")
+    delta_l2 = validation.check_positive("sensitivity", sensitivity, finite=True)
     return sigma * math.sqrt(2.0) / delta_l2
 
 
@@ -152,7 +139,7 @@ def gnmax_total_rdp(votes, sigma, sensitivity=2 ** 0.5, orders=None
     uses ``sigma_eff = sigma sqrt(2) / sensitivity`` (module docstring); the data-independent vector
     is ``Q alpha / sigma_eff^2 = Q alpha sensitivity^2 / (2 sigma^2)``."""
     v = np.atleast_2d(_check_votes(votes))
-    sigma = _check_sigma(sigma)
+    sigma = validation.check_positive("sigma", sigma, finite=True)
     sigma_eff = _sigma_eff(sigma, sensitivity)
     grid = _check_orders(orders)
     logq = gnmax_logq(v, sigma)                                          # [Q] (scale-invariant)

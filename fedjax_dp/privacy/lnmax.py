@@ -40,19 +40,12 @@ DEFAULT_MOMENT_ORDERS: tuple[int, ...] = tuple(range(1, 9))
 
 
 def _orders(orders: Iterable[int]) -> np.ndarray:
-    arr = np.asarray(list(orders), dtype=np.float64).reshape(-1)
-    if arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr < 1) \
-            or np.any(arr != np.round(arr)):
-        raise ValueError(f"orders must be a non-empty list of integer moment orders >= 1, "
-                         f"got {arr.tolist()}")
-    return arr
+    """Integer moment orders ``l >= 1``."""
+    return validation.check_orders("orders", list(orders), strict=False, integer=True)
 
 
 def _gamma(gamma) -> float:
-    g = validation.check_positive("gamma", gamma)
-    if not np.isfinite(g):
-        raise ValueError(f"gamma must be finite, got {gamma}")
-    return g
+    return validation.check_positive("gamma", gamma, finite=True)
 
 
 def lnmax_q(votes, gamma) -> np.ndarray:

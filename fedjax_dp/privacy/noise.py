@@ -9,7 +9,6 @@ Noise scales are checked on the host when concrete: a negative, NaN or infinite 
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import jax
@@ -37,10 +36,8 @@ def check_scale(name: str, value: Any, *, positive: bool = False) -> None:
         return
     if isinstance(value, (jax.Array, np.ndarray)):
         value = np.asarray(value).item()
-    v = validation.check_positive(name, value) if positive else \
-        validation.check_nonnegative(name, value)
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+    check = validation.check_positive if positive else validation.check_nonnegative
+    check(name, value, finite=True)
 
 
 def _is_shape(x: Any) -> bool:

@@ -81,9 +81,7 @@ class ShuffleConfig:
     norm: str = "l2"
 
     def __post_init__(self):
-        c = validation.check_positive("clip_norm", self.clip_norm)
-        if not math.isfinite(c):
-            raise ValueError(f"clip_norm must be finite, got {self.clip_norm!r}")
+        c = validation.check_positive("clip_norm", self.clip_norm, finite=True)
         object.__setattr__(self, "clip_norm", c)
         object.__setattr__(self, "granularity", validation.check_int(
             "granularity", self.granularity, minimum=1, maximum=2 ** 20))

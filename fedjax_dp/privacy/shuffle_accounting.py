@@ -395,9 +395,7 @@ def calibrate_noise_trials(target_epsilon: float, delta: float, *, granularity: 
     ``analysis``: ``'per_coordinate'`` or ``'l2'`` (:class:`BinomialSumEvent`; for ``'l2'`` the
     bound is not proven monotone in ``N``, but the returned ``N`` is always one that was evaluated
     and meets the target)."""
-    target = validation.check_positive("target_epsilon", target_epsilon)
-    if not math.isfinite(target):
-        raise ValueError(f"target_epsilon must be finite, got {target_epsilon!r}")
+    target = validation.check_positive("target_epsilon", target_epsilon, finite=True)
     delta = validation.check_open_unit("delta", delta)
     k = validation.check_int("granularity", granularity, minimum=1)
     dimension = validation.check_int("dimension", dimension, minimum=1)

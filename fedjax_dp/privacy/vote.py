@@ -242,9 +242,7 @@ def check_vote_args(sigma, num_agents: int, num_queries: int, num_classes: int,
                     noise: str = "per_agent") -> None:
     """Host-side checks of a vote's arguments (before any JAX work)."""
     validation.check_choice("noise", noise, NOISE_MODES)
-    s = validation.check_positive("sigma", sigma)
-    if not math.isfinite(s):
-        raise ValueError(f"sigma must be finite, got {sigma!r}")
+    validation.check_positive("sigma", sigma, finite=True)
     validation.check_int("num_agents", num_agents, minimum=1)
     validation.check_int("num_queries", num_queries, minimum=1)
     validation.check_int("num_classes", num_classes, minimum=2)

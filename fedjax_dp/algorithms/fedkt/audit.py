@@ -10,8 +10,7 @@ import numpy as np
 
 from fedjax_dp.algorithms.fedkt import privacy as fedkt_privacy
 from fedjax_dp.algorithms.fedkt import votes as fedkt_votes
-from fedjax_dp.audit.harness import (Auditable, Spec, check_accountant, check_finite_positive,
-                                     register)
+from fedjax_dp.audit.harness import Auditable, Spec, check_accountant, register
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import PrivacyLedger
 
@@ -29,7 +28,7 @@ def fedkt_laplace_harness(weaken, *, gamma, num_teachers, gap, num_classes,
     the released label is class 1 (0/1). Claimed: ``LaplaceDpEvent(1 / (2 gamma))`` (L1
     sensitivity 2), :func:`.privacy.data_independent_events`.
     """
-    gamma = check_finite_positive("gamma", gamma)
+    gamma = validation.check_positive("gamma", gamma, finite=True)
     t = validation.check_int("num_teachers", num_teachers, minimum=2)
     c = validation.check_int("num_classes", num_classes, minimum=2)
     gap = validation.check_int("gap", gap, minimum=0, maximum=t)

@@ -10,9 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.algorithms.isrl import calibration, sdp, uploads
-from fedjax_dp.audit.harness import (Auditable, Spec, check_finite_positive,
-                                     check_gaussian_params, check_scale, direction, flat,
-                                     register)
+from fedjax_dp.audit.harness import (Auditable, Spec, check_gaussian_params, check_scale,
+                                     direction, flat, register)
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import PrivacyLedger, shuffle
 from fedjax_dp.privacy.shuffle_accounting import make_event
@@ -110,7 +109,7 @@ def sdp_upload_harness(weaken, *, noise_trials, granularity, clip_norm, num_reco
     big_n = validation.check_int("noise_trials", noise_trials, minimum=4,
                                  maximum=shuffle.MAX_NOISE_TRIALS)
     k = validation.check_int("granularity", granularity, minimum=1, maximum=2 ** 12)
-    clip = check_finite_positive("clip_norm", clip_norm)
+    clip = validation.check_positive("clip_norm", clip_norm, finite=True)
     scale = check_scale(canary_scale)
     cfg = shuffle.ShuffleConfig(clip_norm=clip, granularity=k, noise_trials=big_n)
     run_cfg = cfg

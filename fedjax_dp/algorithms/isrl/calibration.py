@@ -61,9 +61,7 @@ def _calibrate(target_epsilon: float, delta: float, releases: tuple, accountant:
 def calibrate(target_epsilon: float, delta: float, releases: Sequence[tuple[float, int]],
               accountant: str = "rdp") -> float:
     """Smallest noise multiplier z with ``eps(silo_event(z, releases), delta) <= target``."""
-    target = validation.check_positive("algorithm.target_epsilon", target_epsilon)
-    if not math.isfinite(target):
-        raise ValueError(f"algorithm.target_epsilon must be finite, got {target_epsilon!r}")
+    target = validation.check_positive("algorithm.target_epsilon", target_epsilon, finite=True)
     delta = validation.check_open_unit("algorithm.delta", delta)
     validation.check_choice("algorithm.accountant", accountant, accounting.ACCOUNTANTS)
     key = tuple((float(p), int(c)) for p, c in releases if int(c) > 0)

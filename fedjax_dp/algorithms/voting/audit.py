@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.audit.harness import (Auditable, Spec, check_accountant, check_finite_positive,
-                                     register, unit_vector)
+from fedjax_dp.audit.harness import Auditable, Spec, check_accountant, register, unit_vector
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import vote
 
@@ -43,7 +42,7 @@ def gaussian_vote_harness(weaken, *, sigma, unit, ballot, k, num_agents, num_cla
     validation.check_choice("noise", noise, vote.NOISE_MODES)
     n = validation.check_int("num_agents", num_agents, minimum=2)
     c = validation.check_int("num_classes", num_classes, minimum=2)
-    sigma = check_finite_positive("sigma", sigma)
+    sigma = validation.check_positive("sigma", sigma, finite=True)
     check_accountant(accountant)
     if ballot == "neighbour_counts":
         k = validation.check_int("k", 4 if k is None else k, minimum=1)
