@@ -26,7 +26,6 @@ beyond s_t. The paper's default sigma_b = m / 20 (``count_noise = "default"``).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -61,38 +60,26 @@ class AdaptiveClip:
         return expected_cohort / 20.0 if self.count_noise is None else float(self.count_noise)
 
 
-def _number(name: str, value: Any, low: float, high: float | None = None,
-            low_open: bool = True) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = (value > low if low_open else value >= low) and (high is None or value < high)
-    if not ok:
-        rng_txt = f"({low}, {high})" if high is not None else (f"> {low}" if low_open
-                                                               else f">= {low}")
-        raise ValueError(f"{name} must be a finite number in {rng_txt}, got {value!r}")
-    return float(value)
+_POSITIVE = validation.Float(0.0, low_open=True)            # a finite number > 0
 
 
 def parse(name: str, value: Any) -> AdaptiveClip | None:
     """``algorithm.adaptive_clip``: None / ``false`` (a fixed clip), ``true`` (the paper's
     defaults) or a table of :data:`OPTIONS`; every key checked, named on refusal."""
-    if value is None or value is False or isinstance(value, AdaptiveClip):
-        return value or None
     if value is True:
         return AdaptiveClip()
-    if not isinstance(value, dict):
-        raise ValueError(f"{name} must be true, false or a table of {sorted(OPTIONS)}, "
-                         f"got {value!r}")
-    validation.check_keys(name, value, OPTIONS, "; ".join(f"{k}: {v}" for k, v in OPTIONS.items()))
-    out = {"target_quantile": _number(f"{name}.target_quantile",
-                                      value.get("target_quantile", 0.5), 0.0, 1.0),
-           "learning_rate": _number(f"{name}.learning_rate", value.get("learning_rate", 0.2),
-                                    0.0)}
-    noise = value.get("count_noise", "default")
-    out["count_noise"] = None if noise == "default" else _number(f"{name}.count_noise", noise,
-                                                                 0.0, low_open=False)
-    cap = value.get("max_clip_norm")
-    out["max_clip_norm"] = None if cap is None else _number(f"{name}.max_clip_norm", cap, 0.0)
+    table = validation.options_table(name, value, OPTIONS, off=False, cls=AdaptiveClip,
+                                     accepts=f"true, false or a table of {sorted(OPTIONS)}")
+    if not isinstance(table, dict):
+        return table
+    out = {"target_quantile": validation.check_open_unit(
+               f"{name}.target_quantile", table.get("target_quantile", 0.5)),
+           "learning_rate": _POSITIVE(f"{name}.learning_rate", table.get("learning_rate", 0.2))}
+    noise = table.get("count_noise", "default")
+    out["count_noise"] = None if noise == "default" else validation.Float(0.0)(
+        f"{name}.count_noise", noise)
+    cap = table.get("max_clip_norm")
+    out["max_clip_norm"] = None if cap is None else _POSITIVE(f"{name}.max_clip_norm", cap)
     return AdaptiveClip(**out)
 
 

@@ -84,24 +84,19 @@ def parse(name: str, value: Any) -> CorrelatedNoise | None:
     """``algorithm.noise``: None / ``"independent"`` (fresh noise each round) or a table
     ``{kind = "banded_mf", bands = b}`` / ``{kind = "blt", min_sep = b}`` /
     ``{kind = "tree", min_sep = b}``."""
-    if value is None or value == "independent" or isinstance(value, CorrelatedNoise):
-        return None if value == "independent" else value
+    value = validation.options_table(
+        name, value, OPTIONS, off="independent", cls=CorrelatedNoise, kinds=KINDS,
+        accepts='"independent" or a table such as {kind = "banded_mf", bands = 4}')
     if not isinstance(value, dict):
-        raise ValueError(f"{name} must be \"independent\" or a table such as "
-                         f"{{kind = \"banded_mf\", bands = 4}}, got {value!r}")
-    validation.check_keys(name, value, OPTIONS, "; ".join(f"{k}: {v}" for k, v in OPTIONS.items()))
-    kind = value.get("kind")
-    if kind not in KINDS:
-        raise ValueError(f"{name}.kind must be one of {list(KINDS)}, got {kind!r}")
+        return value
+    kind = value["kind"]
     key = "bands" if kind == "banded_mf" else "min_sep"
     other = "min_sep" if kind == "banded_mf" else "bands"
     if other in value:
         raise ValueError(f"{name}.{other} does not apply to kind {kind!r}; give {name}.{key}")
-    cycle = value.get(key)
-    steps = value.get("optimizer_steps", 250)
-    for k, v in ((key, cycle), ("optimizer_steps", steps)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name}.{k} must be an integer >= 1, got {v!r}")
+    cycle = validation.check_int(f"{name}.{key}", value.get(key), minimum=1, exact=True)
+    steps = validation.check_int(f"{name}.optimizer_steps", value.get("optimizer_steps", 250),
+                                 minimum=1, exact=True)
     blt = {k: value.get(k) for k in ("buf_decay", "output_scale") if k in value}
     if blt:
         if kind != "blt" or len(blt) != 2:

@@ -80,20 +80,16 @@ class DistributedNoise:
 
 def parse(name: str, value: Any) -> DistributedNoise | None:
     """None / ``"none"`` (central noise) or a table ``{kind = "skellam", bits = 16, ...}``."""
-    if value is None or value == "none" or isinstance(value, DistributedNoise):
-        return None if value == "none" else value
+    value = validation.options_table(
+        name, value, OPTIONS, off="none", cls=DistributedNoise, kinds=KINDS,
+        accepts='"none" or a table such as {kind = "skellam", bits = 16}')
     if not isinstance(value, dict):
-        raise ValueError(f"{name} must be \"none\" or a table such as {{kind = \"skellam\", "
-                         f"bits = 16}}, got {value!r}")
-    validation.check_keys(name, value, OPTIONS, "; ".join(f"{k}: {v}" for k, v in OPTIONS.items()))
-    kind = value.get("kind")
-    if kind not in KINDS:
-        raise ValueError(f"{name}.kind must be one of {list(KINDS)}, got {kind!r}")
+        return value
+    kind = value["kind"]
     bits = validation.check_int(f"{name}.bits", value.get("bits", 16), minimum=2, maximum=31)
     k = validation.check_positive(f"{name}.k_stddevs", value.get("k_stddevs", 4.0))
-    beta = validation.check_number(f"{name}.beta", value.get("beta", math.exp(-0.5)))
-    if not 0.0 <= beta < 1.0:
-        raise ValueError(f"{name}.beta must be in [0, 1), got {value.get('beta')!r}")
+    beta = validation.Float(0.0, 1.0, high_open=True)(f"{name}.beta",
+                                                      value.get("beta", math.exp(-0.5)))
     n_min = value.get("min_survivors")
     if n_min is not None:
         n_min = validation.check_int(f"{name}.min_survivors", n_min, minimum=1)
