@@ -42,7 +42,8 @@ from fedjax_dp.privacy import PrivacyLedger
 Params = Any
 
 __all__ = ["FederatedData", "Runtime", "State", "Output", "Algorithm", "Hooks", "OPTIONAL_HOOKS",
-           "hooks", "Result", "step_key", "init_key", "run", "ledgers", "host_value"]
+           "hooks", "Result", "step_key", "init_key", "run", "ledgers", "host_value", "check_init",
+           "phase_steps"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +81,18 @@ class FederatedData:
                 self.agents.feature_shape:
             raise ValueError(f"data.x_public has feature shape {tuple(np.shape(self.x_public)[1:])}"
                              f" but the agents' records have {self.agents.feature_shape}")
+
+    def public_array(self, holds: str) -> np.ndarray:
+        """``x_public`` for a method that reads it: present (else the error says it must hold
+        ``holds``), finite, with at least one example ``[P, ...]``; the agents' feature shape is
+        checked on construction."""
+        if self.x_public is None:
+            raise ValueError(f"data.x_public must hold {holds}, got None")
+        x_public = validation.check_finite_array("x_public", self.x_public)
+        if x_public.ndim < 2 or x_public.shape[0] == 0:
+            raise ValueError(f"x_public must hold at least one public example [P, ...], got "
+                             f"shape {x_public.shape}")
+        return x_public
 
     @property
     def num_agents(self) -> int:
@@ -196,64 +209,31 @@ class Algorithm(Protocol):
     def output(self, state: State) -> Output: ...
 
     # ------------------------------------------------------------ optional hooks and defaults
+    # What each does, its default and its users: the hook table of docs/protocol.md.
 
-    #: A one-shot method names its steps (``num_steps`` of them): its ``output`` exists only
-    #: after the last, so the runner evaluates it once, at the end, and writes no checkpoint.
-    #: Default ``()``: round-based.
-    PHASES: tuple[str, ...] = ()
-
-    #: False for an algorithm that gives no privacy guarantee (FedAvg, MB-SGD, Local SGD): its
-    #: ledger is empty and there is nothing to calibrate. Default True.
-    private: bool = True
-
-    #: True when :meth:`planned_ledger` depends on the run's key (DP-FedSGD), so a sweep
-    #: calibrates every seed on its own. Default False: one calibration per sweep cell.
-    seed_dependent_ledger: bool = False
-
-    #: ``seed_step(state) -> (fn, data, signature) | None``: the step as a pure function
-    #: ``fn(key, values, data) -> (values, metrics)`` equal to ``step(state, key)`` on
-    #: ``state.values``, vmapped over S seeds by :func:`fedjax_dp.algorithms.seeds.run_seeds`
-    #: (``signature``, hashable, must agree between the seeds; None: the seeds run one by one).
+    PHASES: tuple[str, ...] = ()                        # a one-shot method's steps; () rounds
+    private: bool = True                                # False: no guarantee (FedAvg, ...)
+    seed_dependent_ledger: bool = False                 # True: calibrate every seed alone
     seed_step: Callable[[State], tuple[Callable, Any, Hashable]] | None = None
-
-    #: ``multi_step(state, key, start, count) -> (state, metrics)``: steps ``start .. start +
-    #: count - 1`` of the run with root ``key`` in one compiled call, equal to ``count`` calls of
-    #: ``step`` with keys :func:`step_key` ``(key, t)``; every metric has a leading axis of at
-    #: least ``count`` (row i: step ``start + i``). Used where ``rounds_per_call(state)`` > 0.
     multi_step: Callable[[State, jax.Array, int, int], tuple[State, dict]] | None = None
-
-    def rounds_per_call(self, state: State) -> int:
-        """The most steps one ``multi_step`` call of ``state`` runs; 0: ``multi_step`` cannot run
-        this state (the steps then run one by one). Default: 0."""
-
-    #: The batched step, for a step with host-side work: ``batch_plan(states) -> plan | None``
-    #: says once what S seeds share (None: they run one by one), and ``batched_step(plan,
-    #: states, keys) -> (states, metrics)`` runs step t of the S seeds together, entry s equal
-    #: to ``step(states[s], keys[s])``. Declared together; preferred to ``seed_step``.
-    batch_plan: Callable[[list[State]], Any] | None = None
+    batch_plan: Callable[[list[State]], Any] | None = None          # with batched_step
     batched_step: Callable[[Any, list[State], list], tuple[list[State], list[dict]]] | None = None
 
+    def rounds_per_call(self, state: State) -> int:
+        """The most steps one ``multi_step`` call runs (0: one by one). Default: 0."""
+
     def prefetch(self, state: State, key: jax.Array) -> None:
-        """Called with step t+1's key right after step t is dispatched, so an algorithm can
-        prepare the next round's cohort while the current one computes. Default: nothing."""
+        """Prepare step t+1 (its key) once step t is dispatched. Default: nothing."""
 
     def step_label(self, config: Any, t: int) -> str:
-        """Step ``t`` (1-based) named for the runner's line per step (DP-FNAS: ``search epoch
-        3/10``). Default: ``phase t/T NAME`` with ``PHASES``, else ``round t/T``
-        (``T = num_steps(config)``)."""
+        """Step ``t`` (1-based) named. Default: ``phase t/T NAME`` or ``round t/T``."""
 
     def artifacts(self, state: State, out_dir: Path | None, run_config: dict) -> dict:
-        """After the last step: writes extra files of the run to ``out_dir`` (None: writes
-        nothing) and returns extra ``result.json`` fields (a field the runner sets wins).
-        Default: writes nothing, returns ``{}``."""
+        """Extra run files and ``result.json`` fields. Default: none, ``{}``."""
 
     def planned_ledger(self, config: Any, state: State,
                        key: jax.Array) -> Callable[[Any], PrivacyLedger | tuple]:
-        """The ledger(s) a run will report, before any training: ``state`` is ``init``'s (of
-        ``config``, the run's data, root ``key``); the function returned maps a config that
-        differs from ``config`` only in a calibrated value (a noise multiplier, ``gamma``) to
-        its ledger(s) (:mod:`fedjax_dp.experiments.calibrate`). Raises ``ValueError`` (a line
-        naming the config field) when the config leaves nothing to calibrate. Default:
+        """The ledger(s) as a function of a calibrated config, before any training. Default:
         ``lambda c: ledger(c, state)``."""
 
 
@@ -338,6 +318,21 @@ def _no_artifacts(state: State, out_dir: Path | None, run_config: dict) -> dict:
     return {}
 
 
+def check_init(config: Any, config_cls: type, data: Any = None) -> None:
+    """The type checks of an ``init`` (and of the drivers): ``config`` must be a ``config_cls``
+    and, where given, ``data`` a :class:`FederatedData`. Raises ``ValueError`` naming both."""
+    if not isinstance(config, config_cls):
+        raise ValueError(f"config must be a {config_cls.__module__}.{config_cls.__qualname__}, "
+                         f"got {type(config).__name__}")
+    if data is not None and not isinstance(data, FederatedData):
+        raise ValueError(f"data must be an api.FederatedData, got {type(data).__name__}")
+
+
+def phase_steps(phases: tuple[str, ...]) -> Callable[[Any], int]:
+    """The ``num_steps`` of a one-shot method: one step per phase, ``len(phases)``."""
+    return lambda config: len(phases)
+
+
 def init_key(key: jax.Array) -> jax.Array:
     """The key a round-based algorithm initialises its model with: ``split(key)[0]``."""
     return jax.random.split(key)[0]
@@ -385,9 +380,7 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
     ``eval_every`` and of each of ``boundaries`` (checkpoints). A record is made once the next
     step (or call) has been dispatched, so the host never stalls the device.
     """
-    if not isinstance(config, algorithm.Config):
-        raise ValueError(f"config must be a {algorithm.Config.__module__}.Config, got "
-                         f"{type(config).__name__}")
+    check_init(config, algorithm.Config)
     validation.check_int("eval_every", eval_every, minimum=0)
     start = time.perf_counter()
     if state is None:

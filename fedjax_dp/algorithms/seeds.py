@@ -95,9 +95,7 @@ def run_seeds(algorithm: Algorithm, keys: Sequence[jax.Array], data: Sequence[Fe
     (:func:`seed_batch`). ``evaluate(output, s)`` and ``on_step(t + 1, records)`` as in
     :func:`~fedjax_dp.algorithms.api.run`, with one record per seed.
     """
-    if not isinstance(config, algorithm.Config):
-        raise ValueError(f"config must be a {algorithm.Config.__module__}.Config, got "
-                         f"{type(config).__name__}")
+    api.check_init(config, algorithm.Config)
     if len(keys) != len(data) or not keys:
         raise ValueError(f"keys and data must have one entry per seed (>= 1), got {len(keys)} "
                          f"keys and {len(data)} data")

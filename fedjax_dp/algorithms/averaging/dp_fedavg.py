@@ -71,6 +71,8 @@ import numpy as np
 
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.averaging import fedavg
+from fedjax_dp.algorithms.rounds_protocol import (  # noqa: F401  (the protocol hooks)
+    artifacts, multi_step, output, prefetch, rounds_per_call, seed_step, step)
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, secagg
@@ -185,21 +187,12 @@ DESCRIPTION = "DP-FedAvg, agent-level DP (McMahan et al. 2018)"
 USES_LOCAL_TRAIN = True
 
 num_steps = fedavg.num_steps
-step = fedavg.step
-multi_step = fedavg.multi_step            # K rounds fused in one compiled call (rounds.py)
-rounds_per_call = fedavg.rounds_per_call
-prefetch = fedavg.prefetch
-artifacts = fedavg.artifacts
-output = fedavg.output
 
 
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
     """As :func:`fedavg.init` with the clipped, noised round of :func:`round_spec`."""
     return fedavg.init_rounds(key, data, model, config.local, round_spec(config), runtime)
-
-
-seed_step = fedavg.seed_step              # S seeds: the fused round vmapped (rounds_protocol.seed_step)
 
 
 def dp_event(config: Config, num_agents: int | None = None):

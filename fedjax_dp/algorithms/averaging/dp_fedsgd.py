@@ -53,6 +53,10 @@ import optax
 
 from fedjax_dp.algorithms import api, rounds
 from fedjax_dp.algorithms.averaging import fedavg
+# step: one round (make_round), adding one to the participants' counts (on the device where the
+# round is fused, from the host cohort otherwise); seed_step vmaps the fused round
+from fedjax_dp.algorithms.rounds_protocol import (  # noqa: F401  (the protocol hooks)
+    artifacts, multi_step, output, prefetch, rounds_per_call, seed_step, step)
 from fedjax_dp.core import StackedData, validation
 from fedjax_dp.core.lift import resolve_chunk_size
 from fedjax_dp.models import Model
@@ -293,8 +297,7 @@ class Context:
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
     """``values = {"params": model.init(split(key)[0]), "participation": zeros [N]}``."""
-    if not isinstance(config, Config):
-        raise ValueError(f"config must be a dp_fedsgd.Config, got {type(config).__name__}")
+    api.check_init(config, Config)
     agents = data.agents
     check_trainable(agents)
     counts = np.asarray(agents.counts)
@@ -314,33 +317,7 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     return api.State(step=0, values=values, context=ctx)
 
 
-def num_steps(config: Config) -> int:
-    return config.rounds
-
-
-def step(state: api.State, key: jax.Array) -> tuple[api.State, dict]:
-    """One round (:func:`make_round`); adds one to the participants' counts (on the device
-    where the round is fused, from the host cohort otherwise)."""
-    return fedavg.step(state, key)
-
-
-multi_step = fedavg.multi_step            # K rounds fused in one compiled call (rounds.py)
-rounds_per_call = fedavg.rounds_per_call
-
-
-seed_step = fedavg.seed_step    # S seeds: the fused round (participation on the device) vmapped
-
-
-artifacts = fedavg.artifacts
-
-
-def prefetch(state: api.State, key: jax.Array) -> None:
-    """Start gathering round ``key``'s cohort while the current round computes."""
-    state.context.round_fn.prefetch(key)
-
-
-def output(state: api.State) -> api.Output:
-    return api.Output(model=state.context.model, params=state.values["params"])
+num_steps = fedavg.num_steps
 
 
 #: the ``seed_dependent_ledger`` hook: :func:`planned_ledger` replays the run's own sampling

@@ -16,7 +16,9 @@ import dataclasses
 
 import jax
 
-from fedjax_dp.algorithms import api, rounds_protocol
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.rounds_protocol import (  # noqa: F401  (the protocol hooks)
+    artifacts, multi_step, output, prefetch, rounds_per_call, seed_step, step)
 from fedjax_dp.algorithms.rounds import (  # noqa: F401  (the engine's names, re-exported)
     RoundSpec, init_rounds, round_keys, sample_agents)
 from fedjax_dp.core import cohort as cohort_lib
@@ -82,17 +84,6 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
 
 def num_steps(config: Config) -> int:
     return config.rounds
-
-
-step = rounds_protocol.step
-multi_step = rounds_protocol.multi_step
-rounds_per_call = rounds_protocol.rounds_per_call
-prefetch = rounds_protocol.prefetch
-output = rounds_protocol.output
-artifacts = rounds_protocol.artifacts
-
-
-seed_step = rounds_protocol.seed_step            # S seeds: the fused round vmapped by the seed driver
 
 
 #: The round diagnostics (``Config.diagnostics``) as a release a private variant's ledger does

@@ -81,23 +81,12 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     noisy labels). Host-resident parties stay on the host. ``config.centralized``: the parties
     are pooled into one (centralized PATE, :func:`.partition.pool`).
     """
-    if not isinstance(config, Config):
-        raise ValueError(f"config must be a fedkt.Config, got {type(config).__name__}")
-    if not isinstance(data, api.FederatedData):
-        raise ValueError(f"data must be an api.FederatedData, got {type(data).__name__}")
+    api.check_init(config, Config, data)
     if config.centralized:
         data = dataclasses.replace(data, agents=partition.pool(data.agents))
     parties, num_classes = data.agents, data.num_classes
     validation.check_int("num_classes", num_classes, minimum=2)
-    if data.x_public is None:
-        raise ValueError("data.x_public must hold the public unlabelled set, got None")
-    x_public = validation.check_finite_array("x_public", data.x_public)
-    if x_public.ndim < 2 or x_public.shape[0] == 0:
-        raise ValueError(f"x_public must hold at least one public example [P, ...], got shape "
-                         f"{x_public.shape}")
-    if tuple(x_public.shape[1:]) != parties.feature_shape:
-        raise ValueError(f"x_public has feature shape {x_public.shape[1:]}, expected the "
-                         f"parties' {parties.feature_shape}")
+    x_public = data.public_array("the public unlabelled set")
     partition.check_party_sizes(parties.counts, config.num_teachers)
     agent_stream.check_agents(parties, what="to train")   # host data: finite features
     if fitted_students is not None and config.level == "L2":
@@ -123,8 +112,7 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     return api.State(step=0, values={}, context=ctx)
 
 
-def num_steps(config: Config) -> int:
-    return len(PHASES)
+num_steps = api.phase_steps(PHASES)
 
 
 def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dict]:

@@ -92,8 +92,7 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
     """Validate the parties, split their halves, initialise W and alpha (the search step is
     compiled by the first step). ``model`` is not used: the networks come from the config."""
-    if not isinstance(config, Config):
-        raise ValueError(f"config must be a dp_fnas.Config, got {type(config).__name__}")
+    api.check_init(config, Config)
     counts = np.asarray(data.agents.counts)
     check_parties(counts)
     search_data = make_search_data(data.agents, config.batch_size)

@@ -196,9 +196,7 @@ class Algorithm:
              runtime: api.Runtime = api.Runtime(), *, loss_fn=None) -> api.State:
         """Validate against the data, calibrate the noise, compile the round (once per spec).
         ``loss_fn(params, x, y)``: per-record loss (default: the model's cross-entropy)."""
-        if not isinstance(config, self.Config):
-            raise ValueError(f"config must be a {self.Config.__qualname__}, got "
-                             f"{type(config).__name__}")
+        api.check_init(config, self.Config)
         agents = data.agents if isinstance(data, api.FederatedData) else data
         check_trainable(agents)
         n = agents.num_agents
