@@ -118,8 +118,8 @@ def test_seeds_noise_is_independent():
     ids, valid, std = jnp.arange(n), jnp.ones(n, bool), jnp.float32(1 / np.sqrt(n))
     zero = vote_lib.tally_init(q, c)
     tally = jax.tree.map(lambda l: jnp.broadcast_to(l, (num,) + l.shape), zero)
-    add = vote_lib.tally_fns(c, True, "per_agent", batched=True)[0]
-    out = add(tally, jnp.stack(keys), ballots, ids, valid, std)
+    step = vote_lib.tally_step_fn(c, True, "per_agent", batched=True)
+    out, _ = step(tally, jnp.stack(keys), ballots, ids, valid, std, 1.0, 1, False)
     noise = np.asarray(out.noise).reshape(num, -1)
     for s in range(num):
         alone = vote_lib.tally_add(zero, keys[s], ballots[s], ids, valid, std, num_classes=c,

@@ -26,6 +26,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from fedjax_dp.privacy.shuffle import randomized_round
+
 __all__ = ["discrete_laplace", "discrete_gaussian", "skellam", "randomized_round",
            "squared_norm_at_most", "conditional_round"]
 
@@ -80,13 +82,6 @@ def skellam(key: jax.Array, variance, shape) -> jax.Array:
     a = jax.random.poisson(k1, lam, shape, jnp.int32)
     b = jax.random.poisson(k2, lam, shape, jnp.int32)
     return a - b
-
-
-def randomized_round(key: jax.Array, x: jax.Array) -> jax.Array:
-    """Unbiased randomized rounding: ``floor(x) + Bernoulli(x - floor(x))`` per coordinate, int32."""
-    lo = jnp.floor(x)
-    up = jax.random.uniform(key, x.shape, jnp.float32) < (x - lo)
-    return (lo + up.astype(x.dtype)).astype(jnp.int32)
 
 
 def _square_u64(r: jax.Array) -> tuple[jax.Array, jax.Array]:

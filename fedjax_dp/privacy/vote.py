@@ -410,26 +410,10 @@ def tally_step(tally: Tally, key: jax.Array, ballots: jax.Array, agent_ids: jax.
 
 
 @functools.lru_cache(maxsize=32)
-def tally_fns(num_classes: int, per_agent: bool, noise: str, batched: bool):
-    """``(add, release)``: :func:`tally_add` and :func:`tally_release`; ``batched``: vmapped over
-    a leading seed axis of the tally, the vote key and the ballots (the other arguments shared)."""
-    def add(tally, key, ballots, ids, valid, std):
-        return tally_add(tally, key, ballots, ids, valid, std, num_classes=num_classes,
-                         per_agent=per_agent)
-
-    def release(tally, key, sigma, divisor):
-        return tally_release(tally, key, sigma, divisor, noise=noise)
-
-    if not batched:
-        return add, release
-    return (jax.jit(jax.vmap(add, in_axes=(0, 0, 0, None, None, None))),
-            jax.jit(jax.vmap(release, in_axes=(0, 0, None, None))))
-
-
-@functools.lru_cache(maxsize=32)
 def tally_step_fn(num_classes: int, per_agent: bool, noise: str, batched: bool):
     """``step(tally, key, ballots, ids, valid, std, sigma, divisor, last) -> (tally, labels)``:
-    :func:`tally_step`, ``batched`` as in :func:`tally_fns`."""
+    :func:`tally_step`; ``batched``: vmapped over a leading seed axis of the tally, the vote key
+    and the ballots (the other arguments shared)."""
     def step(tally, key, ballots, ids, valid, std, sigma, divisor, last):
         return tally_step(tally, key, ballots, ids, valid, std, sigma, divisor, last,
                           num_classes=num_classes, per_agent=per_agent, noise=noise)

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.privacy import mechanisms
+
 
 @functools.partial(jax.jit, static_argnums=1)
 def vote_counts(preds: jax.Array, num_classes: int) -> jax.Array:
@@ -45,12 +47,9 @@ def noisy_labels(keys: jax.Array, counts: jax.Array, gamma: float) -> jax.Array:
     ``keys [G]`` one key per group (party/partition, or the server), ``counts [G, Q, C]``;
     within a group every query and class draws its own Laplace variable. Returns ``[G, Q]``.
     Per query: L1 sensitivity 2 (one teacher) or 2s (one party at the server) -> (2 gamma, 0)- or
-    (2 s gamma, 0)-DP (replace relation).
+    (2 s gamma, 0)-DP (replace relation). Each group is :func:`mechanisms.noisy_argmax_laplace`.
     """
-    def one(key, c):
-        noise = jax.random.laplace(key, c.shape, jnp.float32) / gamma
-        return jnp.argmax(c.astype(jnp.float32) + noise, axis=-1).astype(jnp.int32)
-    return jax.vmap(one)(keys, counts)
+    return jax.vmap(mechanisms.noisy_argmax_laplace, in_axes=(0, 0, None))(keys, counts, gamma)
 
 
 def top2_gaps(counts) -> np.ndarray:
