@@ -22,7 +22,8 @@ from jax.flatten_util import ravel_pytree
 from fedjax_dp.core import validation
 
 __all__ = ["WEAKENINGS", "ACCOUNTANTS", "DEFAULT_CHUNK", "Auditable", "Spec", "MECHANISMS",
-           "register", "resolve", "build", "unit_vector", "flat", "direction", "check_accountant",
+           "register", "resolve", "build", "unit_vector", "flat", "direction", "canary_worlds",
+           "canary_projection", "check_accountant",
            "check_scale", "check_gaussian_params"]
 
 #: The weakened variants any mechanism may offer (each entry lists those it supports).
@@ -151,6 +152,23 @@ def direction(tree) -> jax.Array:
     """The unit vector along a pytree (flattened), traced: ``v / ||v||``."""
     v = flat(tree)
     return v / jnp.linalg.norm(v)
+
+
+def canary_worlds(n: int) -> dict[bool, jax.Array]:
+    """The worlds' masks over ``n`` records (or agents): D (``False``) all present; D'
+    (``True``) the canary, index 0, removed."""
+    mask = jnp.ones((n,), bool)
+    return {False: mask, True: mask.at[0].set(False)}
+
+
+def canary_projection(loss_fn, release):
+    """The statistic ``one(key, inputs) = <release(key, inputs), u>``: ``u`` the unit direction
+    of the canary's (record 0's) gradient of ``loss_fn`` at ``inputs["params"]``, along which
+    the worlds' noise-free releases differ (a clipped gradient is parallel to its raw one)."""
+    def one(key, inputs):
+        u = direction(jax.grad(loss_fn)(inputs["params"], inputs["x"][0], inputs["y"][0]))
+        return jnp.dot(release(key, inputs), u)
+    return one
 
 
 def check_accountant(accountant: str) -> str:

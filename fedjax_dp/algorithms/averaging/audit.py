@@ -15,8 +15,8 @@ import numpy as np
 
 from fedjax_dp.algorithms import rounds
 from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
-from fedjax_dp.audit.harness import (Auditable, Spec, check_gaussian_params, direction, flat,
-                                     register, unit_vector)
+from fedjax_dp.audit.harness import (Auditable, Spec, canary_projection, canary_worlds,
+                                     check_gaussian_params, flat, register, unit_vector)
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import from_arrays, validation
 from fedjax_dp.models import make_model
@@ -65,27 +65,22 @@ def dp_sgd_step_harness(weaken, *, noise_multiplier, clip_norm, num_examples, ca
     loss_fn = cross_entropy(model)
     x, y = canary_examples(n, scale, clip)
     x, y = jnp.asarray(x), jnp.asarray(y)
-    mask_d = jnp.ones((n,), bool)
-    worlds = {False: mask_d, True: mask_d.at[0].set(False)}
+    worlds = canary_worlds(n)
     run_clip = math.inf if weaken == "no-clip" else clip
     std = z * clip / (2 if weaken == "halve-noise" else 1)
     denominator = float(n)                                        # p n with p = 1: public
 
-    def release(key, w, noise_std):
+    def release(key, w):
         k_batch, k_noise = jax.random.split(key)                  # as make_local_dp_sgd
         weights = dp_fedsgd.sample_records(k_batch, w["mask"], 1.0)          # [n]
         g, _ = dp_fedsgd.noisy_gradient(k_noise, loss_fn, w["params"], w["x"], w["y"], weights,
-                                        w["clip"], noise_std, denominator)
+                                        w["clip"], w["std"], denominator)
         return flat(g)
 
     inputs = {nb: {"mask": m, "params": params, "x": x, "y": y, "clip": jnp.float32(run_clip),
                    "std": jnp.float32(std)} for nb, m in worlds.items()}
 
-    def one(key, inputs):
-        w = inputs
-        # the worlds' noise-free releases differ along the canary's gradient: the direction u
-        u = direction(jax.grad(loss_fn)(w["params"], w["x"][0], w["y"][0]))
-        return jnp.dot(release(key, w, w["std"]), u)
+    one = canary_projection(loss_fn, release)
 
     def claimed(delta):
         cfg = dp_fedsgd.Config(rounds=1, clip_norm=clip, noise_multiplier=z,
@@ -129,7 +124,7 @@ def dp_fedavg_round_harness(weaken, *, noise_multiplier, clip_norm, num_agents, 
     # train_sum does not read the noise: the noise-free spec's compiles once for every level
     train_sum = rounds.make_round_parts(update, dataclasses.replace(spec, noise_multiplier=0.0), n)[0]
     ids = jnp.arange(n)
-    worlds = {False: jnp.ones((n,), bool), True: jnp.ones((n,), bool).at[0].set(False)}
+    worlds = canary_worlds(n)
     # The agents' part of the round once per world (one record each, batch_size = 1: the same
     # update for every training key); the trials run the server's part with their own k_noise.
     _, k_train, _ = fedavg.round_keys(jax.random.key(0))

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.algorithms.isrl import calibration, sdp, uploads
-from fedjax_dp.audit.harness import (Auditable, Spec, check_gaussian_params, check_scale,
-                                     direction, flat, register)
+from fedjax_dp.audit.harness import (Auditable, Spec, canary_projection, canary_worlds,
+                                     check_gaussian_params, check_scale, flat, register)
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import PrivacyLedger, shuffle
 from fedjax_dp.privacy.shuffle_accounting import make_event
@@ -40,8 +40,7 @@ def silo_inputs(num_records, scale, clip):
     and the two worlds' record masks (D: all present; D': the canary, record 0, removed)."""
     n = validation.check_int("num_records", num_records, minimum=1)
     x, y = silo_records(n, scale, clip)
-    mask = jnp.ones((n,), bool)
-    return n, jnp.asarray(x), jnp.asarray(y), {False: mask, True: mask.at[0].set(False)}
+    return n, jnp.asarray(x), jnp.asarray(y), canary_worlds(n)
 
 
 def isrl_upload_harness(weaken, *, noise_multiplier, clip_norm, num_records, canary_scale,
@@ -65,18 +64,15 @@ def isrl_upload_harness(weaken, *, noise_multiplier, clip_norm, num_records, can
     elif weaken == "halve-noise":
         run_z = z / 2
 
-    def release(key, w, zz):
-        u, _ = upload(key, w["params"], w["x"], w["y"], w["mask"], 1.0, float(n), w["clip"], zz)
+    def release(key, w):
+        u, _ = upload(key, w["params"], w["x"], w["y"], w["mask"], 1.0, float(n), w["clip"],
+                      w["z"])
         return flat(u)
 
     inputs = {nb: {"params": params, "x": x, "y": y, "mask": m, "clip": jnp.float32(run_clip),
                    "z": jnp.float32(run_z)} for nb, m in worlds.items()}
 
-    def one(key, inputs):
-        w = inputs
-        # The canary's clipped gradient is parallel to its raw one: the adversary's direction.
-        u = direction(jax.grad(scalar_loss)(w["params"], w["x"][0], w["y"][0]))
-        return jnp.dot(release(key, w, w["z"]), u)
+    one = canary_projection(scalar_loss, release)     # along the canary's clipped gradient
 
     def claimed(delta):
         ledger = PrivacyLedger().add_event(calibration.UNIT,
