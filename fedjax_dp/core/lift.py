@@ -229,9 +229,6 @@ def shard_agents(tree: Any, mesh: Mesh) -> Any:
     return jax.device_put(tree, NamedSharding(mesh, P(AGENTS)))
 
 
-CPU_CACHE_BUDGET_BYTES = defaults_lib.CPU_CACHE_BUDGET_BYTES
-
-
 def auto_chunk_size(bytes_per_agent: int, num_agents: int, *,
                     budget_bytes: int | None = None, minimum: int = 8,
                     platform_defaults: defaults_lib.Defaults | None = None) -> int | None:

@@ -24,11 +24,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-__all__ = ["headline", "from_result", "field", "read", "RECORD_KEYS"]
-
-RECORD_KEYS = ("algorithm", "dataset", "num_agents", "seed", "params", "target_epsilon",
-               "calibrated", "test_accuracy", "val_accuracy", "epsilon", "epsilon_unit",
-               "epsilon_accountant", "delta", "privacy", "history", "wall_time_s", "config")
+__all__ = ["headline", "from_result", "field", "read"]
 
 
 def headline(privacy: list[dict], accountants: Iterable[str] = ("rdp", "pld"),

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -56,8 +56,6 @@ from fedjax_dp.privacy import PrivacyLedger
 from fedjax_dp.privacy import secagg
 from fedjax_dp.privacy import vote as vote_lib
 from fedjax_dp.train import LocalTrainConfig, make_local_update
-
-Params = Any
 
 DESCRIPTION = ("AE-DPFL: MPC vote of all agents' models on public queries, agent/instance DP "
                "(voting-dpfl)")
@@ -147,13 +145,6 @@ def _ballot_fn(model: Model, abstain_below: float | None):
         confident = jnp.max(jax.nn.softmax(logits.astype(jnp.float32), -1), -1) >= abstain_below
         return jnp.where(confident[..., None], onehot, 0.0)                   # zero: abstain
     return ballots
-
-
-def train_student(key: jax.Array, model: Model, x: np.ndarray, labels: np.ndarray,
-                  config: LocalTrainConfig) -> Params:
-    """Train the global model on the pseudo-labelled queries (a one-agent ``train_agents``);
-    supervised only (semi-supervised: :func:`fedjax_dp.train.student.train_student`)."""
-    return student_lib.train_supervised(key, model, x, labels, config)
 
 
 def sensitivities() -> dict[str, float]:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -53,14 +53,12 @@ from fedjax_dp.core import StackedData, is_on_host, seed_axis, validation
 from fedjax_dp.core import defaults as defaults_lib
 from fedjax_dp.core import memory
 from fedjax_dp.core.lift import num_chunks, resolve_chunk_size
-from fedjax_dp.data.features import FEATURE_MAPS, FeatureMap, fit_feature_map
+from fedjax_dp.data.features import FEATURE_MAPS, FeatureMap, fit_feature_map  # re-exported
 from fedjax_dp.models import Model
 from fedjax_dp.ops import knn_search
 from fedjax_dp.privacy import PrivacyLedger
 from fedjax_dp.privacy import secagg
 from fedjax_dp.privacy import vote as vote_lib
-
-Params = Any
 
 DESCRIPTION = ("kNN-DPFL: MPC vote of every agent's k nearest neighbours, instance/agent DP "
                "(voting-dpfl)")
@@ -111,11 +109,6 @@ class Config(student_lib.StudentSettings, secagg.SecAggOptions):
         voting_dpfl.check_vote_config(self)       # every field (validation.check_config)
         self.student
         self.semi_supervised
-
-
-# --------------------------------------------------------------------------- feature maps
-# phi is the shared frozen map of fedjax_dp.data.features (also ``data.features`` of every
-# algorithm): FeatureMap, fit_feature_map and FEATURE_MAPS are re-exported here.
 
 
 # --------------------------------------------------------------------------- ballots
