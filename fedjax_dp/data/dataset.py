@@ -28,6 +28,45 @@ from fedjax_dp.core import validation
 from fedjax_dp.models import tasks as tasks_lib
 
 
+def check_task(task: tasks_lib.Task | None) -> tasks_lib.Task:
+    """A dataset's ``task``: None (classification), a Classification or a NextToken task."""
+    if task is not None and not isinstance(task, (tasks_lib.Classification, tasks_lib.NextToken)):
+        raise ValueError(f"task must be a fedjax_dp.models.tasks.Classification or NextToken "
+                         f"(or None), got {type(task).__name__}")
+    return tasks_lib.CLASSIFICATION if task is None else task
+
+
+def store_splits(obj, task: tasks_lib.Task, num_classes: int, splits: tuple[str, ...],
+                 feature_shape: tuple | None = None) -> None:
+    """Each split ``x_<s>`` / ``y_<s>`` of the frozen ``obj`` checked by ``task.check_split`` and
+    stored converted; all share one feature shape (``feature_shape``, else the first split's)."""
+    for split in splits:
+        xname, yname = f"x_{split}", f"y_{split}"
+        x, y = task.check_split((xname, yname), getattr(obj, xname), getattr(obj, yname),
+                                num_classes)
+        if feature_shape is None:
+            feature_shape = x.shape[1:]
+        elif x.shape[1:] != feature_shape:
+            raise ValueError(f"{xname} has feature shape {x.shape[1:]}, expected "
+                             f"{feature_shape} (all splits must share one feature shape)")
+        object.__setattr__(obj, xname, x)
+        object.__setattr__(obj, yname, y)
+
+
+def store_domain(obj, reference: str) -> None:
+    """``obj.domain_train`` (None, or int64 ``[n_train]`` domain ids, as long as the training
+    split ``reference``) checked and stored as int64."""
+    if obj.domain_train is None:
+        return
+    d = np.asarray(obj.domain_train)
+    if d.ndim != 1:
+        raise ValueError(f"domain_train must be 1-D, got shape {d.shape}")
+    validation.check_same_length(("domain_train", reference), d, getattr(obj, reference))
+    if d.size and d.dtype.kind not in "iu":
+        raise ValueError(f"domain_train must hold integer domain ids, got dtype {d.dtype}")
+    object.__setattr__(obj, "domain_train", d.astype(np.int64, copy=False))
+
+
 @dataclasses.dataclass(frozen=True)
 class Dataset:
     """A classification task split into train (the agents' data), public (server) and test sets.
@@ -53,33 +92,11 @@ class Dataset:
             raise ValueError(f"name must be a non-empty string, got {self.name!r}")
         num_classes = validation.check_int("num_classes", self.num_classes, minimum=1)
         object.__setattr__(self, "num_classes", num_classes)
-        if self.task is not None and not isinstance(self.task, (tasks_lib.Classification,
-                                                                  tasks_lib.NextToken)):
-            raise ValueError(f"task must be a fedjax_dp.models.tasks.Classification or NextToken "
-                             f"(or None), got {type(self.task).__name__}")
-        task = tasks_lib.CLASSIFICATION if self.task is None else self.task
-        feature_shape = None
-        for split in ("train", "public", "test"):
-            xname, yname = f"x_{split}", f"y_{split}"
-            x, y = task.check_split((xname, yname), getattr(self, xname), getattr(self, yname),
-                                    num_classes)
-            if feature_shape is None:
-                feature_shape = x.shape[1:]
-            elif x.shape[1:] != feature_shape:
-                raise ValueError(f"{xname} has feature shape {x.shape[1:]}, expected "
-                                 f"{feature_shape} (all splits must share one feature shape)")
-            object.__setattr__(self, xname, x)
-            object.__setattr__(self, yname, y)
+        task = check_task(self.task)
+        store_splits(self, task, num_classes, ("train", "public", "test"))
         if len(self.x_train) == 0:
             raise ValueError("x_train must hold at least one record, got 0")
-        if self.domain_train is not None:
-            d = np.asarray(self.domain_train)
-            if d.ndim != 1:
-                raise ValueError(f"domain_train must be 1-D, got shape {d.shape}")
-            validation.check_same_length(("domain_train", "x_train"), d, self.x_train)
-            if d.size and d.dtype.kind not in "iu":
-                raise ValueError(f"domain_train must hold integer domain ids, got dtype {d.dtype}")
-            object.__setattr__(self, "domain_train", d.astype(np.int64, copy=False))
+        store_domain(self, "x_train")
 
     @property
     def feature_shape(self) -> tuple[int, ...]:

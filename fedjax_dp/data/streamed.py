@@ -20,6 +20,7 @@ import numpy as np
 
 from fedjax_dp.core import validation
 from fedjax_dp.core.stacked import RecordDraw
+from fedjax_dp.data import dataset as dataset_lib
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.models import tasks as tasks_lib
 
@@ -58,62 +59,31 @@ class StreamedDataset:
                              f"feature shape {tuple(self.feature_shape)}, got "
                              f"{self.draw.num_records} of {tuple(self.draw.feature_shape)}")
         num_classes = validation.check_int("num_classes", self.num_classes, minimum=1)
-        if isinstance(self.task, tasks_lib.NextToken):
-            self._check_sequences(self.task, num_classes)
-            return
-        if self.task is not None and not isinstance(self.task, tasks_lib.Classification):
-            raise ValueError(f"task must be a fedjax_dp.models.tasks.Classification or NextToken "
-                             f"(or None), got {type(self.task).__name__}")
-        y = validation.check_labels("y_train", self.y_train, num_classes)   # min / max: no copy
-        if y.ndim != 1 or len(y) == 0:
+        task = dataset_lib.check_task(self.task)
+        object.__setattr__(self, "feature_shape", tuple(int(s) for s in self.feature_shape))
+        y = (self._sequence_targets(task, num_classes) if isinstance(task, tasks_lib.NextToken)
+             else validation.check_labels("y_train", self.y_train, num_classes))  # no copy
+        if isinstance(task, tasks_lib.Classification) and (y.ndim != 1 or len(y) == 0):
             raise ValueError(f"y_train must be a non-empty 1-D label array, got {y.shape}")
         object.__setattr__(self, "y_train", y.astype(np.int32, copy=False))
-        object.__setattr__(self, "feature_shape", tuple(int(s) for s in self.feature_shape))
-        for split in ("public", "test"):
-            x = validation.check_finite_array(f"x_{split}", getattr(self, f"x_{split}"))
-            yy = validation.check_labels(f"y_{split}", np.asarray(getattr(self, f"y_{split}"),
-                                                                  dtype=np.int64), num_classes)
-            validation.check_same_length((f"x_{split}", f"y_{split}"), x, yy)
-            if x.shape[1:] != self.feature_shape:
-                raise ValueError(f"x_{split} has feature shape {x.shape[1:]}, expected "
-                                 f"{self.feature_shape}")
-            object.__setattr__(self, f"x_{split}", x.astype(np.float32, copy=False))
-            object.__setattr__(self, f"y_{split}", yy.astype(np.int32))
-        if self.domain_train is not None:
-            d = np.asarray(self.domain_train)
-            validation.check_same_length(("domain_train", "y_train"), d, y)
-            object.__setattr__(self, "domain_train", d.astype(np.int64, copy=False))
+        dataset_lib.store_splits(self, task, num_classes, ("public", "test"), self.feature_shape)
+        dataset_lib.store_domain(self, "y_train")
 
-    def _check_sequences(self, task: tasks_lib.NextToken, num_classes: int) -> None:
-        """A next-token task's splits: ``y_train [n, T]`` (checked like the public and test
-        splits by :meth:`~fedjax_dp.models.tasks.NextToken.check_split`, on y alone)."""
+    def _sequence_targets(self, task: tasks_lib.NextToken, num_classes: int) -> np.ndarray:
+        """A next-token task's ``y_train [n, T]``, checked like the public and test splits by
+        :meth:`~fedjax_dp.models.tasks.NextToken.check_split` (on y alone); ``feature_shape``
+        must be ``(T,)``."""
         y = np.asarray(self.y_train)
         if y.ndim != 2 or len(y) == 0:
             raise ValueError(f"y_train must be a non-empty [n, T] array of target ids for a "
                              f"next-token task, got shape {y.shape}")
         _, y = task.check_split(("y_train", "y_train"), y, y, num_classes)
-        object.__setattr__(self, "y_train", y)
-        object.__setattr__(self, "feature_shape", tuple(int(s) for s in self.feature_shape))
         if self.feature_shape != y.shape[1:]:
             raise ValueError(f"feature_shape {self.feature_shape} must be (T,) = {y.shape[1:]} "
                              f"for a next-token task")
-        for split in ("public", "test"):
-            x, yy = task.check_split((f"x_{split}", f"y_{split}"), getattr(self, f"x_{split}"),
-                                     getattr(self, f"y_{split}"), num_classes)
-            if x.shape[1:] != self.feature_shape:
-                raise ValueError(f"x_{split} has feature shape {x.shape[1:]}, expected "
-                                 f"{self.feature_shape}")
-            object.__setattr__(self, f"x_{split}", x)
-            object.__setattr__(self, f"y_{split}", yy)
-        if self.domain_train is not None:
-            d = np.asarray(self.domain_train)
-            validation.check_same_length(("domain_train", "y_train"), d, y)
-            object.__setattr__(self, "domain_train", d.astype(np.int64, copy=False))
+        return y
 
-    @property
-    def sizes(self) -> dict[str, int]:
-        return {"train": len(self.y_train), "public": len(self.y_public),
-                "test": len(self.y_test)}
+    sizes = Dataset.sizes
 
     def subset(self, keep) -> "StreamedDataset":
         """The same task with only the training records ``keep`` (sorted, distinct indices):
