@@ -22,7 +22,42 @@ def _check_local(name: str, value: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class LearnerOptions:
+    """Mixin of FedKT's and SOLO's Configs: the tree learners' depth and number of trees, and
+    ``local``, the JAX learners' local training (the [train] table; None: ``LocalTrainConfig()``).
+    Checks every field of the Config (:func:`validation.check_config`)."""
+
+    tree_max_depth: int = 6
+    tree_estimators: int = 100
+    local: Any = None                # LocalTrainConfig (the [train] table)
+
+    FIELDS = {"tree_max_depth": validation.Int(1, 1024),
+              "tree_estimators": validation.Int(1, 100_000),
+              "local": validation.Custom(_check_local)}
+
+    def __post_init__(self):
+        validation.check_config(self, "algorithm")
+        if self.local is None:
+            object.__setattr__(self, "local", LocalTrainConfig())
+
+
+def build_learner(config: LearnerOptions, which: str, train: LocalTrainConfig, *, model=None,
+                  model_name: str = "mlp", hidden=(200,), feature_shape, num_classes: int,
+                  chunk_size: int | str | None = "auto", backend: str = "vmap"):
+    """The learner ``which``: ``"model"`` is ``model`` (a built Model) trained with ``train``
+    when given, else the JAX model ``model_name``; otherwise :func:`.learners.make_learner` of
+    that name, with ``config``'s tree options."""
+    if which == "model" and model is not None:
+        return learners_lib.JaxLearner(model, train, chunk_size=chunk_size, backend=backend)
+    name = model_name if which == "model" else which
+    return learners_lib.make_learner(
+        name, feature_shape=feature_shape, num_classes=num_classes, train=train, hidden=hidden,
+        chunk_size=chunk_size, backend=backend, max_depth=config.tree_max_depth,
+        n_estimators=config.tree_estimators)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(LearnerOptions):
     """FedKT: ``num_partitions`` (s) x ``num_teachers`` (t) per party, privacy ``level``.
 
     teacher / student: ``"model"`` (the experiment's [model] table), a JAX model
@@ -49,13 +84,10 @@ class Config:
     student: str = "model"
     student_steps: int = 0
     final_steps: int = 0
-    tree_max_depth: int = 6
-    tree_estimators: int = 100
     moment_orders: int = 8
     gap_threshold: int = 2
     party_chunk: int | None = None   # parties per streamed chunk (None: ~4096 teachers' worth)
     centralized: bool = False        # centralized PATE: all records pooled into one party
-    local: Any = None                # LocalTrainConfig for the teachers (the [train] table)
 
     FIELDS = {"num_partitions": validation.Int(1), "num_teachers": validation.Int(1),
               "level": validation.Choice(LEVELS), "gamma": validation.Float(0.0, low_open=True),
@@ -63,20 +95,15 @@ class Config:
               "teacher": validation.Choice(("model",) + learners_lib.LEARNERS),
               "student": validation.Choice(("model",) + learners_lib.LEARNERS),
               "student_steps": validation.Int(0), "final_steps": validation.Int(0),
-              "tree_max_depth": validation.Int(1, 1024),
-              "tree_estimators": validation.Int(1, 100_000),
               "moment_orders": validation.Int(1, 10_000), "gap_threshold": validation.Int(0),
               "party_chunk": validation.Int(1, optional=True),
-              "centralized": validation.Bool(),
-              "local": validation.Custom(_check_local)}
+              "centralized": validation.Bool()}
 
     def __post_init__(self):
-        validation.check_config(self, "algorithm")
+        super().__post_init__()          # every field; local None -> LocalTrainConfig()
         if self.centralized and self.level != "L0":
             raise ValueError(f"algorithm.centralized = true (centralized PATE, no privacy) needs "
                              f"algorithm.level = \"L0\", got {self.level!r}")
-        if self.local is None:
-            object.__setattr__(self, "local", LocalTrainConfig())
 
     @property
     def orders(self) -> tuple[int, ...]:
@@ -94,13 +121,9 @@ def make_learners(config: Config, *, model_name: str = "mlp", feature_shape, num
     """
     def build(which: str, steps: int):
         train = dataclasses.replace(config.local, steps=steps or config.local.steps)
-        if which == "model" and model is not None:
-            return learners_lib.JaxLearner(model, train, chunk_size=chunk_size, backend=backend)
-        name = model_name if which == "model" else which
-        return learners_lib.make_learner(
-            name, feature_shape=feature_shape, num_classes=num_classes, train=train,
-            hidden=hidden, chunk_size=chunk_size, backend=backend,
-            max_depth=config.tree_max_depth, n_estimators=config.tree_estimators)
+        return build_learner(config, which, train, model=model, model_name=model_name,
+                             hidden=hidden, feature_shape=feature_shape,
+                             num_classes=num_classes, chunk_size=chunk_size, backend=backend)
 
     return (build(config.teacher, config.local.steps), build(config.student, config.student_steps),
             build(config.student, config.final_steps))

@@ -20,11 +20,11 @@ import jax
 import numpy as np
 
 from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.fedkt import config as config_lib
 from fedjax_dp.algorithms.fedkt import learners as learners_lib
 from fedjax_dp.core import agent_stream, rng, validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
-from fedjax_dp.train import LocalTrainConfig
 
 __all__ = ["Config", "DESCRIPTION", "PHASES", "STREAMS", "USES_LOCAL_TRAIN", "fitted", "init",
            "ledger", "make_learner", "num_steps", "output", "party_accuracies", "private",
@@ -39,12 +39,8 @@ STREAMS = ("solo",)
 private = False
 
 
-def _check_local(name: str, value: Any) -> Any:
-    return validation.Instance(LocalTrainConfig, optional=True)(name, value)
-
-
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(config_lib.LearnerOptions):
     """SOLO: each party's ``learner`` trained on its own records.
 
     learner: ``"model"`` (the experiment's [model] table), a JAX model (``logistic``, ``mlp``,
@@ -55,19 +51,8 @@ class Config:
     """
 
     learner: str = "model"
-    tree_max_depth: int = 6
-    tree_estimators: int = 100
-    local: Any = None                # LocalTrainConfig (the [train] table)
 
-    FIELDS = {"learner": validation.Choice(("model",) + learners_lib.LEARNERS),
-              "tree_max_depth": validation.Int(1, 1024),
-              "tree_estimators": validation.Int(1, 100_000),
-              "local": validation.Custom(_check_local)}
-
-    def __post_init__(self):
-        validation.check_config(self, "algorithm")
-        if self.local is None:
-            object.__setattr__(self, "local", LocalTrainConfig())
+    FIELDS = {"learner": validation.Choice(("model",) + learners_lib.LEARNERS)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,23 +73,16 @@ def make_learner(config: Config, model: Model, *, feature_shape, num_classes: in
     """The learner of ``config.learner``: ``"model"`` is ``model`` trained with ``config.local``
     (vmapped over the parties, ``runtime.chunk_size`` / ``backend``), else
     :func:`.learners.make_learner` of that name."""
-    if config.learner == "model":
-        return learners_lib.JaxLearner(model, config.local, chunk_size=runtime.chunk_size,
-                                       backend=runtime.backend)
-    return learners_lib.make_learner(
-        config.learner, feature_shape=feature_shape, num_classes=num_classes, train=config.local,
-        chunk_size=runtime.chunk_size, backend=runtime.backend,
-        max_depth=config.tree_max_depth, n_estimators=config.tree_estimators)
+    return config_lib.build_learner(config, config.learner, config.local, model=model,
+                                    feature_shape=feature_shape, num_classes=num_classes,
+                                    chunk_size=runtime.chunk_size, backend=runtime.backend)
 
 
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime(), *, learner=None) -> api.State:
     """Checks (every party holds at least one record, finite features) before any training;
     ``learner`` overrides :func:`make_learner` (any learner of :mod:`.learners`)."""
-    if not isinstance(config, Config):
-        raise ValueError(f"config must be a solo.Config, got {type(config).__name__}")
-    if not isinstance(data, api.FederatedData):
-        raise ValueError(f"data must be an api.FederatedData, got {type(data).__name__}")
+    api.check_init(config, Config, data)
     agent_stream.check_agents(data.agents, what="to train its own model")
     if learner is None:
         learner = make_learner(config, model, feature_shape=data.feature_shape,
@@ -114,8 +92,7 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     return api.State(step=0, values={}, context=ctx)
 
 
-def num_steps(config: Config) -> int:
-    return len(PHASES)
+num_steps = api.phase_steps(PHASES)
 
 
 def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dict]:
