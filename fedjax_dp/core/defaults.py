@@ -2,27 +2,13 @@
 
 Every device-dependent choice is decided by :func:`defaults` from two facts, the platform
 (``"cpu"``, ``"gpu"`` or ``"tpu"``) and the memory of one device (``memory_stats()["bytes_limit"]``;
-None where the device does not report it, as the CPU):
-
-=====================  ===============================  =======================================
-choice                 CPU                              GPU / TPU
-=====================  ===============================  =======================================
-``chunk_budget_bytes`` 8 MiB (the cache,                 ``CHUNK_FRACTION`` (1/4) of the device
-                       :data:`CPU_CACHE_BUDGET_BYTES`)   memory; None (never chunk) unreported
-``min_chunks``         4 (fewer chunks: no gain)         1 (chunk only what does not fit)
-``seed_axis``          ``"map"`` (one seed's program     ``"vmap"`` (one wide kernel); ``"map"``
-                       in a loop: same speed, no extra   below ``SMALL_DEVICE_BYTES`` (8 GiB),
-                       rounding)                         where S runs at once may not fit
-``knn_method``         ``"threshold"`` (cache-blocked    ``"top_k"`` (``lax.top_k``: one wide
-                       count passes, no sort)            kernel; the blocks' ``lax.map`` is serial)
-``prefetch``           True (1 background thread)        True (1 background thread)
-``placement_host_      64 MiB (:data:`AUTO_HOST_BYTES`)  ``AUTO_HOST_FRACTION`` (1/4) of the
-bytes``                                                  device memory (64 MiB when unreported)
-``compute_dtype``      float32                          float32 (never float64 in compiled code)
-``accounting_dtype``   float64 (NumPy on the host)      float64 (NumPy on the host)
-``cohort_search``      ``"scan"`` (searchsorted: a       ``"scan_unrolled"`` (no device
-                       loop of log2 N steps)             loop: no host round trips)
-=====================  ===============================  =======================================
+None where the device does not report it, as the CPU). The choices and their values per
+platform are the table of docs/devices.md ("Device-aware defaults"); it does not list
+``cohort_search``: ``"scan"`` on the CPU (searchsorted: a loop of log2 N steps),
+``"scan_unrolled"`` on a GPU / TPU (no device loop: no host round trips). Where the device
+memory is unreported, ``chunk_budget_bytes`` is None (never chunk) and ``placement_host_bytes``
+64 MiB (:data:`AUTO_HOST_BYTES`); on the CPU the chunk budget is the cache,
+:data:`CPU_CACHE_BUDGET_BYTES`.
 
 Formulas: a chunk of agents holds ``max(minimum, chunk_budget_bytes // bytes_per_agent)`` agents
 (:func:`fedjax_dp.core.auto_chunk_size`), no chunking when fewer than ``min_chunks`` chunks (or
@@ -39,11 +25,8 @@ reads, without starting JAX, whether a GPU backend may start; :func:`xla_flags` 
 decision; :func:`apply_xla_flags` runs once, when this module is first imported, and records
 what it did in :data:`XLA_FLAGS_STATE`.
 
-======================================  ================  ==============================
-flag                                    platforms         why
-======================================  ================  ==============================
-``--xla_gpu_enable_triton_gemm=false``  gpu (CUDA, ROCm)  :data:`TRITON_GEMM_REASON`
-======================================  ================  ==============================
+The flags, the platforms they are set on and why: docs/devices.md ("XLA flags"); today one,
+``--xla_gpu_enable_triton_gemm=false`` on CUDA and ROCm GPUs (:data:`TRITON_GEMM_REASON`).
 
 A flag whose name the user's own ``XLA_FLAGS`` already mention is never added: the user's value
 wins."""

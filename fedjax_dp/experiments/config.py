@@ -1,26 +1,9 @@
 """Experiment configs: TOML files, dotted ``--set`` overrides, validation before any work.
 
-A config has these tables (see ``configs/``)::
-
-    seed = 0
-    [data]       dataset, dataset_options, partition, partition_options, num_agents,
-                 server_dataset, server_dataset_options, image_size (cross-domain runs),
-                 validation_fraction (training records held out for val_accuracy),
-                 validation_split ("pooled" | "per_agent"), validation_seed (-1: the run's),
-                 features (a frozen feature map fitted on the public split: {map, dim, seed})
-    [model]      name, hidden, options (size options of the benchmark models)
-    [train]      local training: steps, batch_size, learning_rate, optimizer, weight_decay,
-                 prox_mu, batching ("replacement": uniform draws; "stored": stored order)
-    [algorithm]  name and the algorithm's own fields (rounds, sampling_rate, clip_norm, ...)
-    [privacy]    delta, accountants
-    [run]        eval_every, chunk_size, progress, agents_on ("auto" | "device" | "host": where the
-                 agents' records live; "host" copies only each round's cohort / chunk over;
-                 "auto": host when large, fedjax_dp.core.auto_placement),
-                 checkpoint_every (rounds between checkpoints of a round-based run; 0: none),
-                 rounds_per_call ("auto" | k >= 1: rounds fused in one compiled call),
-                 on_nonfinite ("stop" | "continue"), compilation_cache ("user" | "off" | DIR),
-                 log (["tensorboard", "wandb"]: experiment tracking), wandb_project,
-                 log_epsilon_every (rounds between the tracked epsilons; 0: none)
+A config has the tables of :data:`DEFAULTS`: ``seed``, ``[data]``, ``[model]``, ``[train]``
+(local training), ``[algorithm]`` (``name`` and the algorithm's own fields), ``[privacy]`` and
+``[run]``; each key is listed there with its default and meaning (docs/runs.md; examples in
+``configs/``).
 
 Unknown keys are errors that name the key, so a typo never silently falls back to a default."""
 from __future__ import annotations
@@ -55,10 +38,14 @@ DEFAULTS: dict[str, Any] = {
     # options: the model's size options (fedjax_dp.models.MODEL_OPTIONS, e.g. {hidden = 6,
     # embed_dim = 3} for char_lstm; {} = the literature's sizes)
     "model": {"name": "mlp", "hidden": [200], "options": {}},
+    # batching: "replacement" (uniform draws) or "stored" (the records' stored order)
     "train": {"steps": 50, "batch_size": 32, "learning_rate": 0.1, "optimizer": "sgd",
               "weight_decay": 0.0, "prox_mu": 0.0, "batching": "replacement"},
     "algorithm": {"name": "fedavg"},
     "privacy": {"delta": 1e-5, "accountants": ["rdp", "pld"]},
+    # agents_on: where the agents' records live, "device", "host" (only each round's cohort /
+    # chunk is copied over) or "auto" (host when large, fedjax_dp.core.auto_placement);
+    # checkpoint_every: rounds between checkpoints of a round-based run (0: none)
     "run": {"eval_every": 0, "chunk_size": "auto", "progress": True, "agents_on": "auto",
             "checkpoint_every": 10,
             # rounds run per compiled call of the round engine (algorithms/rounds.py):

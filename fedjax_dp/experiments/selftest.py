@@ -1,22 +1,16 @@
 """``fedjax-dp selftest``: every algorithm family at a tiny size on the default device, compared
-with the same run on the CPU.
+with the same run on the CPU (docs/devices.md, "First command on a new machine").
 
 Each case is a shipped config with ``--set``-style overrides that make it tiny
 (``configs/selftest.toml``, at least one case per algorithm family); it runs the way ``fedjax-dp
 run`` runs it, once on JAX's default device and once inside ``jax.default_device(<the first CPU
-device>)``, in this process. Three numbers of each run are compared, within :data:`TOLERANCES`:
-
-* ``epsilon``: every data-independent guarantee, to ``EPSILON_RTOL`` relative (1e-9): the
-  accounting runs on the host in float64, so any difference is a defect, not rounding;
-* the parameter checksum of the final model, ``sum |params|`` and ``||params||_2``, to
-  ``CHECKSUM_RTOL`` relative (1e-3): an accelerator rounds differently (fused reductions, TF32),
-  a wrong kernel moves them by far more. A model without parameters is checked on the sum of
-  its predicted test labels;
-* ``test_accuracy``, within ``ACCURACY_ATOL`` absolute (0.05).
-
-On a CPU-only machine both runs are on the CPU: the selftest then checks that every family runs
-and gives the same numbers twice. A crash in one case is reported as that case's FAIL and the
-other cases still run; the exit status is 1 if any case failed.
+device>)``, in this process. Compared, within :data:`TOLERANCES`: every data-independent epsilon
+(``EPSILON_RTOL``: float64 host accounting, so any difference is a defect), the final model's
+``sum |params|`` and ``||params||_2`` (``CHECKSUM_RTOL``: an accelerator rounds differently, a
+wrong kernel moves them by far more; a model without parameters: the sum of its predicted test
+labels) and ``test_accuracy`` (``ACCURACY_ATOL``, absolute). On a CPU-only machine both runs are
+on the CPU. A crash in one case is that case's FAIL and the other cases still run; the exit
+status is 1 if any case failed.
 """
 from __future__ import annotations
 
