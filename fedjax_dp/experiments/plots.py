@@ -98,6 +98,16 @@ def _stats(values: Sequence[float]) -> tuple[float, float]:
 
 # --------------------------------------------------------------------------- summaries
 
+def _group_rows(groups: dict[tuple, list[float]], key: str) -> list[dict]:
+    """Rows ``{hue, <key>, mean, std, n}`` of ``groups`` ``{(hue, key value): values}``, sorted
+    by hue, then key value (:func:`_sort_key`)."""
+    rows = []
+    for (hv, kv) in sorted(groups, key=lambda k: (_sort_key(k[0]), _sort_key(k[1]))):
+        mean, std = _stats(groups[(hv, kv)])
+        rows.append({"hue": hv, key: kv, "mean": mean, "std": std, "n": len(groups[(hv, kv)])})
+    return rows
+
+
 def summarize(records: Iterable[dict], x: str, y: str, hue: str | None = None) -> list[dict]:
     """Rows ``{hue, x, mean, std, n}``: mean and standard deviation (``ddof=1`` when ``n > 1``,
     else 0) of ``y`` over the records sharing a (hue value, x value) — usually the seeds.
@@ -125,11 +135,7 @@ def summarize(records: Iterable[dict], x: str, y: str, hue: str | None = None) -
                       f"and are left out", stacklevel=2)
     if not groups:
         raise ValueError(f"x, y: no record has both {x!r} and {y!r}")
-    rows = []
-    for (hv, xv) in sorted(groups, key=lambda k: (_sort_key(k[0]), _sort_key(k[1]))):
-        mean, std = _stats(groups[(hv, xv)])
-        rows.append({"hue": hv, "x": xv, "mean": mean, "std": std, "n": len(groups[(hv, xv)])})
-    return rows
+    return _group_rows(groups, "x")
 
 
 def history_metrics(records: Iterable[dict]) -> list[str]:
@@ -178,11 +184,7 @@ def summarize_curves(records: Iterable[dict], y: str, hue: str | None = None) ->
     if not seen:
         raise ValueError(f"y: no record's history has the metric {y!r}; the history has "
                          f"{history_metrics(records)}")
-    rows = []
-    for (hv, t) in sorted(groups, key=lambda k: (_sort_key(k[0]), _sort_key(k[1]))):
-        mean, std = _stats(groups[(hv, t)])
-        rows.append({"hue": hv, "round": t, "mean": mean, "std": std, "n": len(groups[(hv, t)])})
-    return rows
+    return _group_rows(groups, "round")
 
 
 # --------------------------------------------------------------------------- drawing

@@ -324,19 +324,13 @@ def epsilon_spent(p: Plan, config: dict, finished: int, state: api.State) -> dic
     if spent is None:
         return {}
     delta = config["privacy"]["delta"]
-    out: dict[str, float] = {}
+    rows = []
     for ledger in api.ledgers(p.entry, spent, state):
         try:
-            rows = ledger.report(delta, accountants=("rdp",))
+            rows += ledger.report(delta, accountants=("rdp",))
         except ValueError:                           # a unit only PLD applies to
-            rows = ledger.report(delta, accountants=("pld",))
-        for g in rows:
-            tag, i = f"epsilon/{g['unit']}/{g['accountant']}", 1
-            while tag in out:
-                tag, i = f"epsilon/{g['unit']}/{g['accountant']}_{i}", i + 1
-            e = g["epsilon"]
-            out[tag] = math.inf if e is None else float(e)
-    return out
+            rows += ledger.report(delta, accountants=("pld",))
+    return tracking_lib.epsilon_scalars(rows)
 
 
 def _spent_config(p: Plan, finished: int):
@@ -427,7 +421,7 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
     """Drive the algorithm's steps: progress, checkpoints, per-round seconds and compilations,
     the non-finite check, the tracker (every progress.jsonl record's scalars and the epsilon spent
     so far, :func:`epsilon_spent`). Returns ``(api.Result, history, seconds per round)``."""
-    tracker = tracker if tracker is not None else tracking_lib.NoTracker()
+    tracker = tracker if tracker is not None else tracking_lib.Trackers([])
     model, fed, key = s.model, s.fed, s.key
     steps_total = p.entry.num_steps(p.algorithm_config)
     live.total = steps_total

@@ -641,7 +641,7 @@ def run_folder(out: Path, r: Run, rid: str) -> Path:
 def _tracker(out: Path, r: Run, config: dict, rid: str, sw: Sweep) -> tracking_lib.Tracker:
     """The tracker ``run.log`` asks for, in :func:`run_folder` (a run done again starts over)."""
     if not config["run"].get("log"):
-        return tracking_lib.NoTracker()
+        return tracking_lib.Trackers([])
     folder = run_folder(out, r, rid)
     return tracking_lib.open_run(config, folder, name=folder.name, group=sw.name)
 
@@ -747,17 +747,23 @@ def summary_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_summaries(records: list[dict], out: Path) -> list[dict]:
-    rows = summarize(records)
+def _write_tables(out: Path, stem: str, rows: list[dict], *, join_lists: bool) -> None:
+    """``<stem>.csv`` and ``<stem>.md`` of ``rows`` (a column per key, first-seen order);
+    ``join_lists``: a list cell is written space-separated in the CSV (else its repr)."""
     cols = list(dict.fromkeys(k for r in rows for k in r))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=cols)
     writer.writeheader()
     for r in rows:
-        writer.writerow({c: (_fmt(r.get(c)) if isinstance(r.get(c), list) else r.get(c))
-                         for c in cols})
-    (out / "summary.csv").write_text(buf.getvalue())
-    (out / "summary.md").write_text(summary_markdown(rows))
+        writer.writerow({c: (_fmt(r.get(c)) if join_lists and isinstance(r.get(c), list)
+                             else r.get(c)) for c in cols})
+    (out / f"{stem}.csv").write_text(buf.getvalue())
+    (out / f"{stem}.md").write_text(summary_markdown(rows))
+
+
+def write_summaries(records: list[dict], out: Path) -> list[dict]:
+    rows = summarize(records)
+    _write_tables(out, "summary", rows, join_lists=True)
     return rows
 
 
@@ -831,13 +837,6 @@ def write_selection(records: list[dict], out: Path, metric: str, over: list[str]
     flat = [{**{k: v for k, v in r.items() if k not in ("selected", "at_edge")},
              **{f"selected {k}": v for k, v in r["selected"].items()},
              "at_edge": r["at_edge"]} for r in rows]
-    cols = list(dict.fromkeys(k for r in flat for k in r))
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=cols)
-    writer.writeheader()
-    for r in flat:
-        writer.writerow(r)
-    (out / "selected.csv").write_text(buf.getvalue())
-    (out / "selected.md").write_text(summary_markdown(flat))
+    _write_tables(out, "selected", flat, join_lists=False)
     (out / "selected.json").write_text(json.dumps(rows, indent=2))
     return rows

@@ -1,28 +1,17 @@
 """Experiment tracking: TensorBoard event files (tensorboardX) and Weights & Biases.
 
 ``run.log = ["tensorboard", "wandb"]`` (default ``[]``: neither) makes :func:`runner.run
-<fedjax_dp.experiments.runner.run>` and the sweep log, per finished round ``t`` (the step):
-
-* every metric of the round's ``progress.jsonl`` record under its own name (``train_loss``,
-  ``test_accuracy``, ``seconds``, ...; a nested dict as ``key/sub``, a short list of numbers as
-  ``key/0``, ``key/1``, ...; the ``compilations`` list as ``compilations/count`` and
-  ``compilations/seconds``; strings are left out) -- :func:`scalars`;
-* the epsilon spent by rounds 1..t per unit of privacy, ``epsilon/<unit>/<accountant>`` at the
-  run's ``privacy.delta`` (RDP; PLD only for a unit RDP does not apply to), every
-  ``run.log_epsilon_every`` rounds (default 1) and at the last;
-
-and once: the resolved config (a ``config`` text of its JSON, and the flat keys as TensorBoard
-hparams / the W&B run config), and at the end the scalars of ``result.json``
-(``final/test_accuracy``, ``final/val_accuracy``, ``final/wall_time_s``,
-``final/epsilon/<unit>/<accountant>``; :func:`final_scalars`) at the last round's step.
+<fedjax_dp.experiments.runner.run>` and the sweep log, per finished round ``t`` (the step),
+every metric of the round's ``progress.jsonl`` record (:func:`scalars`) and the epsilon spent by
+rounds 1..t; once, the resolved config; at the end, the scalars of ``result.json``
+(:func:`final_scalars`). Tags, names and when each is logged: docs/tracking.md ("What is
+logged"; "Resume").
 
 Where: ``<run folder>/tensorboard/`` (a sweep's runs: ``OUT/runs/<label>/tensorboard/``). A new
 run removes the event files its folder already holds. A run resumed from its checkpoint of round
-k opens a new file that starts with TensorBoard's purge marker at step k + 1, so what the
-interrupted process logged after the checkpoint is dropped (no step twice, none lost). A resumed
-W&B run continues the same W&B run (its id is kept in ``<run folder>/tracking.json``).
-
-TensorBoard stores scalars as float32. The W&B backend imports ``wandb`` only when asked for."""
+k opens a new file that starts with TensorBoard's purge marker at step k + 1 (no step twice, none
+lost); a resumed W&B run continues the same W&B run (its id is kept in
+``<run folder>/tracking.json``). The W&B backend imports ``wandb`` only when asked for."""
 from __future__ import annotations
 
 import json
@@ -31,7 +20,7 @@ import re
 import secrets
 import struct
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterable, Protocol
 
 from fedjax_dp.experiments import config as config_lib
 
@@ -108,11 +97,20 @@ def final_scalars(result: dict) -> dict[str, float]:
         x = _number(v)
         if x is not None:
             out[f"final/timing/{k}"] = x
-    for g in result.get("privacy", []):
-        tag = f"final/epsilon/{g['unit']}/{g['accountant']}"
-        i = 1
-        while tag in out:                     # two ledgers with one unit (side by side)
-            tag, i = f"final/epsilon/{g['unit']}/{g['accountant']}_{i}", i + 1
+    return epsilon_scalars(result.get("privacy", []), "final/epsilon", out)
+
+
+def epsilon_scalars(rows: Iterable[dict], prefix: str = "epsilon",
+                    out: dict[str, float] | None = None) -> dict[str, float]:
+    """``out`` (default ``{}``) plus ``<prefix>/<unit>/<accountant>: epsilon`` per guarantee row
+    (inf for None); a tag met again (side-by-side ledgers with one unit) gets a ``_1``, ``_2``,
+    ... suffix."""
+    out = {} if out is None else out
+    for g in rows:
+        base = f"{prefix}/{g['unit']}/{g['accountant']}"
+        tag, i = base, 1
+        while tag in out:
+            tag, i = f"{base}_{i}", i + 1
         eps = g.get("epsilon")
         out[tag] = math.inf if eps is None else float(eps)
     return out
@@ -138,7 +136,7 @@ def flat_config(config: dict, prefix: str = "") -> dict[str, str | float | bool]
 # ----------------------------------------------------------------------------- backends
 
 class Tracker(Protocol):
-    """Where a run's metrics go. ``enabled``: False for :class:`NoTracker` (the runner then
+    """Where a run's metrics go. ``enabled``: False for ``Trackers([])`` (the runner then
     computes nothing extra, such as the per-round epsilon)."""
 
     enabled: bool
@@ -155,24 +153,6 @@ class Tracker(Protocol):
 
     def close(self) -> None:
         """Flush and release files / connections (also after an error)."""
-
-
-class NoTracker:
-    """Logs nothing (``run.log = []``)."""
-
-    enabled = False
-
-    def start(self, config: dict) -> None:
-        pass
-
-    def log(self, step: int, metrics: dict[str, float], *, restored: bool = False) -> None:
-        pass
-
-    def finish(self, step: int, metrics: dict[str, float]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class TensorBoardTracker:
@@ -277,7 +257,8 @@ class WandbTracker:
 
 
 class Trackers:
-    """Several trackers as one (each call goes to every one, in order)."""
+    """Several trackers as one (each call goes to every one, in order); ``Trackers([])`` logs
+    nothing (``run.log = []``), ``enabled`` False."""
 
     def __init__(self, trackers: list):
         self.trackers = list(trackers)
@@ -309,12 +290,12 @@ class Trackers:
 def open_run(config: dict, folder: str | Path | None, *, restart_step: int | None = None,
              name: str | None = None, group: str | None = None) -> Tracker:
     """The tracker ``config["run"]["log"]`` asks for, writing under the run folder ``folder``
-    (events in ``folder/tensorboard``, W&B's files in ``folder``); a :class:`NoTracker` when
+    (events in ``folder/tensorboard``, W&B's files in ``folder``); ``Trackers([])`` when
     ``run.log`` is empty. ``restart_step=k``: the run resumes from its checkpoint of round k
     (TensorBoard purges from k + 1; the W&B run kept in ``folder`` is continued)."""
     backends = config["run"].get("log", [])
     if not backends:
-        return NoTracker()
+        return Trackers([])
     if folder is None:
         raise config_lib.ConfigError(f"run.log = {backends!r} needs the run's folder "
                                      f"(--out DIR; runner.run(config, out_dir))")
