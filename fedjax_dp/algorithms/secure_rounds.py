@@ -8,6 +8,7 @@ checks made before any work (the fixed-point range, the distributed plan's bits)
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -22,8 +23,26 @@ from fedjax_dp.privacy import rotation
 from fedjax_dp.privacy import secagg as secagg_lib
 from fedjax_dp.privacy import secagg_masks
 
-__all__ = ["distributed_plan", "pass_sum", "distributed_release", "check_secagg_range",
-           "check_distributed_plan"]
+__all__ = ["SecAggFields", "distributed_plan", "pass_sum", "distributed_release",
+           "check_secagg_range", "check_distributed_plan"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SecAggFields(secagg_lib.SecAggOptions):
+    """The secure aggregation fields of a Config (DP-FedAvg, AE-DPFL, kNN-DPFL; their specs and
+    checks: :class:`~fedjax_dp.privacy.secagg.SecAggOptions`), with their defaults.
+
+    docs/secagg.md: ``"plain"`` float sum (default) or ``"secagg"`` (updates / ballots
+    secret-shared with ``secagg_frac_bits`` fraction bits). DP-FedAvg: masks on a
+    ``secagg_neighbours``-regular graph (None: complete). The votes: among ``secagg_talliers``
+    talliers. An agent drops (its shares never arrive; DP-FedAvg: after masking) with probability
+    ``secagg_dropout``."""
+
+    aggregation: str = "plain"
+    secagg_talliers: int = 2
+    secagg_frac_bits: int = 16
+    secagg_neighbours: int | None = None
+    secagg_dropout: float = 0.0
 
 
 def distributed_plan(spec, k_train: jax.Array, dim: int):

@@ -66,11 +66,20 @@ def from_config(semi_supervised: bool, rounds: int, confidence: float) -> SelfTr
         else None
 
 
+@dataclasses.dataclass(frozen=True)
 class StudentSettings:
-    """Mixin for algorithm Configs with ``student_*`` fields (AE-DPFL, kNN-DPFL).
+    """Mixin for algorithm Configs with ``student_*`` fields (AE-DPFL, kNN-DPFL): the fields and
+    their defaults, the student's training configuration and its self-training settings, with
+    errors that name the ``algorithm.student_*`` field."""
 
-    Gives the student's training configuration and its self-training settings, with errors that name
-    the ``algorithm.student_*`` field."""
+    student_steps: int = 500
+    student_batch_size: int = 32
+    student_learning_rate: float = 0.1
+    student_optimizer: str = "sgd"
+    # semi-supervised student (self-training on the rest of the public data; no privacy cost)
+    student_semi_supervised: bool = False   # False: supervised on the Q queries (paper)
+    student_self_training_rounds: int = 2   # pseudo-labelling rounds after the supervised one
+    student_confidence: float = 0.8         # keep a pseudo-label if max softmax >= this
 
     #: types and ranges of the fields (:func:`fedjax_dp.core.validation.check_config`)
     FIELDS = {"student_steps": validation.Int(0),

@@ -73,9 +73,10 @@ from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.averaging import fedavg
 from fedjax_dp.algorithms.rounds_protocol import (  # noqa: F401  (the protocol hooks)
     artifacts, multi_step, output, prefetch, rounds_per_call, seed_step, step)
+from fedjax_dp.algorithms.secure_rounds import SecAggFields
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model
-from fedjax_dp.privacy import PrivacyLedger, accounting, secagg
+from fedjax_dp.privacy import PrivacyLedger, accounting
 from fedjax_dp.privacy import adaptive_clip as adaptive_lib
 from fedjax_dp.privacy import correlated_noise as correlated_lib
 from fedjax_dp.privacy import distributed_accounting
@@ -86,20 +87,12 @@ RELATION_FIXED = "replace one agent's entire local dataset"
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(fedavg.Config, secagg.SecAggOptions):
+class Config(fedavg.Config, SecAggFields):
     """DP-FedAvg: FedAvg plus update clipping to ``clip_norm`` (S) and noise multiplier sigma."""
 
     clip_norm: float = 1.0
     noise_multiplier: float = 1.0
     denominator: str = "expected"
-    # secure aggregation (docs/secagg.md): "plain" (default) or "secagg" (secagg_frac_bits
-    # fraction bits, masks on a secagg_neighbours-regular graph, None: complete; each agent
-    # drops after masking with probability secagg_dropout). secagg_talliers: the votes' only.
-    aggregation: str = "plain"
-    secagg_talliers: int = 2
-    secagg_frac_bits: int = 16
-    secagg_neighbours: int | None = None
-    secagg_dropout: float = 0.0
     # adaptive clipping (Andrew et al. 2021): None / false, true (the paper's defaults) or a
     # table of privacy.adaptive_clip.OPTIONS; clip_norm is then the first round's clip C_0
     adaptive_clip: adaptive_lib.AdaptiveClip | None = None

@@ -46,14 +46,12 @@ import numpy as np
 from fedjax_dp.core import agent_stream
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.voting import voting_dpfl
-from fedjax_dp.train import student as student_lib
 from fedjax_dp.core import for_each_agent, is_on_host, rng, seed_axis
 from fedjax_dp.core.lift import agent_bytes, chunked, num_chunks, resolve_chunk_size, training_bytes
 from fedjax_dp.core import memory
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
-from fedjax_dp.privacy import secagg
 from fedjax_dp.privacy import vote as vote_lib
 from fedjax_dp.train import LocalTrainConfig, make_local_update
 
@@ -64,41 +62,17 @@ PHASES = ("local_training", "vote", "student")
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(student_lib.StudentSettings, secagg.SecAggOptions):
-    """AE-DPFL. ``local`` trains the agents; the ``student_*`` fields train the global model."""
+class Config(voting_dpfl.VoteConfig):
+    """AE-DPFL. ``local`` trains the agents; the ``student_*`` fields train the global model;
+    the vote, student and secure aggregation fields: :class:`voting_dpfl.VoteConfig`."""
 
     sigma: float = 25.0                 # std of the total noise on the vote sum
-    num_queries: int = 500              # Q public queries labelled by the vote
-    student_steps: int = 500
-    student_batch_size: int = 32
-    student_learning_rate: float = 0.1
-    student_optimizer: str = "sgd"
-    # semi-supervised student (self-training on the rest of the public data; no privacy cost)
-    student_semi_supervised: bool = False   # False: supervised on the Q queries (paper)
-    student_self_training_rounds: int = 2   # pseudo-labelling rounds after the supervised one
-    student_confidence: float = 0.8         # keep a pseudo-label if max softmax >= this
-    # agents per streamed chunk; None: agent_stream.DEFAULT_CHUNK. Results do not depend on it.
-    agent_chunk: int | None = None
-    query_chunk: int | None = None      # queries per block of the ballots (None: all at once)
-    data_dependent: bool = True         # also report the GNMax data-dependent epsilon
-    # the vote's noise: every agent's share ("per_agent") or the secure sum's at once
-    # ("aggregate": same distribution of the released labels; Q C draws instead of N Q C)
-    vote_noise: str = "per_agent"
     # abstention: an agent whose max softmax on a query is < this casts the zero ballot
     # (None: never abstain, the paper's rule). Sensitivities unchanged (see ``ballot_fn``).
     abstain_below: float | None = None
-    # secure aggregation (docs/secagg.md): "plain" float sum (default) or "secagg" (ballots
-    # secret-shared among secagg_talliers talliers, secagg_frac_bits fraction bits); an agent's
-    # shares never arrive with probability secagg_dropout. secagg_neighbours: DP-FedAvg only.
-    aggregation: str = "plain"
-    secagg_talliers: int = 2
-    secagg_frac_bits: int = 16
-    secagg_neighbours: int | None = None
-    secagg_dropout: float = 0.0
     local: LocalTrainConfig = LocalTrainConfig()
 
-    FIELDS = {**voting_dpfl.VOTE_FIELDS,
-              "abstain_below": validation.Float(0.0, 1.0, low_open=True, optional=True),
+    FIELDS = {"abstain_below": validation.Float(0.0, 1.0, low_open=True, optional=True),
               "local": validation.Instance(LocalTrainConfig)}
 
     def __post_init__(self):
@@ -154,13 +128,9 @@ def sensitivities() -> dict[str, float]:
 
 def vote_ledger(config: Config, clean_vote_sums: np.ndarray | None = None,
                 sigma: float | None = None) -> PrivacyLedger:
-    """Agent- and instance-level guarantees of Q votes (+ the data-dependent ones given the
-    noise-free sums ``[Q, C]``). ``sigma``: the noise std accounted (default ``config.sigma``,
-    also with dropouts: :mod:`.voting_dpfl`)."""
-    sigma = config.sigma if sigma is None else sigma
-    return vote_lib.vote_ledger(sigma, config.num_queries, sensitivities(),
-                                clean_vote_sums=clean_vote_sums,
-                                note="AE-DPFL" + voting_dpfl.secagg_note(config))
+    """Agent- and instance-level guarantees of Q votes at :func:`sensitivities`
+    (:func:`voting_dpfl.vote_ledger`)."""
+    return voting_dpfl.vote_ledger(config, clean_vote_sums, sigma, sensitivities(), "AE-DPFL")
 
 
 # --------------------------------------------------------------------------- the protocol
@@ -168,14 +138,12 @@ def vote_ledger(config: Config, clean_vote_sums: np.ndarray | None = None,
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
     """Checks, key streams and the Q queries (:func:`voting_dpfl.init_context`); no training."""
-    if not isinstance(config, Config):
-        raise ValueError(f"config must be an ae_dpfl.Config, got {type(config).__name__}")
+    api.check_init(config, Config, data)
     ctx = voting_dpfl.init_context(key, data, model, config, runtime)
     return api.State(step=0, values={}, context=ctx)
 
 
-def num_steps(config: Config) -> int:
-    return len(PHASES)
+num_steps = api.phase_steps(PHASES)
 
 
 def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dict]:
@@ -195,8 +163,7 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
                                                  state.values["agent_params"], queries)
     elif phase == "vote":
         ballots = state.values["agent_ballots"]                                     # [N, Q]
-        size = resolve_chunk_size(cfg.agent_chunk, num_agents=ctx.data.agents.num_agents,
-                                  default=agent_stream.DEFAULT_CHUNK, capped=True)
+        size = voting_dpfl.agent_chunk(cfg, ctx.data.agents.num_agents)
         values, metrics = voting_dpfl.streamed_vote_phase(
             state, ballot_blocks([ballots], size, batched=False), num_chunks(len(ballots), size))
     else:
@@ -232,8 +199,7 @@ def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
     datas = [c.data.agents for c in ctxs]
     num = len(states)
     n, q = datas[0].num_agents, len(c0.query_indices)
-    size = resolve_chunk_size(cfg.agent_chunk, num_agents=n, default=agent_stream.DEFAULT_CHUNK,
-                              capped=True)
+    size = voting_dpfl.agent_chunk(cfg, n)
     keep_params = _keeps_params(datas[0], model, c0.runtime)
     inner = resolve_chunk_size(c0.runtime.chunk_size, num_agents=size, capped=True,
                                bytes_per_agent=training_bytes(_param_shapes(model)))
@@ -418,8 +384,7 @@ def _vote_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]
     vmapped tally add per chunk)."""
     c0: voting_dpfl.Context = states[0].context
     stored = [st.values["agent_ballots"] for st in states]                        # [N, Q] each
-    size = resolve_chunk_size(c0.config.agent_chunk, num_agents=c0.data.agents.num_agents,
-                              default=agent_stream.DEFAULT_CHUNK, capped=True)
+    size = voting_dpfl.agent_chunk(c0.config, c0.data.agents.num_agents)
     return voting_dpfl.streamed_vote_seeds(states, ballot_blocks(stored, size),
                                            num_chunks(len(stored[0]), size))
 

@@ -48,16 +48,14 @@ import numpy as np
 from fedjax_dp.core import agent_stream
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.voting import voting_dpfl
-from fedjax_dp.train import student as student_lib
 from fedjax_dp.core import StackedData, is_on_host, seed_axis, validation
 from fedjax_dp.core import defaults as defaults_lib
 from fedjax_dp.core import memory
-from fedjax_dp.core.lift import num_chunks, resolve_chunk_size
+from fedjax_dp.core.lift import num_chunks
 from fedjax_dp.data.features import FEATURE_MAPS, FeatureMap, fit_feature_map  # re-exported
 from fedjax_dp.models import Model
 from fedjax_dp.ops import knn_search
 from fedjax_dp.privacy import PrivacyLedger
-from fedjax_dp.privacy import secagg
 from fedjax_dp.privacy import vote as vote_lib
 
 DESCRIPTION = ("kNN-DPFL: MPC vote of every agent's k nearest neighbours, instance/agent DP "
@@ -68,38 +66,19 @@ KNN_METHODS = ("auto", "threshold", "top_k")
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(student_lib.StudentSettings, secagg.SecAggOptions):
-    """kNN-DPFL. No local training: the ``student_*`` fields train the global model."""
+class Config(voting_dpfl.VoteConfig):
+    """kNN-DPFL. No local training: the ``student_*`` fields train the global model; the vote,
+    student and secure aggregation fields (as AE-DPFL's): :class:`voting_dpfl.VoteConfig`.
+    ``query_chunk`` is used by the sharded vote (``runtime.mesh``) only."""
 
     k: int = 10                          # neighbours per agent (paper: 5% of the local size)
     sigma: float = 1.0                   # std of the total noise on the vote sum
-    num_queries: int = 500
     feature_map: str = "pca"             # identity | random_projection | pca (public data only)
     feature_dim: int = 64                # output dimension of random_projection / pca
     instance_sensitivity: str = "derived"   # derived: sqrt(2)/k; paper: sqrt(2/k)
     knn_method: str = "auto"             # auto (the device's) | threshold | top_k (lax.top_k)
-    student_steps: int = 500
-    student_batch_size: int = 32
-    student_learning_rate: float = 0.1
-    student_optimizer: str = "sgd"
-    # semi-supervised student (self-training on the rest of the public data; no privacy cost)
-    student_semi_supervised: bool = False   # False: supervised on the Q queries (paper)
-    student_self_training_rounds: int = 2
-    student_confidence: float = 0.8
-    # agents per streamed chunk; None: agent_stream.DEFAULT_CHUNK. Results do not depend on it.
-    agent_chunk: int | None = None
-    query_chunk: int | None = None       # used by the sharded vote (runtime.mesh) only
-    data_dependent: bool = True
-    # the vote's noise: as AE-DPFL's
-    vote_noise: str = "per_agent"
-    # secure aggregation: as AE-DPFL's (ae_dpfl.Config)
-    aggregation: str = "plain"
-    secagg_talliers: int = 2
-    secagg_frac_bits: int = 16
-    secagg_neighbours: int | None = None
-    secagg_dropout: float = 0.0
 
-    FIELDS = {"k": validation.Int(1), **voting_dpfl.VOTE_FIELDS,
+    FIELDS = {"k": validation.Int(1),
               "feature_map": validation.Choice(FEATURE_MAPS),
               "feature_dim": validation.Int(1, validation.WIDTH_MAX),
               "instance_sensitivity": validation.Choice(("derived", "paper")),
@@ -198,14 +177,10 @@ def sensitivities(config: Config) -> dict[str, float]:
 
 def vote_ledger(config: Config, clean_vote_sums: np.ndarray | None = None,
                 sigma: float | None = None) -> PrivacyLedger:
-    """Instance- and agent-level guarantees of Q votes (+ the data-dependent ones given the
-    noise-free sums ``[Q, C]``). ``sigma``: the noise std accounted (default ``config.sigma``,
-    also with dropouts: :mod:`.voting_dpfl`)."""
-    sigma = config.sigma if sigma is None else sigma
+    """Instance- and agent-level guarantees of Q votes at :func:`sensitivities`
+    (:func:`voting_dpfl.vote_ledger`)."""
     note = f"kNN-DPFL, k={config.k}, instance sensitivity rule '{config.instance_sensitivity}'"
-    return vote_lib.vote_ledger(sigma, config.num_queries, sensitivities(config),
-                                clean_vote_sums=clean_vote_sums,
-                                note=note + voting_dpfl.secagg_note(config))
+    return voting_dpfl.vote_ledger(config, clean_vote_sums, sigma, sensitivities(config), note)
 
 
 # --------------------------------------------------------------------------- the protocol
@@ -214,8 +189,7 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
     """Checks (``k`` against the smallest agent), key streams, the Q queries and the feature
     map fitted on the public data (stream ``feature_map``)."""
-    if not isinstance(config, Config):
-        raise ValueError(f"config must be a knn_dpfl.Config, got {type(config).__name__}")
+    api.check_init(config, Config, data)
     ctx = voting_dpfl.init_context(key, data, model, config, runtime,
                                    extra_checks=lambda d: check_k(config.k, d.agents))
     phi = fit_feature_map(config.feature_map, ctx.keys["feature_map"], ctx.x_public,
@@ -223,8 +197,7 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     return api.State(step=0, values={}, context=dataclasses.replace(ctx, extra=phi))
 
 
-def num_steps(config: Config) -> int:
-    return len(PHASES)
+num_steps = api.phase_steps(PHASES)
 
 
 def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dict]:
@@ -245,8 +218,7 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
         metrics = {**metrics, "k": cfg.k}
     elif phase == "vote":
         data = ctx.data.agents
-        size = resolve_chunk_size(cfg.agent_chunk, num_agents=data.num_agents,
-                                  default=agent_stream.DEFAULT_CHUNK, capped=True)
+        size = voting_dpfl.agent_chunk(cfg, data.num_agents)
         queries = phi.apply(ctx.x_public[ctx.query_indices], lead=1)              # [Q, m]
         fn = _chunk_counts_fn(cfg.k, ctx.model.num_classes, cfg.knn_method)
         mean = None if phi.mean is None else jnp.asarray(phi.mean, jnp.float32)
@@ -324,8 +296,7 @@ def _vote_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]) -> list[tup
     c0 = ctxs[0]
     cfg = c0.config
     datas = [c.data.agents for c in ctxs]
-    size = resolve_chunk_size(cfg.agent_chunk, num_agents=datas[0].num_agents,
-                              default=agent_stream.DEFAULT_CHUNK, capped=True)
+    size = voting_dpfl.agent_chunk(cfg, datas[0].num_agents)
     phis: list[FeatureMap] = [c.extra for c in ctxs]
     mean, mean_axis = seed_axis.share_or_stack(
         [None if phi.mean is None else jnp.asarray(phi.mean, jnp.float32) for phi in phis])

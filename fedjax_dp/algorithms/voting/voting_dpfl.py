@@ -40,10 +40,12 @@ import numpy as np
 
 from fedjax_dp.core import agent_stream
 from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.secure_rounds import SecAggFields
 from fedjax_dp.train import student as student_lib
 from fedjax_dp.core import StackedData, is_on_host, rng, seed_axis, validation
+from fedjax_dp.core.lift import resolve_chunk_size
 from fedjax_dp.models import Model
-from fedjax_dp.privacy import secagg, secagg_shares
+from fedjax_dp.privacy import PrivacyLedger, secagg, secagg_shares
 from fedjax_dp.privacy import vote as vote_lib
 from fedjax_dp.train import check_trainable
 
@@ -58,6 +60,24 @@ VOTE_FIELDS = {"sigma": validation.Float(0.0, low_open=True),
                "query_chunk": validation.Int(1, optional=True),
                "data_dependent": validation.Bool(),
                "vote_noise": validation.Choice(vote_lib.NOISE_MODES)}
+
+
+@dataclasses.dataclass(frozen=True)
+class VoteConfig(student_lib.StudentSettings, SecAggFields):
+    """The fields AE-DPFL and kNN-DPFL share: the vote's, the student's and secure aggregation's
+    (each Config re-declares ``sigma``, whose default differs)."""
+
+    sigma: float = 1.0                  # std of the total noise on the vote sum
+    num_queries: int = 500              # Q public queries labelled by the vote
+    # agents per streamed chunk; None: agent_stream.DEFAULT_CHUNK. Results do not depend on it.
+    agent_chunk: int | None = None
+    query_chunk: int | None = None      # queries per block of the ballots (None: all at once)
+    data_dependent: bool = True         # also report the GNMax data-dependent epsilon
+    # the vote's noise: every agent's share ("per_agent") or the secure sum's at once
+    # ("aggregate": same distribution of the released labels; Q C draws instead of N Q C)
+    vote_noise: str = "per_agent"
+
+    FIELDS = VOTE_FIELDS
 
 
 def check_vote_config(config) -> None:
@@ -82,18 +102,11 @@ def _first_of_permutation(key: jax.Array, n: int, k: int) -> jax.Array:
     return jax.random.permutation(key, n)[:k]
 
 
-def check_run_args(agents: StackedData, model: Model, x_public) -> np.ndarray:
+def check_run_args(data: api.FederatedData, model: Model) -> np.ndarray:
     """Host-side checks shared by the voting algorithms; returns ``x_public`` as an array."""
-    if not isinstance(agents, StackedData):
-        raise ValueError(f"agents must be a StackedData, got {type(agents).__name__}")
+    agents = data.agents
     check_trainable(agents)
-    if x_public is None:
-        raise ValueError("data.x_public must hold the server's unlabelled public data (the "
-                         "queries come from it), got None")
-    x_public = validation.check_finite_array("x_public", x_public)
-    if tuple(x_public.shape[1:]) != agents.feature_shape:
-        raise ValueError(f"x_public must have feature shape {agents.feature_shape} (the agents'), "
-                         f"got {tuple(x_public.shape[1:])}")
+    x_public = data.public_array("the server's unlabelled public data (the queries come from it)")
     if tuple(model.feature_shape) != agents.feature_shape:
         raise ValueError(f"model feature shape {model.feature_shape} must equal the agents' "
                          f"{agents.feature_shape}")
@@ -116,10 +129,9 @@ class Context:
 
 def init_context(key: jax.Array, data: api.FederatedData, model: Model, config,
                  runtime: api.Runtime, *, extra_checks: Callable | None = None) -> Context:
-    """Checks (before any work), the named key streams and the Q queries of a voting run."""
-    if not isinstance(data, api.FederatedData):
-        raise ValueError(f"data must be an api.FederatedData, got {type(data).__name__}")
-    x_public = check_run_args(data.agents, model, data.x_public)
+    """Checks (before any work; the caller's :func:`api.check_init` checks the types), the
+    named key streams and the Q queries of a voting run."""
+    x_public = check_run_args(data, model)
     agent_stream.check_agents(data.agents)          # host data: finite features, read in slices
     if extra_checks is not None:
         extra_checks(data)
@@ -147,6 +159,24 @@ def check_secagg_vote(config, num_agents: int, runtime: api.Runtime) -> None:
     n = int(num_agents)
     secagg.check_range("the vote sum bound N + 10 sigma", n + 10.0 * float(config.sigma),
                        sa.frac_bits, n + 1)
+
+
+def vote_ledger(config, clean_vote_sums: np.ndarray | None, sigma: float | None,
+                sensitivities: dict[str, float], note: str) -> PrivacyLedger:
+    """The guarantees of Q votes of an AE-DPFL / kNN-DPFL ``config`` at the per-unit
+    ``sensitivities`` (+ the data-dependent ones given the noise-free sums ``[Q, C]``).
+    ``sigma``: the noise std accounted (default ``config.sigma``, also with dropouts)."""
+    sigma = config.sigma if sigma is None else sigma
+    return vote_lib.vote_ledger(sigma, config.num_queries, sensitivities,
+                                clean_vote_sums=clean_vote_sums,
+                                note=note + secagg_note(config))
+
+
+def agent_chunk(config, num_agents: int) -> int:
+    """Agents per streamed chunk: ``config.agent_chunk``, or :data:`agent_stream.DEFAULT_CHUNK`
+    when None, at most ``num_agents``."""
+    return resolve_chunk_size(config.agent_chunk, num_agents=num_agents,
+                              default=agent_stream.DEFAULT_CHUNK, capped=True)
 
 
 def secagg_note(config) -> str:
