@@ -53,6 +53,7 @@ import optax
 
 from fedjax_dp.algorithms import api, rounds
 from fedjax_dp.algorithms.averaging import fedavg
+from fedjax_dp.algorithms.isrl import calibration as isrl_calibration
 # step: one round (make_round), adding one to the participants' counts (on the device where the
 # round is fused, from the host cohort otherwise); seed_step vmaps the fused round
 from fedjax_dp.algorithms.rounds_protocol import (  # noqa: F401  (the protocol hooks)
@@ -254,16 +255,12 @@ def worst_agents(config: Config, counts, participation=None) -> np.ndarray:
     """Indices of the agents that can be the worst: not dominated in (p_i, steps_i).
 
     Epsilon of (3) grows with the sampling rate and with the number of steps, so an agent with
-    both no larger than another's can never be the worst; one agent per distinct (p, steps) pair.
+    both no larger than another's can never be the worst; one agent per distinct (p, steps) pair
+    (:func:`fedjax_dp.algorithms.isrl.calibration.worst_silos` with one unit).
     """
     rates = record_sampling_rates(config, counts)
     steps = _steps(config, len(rates), participation)
-    pairs = {}
-    for i, pair in enumerate(zip(rates.tolist(), steps.tolist())):
-        pairs.setdefault(pair, i)
-    keep = [i for (p, s), i in pairs.items()
-            if not any((p2 >= p and s2 >= s) and (p2, s2) != (p, s) for p2, s2 in pairs)]
-    return np.asarray(sorted(keep), np.int64)
+    return isrl_calibration.worst_silos(rates[:, None], np.asarray(steps)[:, None])
 
 
 def instance_ledger(config: Config, counts, participation=None) -> PrivacyLedger:
