@@ -76,12 +76,10 @@ class Config(voting_dpfl.VoteConfig):
               "local": validation.Instance(LocalTrainConfig)}
 
     def __post_init__(self):
-        voting_dpfl.check_vote_config(self)       # every field (validation.check_config)
+        super().__post_init__()         # every field, secure aggregation, the student
         check_abstain_below("algorithm.abstain_below", self.abstain_below)
         if not isinstance(self.local, LocalTrainConfig):
             raise ValueError("local must be a LocalTrainConfig")
-        self.student  # validates the student_* fields
-        self.semi_supervised
 
 
 def check_abstain_below(name: str, value) -> float | None:

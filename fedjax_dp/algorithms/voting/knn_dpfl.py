@@ -84,11 +84,6 @@ class Config(voting_dpfl.VoteConfig):
               "instance_sensitivity": validation.Choice(("derived", "paper")),
               "knn_method": validation.Choice(KNN_METHODS)}
 
-    def __post_init__(self):
-        voting_dpfl.check_vote_config(self)       # every field (validation.check_config)
-        self.student
-        self.semi_supervised
-
 
 # --------------------------------------------------------------------------- ballots
 

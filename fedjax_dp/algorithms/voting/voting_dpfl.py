@@ -79,12 +79,13 @@ class VoteConfig(student_lib.StudentSettings, SecAggFields):
 
     FIELDS = VOTE_FIELDS
 
-
-def check_vote_config(config) -> None:
-    """Validate every field of an AE-DPFL / kNN-DPFL Config (:func:`validation.check_config`:
-    names the field, converts 2.0 -> 2) and its secure aggregation settings."""
-    validation.check_config(config, "algorithm")
-    config.check_aggregation()
+    def __post_init__(self):
+        """Validate every field (:func:`validation.check_config`: names the field, converts
+        2.0 -> 2), the secure aggregation settings and the student's."""
+        validation.check_config(self, "algorithm")
+        self.check_aggregation()
+        self.student  # validates the student_* fields
+        self.semi_supervised
 
 
 def select_queries(key: jax.Array, num_public: int, num_queries: int) -> np.ndarray:
