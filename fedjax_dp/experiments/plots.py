@@ -99,8 +99,7 @@ def _stats(values: Sequence[float]) -> tuple[float, float]:
 # --------------------------------------------------------------------------- summaries
 
 def _group_rows(groups: dict[tuple, list[float]], key: str) -> list[dict]:
-    """Rows ``{hue, <key>, mean, std, n}`` of ``groups`` ``{(hue, key value): values}``, sorted
-    by hue, then key value (:func:`_sort_key`)."""
+    """Rows ``{hue, <key>, mean, std, n}`` of ``{(hue, key value): values}``, sorted by both."""
     rows = []
     for (hv, kv) in sorted(groups, key=lambda k: (_sort_key(k[0]), _sort_key(k[1]))):
         mean, std = _stats(groups[(hv, kv)])
