@@ -12,6 +12,7 @@ import pytest
 from fedjax_dp.algorithms import api, isrl
 from fedjax_dp.algorithms.isrl import calibration, engine, protocol
 from fedjax_dp.privacy import accounting
+from fedjax_dp.privacy.calibration import worst_members
 
 logging.getLogger("absl").setLevel(logging.ERROR)   # dp-accounting's fractional-order warnings
 
@@ -63,10 +64,10 @@ def test_ledger_is_dp_accounting_over_what_each_silo_released(algo, rates, count
     assert text.count('"GaussianDpEvent"') == len(rates[0])
 
 
-def test_worst_silos_drops_only_dominated_silos():
+def test_worst_members_drops_only_dominated_silos():
     rates = np.array([[0.1, 0.1], [0.2, 0.05], [0.1, 0.1], [0.05, 0.05]])
     counts = np.array([[3, 3], [3, 3], [4, 3], [9, 9]])
-    assert calibration.worst_silos(rates, counts).tolist() == [1, 2, 3]   # 0 <= 2 everywhere
+    assert worst_members(rates, counts).tolist() == [1, 2, 3]   # 0 <= 2 everywhere
 
 
 def test_calibrated_noise_meets_target_and_is_minimal():

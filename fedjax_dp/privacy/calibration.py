@@ -11,12 +11,14 @@ import math
 from typing import Callable
 
 import dp_accounting
+import numpy as np
 from dp_accounting import dp_event
 
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import accounting
 
-__all__ = ["DEFAULT_BRACKET", "calibrate_noise_multiplier", "calibrate_sampled_gaussian"]
+__all__ = ["DEFAULT_BRACKET", "calibrate_noise_multiplier", "calibrate_sampled_gaussian",
+           "worst_members"]
 
 #: Default search interval for the noise multiplier.
 DEFAULT_BRACKET: tuple[float, float] = (0.0, 500.0)
@@ -81,3 +83,29 @@ def calibrate_sampled_gaussian(target_epsilon: float, delta: float, sampling_rat
     return calibrate_noise_multiplier(
         target_epsilon, delta, lambda z: accounting.sampled_gaussian_event(z, q, steps),
         accountant, bracket=bracket, tol=tol)
+
+
+def worst_members(rates: np.ndarray, counts: np.ndarray, noise_multipliers=None) -> np.ndarray:
+    """Indices of the members (silos, agents) that can be the worst: not dominated in every
+    (rate, count, z).
+
+    ``rates``, ``counts``: ``[N, U]``; ``noise_multipliers``: ``[N]`` or None. Epsilon of a
+    sampled Gaussian composition (ISRL's eq. (1), DP-FedSGD's eq. (3)) grows with every rate and every count and shrinks with z, so
+    a member with all rates and counts no larger and z no smaller than another's never has the
+    larger epsilon. One member per distinct row.
+    """
+    rates = np.asarray(rates, np.float64)
+    if noise_multipliers is not None:          # -z as one more "larger is worse" column
+        rates = np.concatenate([rates, -np.asarray(noise_multipliers, np.float64)[:, None]], 1)
+    rows: dict[tuple, int] = {}
+    for i, row in enumerate(zip(map(tuple, rates.tolist()),
+                                map(tuple, np.asarray(counts, np.int64).tolist()))):
+        rows.setdefault(row, i)
+    keys = list(rows)
+
+    def dominated(a, b):          # b dominates a
+        return a != b and all(x <= y for x, y in zip(a[0], b[0])) and \
+            all(x <= y for x, y in zip(a[1], b[1]))
+
+    keep = [rows[a] for a in keys if not any(dominated(a, b) for b in keys)]
+    return np.asarray(sorted(keep), np.int64)

@@ -53,7 +53,6 @@ import optax
 
 from fedjax_dp.algorithms import api, rounds
 from fedjax_dp.algorithms.averaging import fedavg
-from fedjax_dp.algorithms.isrl import calibration as isrl_calibration
 # step: one round (make_round), adding one to the participants' counts (on the device where the
 # round is fused, from the host cohort otherwise); seed_step vmaps the fused round
 from fedjax_dp.algorithms.rounds_protocol import (  # noqa: F401  (the protocol hooks)
@@ -61,7 +60,8 @@ from fedjax_dp.algorithms.rounds_protocol import (  # noqa: F401  (the protocol 
 from fedjax_dp.core import StackedData, validation
 from fedjax_dp.core.lift import resolve_chunk_size
 from fedjax_dp.models import Model
-from fedjax_dp.privacy import PrivacyLedger, accounting, batch_selection, noise, private_grad
+from fedjax_dp.privacy import (PrivacyLedger, accounting, batch_selection, calibration, noise,
+                               private_grad)
 from fedjax_dp.privacy.clipping import clipped_sum
 from fedjax_dp.train import check_trainable, cross_entropy
 
@@ -256,11 +256,11 @@ def worst_agents(config: Config, counts, participation=None) -> np.ndarray:
 
     Epsilon of (3) grows with the sampling rate and with the number of steps, so an agent with
     both no larger than another's can never be the worst; one agent per distinct (p, steps) pair
-    (:func:`fedjax_dp.algorithms.isrl.calibration.worst_silos` with one unit).
+    (:func:`fedjax_dp.privacy.calibration.worst_members` with one unit).
     """
     rates = record_sampling_rates(config, counts)
     steps = _steps(config, len(rates), participation)
-    return isrl_calibration.worst_silos(rates[:, None], np.asarray(steps)[:, None])
+    return calibration.worst_members(rates[:, None], np.asarray(steps)[:, None])
 
 
 def instance_ledger(config: Config, counts, participation=None) -> PrivacyLedger:

@@ -30,7 +30,6 @@ import math
 from typing import Sequence
 
 import dp_accounting
-import numpy as np
 
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import accounting
@@ -75,31 +74,6 @@ def paper_sigma(clip_norm: float, rounds: int, num_records: int, epsilon: float,
     """``sqrt(8 C^2 R log(2/delta)) / (n eps)``: the paper's std of a silo's noisy mean gradient."""
     return math.sqrt(8.0 * clip_norm ** 2 * rounds * math.log(2.0 / delta)) / (num_records
                                                                               * epsilon)
-
-
-def worst_silos(rates: np.ndarray, counts: np.ndarray, noise_multipliers=None) -> np.ndarray:
-    """Indices of the silos that can be the worst: not dominated in every (rate, count, z).
-
-    ``rates``, ``counts``: ``[N, U]``; ``noise_multipliers``: ``[N]`` or None. Epsilon of (1)
-    grows with every rate and every count and shrinks with z, so a silo with all rates and counts
-    no larger and z no smaller than another's never has the larger epsilon. One silo per distinct
-    row.
-    """
-    rates = np.asarray(rates, np.float64)
-    if noise_multipliers is not None:          # -z as one more "larger is worse" column
-        rates = np.concatenate([rates, -np.asarray(noise_multipliers, np.float64)[:, None]], 1)
-    rows: dict[tuple, int] = {}
-    for i, row in enumerate(zip(map(tuple, rates.tolist()),
-                                map(tuple, np.asarray(counts, np.int64).tolist()))):
-        rows.setdefault(row, i)
-    keys = list(rows)
-
-    def dominated(a, b):          # b dominates a
-        return a != b and all(x <= y for x, y in zip(a[0], b[0])) and \
-            all(x <= y for x, y in zip(a[1], b[1]))
-
-    keep = [rows[a] for a in keys if not any(dominated(a, b) for b in keys)]
-    return np.asarray(sorted(keep), np.int64)
 
 
 def reference_calibrate(target_epsilon: float, delta: float,

@@ -21,7 +21,7 @@ from fedjax_dp.core import memory
 from fedjax_dp.core import validation
 from fedjax_dp.core.lift import resolve_chunk_size
 from fedjax_dp.models import Model
-from fedjax_dp.privacy import PrivacyLedger, accounting
+from fedjax_dp.privacy import PrivacyLedger, accounting, calibration as calib_lib
 from fedjax_dp.train import check_trainable
 from fedjax_dp.privacy.private_grad import per_example_bytes
 
@@ -265,7 +265,7 @@ class Algorithm:
         z = np.broadcast_to(z, (counts.shape[0],))
         events = [calibration.silo_event(float(zi), list(zip(r, c)))
                   for zi, r, c in zip(z.tolist(), ctx.rates.tolist(), counts.tolist())]
-        keep = calibration.worst_silos(ctx.rates, counts, z)
+        keep = calib_lib.worst_members(ctx.rates, counts, z)
         kinds = ", ".join(ctx.spec.kinds)
         sens = ("sensitivity C for gradient uploads, tau = min(2C, beta_hat ||w - w_ref||) <= 2C "
                 "for difference uploads (noise std z times it)" if self.rule.differences
