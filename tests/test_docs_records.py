@@ -277,14 +277,22 @@ def fnas_claims() -> list[tuple[str, str]]:
                       cp("DP search sigma 2 vs random genotype"))
     clip_dp = cp("clip-only search vs DP search sigma 2", 2)
     clip_np = cp("clip-only search vs non-private search", 2)
+    # the noise sweep: the DP search at sigma 0.5 / 1 / 2 and the smallest p between two of them
+    sigmas = " / ".join(cm[f"DP search sigma {x}"][0] for x in ("0.5", "1", "2"))
+    p_sigma = min(ct[f"DP search sigma {a} vs DP search sigma {b}"]["p_value"]
+                  for a, b in (("2", "1"), ("2", "0.5"), ("1", "0.5")))
+    noise = (f"sigma 0.5 / 1 / 2 reaches {sigmas}, every pair p >= "
+             f"{math.floor(p_sigma * 100) / 100:.2f}")
     return [
         ("fnas.md", f"The DP search's genotypes reach {dp[0]} ± {dp[1]} against {nonp[0]} ± "
                     f"{nonp[1]} for non-private search (p = {p_dp})"),
         ("fnas.md", f"At the one chosen on validation they reach {cdp[0]} ± {cdp[1]}. The "
                     f"non-private search reaches {cnp[0]} ± {cnp[1]} (p = {dp_np}) and random "
                     f"genotypes {crand[0]} ± {crand[1]} (DP vs random p = {dp_rand})"),
-        ("fnas.md", f"The search noise (clip-only vs sigma = 2: p = {clip_dp}) and the clipping "
-                    f"(clip-only vs non-private: p = {clip_np})"),
+        ("fnas.md", f"The search noise (clip-only vs sigma = 2: p = {clip_dp}; "
+                    f"{noise.replace('sigma 0.5 / 1 / 2 reaches', 'sigma = 0.5 / 1 / 2 reach')})"
+                    f" and the clipping (clip-only vs non-private: p = {clip_np})"),
+        ("fnas.md", f"the DP search at {noise}) nor the clipping (p = {clip_np})"),
         ("fnas.md", f"the DP search's genotypes reach {dp[0]} ± {dp[1]} against {nonp[0]} ± "
                     f"{nonp[1]} for non-private search (Welch p = {p_dp}) and {rand[0]} ± "
                     f"{rand[1]} for random genotypes"),
@@ -295,8 +303,8 @@ def fnas_claims() -> list[tuple[str, str]]:
                      f"{nonp[0]} (p = {p_dp}), random genotypes {rand[0]}. Retrained at the step "
                      f"size chosen on validation: DP search {cdp[0]}, non-private {cnp[0]} "
                      f"(p = {dp_np}), random {crand[0]} (DP vs random p = {dp_rand})"),
-        ("index.md", f"not the search noise (clip-only vs DP p = {clip_dp}) or the clipping "
-                     f"(p = {clip_np})"),
+        ("index.md", f"not the search noise (clip-only vs DP p = {clip_dp}; DP search at "
+                     f"{noise.replace(' reaches ', ': ')}) or the clipping (p = {clip_np})"),
         ("reproducibility.md", f"{cdp[0]} vs {cnp[0]} vs {crand[0]} at the step size chosen on "
                                f"validation (p = {dp_np} DP vs non-private, {dp_rand} DP vs "
                                f"random)"),

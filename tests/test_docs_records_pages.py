@@ -386,6 +386,12 @@ def fnas_causes_claims() -> list[tuple[str, str]]:
                             and r["params"]["algorithm.retrain_lr"] == lr]) for lr in (0.01, 0.03)}
         claims.append((page, f"{label} genotypes: mean validation accuracy {f3(val[0.01])} at "
                              f"0.01 against {f3(val[0.03])} at 0.03"))
+    # the sigma = 1 arm chose 0.01, its smallest rate: checked the same way (0.003 against 0.01)
+    edge = _runs("fnas_causes_lr_edge_sigma1")
+    val = {lr: np.mean([r["val_accuracy"] for r in edge
+                        if r["params"]["algorithm.retrain_lr"] == lr]) for lr in (0.003, 0.01)}
+    claims.append((page, f"sigma = 1 genotypes: mean validation accuracy {f3(val[0.003])} at "
+                         f"0.003 against {f3(val[0.01])} at 0.01"))
     return claims
 
 
@@ -771,22 +777,11 @@ def test_selected_json_is_the_selection_of_its_records(folder):
     assert committed == json.loads(json.dumps(recomputed)), folder.name
 
 
-def pending_fnas_claims() -> list[tuple[str, str]]:
-    """results/pending_fnas_sigma1/README.md: the sigma = 1 arm at its one learning rate."""
-    runs = list(records.read([ROOT / "results" / "pending_fnas_sigma1"]))
-    test = [r["test_accuracy"] for r in runs]
-    assert len(runs) == 5 and {r["params"]["algorithm.retrain_lr"] for r in runs} == {0.01}
-    return [("results/pending_fnas_sigma1/README.md",
-             f"test accuracy {f3(np.mean(test))} ± {f3(np.std(test, ddof=1))} (validation "
-             f"{f3(np.mean([r['val_accuracy'] for r in runs]))}) at a search epsilon of "
-             f"{runs[0]['epsilon']:.1f}")]
-
-
 CLAIMS = (secagg_claims() + audit_claims() + devices_claims() + bench_claims()
           + performance_claims() + getting_started_claims() + shuffle_tables_claims()
           + fnas_page_claims() + fnas_causes_claims() + isrl_page_claims() + fedkt_page_claims()
           + adaptive_clip_text_claims() + participation_text_claims() + scale_page_claims()
-          + grid_edge_claims() + pending_fnas_claims())
+          + grid_edge_claims())
 
 # Figures a page quotes with no committed record behind them: the page must say so, in these
 # words (a record committed later replaces the sentence with a claim above).
@@ -834,7 +829,6 @@ RESULT_PAGES = {
     "results/fedkt/README.md", "results/scale/README.md", "results/fnas/README.md",
     "scale.md", "results/bench/h200-2026-11-27/README.md",
     "results/bench/h200-2026-11-27-rooms/README.md", "results/voting_dpfl/README.md",
-    "results/pending_fnas_sigma1/README.md",
 }
 
 # Every other docs page and results README, and why it has no checked figure.
