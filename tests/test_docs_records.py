@@ -225,6 +225,9 @@ def crossing_claims() -> list[tuple[str, str]]:
         return f"{min(values)}" if min(values) == max(values) else f"{min(values)}-{max(values)}"
 
     knn_other = [v for k, v in knn.items() if k not in retuned]
+    k_by_n: dict[int, list[int]] = {}              # kNN-DPFL's chosen k per N (every epsilon)
+    for r in _json("results/sweeps/voting_hard_task_knn_dpfl/selected.json"):
+        k_by_n.setdefault(r["data.num_agents"], []).append(r["selected"]["algorithm.k"])
     names = ("ceiling", "dp_fedavg", "dp_fedsgd", "ae_dpfl", "knn_dpfl")
     runs = [_runs(f"voting_hard_task_{n}") for n in names]
     return [("voting_dpfl.md", row) for row in crossing_rows()] + [
@@ -236,6 +239,9 @@ def crossing_claims() -> list[tuple[str, str]]:
                                f"{span([knn[k] for k in retuned])} at N = 100 and 1,000 "
                                f"(epsilon 1 / 4), {span(others)} against {span(knn_other)} in "
                                f"the crossing's other cells"),
+        ("voting_dpfl.md", f"It chooses k = {span(k_by_n[100])} at N = 100, {span(k_by_n[300])} at "
+                           f"N = 300, {span(k_by_n[1000])} at N = 1,000 and {span(k_by_n[3000])} "
+                           f"at N = 3,000"),
         ("results/sweeps/README.md",
          f"| `voting_hard_task_{{{','.join(names)}}}` | {' / '.join(str(len(r)) for r in runs)} | "
          + " / ".join(f"{sum(x['wall_time_s'] for x in r):,.0f}" for r in runs) + " |")]
