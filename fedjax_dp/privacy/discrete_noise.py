@@ -26,8 +26,6 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp.privacy.shuffle import randomized_round
-
 __all__ = ["discrete_laplace", "discrete_gaussian", "skellam", "randomized_round",
            "squared_norm_at_most", "conditional_round"]
 
@@ -82,6 +80,15 @@ def skellam(key: jax.Array, variance, shape) -> jax.Array:
     a = jax.random.poisson(k1, lam, shape, jnp.int32)
     b = jax.random.poisson(k2, lam, shape, jnp.int32)
     return a - b
+
+
+def randomized_round(key: jax.Array, y: jax.Array) -> jax.Array:
+    """Unbiased randomised rounding to the integers: ``floor(y) + Bernoulli(y - floor(y))``, int32.
+
+    ``E[result] = y``; ``Var = f (1 - f)`` with ``f = y - floor(y)``. One uniform per entry."""
+    lower = jnp.floor(y)
+    up = jax.random.uniform(key, y.shape, dtype=y.dtype) < (y - lower)
+    return lower.astype(jnp.int32) + up.astype(jnp.int32)
 
 
 def _square_u64(r: jax.Array) -> tuple[jax.Array, jax.Array]:

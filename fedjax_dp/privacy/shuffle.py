@@ -43,6 +43,7 @@ import numpy as np
 
 from fedjax_dp.core import validation
 from fedjax_dp.privacy.clipping import clip_by_global_norm
+from fedjax_dp.privacy.discrete_noise import randomized_round
 
 __all__ = ["NORMS", "NOISE_PROBABILITY", "MAX_NOISE_TRIALS", "ShuffleConfig", "check_config",
            "clip", "randomized_round", "binomial_noise", "shuffle_vector_sum", "shuffle_tree_sum",
@@ -114,15 +115,6 @@ def clip(vectors: jax.Array, config: ShuffleConfig) -> jax.Array:
     if config.norm == "l2":
         vectors = jax.vmap(clip_by_global_norm, in_axes=(0, None))(vectors, c)[0]
     return jnp.clip(vectors, -c, c)   # l2: removes only float rounding above C
-
-
-def randomized_round(key: jax.Array, y: jax.Array) -> jax.Array:
-    """Unbiased randomised rounding to the integers: ``floor(y) + Bernoulli(y - floor(y))``, int32.
-
-    ``E[result] = y``; ``Var = f (1 - f)`` with ``f = y - floor(y)``. One uniform per entry."""
-    lower = jnp.floor(y)
-    up = jax.random.uniform(key, y.shape, dtype=y.dtype) < (y - lower)
-    return lower.astype(jnp.int32) + up.astype(jnp.int32)
 
 
 @functools.lru_cache(maxsize=8)
