@@ -304,6 +304,8 @@ def test_extend_edges_runs_past_the_edge_until_interior(tmp_path, capsys):
     # interior, at the hard limit, or both rounds spent
     assert row["at_edge"] == "" or lr in (0.01, 3) or len(invocations) == 3
     assert [i.get("extend_edges") for i in invocations][:2] == [None, 1]   # no grid re-run
+    # every invocation records the --set values its runs were made with (execution-only ones too)
+    assert all("data.validation_fraction=0.2" in i["overrides"] for i in invocations)
     assert invocations[1]["points"] and len(lrs) == 2 + sum(len(i["points"])
                                                             for i in invocations[1:])
     capsys.readouterr()

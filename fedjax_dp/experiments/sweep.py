@@ -615,9 +615,9 @@ def extend_edges(sw: Sweep, out: str | Path, *, rounds: int, limits: dict | None
                                       target_epsilon=[] if target is None else [target])
             runs += expand(one)
         log(f"extend-edges round {i + 1}: {len(points)} point(s) past the edges")
-        plan = {"name": sw.name, "extend_edges": i + 1, "runs": len(runs),
-                "points": [{"base": b, "params": p, "target_epsilon": t, "seeds": s}
-                           for b, p, t, s in points]}
+        plan = {"name": sw.name, "extend_edges": i + 1, "overrides": sw.overrides,
+                "runs": len(runs), "points": [{"base": b, "params": p, "target_epsilon": t,
+                                               "seeds": s} for b, p, t, s in points]}
         def refusable(run: Run, e: ValueError) -> bool:
             """The run is one of this round's points and the error names a key it steps."""
             return any(b == run.base and p == run.params and t == run.target_epsilon
