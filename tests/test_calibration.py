@@ -104,3 +104,26 @@ def test_nothing_to_calibrate_is_a_config_error(name, sets, key, message):
     from fedjax_dp.experiments.config import ConfigError
     with pytest.raises(ConfigError, match=message):
         calibrate.calibrate(_shipped(name, sets), key, 4.0)
+
+
+def test_memoised_sampled_gaussian_rdp_is_dp_accountings_bit_for_bit():
+    """accounting memoises dp-accounting's Poisson-subsampled Gaussian RDP: a repeated call (a
+    calibration's probes recurring) returns exactly the unmemoised curve, as a copy, and argument
+    types are part of the key."""
+    import numpy as np
+    from dp_accounting.rdp import rdp_privacy_accountant as R
+    assert R._compute_rdp_poisson_subsampled_gaussian is A._memoised_sampled_gaussian_rdp
+    orders = list(A.DEFAULT_RDP_ORDERS)
+    for q, z in [(0.01, 1.1), (np.float64(0.01), 1.1), (0.3, 0.7), (1.0, 2.0), (0.0, 1.0)]:
+        direct = A._SAMPLED_GAUSSIAN_RDP(q, z, orders)
+        for _ in range(2):
+            got = R._compute_rdp_poisson_subsampled_gaussian(q, z, orders)
+            np.testing.assert_array_equal(got, direct)
+            got[:] = -1.0                              # the memo keeps its own array
+    with pytest.raises(ValueError, match="Sampling rate"):
+        R._compute_rdp_poisson_subsampled_gaussian(1.5, 1.0, orders)
+    acc = dpa.rdp.RdpAccountant(orders=orders)
+    acc.compose(dpa.PoissonSampledDpEvent(0.02, dpa.GaussianDpEvent(0.9)), 300)
+    expect = 300 * A._SAMPLED_GAUSSIAN_RDP(0.02, 0.9, orders)
+    np.testing.assert_array_equal(acc._rdp, expect)
+    assert A.sampled_gaussian_epsilon(0.9, 0.02, 300, DELTA) == acc.get_epsilon(DELTA)

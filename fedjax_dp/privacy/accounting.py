@@ -20,6 +20,7 @@ accountant under ``REPLACE_ONE`` (Wang et al. 2019; the only relation dp-account
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import logging
@@ -166,6 +167,34 @@ def _summarised_convergence_warnings():
                     _LOG.info("dp-accounting could not evaluate some low RDP orders (%s); they "
                               "are excluded and epsilon uses the others (still an upper bound)",
                               p)
+
+
+# dp-accounting's RDP of the Poisson-subsampled Gaussian (a series per order, about 1 ms each) is
+# a pure function of (q, noise_multiplier, orders) whose arguments recur (a calibration's probes in
+# every cell of a sweep, the same config run twice): memoised per process, keyed on each argument's
+# type and value, a hit returning a copy of the very array that call computed (bit for bit).
+_SAMPLED_GAUSSIAN_RDP = getattr(rdp_privacy_accountant._compute_rdp_poisson_subsampled_gaussian,
+                                "__wrapped__",             # a reloaded module wraps the original
+                                rdp_privacy_accountant._compute_rdp_poisson_subsampled_gaussian)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sampled_gaussian_rdp_of(key: tuple) -> np.ndarray:
+    q, noise_multiplier, *orders = (value for _, value in key)
+    return _SAMPLED_GAUSSIAN_RDP(q, noise_multiplier, orders)
+
+
+def _memoised_sampled_gaussian_rdp(q, noise_multiplier, orders):
+    try:
+        key = tuple((type(v), v) for v in (q, noise_multiplier, *orders))
+        hash(key)
+    except TypeError:                        # unhashable: computed, not memoised
+        return _SAMPLED_GAUSSIAN_RDP(q, noise_multiplier, orders)
+    return np.array(_sampled_gaussian_rdp_of(key), copy=True)
+
+
+_memoised_sampled_gaussian_rdp.__wrapped__ = _SAMPLED_GAUSSIAN_RDP
+rdp_privacy_accountant._compute_rdp_poisson_subsampled_gaussian = _memoised_sampled_gaussian_rdp
 
 
 def epsilon(event: dp_event.DpEvent, delta: float, accountant: str = "rdp", *,
