@@ -4,6 +4,7 @@ must stand, as written here, on the page that quotes it. A record that changes, 
 by hand, fails the test. Reads files only (no run, no compilation)."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -84,8 +85,19 @@ def _text(path: str) -> str:
     return (ROOT / path).read_text()
 
 
+@functools.lru_cache(maxsize=None)
+def _read_once(paths: tuple[str, ...]) -> tuple[dict, ...]:
+    return tuple(records.read([Path(p) for p in paths]))
+
+
+def read(paths) -> list[dict]:
+    """``read(paths)``, each folder parsed once per process (the claims of the three
+    docs-record modules read many folders more than once; 47 MB of records)."""
+    return list(_read_once(tuple(str(p) for p in paths)))
+
+
 def _runs(sweep: str) -> list[dict]:
-    return list(records.read([ROOT / "results" / "sweeps" / sweep]))
+    return read([ROOT / "results" / "sweeps" / sweep])
 
 
 def _md_row(path: str, *cells: str, width: int | None = None) -> list[str]:
@@ -417,7 +429,7 @@ def shuffle_claims() -> list[tuple[str, str]]:
 def fedkt_claims() -> list[tuple[str, str]]:
     def cells(path):
         out = {}
-        for r in records.read([ROOT / path]):
+        for r in read([ROOT / path]):
             key = (r["dataset"], r["config"]["model"]["name"])
             out.setdefault(key, []).append(r["test_accuracy"])
         return {k: (np.mean(v), np.std(v, ddof=1)) for k, v in out.items()}
@@ -440,11 +452,11 @@ def fedkt_claims() -> list[tuple[str, str]]:
     from scipy import stats
     path = [ROOT / "results/fedkt/table1_one_round_seeds"]
     one: dict = {}
-    for r in records.selected_records(records.read(path), records.read_selected(path)):
+    for r in records.selected_records(read(path), records.read_selected(path)):
         one.setdefault((r["dataset"], r["config"]["train"]["prox_mu"]), []).append(
             r["test_accuracy"])
     l0_runs: dict = {}
-    for r in records.read([ROOT / "results/fedkt/table1_seeds"]):
+    for r in read([ROOT / "results/fedkt/table1_seeds"]):
         if r["config"]["model"]["name"] == "mlp":
             l0_runs.setdefault(r["dataset"], []).append(r["test_accuracy"])
     p = {(d, mu): stats.ttest_ind(l0_runs[d], v, equal_var=False).pvalue
@@ -469,7 +481,7 @@ def adaptive_clip_claims() -> list[tuple[str, str]]:
     claims = []
     for name in ("mnist5k", "synthetic"):
         cells: dict = {}
-        for r in records.read([ROOT / f"results/sweeps/adaptive_clip_{name}"]):
+        for r in read([ROOT / f"results/sweeps/adaptive_clip_{name}"]):
             key = (r["params"]["algorithm.clip_norm"], bool(r["params"]["algorithm.adaptive_clip"]))
             cells.setdefault(key, []).append(r["test_accuracy"])
         for s in sorted({k[0] for k in cells}):
@@ -489,7 +501,7 @@ def correlated_noise_claims() -> list[tuple[str, str]]:
     claims = []
     for name in ("mnist5k", "synthetic"):
         cells: dict = {}
-        for r in records.read([ROOT / f"results/sweeps/correlated_noise_{name}"]):
+        for r in read([ROOT / f"results/sweeps/correlated_noise_{name}"]):
             arm = r["base"].rsplit(f"correlated_noise_{name}_", 1)[1]
             cells.setdefault((r["target_epsilon"], arm), []).append(r["test_accuracy"])
         for eps in sorted({k[0] for k in cells}):
@@ -503,7 +515,7 @@ def correlated_noise_claims() -> list[tuple[str, str]]:
             claims.append(("correlated_noise.md", row))
             if name == "mnist5k":              # the calibrated noise multipliers
                 z = {}
-                for r in records.read([ROOT / "results/sweeps/correlated_noise_mnist5k"]):
+                for r in read([ROOT / "results/sweeps/correlated_noise_mnist5k"]):
                     if r["target_epsilon"] == eps:
                         z[r["base"].rsplit("_mnist5k_", 1)[1]] = r["calibrated"]["value"]
                 claims.append(("correlated_noise.md", f"| {eps:g} | {z['independent']:.2f} | "
@@ -521,7 +533,7 @@ def distributed_dp_claims() -> list[tuple[str, str]]:
     for name in ("mnist5k", "synthetic"):
         cells: dict = {}
         zs: dict = {}
-        for r in records.read([ROOT / f"results/sweeps/distributed_dp_{name}"]):
+        for r in read([ROOT / f"results/sweeps/distributed_dp_{name}"]):
             arm = r["params"]["algorithm.distributed_noise"]
             key = "none" if arm == "none" else (arm["kind"], arm["bits"])
             cells.setdefault(key, []).append(r["test_accuracy"])
@@ -549,7 +561,7 @@ def participation_claims() -> list[tuple[str, str]]:
     for name, arms in (("mnist5k", ("fixed",)), ("synthetic", ("weighted", "fixed"))):
         cells: dict = {}
         zs: dict = {}
-        for r in records.read([ROOT / f"results/sweeps/participation_{name}"]):
+        for r in read([ROOT / f"results/sweeps/participation_{name}"]):
             arm = ("poisson" if r["base"].endswith("_independent")
                    else r["base"].rsplit("_", 1)[1])
             cells.setdefault((r["target_epsilon"], arm), []).append(r["test_accuracy"])

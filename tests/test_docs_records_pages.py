@@ -16,7 +16,7 @@ import pytest
 
 from fedjax_dp.experiments import records
 from test_docs_records import CLAIMS as RESULTS_CLAIMS
-from test_docs_records import (ROOT, _json, _md_row, _page, _runs, _text, dec, f3, ms, sci,
+from test_docs_records import (ROOT, _json, _md_row, _page, _runs, _text, dec, f3, ms, read, sci,
                                sig, span)
 from test_docs_records_readmes import CLAIMS as README_CLAIMS
 
@@ -575,7 +575,7 @@ def fedkt_page_claims() -> list[tuple[str, str]]:
 
     def cells(path):
         out = {}
-        for r in records.read([ROOT / path]):
+        for r in read([ROOT / path]):
             key = (r["dataset"], r["config"]["model"]["name"])
             out.setdefault(key, []).append(r["test_accuracy"])
         return {k: np.mean(v) for k, v in out.items()}
@@ -598,7 +598,7 @@ def fedkt_page_claims() -> list[tuple[str, str]]:
                          f"{f3(l0['digits', 'mlp'])}, p 0.52 / 0.71) and on wbcd "
                          f"({pair('wbcd')} vs {f3(l0['wbcd', 'mlp'])}), none significant"))
     grid: dict = {}
-    for r in records.read(path):
+    for r in read(path):
         if r["dataset"] == "digits":
             k = (r["params"]["train.prox_mu"], r["params"]["train.steps"])
             grid.setdefault(k, []).append(r)
@@ -611,7 +611,7 @@ def fedkt_page_claims() -> list[tuple[str, str]]:
     ]
     # the server's labels (FedKT-L0's records) and the ablation (results/sweeps/fedkt_ablation)
     label = {}
-    for r in records.read([ROOT / "results/fedkt/table1_seeds"]):
+    for r in read([ROOT / "results/fedkt/table1_seeds"]):
         if r["config"]["model"]["name"] == "mlp":
             label.setdefault(r["dataset"], []).append(
                 100 * r["history"][-1]["server_label_accuracy"])

@@ -47,10 +47,21 @@ def fresh_copy(dest: Path) -> Path:
     return dest
 
 
-def _env(cache: Path) -> dict:
+#: the flags tests/conftest.py adds for the suite's compile time
+TEST_ONLY_XLA_FLAGS = ("--xla_backend_optimization_level", "--xla_cpu_use_fusion_emitters",
+                       "--xla_cpu_parallel_codegen_split_count")
+
+
+def _env(cache: Path, *, users_xla_flags: bool = False) -> dict:
     """The subprocesses' environment: the CLI's compilation cache is the test session's (shared
-    with the workers, tests/conftest.py), else ``cache``."""
+    with the workers, tests/conftest.py), else ``cache``. ``users_xla_flags``: without the
+    suite's compile-time XLA flags (tests/conftest.py), as a user's run compiles: for a run whose
+    rounds do real work (the README's demo: 14 -> 6 s of rounds), not for one that compiles tiny
+    programs or is compared with the test process's own results."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
+    if users_xla_flags:
+        env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                    if f.split("=")[0] not in TEST_ONLY_XLA_FLAGS)
     if not env.get("JAX_COMPILATION_CACHE_DIR"):
         env["FEDJAX_DP_CACHE_DIR"] = str(cache)
     return env
@@ -75,7 +86,7 @@ def test_readme_first_command_as_written_in_a_fresh_copy_twice(tmp_path):
     copy = fresh_copy(tmp_path / "clone")
     command = readme_first_command()
     assert command.startswith(".venv/bin/fedjax-dp run ") and "--out" not in command
-    env = _env(tmp_path / "cache")
+    env = _env(tmp_path / "cache", users_xla_flags=True)
     outs = []
     for _ in range(2):
         proc = subprocess.run(shlex.split(command), cwd=copy, env=env, capture_output=True,
