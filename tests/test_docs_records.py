@@ -91,7 +91,7 @@ def _read_once(paths: tuple[str, ...]) -> tuple[dict, ...]:
 
 
 def read(paths) -> list[dict]:
-    """``read(paths)``, each folder parsed once per process (the claims of the three
+    """``records.read(paths)``, each folder parsed once per process (the claims of the three
     docs-record modules read many folders more than once; 47 MB of records)."""
     return list(_read_once(tuple(str(p) for p in paths)))
 

@@ -90,9 +90,9 @@ def worst_members(rates: np.ndarray, counts: np.ndarray, noise_multipliers=None)
     (rate, count, z).
 
     ``rates``, ``counts``: ``[N, U]``; ``noise_multipliers``: ``[N]`` or None. Epsilon of a
-    sampled Gaussian composition (ISRL's eq. (1), DP-FedSGD's eq. (3)) grows with every rate and every count and shrinks with z, so
-    a member with all rates and counts no larger and z no smaller than another's never has the
-    larger epsilon. One member per distinct row.
+    sampled Gaussian composition (ISRL's eq. (1), DP-FedSGD's eq. (3)) grows with every rate and
+    every count and shrinks with z, so a member with all rates and counts no larger and z no
+    smaller than another's never has the larger epsilon. One member per distinct row.
     """
     rates = np.asarray(rates, np.float64)
     if noise_multipliers is not None:          # -z as one more "larger is worse" column

@@ -32,7 +32,7 @@ import numpy as np
 from fedjax_dp.algorithms.isrl import mb_sgd, protocol, spider
 from fedjax_dp.algorithms.isrl.protocol import Algorithm
 from fedjax_dp.core import validation
-from fedjax_dp.privacy import PrivacyLedger, calibration as calib_lib, shuffle
+from fedjax_dp.privacy import PrivacyLedger, calibration, shuffle
 from fedjax_dp.privacy.shuffle_accounting import (ANALYSES, RELATIONS, calibrate_noise_trials,
                                                   make_event)
 
@@ -104,7 +104,7 @@ class ShuffleAlgorithm(Algorithm):
         counts = np.asarray(state.values["uploads"], np.int64).sum(axis=1)     # [N] releases
         rates = np.max(np.asarray(ctx.rates, np.float64), axis=1)              # [N]
         d = dimension(state.values["params"])
-        keep = [i for i in calib_lib.worst_members(rates[:, None], counts[:, None]).tolist()
+        keep = [i for i in calibration.worst_members(rates[:, None], counts[:, None]).tolist()
                 if counts[i] > 0]
         note = (f"{self.name}: shuffled binomial vector sums (N = {cfg.noise_trials} noise "
                 f"trials, granularity K = {cfg.granularity}, C = {cfg.clip_norm:g}, d = {d}"
