@@ -124,17 +124,19 @@ def _sets(sets):
     return [a for s in sets for a in ("--set", s)]
 
 
-def _default_sigint() -> None:
-    """In the child before exec: Ctrl-C's default disposition. A test session started as a
-    background job (``cmd &`` without job control) ignores SIGINT, and a Python started with it
-    ignored never raises KeyboardInterrupt: the run would just finish."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+#: Run in the child in place of the command: Ctrl-C's default disposition, then exec the command.
+#: A test session started as a background job (``cmd &`` without job control) ignores SIGINT, a
+#: Python started with it ignored never raises KeyboardInterrupt (the run would just finish), and
+#: an ignored signal stays ignored across exec. (A ``preexec_fn`` would run Python between fork and
+#: exec of this multithreaded process: unsafe, and JAX warns of it.)
+_DEFAULT_SIGINT_THEN_EXEC = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL);"
+                             " os.execv(sys.argv[1], sys.argv[1:])")
 
 
 def _start(copy: Path, argv: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([_fedjax_dp(copy), "run", *argv, "--quiet"], cwd=copy, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_default_sigint)
+    command = [_fedjax_dp(copy), "run", *argv, "--quiet"]
+    return subprocess.Popen([sys.executable, "-c", _DEFAULT_SIGINT_THEN_EXEC, *command], cwd=copy,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for_rounds(proc: subprocess.Popen, progress: Path, rounds: int) -> None:

@@ -7,7 +7,8 @@ A checkpoint of step t is a folder ``<out>/checkpoints/step_<t>/`` holding
   ``{"leaf_00000": array, ...}`` tree;
 * ``meta.json``: the step t, the fingerprint of the config (:func:`fingerprint`), the tree's
   structure (dicts, lists, tuples and named tuples, so optax states come back as themselves), a
-  SHA-256 of every leaf (a corrupted file is refused, not trained on), the history of rounds
+  SHA-256 of every leaf and of every file under ``values/`` (a corrupted file is refused, not
+  trained on), the history of rounds
   1..t and the privacy ledger(s) of the state at t.
 
 The PRNG state needs no file: step t's key is ``api.step_key(root, t)``, so the resumed run
@@ -146,6 +147,14 @@ def _digest(leaf: np.ndarray) -> str:
                           + str(leaf.shape).encode()).hexdigest()
 
 
+def _file_digests(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file orbax wrote under ``folder``, by relative path: checked before orbax
+    reads, so a damaged file is refused before orbax's readers fail in background tasks (which
+    then report to stderr after the run has moved on)."""
+    return {f.relative_to(folder).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
 def _leaf_name(i: int) -> str:
     return f"leaf_{i:05d}"
 
@@ -223,6 +232,7 @@ def _save(out: str | Path, state: api.State, *, config: dict, history: list[dict
         ocp.PyTreeCheckpointer().save(tmp / "values", stored)
     meta = {"format": FORMAT, "step": state.step, "fingerprint": fingerprint(config),
             "structure": structure, "digests": [_digest(x) for x in host],
+            "files": _file_digests(tmp / "values") if stored else {},
             "arrays": [{"dtype": str(x.dtype), "shape": list(x.shape)} for x in host],
             "history": history, "ledgers": ledgers}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -265,6 +275,10 @@ def restore(path: str | Path, template: api.State, config: dict) -> tuple[api.St
     arrays = [(jax.numpy.dtype(a["dtype"]), tuple(a["shape"])) for a in meta["arrays"]]
     leaves = [np.zeros(shape, dtype) for dtype, shape in arrays]          # the empty ones stay
     if any(np.prod(shape) for _, shape in arrays):
+        # checkpoints written before file digests have no "files"
+        if "files" in meta and _file_digests(path / "values") != meta["files"]:
+            raise CheckpointError(f"checkpoint {str(path)!r} is corrupted: its array files do "
+                                  f"not match their SHA-256")
         try:
             raw = ocp.PyTreeCheckpointer().restore(path / "values")
             for i, (dtype, shape) in enumerate(arrays):
