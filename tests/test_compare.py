@@ -56,6 +56,10 @@ def test_arms_refuses_what_it_cannot_group():
     recs, _ = _records()
     with pytest.raises(ValueError, match="labels: 2 labels for 3 arms"):
         compare.arms(recs, KEY, labels=["a", "b"])
+    with pytest.raises(ValueError, match="distinct and non-empty"):    # one arm would hide another
+        compare.arms(recs, KEY, labels=["a", "b", "a"])
+    with pytest.raises(ValueError, match="distinct and non-empty"):
+        compare.arms(recs, KEY, labels=["a", " ", "c"])
     with pytest.raises(ValueError, match="algorithm.nope"):
         compare.arms(recs, "algorithm.nope")
 

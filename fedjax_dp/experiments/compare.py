@@ -283,6 +283,9 @@ def arms(recs: Sequence[dict], key: str, *, unit: str = "seed",
     if labels is not None and len(labels) != len(groups):
         raise ValueError(f"labels: {len(labels)} labels for {len(groups)} arms "
                          f"({', '.join(groups)})")
+    if labels is not None and (len(set(labels)) != len(labels) or not all(map(str.strip, labels))):
+        raise ValueError(f"labels: the arms' names must be distinct and non-empty, got "
+                         f"{list(labels)}")
     names = list(labels) if labels is not None else list(groups)
     out: dict[str, dict] = {}
     for name, (value, units) in zip(names, groups.items()):
