@@ -57,6 +57,16 @@ CLI_RUN = [
     (DP, ["data.partition=dirichlet", "data.partition_options.beta=-1"],
      "data.partition_options.beta must be > 0"),
     (DP, ["data.dataset_options.foo=1"], "data.dataset_options"),
+    (DP, ["data.partition_options.beta=1"], "data.partition_options for 'iid'"),
+    (DP, ["data.partition=dirichlet", "data.partition_options.betta=1"],
+     "it accepts ['beta', 'min_size', 'max_tries']"),
+    (DP, ["data.server_dataset=digits", "data.server_dataset_options.foo=1"],
+     "data.server_dataset_options for 'digits'"),
+    (DP, ['run.compilation_cache=""'], "run.compilation_cache must be"),
+    (DP, ["data.server_dataset_options.seed=1"],
+     "data.server_dataset_options needs data.server_dataset"),
+    (str(ROOT / "configs" / "benchmarks" / "emnist_fedavg.toml"), ["data.dataset_options.seed=1"],
+     "data.dataset_options cannot be used with a stacked population"),   # before its folder
     (KNN, ["algorithm.k=100000"], "algorithm.k must be in [1, 60]"),     # k above a record count
     (AE, ["algorithm.num_queries=100000"], "algorithm.num_queries must be <="),
     (AE, ["algorithm.sigma=-1"], "algorithm.sigma must be a finite number > 0"),
@@ -111,6 +121,10 @@ CLI_OTHER = [
     (lambda t: ["run", DP, "--out", str(t / "earlier")], "already holds a run"),
     (lambda t: ["run", "--resume", str(t)], "holds no run"),
     (lambda t: ["run"], "CONFIG is required"),
+    (lambda t: ["sweep", DP, "--dry-run", "--set", "data.partition_options.zzz=1"],
+     "data.partition_options for 'iid'"),           # a sweep's typo: refused before any cell
+    (lambda t: ["sweep", DP, "--out", str(t / "sw"), "--compilation-cache", " "],
+     "compilation cache must be"),
     (lambda t: ["account", "gaussian", "--noise-multiplier", "1", "--count", "5", "--delta", "2"],
      "--delta"),
     (lambda t: ["account", "sampled-gaussian", "--noise-multiplier", "-1", "--sampling-rate",

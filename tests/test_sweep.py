@@ -391,23 +391,28 @@ def test_dry_run_keeps_two_algorithms_on_one_dataset_apart(capsys):
 
 def test_sweep_file_sets_inline_tables_and_lists_of_them(tmp_path):
     """[sweep.set] values reach every run's config as TOML: a table (dataset options), a list,
-    nested tables."""
+    nested tables; an option a source or partition does not take is refused before any run."""
     f = tmp_path / "s.toml"
     f.write_text(f"""[sweep]
 configs = ["{Path(ISRL).resolve()}"]
 [sweep.set]
-"data.dataset_options" = {{ standardize = true, seed = 3 }}
+"data.dataset_options" = {{ num_test = 50, seed = 3 }}
 "privacy.accountants" = ["rdp"]
 "data.features" = {{ map = "pca", dim = 4 }}
-"data.partition_options" = {{ nested = {{ a = [1, 2] }} }}
+"data.partition" = "dirichlet"
+"data.partition_options" = {{ beta = 0.5 }}
 """)
     sw = sweep.load([str(f)])
     config = sweep.expand(sw)[0].config
-    assert config["data"]["dataset_options"] == {"standardize": True, "seed": 3}
+    assert config["data"]["dataset_options"] == {"num_test": 50, "seed": 3}
     assert config["privacy"]["accountants"] == ["rdp"]
     assert config["data"]["features"] == {"map": "pca", "dim": 4}
-    assert config["data"]["partition_options"] == {"nested": {"a": [1, 2]}}
+    assert config["data"]["partition_options"] == {"beta": 0.5}
     assert sweep._toml_value([{"a": 1}, "x"]) == '[{"a" = 1}, "x"]'
+    assert sweep._toml_value({"nested": {"a": [1, 2]}}) == '{"nested" = {"a" = [1, 2]}}'
+    f.write_text(f.read_text().replace("beta = 0.5", "betta = 0.5"))   # a typo: refused at load
+    with pytest.raises(ValueError, match="data.partition_options for 'dirichlet'"):
+        sweep.expand(sweep.load([str(f)]))
 
 
 #: a private shipped config of every calibratable family and the key a sweep calibrates

@@ -151,6 +151,9 @@ def default_cache_dir() -> Path:
 
 def cache_dir(setting: str) -> Path | None:
     """The folder of ``run.compilation_cache`` (``"user"``, ``"off"`` or a folder), or None."""
+    if not isinstance(setting, str) or not setting.strip():
+        raise ValueError(f"compilation cache must be \"user\", \"off\" or a folder, got "
+                         f"{setting!r}")
     if setting == "off":
         return None
     return default_cache_dir() if setting == "user" else Path(setting).expanduser().absolute()

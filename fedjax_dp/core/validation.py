@@ -317,17 +317,18 @@ class Bool:
 
 @dataclasses.dataclass(frozen=True)
 class Text:
-    """A string (``what`` says which, in the message)."""
+    """A string (``what`` says which, in the message); ``non_empty``: not blank."""
 
     what: str = "a string"
+    non_empty: bool = False
 
     def __call__(self, name: str, value: Any) -> str:
-        if not isinstance(value, str):
+        if not isinstance(value, str) or (self.non_empty and not value.strip()):
             raise ValueError(f"{name} must be {self.what}, got {_fmt(value)}")
         return value
 
     def bad_values(self) -> list:
-        return [3, True]
+        return [3, True] + (["", " "] if self.non_empty else [])
 
 
 @dataclasses.dataclass(frozen=True)

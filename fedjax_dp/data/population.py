@@ -65,16 +65,55 @@ def _load(name: str, options: dict, where: str, *, stream: bool = False) -> AnyD
         raise ConfigError(f"{where.rsplit('_options', 1)[0]} = {name!r}: a stacked "
                           f"population can only be data.dataset")
     streamed = data_lib.STREAMED.get(name) if stream else None
-    source = streamed or data_lib.DATASETS.get(name)
-    if source is not None:
-        try:
-            inspect.signature(source).bind(**options)
-        except TypeError as e:
-            params = [q for q in inspect.signature(source).parameters]
-            raise ConfigError(f"{where} for {name!r}: {e}; it accepts {params}") from None
+    _check_call(streamed or data_lib.DATASETS.get(name), (), options, where, name)
     if streamed is not None:
         return streamed(**options)
     return data_lib.load_dataset(name, **options)
+
+
+def _check_call(fn: Any, args: tuple, options: dict, where: str, name: str, *,
+                partial: bool = False) -> None:
+    """``fn(*args, **options)`` binds (``partial``: but for arguments supplied later), else a
+    ConfigError naming ``where``; ``fn`` None: nothing to check."""
+    if fn is None:
+        return
+    sig = inspect.signature(fn)
+    try:
+        (sig.bind_partial if partial else sig.bind)(*args, **options)
+    except TypeError as e:
+        params = list(sig.parameters)[len(args):]
+        raise ConfigError(f"{where} for {name!r}: {e}; it accepts {params}") from None
+
+
+def _check_stacked_keys(d: dict) -> None:
+    """The ``[data]`` keys a stacked population cannot honour are unset."""
+    for key, unset in (("dataset_options", {}), ("image_size", 0), ("validation_fraction", 0),
+                       ("features", {})):
+        if d.get(key, unset) != unset:
+            raise ConfigError(f"data.{key} cannot be used with a stacked population "
+                              f"(data.dataset = {d['dataset']!r}); got {d[key]!r}")
+
+
+def check_options(d: dict) -> None:
+    """The option tables of a resolved ``[data]`` table against the source and partition they
+    are passed to, before anything is loaded: an option they do not take names its key (a
+    sweep's dry run and every cell's plan catch a typo, not the cell that loads); so does a
+    table whose source is not used (server options without a server dataset, a stacked
+    population's options)."""
+    if d["dataset"].startswith(data_lib.STACKED_PREFIX):
+        _check_stacked_keys(d)
+    if d.get("server_dataset_options") and not d.get("server_dataset"):
+        raise ConfigError(f"data.server_dataset_options needs data.server_dataset (the "
+                          f"dataset they are passed to), got {d['server_dataset_options']!r}")
+    _check_call(data_lib.DATASETS.get(d["dataset"]), (), d["dataset_options"],
+                "data.dataset_options", d["dataset"])
+    if d.get("server_dataset"):
+        _check_call(data_lib.DATASETS.get(d["server_dataset"]), (),
+                    d.get("server_dataset_options", {}), "data.server_dataset_options",
+                    d["server_dataset"])
+    _check_call(data_lib.PARTITIONS.get(d["partition"]), (None, None, None),
+                d["partition_options"], "data.partition_options", d["partition"],
+                partial=True)              # by_domain / natural: their domains come from the data
 
 
 def load_data(d: dict, *, stream: bool = False) -> AnyDataset:
@@ -361,11 +400,7 @@ def load_population(d: dict) -> tuple[data_lib.StreamedDataset, StackedData]:
         raise ConfigError(f"{where}: {str(folder)!r} is not a stacked population (missing "
                           f"{', '.join(missing)}; write one with fedjax_dp.data.population.save "
                           f"or fedjax_dp.core.save_stacked)")
-    for key, unset in (("dataset_options", {}), ("image_size", 0), ("validation_fraction", 0),
-                       ("features", {})):
-        if d.get(key, unset) != unset:
-            raise ConfigError(f"data.{key} cannot be used with a stacked population "
-                              f"({where}); got {d[key]!r}")
+    _check_stacked_keys(d)
     try:
         agents = load_stacked(folder)
     except ValueError as e:

@@ -193,7 +193,8 @@ FIELDS: dict[tuple[str, ...], Any] = {
     ("run", "rounds_per_call"): validation.Custom(_rounds_per_call,
                                                   bad=(0, -1, 2.5, "x", True)),
     ("run", "on_nonfinite"): validation.Choice(("stop", "continue")),
-    ("run", "compilation_cache"): validation.Text("\"user\", \"off\" or a folder"),
+    ("run", "compilation_cache"): validation.Text("\"user\", \"off\" or a folder",
+                                                  non_empty=True),     # "": not this folder
     ("run", "log"): validation.Custom(_log, bad=("tensorboard", ["tensorboardx"], [3],
                                                  ["wandb", "wandb"])),
     ("run", "wandb_project"): validation.Text("a Weights & Biases project name"),

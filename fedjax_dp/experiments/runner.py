@@ -105,6 +105,7 @@ def plan(config: dict) -> Plan:
     if server and server not in data_lib.DATASETS:
         raise config_lib.ConfigError(f"data.server_dataset must be \"\" or one of "
                                      f"{sorted(data_lib.DATASETS)}, got {server!r}")
+    population.check_options(d)          # an option a source or partition does not take
     algo = dict(config["algorithm"])
     entry = registry.get(algo.pop("name"))
     local = build_dataclass(LocalTrainConfig, config["train"], "train")
