@@ -184,7 +184,10 @@ def test_calibrate_other_algorithms_against_dp_accounting():
     (["--target-epsilon", "1", "--calibrate", "algorithm.nois"], "--calibrate key "
      "'algorithm.nois' is not in the config"),
     (["--target-epsilon", "1", "--calibrate", "algorithm.rounds"], "holds an integer"),
-    (["--grid", "algorithm.rounds=0,2"], "algorithm.rounds must be >= 1"),
+    (["--grid", "train.batch_size=0,2"], "train.batch_size must be in [1,"),
+    (["--grid", "algorithm.rounds=1,3"], "--set algorithm.rounds is also a grid key"),
+    (["--grid", "train.batch_size=2,2.0"], "--grid train.batch_size lists 2.0 twice"),
+    (["--grid", "train.batch_size=2", "--grid", "train.batch_size=4"], "given twice"),
     (["--grid", "algorithm.bogus=1"], "algorithm.bogus"),
 ])
 def test_bad_input_one_line_exit_2_before_any_run(tmp_path, capsys, argv, message):

@@ -132,8 +132,10 @@ def _check_grid(grid: dict[str, list]) -> None:
             if k in seen:
                 raise ConfigError(f"grid keys {seen[k]!r} and {key!r} both set {k!r}")
             seen[k] = key
-        for v in values:
+        for i, v in enumerate(values):
             assignments(key, v)
+            if any((type(v) is bool) == (type(w) is bool) and v == w for w in values[:i]):
+                raise ConfigError(f"--grid {key} lists {v!r} twice: {values}")
 
 
 def _grid_arg(assignment: str) -> tuple[str, list]:
@@ -255,8 +257,12 @@ def load(paths: list[str], *, grid: list[str] = (), seeds=None, target_epsilon=N
         sw.select = table.get("select", sw.select)
         sw.select_over = table.get("select_over", sw.select_over)
         sw.unit = table.get("unit", sw.unit)
-    for g in grid:
+    flagged: set[str] = set()
+    for g in grid:                            # a flag's key replaces the file's grid key
         k, values = _grid_arg(g)
+        if k in flagged:
+            raise ConfigError(f"--grid {k} is given twice (list its values in one flag)")
+        flagged.add(k)
         sw.grid[k] = values
     _check_grid(sw.grid)
     if seeds is not None:
@@ -265,6 +271,11 @@ def load(paths: list[str], *, grid: list[str] = (), seeds=None, target_epsilon=N
         sw.target_epsilon = _targets_arg(target_epsilon)
     if calibrate:
         sw.calibrate.update(_calibrate_arg(list(calibrate)))
+    gridded = {k for key in sw.grid for k in tied_keys(key)}
+    both = sorted({o.split("=", 1)[0].strip() for o in overrides} & gridded)
+    if both:             # a grid key's values win over every set: the --set would be ignored
+        raise ConfigError(f"--set {both[0]} is also a grid key, whose values would replace it; "
+                          f"to pin it, give --grid {both[0]}=VALUE")
     sw.overrides += list(overrides)
     if unit is not None:
         sw.unit = unit
