@@ -119,6 +119,26 @@ def planned_epsilon(config: dict, unit: str | None = None) -> float:
     return _Planner(config).epsilon(config, unit)
 
 
+def check_key(config: dict, key: str) -> bool:
+    """Refuse a key :func:`calibrate` cannot set (before any run: a sweep's expansion calls it):
+    not a real number, or another key than ``algorithm.target_epsilon`` for a family that
+    calibrates its own noise; returns whether the family does (the target is then the value)."""
+    v0 = get_key(config, key)
+    if isinstance(v0, bool) or not isinstance(v0, (int, float)):
+        raise config_lib.ConfigError(f"--calibrate key {key!r} must hold a number, got {v0!r}")
+    from fedjax_dp.experiments import runner
+    if "target_epsilon" in runner.plan(config).algorithm_config.__dataclass_fields__:
+        if key != _SELF_CALIBRATED:                  # the ISRL-DP / SDP family
+            raise config_lib.ConfigError(
+                f"algorithm {config['algorithm']['name']!r} calibrates its own noise per "
+                f"silo: use --calibrate {_SELF_CALIBRATED} (got {key!r})")
+        return True
+    if isinstance(v0, int):
+        raise config_lib.ConfigError(f"--calibrate key {key!r} holds an integer ({v0}); "
+                                     f"calibrate a real-valued key such as a noise multiplier")
+    return False
+
+
 def calibrate(config: dict, key: str, target_epsilon: float, *, unit: str | None = None,
               rtol: float = 1e-4, max_evaluations: int = 200) -> float:
     """The value of ``key`` (a numeric config key) whose run meets ``target_epsilon``: headline
@@ -129,19 +149,9 @@ def calibrate(config: dict, key: str, target_epsilon: float, *, unit: str | None
     if not (target > 0 and math.isfinite(target)):
         raise config_lib.ConfigError(f"--target-epsilon values must be positive and finite, "
                                      f"got {target_epsilon!r}")
-    v0 = get_key(config, key)
-    if isinstance(v0, bool) or not isinstance(v0, (int, float)):
-        raise config_lib.ConfigError(f"--calibrate key {key!r} must hold a number, got {v0!r}")
-    from fedjax_dp.experiments import runner
-    if "target_epsilon" in runner.plan(config).algorithm_config.__dataclass_fields__:
-        if key != _SELF_CALIBRATED:                  # the ISRL-DP / SDP family
-            raise config_lib.ConfigError(
-                f"algorithm {config['algorithm']['name']!r} calibrates its own noise per "
-                f"silo: use --calibrate {_SELF_CALIBRATED} (got {key!r})")
+    if check_key(config, key):
         return target
-    if isinstance(v0, int):
-        raise config_lib.ConfigError(f"--calibrate key {key!r} holds an integer ({v0}); "
-                                     f"calibrate a real-valued key such as a noise multiplier")
+    v0 = get_key(config, key)
     planner = _Planner(config)
     count = [0]
 
