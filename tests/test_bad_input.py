@@ -22,9 +22,10 @@ ISRL = str(ROOT / "configs" / "isrl" / "wbcd_isrl_spider.toml")
 
 #: (config, --set overrides, what the one-line error must contain)
 CLI_RUN = [
-    (DP, ["algorithm.noise_multiplier=-2"], "algorithm.noise_multiplier must be a finite number >= 0"),
+    (DP, ["algorithm.noise_multiplier=-2"], "algorithm.noise_multiplier must be in [0, 1e+12]"),
+    (DP, ["algorithm.noise_multiplier=1e300"], "algorithm.noise_multiplier must be in [0, 1e+12]"),
     (DP, ["algorithm.noise_multiplier=nan"], "algorithm.noise_multiplier must be a number"),
-    (DP, ["algorithm.noise_multiplier=inf"], "algorithm.noise_multiplier must be a finite"),
+    (DP, ["algorithm.noise_multiplier=inf"], "algorithm.noise_multiplier must be in [0, 1e+12]"),
     (DP, ["privacy.delta=0"], "privacy.delta must be in (0, 1)"),
     (DP, ["privacy.delta=1.5"], "privacy.delta must be in (0, 1)"),
     (DP, ["algorithm.sampling_rate=1.5"], "algorithm.sampling_rate must be in (0, 1]"),
@@ -69,7 +70,7 @@ CLI_RUN = [
      "data.dataset_options cannot be used with a stacked population"),   # before its folder
     (KNN, ["algorithm.k=100000"], "algorithm.k must be in [1, 60]"),     # k above a record count
     (AE, ["algorithm.num_queries=100000"], "algorithm.num_queries must be <="),
-    (AE, ["algorithm.sigma=-1"], "algorithm.sigma must be a finite number > 0"),
+    (AE, ["algorithm.sigma=-1"], "algorithm.sigma must be in (0, 1e+12]"),
     (AE, ["algorithm.aggregation=secagg", "algorithm.secagg_talliers=1"],
      "algorithm.secagg_talliers must be >= 2"),
     (ISRL, ["algorithm.target_epsilon=0"], "algorithm.target_epsilon must be a finite number > 0"),

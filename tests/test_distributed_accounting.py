@@ -445,6 +445,10 @@ _PLAN = dict(noise_multiplier=1.0, clip=1.0, dim=10, cohort=5, bits=16)
     (lambda: A.plan("ddg", **{**_PLAN, "clip": 0.0}), "clip"),
     (lambda: A.plan("ddg", **{**_PLAN, "clip": float("nan")}), "clip"),
     (lambda: A.plan("ddg", **{**_PLAN, "noise_multiplier": -1.0}), "noise_multiplier"),
+    # squared in the plan: overflowed past ~1e150 (OverflowError), divided by zero below
+    (lambda: A.plan("ddg", **{**_PLAN, "noise_multiplier": 1e300}),
+     r"noise_multiplier must be in \[1e-12, 1e\+12\]"),
+    (lambda: A.plan("ddg", **{**_PLAN, "clip": 1e-300}), r"clip must be in \[1e-12, 1e\+12\]"),
     (lambda: A.plan("ddg", **{**_PLAN, "dim": 0}), "dim"),
     (lambda: A.plan("ddg", **{**_PLAN, "cohort": 0}), "cohort"),
     (lambda: A.plan("ddg", **_PLAN, min_survivors=0), "min_survivors"),

@@ -403,6 +403,15 @@ def test_ledger_shuffle_entry_and_composition():
     got = ledger.epsilon("silo_record", delta, "pld")
     assert got == pytest.approx(want, rel=1e-6)
     assert got > max(alone, A.epsilon(A.gaussian_event(3.0, 5), delta, "pld"))
+    # A small noise coarsens the Gaussians' PLD grid (accounting.pld_interval): the shuffle PLD
+    # is built on the same grid, so the two still compose.
+    small = PrivacyLedger().add_shuffle("r", ev, relation=REL)
+    small.add_event("r", A.gaussian_event(0.1), relation=REL)
+    h = A.pld_interval(A.gaussian_event(0.1))
+    assert h == pytest.approx(1e-3)
+    want = pld_lib.from_gaussian_mechanism(0.1, value_discretization_interval=h).compose(
+        SA.pld(ev, value_discretization_interval=h)).get_epsilon_for_delta(delta)
+    assert small.epsilon("r", delta, "pld") == pytest.approx(want, rel=1e-9)
     # A noiseless event makes the unit non-private.
     worse = PrivacyLedger().add_shuffle("r", ev, relation=REL)
     worse.add_event("r", A.gaussian_event(0.0), relation=REL)

@@ -27,6 +27,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attr
 import dp_accounting
 import numpy as np
 from dp_accounting import dp_event
@@ -92,6 +93,65 @@ def _contains(event: dp_event.DpEvent, kind: type) -> bool:
     return isinstance(inner, dp_event.DpEvent) and _contains(inner, kind)
 
 
+def _leaves(event: dp_event.DpEvent):
+    """The mechanisms inside ``event`` (through composition and sampling wrappers)."""
+    if isinstance(event, dp_event.ComposedDpEvent):
+        for e in event.events:
+            yield from _leaves(e)
+        return
+    inner = getattr(event, "event", None)
+    if isinstance(inner, dp_event.DpEvent):
+        yield from _leaves(inner)
+    else:
+        yield event
+
+
+#: Gaussian noise multipliers dp-accounting computes reliably; outside, :func:`_accountable`
+#: moves them to the bound on the side of less noise
+GAUSSIAN_NOISE_RANGE = (1e-6, 1e12)
+
+
+def _accountable(event: dp_event.DpEvent) -> dp_event.DpEvent:
+    """``event`` with every Gaussian noise multiplier ``z`` inside :data:`GAUSSIAN_NOISE_RANGE`,
+    always moved toward less noise, so that the epsilon stays an upper bound: ``0 < z < 1e-6``
+    counts as ``z = 0`` (no guarantee, epsilon inf; below about 1e-150 dp-accounting's RDP of the
+    sampled Gaussian underflows to a wrong epsilon of 0, or divides by zero), ``z > 1e12`` as
+    ``1e12`` (epsilon 0 at double precision already; above about 1e150 the RDP overflows)."""
+    low, high = GAUSSIAN_NOISE_RANGE
+    if isinstance(event, dp_event.GaussianDpEvent):
+        z = event.noise_multiplier
+        if 0 < z < low or z > high:
+            return dp_accounting.GaussianDpEvent(0.0 if z < low else high)
+        return event
+    if isinstance(event, dp_event.ComposedDpEvent):
+        events = [_accountable(e) for e in event.events]
+        same = all(a is b for a, b in zip(events, event.events))
+        return event if same else dp_accounting.ComposedDpEvent(events)
+    inner = getattr(event, "event", None)
+    if isinstance(inner, dp_event.DpEvent):
+        new = _accountable(inner)
+        return event if new is inner else attr.evolve(event, event=new)
+    return event
+
+
+def pld_interval(event: dp_event.DpEvent) -> float:
+    """The PLD discretisation for ``event``: :data:`DEFAULT_PLD_DISCRETIZATION`, coarsened for a
+    small noise so that the grid stays small. A Gaussian of multiplier ``z`` has privacy losses
+    over a range of about ``1/z^2``, a Laplace of parameter ``b`` over ``2/b``, so the default grid
+    grows as ``1e4/z^2`` points (z = 0.1, 10 compositions: 19 s; z = 0.01: 75 GiB); the interval
+    is ``max(1e-4, 1e-5/z^2, 1e-6/b)`` over the event's mechanisms (z = 0.1: 1e-3, 1.6 s), so it
+    changes only below z = 0.32 and b = 0.01, where one application alone costs an epsilon above
+    5. The PLD stays pessimistic (an upper bound): 10 compositions at z = 0.02-0.3 come out within
+    0.05% above the exact Gaussian epsilon (``dp_accounting.get_epsilon_gaussian``), as at 1e-4."""
+    interval = DEFAULT_PLD_DISCRETIZATION
+    for leaf in _leaves(_accountable(event)):
+        if isinstance(leaf, dp_event.GaussianDpEvent) and leaf.noise_multiplier > 0:
+            interval = max(interval, 1e-5 / leaf.noise_multiplier ** 2)
+        elif isinstance(leaf, dp_event.LaplaceDpEvent) and leaf.noise_multiplier > 0:
+            interval = max(interval, 1e-6 / leaf.noise_multiplier)
+    return interval
+
+
 def uses_replace_one(event: dp_event.DpEvent) -> bool:
     """True if ``event`` contains fixed-size sampling (``SampledWithoutReplacementDpEvent``),
     which dp-accounting analyses under the replace-one relation only."""
@@ -112,7 +172,9 @@ def composed_accountant(event: dp_event.DpEvent, accountant: str = "rdp",
 
     Raises ``ValueError`` if the accountant does not support the event."""
     check_event("event", event)
-    acc = make_accountant(accountant, orders)
+    event = _accountable(event)
+    acc = (make_accountant(accountant, orders) if accountant != "pld" else
+           make_accountant("pld", orders, value_discretization_interval=pld_interval(event)))
     special = uses_replace_special(event)
     if accountant == "rdp" and (uses_replace_one(event) or special):
         rel = dp_accounting.NeighboringRelation

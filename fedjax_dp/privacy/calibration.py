@@ -64,12 +64,29 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float,
             f"multiplier {lo:g} gives epsilon={eps_lo:.6g} at delta={delta:g} ({accountant}); "
             f"lower bracket[0]")
     z = dp_accounting.calibrate_dp_mechanism(
-        make_fresh_accountant=lambda: accounting.make_accountant(accountant),
+        make_fresh_accountant=lambda: _Composing(accountant),
         make_event_from_param=make_event,
         target_epsilon=target, target_delta=delta,
         bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),
         discrete=False, tol=tol)
     return float(z)
+
+
+class _Composing:
+    """The fresh accountant ``dp_accounting.calibrate_dp_mechanism`` asks for, composing through
+    :func:`accounting.composed_accountant` as every epsilon here does (noise multipliers moved
+    into the accountable range, the PLD grid fitted to the probe's noise, the relation an event
+    needs)."""
+
+    def __init__(self, kind: str):
+        self.kind, self.ledger, self._acc = kind, dp_accounting.NoOpDpEvent(), None
+
+    def compose(self, event) -> "_Composing":
+        self._acc = accounting.composed_accountant(event, self.kind)
+        return self
+
+    def get_epsilon(self, delta: float) -> float:
+        return self._acc.get_epsilon(delta)
 
 
 def calibrate_sampled_gaussian(target_epsilon: float, delta: float, sampling_rate: float,

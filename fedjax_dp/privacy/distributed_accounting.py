@@ -71,6 +71,9 @@ Curve = Union[Callable[[int], float], Sequence[float], np.ndarray]
 _POSITIVE = validation.Float(0.0, low_open=True)            # a finite number > 0
 _NONNEGATIVE = validation.Float(0.0)                        # a finite number >= 0
 _BETA = validation.Float(0.0, 1.0, high_open=True)          # in [0, 1)
+#: the clip norm and the noise multiplier of a plan: the plan is scale-free in the clip (gamma
+#: grows with it) and squares both, which overflows past about 1e150 and underflows below
+_SCALE = validation.Float(1e-12, 1e12)
 #: Integer arguments: an int (``bits=8.0`` is refused, not converted).
 _int = functools.partial(validation.check_int, exact=True)
 
@@ -262,8 +265,8 @@ def plan(kind: str, *, noise_multiplier: float, clip: float, dim: int, cohort: i
     the range: ``k^2 ((m c)^2 / d' + (m / n_min) (z c)^2) / gamma^2 + k^2 m / 4 = 4^(b-1)``;
     then ``mu = (z c / gamma)^2`` and ``Delta_2 = rounded_norm_bound(c / gamma, d', beta)``."""
     kind = validation.check_choice("kind", kind, KINDS)
-    z = _POSITIVE("noise_multiplier", noise_multiplier)
-    c = _POSITIVE("clip", clip)
+    z = _SCALE("noise_multiplier", noise_multiplier)
+    c = _SCALE("clip", clip)
     d = _int("dim", dim, minimum=1)
     m = _int("cohort", cohort, minimum=1)
     b = _int("bits", bits, minimum=2, maximum=31)

@@ -224,14 +224,15 @@ def _pld_epsilon(events: Sequence[Any], delta: float) -> float:
     dp_events = [e for e in events if not _is_shuffle(e)]
     shuffles = [e for e in events if _is_shuffle(e)]
     total = None
+    interval = accounting.DEFAULT_PLD_DISCRETIZATION
     if dp_events:
+        interval = accounting.pld_interval(_compose(dp_events))    # the accountant's
         acc = accounting.composed_accountant(_compose(dp_events), "pld", None)
         if getattr(acc, "_contains_non_dp_event", False):     # e.g. a noiseless Gaussian
             return math.inf
         total = acc._pld
     for e in shuffles:
-        one = shuffle_accounting.pld(
-            e, value_discretization_interval=accounting.DEFAULT_PLD_DISCRETIZATION)
+        one = shuffle_accounting.pld(e, value_discretization_interval=interval)
         total = one if total is None else total.compose(one)
     return float(total.get_epsilon_for_delta(delta))
 

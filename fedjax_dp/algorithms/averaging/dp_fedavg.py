@@ -120,7 +120,7 @@ class Config(fedavg.Config, SecAggFields):
                                            {"learning_rate": 0}, {"count_noise": -1},
                                            {"quantile": 0.5})),
               "clip_norm": validation.Float(0.0, low_open=True),
-              "noise_multiplier": validation.Float(0.0),
+              "noise_multiplier": validation.Float(0.0, accounting.GAUSSIAN_NOISE_RANGE[1]),
               "denominator": validation.Choice(("expected", "sampled"))}
 
     def __post_init__(self):

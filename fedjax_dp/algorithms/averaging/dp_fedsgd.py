@@ -92,7 +92,7 @@ class Config(fedavg.Config):
     record_sampling_rate: float | None = None
 
     FIELDS = {"clip_norm": validation.Float(0.0, low_open=True),
-              "noise_multiplier": validation.Float(0.0),
+              "noise_multiplier": validation.Float(0.0, accounting.GAUSSIAN_NOISE_RANGE[1]),
               "record_sampling_rate": validation.Float(0.0, 1.0, low_open=True, optional=True)}
 
     def __post_init__(self):

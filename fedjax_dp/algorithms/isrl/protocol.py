@@ -95,7 +95,9 @@ class PrivateConfig(Config):
     accountant: str = "rdp"
     calibrate_per_silo: bool = True
 
-    FIELDS = {**BUDGET_FIELDS, "noise_multiplier": validation.Float(0.0, optional=True),
+    FIELDS = {**BUDGET_FIELDS,
+              "noise_multiplier": validation.Float(0.0, accounting.GAUSSIAN_NOISE_RANGE[1],
+                                                   optional=True),
               "accountant": validation.Choice(accounting.ACCOUNTANTS),
               "calibrate_per_silo": validation.Bool()}
 

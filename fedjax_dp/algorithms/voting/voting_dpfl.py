@@ -45,7 +45,7 @@ from fedjax_dp.train import student as student_lib
 from fedjax_dp.core import StackedData, is_on_host, rng, seed_axis, validation
 from fedjax_dp.core.lift import resolve_chunk_size
 from fedjax_dp.models import Model
-from fedjax_dp.privacy import PrivacyLedger, secagg, secagg_shares
+from fedjax_dp.privacy import PrivacyLedger, accounting, secagg, secagg_shares
 from fedjax_dp.privacy import vote as vote_lib
 from fedjax_dp.train import check_trainable
 
@@ -54,7 +54,8 @@ STREAMS = ("init", "train", "queries", "feature_map", "vote", "student", "secagg
 
 
 #: Types and ranges of the vote fields shared by the AE-DPFL and kNN-DPFL Configs.
-VOTE_FIELDS = {"sigma": validation.Float(0.0, low_open=True),
+VOTE_FIELDS = {"sigma": validation.Float(0.0, accounting.GAUSSIAN_NOISE_RANGE[1],
+                                         low_open=True),
                "num_queries": validation.Int(1),
                "agent_chunk": validation.Int(1, optional=True),
                "query_chunk": validation.Int(1, optional=True),
