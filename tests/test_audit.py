@@ -205,6 +205,8 @@ def test_worlds_use_independent_keys_and_noise():
     (dict(sigma=-1.0), "sigma"),
     (dict(clip_norm=1.0), "clip_norm"),
     (dict(gap=3), "gap"),
+    (dict(gamma=1e300), r"gamma must be in \(0, 1e\+12\]"),      # float32 overflowed
+    (dict(sigma=2.0, k=-3), "k applies to ballot='neighbour_counts' only"),   # was ignored
 ])
 def test_bad_arguments_raise_before_work(kwargs, match):
     args = dict(mechanism="fedkt-laplace", trials=1000)

@@ -94,6 +94,11 @@ def test_noise_outside_the_accountable_range_is_bounded_toward_less_noise(accoun
         assert A.epsilon(A.sampled_gaussian_event(z, 0.01, 1000), DELTA, accountant) == math.inf
         assert A.epsilon(A.gaussian_event(z, 10), DELTA, accountant) == math.inf
     assert 1e12 < A.epsilon(A.gaussian_event(1e-6, 10), DELTA, "rdp") < math.inf  # in range
+    for b in (1e-8, 1e-300):                     # Laplace: non-private (1/b overflowed the PLD)
+        assert A.epsilon(A.laplace_event(b, 3), DELTA, accountant) == math.inf
+    assert A.epsilon(dpa.PoissonSampledDpEvent(0.1, dpa.LaplaceDpEvent(1e-300)), DELTA,
+                     "pld") == math.inf
+    assert A.epsilon(A.laplace_event(1e300), DELTA, accountant) == 0.0
     for z in (1e160, 1e300):
         assert A.epsilon(A.sampled_gaussian_event(z, 0.01, 10), DELTA, accountant) == \
             A.epsilon(A.sampled_gaussian_event(1e12, 0.01, 10), DELTA, accountant) == 0.0

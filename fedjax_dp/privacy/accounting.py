@@ -116,13 +116,19 @@ def _accountable(event: dp_event.DpEvent) -> dp_event.DpEvent:
     always moved toward less noise, so that the epsilon stays an upper bound: ``0 < z < 1e-6``
     counts as ``z = 0`` (no guarantee, epsilon inf; below about 1e-150 dp-accounting's RDP of the
     sampled Gaussian underflows to a wrong epsilon of 0, or divides by zero), ``z > 1e12`` as
-    ``1e12`` (epsilon 0 at double precision already; above about 1e150 the RDP overflows)."""
+    ``1e12`` (epsilon 0 at double precision already; above about 1e150 the RDP overflows). A
+    Laplace parameter ``b`` likewise: below 1e-6 non-private, above 1e12 as 1e12."""
     low, high = GAUSSIAN_NOISE_RANGE
     if isinstance(event, dp_event.GaussianDpEvent):
         z = event.noise_multiplier
         if 0 < z < low or z > high:
             return dp_accounting.GaussianDpEvent(0.0 if z < low else high)
         return event
+    if isinstance(event, dp_event.LaplaceDpEvent):      # the same range (PLD: 1/b overflowed)
+        b = event.noise_multiplier
+        if b < low:
+            return dp_accounting.NonPrivateDpEvent()
+        return dp_accounting.LaplaceDpEvent(high) if b > high else event
     if isinstance(event, dp_event.ComposedDpEvent):
         events = [_accountable(e) for e in event.events]
         same = all(a is b for a, b in zip(events, event.events))
@@ -130,6 +136,8 @@ def _accountable(event: dp_event.DpEvent) -> dp_event.DpEvent:
     inner = getattr(event, "event", None)
     if isinstance(inner, dp_event.DpEvent):
         new = _accountable(inner)
+        if isinstance(new, dp_event.NonPrivateDpEvent):      # sampled or repeated: still none
+            return new
         return event if new is inner else attr.evolve(event, event=new)
     return event
 

@@ -28,7 +28,7 @@ def fedkt_laplace_harness(weaken, *, gamma, num_teachers, gap, num_classes,
     the released label is class 1 (0/1). Claimed: ``LaplaceDpEvent(1 / (2 gamma))`` (L1
     sensitivity 2), :func:`.privacy.data_independent_events`.
     """
-    gamma = validation.check_positive("gamma", gamma, finite=True)
+    gamma = validation.Float(0.0, 1e12, low_open=True)("gamma", gamma)    # float32 on the device
     t = validation.check_int("num_teachers", num_teachers, minimum=2)
     c = validation.check_int("num_classes", num_classes, minimum=2)
     gap = validation.check_int("gap", gap, minimum=0, maximum=t)

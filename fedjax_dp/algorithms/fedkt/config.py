@@ -90,7 +90,8 @@ class Config(LearnerOptions):
     centralized: bool = False        # centralized PATE: all records pooled into one party
 
     FIELDS = {"num_partitions": validation.Int(1), "num_teachers": validation.Int(1),
-              "level": validation.Choice(LEVELS), "gamma": validation.Float(0.0, low_open=True),
+              "level": validation.Choice(LEVELS),
+              "gamma": validation.Float(0.0, 1e12, low_open=True),      # float32 on the device
               "query_fraction": validation.Float(0.0, 1.0, low_open=True),
               "teacher": validation.Choice(("model",) + learners_lib.LEARNERS),
               "student": validation.Choice(("model",) + learners_lib.LEARNERS),

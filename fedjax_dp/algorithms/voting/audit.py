@@ -46,6 +46,9 @@ def gaussian_vote_harness(weaken, *, sigma, unit, ballot, k, num_agents, num_cla
     check_accountant(accountant)
     if ballot == "neighbour_counts":
         k = validation.check_int("k", 4 if k is None else k, minimum=1)
+    elif k is not None:
+        raise ValueError(f"k applies to ballot='neighbour_counts' only (ballot={ballot!r}), "
+                         f"got k={k!r}")
     sens = vote.vote_sensitivity(unit, ballot, k)
     # Fixed ballots: agent i votes class i mod C (one-hot) / k neighbours spread over classes.
     base = np.zeros((n, c), np.float32)
