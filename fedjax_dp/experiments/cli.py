@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -312,11 +313,25 @@ def _audit_run(args) -> dict:
             **one_run.report(scores, significance=args.significance)}
 
 
+def _check_out_stem(stem: str | None) -> None:
+    """``--out STEM``: the folder its files go to can be made there, checked before any work."""
+    if not stem:
+        return
+    for folder in [Path(stem).parent, *Path(stem).parent.parents]:
+        if folder.exists():
+            if not folder.is_dir():
+                raise ValueError(f"--out {stem!r}: {str(folder)!r} is a file, not a folder")
+            if not os.access(folder, os.W_OK):
+                raise ValueError(f"--out {stem!r}: {str(folder)!r} is not writable")
+            return
+
+
 def _cmd_plot(args) -> int:
     import re
     import warnings
     from fedjax_dp.experiments import plots, records
     _need_matplotlib("fedjax-dp plot")
+    _check_out_stem(args.out)
     recs = records.read(args.results)
     if not recs:
         raise ValueError(f"RESULTS {[str(p) for p in args.results]} hold no records "
@@ -370,6 +385,7 @@ def _cmd_plot(args) -> int:
 
 def _cmd_compare(args) -> int:
     from fedjax_dp.experiments import compare
+    _check_out_stem(args.out)
     if args.compare_command == "selected":
         names = args.names.split(",") if args.names else None
         rows = args.rows.split(",") if args.rows else None
