@@ -123,7 +123,7 @@ CLI_OTHER = [
     (lambda t: ["run", "--resume", str(t)], "holds no run"),
     (lambda t: ["run"], "CONFIG is required"),
     (lambda t: ["plot", str(ROOT / "results" / "sweeps" / "fnas_discriminative"), "--out",
-                str(t / "afile" / "sub")], "'afile' is a file, not a folder"),   # before reading
+                str(t / "afile" / "sub")], "afile' is a file, not a folder"),   # before reading
     (lambda t: ["compare", "arms", str(ROOT / "results" / "sweeps" / "fnas_discriminative"),
                 "--arm", "seed", "--out", str(t / "afile" / "x")], "is a file, not a folder"),
     (lambda t: ["sweep", DP, "--dry-run", "--set", "data.partition_options.zzz=1"],
