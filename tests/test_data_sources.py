@@ -116,7 +116,7 @@ def test_mnist5k_resized_for_cross_domain(mnist):
     np.testing.assert_allclose(small.x_train.mean(), mnist.x_train.mean(), rtol=0.05)
 
 
-def test_resize_images():
+def test_resize_images(monkeypatch):
     x = np.random.default_rng(0).random((3, 28, 28, 1)).astype(np.float32)
     y = resize_images(x, 8)
     assert y.shape == (3, 8, 8, 1) and y.dtype == np.float32 and isinstance(y, np.ndarray)
@@ -127,6 +127,13 @@ def test_resize_images():
         resize_images(x[0], 8)
     with pytest.raises(ValueError, match="size"):
         resize_images(x, 0)
+    # a result beyond the memory limit is refused before XLA aborts the process (4096x4096 of
+    # mnist5k: 403 GB); 3 images at 8x8 need 1.5 kB, at 16x16 6 kB
+    monkeypatch.setenv("FEDJAX_DP_MEMORY_LIMIT", "4kB")
+    assert resize_images(x, 8).shape == (3, 8, 8, 1)
+    with pytest.raises(ValueError, match=r"resizing 3 images to 16x16 needs about 6.14 kB .* "
+                                         r"lower the size \(data.image_size = 16\)"):
+        resize_images(x, 16)
 
 
 def test_synthetic_shapes_determinism_and_streams():

@@ -380,6 +380,14 @@ def resize_images(x: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:
     w = validation.check_int("size[1]", size[1], minimum=1)
     if (h, w) == x.shape[1:3]:
         return x.astype(np.float32)
+    from fedjax_dp.core import memory
+    need = 2 * 4 * x.shape[0] * h * w * x.shape[3]           # the float32 result, device and host
+    limit = memory.memory_limit()
+    if limit is not None and need > limit.bytes:             # XLA would abort the process
+        raise memory.MemoryBudgetError(
+            f"resizing {x.shape[0]} images to {h}x{w} needs about {memory.format_bytes(need)} of "
+            f"memory but the limit is {memory.format_bytes(limit.bytes)} ({limit.source}); "
+            f"lower the size (data.image_size = {h})")
     out = jax.image.resize(x.astype(np.float32), (x.shape[0], h, w, x.shape[3]), "linear")
     return np.asarray(out, dtype=np.float32)
 
