@@ -74,6 +74,8 @@ CLI_RUN = [
     (AE, ["algorithm.aggregation=secagg", "algorithm.secagg_talliers=1"],
      "algorithm.secagg_talliers must be >= 2"),
     (ISRL, ["algorithm.target_epsilon=0"], "algorithm.target_epsilon must be a finite number > 0"),
+    (ISRL, ["algorithm.target_epsilon=1e-9"], "unreachable: even noise multiplier 500 gives a "
+     "silo epsilon of"),                           # named by its config key, not the bracket
     (ISRL, ["algorithm.num_available=5"], "algorithm.num_available must be in [1, 2]"),
 ]
 

@@ -66,7 +66,16 @@ def calibrate(target_epsilon: float, delta: float, releases: Sequence[tuple[floa
     key = tuple((float(p), int(c)) for p, c in releases if int(c) > 0)
     if not key:
         raise ValueError("releases must hold at least one kind of upload with count >= 1")
-    return _calibrate(target, delta, key, accountant)
+    try:
+        return _calibrate(target, delta, key, accountant)
+    except ValueError as e:           # the privacy layer names its bracket; a run, its config key
+        if "unreachable" not in str(e):
+            raise
+        largest = calib_lib.DEFAULT_BRACKET[1]
+        eps = accounting.epsilon(silo_event(largest, key), delta, accountant)
+        raise ValueError(f"algorithm.target_epsilon={target:g} is unreachable: even noise "
+                         f"multiplier {largest:g} gives a silo epsilon of {eps:.6g} at delta="
+                         f"{delta:g} ({accountant}); raise algorithm.target_epsilon") from None
 
 
 def paper_sigma(clip_norm: float, rounds: int, num_records: int, epsilon: float,
