@@ -76,6 +76,9 @@ CLI_RUN = [
     (ISRL, ["algorithm.target_epsilon=0"], "algorithm.target_epsilon must be a finite number > 0"),
     (ISRL, ["algorithm.target_epsilon=1e-9"], "unreachable: even noise multiplier 500 gives a "
      "silo epsilon of"),                           # named by its config key, not the bracket
+    (str(ROOT / "configs" / "isrl" / "wbcd_sdp_mb_sgd.toml"),
+     ["algorithm.target_epsilon=1e-9", "algorithm.rounds=2"],
+     "at delta=2.1e-05); raise algorithm.target_epsilon"),   # SDP: named by its config key
     (ISRL, ["algorithm.num_available=5"], "algorithm.num_available must be in [1, 2]"),
 ]
 

@@ -351,6 +351,11 @@ def test_no_privacy_when_noise_is_smaller_than_the_shift():
     cfg = S.ShuffleConfig(clip_norm=1.0, granularity=4, noise_trials=3)
     assert SA.epsilon(cfg, 1, 1, 1e-5) == math.inf
     assert SA.epsilon(cfg, 50, 20, 1e-5) == math.inf
+    # Poisson sampled (SDP MB-SGD with noise_trials = 1): dp_accounting's subsampling of a PLD
+    # with no finite loss raised IndexError after training; epsilon is inf for every delta < q
+    for d, count in ((1, 1), (31, 2)):
+        event = SA.BinomialSumEvent(1, 2, d, count, 0.1)
+        assert SA.pld(event).get_epsilon_for_delta(1e-5) == math.inf
 
 
 def test_event_json_round_trip():

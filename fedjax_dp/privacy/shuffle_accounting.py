@@ -298,19 +298,17 @@ def pld(event: BinomialSumEvent, *,
     one = coordinate_pld(event.noise_trials, event.sensitivity,
                          value_discretization_interval=h, method=method)
     per_release = event.dimension if q < 1 else event.compositions
-    if per_release == 1:
-        release = one
-    else:
-        # Probability that a coordinate's loss is finite (B + s <= N); if the composition has
-        # practically none left, dp_accounting's composition breaks down (all mass truncated):
-        # every delta < 1 - 1e-10 then has epsilon = inf, and we say so with a degenerate PLD.
-        from scipy import stats
-        log_finite = float(stats.binom.logcdf(event.noise_trials - event.sensitivity,
-                                              event.noise_trials, NOISE_PROBABILITY))
-        if per_release * log_finite < math.log(_NO_PRIVACY_MASS) and q == 1:
-            return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
-                {0: _NO_PRIVACY_MASS}, 1.0 - _NO_PRIVACY_MASS, h)
-        release = one.self_compose(per_release)
+    # Probability that a coordinate's loss is finite (B + s <= N); if a release has practically
+    # none left, dp_accounting's composition and subsampling break down (all mass truncated; an
+    # IndexError at N < s): every delta < 1 - 1e-10 then has epsilon = inf, and we say so with a
+    # degenerate PLD. With sampling (q < 1) that is an upper bound, exact for every delta < q.
+    from scipy import stats
+    log_finite = float(stats.binom.logcdf(event.noise_trials - event.sensitivity,
+                                          event.noise_trials, NOISE_PROBABILITY))
+    if per_release * log_finite < math.log(_NO_PRIVACY_MASS):
+        return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
+            {0: _NO_PRIVACY_MASS}, 1.0 - _NO_PRIVACY_MASS, h)
+    release = one if per_release == 1 else one.self_compose(per_release)
     if q == 1:
         return release
     sub = _subsampled(release, q, h)
