@@ -86,7 +86,9 @@ class Config:
               "xi": _v.Float(0.0), "w_lr": _v.Float(0.0, low_open=True),
               "w_lr_min": _v.Float(0.0, low_open=True), "w_momentum": _v.Float(0.0),
               "w_weight_decay": _v.Float(0.0), "alpha_lr": _v.Float(0.0, low_open=True),
-              "alpha_b1": _v.Float(0.0, 1.0), "alpha_b2": _v.Float(0.0, 1.0),
+              # Adam's betas: 1 divides by 1 - beta^t = 0 (NaN in the first step)
+              "alpha_b1": _v.Float(0.0, 1.0, high_open=True),
+              "alpha_b2": _v.Float(0.0, 1.0, high_open=True),
               "alpha_weight_decay": _v.Float(0.0), "private": _v.Bool(),
               "clip_weights": _v.Float(0.0, low_open=True),
               "clip_arch": _v.Float(0.0, low_open=True),
