@@ -144,7 +144,6 @@ def test_score_moments_from_record_statistics():
     mask = np.ones((2, 4000), bool)
     mask[1, 3000:] = False                                  # padded records are ignored
     q = rng.normal(size=(5, 3)).astype(np.float32)
-    xa = knn_search.augment_records(jnp.asarray(x), jnp.asarray(mask))
     qa = knn_search.augment_queries(jnp.asarray(q))
     mean, sd = knn_search.score_moments(
         knn_search.agent_stats(jnp.asarray(x), jnp.asarray(mask)), qa)

@@ -12,7 +12,7 @@ from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl
 from fedjax_dp.core import agent_stream
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.fedkt import fedkt
-from fedjax_dp.core import from_arrays, from_ragged, load_stacked, save_stacked
+from fedjax_dp.core import from_arrays, load_stacked, save_stacked
 from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.core.lift import resolve_chunk_size
 from fedjax_dp.models import make_model
