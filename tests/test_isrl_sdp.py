@@ -117,7 +117,8 @@ def test_sdp_calibrates_noise_trials_for_all_rounds(monkeypatch):
     _, extra = isrl.SDP_MB_SGD.mechanism(conf, np.array([[0.5], [1.0]]),
                                          {"w": np.zeros(7), "b": np.zeros((2, 3))})
     assert seen == dict(target=5.0, delta=1e-5, granularity=2, dimension=13, releases=3,
-                        sampling_probability=1.0, analysis="per_coordinate")
+                        sampling_probability=1.0, analysis="per_coordinate",
+                        target_name="algorithm.target_epsilon")
     assert extra["shuffle"] == shuffle.ShuffleConfig(1.0, 2, 1234)
 
 

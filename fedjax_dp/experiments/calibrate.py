@@ -119,15 +119,17 @@ def planned_epsilon(config: dict, unit: str | None = None) -> float:
     return _Planner(config).epsilon(config, unit)
 
 
-def check_key(config: dict, key: str) -> bool:
+def check_key(config: dict, key: str, plan=None) -> bool:
     """Refuse a key :func:`calibrate` cannot set (before any run: a sweep's expansion calls it):
     not a real number, or another key than ``algorithm.target_epsilon`` for a family that
-    calibrates its own noise; returns whether the family does (the target is then the value)."""
+    calibrates its own noise; returns whether the family does (the target is then the value).
+    ``plan``: the config's ``runner.plan``, when the caller has it."""
     v0 = get_key(config, key)
     if isinstance(v0, bool) or not isinstance(v0, (int, float)):
         raise config_lib.ConfigError(f"--calibrate key {key!r} must hold a number, got {v0!r}")
     from fedjax_dp.experiments import runner
-    if "target_epsilon" in runner.plan(config).algorithm_config.__dataclass_fields__:
+    plan = runner.plan(config) if plan is None else plan
+    if "target_epsilon" in plan.algorithm_config.__dataclass_fields__:
         if key != _SELF_CALIBRATED:                  # the ISRL-DP / SDP family
             raise config_lib.ConfigError(
                 f"algorithm {config['algorithm']['name']!r} calibrates its own noise per "

@@ -339,9 +339,9 @@ def expand(sw: Sweep) -> list[Run]:
             if key is None:
                 raise ConfigError(f"--calibrate names no key for algorithm {algo!r} (config "
                                   f"{name!r}); give --calibrate {algo}=KEY")
-        runner.plan(base_cfg)
+        plan = runner.plan(base_cfg)
         if key is not None:
-            calibrate_lib.check_key(base_cfg, key)
+            calibrate_lib.check_key(base_cfg, key, plan)
         if sw.select == "val_accuracy" and not base_cfg["data"]["validation_fraction"]:
             raise ConfigError(f"--select val_accuracy needs a validation split: set "
                               f"data.validation_fraction (e.g. 0.1) in config {name!r}")

@@ -381,7 +381,8 @@ def calibrate_noise_trials(target_epsilon: float, delta: float, *, granularity: 
                            max_trials: int = 2 ** 40, rtol: float = 0.0,
                            sampling_probability: float = 1.0,
                            value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
-                           analysis: str = "per_coordinate") -> int:
+                           analysis: str = "per_coordinate",
+                           target_name: str = "target_epsilon") -> int:
     """Smallest ``N`` with ``epsilon <= target_epsilon`` at ``delta`` (discrete search), for
     ``releases`` releases of ``dimension`` coordinates (Poisson-sampled at
     ``sampling_probability``).
@@ -430,9 +431,11 @@ def calibrate_noise_trials(target_epsilon: float, delta: float, *, granularity: 
     hi = int(min(max_trials, max(floor + 1, math.ceil(4 * (sens * z) ** 2))))
     while eps_at(hi) > target:
         if hi >= max_trials:
-            raise ValueError(f"target_epsilon={target:g} is unreachable with noise_trials <= "
+            fix = ("max_trials or the target" if target_name == "target_epsilon" else
+                   target_name)              # a config's name for the target: its only lever
+            raise ValueError(f"{target_name}={target:g} is unreachable with noise_trials <= "
                              f"max_trials={max_trials} (epsilon={eps_at(hi):.4g} at delta="
-                             f"{delta:g}); raise max_trials or the target")
+                             f"{delta:g}); raise {fix}")
         hi = min(2 * hi, max_trials)
     lo = max(floor, hi // 2)
     while lo > floor and eps_at(lo) <= target:

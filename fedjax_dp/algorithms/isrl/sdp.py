@@ -86,17 +86,11 @@ class ShuffleAlgorithm(Algorithm):
         """Noise trials N: calibrated for R releases at the largest record rate of any silo."""
         trials = config.noise_trials
         if trials is None:
-            try:
-                trials = calibrate_noise_trials(
-                    config.target_epsilon, config.delta, granularity=config.granularity,
-                    dimension=dimension(params), releases=config.rounds,
-                    sampling_probability=float(np.max(rates)), analysis=config.shuffle_analysis)
-            except ValueError as e:        # its max_trials is no config key: name the ones that are
-                if "unreachable" not in str(e):
-                    raise
-                raise ValueError(f"algorithm.target_epsilon={config.target_epsilon:g} is "
-                                 f"{str(e).split(' is ', 1)[1].split('; raise')[0]}; raise "
-                                 f"algorithm.target_epsilon") from None
+            trials = calibrate_noise_trials(
+                config.target_epsilon, config.delta, granularity=config.granularity,
+                dimension=dimension(params), releases=config.rounds,
+                sampling_probability=float(np.max(rates)), analysis=config.shuffle_analysis,
+                target_name="algorithm.target_epsilon")
         cfg = shuffle.ShuffleConfig(clip_norm=float(config.clip_norm),
                                     granularity=int(config.granularity), noise_trials=int(trials))
         return 0.0, {"shuffle": cfg}
