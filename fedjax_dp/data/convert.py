@@ -132,8 +132,10 @@ def _release(*arrays: np.memmap) -> None:
 
 
 def _write(reader, split: str, ids: list[str], counts: np.ndarray, x_out, y_out, *,
-           keep: np.ndarray | None, progress: bool) -> int:
-    """Pass 2: every kept client's records into ``x_out`` / ``y_out``. Stacked (``keep`` None):
+           keep: np.ndarray | None, progress: bool, capped: bool = False) -> int:
+    """Pass 2: every kept client's records into ``x_out`` / ``y_out``; a client whose features
+    and labels disagree in number, or differ from its first-pass size (below a ``capped`` one:
+    ``max_records``), is refused naming the file and the client. Stacked (``keep`` None):
     client i -> rows ``[i, :counts[i]]``; flat (test): the records whose index (in client order,
     over the capped counts) is in the sorted array ``keep``, one after another. Returns the
     number of records written."""
@@ -147,9 +149,13 @@ def _write(reader, split: str, ids: list[str], counts: np.ndarray, x_out, y_out,
             if i is None:
                 continue
             n = int(counts[i])
-            if len(x) < n:
-                raise ValueError(f"{reader.name}: client {cid!r} of the {split} split has "
-                                 f"{len(x)} records but its size read {n}")
+            where = f"{reader.name}: client {cid!r} in {str(reader.paths[split])!r}"
+            if len(x) != len(y):
+                raise ValueError(f"{where}: its labels have {len(y)} records but its features "
+                                 f"have {len(x)} (every field needs one row per record)")
+            if len(x) < n or (not capped and len(x) != n):
+                raise ValueError(f"{where}: {len(x)} records but its size read {n} on the "
+                                 f"first pass")
             x, y = x[:n], y[:n]
             if (x.shape[1:] != tuple(reader.feature_shape)
                     or y.shape[1:] != tuple(reader.label_shape)):
@@ -219,12 +225,13 @@ def convert(fmt: str, src, dst, *, vocab_size: int | None = None, vocab_file=Non
         x = _memmap(partial / "x.npy", reader.x_dtype, (num, n_max) + fs)
         y = _memmap(partial / "y.npy", np.int32, (num, n_max) + ls)
         n_train = _write(reader, "train", train_ids, train_counts, x, y, keep=None,
-                         progress=progress)
+                         progress=progress, capped=max_records is not None)
         del x, y
         np.save(partial / "counts.npy", train_counts.astype(np.int32))
         xt = _memmap(partial / "test_x.tmp.npy", reader.x_dtype, (len(keep),) + fs)
         yt = _memmap(partial / "test_y.tmp.npy", np.int32, (len(keep),) + ls)
-        _write(reader, "test", test_ids, test_counts, xt, yt, keep=keep, progress=progress)
+        _write(reader, "test", test_ids, test_counts, xt, yt, keep=keep, progress=progress,
+               capped=max_records is not None)
         test_client = (np.searchsorted(np.cumsum(test_counts), keep, side="right")
                        .astype(np.int32))
         np.savez(partial / "server.npz", x_public=np.zeros((0,) + fs, reader.x_dtype),

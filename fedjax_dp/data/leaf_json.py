@@ -60,17 +60,27 @@ def read_shard(path) -> dict:
         raise ValueError(f"{str(path)!r} is not a LEAF shard: it needs the keys {list(KEYS)}, "
                          f"found {found}")
     users, nums, data = d["users"], d["num_samples"], d["user_data"]
+    if not isinstance(users, list) or not isinstance(nums, list) or not isinstance(data, dict):
+        raise ValueError(f"{str(path)!r} is not a LEAF shard: 'users' and 'num_samples' must be "
+                         f"lists and 'user_data' a table")
     if len(users) != len(nums):
         raise ValueError(f"{str(path)!r}: 'users' has {len(users)} entries but 'num_samples' "
                          f"has {len(nums)}")
     for u, n in zip(users, nums):
+        if not isinstance(u, str):
+            raise ValueError(f"{str(path)!r}: user ids must be strings, got {u!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"{str(path)!r}: user {u!r} has num_samples {n!r}, not a count "
+                             f">= 0")
         rec = data.get(u)
-        if not isinstance(rec, dict) or "x" not in rec or "y" not in rec:
+        if not isinstance(rec, dict) or not isinstance(rec.get("x"), list) or \
+                not isinstance(rec.get("y"), list):
             raise ValueError(f"{str(path)!r}: user_data[{u!r}] must be {{'x': [...], 'y': "
                              f"[...]}}")
         if len(rec["x"]) != n or len(rec["y"]) != n:
             raise ValueError(f"{str(path)!r}: user {u!r} has num_samples {n} but "
-                             f"{len(rec['x'])} x and {len(rec['y'])} y")
+                             f"{len(rec['x'])} x and {len(rec['y'])} y (every field needs one "
+                             f"entry per record)")
     return d
 
 

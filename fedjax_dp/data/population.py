@@ -406,6 +406,7 @@ def load_population(d: dict) -> tuple[data_lib.StreamedDataset, StackedData]:
     except ValueError as e:
         raise ConfigError(f"{where}: {str(folder)!r} is not a valid stacked "
                           f"population: {str(e).splitlines()[0]}") from None
+    check_converted(folder, agents, where)
     if agents.num_agents != d["num_agents"]:
         raise ConfigError(f"data.num_agents = {d['num_agents']} but {where} holds "
                           f"{agents.num_agents} agents; set data.num_agents={agents.num_agents}")
@@ -438,6 +439,35 @@ def load_population(d: dict) -> tuple[data_lib.StreamedDataset, StackedData]:
     except ValueError as e:
         raise ConfigError(f"{where}: {str(e).splitlines()[0]}") from None
     return dataset, agents
+
+
+def check_converted(folder: Path, agents: StackedData, where: str) -> None:
+    """A converted population read back agrees with its ``clients.json`` (when it has one):
+    the number of client ids, ``clients``, ``train_records``, ``n_max`` and ``feature_shape``
+    stated there are the memory-mapped arrays' (a folder edited, or mixed from two conversions,
+    is refused naming the file, the key and both values)."""
+    path = folder / "clients.json"
+    if not path.is_file():
+        return
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{where}: {str(path)!r} is not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("train"), list):
+        raise ConfigError(f"{where}: {str(path)!r} must be a table holding the 'train' list "
+                          f"of client ids")
+    held = {"train": (len(meta["train"]), agents.num_agents, "agents (x.npy's first axis)"),
+            "clients": (meta.get("clients"), agents.num_agents, "agents"),
+            "train_records": (meta.get("train_records"), int(np.asarray(agents.counts).sum()),
+                              "records (the sum of counts.npy)"),
+            "n_max": (meta.get("n_max"), agents.max_size, "rows per agent (x.npy's 2nd axis)"),
+            "feature_shape": (meta.get("feature_shape"), list(agents.feature_shape),
+                              "as x.npy's feature shape")}
+    for key, (stated, actual, what) in held.items():
+        if key in meta and stated != actual:
+            shown = f"{stated} client ids" if key == "train" else f"{key} = {stated!r}"
+            raise ConfigError(f"{where}: {str(path)!r} states {shown} but the arrays hold "
+                              f"{actual} {what}: the folder's files disagree (convert again)")
 
 
 def _task(folder: Path, where: str):

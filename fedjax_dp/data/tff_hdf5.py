@@ -103,6 +103,11 @@ def client_ids(group) -> list[str]:
     return sorted(group.keys())
 
 
+def _rows(shape: tuple) -> str:
+    """A dataset's record count as a message says it (a scalar has none)."""
+    return "no records (a scalar)" if len(shape) == 0 else f"{shape[0]} records"
+
+
 class TFFClients(ClientReader):
     """The clients of one TFF dataset's train and test files (a base class; one per format).
 
@@ -143,11 +148,27 @@ class TFFClients(ClientReader):
     def _size(self, split: str, cid: str) -> int:
         return int(self._feature(split, cid, self.features[0]).shape[0])
 
+    def check_fields(self, split: str, cid: str) -> None:
+        """Every dataset of client ``cid``'s group holds one row per record: the same leading
+        dimension as the first feature (:attr:`features`), used or not (a file that disagrees
+        with itself is refused, naming the file, the client and both fields)."""
+        group, ref = self._group(split)[cid], self.features[0]
+        n = self._feature(split, cid, ref).shape
+        for name, ds in group.items():
+            shape = getattr(ds, "shape", None)
+            if shape is None:                    # a subgroup, not a dataset: not a field
+                continue
+            if len(shape) == 0 or len(n) == 0 or shape[0] != n[0]:
+                raise ValueError(f"{self.name}: client {cid!r} in {str(self.paths[split])!r}: "
+                                 f"{name} has {_rows(shape)} but {ref} has {_rows(n)} (every "
+                                 f"field needs one row per record)")
+
     def _records(self, split: str, cid: str) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
     def sizes(self, split: str) -> Iterator[tuple[str, int]]:
         for cid in client_ids(self._group(split)):
+            self.check_fields(split, cid)
             yield cid, self._size(split, cid)
 
     def clients(self, split: str) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:

@@ -1,0 +1,116 @@
+"""Inputs consistent and bounded (issue 48, item 5), through the command line: converted data
+that disagrees with itself, config sizes past their stated bounds, a delta at or above 1/N of the
+units it protects, and a cohort empty in every round. Each is refused before any work with exit
+status 2 and ONE line naming the key (or the file and the client), leaving no output behind."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedjax_dp.experiments import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+DP = str(ROOT / "configs" / "dp_fedavg" / "mnist5k.toml")          # 100 agents
+
+
+def _refused(capsys, argv, *matches):
+    code = cli.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    for m in matches:
+        assert m in err, err
+    return err
+
+
+# ----------------------------------------------------------------------- converted data
+
+def _emnist_files(folder: Path, client: dict) -> Path:
+    """``fed_emnist_{train,test}.h5``: two good writers and ``client`` as writer ``f0002_14``."""
+    from federated_fixtures import emnist_clients, write_tff
+    rng = np.random.default_rng(0)
+    good = emnist_clients(rng, [3, 4])
+    write_tff(folder / "fed_emnist_train.h5", {**good, "f0002_14": client})
+    write_tff(folder / "fed_emnist_test.h5", dict(list(good.items())[:1]))
+    return folder
+
+
+def _pixels(n):
+    return np.zeros((n, 28, 28), np.float32)
+
+
+@pytest.mark.parametrize("client, match", [
+    ({"pixels": _pixels(5), "label": np.zeros(1, np.int32)}, "label has 1 records but pixels "
+     "has 5"),                                       # was: one label broadcast over five images
+    ({"pixels": _pixels(5), "label": np.zeros(9, np.int32)}, "label has 9 records but pixels "
+     "has 5"),                                       # was: nine labels cut to five
+    ({"pixels": _pixels(5), "label": np.zeros(3, np.int32)}, "label has 3 records but pixels "
+     "has 5"),                                       # was: a broadcast error naming neither
+    ({"pixels": _pixels(5), "label": np.zeros(5, np.int32), "writer": np.zeros(4)},
+     "writer has 4 records but pixels has 5"),       # a field the conversion does not read
+    ({"pixels": _pixels(5), "label": np.int32(3)},
+     "label has no records (a scalar) but pixels has 5"),
+    ({"pixels": _pixels(5), "label": np.zeros((5, 2), np.int32)},
+     "its labels have 10 records but its features have 5"),   # rows agree, records do not
+], ids=["1 label", "9 labels", "3 labels", "unused field", "scalar", "two labels a row"])
+def test_tff_client_fields_disagreeing_are_named(tmp_path, capsys, client, match):
+    src = _emnist_files(tmp_path, client)
+    dst = tmp_path / "pop"
+    _refused(capsys, ["data", "convert", "tff_emnist", str(src), str(dst), "--quiet"],
+             match, "client 'f0002_14'", "fed_emnist_train.h5")
+    assert not dst.exists() and not (tmp_path / "pop.partial").exists()
+
+
+@pytest.mark.parametrize("user, match", [
+    ({"x": [[0.0] * 784] * 2, "y": [1]}, "user 'u1' has num_samples 2 but 2 x and 1 y"),
+    ({"x": [[0.0] * 784], "y": [1, 2, 3]}, "user 'u1' has num_samples 1 but 1 x and 3 y"),
+    ({"x": [[0.0] * 784], "y": 1}, "user_data['u1'] must be"),
+])
+def test_leaf_user_fields_disagreeing_are_named(tmp_path, capsys, user, match):
+    for split in ("train", "test"):
+        (tmp_path / split).mkdir()
+        doc = {"users": ["u0", "u1"],
+               "num_samples": [1, len(user["x"])],
+               "user_data": {"u0": {"x": [[0.0] * 784], "y": [0]}, "u1": user}}
+        (tmp_path / split / "s.json").write_text(json.dumps(doc))
+    _refused(capsys, ["data", "convert", "leaf_femnist", str(tmp_path), str(tmp_path / "pop"),
+                      "--quiet"], match, "s.json")
+    assert not (tmp_path / "pop").exists()
+
+
+def test_leaf_bad_num_samples_is_named(tmp_path, capsys):
+    for split in ("train", "test"):
+        (tmp_path / split).mkdir()
+        doc = {"users": ["u0"], "num_samples": [-1], "user_data": {"u0": {"x": [], "y": []}}}
+        (tmp_path / split / "s.json").write_text(json.dumps(doc))
+    _refused(capsys, ["data", "convert", "leaf_femnist", str(tmp_path), str(tmp_path / "pop"),
+                      "--quiet"], "user 'u0' has num_samples -1, not a count >= 0")
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """A converted 4-writer EMNIST population (the folder)."""
+    from federated_fixtures import write_emnist
+    from fedjax_dp.data import convert
+    root = tmp_path_factory.mktemp("conv")
+    write_emnist(root, np.random.default_rng(1), [2, 3, 2, 4], [1, 1])
+    return Path(convert.convert("tff_emnist", root, root / "pop", progress=False)["folder"])
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda m: {**m, "train": m["train"][:3]}, "states 3 client ids but the arrays hold 4"),
+    (lambda m: {**m, "train_records": 12}, "states train_records = 12 but the arrays hold 11"),
+    (lambda m: {**m, "n_max": 5}, "states n_max = 5 but the arrays hold 4"),
+])
+def test_a_converted_folder_read_back_must_match_its_metadata(converted, tmp_path, capsys,
+                                                              change, match):
+    import shutil
+    folder = tmp_path / "pop"
+    shutil.copytree(converted, folder)
+    meta = json.loads((folder / "clients.json").read_text())
+    (folder / "clients.json").write_text(json.dumps(change(meta)))
+    _refused(capsys, ["run", str(ROOT / "configs" / "benchmarks" / "emnist_fedavg.toml"),
+                      "--set", f'data.dataset="stacked:{folder}"', "--set", "data.num_agents=4",
+                      "--quiet", "--out", str(tmp_path / "out")], match, "clients.json")
+    assert not (tmp_path / "out").exists()
