@@ -124,7 +124,7 @@ def test_protocol_conformance(problem, name, tmp_path):
     assert isinstance(config, module.Config)
     assert hasattr(config, "local") == module.USES_LOCAL_TRAIN
 
-    # by hand, with the keys api.run gives every step, through an orbax checkpoint after step 1
+    # by hand, with the keys api.run gives every step, through a checkpoint after step 1
     key, runtime = jax.random.key(0), api.Runtime(chunk_size=None)
     state = module.init(key, data, model, config, runtime)
     assert state.step == 0

@@ -1,10 +1,11 @@
 """Checkpoint and resume through the runner and the CLI: a run killed after round k and resumed
 equals the uninterrupted run (history, accuracy, ledger; no round counted twice or skipped);
-another config's, a corrupted or a finished run's folder is refused with one clear line.
+another config's or a corrupted run's folder is refused with one clear line; a finished run's is
+answered with its result, never run again.
 
 Every registered algorithm (DP-FedSGD's participation counts and ledger included) also goes
-through an orbax checkpoint and resume in ``tests/test_protocol.py``'s conformance test."""
-import gc
+through a checkpoint and resume in ``tests/test_protocol.py``'s conformance test; hostile
+checkpoints are in ``tests/test_hostile_files.py``."""
 import json
 import shutil
 from pathlib import Path
@@ -131,18 +132,18 @@ def test_cli_resume_refuses_other_configs_corruption_and_finished_runs(tmp_path,
     assert cli.main(["run", "--resume", str(saved), "--quiet", "--set", "run.chunk_size=0"]) == 0
     capsys.readouterr()
     assert json.loads((saved / "result.json").read_text())["config"]["run"]["chunk_size"] == 0
-    # a finished run is not resumed again, nor overwritten by a new run
-    assert "finished" in cli_error(["run", "--resume", str(saved)])
+    # a finished run is not run again: a resume (a requeued job) prints its result, exit 0,
+    # nor is it overwritten by a new run
+    before = (saved / "result.json").read_bytes()
+    assert cli.main(["run", "--resume", str(saved), "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["result"] == str(saved / "result.json")
+    assert (saved / "result.json").read_bytes() == before
     fedavg = ROOT / "configs" / "fedavg" / "mnist5k.toml"
     assert "already holds a run" in cli_error(["run", str(fedavg), "--out", str(saved)])
 
 
-# orbax's background readers of a damaged file report after the failed read (an asyncio task's
-# exception never retrieved, a callback into its closed event loop): the older checkpoint's path
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_corrupted_array_is_refused(tmp_path):
-    """A damaged array file fails its file SHA-256 before orbax reads it (a checkpoint written
-    before file digests: orbax's own read or the leaf's SHA-256)."""
+    """A damaged array file or meta.json fails its SHA-256 (digests.json) before it is used."""
     import jax
     import numpy as np
     from fedjax_dp.algorithms import api
@@ -153,23 +154,22 @@ def test_corrupted_array_is_refused(tmp_path):
     restored, _ = checkpoint.restore(path, state, cfg)
     np.testing.assert_array_equal(restored.values["params"]["w"], values["params"]["w"])
     assert isinstance(restored.values["params"]["w"], jax.Array)
+    assert restored.values["t"] == 3 and restored.values["t"].dtype == np.int32
     with pytest.raises(checkpoint.CheckpointError, match="different config"):
         checkpoint.restore(path, state, {"algorithm": {"name": "y"}})
     with pytest.raises(checkpoint.CheckpointError, match="does not match this run"):
         checkpoint.restore(path, api.State(step=0, values={**values, "t": np.zeros(2)}), cfg)
-    for f in (path / "values").rglob("*"):          # damage the stored bytes
-        if f.is_file() and f.parent.name == "d":
-            data = bytearray(f.read_bytes())
-            data[-16:] = bytes(16)
-            f.write_bytes(bytes(data))
-    with pytest.raises(checkpoint.CheckpointError, match="array files do not match"):
-        checkpoint.restore(path, state, cfg)              # refused before orbax reads the files
-    meta = json.loads((path / "meta.json").read_text())
-    del meta["files"]                                     # a checkpoint written before file digests
-    (path / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(checkpoint.CheckpointError, match="corrupted"):
-        checkpoint.restore(path, state, cfg)              # orbax's read or the leaf's SHA-256
-    gc.collect()                                          # orbax's leftovers report here
+    meta = (path / "meta.json").read_bytes()
+    (path / "meta.json").write_bytes(meta.replace(b'"step": 1', b'"step": 2'))
+    with pytest.raises(checkpoint.CheckpointError, match="meta.json does not match its SHA"):
+        checkpoint.restore(path, state, cfg)
+    (path / "meta.json").write_bytes(meta)
+    leaf = path / "values" / "leaf_00000.bin"
+    data = bytearray(leaf.read_bytes())
+    data[-16:] = bytes(16)                                # damage the stored bytes
+    leaf.write_bytes(bytes(data))
+    with pytest.raises(checkpoint.CheckpointError, match="does not match its SHA-256"):
+        checkpoint.restore(path, state, cfg)
 
 
 def test_fingerprint_ignores_a_later_key_only_at_its_earlier_value():

@@ -116,6 +116,11 @@ def num_steps(config: Config) -> int:
     return config.search_steps + config.retrain_epochs
 
 
+#: the retraining phase's state, which ``init``'s (the search's) does not hold: a checkpoint
+#: of a retraining epoch rebuilds it by this exact name (:mod:`fedjax_dp.experiments.checkpoint`)
+checkpoint_types = (steps.RetrainState,)
+
+
 def step_label(config: Config, t: int) -> str:
     """Step ``t`` (1-based) named by its phase: ``search epoch 3/10`` or ``retrain epoch 1/5``."""
     if t <= config.search_steps:
@@ -410,6 +415,12 @@ def _record_events(config: Config, ctx: Context) -> list[tuple]:
         retrain_iterations=t_re, noise_weights=config.noise_weights, noise_arch=config.noise_arch,
         noise_second=config.noise_second if config.order == "second" else None,
         noise_retrain=config.noise_retrain) for k in range(len(tr))]
+
+
+def privacy_units(config: Config) -> tuple[str, ...]:
+    """The ``privacy_units`` hook (:class:`fedjax_dp.algorithms.api.Algorithm`): ``instance``
+    (the per-party ledgers' units are instances too); none when not private."""
+    return (fnas_privacy.UNIT,) if config.private else ()
 
 
 def ledger(config: Config, state: api.State) -> tuple[PrivacyLedger, ...]:
