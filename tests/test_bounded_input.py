@@ -12,6 +12,8 @@ from fedjax_dp.experiments import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DP = str(ROOT / "configs" / "dp_fedavg" / "mnist5k.toml")          # 100 agents
+FEDSGD = str(ROOT / "configs" / "dp_fedsgd" / "mnist5k.toml")      # 50 agents, 3000 records
+ISRL = str(ROOT / "configs" / "isrl" / "wbcd_isrl_spider.toml")     # 2 silos, 341 records
 
 
 def _refused(capsys, argv, *matches):
@@ -114,3 +116,41 @@ def test_a_converted_folder_read_back_must_match_its_metadata(converted, tmp_pat
                       "--set", f'data.dataset="stacked:{folder}"', "--set", "data.num_agents=4",
                       "--quiet", "--out", str(tmp_path / "out")], match, "clients.json")
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------ config sizes bounded
+
+SIZE_CASES = [
+    (DP, ["model.hidden=[" + ", ".join(["8"] * 65) + "]"],
+     "model.hidden must be a list of 0 to 64 item(s), got 65 items"),
+    (DP, ['privacy.accountants=["rdp", "rdp"]'], "privacy.accountants must not list an item twice"),
+    (DP, ['privacy.accountants=["rdp", "pld", "rdp"]'],
+     "privacy.accountants must be a list of 1 to 2 item(s), got 3 items"),
+    (DP, ["model.name=char_lstm", "model.options.layers=1000"],
+     "model.options.layers must be in [1, 64]"),
+    (DP, ["model.name=char_lstm", "model.options.hidden=1e6"],
+     "model.options.hidden must be in [1, 65536]"),
+    (DP, ["model.name=cnn_emnist", "model.options.conv_channels=[" + ", ".join(["2"] * 65) + "]"],
+     "model.options.conv_channels must be a list of 1 to 64"),
+    (DP, ["model.name=resnet18_gn", "model.options.stage_blocks=[1, 1, 1, 100]"],
+     "model.options.stage_blocks[] must be in [1, 64]"),
+]
+
+
+@pytest.mark.parametrize("config, sets, match", SIZE_CASES, ids=[m[:40] for _, _, m in SIZE_CASES])
+def test_config_sizes_past_their_bound_are_refused(tmp_path, capsys, config, sets, match):
+    argv = ["run", config, "--quiet", "--out", str(tmp_path / "out")]
+    for s in sets:
+        argv += ["--set", s]
+    _refused(capsys, argv, match)
+    assert not (tmp_path / "out").exists()
+
+
+def test_sweep_sizes_are_bounded(capsys):
+    _refused(capsys, ["sweep", DP, "--dry-run", "--seeds", "100000"],
+             "--seeds must be in [1, 10000]")
+    many = ",".join(str(i) for i in range(1, 201))
+    _refused(capsys, ["sweep", DP, "--dry-run", "--grid", f"algorithm.rounds={many}",
+                      "--grid", f"train.steps={many}"],
+             "the sweep holds 40,000 runs (200 (--grid algorithm.rounds) x 200 (--grid "
+             "train.steps)); at most 10,000 runs")

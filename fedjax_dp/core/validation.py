@@ -194,6 +194,10 @@ INT_MAX = 2 ** 31 - 1
 BATCH_MAX = 2 ** 20
 #: Layer widths / channels / image sides above this are memory-absurd.
 WIDTH_MAX = 2 ** 16
+#: Numbers of layers (a model's depth, blocks per stage) above this are time-absurd.
+DEPTH_MAX = 64
+#: The longest list a config field may hold unless its spec states another bound.
+LIST_MAX = 1024
 
 
 def _interval(lo, hi, lo_open: bool, hi_open: bool) -> str:
@@ -227,6 +231,10 @@ class Int:
             raise ValueError(f"{name} must be an integer{' ' + rng if rng else ''}{none}, "
                              f"got {_fmt(value)}")
         return check_int(name, value, minimum=self.minimum, maximum=self.maximum)
+
+    def good_value(self) -> int:
+        """A value this spec accepts (for the generated bad lists of :class:`ListOf`)."""
+        return self.minimum if self.minimum is not None else 0
 
     def bad_values(self) -> list:
         out = [2.5, True, "x", 1e30]
@@ -298,6 +306,10 @@ class Choice:
                              f"got {_fmt(value)}")
         return value
 
+    def good_value(self) -> str:
+        """A value this spec accepts (for the generated bad lists of :class:`ListOf`)."""
+        return self.choices[0]
+
     def bad_values(self) -> list:
         return ["no_such_choice", 3]
 
@@ -347,19 +359,35 @@ class Table:
 @dataclasses.dataclass(frozen=True)
 class ListOf:
     """A list whose every item passes ``item`` (named ``name[]`` in the message); a list of at
-    least ``min_length`` items."""
+    least ``min_length`` and at most ``max_length`` items (its length drives memory or time:
+    every list has a stated bound, :data:`LIST_MAX` by default), ``distinct`` ones if set."""
 
     item: Any
     min_length: int = 0
+    max_length: int = 0              # 0: LIST_MAX
+    distinct: bool = False
+
+    @property
+    def longest(self) -> int:
+        return self.max_length or LIST_MAX
 
     def __call__(self, name: str, value: Any) -> list:
-        if not isinstance(value, (list, tuple)) or len(value) < self.min_length:
-            raise ValueError(f"{name} must be a list of at least {self.min_length} item(s), "
-                             f"got {_fmt(value)}")
-        return [self.item(f"{name}[]", v) for v in value]
+        if not isinstance(value, (list, tuple)) or not \
+                self.min_length <= len(value) <= self.longest:
+            got = (f"{len(value)} items" if isinstance(value, (list, tuple)) and
+                   len(value) > self.longest else _fmt(value))
+            raise ValueError(f"{name} must be a list of {self.min_length} to {self.longest} "
+                             f"item(s), got {got}")
+        out = [self.item(f"{name}[]", v) for v in value]
+        if self.distinct and len(set(map(repr, out))) != len(out):
+            raise ValueError(f"{name} must not list an item twice, got {_fmt(list(value))}")
+        return out
 
     def bad_values(self) -> list:
-        return [3, *([[b] for b in self.item.bad_values()])]
+        good = self.item.good_value() if hasattr(self.item, "good_value") else None
+        long = [] if good is None else [[good] * (self.longest + 1)]
+        twice = [] if good is None or not self.distinct else [[good, good]]
+        return [3, *([[b] for b in self.item.bad_values()]), *long, *twice]
 
 
 @dataclasses.dataclass(frozen=True)

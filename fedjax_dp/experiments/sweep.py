@@ -36,6 +36,10 @@ __all__ = ["Sweep", "Run", "load", "expand", "run", "run_folder", "summarize", "
 
 ConfigError = config_lib.ConfigError
 
+#: The most runs one sweep may hold (configs x grid points x target epsilons x seeds; the
+#: largest shipped sweep holds 1,008): refused above it before any run is expanded.
+MAX_RUNS = 10_000
+
 
 @dataclasses.dataclass
 class Sweep:
@@ -156,10 +160,13 @@ def _seeds_arg(value) -> list[int]:
     if isinstance(value, bool):
         raise ConfigError(f"--seeds must be a count S >= 1 or a list of seeds, got {value!r}")
     if isinstance(value, int):
-        validation.check_int("--seeds", value, minimum=1)
+        validation.check_int("--seeds", value, minimum=1, maximum=MAX_RUNS)
         return list(range(value))
     if not isinstance(value, list) or not value:
         raise ConfigError(f"--seeds must be a count S >= 1 or a list of seeds, got {value!r}")
+    if len(value) > MAX_RUNS:
+        raise ConfigError(f"--seeds lists {len(value)} seeds; a sweep holds at most {MAX_RUNS} "
+                          f"runs")
     for s in value:
         validation.check_int("--seeds[]", s, minimum=0)
     if len(set(value)) != len(value):
@@ -305,6 +312,7 @@ def load(paths: list[str], *, grid: list[str] = (), seeds=None, target_epsilon=N
                           "each target, e.g. algorithm.noise_multiplier)")
     if sw.calibrate and not sw.target_epsilon:
         raise ConfigError("--calibrate needs --target-epsilon E1,E2,...")
+    check_size(sw)
     return sw
 
 
@@ -318,9 +326,24 @@ def _toml_value(v) -> str:
     return json.dumps(v)
 
 
+def check_size(sw: Sweep) -> int:
+    """The number of runs of ``sw`` (configs x grid points x target epsilons x seeds); more than
+    :data:`MAX_RUNS` is refused in one line naming each factor."""
+    factors = {"configs": len(sw.bases), **{f"--grid {k}": len(v) for k, v in sw.grid.items()},
+               "--target-epsilon": len(sw.target_epsilon or [None]), "--seeds": len(sw.seeds)}
+    total = math.prod(factors.values())
+    if total > MAX_RUNS:
+        shown = " x ".join(f"{n} ({k})" for k, n in factors.items() if n != 1)
+        raise ConfigError(f"the sweep holds {total:,} runs ({shown}); at most {MAX_RUNS:,} "
+                          f"runs: split it or shorten a grid")
+    return total
+
+
 def expand(sw: Sweep) -> list[Run]:
-    """Every run of the sweep, validated before any data is loaded or anything is trained."""
+    """Every run of the sweep (at most :data:`MAX_RUNS`, :func:`check_size`), validated before
+    any data is loaded or anything is trained."""
     from fedjax_dp.experiments import runner
+    check_size(sw)
     keys = list(sw.grid)
     points = [dict(zip(keys, combo)) for combo in itertools.product(*sw.grid.values())]
     targets = sw.target_epsilon or [None]

@@ -127,7 +127,9 @@ MODEL_OPTIONS: dict[str, dict[str, Any]] = {
 
 def model_options(name: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
     """The validated size options of model ``name``: its defaults (:data:`MODEL_OPTIONS`) updated
-    by ``options``. Errors name the key as ``model.options.<key>``."""
+    by ``options``. Widths (channels, units, heads) are at most ``validation.WIDTH_MAX``
+    (65,536), ``layers``, blocks per stage and the lists' lengths at most
+    ``validation.DEPTH_MAX`` (64). Errors name the key as ``model.options.<key>``."""
     validation.check_choice("model.name", name, MODELS)
     options = dict(options or {})
     defaults = MODEL_OPTIONS.get(name, {})
@@ -142,12 +144,18 @@ def model_options(name: str, options: Mapping[str, Any] | None) -> dict[str, Any
         if key == "stem":
             validation.check_choice(where, value, image.RESNET_STEMS)
         elif key in ("conv_channels", "stage_blocks"):
-            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
-                raise ValueError(f"{where} must be a non-empty list of positive integers "
-                                 f"(channels per convolution / blocks per stage), got {value!r}")
-            out[key] = tuple(validation.check_int(f"{where}[]", c, minimum=1) for c in value)
-        else:
-            out[key] = validation.check_int(where, value, minimum=0 if key == "projection" else 1)
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not \
+                    1 <= len(value) <= validation.DEPTH_MAX:
+                raise ValueError(f"{where} must be a list of 1 to {validation.DEPTH_MAX} positive "
+                                 f"integers (channels per convolution / blocks per stage), got "
+                                 f"{value!r}")
+            top = validation.WIDTH_MAX if key == "conv_channels" else validation.DEPTH_MAX
+            out[key] = tuple(validation.check_int(f"{where}[]", c, minimum=1, maximum=top)
+                             for c in value)
+        else:                 # a depth (layers) at most DEPTH_MAX, a width at most WIDTH_MAX
+            top = validation.DEPTH_MAX if key == "layers" else validation.WIDTH_MAX
+            out[key] = validation.check_int(where, value, minimum=0 if key == "projection" else 1,
+                                            maximum=top)
     if name == "resnet18_gn" and out["width"] % out["groups"]:
         raise ValueError(f"model.options.width ({out['width']}) must be a multiple of "
                          f"model.options.groups ({out['groups']}): GroupNorm splits channels")
