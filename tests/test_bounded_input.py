@@ -154,3 +154,27 @@ def test_sweep_sizes_are_bounded(capsys):
                       "--grid", f"train.steps={many}"],
              "the sweep holds 40,000 runs (200 (--grid algorithm.rounds) x 200 (--grid "
              "train.steps)); at most 10,000 runs")
+
+
+# ------------------------------------------------------------------- cohorts never empty
+
+@pytest.mark.parametrize("config, rate, match", [
+    (DP, 1e-6, "algorithm.sampling_rate = 1e-06 with 100 agents and 30 round(s)"),
+    (FEDSGD, 1e-4, "every round's cohort is empty with probability 0.882"),
+])
+def test_a_cohort_empty_in_every_round_is_refused(tmp_path, capsys, config, rate, match):
+    _refused(capsys, ["run", config, "--quiet", "--out", str(tmp_path / "out"), "--set",
+                      f"algorithm.sampling_rate={rate}"], match, "raise algorithm.sampling_rate")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_empty_cohort_rule():
+    from fedjax_dp.core import cohort
+    ok = cohort.Sampling("poisson", rate=0.01)
+    ok.check(100, 30)                        # P(all 30 rounds empty) = 0.99^3000: tiny
+    ok.check(100)                            # without rounds: no probabilistic check
+    with pytest.raises(ValueError, match="probability 0.605"):
+        ok.check(10, 5)                      # 0.99^50 = 0.605 >= 1/2
+    with pytest.raises(ValueError, match="empty with probability 1 "):
+        cohort.Sampling("poisson", rate=1e-12).check(10 ** 6, 10)   # below the coins' 2^-32
+    cohort.Sampling("fixed", size=1).check(5, 1)

@@ -42,6 +42,9 @@ from fedjax_dp.core import defaults as defaults_lib, validation
 from fedjax_dp.core.stacked import StackedData, is_on_host, release_pages
 
 SAMPLINGS = ("poisson", "fixed")
+#: A Poisson-sampled run whose every round is empty with at least this probability is refused
+#: (:meth:`Sampling.check`).
+EMPTY_RUN_LIMIT = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,11 +66,30 @@ class Sampling:
         else:
             validation.check_int("cohort_size", self.size, minimum=1)
 
-    def check(self, num_agents: int) -> None:
-        """Fixed-size sampling needs ``cohort_size <= N`` (raised before any work)."""
+    def check(self, num_agents: int, rounds: int | None = None) -> None:
+        """Refuse, before any work, a cohort that cannot be drawn or is (nearly) always empty.
+
+        Fixed-size sampling needs ``cohort_size <= N``. Poisson sampling over ``rounds`` rounds
+        (when given) is refused when every round's cohort is empty with probability at least
+        :data:`EMPTY_RUN_LIMIT` (1/2): ``(1 - q')^(N T) >= 1/2``, q' the rate the coins realise
+        (:func:`realised_rate`), i.e. the run most likely trains on nobody; the message names
+        ``algorithm.sampling_rate`` and the smallest rate that passes."""
         if self.kind == "fixed" and self.size > num_agents:
             raise ValueError(f"algorithm.cohort_size must be in [1, {num_agents}] (the number of "
                              f"agents), got {self.size}")
+        if self.kind != "poisson" or rounds is None:
+            return
+        draws = float(num_agents) * float(rounds)
+        q = realised_rate(self.rate)
+        log_empty = draws * math.log1p(-q) if q < 1.0 else -math.inf
+        if log_empty >= math.log(EMPTY_RUN_LIMIT):
+            least = -math.expm1(math.log(EMPTY_RUN_LIMIT) / draws)
+            raise ValueError(
+                f"algorithm.sampling_rate = {self.rate:g} with {num_agents} agents and {rounds} "
+                f"round(s) expects {self.rate * num_agents:.3g} agents a round: every round's "
+                f"cohort is empty with probability {math.exp(log_empty):.3g} (refused at >= "
+                f"{EMPTY_RUN_LIMIT:g}); raise algorithm.sampling_rate above {least:.3g} (or "
+                f"algorithm.rounds, or use algorithm.sampling = \"fixed\")")
 
     def expected(self, num_agents: int) -> float:
         """Expected cohort size (qN or C)."""

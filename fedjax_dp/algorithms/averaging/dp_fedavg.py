@@ -185,6 +185,7 @@ num_steps = fedavg.num_steps
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
     """As :func:`fedavg.init` with the clipped, noised round of :func:`round_spec`."""
+    config.participation.check(data.num_agents, config.rounds)    # not every round empty
     return fedavg.init_rounds(key, data, model, config.local, round_spec(config), runtime)
 
 

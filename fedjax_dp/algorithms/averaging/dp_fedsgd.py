@@ -301,7 +301,7 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     rates = jnp.asarray(record_sampling_rates(config, counts), jnp.float32)
     denominators = jnp.asarray(expected_batch_sizes(config, counts), jnp.float32)
     params = model.init(api.init_key(key))
-    config.participation.check(agents.num_agents)
+    config.participation.check(agents.num_agents, config.rounds)   # not every round empty
     expected = max(1, math.ceil(config.participation.expected(agents.num_agents)))
     chunk = resolve_chunk_size(runtime.chunk_size, num_agents=expected,
                                bytes_per_agent=private_grad.per_example_bytes(params, agents.max_size))

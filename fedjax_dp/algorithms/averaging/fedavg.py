@@ -79,6 +79,7 @@ def round_spec(config: Config) -> RoundSpec:
 
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
+    config.participation.check(data.num_agents, config.rounds)    # not every round empty
     return init_rounds(key, data, model, config.local, round_spec(config), runtime)
 
 
