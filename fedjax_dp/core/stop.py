@@ -8,7 +8,8 @@ default SIGTERM handler kills the process with nothing written. So, while :func:
 active (the command line's whole life; :func:`fedjax_dp.experiments.runner.run`'s):
 
 * a signal is first *recorded* (:func:`pending`), then raised as :class:`Stopped` (a
-  ``KeyboardInterrupt``) at once unless a :func:`deferred` block is running;
+  ``KeyboardInterrupt``) at once unless a :func:`deferred` block is running; where Python
+  swallows it, ``sys.unraisablehook`` drops it silently (no ``Exception ignored`` on stderr);
 * :func:`check`, called at the runner's safe points (after set-up, after every round, before
   the final write), raises :class:`Stopped` again for a recorded signal: one that a callback
   swallowed stops the run at the next safe point;
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -73,10 +75,20 @@ def what(e: BaseException) -> str:
     return _NAMES.get(getattr(e, "signum", signal.SIGINT), "interrupted")
 
 
+def _unraisable(previous):
+    """``sys.unraisablehook`` that drops a :class:`Stopped` raised where Python swallows
+    exceptions (it stays recorded, :func:`check` raises it again) and passes the rest on."""
+    def hook(unraisable):
+        if not isinstance(unraisable.exc_value, Stopped):
+            previous(unraisable)
+    return hook
+
+
 @contextlib.contextmanager
-def handling():
+def handling(early: int | None = None):
     """Record and raise SIGINT / SIGTERM while active (main thread only; nested uses share the
-    outermost's handlers). On leaving, the previous handlers come back."""
+    outermost's handlers). ``early``: a signal received before (while the library was being
+    imported), recorded as pending. On leaving, the previous handlers come back."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -84,12 +96,17 @@ def handling():
         clear()
         for sig in SIGNALS:
             _previous[sig] = signal.signal(sig, _handler)
+        _previous["unraisable"] = sys.unraisablehook
+        sys.unraisablehook = _unraisable(sys.unraisablehook)
+        if early is not None:
+            _state["pending"] = early
     _state["depth"] += 1
     try:
         yield
     finally:
         _state["depth"] -= 1
         if _state["depth"] == 0:
+            sys.unraisablehook = _previous.pop("unraisable")
             for sig, previous in _previous.items():
                 signal.signal(sig, previous)
             _previous.clear()
