@@ -118,6 +118,102 @@ def test_a_converted_folder_read_back_must_match_its_metadata(converted, tmp_pat
     assert not (tmp_path / "out").exists()
 
 
+# ----------------------------------------------------------------------- delta below 1/N
+
+DELTA_CASES = [
+    (DP, ["privacy.delta=0.5"], "privacy.delta = 0.5 must be below 1/N = 0.01 for the "
+     "agent-level guarantee (N = 100 agents)"),             # reported epsilon 0.0 before
+    (DP, ["privacy.delta=0.02"], "privacy.delta = 0.02 must be below 1/N = 0.01"),
+    (DP, ["privacy.delta=0.01"], "privacy.delta = 0.01 must be below 1/N = 0.01"),   # = 1/N
+    (FEDSGD, ["privacy.delta=1e-3"], "for the instance-level guarantee (N = 3000 records)"),
+    (ISRL, ["algorithm.delta=0.01"], "algorithm.delta = 0.01 must be below 1/N = 0.00293 for "
+     "the silo_record-level guarantee (N = 341 records)"),  # the calibration's target delta
+]
+
+
+@pytest.mark.parametrize("config, sets, match", DELTA_CASES,
+                         ids=[" ".join(s) + " " + Path(c).stem for c, s, _ in DELTA_CASES])
+def test_a_delta_at_or_above_one_over_n_is_refused(tmp_path, capsys, config, sets, match):
+    argv = ["run", config, "--quiet", "--out", str(tmp_path / "out")]
+    for s in sets:
+        argv += ["--set", s]
+    _refused(capsys, argv, match, "privacy.allow_large_delta = true")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_override_lets_a_large_delta_through():
+    from fedjax_dp.experiments import config as config_lib
+    from fedjax_dp.experiments import runner
+    for path, sets, records in ((DP, ["privacy.delta=0.5"], None),
+                                (FEDSGD, ["privacy.delta=1e-3"], 3000)):
+        cfg = config_lib.load(path, sets + ["privacy.allow_large_delta=true"])
+        runner.check_delta(runner.plan(cfg), agents=cfg["data"]["num_agents"], records=records)
+        assert cfg["privacy"]["allow_large_delta"] is True
+    # at its default the key is left out of the resolved config (stored runs keep their
+    # fingerprints); a value below 1/N passes without it
+    cfg = config_lib.load(FEDSGD, ["privacy.delta=3e-4"])
+    assert "allow_large_delta" not in cfg["privacy"]
+    runner.check_delta(runner.plan(cfg), agents=50, records=3000)
+
+
+def test_sweeps_and_calibration_respect_the_bound(tmp_path, capsys):
+    """A sweep's cell is refused when its data loads (the calibration sets it up), before any
+    run is trained or recorded."""
+    from fedjax_dp.experiments import calibrate
+    from fedjax_dp.experiments import config as config_lib
+    out = tmp_path / "sw"
+    _refused(capsys, ["sweep", DP, "--out", str(out), "--set", "privacy.delta=0.02",
+                      "--target-epsilon", "2", "--calibrate", "algorithm.noise_multiplier"],
+             "privacy.delta = 0.02 must be below 1/N = 0.01")
+    assert not (out / "results.jsonl").exists() or not (out / "results.jsonl").read_text()
+    cfg = config_lib.load(FEDSGD, ["privacy.delta=1e-3"])
+    with pytest.raises(ValueError, match=r"N = 3000 records\)"):
+        calibrate.calibrate(cfg, "algorithm.noise_multiplier", 2.0)
+
+
+def test_account_distributed_refuses_a_delta_at_or_above_one_over_the_population(capsys):
+    argv = ["account", "distributed", "--kind", "ddg", "--bits", "16", "--dim", "10", "--clip",
+            "1", "--population", "100", "--cohort", "10", "--rounds", "5", "--noise-multiplier",
+            "1", "--delta"]
+    _refused(capsys, argv + ["0.02"], "--delta = 0.02 must be below 1/N = 0.01",
+             "--allow-large-delta")
+    assert cli.main(argv + ["0.02", "--allow-large-delta"]) == 0
+    assert json.loads(capsys.readouterr().out)["delta"] == 0.02
+
+
+def test_every_private_algorithm_names_its_units_before_any_data():
+    """The ``privacy_units`` hook: each registered private algorithm's units from its default
+    config alone; the default reads ``ledger(config, None)``, every documented unit where that
+    needs the state."""
+    import types
+    from fedjax_dp.algorithms import api, registry
+    from fedjax_dp.privacy import UNITS, PrivacyLedger, accounting
+    for name in registry.names():
+        h = api.hooks(registry.get(name))
+        units = h.privacy_units(registry.get(name).Config())
+        assert set(units) <= set(UNITS) and (units or not h.private or name == "fedkt"), name
+    one = PrivacyLedger().add_event("party", accounting.gaussian_event(1.0), relation="r")
+    assert api.hooks(types.SimpleNamespace(ledger=lambda c, s: one)).privacy_units(None) == \
+        ("party",)
+
+    def needs_state(config, state):
+        raise ValueError("needs the run's state")
+    assert api.hooks(types.SimpleNamespace(ledger=needs_state)).privacy_units(None) == \
+        tuple(UNITS)
+
+
+def test_the_bound_counts_agents_or_records_by_unit():
+    from fedjax_dp.privacy import delta_bound
+    assert [delta_bound.kind(u) for u in ("agent", "party", "instance", "example",
+                                          "silo_record", "shuffle", "instance (party 2)",
+                                          "something_new")] == \
+        ["agents"] * 2 + ["records"] * 6
+    delta_bound.check(0.0099, ["agent"], agents=100)
+    delta_bound.check(0.5, ["instance"], agents=100)                 # records not known yet
+    with pytest.raises(delta_bound.DeltaBoundError, match="for the party-level"):
+        delta_bound.check(0.2, ["party"], agents=5, records=1000)
+
+
 # ------------------------------------------------------------------ config sizes bounded
 
 SIZE_CASES = [

@@ -37,7 +37,7 @@ from fedjax_dp.algorithms import calls
 from fedjax_dp.core import StackedData, validation
 from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.models import Model
-from fedjax_dp.privacy import PrivacyLedger
+from fedjax_dp.privacy import UNITS, PrivacyLedger
 
 Params = Any
 
@@ -236,6 +236,11 @@ class Algorithm(Protocol):
         """The ledger(s) as a function of a calibrated config, before any training. Default:
         ``lambda c: ledger(c, state)``."""
 
+    def privacy_units(self, config: Any) -> tuple[str, ...]:
+        """The units of privacy a run of ``config`` reports, before any data (the delta bound,
+        :mod:`fedjax_dp.privacy.delta_bound`). Default: the units of ``ledger(config, None)``;
+        where that needs the run's state, every documented unit (the tightest bound)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Hooks:
@@ -255,6 +260,7 @@ class Hooks:
     step_label: Callable[[Any, int], str]
     artifacts: Callable[[State, Path | None, dict], dict]
     planned_ledger: Callable[[Any, State, jax.Array], Callable[[Any], PrivacyLedger | tuple]]
+    privacy_units: Callable[[Any], tuple[str, ...]]
 
     @property
     def can_vmap_seeds(self) -> bool:
@@ -282,7 +288,7 @@ def hooks(algorithm: Algorithm) -> Hooks:
     if (own.get("batch_plan") is None) != (own.get("batched_step") is None):
         raise ValueError("algorithm.batch_plan and algorithm.batched_step are declared together")
     for name in ("seed_step", "batch_plan", "batched_step", "multi_step", "rounds_per_call",
-                 "prefetch", "step_label", "artifacts", "planned_ledger"):
+                 "prefetch", "step_label", "artifacts", "planned_ledger", "privacy_units"):
         if own.get(name) is not None and not callable(own[name]):
             raise ValueError(f"algorithm.{name} must be callable, got {own[name]!r}")
 
@@ -293,6 +299,13 @@ def hooks(algorithm: Algorithm) -> Hooks:
     def planned_ledger(config: Any, state: State, key: jax.Array):
         return lambda candidate: algorithm.ledger(candidate, state)
 
+    def privacy_units(config: Any) -> tuple[str, ...]:
+        try:
+            found = ledgers(algorithm, config, None)
+        except (ValueError, TypeError, AttributeError, KeyError):    # it needs the state
+            return tuple(UNITS)
+        return tuple(dict.fromkeys(u for ledger in found for u in ledger.units()))
+
     return Hooks(PHASES=phases, **flags,
                  seed_step=own.get("seed_step"), batch_plan=own.get("batch_plan"),
                  batched_step=own.get("batched_step"),
@@ -301,7 +314,8 @@ def hooks(algorithm: Algorithm) -> Hooks:
                  prefetch=own.get("prefetch") or _no_prefetch,
                  step_label=own.get("step_label") or step_label,
                  artifacts=own.get("artifacts") or _no_artifacts,
-                 planned_ledger=own.get("planned_ledger") or planned_ledger)
+                 planned_ledger=own.get("planned_ledger") or planned_ledger,
+                 privacy_units=own.get("privacy_units") or privacy_units)
 
 
 def _no_multi_step(state: State) -> int:

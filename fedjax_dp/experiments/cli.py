@@ -222,6 +222,11 @@ def _cmd_account_distributed(args) -> int:
     from fedjax_dp.privacy import distributed_accounting as da
     if (args.noise_multiplier is None) == (args.target_epsilon is None):
         raise ValueError("give exactly one of --noise-multiplier and --target-epsilon")
+    from fedjax_dp.core import validation
+    from fedjax_dp.privacy import delta_bound
+    population = validation.check_int("--population", args.population, minimum=1)
+    delta_bound.check(args.delta, ("agent",), agents=population, key="--delta",
+                      override="pass --allow-large-delta", allow=args.allow_large_delta)
     common = dict(clip=args.clip, dim=args.dim, cohort=args.cohort, bits=args.bits,
                   k_stddevs=args.k_stddevs, beta=args.beta, min_survivors=args.min_survivors)
     z = args.noise_multiplier
@@ -572,7 +577,11 @@ def build_parser() -> argparse.ArgumentParser:
     dd.add_argument("--population", type=int, required=True, help="N agents")
     dd.add_argument("--cohort", type=int, required=True, help="m agents a round (fixed size)")
     dd.add_argument("--rounds", type=int, required=True)
-    dd.add_argument("--delta", type=float, required=True)
+    dd.add_argument("--delta", type=float, required=True,
+                    help="below 1/population (fedjax_dp.privacy.delta_bound)")
+    dd.add_argument("--allow-large-delta", action="store_true",
+                    help="report a delta >= 1/population anyway (it permits releasing one "
+                         "agent's data)")
     dd.add_argument("--noise-multiplier", type=float, default=None,
                     help="z, the central-equivalent noise multiplier")
     dd.add_argument("--target-epsilon", type=float, default=None,

@@ -42,7 +42,9 @@ DEFAULTS: dict[str, Any] = {
     "train": {"steps": 50, "batch_size": 32, "learning_rate": 0.1, "optimizer": "sgd",
               "weight_decay": 0.0, "prox_mu": 0.0, "batching": "replacement"},
     "algorithm": {"name": "fedavg"},
-    "privacy": {"delta": 1e-5, "accountants": ["rdp", "pld"]},
+    # allow_large_delta: report a guarantee at a delta >= 1/N of the units it protects, which
+    # permits releasing one whole unit's data (refused without it: fedjax_dp.privacy.delta_bound)
+    "privacy": {"delta": 1e-5, "accountants": ["rdp", "pld"], "allow_large_delta": False},
     # agents_on: where the agents' records live, "device", "host" (only each round's cohort /
     # chunk is copied over) or "auto" (host when large, fedjax_dp.core.auto_placement);
     # checkpoint_every: rounds between checkpoints of a round-based run (0: none)
@@ -69,6 +71,11 @@ LOG_BACKENDS = ("tensorboard", "wandb")
 #: ``data.validation_split`` values: the hold-out from the whole training split before
 #: partitioning, or from every agent's own records after it (data/population.py)
 VALIDATION_SPLITS = ("pooled", "per_agent")
+
+#: keys added after runs were stored, left out of a resolved config while at their default so
+#: that its fingerprint (experiments/checkpoint.py) and stored runs' stay the same; read them
+#: with ``.get(key, default)``
+_LATER_DEFAULTS = (("privacy", "allow_large_delta"),)
 
 # Tables whose keys are free-form (passed through to a dataset, partitioner or algorithm).
 _OPEN_TABLES = {("data", "dataset_options"), ("data", "partition_options"), ("algorithm",),
@@ -186,6 +193,7 @@ FIELDS: dict[tuple[str, ...], Any] = {
     ("privacy", "delta"): validation.Float(0.0, 1.0, low_open=True, high_open=True),
     ("privacy", "accountants"): validation.ListOf(validation.Choice(("rdp", "pld")),
                                                   min_length=1, max_length=2, distinct=True),
+    ("privacy", "allow_large_delta"): validation.Bool(),
     ("run", "eval_every"): validation.Int(0),
     ("run", "chunk_size"): validation.Custom(_chunk_size, bad=(-1, 2.5, "x", True, 1e30)),
     ("run", "progress"): validation.Bool(),
@@ -225,6 +233,9 @@ def resolve(raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> dict:
         node[path[-1]] = spec(".".join(path), node[path[-1]])
     validation.check_choice("run.agents_on", resolved["run"]["agents_on"],
                             ("auto", "device", "host"))
+    for table, key in _LATER_DEFAULTS:          # at its default: as configs stored before it
+        if resolved[table][key] is DEFAULTS[table][key]:
+            del resolved[table][key]
     d = resolved["data"]
     for key, unset in (("validation_split", "pooled"), ("validation_seed", -1)):
         if d[key] != unset and not d["validation_fraction"]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from fedjax_dp import data as data_lib
 from fedjax_dp.algorithms import api, registry
@@ -119,6 +120,24 @@ def plan(config: dict) -> Plan:
         if type(checked) in (int, float) and type(v) in (int, float) and checked == v:
             config["algorithm"][k] = checked
     return Plan(config=config, entry=entry, algorithm_config=algorithm_config, local=local)
+
+
+def check_delta(p: Plan, *, agents: int | None = None, records: int | None = None) -> None:
+    """``privacy.delta`` (and an ``algorithm.delta`` set on its own) below 1/N for every unit
+    the run reports (its ``privacy_units`` hook; :mod:`fedjax_dp.privacy.delta_bound`): N the
+    ``agents`` for a whole agent's or party's data, the training ``records`` for one record
+    (None: not known yet). ``privacy.allow_large_delta = true`` lifts the bound."""
+    from fedjax_dp.privacy import delta_bound
+    hooks = api.hooks(p.entry)
+    if not hooks.private:
+        return
+    units = hooks.privacy_units(p.algorithm_config)
+    allow = p.config["privacy"].get("allow_large_delta", False)
+    targets = [("privacy.delta", p.config["privacy"]["delta"])]
+    if "delta" in p.config["algorithm"]:               # a target delta of its own
+        targets.append(("algorithm.delta", p.algorithm_config.delta))
+    for key, delta in targets:
+        delta_bound.check(delta, units, agents=agents, records=records, key=key, allow=allow)
 
 
 def jsonable(x):
@@ -386,6 +405,8 @@ def setup(config: dict) -> Setup:
     resolved config (the seed's root key drives the partition and the algorithm's key)."""
     root = rng.as_key(config["seed"])
     pop = population.build(config)     # streamed into the stacked agents, placed by agents_on
+    check_delta(plan(config), agents=pop.agents.num_agents,   # N known, nothing trained yet
+                records=int(np.asarray(pop.agents.counts).sum()))
     dataset = pop.dataset
     model = make_model(config["model"]["name"], tuple(dataset.feature_shape),
                        dataset.num_classes, hidden=tuple(config["model"]["hidden"]),

@@ -210,6 +210,12 @@ def dp_event(config: Config, num_agents: int | None = None):
     return accounting.sampled_gaussian_event(z, config.sampling_rate, config.rounds)
 
 
+def privacy_units(config: Config) -> tuple[str, ...]:
+    """The ``privacy_units`` hook (:class:`fedjax_dp.algorithms.api.Algorithm`): ``agent``
+    (a fixed-size cohort's ledger needs N, from the state)."""
+    return ("agent",)
+
+
 def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
     """Agent-level guarantee of the whole run (independent of the data: no data-dependent part).
 

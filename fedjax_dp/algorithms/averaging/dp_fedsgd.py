@@ -340,6 +340,11 @@ def planned_ledger(config: Config, state: api.State,
     return lambda candidate: instance_ledger(candidate, counts, participation)
 
 
+def privacy_units(config: Config) -> tuple[str, ...]:
+    """The ``privacy_units`` hook (:class:`fedjax_dp.algorithms.api.Algorithm`): ``instance``."""
+    return (UNIT,)
+
+
 def ledger(config: Config, state: api.State) -> PrivacyLedger:
     """:func:`instance_ledger` of the run: local sizes from the data, T_i from
     ``values["participation"]`` (the rounds done so far)."""

@@ -148,6 +148,12 @@ def output(state: api.State) -> api.Output:
                       predict=lambda x: np.asarray(learner.predict(final_fit, x))[0])
 
 
+def privacy_units(config: Config) -> tuple[str, ...]:
+    """The ``privacy_units`` hook (:class:`fedjax_dp.algorithms.api.Algorithm`): ``party`` and
+    ``example`` (none at L0, which adds no noise)."""
+    return () if config.level == "L0" else ("party", "example")
+
+
 def ledger(config: Config, state: api.State) -> tuple[PrivacyLedger, PrivacyLedger]:
     """``(data_dependent, data_independent)`` (:func:`.privacy.ledgers_from_votes` on the run's
     votes), reported side by side, not composed."""

@@ -252,6 +252,10 @@ class Algorithm:
     def output(self, state: api.State) -> api.Output:
         return api.Output(model=state.context.model, params=state.values["params"])
 
+    def privacy_units(self, config) -> tuple[str, ...]:
+        """The ``privacy_units`` hook: ``silo_record`` (none for the non-private baselines)."""
+        return (calibration.UNIT,) if self.private else ()
+
     def ledger(self, config, state: api.State) -> PrivacyLedger:
         """What each silo released (``state.values["uploads"]``), worst silo by parallel
         composition; empty for the non-private baselines."""

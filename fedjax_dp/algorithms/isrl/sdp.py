@@ -95,6 +95,10 @@ class ShuffleAlgorithm(Algorithm):
                                     granularity=int(config.granularity), noise_trials=int(trials))
         return 0.0, {"shuffle": cfg}
 
+    def privacy_units(self, config) -> tuple[str, ...]:
+        """The ``privacy_units`` hook: ``shuffle``."""
+        return (UNIT,)
+
     def ledger(self, config, state) -> PrivacyLedger:
         """Each silo's releases as one ``BinomialSumEvent`` (count = rounds it was available,
         sampling probability = its largest record rate); worst silo by parallel composition."""
