@@ -176,7 +176,7 @@ def test_calibrate_other_algorithms_against_dp_accounting():
 
 @pytest.mark.parametrize("argv, message", [
     (["--grid", "algorithm.sigma"], "--grid expects KEY=V1,V2"),
-    (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--seeds", "0"], "--seeds must be in [1, 10000]"),
     (["--seeds", "1,1"], "lists a seed twice"),
     (["--target-epsilon", "-1", "--calibrate", "algorithm.noise_multiplier"],
      "--target-epsilon values must be positive"),
