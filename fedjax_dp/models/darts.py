@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -466,8 +465,9 @@ class Genotype(NamedTuple):
 
     @classmethod
     def from_json(cls, data: dict | str) -> "Genotype":
-        if isinstance(data, str):
-            data = json.loads(data)
+        if isinstance(data, str):        # a config's string: data, depth-bounded
+            from fedjax_dp.core import files
+            data = files.parse_json(data, what="a genotype's JSON", max_depth=8)
         g = cls(normal=tuple((str(o), int(j)) for o, j in data["normal"]),
                 normal_concat=tuple(int(i) for i in data["normal_concat"]),
                 reduce=tuple((str(o), int(j)) for o, j in data["reduce"]),

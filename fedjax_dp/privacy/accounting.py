@@ -19,11 +19,11 @@ accountant under ``REPLACE_ONE`` (Wang et al. 2019; the only relation dp-account
 :func:`uses_replace_one`); the PLD accountant does not support it."""
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import functools
-import importlib
-import json
 import logging
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -397,28 +397,95 @@ def event_to_json(event: dp_event.DpEvent) -> dict:
     return _to_jsonable(event.to_named_tuple())
 
 
-def _from_jsonable(value: Any) -> Any:
+#: The DpEvent classes a JSON event may name, by exact class name: dp-accounting's own
+#: (``dp_accounting.dp_event``), listed here, never looked up by a name read from a file.
+EVENT_CLASSES: dict[str, type] = {
+    name: cls for name, cls in vars(dp_event).items()
+    if isinstance(cls, type) and issubclass(cls, dp_event.DpEvent) and cls is not dp_event.DpEvent
+    and cls.__module__ == dp_event.__name__ and cls.__name__ == name and attr.has(cls)}
+#: the module names an event's JSON may carry (``to_named_tuple``'s, or the package's)
+_EVENT_MODULES = ("dp_accounting.dp_event", "dp_accounting")
+#: events nest (composed, sampled) at most this deep in a JSON event
+MAX_EVENT_DEPTH = 64
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _typed(value: Any, kind: Any) -> bool:
+    """Whether a field's value (events already built) has the field's annotated type."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is float:
+        return _number(value)
+    if kind is int:
+        return _number(value) and float(value).is_integer()
+    if isinstance(kind, type) and issubclass(kind, dp_event.DpEvent):
+        return isinstance(value, dp_event.DpEvent)
+    if origin is typing.Union:
+        return any(_typed(value, a) for a in args)
+    if origin in (list, tuple, Sequence, collections.abc.Sequence):
+        return isinstance(value, list) and all(_typed(v, args[0] if args else float)
+                                               for v in value)
+    return value is None or _number(value)
+
+
+def _event_from_jsonable(value: Mapping, where: str, depth: int) -> dp_event.DpEvent:
+    name = value["class_name"]
+    module_name = value.get("module_name", "dp_accounting.dp_event")
+    cls = EVENT_CLASSES.get(name) if isinstance(name, str) else None
+    if cls is None or module_name not in _EVENT_MODULES:
+        shown = (f"{module_name}.{name}" if isinstance(module_name, str) else name) \
+            if isinstance(name, str) else name
+        raise ValueError(f"{where}: unknown DpEvent class {shown!r}; an event names one of "
+                         f"dp_accounting.dp_event's classes ({', '.join(sorted(EVENT_CLASSES))})")
+    fields = {f.name: f for f in attr.fields(cls)}
+    given = {k: v for k, v in value.items() if k not in ("class_name", "module_name")}
+    unknown = sorted(set(given) - set(fields))
+    missing = sorted(k for k, f in fields.items()
+                     if k not in given and f.default is attr.NOTHING)
+    if unknown or missing:
+        raise ValueError(f"{where}: {name} takes the fields {sorted(fields)}"
+                         + (f"; unknown {unknown}" if unknown else "")
+                         + (f"; missing {missing}" if missing else ""))
+    built = {k: _from_jsonable(v, f"{where}.{k}", depth + 1) for k, v in given.items()}
+    for k, v in built.items():
+        if not _typed(v, fields[k].type):
+            kind = fields[k].type
+            shown = kind.__name__ if isinstance(kind, type) else str(kind).replace(
+                "dp_accounting.dp_event.", "").replace("typing.", "")
+            raise ValueError(f"{where}: {name}.{k} = {v!r} is not a {shown}")
+    try:
+        return cls(**built)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {name} refuses its fields ({e})") from None
+
+
+def _from_jsonable(value: Any, where: str = "event", depth: int = 0) -> Any:
+    """A JSON value as events: a mapping with ``class_name`` is looked up in
+    :data:`EVENT_CLASSES` (nothing is imported), its fields checked against the class's."""
+    if depth > MAX_EVENT_DEPTH:
+        raise ValueError(f"{where}: events nested deeper than {MAX_EVENT_DEPTH} levels")
     if isinstance(value, Mapping) and "class_name" in value:
-        module_name = value.get("module_name", "dp_accounting.dp_event")
-        if module_name != "dp_accounting" and not module_name.startswith("dp_accounting."):
-            raise ValueError(f"event module must be part of dp_accounting, got {module_name!r}")
-        cls = getattr(importlib.import_module(module_name), value["class_name"], None)
-        if not (isinstance(cls, type) and issubclass(cls, dp_event.DpEvent)):
-            raise ValueError(f"unknown DpEvent class {value['class_name']!r}")
-        fields = {k: _from_jsonable(v) for k, v in value.items()
-                  if k not in ("class_name", "module_name")}
-        return cls(**fields)
+        return _event_from_jsonable(value, where, depth)
     if isinstance(value, list):
-        return [_from_jsonable(v) for v in value]
+        return [_from_jsonable(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
     if isinstance(value, Mapping):
-        return {k: _from_jsonable(v) for k, v in value.items()}
+        return {k: _from_jsonable(v, f"{where}.{k}", depth + 1) for k, v in value.items()}
     return value
 
 
 def event_from_json(data: Mapping | str) -> dp_event.DpEvent:
-    """Inverse of :func:`event_to_json` (accepts the dict or its ``json.dumps`` string)."""
-    if isinstance(data, str):
-        data = json.loads(data)
+    """Inverse of :func:`event_to_json` (accepts the dict or its ``json.dumps`` string). Data,
+    never code: a class is one of :data:`EVENT_CLASSES` by its exact name (a ``module_name``
+    other than dp_accounting's, or a class outside dp_event, is refused with a ValueError), and
+    its fields must be the class's own with their types."""
+    if isinstance(data, (str, bytes)):
+        from fedjax_dp.core import files
+        data = files.parse_json(data, what="a DpEvent's JSON", max_depth=2 * MAX_EVENT_DEPTH)
+    if not isinstance(data, Mapping) or "class_name" not in data:
+        raise ValueError(f"a DpEvent's JSON must be an object with a class_name, got "
+                         f"{type(data).__name__}")
     event = _from_jsonable(data)
     return check_event("data", event)
 

@@ -178,6 +178,18 @@ class LedgerEntry:
 
     @classmethod
     def from_json(cls, data: Mapping) -> "LedgerEntry":
+        """Inverse of :meth:`to_json`; anything else (a missing key, a value of the wrong type,
+        an event outside the known classes) raises a one-line ValueError."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a ledger entry must be a JSON object, got {type(data).__name__}")
+        try:
+            return cls._from_json(data)
+        except (KeyError, TypeError, AttributeError) as e:
+            what = f"no key {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+            raise ValueError(f"a ledger entry is malformed ({what})") from None
+
+    @classmethod
+    def _from_json(cls, data: Mapping) -> "LedgerEntry":
         kind = validation.check_choice("kind", data["kind"], _KINDS)
         return cls(unit=data["unit"], relation=data["relation"], kind=kind,
                    event=(_member_from_json(data["event"]) if kind in ("event", "shuffle")
@@ -621,8 +633,19 @@ class PrivacyLedger:
 
     @classmethod
     def from_json(cls, data: Mapping | str) -> "PrivacyLedger":
-        if isinstance(data, str):
-            data = json.loads(data)
+        """Inverse of :meth:`to_json` (the dict or its JSON text), read as data: the events are
+        dp-accounting's named classes (:func:`fedjax_dp.privacy.accounting.event_from_json`)
+        or the shuffle event; anything malformed raises a one-line ValueError."""
+        if isinstance(data, (str, bytes)):
+            from fedjax_dp.core import files
+            data = files.parse_json(data, what="a privacy ledger's JSON")
+        if not isinstance(data, Mapping) or not isinstance(data.get("entries"), list):
+            raise ValueError("a privacy ledger's JSON must be an object with a list 'entries'")
+        uncovered = data.get("uncovered", [])
+        if not isinstance(uncovered, list) or not all(
+                isinstance(u, Mapping) and isinstance(u.get("release"), str)
+                and isinstance(u.get("reason"), str) for u in uncovered):
+            raise ValueError("a privacy ledger's 'uncovered' must be a list of {release, reason} "
+                             "strings")
         return cls([LedgerEntry.from_json(e) for e in data["entries"]],
-                   uncovered=[Uncovered(u["release"], u["reason"])
-                              for u in data.get("uncovered", ())])
+                   uncovered=[Uncovered(u["release"], u["reason"]) for u in uncovered])
