@@ -167,7 +167,13 @@ def load_stacked(path, *, mmap: bool = True) -> StackedData:
         raise FileNotFoundError(f"{folder} must hold x.npy, y.npy and counts.npy "
                                 f"(save_stacked); missing {missing}")
     mode = "r" if mmap else None
-    x, y, counts = (np.load(folder / f"{n}.npy", mmap_mode=mode) for n in ("x", "y", "counts"))
+    arrays = []
+    for n in ("x", "y", "counts"):          # arrays only (no pickle), each named in an error
+        try:
+            arrays.append(np.load(folder / f"{n}.npy", mmap_mode=mode, allow_pickle=False))
+        except (ValueError, OSError, EOFError) as e:
+            raise ValueError(f"{n}.npy: {str(e).splitlines()[0] if str(e) else e!r}") from None
+    x, y, counts = arrays
     return from_arrays(x, y, np.asarray(counts))
 
 

@@ -16,8 +16,10 @@ The result is the folder ``data.dataset = "stacked:DST"`` runs (the format of
 Each client of the published train split is one agent. The conversion never holds the
 population: pass 1 reads every client's size, pass 2 reads one client at a time and writes its
 rows straight into the memory-mapped ``x.npy`` / ``y.npy`` (sparse: padding costs no disk
-write), so memory stays about one client whatever N. The folder is built as ``DST.partial`` and
-renamed at the end, so an interrupted conversion never leaves a folder that loads.
+write), so memory stays about one client whatever N. The folder is built as the hidden sibling
+``.DST.tmp-<pid>``, its files fsynced, and renamed to DST at the end, so a conversion killed,
+failed or out of disk space never leaves a DST (the next conversion removes a dead process's
+temporary folder); a full disk ends in one line naming DST.
 
 Options: ``max_clients`` keeps the first K train clients (the test split keeps every test
 client), ``max_records`` the first k records of every client, ``max_test_records`` a uniform
@@ -26,6 +28,7 @@ random subset (``seed``) of the test records (kept in client order). ``vocab_siz
 """
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -34,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedjax_dp.core import files
 
 #: format -> one-line description (``fedjax-dp data convert --help``)
 FORMATS = {
@@ -190,6 +195,60 @@ def _write(reader, split: str, ids: list[str], counts: np.ndarray, x_out, y_out,
     return row if keep is not None else int(counts.sum())
 
 
+def _temporary(dst: Path) -> Path:
+    """The folder ``dst`` is built in: ``.DST.tmp-<pid>`` beside it (a concurrent conversion
+    to the same DST builds its own)."""
+    return dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+
+
+def _remove_dead_temporaries(dst: Path) -> None:
+    """Remove what a killed conversion to ``dst`` left: ``.DST.tmp-<pid>`` of a process that
+    is no longer running."""
+    prefix = f".{dst.name}.tmp-"
+    if not dst.parent.is_dir():
+        return
+    for p in dst.parent.iterdir():
+        pid = p.name[len(prefix):]
+        if not (p.name.startswith(prefix) and pid.isdigit()) or p.is_symlink() or \
+                not p.is_dir() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:                 # dead: its folder is a leftover
+            shutil.rmtree(p, ignore_errors=True)
+        except OSError:                            # alive (another user's): not ours
+            pass
+
+
+def _sync(folder: Path) -> None:
+    """fsync every file of ``folder`` and the folder itself (before the rename publishes it)."""
+    for p in folder.iterdir():
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    _sync_folder(folder)
+
+
+def _sync_folder(folder: Path) -> None:
+    """fsync a folder (its entries, e.g. a rename into it, are then on disk)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass                                       # some file systems cannot sync a folder
+    finally:
+        os.close(fd)
+
+
+#: errors of the disk, not of the source: reported as a failed write of DST
+_DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
 def convert(fmt: str, src, dst, *, vocab_size: int | None = None, vocab_file=None,
             seq_len: int | None = None, max_clients: int | None = None,
             max_records: int | None = None, max_test_records: int | None = None,
@@ -206,7 +265,8 @@ def convert(fmt: str, src, dst, *, vocab_size: int | None = None, vocab_file=Non
                          f"new folder")
     reader = open_source(fmt, src, vocab_size=vocab_size, vocab_file=vocab_file,
                          seq_len=seq_len)
-    partial = dst.with_name(dst.name + ".partial")
+    partial = _temporary(dst)
+    _remove_dead_temporaries(dst)
     try:
         reader.prepare(progress)
         train_ids, train_counts = _sizes(reader, "train", max_clients, max_records)
@@ -242,7 +302,7 @@ def convert(fmt: str, src, dst, *, vocab_size: int | None = None, vocab_file=Non
         for tmp in ("test_x.tmp.npy", "test_y.tmp.npy"):
             (partial / tmp).unlink()
         if reader.task is not None:
-            (partial / "task.json").write_text(json.dumps(reader.task, indent=1))
+            files.write_text(partial / "task.json", json.dumps(reader.task, indent=1))
         if reader.vocab is not None:
             reader.vocab.save(partial / "vocab.txt")
         summary = {"format": fmt, "source": str(Path(src).expanduser().resolve()),
@@ -254,10 +314,19 @@ def convert(fmt: str, src, dst, *, vocab_size: int | None = None, vocab_file=Non
                        else str(vocab_file), "seq_len": seq_len, "max_clients": max_clients,
                        "max_records": max_records, "max_test_records": max_test_records,
                        "seed": seed}}
-        (partial / "clients.json").write_text(json.dumps({**summary, "train": train_ids}))
+        files.write_text(partial / "clients.json", json.dumps({**summary, "train": train_ids}))
+        _sync(partial)
         if dst.exists():
             dst.rmdir()                         # empty (checked above)
         os.replace(partial, dst)
+        _sync_folder(dst.parent)
+    except OSError as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        if e.errno in _DISK_ERRORS:
+            raise files.WriteError(e.errno, f"cannot write the population {str(dst)!r}: "
+                                            f"{os.strerror(e.errno)}; nothing was kept (free some "
+                                            f"space and convert again)") from None
+        raise
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise

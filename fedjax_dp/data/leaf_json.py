@@ -48,13 +48,24 @@ def shard_files(root, split: str) -> list[Path]:
     return files
 
 
+#: a LEAF shard is read whole: at most this long (FEMNIST's are ~200 MB)
+MAX_SHARD_BYTES = 8 << 30
+
+
 def read_shard(path) -> dict:
-    """One LEAF shard, its layout checked (keys, lengths) with errors naming the file."""
+    """One LEAF shard, its layout checked (keys, lengths) with errors naming the file. Read as
+    data: a regular file (a symlink must stay inside SRC) of at most :data:`MAX_SHARD_BYTES`;
+    JSON nested past Python's recursion limit is refused like any invalid JSON."""
+    from fedjax_dp.core import files
+    path = Path(path)
+    text = files.read_bytes(path, max_bytes=MAX_SHARD_BYTES, root=path.parent.parent,
+                            what="LEAF shard")
     try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except json.JSONDecodeError as e:
+        d = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{str(path)!r} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{str(path)!r} is not valid JSON: nested too deep") from None
     if not isinstance(d, dict) or any(k not in d for k in KEYS):
         found = sorted(d) if isinstance(d, dict) else type(d).__name__
         raise ValueError(f"{str(path)!r} is not a LEAF shard: it needs the keys {list(KEYS)}, "

@@ -17,6 +17,7 @@ import ctypes
 import dataclasses
 import inspect
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ from fedjax_dp.data import splits
 
 SERVER_FILE = "server.npz"
 _STACKED_FILES = ("x.npy", "y.npy", "counts.npy")
+#: a converted population's clients.json (its client ids) is at most this long
+MAX_META_BYTES = 256 << 20
 
 AnyDataset = data_lib.Dataset | data_lib.StreamedDataset
 
@@ -401,11 +404,15 @@ def load_population(d: dict) -> tuple[data_lib.StreamedDataset, StackedData]:
                           f"{', '.join(missing)}; write one with fedjax_dp.data.population.save "
                           f"or fedjax_dp.core.save_stacked)")
     _check_stacked_keys(d)
+    _check_files(folder, where)
     try:
         agents = load_stacked(folder)
-    except ValueError as e:
+    except (ValueError, OSError, EOFError) as e:
         raise ConfigError(f"{where}: {str(folder)!r} is not a valid stacked "
                           f"population: {str(e).splitlines()[0]}") from None
+    if np.dtype(agents.x.dtype).kind not in "biuf":
+        raise ConfigError(f"{where}: {str(folder / 'x.npy')!r} holds {agents.x.dtype} "
+                          f"features; a population's features are numbers (float32 or int32)")
     check_converted(folder, agents, where)
     if agents.num_agents != d["num_agents"]:
         raise ConfigError(f"data.num_agents = {d['num_agents']} but {where} holds "
@@ -416,9 +423,7 @@ def load_population(d: dict) -> tuple[data_lib.StreamedDataset, StackedData]:
                       y_test=srv.y_test, num_classes=srv.num_classes,
                       name=f"{folder.name}->{srv.name}")
     elif (folder / SERVER_FILE).is_file():
-        with np.load(folder / SERVER_FILE, allow_pickle=False) as z:
-            splits = {k: z[k] for k in ("x_public", "y_public", "x_test", "y_test")}
-            splits.update(num_classes=int(z["num_classes"]), name=str(z["name"]))
+        splits = _read_server(folder / SERVER_FILE, where)
     else:
         raise ConfigError(f"{where}: {str(folder)!r} holds no {SERVER_FILE} (the "
                           f"public and test splits; population.save writes it); "
@@ -441,6 +446,51 @@ def load_population(d: dict) -> tuple[data_lib.StreamedDataset, StackedData]:
     return dataset, agents
 
 
+def _check_files(folder: Path, where: str) -> None:
+    """The population's files are regular files inside ``folder``: a symlink out of it is
+    refused (:func:`fedjax_dp.core.files.regular_file`), naming the file."""
+    from fedjax_dp.core import files
+    for name in (*_STACKED_FILES, SERVER_FILE, "clients.json", "task.json"):
+        path = folder / name
+        if name in _STACKED_FILES or os.path.lexists(path):
+            try:
+                files.regular_file(path, root=folder, what="population file")
+            except ValueError as e:
+                raise ConfigError(f"{where}: {e}") from None
+
+
+def _read_server(path: Path, where: str) -> dict:
+    """The public and test splits of ``server.npz`` (arrays only: ``allow_pickle=False``, its
+    declared size at most the memory this host has free), or a one-line ConfigError."""
+    import zipfile
+    from fedjax_dp.core import memory
+    try:
+        with zipfile.ZipFile(path) as zf:
+            size = sum(i.file_size for i in zf.infolist())
+        free = memory._host_available()
+        if free is not None and size > free:
+            raise ValueError(f"its arrays take {memory.format_bytes(size)}, more than the "
+                             f"{memory.format_bytes(free)} of memory free")
+        with np.load(path, allow_pickle=False) as z:
+            splits = {k: z[k] for k in ("x_public", "y_public", "x_test", "y_test")}
+            for k, v in splits.items():
+                if v.dtype.kind not in "biuf" or v.ndim < 1:
+                    raise ValueError(f"{k} is a {v.dtype} array of shape {list(v.shape)}, not "
+                                     f"records")
+            num_classes, name = z["num_classes"], z["name"]
+            if num_classes.shape != () or num_classes.dtype.kind not in "iu" or \
+                    name.shape != () or name.dtype.kind != "U":
+                raise ValueError("num_classes must be one integer and name one string")
+            splits.update(num_classes=int(num_classes), name=str(name))
+    except KeyError as e:
+        raise ConfigError(f"{where}: {str(path)!r} has no array {e} (the public and test "
+                          f"splits; population.save writes them)") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise ConfigError(f"{where}: {str(path)!r} is not a server split archive: "
+                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return splits
+
+
 def check_converted(folder: Path, agents: StackedData, where: str) -> None:
     """A converted population read back agrees with its ``clients.json`` (when it has one):
     the number of client ids, ``clients``, ``train_records``, ``n_max`` and ``feature_shape``
@@ -449,10 +499,12 @@ def check_converted(folder: Path, agents: StackedData, where: str) -> None:
     path = folder / "clients.json"
     if not path.is_file():
         return
+    from fedjax_dp.core import files
     try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{where}: {str(path)!r} is not valid JSON ({e})") from None
+        meta = files.read_json(path, max_bytes=MAX_META_BYTES, root=folder,
+                               what="population file", expect=dict)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("train"), list):
         raise ConfigError(f"{where}: {str(path)!r} must be a table holding the 'train' list "
                           f"of client ids")

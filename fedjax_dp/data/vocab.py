@@ -111,6 +111,10 @@ def _unescape(text: str) -> str:
 SHAKESPEARE = Vocab(tuple(CHAR_VOCAB))
 
 
+#: a vocabulary file is at most this long
+MAX_VOCAB_BYTES = 1 << 30
+
+
 def load_vocab(path, size: int | None = None, *, default: int | None = None) -> Vocab:
     """The first ``size`` tokens of a vocabulary file, one token per line (``size`` None: the
     first ``default`` tokens, or all when the file holds fewer or ``default`` is None).
@@ -122,8 +126,11 @@ def load_vocab(path, size: int | None = None, *, default: int | None = None) -> 
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"--vocab {str(p)!r} is not a file (a vocabulary: one token per line)")
+    from fedjax_dp.core import files
+    text = files.read_bytes(p, max_bytes=MAX_VOCAB_BYTES, root="/",  # the file named: followed
+                            what="--vocab").decode("utf-8")
     tokens = []
-    for line in p.read_text(encoding="utf-8").split("\n"):
+    for line in text.split("\n"):
         field = line.split(" ")[0]
         if not field:
             continue

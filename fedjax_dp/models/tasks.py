@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -252,20 +253,27 @@ def from_dict(d: dict, where: str = "task") -> Task:
     return NextToken(**kwargs)
 
 
+#: a task file is a few ids: at most this long
+MAX_TASK_BYTES = 1 << 20
+
+
 def save(folder, task: Task | None) -> Path:
-    """Write ``folder/task.json`` (:data:`TASK_FILE`); returns its path."""
+    """Write ``folder/task.json`` (:data:`TASK_FILE`) atomically; returns its path."""
+    from fedjax_dp.core import files
     path = Path(folder) / TASK_FILE
-    path.write_text(json.dumps(to_dict(task), indent=1))
+    files.write_text(path, json.dumps(to_dict(task), indent=1))
     return path
 
 
 def load(folder) -> Task:
-    """The task saved in ``folder/task.json``; :data:`CLASSIFICATION` when there is none."""
+    """The task saved in ``folder/task.json``; :data:`CLASSIFICATION` when there is none. Read
+    as data (:func:`fedjax_dp.core.files.read_json`): a regular file in ``folder`` (a symlink
+    out of it is refused), at most :data:`MAX_TASK_BYTES`, a JSON object; a ValueError names
+    the file."""
+    from fedjax_dp.core import files
     path = Path(folder) / TASK_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return CLASSIFICATION
-    try:
-        d = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    d = files.read_json(path, max_bytes=MAX_TASK_BYTES, max_depth=4, root=folder,
+                        what="task file", expect=dict)
     return from_dict(d, where=str(path))
