@@ -195,6 +195,7 @@ def write(record: dict, out: str | Path) -> tuple[Path, Path]:
         out = out.with_suffix("")
     out.parent.mkdir(parents=True, exist_ok=True)
     js, md = out.with_name(out.name + ".json"), out.with_name(out.name + ".md")
-    js.write_text(json.dumps(record, indent=2) + "\n")
-    md.write_text(markdown(record))
+    from fedjax_dp.core import files                 # atomic: a reader sees a whole file
+    files.write_text(js, json.dumps(record, indent=2) + "\n")
+    files.write_text(md, markdown(record))
     return js, md

@@ -359,6 +359,7 @@ def arms_plot(s: dict, stem: str | Path, title: str = "") -> list[str]:
 def write(stem: str | Path, markdown: str, data: dict) -> list[str]:
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".md").write_text(markdown)
-    stem.with_suffix(".json").write_text(json.dumps(data, indent=1, allow_nan=True) + "\n")
+    from fedjax_dp.core import files                 # atomic: a reader sees a whole file
+    files.write_text(stem.with_suffix(".md"), markdown)
+    files.write_text(stem.with_suffix(".json"), json.dumps(data, indent=1, allow_nan=True) + "\n")
     return [str(stem.with_suffix(".md")), str(stem.with_suffix(".json"))]

@@ -244,13 +244,32 @@ def resolve(raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> dict:
     return resolved
 
 
-def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict:
-    """Read a TOML config file and resolve it."""
+#: a config (or sweep) file is at most this long
+MAX_CONFIG_BYTES = 16 << 20
+
+
+def read_toml(path: str | Path, what: str = "config file") -> dict:
+    """A TOML file as data (``tomllib``: tables and values, nothing executed): a regular file
+    (the one named: a symlink is followed) of at most :data:`MAX_CONFIG_BYTES`, UTF-8, nested
+    no deeper than the parser can go; anything else is a one-line ConfigError naming it."""
+    from fedjax_dp.core import files
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+        raise ConfigError(f"{what} {str(path)!r} does not exist")
     try:
-        raw = tomllib.loads(path.read_text())
+        data = files.read_bytes(path, max_bytes=MAX_CONFIG_BYTES, root="/", what=what)
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {str(path)!r} is not UTF-8 text ({e.reason} at byte "
+                          f"{e.start})") from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {e}") from None
-    return resolve(raw, overrides)
+        raise ConfigError(f"{what} {str(path)!r} is not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{what} {str(path)!r} is nested too deep to be a config") from None
+    except ValueError as e:                       # files.UntrustedFileError: too large
+        raise ConfigError(str(e)) from None
+
+
+def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """Read a TOML config file (:func:`read_toml`) and resolve it."""
+    return resolve(read_toml(path), overrides)

@@ -16,15 +16,29 @@ A *record* is one finished run as one JSON object (a line of a sweep's ``results
     wall_time_s, config (resolved), run_id, sweep
 
 Field look-up for plots and tables (:func:`field`) accepts a top-level name, a grid key
-(``algorithm.sigma`` is found in ``params`` first, then in ``config``), or any dotted path."""
+(``algorithm.sigma`` is found in ``params`` first, then in ``config``), or any dotted path.
+
+Files are read as data (:mod:`fedjax_dp.core.files`): a regular file of bounded size (a symlink
+found in a folder must stay inside it), JSON of bounded depth, every record a JSON object whose
+``params`` / ``config`` are objects and ``privacy`` / ``history`` lists; anything else is a
+one-line ValueError naming the file (and line)."""
 from __future__ import annotations
 
 import gzip
-import json
+import io
+import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-__all__ = ["headline", "from_result", "field", "read"]
+__all__ = ["headline", "from_result", "field", "read", "read_jsonl", "read_selected"]
+
+#: a results file (results.jsonl, its .gz once decompressed, result.json) is at most this long
+MAX_RESULTS_BYTES = 4 << 30
+#: selected.json is at most this long
+MAX_SELECTED_BYTES = 256 << 20
+#: the types a record's fields must have where present
+_FIELD_TYPES = {"params": dict, "config": dict, "privacy": list, "history": list,
+                "calibrated": (dict, type(None)), "extras": dict}
 
 
 def headline(privacy: list[dict], accountants: Iterable[str] = ("rdp", "pld"),
@@ -101,44 +115,112 @@ def field(record: dict, name: str) -> Any:
     raise KeyError(f"field {name!r} is in neither the record, its params nor its config")
 
 
+def check_record(rec: Any, where: str) -> dict:
+    """``rec`` if it has a record's shape (a JSON object; ``params`` / ``config`` objects,
+    ``privacy`` / ``history`` lists where present), else a one-line ValueError at ``where``."""
+    from fedjax_dp.core import files     # here: importing this module stays jax-free
+    if not isinstance(rec, dict):
+        raise files.UntrustedFileError(f"{where} is a JSON {type(rec).__name__}, not a record "
+                                       f"(a JSON object)")
+    for key, kind in _FIELD_TYPES.items():
+        if key in rec and not isinstance(rec[key], kind):
+            raise files.UntrustedFileError(f"{where}: the record's {key!r} is a JSON "
+                                           f"{type(rec[key]).__name__}, not a record's")
+    return rec
+
+
+def _gunzip(data: bytes, path: Path) -> bytes:
+    """``data`` decompressed, at most :data:`MAX_RESULTS_BYTES` (a bomb is refused)."""
+    from fedjax_dp.core import files
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+            out = f.read(MAX_RESULTS_BYTES + 1)
+    except (OSError, EOFError) as e:
+        raise files.UntrustedFileError(f"results file {str(path)!r} is not gzip data "
+                                       f"({e})") from None
+    if len(out) > MAX_RESULTS_BYTES:
+        raise files.UntrustedFileError(f"results file {str(path)!r} decompresses to more than "
+                                       f"{MAX_RESULTS_BYTES:,} bytes; refusing to read it")
+    return out
+
+
+def read_jsonl(path: str | Path, *, root: str | Path | None = None,
+               drop_partial: bool = False) -> list[dict]:
+    """The records of a ``.jsonl`` (or ``.jsonl.gz``) file, one JSON object a line, read as
+    data (bounded; a symlink only inside ``root``, default the file's folder). A last line
+    without its newline is what a killed append leaves: ``drop_partial`` cuts it off the file
+    (a sweep's resume: its run runs again); otherwise it is read like any line (a cut record
+    is refused, naming the line)."""
+    from fedjax_dp.core import files
+    path = Path(path)
+    data = files.read_bytes(path, max_bytes=MAX_RESULTS_BYTES,
+                            root=path.parent if root is None else root, what="results file")
+    if path.suffix == ".gz":
+        data = _gunzip(data, path)
+    elif drop_partial and data and not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+        try:
+            os.truncate(path, keep)
+        except OSError as e:
+            raise files.WriteError(e.errno, f"cannot cut the partial last line of "
+                                            f"{str(path)!r}: {e.strerror or e}") from None
+        data = data[:keep]
+    out = []
+    for i, line in enumerate(data.split(b"\n")):
+        if line.strip():
+            where = f"results file {str(path)!r} line {i + 1}"
+            out.append(check_record(files.parse_json(line, what=where), where))
+    return out
+
+
 def read(paths: Iterable[str | Path]) -> list[dict]:
     """Records from ``results.jsonl`` files (a sweep's; or ``results.jsonl.gz``, as large
-    committed sweeps are stored), ``result.json`` files (one run's) or folders holding either."""
+    committed sweeps are stored), ``result.json`` files (one run's) or folders holding either.
+    A file named is read where it points; one found in a named folder must be inside it."""
+    from fedjax_dp.core import files
     out: list[dict] = []
     for p in map(Path, paths):
+        root: Any = "/"                       # a file named: a symlink is the user's own
         if p.is_dir():
             found = [p / n for n in ("results.jsonl", "results.jsonl.gz", "result.json")
-                     if (p / n).is_file()]
+                     if os.path.lexists(p / n)]
             if not found:
                 raise ValueError(f"{str(p)!r} holds neither results.jsonl(.gz) nor result.json")
-            p = found[0]
+            p, root = found[0], p
         if not p.is_file():
             raise ValueError(f"results file {str(p)!r} does not exist")
         if p.name.endswith(".jsonl.gz") or p.suffix == ".jsonl":
-            text = gzip.decompress(p.read_bytes()).decode() if p.suffix == ".gz" else \
-                p.read_text()
-            for i, line in enumerate(text.splitlines()):
-                if line.strip():
-                    try:
-                        out.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{str(p)!r} line {i + 1} is not JSON: {e}") from None
+            out += read_jsonl(p, root=root)
         else:
-            try:
-                out.append(from_result(json.loads(p.read_text())))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{str(p)!r} is not JSON: {e}") from None
+            result = files.read_json(p, max_bytes=MAX_RESULTS_BYTES, root=root,
+                                     what="results file", expect=dict)
+            where = f"results file {str(p)!r}"
+            if not isinstance(result.get("config", {}), dict) or not isinstance(
+                    result.get("privacy", []), list):
+                raise files.UntrustedFileError(f"{where} is not a run's result.json (its "
+                                               f"config must be an object, privacy a list)")
+            out.append(check_record(from_result(result), where))
     return out
 
 
 def read_selected(paths: Iterable[str | Path]) -> list[dict]:
     """The rows of every ``selected.json`` (``fedjax-dp sweep --select``) in the sweep folders
     ``paths`` (or beside their ``results.jsonl``); a ValueError if none holds one."""
+    from fedjax_dp.core import files
     rows: list[dict] = []
     for p in map(Path, paths):
-        f = (p if p.is_dir() else p.parent) / "selected.json"
-        if f.is_file():
-            rows += json.loads(f.read_text())
+        folder = p if p.is_dir() else p.parent
+        f = folder / "selected.json"
+        if os.path.lexists(f):
+            got = files.read_json(f, max_bytes=MAX_SELECTED_BYTES, root=folder,
+                                  what="selected.json", expect=list)
+            for i, row in enumerate(got):
+                if not (isinstance(row, dict) and isinstance(row.get("selected"), dict)
+                        and all(k in row for k in ("base", "algorithm", "target_epsilon"))):
+                    raise files.UntrustedFileError(
+                        f"selected.json {str(f)!r} row {i + 1} is not a selection (an object "
+                        f"with base, algorithm, target_epsilon and selected)")
+            rows += got
     if not rows:
         raise ValueError(f"selected: no selected.json in {[str(p) for p in paths]} (run the "
                          f"sweep with --select val_accuracy)")

@@ -213,6 +213,28 @@ class TensorBoardTracker:
         self._writer.close()
 
 
+#: tracking.json holds a run id: at most this long
+MAX_STATE_BYTES = 1 << 16
+
+
+def read_state(folder: str | Path) -> dict:
+    """``folder/tracking.json`` (``{}`` when there is none), read as data: a regular file inside
+    ``folder``, a small JSON object whose ``wandb_id`` (when present) is a W&B run id (letters,
+    digits, ``-`` and ``_``); anything else is refused with one line naming the file."""
+    from fedjax_dp.core import files
+    path = Path(folder) / STATE_FILE
+    if not path.exists() and not path.is_symlink():
+        return {}
+    state = files.read_json(path, max_bytes=MAX_STATE_BYTES, max_depth=4, root=folder,
+                            what="tracking.json", expect=dict)
+    rid = state.get("wandb_id")
+    if rid is not None and not (isinstance(rid, str) and re.fullmatch(r"[A-Za-z0-9_-]{1,128}",
+                                                                      rid)):
+        raise files.UntrustedFileError(f"tracking.json {str(path)!r}: wandb_id {rid!r} is not "
+                                       f"a W&B run id")
+    return state
+
+
 class WandbTracker:
     """A Weights & Biases run (``wandb.init(project=run.wandb_project, config=resolved config,
     dir=folder, name=..., group=..., id=..., resume="allow")``), scalars logged with
@@ -227,13 +249,14 @@ class WandbTracker:
         import wandb
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        state_file = self.folder / STATE_FILE
-        state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+        state = read_state(self.folder)
         run_id = state.get("wandb_id") if resume else None
         self._continuing = run_id is not None
         if run_id is None:
+            from fedjax_dp.core import files
             run_id = secrets.token_hex(8)
-            state_file.write_text(json.dumps({**state, "wandb_id": run_id}))
+            files.write_json(self.folder / STATE_FILE, {**state, "wandb_id": run_id},
+                             indent=None)
         self._wandb = wandb
         self._init = dict(project=project, dir=str(self.folder), name=name, group=group,
                           id=run_id, resume="allow")
