@@ -102,8 +102,10 @@ def _cmd_sweep(args) -> int:
                                                                      flush=True))
     from fedjax_dp.core import compilation
     compilation.enable_cache(args.compilation_cache)
-    try:
-        with _sigterm_as_interrupt():
+    from fedjax_dp.core import files
+    try:             # the folder is this process's for the whole command (a second is refused)
+        with _sigterm_as_interrupt(), sweep.hold(out, what="--resume" if args.resume else
+                                                 "--out", resume=bool(args.resume)):
             if not (args.extend_edges and args.resume):     # resumed: only the extension
                 records = sweep.run(sw, out, resume=bool(args.resume),
                                     vmap_seeds=not args.no_vmap_seeds, progress=not args.quiet,
@@ -112,6 +114,8 @@ def _cmd_sweep(args) -> int:
                 records = sweep.extend_edges(sw, out, rounds=args.extend_edges, limits=limits,
                                              vmap_seeds=not args.no_vmap_seeds, log=say)
     except BaseException as e:
+        if isinstance(e, (files.FolderBusyError, files.UntrustedFileError)):
+            raise                        # another sweep's folder, or a file refused: no work
         done = out / "results.jsonl"
         kept = len(done.read_text().splitlines()) if done.is_file() else 0
         if kept == 0 and isinstance(e, ValueError):       # refused before any run

@@ -7,9 +7,15 @@ so the grid is the product over the other keys only. Every run's config is valid
 key is calibrated (:mod:`fedjax_dp.experiments.calibrate`) and the cell's seeds run, as one
 vmapped call where the algorithm allows it (:func:`fedjax_dp.algorithms.seeds.run_seeds`). Each
 finished run is appended to ``OUT/results.jsonl`` at once, so ``--resume OUT`` runs only the
-missing ones (a run is identified by the fingerprint of its resolved config)."""
+missing ones (a run is identified by the fingerprint of its resolved config).
+
+The folder is data the sweep wrote, read back as data (:mod:`fedjax_dp.core.files`): every table
+is written atomically, each record is one whole appended line (a kill leaves at most a last line
+without its newline, dropped on ``--resume``: that run runs again), and one process holds the
+folder at a time (:func:`hold`: a second sweep on a live folder is refused naming its pid)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import dataclasses
@@ -17,13 +23,13 @@ import io
 import itertools
 import json
 import math
+import os
 import time
-import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Callable
 
-from fedjax_dp.core import compilation, memory
+from fedjax_dp.core import compilation, files, memory, stop
 from fedjax_dp.core import validation
 from fedjax_dp.experiments import calibrate as calibrate_lib
 from fedjax_dp.experiments import config as config_lib
@@ -32,7 +38,7 @@ from fedjax_dp.experiments import tracking as tracking_lib
 
 __all__ = ["Sweep", "Run", "load", "expand", "run", "run_folder", "summarize", "split_values",
            "grid_edges", "edge_points", "extend_edges", "summary_markdown", "tied_keys",
-           "assignments"]
+           "assignments", "hold"]
 
 ConfigError = config_lib.ConfigError
 
@@ -204,12 +210,7 @@ def _calibrate_arg(items) -> dict[str, str]:
 
 
 def _read_toml(path: Path) -> dict:
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
-    try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {e}") from None
+    return config_lib.read_toml(path)
 
 
 def _base_name(path: Path) -> str:
@@ -382,34 +383,118 @@ def run_id(config: dict) -> str:
     return checkpoint.fingerprint(config)[:16]
 
 
-# ----------------------------------------------------------------------------- running
+# ----------------------------------------------------------------------------- the folder
+
+#: sweep.json (the plans of every invocation) is at most this long
+MAX_PLAN_BYTES = 64 << 20
+#: the sweep folders this process holds (:func:`hold`), by real path
+_HELD: dict[str, files.FolderLock] = {}
+
+
+@contextlib.contextmanager
+def hold(out: str | Path, *, what: str = "--out", resume: bool | None = None
+         ) -> Iterator[None]:
+    """Hold the sweep folder ``out`` for the block: an OS lock on ``out/.lock``
+    (:class:`fedjax_dp.core.files.FolderLock`), so a second sweep on it, in another process, is
+    refused with one line naming this one's pid; a killed sweep's lock goes with it, so its
+    folder resumes as it is. Nested holds of one folder in this process are one lock. The
+    folder is created when missing (``what`` names it in the refusal: ``--out`` /
+    ``--resume``; ``resume`` given: the folder must hold a sweep, or none, before anything is
+    created). The sweep's runs train in memory (``runner.run(config, None)``): nothing else
+    locks inside the folder."""
+    out = Path(out)
+    key = os.path.realpath(out)
+    if key in _HELD:
+        yield
+        return
+    if resume is not None:
+        _check_out(out, resume)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{what} {str(out)!r} is a file, not a folder")
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    lock = files.FolderLock(out, what=what)
+    _HELD[key] = lock
+    try:
+        yield
+    finally:
+        del _HELD[key]
+        if created:                 # refused before anything was written: no folder is left
+            _remove_if_bare(out, lock)
+        lock.release()
+
+
+def _remove_if_bare(out: Path, lock: files.FolderLock) -> None:
+    """Remove the folder ``out`` (which ``lock`` holds) if it holds nothing but its lock."""
+    try:
+        if {p.name for p in out.iterdir()} <= {files.LOCK_NAME}:
+            lock.release(remove=True)
+            out.rmdir()
+    except OSError:
+        pass
+
+
+def _check_out(out: Path, resume: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file, not a folder")
+    if not resume and os.path.lexists(out / "results.jsonl"):
+        raise ConfigError(f"--out {str(out)!r} already holds a sweep (results.jsonl); choose a "
+                          f"new folder, or continue it with --resume {str(out)!r}")
+    if resume and not os.path.lexists(out / "results.jsonl"):
+        raise ConfigError(f"--resume {str(out)!r} holds no sweep (no results.jsonl)")
+
+
+def _read_plans(out: Path) -> list[dict]:
+    """The invocations recorded in ``out/sweep.json`` (none when it is missing), read as data:
+    a JSON object in the folder, whose ``invocations`` is a list of objects (an older file
+    without it is one invocation); anything else is refused with one line naming the file."""
+    path = out / "sweep.json"
+    if not os.path.lexists(path):
+        return []
+    old = files.read_json(path, max_bytes=MAX_PLAN_BYTES, root=out, what="sweep.json",
+                          expect=dict)
+    plans = old.get("invocations")
+    plans = [{k: v for k, v in old.items() if k != "invocations"}] if plans is None else plans
+    if not isinstance(plans, list) or not all(isinstance(p, dict) for p in plans):
+        raise files.UntrustedFileError(f"sweep.json {str(path)!r}: 'invocations' must be a list "
+                                       f"of JSON objects (one per invocation)")
+    for p in plans:
+        refused = p.get("refused", [])
+        if not isinstance(refused, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("params"), dict) for r in refused):
+            raise files.UntrustedFileError(f"sweep.json {str(path)!r}: an invocation's "
+                                           f"'refused' must be a list of objects with params")
+    return plans
+
 
 def _done_ids(out: Path) -> set[str]:
-    f = out / "results.jsonl"
-    if not f.is_file():
+    """The run ids in ``out/results.jsonl``, read as data (``records.read_jsonl``). A last
+    line without its newline (a kill cut the append; files.append_line writes a line whole
+    otherwise) is cut off the file, so its run runs again and the next record starts on a line
+    of its own; any other line that is not a record is refused with one line naming it."""
+    path = out / "results.jsonl"
+    if not os.path.lexists(path):
         return set()
+    recs = records_lib.read_jsonl(path, root=out, drop_partial=True)
     ids = set()
-    for line in f.read_text().splitlines():
-        if line.strip():
-            try:
-                ids.add(json.loads(line)["run_id"])
-            except (json.JSONDecodeError, KeyError):
-                continue                       # a line cut by a kill: that run runs again
+    for i, rec in enumerate(recs):
+        rid = rec.get("run_id")
+        if not isinstance(rid, str):
+            raise files.UntrustedFileError(
+                f"results.jsonl {str(path)!r}: record {i + 1} has no run_id; it is not a "
+                f"sweep's record (remove it to resume)")
+        ids.add(rid)
     return ids
 
 
-def _drop_partial_line(path: Path) -> None:
-    """A sweep killed while appending may leave a last line without its newline: drop it (that
-    run runs again), so the next record starts on a line of its own."""
-    if path.is_file():
-        text = path.read_text()
-        if text and not text.endswith("\n"):
-            path.write_text(text[:text.rfind("\n") + 1])
-
-
 def _append(out: Path, record: dict) -> None:
-    with open(out / "results.jsonl", "a") as f:
-        f.write(json.dumps(record, allow_nan=False) + "\n")
+    """One record, one whole line (``files.append_line``, fsynced), no signal in between."""
+    with stop.deferred():
+        files.append_line(out / "results.jsonl", json.dumps(record, allow_nan=False),
+                          durable=True)
+
+
+# ----------------------------------------------------------------------------- running
 
 
 def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = True,
@@ -431,29 +516,27 @@ def _run_all(sw: Sweep, runs: list[Run], plan: dict, out: str | Path, *, resume:
     ``refusable`` accepts (a value past a limit only the data shows) is skipped and listed in
     the plan's ``refused`` (its params and the message)."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {str(out)!r} is a file, not a folder")
-    if not resume and (out / "results.jsonl").exists():
-        raise ConfigError(f"--out {str(out)!r} already holds a sweep (results.jsonl); choose a "
-                          f"new folder, or continue it with --resume {str(out)!r}")
-    if resume and not (out / "results.jsonl").exists():
-        raise ConfigError(f"--resume {str(out)!r} holds no sweep (no results.jsonl)")
-    out.mkdir(parents=True, exist_ok=True)
+    with hold(out, what="--resume" if resume else "--out", resume=resume):
+        _check_out(out, resume)                  # (again) now that no other sweep can write
+        return _run_held(sw, runs, plan, out, resume=resume, vmap_seeds=vmap_seeds, log=log,
+                         refusable=refusable)
+
+
+def _run_held(sw: Sweep, runs: list[Run], plan: dict, out: Path, *, resume: bool,
+              vmap_seeds: bool, log: Callable[[str], None] | None,
+              refusable: Callable[[Run, ValueError], bool] | None) -> list[dict]:
+    """:func:`_run_all` in the folder this process holds."""
     # sweep.json: this invocation's plan at the top, and every invocation that wrote into the
     # folder (a --resume with another grid adds arms) under "invocations", so it describes
     # every record the folder holds
-    earlier = []
-    if resume and (out / "sweep.json").is_file():
-        old = json.loads((out / "sweep.json").read_text())
-        earlier = old.get("invocations") or [{k: v for k, v in old.items()
-                                              if k != "invocations"}]
+    files.remove_temporaries(out)                # what a killed atomic write left
+    earlier = _read_plans(out) if resume else []
+    done = _done_ids(out)                        # both checked before anything is written
+
     def write_plan():
-        (out / "sweep.json").write_text(json.dumps({**plan, "invocations": earlier + [plan]},
-                                                   indent=2))
+        files.write_json(out / "sweep.json", {**plan, "invocations": earlier + [plan]})
     write_plan()
     log = log or (lambda msg: None)
-    _drop_partial_line(out / "results.jsonl")
-    done = _done_ids(out)
     cells: dict[str, list[Run]] = {}
     for r in runs:
         cells.setdefault(r.cell, []).append(r)
@@ -632,9 +715,17 @@ def extend_edges(sw: Sweep, out: str | Path, *, rounds: int, limits: dict | None
     out, log = Path(out), log or (lambda msg: None)
     over = sw.select_over or list(sw.grid)
     bases = dict(sw.bases)
+    with hold(out, what="--resume", resume=True):
+        _check_out(out, True)
+        return _extend_held(sw, out, rounds=rounds, limits=limits, vmap_seeds=vmap_seeds,
+                            log=log, over=over, bases=bases)
+
+
+def _extend_held(sw: Sweep, out: Path, *, rounds: int, limits: dict | None, vmap_seeds: bool,
+                 log: Callable[[str], None], over: list[str], bases: dict) -> list[dict]:
+    """:func:`extend_edges` in the folder this process holds."""
     records = records_lib.read([out / "results.jsonl"])
-    refused = [r for inv in json.loads((out / "sweep.json").read_text()).get("invocations", [])
-               for r in inv.get("refused", [])] if (out / "sweep.json").is_file() else []
+    refused = [r for inv in _read_plans(out) for r in inv.get("refused", [])]
     for i in range(rounds):
         points = edge_points(records, sw.select, over, limits, refused)
         if not points:
@@ -792,8 +883,8 @@ def _write_tables(out: Path, stem: str, rows: list[dict], *, join_lists: bool) -
     for r in rows:
         writer.writerow({c: (_fmt(r.get(c)) if join_lists and isinstance(r.get(c), list)
                              else r.get(c)) for c in cols})
-    (out / f"{stem}.csv").write_text(buf.getvalue())
-    (out / f"{stem}.md").write_text(summary_markdown(rows))
+    files.write_text(out / f"{stem}.csv", buf.getvalue())
+    files.write_text(out / f"{stem}.md", summary_markdown(rows))
 
 
 def write_summaries(records: list[dict], out: Path) -> list[dict]:
@@ -873,5 +964,5 @@ def write_selection(records: list[dict], out: Path, metric: str, over: list[str]
              **{f"selected {k}": v for k, v in r["selected"].items()},
              "at_edge": r["at_edge"]} for r in rows]
     _write_tables(out, "selected", flat, join_lists=False)
-    (out / "selected.json").write_text(json.dumps(rows, indent=2))
+    files.write_json(out / "selected.json", rows)
     return rows
