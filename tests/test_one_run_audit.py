@@ -1,6 +1,7 @@
 """The one-run audit (Steinke et al. 2023) inside a real DP-FedAvg run: the bound against its
 closed form on perfectly separated scores, an honest run's bound below the ledger's epsilon, a
 run whose noise was removed caught against the claim it kept, and the command line."""
+import dataclasses
 import json
 import math
 
@@ -67,8 +68,7 @@ def test_honest_run_below_claim_and_broken_run_caught(setup):
     assert np.mean(broken.in_scores) > np.mean(broken.out_scores) + 3 * np.std(broken.out_scores)
 
 
-TINY = ["data.num_agents=10", "algorithm.rounds=1", "train.steps=1", "model.hidden=[8]",
-        "run.progress=false"]
+TINY = ["data.num_agents=10", "algorithm.rounds=1", "train.steps=1", "model.hidden=[8]"]
 
 
 def test_audit_run_from_the_command_line(capsys):
@@ -92,6 +92,35 @@ def test_audit_run_from_the_command_line(capsys):
 def test_audit_run_refusals(capsys, argv, match):
     assert cli.main(argv) != 0
     assert match in capsys.readouterr().err
+
+
+def test_weakened_runs_are_planned_and_refused_before_any_work():
+    """``plan_run``: halve-noise halves z, no-clip lifts the clip to 10 x scale x S keeping the
+    noise std z S (canaries of 100 x S by default); what would change nothing is refused."""
+    from fedjax_dp.audit.harness import ParameterError
+    cfg = _config(2.0)
+    assert run_audit.plan_run(cfg) == (cfg, 1.0)
+    half, scale = run_audit.plan_run(cfg, weaken="halve-noise")
+    assert (half.noise_multiplier, half.clip_norm, scale) == (1.0, 1.0, 1.0)
+    wide, scale = run_audit.plan_run(cfg, weaken="no-clip")
+    assert scale == 100 and wide.clip_norm == 1000.0
+    assert wide.noise_multiplier * wide.clip_norm == pytest.approx(2.0)     # std z S kept
+    assert run_audit.plan_run(cfg, canary_scale=0.5)[1] == 0.5               # below the clip
+    refusals = [
+        (dict(canary_scale=5.0), "canary_scale", "fixed clip"),   # clipped to S: the same run
+        (dict(canary_scale=1.0, weaken="no-clip"), "canary_scale", "above 1"),
+        (dict(weaken="nope"), "weaken", "must be one of"),
+    ]
+    for kwargs, param, match in refusals:
+        with pytest.raises(ParameterError, match=match) as e:
+            run_audit.plan_run(cfg, **kwargs)
+        assert e.value.param == param
+    with pytest.raises(ParameterError, match="noise_multiplier > 0"):
+        run_audit.plan_run(_config(0.0), weaken="halve-noise")
+    adaptive = dataclasses.replace(cfg, adaptive_clip=True)
+    with pytest.raises(ParameterError, match="fixed clip"):
+        run_audit.plan_run(adaptive, weaken="no-clip")
+    assert run_audit.plan_run(adaptive, canary_scale=5.0)[1] == 5.0   # the clip moves: it matters
 
 
 def test_fixed_size_cohorts_are_refused(setup):

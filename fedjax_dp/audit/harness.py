@@ -22,8 +22,8 @@ from jax.flatten_util import ravel_pytree
 from fedjax_dp.core import validation
 
 __all__ = ["WEAKENINGS", "ACCOUNTANTS", "DEFAULT_CHUNK", "Auditable", "Spec", "MECHANISMS",
-           "register", "resolve", "build", "unit_vector", "flat", "direction", "canary_worlds",
-           "canary_projection", "check_accountant",
+           "ParameterError", "register", "resolve", "build", "unit_vector", "flat", "direction",
+           "canary_worlds", "canary_projection", "check_accountant",
            "check_scale", "check_gaussian_params"]
 
 #: The weakened variants any mechanism may offer (each entry lists those it supports).
@@ -88,14 +88,26 @@ class Auditable:
 _COMPILED: dict = {}
 
 
+class ParameterError(ValueError):
+    """A parameter (or ``weaken``) the audit refuses: ``param`` its name, ``reason`` the rest of
+    the message (``str``: ``"<param> <reason>"``), so the command line can name its flag."""
+
+    def __init__(self, param: str, reason: str):
+        super().__init__(f"{param} {reason}")
+        self.param, self.reason = param, reason
+
+
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """A registry entry; ``builder(weaken, **params) -> Auditable``."""
+    """A registry entry; ``builder(weaken, **params) -> Auditable``. ``applies``: parameter name
+    -> ``fn(weaken, params) -> None`` (it takes effect) or the reason it would not (``params``
+    resolved); a parameter given where it would not take effect is refused (:func:`resolve`)."""
 
     description: str
     defaults: dict
     weakenings: tuple
     builder: Callable[..., Auditable]
+    applies: dict = dataclasses.field(default_factory=dict)
 
 
 #: Every auditable mechanism by name, as the imported families registered them.
@@ -108,19 +120,27 @@ def register(name: str, spec: Spec) -> None:
 
 
 def resolve(mechanism: str, weaken: str | None = None, **params) -> tuple[Spec, dict]:
-    """Check the mechanism, the weakening and the parameter names; fill in the defaults."""
+    """Check the mechanism, the weakening and the parameter names; fill in the defaults. A
+    parameter given (not None) where it would not take effect (:attr:`Spec.applies`) is refused
+    (:class:`ParameterError`), as is a name the mechanism does not take."""
     if mechanism not in MECHANISMS:
         raise ValueError(f"mechanism must be one of {sorted(MECHANISMS)} (the harnesses of the "
                          f"imported algorithm families), got {mechanism!r}")
     spec = MECHANISMS[mechanism]
     if weaken is not None and weaken not in spec.weakenings:
-        raise ValueError(f"weaken must be one of {list(spec.weakenings)} (or None) for "
-                         f"mechanism {mechanism!r}, got {weaken!r}")
-    unknown = sorted(set(params) - set(spec.defaults))
+        raise ParameterError("weaken", f"must be one of {list(spec.weakenings)} (or None) for "
+                                       f"mechanism {mechanism!r}, got {weaken!r}")
+    given = {k: v for k, v in params.items() if v is not None}
+    unknown = sorted(set(given) - set(spec.defaults))
     if unknown:
-        raise ValueError(f"{unknown[0]} is not a parameter of mechanism {mechanism!r}; its "
-                         f"parameters are {sorted(spec.defaults)}")
-    return spec, {**spec.defaults, **{k: v for k, v in params.items() if v is not None}}
+        raise ParameterError(unknown[0], f"is not a parameter of mechanism {mechanism!r}; its "
+                                         f"parameters are {sorted(spec.defaults)}")
+    full = {**spec.defaults, **given}
+    for name in sorted(given):
+        why = spec.applies[name](weaken, full) if name in spec.applies else None
+        if why:
+            raise ParameterError(name, f"does not apply to mechanism {mechanism!r} here: {why}")
+    return spec, full
 
 
 @functools.lru_cache(maxsize=64)

@@ -20,7 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["CanaryScores", "RUN_AUDITS", "register_run", "epsilon_lower_bound", "report"]
+__all__ = ["CanaryScores", "RUN_AUDITS", "RUN_CHECKS", "register_run", "epsilon_lower_bound",
+           "report"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,12 +41,20 @@ class CanaryScores:
 
 
 #: algorithm name -> ``fn(key, data, model, config, *, canaries, canary_scale, delta,
-#: accountant) -> CanaryScores`` (registered by the families)
+#: accountant, weaken, chunk_size) -> CanaryScores`` (registered by the families)
 RUN_AUDITS: dict[str, Callable[..., CanaryScores]] = {}
+#: algorithm name -> ``check(config, *, canary_scale, weaken)``: refuses (``ValueError``; a
+#: :class:`fedjax_dp.audit.harness.ParameterError` names the parameter) what the run would not
+#: take, before any work
+RUN_CHECKS: dict[str, Callable[..., object]] = {}
 
 
-def register_run(algorithm: str, fn: Callable[..., CanaryScores]) -> None:
+def register_run(algorithm: str, fn: Callable[..., CanaryScores],
+                 check: Callable[..., object] | None = None) -> None:
+    """Make ``algorithm``'s runs auditable with canaries (``fn``); ``check`` validates a request
+    before any data is loaded (default: none)."""
     RUN_AUDITS[algorithm] = fn
+    RUN_CHECKS[algorithm] = check or (lambda config, **kw: None)
 
 
 def epsilon_lower_bound(in_scores, out_scores, *, significance: float, delta: float) -> float:

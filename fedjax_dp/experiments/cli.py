@@ -271,38 +271,96 @@ AUDIT_PARAMS = {"sigma": float, "noise_multiplier": float, "clip": float, "gamma
                 "num_classes": int, "num_teachers": int, "gap": int, "num_examples": int,
                 "num_records": int, "canary_scale": float, "noise_trials": int,
                 "granularity": int, "accountant": str}
+#: the audit flags with a default, filled in where they apply (given elsewhere, they are refused)
+AUDIT_DEFAULTS = {"trials": 100_000, "seed": 0, "confidence": 0.95, "canaries": 1000,
+                  "significance": 0.05}
+#: flags of the one-run audit only (``fedjax-dp audit run``), and of the single releases only
+AUDIT_RUN_ONLY = ("config", "set", "canaries", "significance")
+AUDIT_MECHANISM_ONLY = ("trials", "seed", "confidence")
+#: the mechanism parameters ``audit run`` takes (the others are the config's: ``--set``)
+AUDIT_RUN_PARAMS = ("canary_scale", "accountant")
+#: where ``audit run`` takes a mechanism flag's value from instead
+AUDIT_RUN_KEYS = {"noise_multiplier": "algorithm.noise_multiplier", "clip": "algorithm.clip_norm",
+                  "num_agents": "data.num_agents", "num_classes": "the data set"}
+#: config keys of [run] that a one-run audit reads (the others are a run's outputs: progress,
+#: checkpoints, evaluations, logs, the non-finite check, rounds per compiled call)
+AUDIT_RUN_READS = ("run.chunk_size", "run.agents_on", "run.compilation_cache")
+
+
+def _audit_flag(name: str) -> str:
+    """The flag of an audit argument or mechanism parameter (``clip_norm`` -> ``--clip``)."""
+    return "--clip" if name in ("clip", "clip_norm") else "--" + name.replace("_", "-")
+
+
+def _given(args, name: str) -> bool:
+    return getattr(args, name) not in (None, [])
 
 
 def _cmd_audit(args) -> int:
     from fedjax_dp.algorithms import registry
-    from fedjax_dp.audit import audit
+    from fedjax_dp.audit import audit, harness
     registry.algorithms()                    # imports every family: their audit harnesses register
-    if args.mechanism == "run":
-        print(json.dumps(_audit_run(args), indent=2))
-        return 0
-    if args.config is not None:
-        raise ValueError("--config goes with the mechanism \"run\" (fedjax-dp audit run "
-                         "--config CONFIG --canaries M)")
-    params = {name: getattr(args, name) for name in AUDIT_PARAMS
-              if getattr(args, name) is not None}
-    if "clip" in params:
-        params["clip_norm"] = params.pop("clip")
-    result = audit(args.mechanism, trials=args.trials,
-                   delta=1e-5 if args.delta is None else args.delta, seed=args.seed,
-                   confidence=args.confidence, weaken=args.weaken, **params)
+    try:
+        if args.mechanism == "run":
+            print(json.dumps(_audit_run(args), indent=2))
+            return 0
+        for name in AUDIT_RUN_ONLY:
+            if _given(args, name):
+                raise ValueError(f"{_audit_flag(name)} goes with the mechanism \"run\" "
+                                 f"(fedjax-dp audit run --config CONFIG --canaries M), not with "
+                                 f"{args.mechanism!r}")
+        params = {name: getattr(args, name) for name in AUDIT_PARAMS if _given(args, name)}
+        spec = harness.MECHANISMS.get(args.mechanism)
+        for name in params:                  # named by its flag (audit() names the parameter)
+            if spec is not None and ("clip_norm" if name == "clip" else name) not in spec.defaults:
+                raise ValueError(f"{_audit_flag(name)} ({'clip_norm' if name == 'clip' else name})"
+                                 f" is not a parameter of mechanism {args.mechanism!r}; its flags "
+                                 f"are {', '.join(sorted(map(_audit_flag, spec.defaults)))}")
+        if "clip" in params:
+            params["clip_norm"] = params.pop("clip")
+        d = {name: getattr(args, name) if _given(args, name) else AUDIT_DEFAULTS[name]
+             for name in AUDIT_MECHANISM_ONLY}
+        result = audit(args.mechanism, trials=d["trials"],
+                       delta=1e-5 if args.delta is None else args.delta, seed=d["seed"],
+                       confidence=d["confidence"], weaken=args.weaken, **params)
+    except harness.ParameterError as e:      # the parameter's name -> its flag
+        raise ValueError(f"{_audit_flag(e.param)} {e.reason}") from None
     print(json.dumps(result.to_json(), indent=2))
     return 0
 
 
 def _audit_run(args) -> dict:
     """``fedjax-dp audit run --config CONFIG``: the one-run audit of the config's run, canary
-    agents inserted (:mod:`fedjax_dp.audit.one_run`), its lower bound beside the ledger's."""
+    agents inserted (:mod:`fedjax_dp.audit.one_run`), its lower bound beside the ledger's. Every
+    flag it would not use is refused with one line before any work."""
     from fedjax_dp.audit import one_run
     from fedjax_dp.experiments import config as config_lib
     from fedjax_dp.experiments import runner
+    for name in AUDIT_MECHANISM_ONLY:
+        if _given(args, name):
+            why = {"trials": "a one-run audit trains once; its sample is the --canaries",
+                   "seed": "the run's seed is the config's (--set seed=N)",
+                   "confidence": "its bound holds with probability 1 - --significance"}[name]
+            raise ValueError(f"{_audit_flag(name)} does not apply to audit run: {why}")
+    for name in AUDIT_PARAMS:
+        if name not in AUDIT_RUN_PARAMS and _given(args, name):
+            key = AUDIT_RUN_KEYS.get(name)
+            where = (f"--set {key}=VALUE" if key and "." in key else key) or "--set KEY=VALUE"
+            raise ValueError(f"{_audit_flag(name)} is a parameter of the single-release "
+                             f"mechanisms, not of audit run: the run is its config's "
+                             f"({where})")
     if args.config is None:
         raise ValueError("fedjax-dp audit run needs --config CONFIG (a run config)")
-    config = config_lib.load(args.config, args.set)
+    keys = [item.partition("=")[0].strip() for item in args.set or []]
+    for key in keys:
+        if key.startswith("run.") and key not in AUDIT_RUN_READS:
+            raise ValueError(f"--set {key} does not apply to audit run: it writes no progress, "
+                             f"checkpoint, evaluation or log (it reads "
+                             f"{', '.join(AUDIT_RUN_READS)} of [run])")
+    for flag, key in (("delta", "privacy.delta"), ("accountant", "privacy.accountants")):
+        if _given(args, flag) and key in keys:
+            raise ValueError(f"--{flag} and --set {key} both set the audit's {flag}: give one")
+    config = config_lib.load(args.config, args.set or [])
     plan = runner.plan(config)
     name = config["algorithm"]["name"]
     if name not in one_run.RUN_AUDITS:
@@ -310,16 +368,25 @@ def _audit_run(args) -> dict:
                          f"{sorted(one_run.RUN_AUDITS)}")
     delta = config["privacy"]["delta"] if args.delta is None else args.delta
     accountant = args.accountant or config["privacy"]["accountants"][0]
-    if args.canaries < 2 or not 0 < args.significance < 1:
+    canaries = AUDIT_DEFAULTS["canaries"] if args.canaries is None else args.canaries
+    significance = (AUDIT_DEFAULTS["significance"] if args.significance is None
+                    else args.significance)
+    if canaries < 2 or not 0 < significance < 1:
         raise ValueError(f"--canaries must be >= 2 and --significance in (0, 1), got "
-                         f"{args.canaries} and {args.significance}")
+                         f"{canaries} and {significance}")
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"--accountant must be one of {list(ACCOUNTANTS)}, got {accountant!r}")
+    one_run.RUN_CHECKS[name](plan.algorithm_config, canary_scale=args.canary_scale,
+                             weaken=args.weaken)           # before loading any data
+    from fedjax_dp.core import compilation
+    compilation.enable_cache(config["run"]["compilation_cache"])   # as fedjax-dp run
     s = runner.setup(config)
     scores = one_run.RUN_AUDITS[name](s.key, s.fed, s.model, plan.algorithm_config,
-                                      canaries=args.canaries,
-                                      canary_scale=args.canary_scale or 1.0, delta=delta,
-                                      accountant=accountant)
+                                      canaries=canaries, canary_scale=args.canary_scale,
+                                      delta=delta, accountant=accountant, weaken=args.weaken,
+                                      chunk_size=config["run"]["chunk_size"] or None)
     return {"config": str(args.config), "algorithm": name,
-            **one_run.report(scores, significance=args.significance)}
+            **one_run.report(scores, significance=significance)}
 
 
 def _check_out_stem(stem: str | None) -> None:
@@ -615,24 +682,30 @@ def build_parser() -> argparse.ArgumentParser:
     aud.add_argument("mechanism", help="gaussian-vote, fedkt-laplace, dp-sgd-step, "
                      "dp-fedavg-round, isrl-upload or sdp-upload; or \"run\": the one-run "
                      "audit of --config's run with canary agents")
-    aud.add_argument("--trials", type=int, default=100_000, help="runs per world (D and D')")
+    aud.add_argument("--trials", type=int, default=None,
+                     help="runs per world (D and D'), default 100000 (not for run)")
     aud.add_argument("--delta", type=float, default=None,
                      help="default 1e-5 (run: the config's privacy.delta)")
     aud.add_argument("--config", default=None, help="run: the run config audited")
-    aud.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    aud.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                      help="run: override a config value")
-    aud.add_argument("--canaries", type=int, default=1000,
-                     help="run: canary agents, each included with probability 1/2")
-    aud.add_argument("--significance", type=float, default=0.05,
-                     help="run: the lower bound holds with probability 1 - significance")
-    aud.add_argument("--seed", type=int, default=0)
-    aud.add_argument("--confidence", type=float, default=0.95)
+    aud.add_argument("--canaries", type=int, default=None,
+                     help="run: canary agents, each included with probability 1/2 (default 1000)")
+    aud.add_argument("--significance", type=float, default=None,
+                     help="run: the lower bound holds with probability 1 - significance "
+                     "(default 0.05)")
+    aud.add_argument("--seed", type=int, default=None,
+                     help="default 0 (not for run: the config's seed)")
+    aud.add_argument("--confidence", type=float, default=None,
+                     help="default 0.95 (not for run: --significance)")
     aud.add_argument("--weaken", choices=("halve-noise", "no-clip"), default=None,
-                     help="audit a deliberately broken variant against the original claim")
+                     help="audit a deliberately broken variant against the original claim "
+                     "(the mechanisms that offer it; run: both)")
     for name, kind in AUDIT_PARAMS.items():
         flags = ("--clip", "--clip-norm") if name == "clip" else ("--" + name.replace("_", "-"),)
         aud.add_argument(*flags, dest=name, type=kind, default=None,
-                         help="mechanism parameter" + (" (clip_norm)" if name == "clip" else ""))
+                         help="mechanism parameter" + (" (clip_norm)" if name == "clip" else "")
+                         + (" (also run)" if name in AUDIT_RUN_PARAMS else ""))
     aud.set_defaults(func=_cmd_audit)
 
     plt = sub.add_parser("plot", help="a metric against a parameter (mean +- std), or curves")

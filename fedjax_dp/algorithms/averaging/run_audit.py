@@ -11,6 +11,12 @@ or secure aggregation). Score of canary j: ``<theta_T - theta_0, u_j>``.
 
 Poisson sampling only: its event, hence the claimed epsilon, does not depend on the population's
 size, which the canaries change (a fixed-size cohort's would).
+
+Weakened runs (``weaken``, audited against the ORIGINAL config's claim, as the single-release
+harnesses' variants): ``"halve-noise"`` trains with ``noise_multiplier / 2``; ``"no-clip"`` trains
+with the clip raised to ``10 * canary_scale * S`` and the noise multiplier scaled so that the
+noise std stays ``z S``, and the canaries push ``canary_scale * S`` (default 100) unclipped.
+:func:`plan_run` checks a request before any work.
 """
 from __future__ import annotations
 
@@ -23,10 +29,14 @@ from jax.flatten_util import ravel_pytree
 
 from fedjax_dp.algorithms import api, rounds, rounds_protocol
 from fedjax_dp.algorithms.averaging import dp_fedavg
+from fedjax_dp.audit.harness import ParameterError
 from fedjax_dp.audit.one_run import CanaryScores, register_run
 from fedjax_dp.core import StackedData, rng, validation
 
-__all__ = ["canary_run"]
+__all__ = ["WEAKENINGS", "plan_run", "canary_run"]
+
+#: the weakened runs :func:`canary_run` offers (module docstring)
+WEAKENINGS = ("halve-noise", "no-clip")
 
 
 def _with_canaries(agents: StackedData, count: int) -> StackedData:
@@ -48,17 +58,61 @@ def _direction(k_directions: jax.Array, j: jax.Array, dim: int) -> jax.Array:
     return u / jnp.linalg.norm(u)
 
 
-def canary_run(key: jax.Array, data: api.FederatedData, model, config: dp_fedavg.Config, *,
-               canaries: int, canary_scale: float = 1.0, delta: float,
-               accountant: str = "rdp") -> CanaryScores:
-    """One DP-FedAvg run of ``config.rounds`` rounds with ``canaries`` canary agents, each
-    included with probability 1/2: the in / out canaries' scores and the ledger's epsilon."""
-    m = validation.check_int("canaries", canaries, minimum=2)
-    scale = validation.check_positive("canary_scale", canary_scale)
+def plan_run(config: dp_fedavg.Config, *, canary_scale: float | None = None,
+             weaken: str | None = None) -> tuple[dp_fedavg.Config, float]:
+    """``(the config the canary run trains with, the canaries' scale)``, checked before any work:
+    Poisson sampling; ``weaken`` one of :data:`WEAKENINGS` (or None) and possible for ``config``;
+    ``canary_scale`` (default 1, 100 with ``"no-clip"``) refused where it would change nothing
+    (:class:`ParameterError` naming ``weaken`` or ``canary_scale``)."""
     if config.sampling != "poisson":
         raise ValueError("the one-run audit needs algorithm.sampling = \"poisson\" (a fixed-size "
                          "cohort's epsilon depends on the population's size, which the canaries "
                          "change)")
+    if weaken is not None and weaken not in WEAKENINGS:
+        raise ParameterError("weaken", f"must be one of {list(WEAKENINGS)} (or None) for a "
+                                       f"one-run audit of dp_fedavg, got {weaken!r}")
+    if canary_scale is None:
+        scale = 100.0 if weaken == "no-clip" else 1.0
+    else:
+        scale = validation.check_positive("canary_scale", canary_scale, finite=True)
+        if weaken == "no-clip" and scale <= 1:
+            raise ParameterError("canary_scale", f"must be above 1 with weaken='no-clip' (a "
+                                                 f"canary within the clip is not clipped "
+                                                 f"anyway), got {canary_scale!r}")
+        if weaken != "no-clip" and scale > 1 and config.adaptive_clip is None:
+            raise ParameterError("canary_scale", f"above 1 changes nothing with a fixed clip: "
+                                                 f"the canary's update is clipped to exactly "
+                                                 f"algorithm.clip_norm (it applies below 1, "
+                                                 f"with algorithm.adaptive_clip or with "
+                                                 f"weaken='no-clip'), got {canary_scale!r}")
+    z, clip = float(config.noise_multiplier), float(config.clip_norm)
+    if weaken == "halve-noise":
+        if not z > 0:
+            raise ParameterError("weaken", "'halve-noise' needs algorithm.noise_multiplier > 0 "
+                                           "(half of no noise is no noise)")
+        return dataclasses.replace(config, noise_multiplier=z / 2), scale
+    if weaken == "no-clip":
+        if config.adaptive_clip is not None or config.aggregation != "plain":
+            raise ParameterError("weaken", "'no-clip' needs a fixed clip and plain aggregation "
+                                           "(no algorithm.adaptive_clip, whose count release "
+                                           "reads the clip; no secure aggregation, whose "
+                                           "fixed-point range it sizes)")
+        run_clip = 10.0 * scale * clip
+        return dataclasses.replace(config, clip_norm=run_clip,
+                                   noise_multiplier=z * clip / run_clip), scale
+    return config, scale
+
+
+def canary_run(key: jax.Array, data: api.FederatedData, model, config: dp_fedavg.Config, *,
+               canaries: int, canary_scale: float | None = None, delta: float,
+               accountant: str = "rdp", weaken: str | None = None,
+               chunk_size: int | str | None = "auto") -> CanaryScores:
+    """One DP-FedAvg run of ``config.rounds`` rounds with ``canaries`` canary agents, each
+    included with probability 1/2: the in / out canaries' scores and the ledger's epsilon of
+    ``config`` (with ``weaken``, the run is the weakened config's: :func:`plan_run`).
+    ``chunk_size``: agents per chunk (``api.Runtime``; the results do not depend on it)."""
+    m = validation.check_int("canaries", canaries, minimum=2)
+    run_config, scale = plan_run(config, canary_scale=canary_scale, weaken=weaken)
     k_in, k_dir, k_run = (rng.stream(key, s) for s in ("canary_inclusion", "canary_directions",
                                                         "canary_run"))
     included = np.asarray(jax.random.bernoulli(k_in, 0.5, (m,)))
@@ -66,7 +120,7 @@ def canary_run(key: jax.Array, data: api.FederatedData, model, config: dp_fedavg
     n_real = data.num_agents
     agents = _with_canaries(data.agents.on_device(), len(ids_in))
     canary_of = jnp.concatenate([jnp.full((n_real,), -1, jnp.int32), jnp.asarray(ids_in)])
-    spec = dp_fedavg.round_spec(config)
+    spec = dp_fedavg.round_spec(run_config)
     local = rounds.local_sgd_update(model, config.local)
     size = lambda p: sum(int(np.prod(l.shape)) for l in jax.tree.leaves(p))  # noqa: E731
     push = scale * float(config.clip_norm)
@@ -80,7 +134,8 @@ def canary_run(key: jax.Array, data: api.FederatedData, model, config: dp_fedavg
 
     fed = dataclasses.replace(data, agents=agents)
     state = rounds.init_rounds(k_run, fed, model, config.local, spec,
-                               agent_update=update, extras={"canary": canary_of})
+                               api.Runtime(chunk_size=chunk_size), agent_update=update,
+                               extras={"canary": canary_of})
     theta0 = ravel_pytree(state.values["params"])[0]
     for t in range(config.rounds):
         state, _ = rounds_protocol.step(state, api.step_key(k_run, t))
@@ -94,7 +149,10 @@ def canary_run(key: jax.Array, data: api.FederatedData, model, config: dp_fedavg
                         canary=f"an agent whose update is {scale:g} x clip_norm along a random "
                                f"unit vector; score <theta_T - theta_0, u_j>",
                         extras={"rounds": config.rounds, "real_agents": n_real,
-                                "accountant": accountant})
+                                "accountant": accountant, "weaken": weaken,
+                                "canary_scale": scale,
+                                "run_noise_multiplier": float(run_config.noise_multiplier),
+                                "run_clip_norm": float(run_config.clip_norm)})
 
 
-register_run("dp_fedavg", canary_run)
+register_run("dp_fedavg", canary_run, check=plan_run)

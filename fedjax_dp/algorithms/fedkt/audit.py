@@ -70,4 +70,7 @@ def fedkt_laplace_harness(weaken, *, gamma, num_teachers, gap, num_classes,
 register("fedkt-laplace", Spec(
     "FedKT LNMax vote (algorithms/fedkt/votes.py noisy_labels), one query, released label",
     dict(gamma=0.5, num_teachers=10, gap=4, num_classes=2, accountant="pld"),
-    ("halve-noise",), fedkt_laplace_harness))
+    ("halve-noise",), fedkt_laplace_harness,
+    applies={"num_teachers": lambda weaken, p: None if p["num_classes"] > 2 else
+             "with num_classes=2 the released label depends on the gap between the two counts "
+             "only (num_teachers matters with num_classes > 2, whose zero counts compete)"}))

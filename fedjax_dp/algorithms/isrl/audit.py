@@ -140,9 +140,16 @@ register("isrl-upload", Spec(
     "one ISRL-DP silo gradient upload (isrl/uploads.gradient_upload), canary record",
     dict(noise_multiplier=3.7, clip_norm=1.0, num_records=4, canary_scale=100.0,
          accountant="pld"),
-    ("halve-noise", "no-clip"), isrl_upload_harness))
+    ("halve-noise", "no-clip"), isrl_upload_harness,
+    applies={"canary_scale": lambda weaken, p: None if weaken == "no-clip" else
+             "the canary's gradient is clipped to clip_norm whatever its scale (the scale "
+             "matters with weaken='no-clip' only)"}))
 register("sdp-upload", Spec(
     "one shuffle-DP release (isrl/uploads.gradient_reports + shuffled_estimate), canary",
     dict(noise_trials=SDP_DEFAULT_NOISE_TRIALS, granularity=8, clip_norm=1.0,
          num_records=4, canary_scale=100.0),
-    ("halve-noise",), sdp_upload_harness))
+    ("halve-noise",), sdp_upload_harness,
+    applies={"canary_scale": lambda weaken, p: "the canary's report is clipped to clip_norm and "
+             "rounded to the grid whatever its scale (and sdp-upload has no no-clip variant)",
+             "num_records": lambda weaken, p: "the other records' gradients are zero, so their "
+             "reports add nothing, and the binomial sum is not divided by the record count"}))

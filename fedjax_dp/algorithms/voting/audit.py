@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.audit.harness import Auditable, Spec, check_accountant, register, unit_vector
+from fedjax_dp.audit.harness import (Auditable, ParameterError, Spec, check_accountant, register,
+                                     unit_vector)
 from fedjax_dp.core import validation
 from fedjax_dp.privacy import vote
 
@@ -47,8 +48,8 @@ def gaussian_vote_harness(weaken, *, sigma, unit, ballot, k, num_agents, num_cla
     if ballot == "neighbour_counts":
         k = validation.check_int("k", 4 if k is None else k, minimum=1)
     elif k is not None:
-        raise ValueError(f"k applies to ballot='neighbour_counts' only (ballot={ballot!r}), "
-                         f"got k={k!r}")
+        raise ParameterError("k", f"applies to ballot='neighbour_counts' only (ballot={ballot!r}), "
+                                  f"got k={k!r}")
     sens = vote.vote_sensitivity(unit, ballot, k)
     # Fixed ballots: agent i votes class i mod C (one-hot) / k neighbours spread over classes.
     base = np.zeros((n, c), np.float32)
@@ -109,4 +110,7 @@ register("gaussian-vote", Spec(
     "AE-DPFL / kNN-DPFL MPC vote sum (privacy/vote.py), one query",
     dict(sigma=3.7, unit="agent", ballot="one_hot", k=None, num_agents=4, num_classes=3,
          noise="per_agent", accountant="pld"),
-    ("halve-noise",), gaussian_vote_harness))
+    ("halve-noise",), gaussian_vote_harness,
+    applies={"ballot": lambda weaken, p: None if p["unit"] == "instance" else
+             "at unit='agent' agent 0's whole ballot is added or removed, a change of norm 1 "
+             "whatever the ballot's form (give unit='instance')"}))
