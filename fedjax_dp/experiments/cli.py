@@ -84,13 +84,24 @@ def _cmd_sweep(args) -> int:
         raise ValueError(f"--extend-edges must be a number of rounds >= 1 with --select "
                          f"val_accuracy (the file's or the flag), got {args.extend_edges}"
                          f"{'' if sw.select else ' and no --select'}")
+    if limits and args.extend_edges is None:
+        raise ValueError("--edge-limit bounds --extend-edges, which is not given: it would "
+                         "change nothing")
     if args.dry_run:                       # validate every run, list them, run nothing
+        idle = [flag for flag, given in (
+            ("--out", args.out), ("--resume", args.resume), ("--extend-edges", args.extend_edges),
+            ("--no-vmap-seeds", args.no_vmap_seeds), ("--quiet", args.quiet),
+            ("--compilation-cache", args.compilation_cache != "user")) if given]
+        if idle:
+            raise ValueError(f"{idle[0]} does not apply with --dry-run, which runs, writes and "
+                             f"logs nothing (it prints the plan)")
         runs = sweep.expand(sw)
         print(json.dumps({"name": sw.name, "runs": len(runs),
                           "cells": len({r.cell for r in runs}),
                           "bases": [n for n, _ in sw.bases], "grid": sw.grid,
                           "seeds": sw.seeds, "target_epsilon": sw.target_epsilon,
-                          "calibrate": sw.calibrate, "select": sw.select}, indent=2))
+                          "calibrate": sw.calibrate, "unit": sw.unit, "set": sw.overrides,
+                          "select": sw.select, "select_over": sw.select_over}, indent=2))
         return 0
     if args.resume:
         if args.out and Path(args.out) != Path(args.resume):
@@ -194,14 +205,22 @@ def _cmd_account(args) -> int:
         return _cmd_account_fedkt(args, accountants)
     if args.mechanism == "gaussian-vote":
         from fedjax_dp.privacy import vote
-        if args.algorithm == "knn" and args.k is None:
-            raise ValueError("--k must be given (an integer >= 1) with --algorithm knn")
-        ballot = {"ae": "one_hot", "knn": "neighbour_counts"}[args.algorithm]
-        sens = vote.vote_sensitivity(args.unit, ballot, args.k, args.rule)
+        knn_instance = args.algorithm == "knn" and args.unit == "instance"
+        if knn_instance and args.k is None:
+            raise ValueError("--k must be given (an integer >= 1) with --algorithm knn --unit "
+                             "instance")
+        for flag, value in (("--k", args.k), ("--rule", args.rule)):
+            if value is not None and not knn_instance:     # the sensitivity would ignore it
+                raise ValueError(f"{flag} applies to --algorithm knn --unit instance only (here "
+                                 f"the sensitivity is "
+                                 f"{'1' if args.unit == 'agent' else 'sqrt(2)'} whatever it is)")
+        rule = args.rule or "derived"
+        ballot = "neighbour_counts" if knn_instance else "one_hot"  # agent level: 1 for both
+        sens = vote.vote_sensitivity(args.unit, ballot, args.k, rule)
         event = vote.vote_event(args.sigma, args.queries, sens)
         extra = {"mechanism": "gaussian-vote", "algorithm": args.algorithm, "unit": args.unit,
                  "relation": vote.RELATIONS[args.unit], "sigma": args.sigma,
-                 "queries": args.queries, "k": args.k, "rule": args.rule,
+                 "queries": args.queries, "k": args.k, "rule": rule if knn_instance else None,
                  "sensitivity": sens, "noise_multiplier": args.sigma / sens}
         print(json.dumps(_report(event, args.delta, accountants, extra), indent=2))
         return 0
@@ -254,12 +273,25 @@ def _cmd_account_distributed(args) -> int:
 def _cmd_account_fedkt(args, accountants) -> int:
     from fedjax_dp.algorithms.fedkt import files as fedkt_files
     from fedjax_dp.algorithms.fedkt import privacy as fedkt_privacy
-    votes, z_file = fedkt_files.load_votes(args.votes)
     units = ("party", "example") if args.unit == "both" else (args.unit,)
+    # where a flag would change nothing printed, it is refused (before the votes are read)
+    unused = {"--z": (args.z is not None, "the L1 example level's k", args.level == "L1"
+                      and "example" in units),
+              "--example-rule": (args.example_rule is not None, "the L1 example level's k",
+                                 args.level == "L1" and "example" in units),
+              "--t": (args.t is not None, "the L2 party level's k (an example's k is 1)",
+                      args.level == "L1" or "party" in units)}    # L1: the run's command has it
+    for flag, (given, what, applies) in unused.items():
+        if given and not applies:
+            raise ValueError(f"{flag} sets {what} only: it changes nothing with --level "
+                             f"{args.level} --unit {args.unit}")
+    votes, z_file = fedkt_files.load_votes(args.votes)
     report = fedkt_privacy.account(votes, level=args.level, gamma=args.gamma, delta=args.delta,
-                                   num_partitions=args.s, num_teachers=args.t,
+                                   num_partitions=args.s,
+                                   num_teachers=5 if args.t is None else args.t,
                                    z=args.z if args.z is not None else z_file, units=units,
-                                   moment_orders=args.orders, example_rule=args.example_rule,
+                                   moment_orders=args.orders,
+                                   example_rule=args.example_rule or "consistent",
                                    accountants=accountants)
     print(json.dumps(report, indent=2))
     return 0
@@ -434,6 +466,9 @@ def _cmd_plot(args) -> int:
                                      "against the round")
                 if args.logx is not None:
                     raise ValueError("--logx / --no-logx do not apply with --curve")
+                if args.reference is not None:
+                    raise ValueError("--reference does not apply with --curve: a reference "
+                                     "band is drawn on a metric-against-parameter plot")
                 y = args.y or plots.default_curve_metric(recs)
                 written = plots.plot_curves(recs, y=y, hue=hue, out_stem=stem(y, "round"),
                                             title=args.title)
@@ -468,6 +503,10 @@ def _cmd_compare(args) -> int:
         md, data = compare.selected_table(args.sweeps, names=names, rows=rows,
                                           ceiling=args.ceiling, title=args.title or "",
                                           tuning=args.tuning_cost)
+        if args.tuning_cost and not any(r["tuning_cost"] for r in data["rows"]):
+            print("fedjax-dp: warning: --tuning-cost: no chosen cell's runs hold dp-accounting "
+                  "events to compose (records without a privacy list, or a shuffle guarantee): "
+                  "no tuning cost in the table", file=sys.stderr)
         written = compare.write(args.out, md, data)
     else:
         from fedjax_dp.experiments import records
@@ -503,10 +542,14 @@ def _cmd_bench(args) -> int:
 
 def _cmd_data(args) -> int:
     from fedjax_dp.data import convert
+    if args.seed is not None and args.max_test_records is None:
+        raise ValueError("--seed draws --max-test-records' subset, which is not given: it would "
+                         "change nothing")
     summary = convert.convert(args.format, args.src, args.dst, vocab_size=args.vocab_size,
                               vocab_file=args.vocab, seq_len=args.seq_len,
                               max_clients=args.max_clients, max_records=args.max_records,
-                              max_test_records=args.max_test_records, seed=args.seed,
+                              max_test_records=args.max_test_records,
+                              seed=0 if args.seed is None else args.seed,
                               progress=not args.quiet)
     summary["run_with"] = (f'data.dataset = "{summary["dataset"]}", data.num_agents = '
                            f'{summary["clients"]}')
@@ -634,8 +677,9 @@ def build_parser() -> argparse.ArgumentParser:
     gv.add_argument("--unit", choices=("agent", "instance"), required=True)
     gv.add_argument("--algorithm", choices=("ae", "knn"), default="ae")
     gv.add_argument("--k", type=int, default=None, help="neighbours per agent (kNN-DPFL)")
-    gv.add_argument("--rule", choices=("derived", "paper"), default="derived",
-                    help="kNN instance sensitivity: derived sqrt(2)/k, or the paper's sqrt(2/k)")
+    gv.add_argument("--rule", choices=("derived", "paper"), default=None,
+                    help="kNN instance sensitivity: derived sqrt(2)/k (default), or the paper's "
+                    "sqrt(2/k)")
     for p in (sg, g, gv):
         p.add_argument("--delta", type=float, required=True)
         p.add_argument("--accountant", choices=ACCOUNTANTS + ("both",), default="both")
@@ -667,12 +711,13 @@ def build_parser() -> argparse.ArgumentParser:
     fk.add_argument("--gamma", type=float, required=True, help="Laplace parameter (noise 1/gamma)")
     fk.add_argument("--level", choices=("L1", "L2"), required=True)
     fk.add_argument("--s", type=int, default=2, help="partitions per party")
-    fk.add_argument("--t", type=int, default=5, help="teachers per partition")
+    fk.add_argument("--t", type=int, default=None, help="teachers per partition (default 5)")
     fk.add_argument("--z", type=int, default=None,
                     help="L1 example level: most at-risk partitions of a party (default s)")
     fk.add_argument("--unit", choices=("party", "example", "both"), default="both")
     fk.add_argument("--orders", type=int, default=8, help="moment orders 1..ORDERS")
-    fk.add_argument("--example-rule", choices=("consistent", "paper"), default="consistent")
+    fk.add_argument("--example-rule", choices=("consistent", "paper"), default=None,
+                    help="L1 example level's k: consistent (default) or the paper's k = z")
     fk.add_argument("--delta", type=float, required=True)
     fk.add_argument("--accountant", choices=ACCOUNTANTS + ("both",), default="both")
     acc.set_defaults(func=_cmd_account)
@@ -789,7 +834,8 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--vocab", default=None, metavar="FILE", help="a word a line, commonest first")
     cv.add_argument("--seq-len", type=int, default=None, metavar="T",
                     help="tokens/record (defaults: Shakespeare 80, StackOverflow 20, Sent140 25)")
-    cv.add_argument("--seed", type=int, default=0, help="seed of --max-test-records' subset")
+    cv.add_argument("--seed", type=int, default=None,
+                    help="seed of --max-test-records' subset (default 0)")
     cv.add_argument("--quiet", action="store_true", help="no progress bar")
     cv.add_argument("--debug", action="store_true", help="the traceback, not one error line")
     cv.set_defaults(func=_cmd_data)
