@@ -123,7 +123,7 @@ def test_a_swallowed_signal_stops_the_run_at_the_next_safe_point(capsys):
 
 
 def _cli(*args) -> subprocess.Popen:
-    code = "import sys; from fedjax_dp.experiments.cli import main; sys.exit(main())"
+    code = "import sys; from fedjax_dp.experiments.cli import main; sys.exit(main(exiting=True))"
     return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 

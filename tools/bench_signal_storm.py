@@ -55,7 +55,7 @@ accountants = ["rdp"]
 
 def _cli() -> list[str]:
     return [sys.executable, "-c", "import sys; from fedjax_dp.experiments.cli import main; "
-                                  "sys.exit(main())"]
+                                  "sys.exit(main(exiting=True))"]
 
 
 def _same(result: dict) -> dict:
@@ -150,4 +150,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(exiting=True))

@@ -218,6 +218,7 @@ class Algorithm(Protocol):
     multi_step: Callable[[State, jax.Array, int, int], tuple[State, dict]] | None = None
     batch_plan: Callable[[list[State]], Any] | None = None          # with batched_step
     batched_step: Callable[[Any, list[State], list], tuple[list[State], list[dict]]] | None = None
+    checkpoint_types: tuple[type, ...] = ()            # named tuples a later state holds
 
     def rounds_per_call(self, state: State) -> int:
         """The most steps one ``multi_step`` call runs (0: one by one). Default: 0."""
@@ -261,6 +262,7 @@ class Hooks:
     artifacts: Callable[[State, Path | None, dict], dict]
     planned_ledger: Callable[[Any, State, jax.Array], Callable[[Any], PrivacyLedger | tuple]]
     privacy_units: Callable[[Any], tuple[str, ...]]
+    checkpoint_types: tuple[type, ...] = ()
 
     @property
     def can_vmap_seeds(self) -> bool:
@@ -287,6 +289,11 @@ def hooks(algorithm: Algorithm) -> Hooks:
             raise ValueError(f"algorithm.{name} must be a bool, got {flags[name]!r}")
     if (own.get("batch_plan") is None) != (own.get("batched_step") is None):
         raise ValueError("algorithm.batch_plan and algorithm.batched_step are declared together")
+    types = own.get("checkpoint_types", ())
+    if not (isinstance(types, tuple) and all(isinstance(t, type) and issubclass(t, tuple)
+                                             and hasattr(t, "_fields") for t in types)):
+        raise ValueError(f"algorithm.checkpoint_types must be a tuple of named-tuple classes, "
+                         f"got {types!r}")
     for name in ("seed_step", "batch_plan", "batched_step", "multi_step", "rounds_per_call",
                  "prefetch", "step_label", "artifacts", "planned_ledger", "privacy_units"):
         if own.get(name) is not None and not callable(own[name]):
@@ -315,7 +322,8 @@ def hooks(algorithm: Algorithm) -> Hooks:
                  step_label=own.get("step_label") or step_label,
                  artifacts=own.get("artifacts") or _no_artifacts,
                  planned_ledger=own.get("planned_ledger") or planned_ledger,
-                 privacy_units=own.get("privacy_units") or privacy_units)
+                 privacy_units=own.get("privacy_units") or privacy_units,
+                 checkpoint_types=types)
 
 
 def _no_multi_step(state: State) -> int:

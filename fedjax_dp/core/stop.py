@@ -104,12 +104,12 @@ def handling(early: int | None = None):
     try:
         yield
     finally:
-        _state["depth"] -= 1
-        if _state["depth"] == 0:
+        if _state["depth"] == 1:              # the previous handlers first: no raise after
             sys.unraisablehook = _previous.pop("unraisable")
             for sig, previous in _previous.items():
                 signal.signal(sig, previous)
             _previous.clear()
+        _state["depth"] -= 1
 
 
 @contextlib.contextmanager

@@ -20,6 +20,29 @@ def _need_matplotlib(flag: str) -> None:
 
 
 def _cmd_run(args) -> int:
+    from fedjax_dp.core import stop
+    out = Path(args.resume or args.out) if (args.resume or args.out) else None
+    try:
+        result, out = _start_run(args)
+    except KeyboardInterrupt as e:
+        if not hasattr(e, "fedjax_dp_stop"):      # before the run began: nothing written
+            again = ("run the same command again" if out is None else
+                     f"start it with: fedjax-dp run {args.config} --resume {out}" if args.config
+                     else f"start it with: fedjax-dp run --resume {out}")
+            e.fedjax_dp_stop = f"stopped before the run began (nothing written); {again}"
+        raise
+    try:
+        status = _report_run(args, result, out)
+        stop.check()                              # a signal a callback swallowed, after it
+        return status
+    except KeyboardInterrupt as e:                # the run had finished: its result is whole
+        e.fedjax_dp_stop = (f"the run had finished; its result is {out / 'result.json'} "
+                            f"(fedjax-dp run --resume {out} prints it)")
+        raise
+
+
+def _start_run(args) -> tuple[dict, Path]:
+    """``run``'s config (a file, or a run folder's own), checked, then the run."""
     from fedjax_dp.experiments import config as config_lib
     from fedjax_dp.experiments import runner
     if args.plot:
@@ -28,12 +51,12 @@ def _cmd_run(args) -> int:
         out = Path(args.resume)
         if args.out and Path(args.out) != out:
             raise ValueError("--out must be omitted (or equal --resume DIR) when resuming")
-        stored = out / "config.json"
         if args.config is None:              # the run's own config (plus execution overrides)
-            if not stored.is_file():
-                raise ValueError(f"--resume {str(out)!r} holds no run (no config.json)")
-            config = config_lib.resolve(json.loads(stored.read_text()), args.set or [])
-        else:
+            if not (out / "config.json").is_file():
+                raise ValueError(f"--resume {str(out)!r} holds no run (no config.json); "
+                                 f"fedjax-dp run CONFIG --resume {out} starts it there")
+            config = config_lib.resolve(runner.read_config(out), args.set or [])
+        else:                                # a run's folder, or a new one to start it in
             config = config_lib.load(args.config, args.set or [])
     else:
         if args.config is None:
@@ -44,8 +67,11 @@ def _cmd_run(args) -> int:
     runner.plan(config)          # fail on a bad config before loading data or compiling
     from fedjax_dp.core import compilation
     compilation.enable_cache(config["run"]["compilation_cache"])   # before anything compiles
-    with _sigterm_as_interrupt():
-        result = runner.run(config, out, progress=not args.quiet, resume=bool(args.resume))
+    return runner.run(config, out, progress=not args.quiet, resume=bool(args.resume)), out
+
+
+def _report_run(args, result: dict, out: Path) -> int:
+    """The JSON report a finished run prints on stdout (and ``--plot``'s curve)."""
     report = {"result": str(out / "result.json"),
               "test_accuracy": result["test_accuracy"],
               "privacy": [{k: g[k] for k in ("unit", "epsilon", "delta", "accountant",
@@ -115,12 +141,12 @@ def _cmd_sweep(args) -> int:
     compilation.enable_cache(args.compilation_cache)
     from fedjax_dp.core import files
     try:             # the folder is this process's for the whole command (a second is refused)
-        with _sigterm_as_interrupt(), sweep.hold(out, what="--resume" if args.resume else
-                                                 "--out", resume=bool(args.resume)):
+        with sweep.hold(out, what="--resume" if args.resume else "--out",
+                        resume=bool(args.resume)):
             if not (args.extend_edges and args.resume):     # resumed: only the extension
                 records = sweep.run(sw, out, resume=bool(args.resume),
-                                    vmap_seeds=not args.no_vmap_seeds, progress=not args.quiet,
-                                    log=say)
+                                    vmap_seeds=not args.no_vmap_seeds,
+                                    progress=not args.quiet, log=say)
             if args.extend_edges:
                 records = sweep.extend_edges(sw, out, rounds=args.extend_edges, limits=limits,
                                              vmap_seeds=not args.no_vmap_seeds, log=say)
@@ -856,50 +882,72 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, handled as Ctrl-C: the run stops, keeping what it wrote."""
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """While a run is in progress, SIGTERM stops it like Ctrl-C (main thread only)."""
-    import signal
-    import threading
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise _Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
     """The command line. Every error ends in ONE line on stderr (``--debug``: the traceback):
     a bad parameter or config exits 2 before any work; a run that stops after it started (an
-    error, Ctrl-C, SIGTERM) exits 1 (130 for an interrupt) with a line naming the last finished
-    and saved round, the privacy spent and the ``--resume`` command."""
-    args = build_parser().parse_args(argv)
+    error, Ctrl-C, SIGTERM) exits 1 (130 for SIGINT, 143 for SIGTERM, at any moment:
+    :mod:`fedjax_dp.core.stop`) with a line naming the last finished and saved round, the
+    privacy spent and the ``--resume`` command.
+
+    ``exiting`` (the console script, :func:`script`): the process ends after this returns, so a
+    signal in its last instant is ignored (its work is done and written), not left to the
+    interpreter's shutdown, which would die of it; otherwise the caller's handlers come back."""
+    import signal
+    import threading
+    original = {}
+    early: list[int] = []                     # a signal while the library (jax) is imported
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            original[sig] = signal.getsignal(sig)
+            signal.signal(sig, lambda signum, frame: early.append(signum))
+    try:
+        from fedjax_dp.core import stop as stop_lib
+        try:
+            with stop_lib.handling(early[0] if early else None):    # from here to the exit
+                try:
+                    stop_lib.check()
+                    args = build_parser().parse_args(argv)
+                except KeyboardInterrupt as e:
+                    stop_lib.clear()
+                    print(f"fedjax-dp: {stop_lib.what(e)}: stopped before the run began "
+                          f"(nothing written); run the same command again", file=sys.stderr)
+                    return stop_lib.exit_status(e)
+                return _main(args)
+        except KeyboardInterrupt as e:        # in the last instant, the command's work done
+            print(f"fedjax-dp: {stop_lib.what(e)}: the command had finished; nothing was lost",
+                  file=sys.stderr)
+            return stop_lib.exit_status(e)
+    finally:
+        for sig, handler in original.items():
+            signal.signal(sig, signal.SIG_IGN if exiting else
+                          signal.SIG_DFL if handler is None else handler)
+
+
+def script() -> int:
+    """The ``fedjax-dp`` console script: :func:`main` in a process that exits after it."""
+    return main(exiting=True)
+
+
+def _main(args) -> int:
+    from fedjax_dp.core import stop as stop_lib
     debug = getattr(args, "debug", False)
     try:
-        return args.func(args)
+        status = args.func(args)
+        stop_lib.check()                      # a signal a callback swallowed is not lost
+        return status
     except KeyboardInterrupt as e:
         if debug:
             raise
-        stop = getattr(e, "fedjax_dp_stop", None) or "nothing was kept"
-        what = "terminated" if isinstance(e, _Terminated) else "interrupted"
-        print(f"fedjax-dp: {what}: {stop}", file=sys.stderr)
-        return 130
+        with stop_lib.ignored():              # a second signal does not cut the stop line
+            stop_lib.clear()
+            stop = getattr(e, "fedjax_dp_stop", None) or "nothing was kept"
+            print(f"fedjax-dp: {stop_lib.what(e)}: {stop}", file=sys.stderr)
+        return stop_lib.exit_status(e)
     except Exception as e:
         if debug:
             raise
@@ -917,4 +965,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script())

@@ -16,6 +16,7 @@ import dataclasses
 import importlib.metadata
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -30,7 +31,7 @@ from fedjax_dp.algorithms import api, registry
 from fedjax_dp.algorithms import seeds as seeds_lib
 from fedjax_dp.algorithms.api import FederatedData
 from fedjax_dp.core import compilation
-from fedjax_dp.core import rng, validation
+from fedjax_dp.core import files, rng, stop, validation
 from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.data import population
 from fedjax_dp.experiments import checkpoint as checkpoint_lib
@@ -188,32 +189,68 @@ def holds_run(out: Path) -> list[str]:
     return [name for name in RUN_FILES if (out / name).exists()]
 
 
-def prepare_out(out: Path, *, resume: bool = False) -> None:
-    """Check the output folder before any work: writable, and (unless resuming) holding no run.
+def claim_out(out: Path, *, resume: bool = False) -> files.FolderLock:
+    """Check the output folder before any work and hold it for this process: a folder (made if
+    missing), writable, not held by another live process (:class:`files.FolderLock`), and
+    (unless resuming) holding no run. Returns the held lock.
 
-    Raises ``ValueError`` naming ``--out`` (a run's results are never overwritten)."""
+    Raises ``ValueError`` naming ``--out`` / ``--resume`` (a run's results are never
+    overwritten; a live run's folder is never shared)."""
+    flag = "--resume" if resume else "--out"
     if out.exists() and not out.is_dir():
-        raise config_lib.ConfigError(f"--out {str(out)!r} is a file, not a folder")
-    if resume:
-        if not (out / "config.json").is_file():
-            raise config_lib.ConfigError(f"--resume {str(out)!r} holds no run (no config.json)")
-        if (out / "result.json").exists():
-            raise config_lib.ConfigError(f"--resume {str(out)!r}: that run has finished "
-                                         f"(result.json exists); nothing to resume")
-    else:
-        found = holds_run(out) if out.is_dir() else []
-        if found:
-            raise config_lib.ConfigError(
-                f"--out {str(out)!r} already holds a run ({', '.join(found)}); choose a new "
-                f"folder (or omit --out for a fresh one), or continue it with --resume")
+        raise config_lib.ConfigError(f"{flag} {str(out)!r} is a file, not a folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write_test"
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise config_lib.ConfigError(f"--out {str(out)!r} is not a writable folder "
+        raise config_lib.ConfigError(f"{flag} {str(out)!r} is not a writable folder "
                                      f"({e.strerror or e})") from None
+    had_lock = (out / files.LOCK_NAME).exists()
+    lock = files.FolderLock(out, what=flag)
+    try:
+        if not resume:
+            found = holds_run(out)
+            if found:
+                raise config_lib.ConfigError(
+                    f"--out {str(out)!r} already holds a run ({', '.join(found)}); choose a new "
+                    f"folder (or omit --out for a fresh one), or continue it with --resume")
+        files.remove_temporaries(out)            # what a killed write left behind
+    except BaseException:
+        lock.release(remove=not had_lock)        # a refused folder is left as it was
+        raise
+    return lock
+
+
+def prepare_out(out: Path, *, resume: bool = False) -> None:
+    """:func:`claim_out` for a check only (the folder is released at once)."""
+    claim_out(out, resume=resume).release()
+
+
+def finished_result(out: Path) -> dict | None:
+    """The run's ``result.json`` if it holds a finished run's record (None: no file); a file
+    that is not one (a damaged copy) is moved aside to ``result.json.damaged`` so the run can
+    be resumed, with a warning."""
+    path = out / "result.json"
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        result = files.read_json(path, what="result", expect=dict)
+        if not {"test_accuracy", "privacy", "config"} <= set(result):
+            raise files.UntrustedFileError(f"result {str(path)!r} is not a run's record")
+        return result
+    except files.UntrustedFileError as e:
+        os.replace(path, out / "result.json.damaged")
+        print(f"fedjax-dp: warning: {e}; moved to result.json.damaged, resuming the run",
+              file=sys.stderr)
+        return None
+
+
+def read_config(out: Path) -> dict:
+    """A run folder's ``config.json`` as data (:func:`files.read_json`)."""
+    return files.read_json(out / "config.json", max_bytes=64 * 2**20, what="run config",
+                           expect=dict)
 
 
 def fresh_out(base: str | Path, name: str) -> Path:
@@ -228,9 +265,17 @@ def fresh_out(base: str | Path, name: str) -> Path:
 
 
 def append_progress(out: Path, record: dict) -> None:
-    """One line of ``out/progress.jsonl``: a finished step's record (strict JSON)."""
-    with open(out / "progress.jsonl", "a") as f:
-        f.write(json.dumps(jsonable(record)) + "\n")
+    """One line of ``out/progress.jsonl``: a finished step's record (strict JSON), appended
+    whole or not at all (:func:`files.append_line`)."""
+    with stop.deferred():
+        files.append_line(out / "progress.jsonl", json.dumps(jsonable(record)))
+
+
+def write_progress(out: Path, records: list[dict]) -> None:
+    """``out/progress.jsonl`` replaced atomically by ``records`` (a resume's restored rounds)."""
+    with stop.deferred():
+        files.write_text(out / "progress.jsonl",
+                         "".join(json.dumps(jsonable(r)) + "\n" for r in records))
 
 
 def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | None = None,
@@ -238,33 +283,63 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     """Run a resolved config; return the result record (also written to ``out_dir``).
 
     ``resume=True``: continue the run held in ``out_dir`` (same config, except the execution keys
-    :data:`checkpoint.EXECUTION_KEYS`) from its last checkpoint; without one it starts over.
+    :data:`checkpoint.EXECUTION_KEYS`) from its last checkpoint; without one it starts over; a
+    folder that holds no run yet starts one; a finished run's record is returned as it is.
     ``tracker``: where the rounds are logged instead of the trackers ``run.log`` opens in
     ``out_dir`` (:mod:`fedjax_dp.experiments.tracking`; a sweep's per-run folder); the caller closes
-    it."""
-    p = plan(config)
+    it. The folder is held by this process for the run's life (a second run on it is refused);
+    SIGINT / SIGTERM stop the run at any moment (:mod:`fedjax_dp.core.stop`)."""
+    with stop.handling():
+        p = plan(config)
+        out = Path(out_dir) if out_dir is not None else None
+        if resume and out is None:
+            raise config_lib.ConfigError("resume needs the run's folder (--resume DIR)")
+        if tracker is None and out is None and config["run"].get("log"):
+            raise config_lib.ConfigError(f"run.log = {config['run']['log']!r} needs the run's "
+                                         f"folder (--out DIR; runner.run(config, out_dir))")
+        if out is None:
+            return _run_in(p, config, None, progress, False, tracker, created=False)
+        created = not out.exists()
+        lock = claim_out(out, resume=resume)
+        try:
+            return _run_in(p, config, out, progress, resume, tracker, created=created)
+        finally:
+            lock.release(remove=created and out.is_dir() and
+                         [q.name for q in out.iterdir()] == [files.LOCK_NAME])
+            if created and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()
+
+
+def _run_in(p: Plan, config: dict, out: Path | None, progress: bool | None, resume: bool,
+            tracker: tracking_lib.Tracker | None, *, created: bool) -> dict:
+    """:func:`run` in a held folder (or none)."""
     show = config["run"]["progress"] if progress is None else progress
-    out = Path(out_dir) if out_dir is not None else None
-    if resume and out is None:
-        raise config_lib.ConfigError("resume needs the run's folder (--resume DIR)")
-    if tracker is None and out is None and config["run"].get("log"):
-        raise config_lib.ConfigError(f"run.log = {config['run']['log']!r} needs the run's "
-                                     f"folder (--out DIR; runner.run(config, out_dir))")
     restart = None                               # the checkpoint a resumed run starts from
-    created = out is not None and not out.exists()
+    fresh = True                                 # nothing of this run is in the folder yet
     if out is not None:
-        prepare_out(out, resume=resume)
-        if resume:
+        if resume and (out / "config.json").exists():
+            fresh = False
+            done = finished_result(out)
+            if done is not None:
+                if checkpoint_lib.fingerprint(done["config"]) != checkpoint_lib.fingerprint(config):
+                    raise checkpoint_lib.CheckpointError(
+                        f"--resume {str(out)!r} holds a finished run of a different config")
+                if show:
+                    print(summary_line(config["algorithm"]["name"], done, out) +
+                          " (finished earlier)", file=sys.stderr)
+                return done
             restart = checkpoint_lib.latest(out)
             if restart is not None:
                 checkpoint_lib.check_config(restart, config)
-            elif checkpoint_lib.fingerprint(json.loads((out / "config.json").read_text())) != \
-                    checkpoint_lib.fingerprint(config):
+            elif checkpoint_lib.fingerprint(read_config(out)) != checkpoint_lib.fingerprint(config):
                 raise checkpoint_lib.CheckpointError(
                     f"--resume {str(out)!r} holds a run of a different config")
-        (out / "config.json").write_text(json.dumps(jsonable(config), indent=2))
-        (out / "progress.jsonl").write_text("")
+        with stop.deferred():
+            files.write_json(out / "config.json", jsonable(config))
+            if fresh:
+                files.write_text(out / "progress.jsonl", "")
     live = _Live()
+    live.total = p.entry.num_steps(p.algorithm_config)
     own_tracker = tracker is None
     try:
         if own_tracker:
@@ -273,31 +348,44 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
                 checkpoint_lib.read_meta(restart)["step"])
         return _run(p, config, out, show, restart, live, tracker)
     except BaseException as e:
-        progress_file = None if out is None else out / "progress.jsonl"
-        if out is not None and not resume and not checkpoint_lib.latest(out) and \
-                not (progress_file.exists() and progress_file.read_text().strip()):
-            # failed before any round (bad data, k above a record count, ...): leave no run
-            # behind, so the same --out can be used once the input is fixed
-            for name in ("config.json", "progress.jsonl"):
-                (out / name).unlink(missing_ok=True)
-            if own_tracker and tracker is not None and tracker.enabled:
+        with stop.ignored():                     # already stopping: report, then stop
+            if _stopped(e, p, config, out, fresh, live) and own_tracker and \
+                    tracker is not None and tracker.enabled:
                 tracker.close()                  # and what it began: events, the W&B run id
                 tracker = None
                 tracking_lib.remove(out)
-            if created and not any(out.iterdir()):
-                out.rmdir()
-        elif out is not None:
-            try:
-                stop = (f"rounds 1-{len(live.history)} kept in {out}" if
-                        isinstance(e, NonFiniteError) else stop_report(p, config, out, live))
-            except Exception:                # the report must never hide the original error
-                stop = f"what it wrote is kept in {out}; resume with: fedjax-dp run --resume {out}"
-            e.fedjax_dp_stop = stop          # the command line prints it as its one line
-            e.add_note(stop)
         raise
     finally:
         if own_tracker and tracker is not None:
             tracker.close()
+
+
+def _stopped(e: BaseException, p: Plan, config: dict, out: Path | None, fresh: bool,
+             live: _Live) -> bool:
+    """What a run that raised ``e`` leaves: a fresh run that *failed* before its first round
+    (bad data, k above a record count, ...) leaves no run behind, so the same --out can be used
+    once the input is fixed; a run stopped by a signal, or after a round, keeps its folder and
+    gets its one-line report (``e.fedjax_dp_stop``, also a note). True: the run's files were
+    removed."""
+    if isinstance(e, KeyboardInterrupt):
+        stop.clear()                              # taken: it propagates from here
+    if out is None or isinstance(e, checkpoint_lib.CheckpointError):
+        return False                 # a refused checkpoint: one line, the folder as it was
+    progress_file = out / "progress.jsonl"
+    began = checkpoint_lib.latest(out) is not None or (
+        progress_file.exists() and progress_file.read_text().strip())
+    if fresh and not began and not isinstance(e, KeyboardInterrupt):
+        for name in ("config.json", "progress.jsonl"):
+            (out / name).unlink(missing_ok=True)
+        return True
+    try:
+        report = (f"rounds 1-{len(live.history)} kept in {out}" if
+                  isinstance(e, NonFiniteError) else stop_report(p, config, out, live))
+    except Exception:                # the report must never hide the original error
+        report = f"what it wrote is kept in {out}; resume with: fedjax-dp run --resume {out}"
+    e.fedjax_dp_stop = report        # the command line prints it as its one line
+    e.add_note(report)
+    return False
 
 
 class _Live:
@@ -423,6 +511,7 @@ def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | No
     start = time.perf_counter()
     with compilation.CompileLog() as compiles:
         s = setup(config)
+        stop.check()                 # a signal a callback swallowed during set-up stops here
         setup_s = time.perf_counter() - start
         done, history_so_far, seconds = _steps(p, config, out, show, restart, live, s, compiles,
                                                tracker)
@@ -463,6 +552,7 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
     tracking = _Tracking(p.entry, compiles, clock, check_finite=not phases)
 
     def on_round(t: int, record: dict) -> None:
+        stop.check()                 # a signal a callback swallowed stops here, at a round
         state = tracking.state_at(t)
         live.state = state
         record_s = tracking.round_seconds(t, clock)
@@ -513,13 +603,17 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
         start_state = None
         if tracker.enabled:
             tracker.start(jsonable(config))
+        if restart is None and out is not None and (out / "progress.jsonl").exists() and \
+                (out / "progress.jsonl").read_text():
+            write_progress(out, [])                  # a resume without a checkpoint: over
         if restart is not None:
             fresh = p.entry.init(key, fed, model, p.algorithm_config, runtime)
-            start_state, meta = checkpoint_lib.restore(restart, fresh, config)
+            start_state, meta = checkpoint_lib.restore(restart, fresh, config,
+                                                       hooks.checkpoint_types)
             history_so_far.extend(meta["history"])
             live.state = start_state
+            write_progress(out, meta["history"])     # the rounds the checkpoint holds
             for record in meta["history"]:
-                append_progress(out, record)
                 if tracker.enabled:        # logged by the interrupted process, if it tracked
                     tracker.log(record["round"], tracking_lib.scalars(record), restored=True)
             if bar_task is not None:
@@ -598,7 +692,9 @@ def result_record(p: Plan, config: dict, s: Setup, state: api.State, history: li
     result.update({k: v for k, v in extra_fields.items() if k not in result})
     result = jsonable(result)
     if out is not None:
-        (out / "result.json").write_text(json.dumps(result, indent=2, allow_nan=False))
+        stop.check()                 # a recorded signal stops the run before its result
+        with stop.deferred():        # whole or not at all; a signal during it waits for it
+            files.write_json(out / "result.json", result, allow_nan=False)
     return result
 
 
