@@ -150,4 +150,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(exiting=True))
+    sys.exit(main())

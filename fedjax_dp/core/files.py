@@ -66,7 +66,11 @@ def regular_file(path: str | Path, *, root: str | Path | None = None, what: str 
             raise UntrustedFileError(f"{what} {str(path)!r} is a symlink to {str(target)!r}, "
                                      f"outside {str(root) if root is not None else 'its folder'}"
                                      f"; refusing to follow it")
-        st = os.stat(target)
+        try:
+            st = os.stat(target)
+        except OSError as e:                  # a dangling symlink
+            raise UntrustedFileError(f"{what} {str(path)!r} cannot be read "
+                                     f"({e.strerror or e})") from None
     if not stat_lib.S_ISREG(st.st_mode):
         raise UntrustedFileError(f"{what} {str(path)!r} is not a regular file")
     return path

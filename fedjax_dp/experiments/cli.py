@@ -4,7 +4,6 @@ Errors in the arguments or the config print one line naming the parameter and ex
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
