@@ -193,8 +193,8 @@ def test_calibrate_other_algorithms_against_dp_accounting():
 def test_bad_input_one_line_exit_2_before_any_run(tmp_path, capsys, argv, message):
     out = tmp_path / "o"
     for dry in ([], ["--dry-run"]):                  # a dry run validates every run as well
-        code = cli.main(["sweep", FEDAVG, *_sets(FEDAVG_SETS), "--out", str(out), "--quiet",
-                         *dry, *argv])
+        where = dry or ["--out", str(out), "--quiet"]  # (a dry run writes and logs nothing)
+        code = cli.main(["sweep", FEDAVG, *_sets(FEDAVG_SETS), *where, *argv])
         assert code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("fedjax-dp: error:") and message in err[0], err
