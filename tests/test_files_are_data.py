@@ -383,7 +383,7 @@ def test_hostile_leaf_shards_and_vocabularies_are_refused(tmp_path, monkeypatch)
     shard = tmp_path / "src" / "train" / "a.json"
     shard.parent.mkdir(parents=True)
     shard.write_text('{"users": ' + "[" * 100000 + "]" * 100000 + "}")
-    with pytest.raises(ValueError, match="a.json.*is not valid JSON: nested too deep"):
+    with pytest.raises(ValueError, match="a.json.*is nested deeper than"):
         leaf_json.read_shard(shard)
     shard.unlink()
     shard.symlink_to(_outside(tmp_path, "a.json", b'{"users": []}'))

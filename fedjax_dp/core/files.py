@@ -132,7 +132,8 @@ def read_json(path: str | Path, *, max_bytes: int = MAX_JSON_BYTES,
 
 # ----------------------------------------------------------------------------- writing
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
+    """fsync a folder (its entries, e.g. a rename into it, are then on disk)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -170,7 +171,7 @@ def write_bytes(path: str | Path, data: bytes, *, durable: bool = True) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     if durable:
-        _fsync_folder(path.parent)
+        fsync_folder(path.parent)
     return path
 
 

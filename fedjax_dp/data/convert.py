@@ -228,21 +228,7 @@ def _sync(folder: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-    _sync_folder(folder)
-
-
-def _sync_folder(folder: Path) -> None:
-    """fsync a folder (its entries, e.g. a rename into it, are then on disk)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass                                       # some file systems cannot sync a folder
-    finally:
-        os.close(fd)
+    files.fsync_folder(folder)
 
 
 #: errors of the disk, not of the source: reported as a failed write of DST
@@ -319,7 +305,7 @@ def convert(fmt: str, src, dst, *, vocab_size: int | None = None, vocab_file=Non
         if dst.exists():
             dst.rmdir()                         # empty (checked above)
         os.replace(partial, dst)
-        _sync_folder(dst.parent)
+        files.fsync_folder(dst.parent)
     except OSError as e:
         shutil.rmtree(partial, ignore_errors=True)
         if e.errno in _DISK_ERRORS:

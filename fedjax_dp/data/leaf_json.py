@@ -24,7 +24,6 @@ file-name order, users in each shard's ``users`` order. Records:
 from __future__ import annotations
 
 import collections
-import json
 from pathlib import Path
 from typing import Iterator
 
@@ -60,12 +59,7 @@ def read_shard(path) -> dict:
     path = Path(path)
     text = files.read_bytes(path, max_bytes=MAX_SHARD_BYTES, root=path.parent.parent,
                             what="LEAF shard")
-    try:
-        d = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{str(path)!r} is not valid JSON: {e}") from None
-    except RecursionError:
-        raise ValueError(f"{str(path)!r} is not valid JSON: nested too deep") from None
+    d = files.parse_json(text, what=f"LEAF shard {str(path)!r}")
     if not isinstance(d, dict) or any(k not in d for k in KEYS):
         found = sorted(d) if isinstance(d, dict) else type(d).__name__
         raise ValueError(f"{str(path)!r} is not a LEAF shard: it needs the keys {list(KEYS)}, "

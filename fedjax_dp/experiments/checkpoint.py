@@ -274,11 +274,11 @@ def _save(out: str | Path, state: api.State, *, config: dict, history: list[dict
         digests["meta.json"] = _sha256(data)
         _write_new(tmp / "digests.json",
                    json.dumps({"format": FORMAT, "files": digests}, indent=1).encode())
-        files._fsync_folder(tmp / "values")
-        files._fsync_folder(tmp)
+        files.fsync_folder(tmp / "values")
+        files.fsync_folder(tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        files._fsync_folder(root)
+        files.fsync_folder(root)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise files.WriteError(e.errno or 5, f"cannot write checkpoint {str(final)!r}: "
