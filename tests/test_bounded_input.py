@@ -230,6 +230,11 @@ SIZE_CASES = [
      "model.options.conv_channels must be a list of 1 to 64"),
     (DP, ["model.name=resnet18_gn", "model.options.stage_blocks=[1, 1, 1, 100]"],
      "model.options.stage_blocks[] must be in [1, 64]"),
+    (DP, ["data.partition=dirichlet", "data.partition_options.beta=0.5",
+          "data.partition_options.max_tries=1e9"],
+     "data.partition_options.max_tries must be in [1, 100000]"),
+    (DP, ["data.dataset=synthetic", "data.dataset_options.num_classes=1e9"],
+     "num_classes must be in [2, 65536]"),           # the generated means' memory
 ]
 
 

@@ -107,8 +107,10 @@ def fedprox_synthetic(alpha: float | None = None, beta: float | None = None,
     alpha = _check_spread("alpha", alpha, iid)
     beta = _check_spread("beta", beta, iid)
     num_clients = validation.check_int("num_clients", num_clients, minimum=1)
-    num_features = validation.check_int("num_features", num_features, minimum=1)
-    num_classes = validation.check_int("num_classes", num_classes, minimum=2)
+    num_features = validation.check_int("num_features", num_features, minimum=1,
+                                        maximum=validation.WIDTH_MAX)
+    num_classes = validation.check_int("num_classes", num_classes, minimum=2,
+                                       maximum=validation.WIDTH_MAX)
     seed = validation.check_int("seed", seed, minimum=0)
     train_fraction = validation.check_number("train_fraction", train_fraction)
     if not 1.0 / MIN_SIZE <= train_fraction < 1.0:

@@ -128,6 +128,10 @@ def partition_rows(name: str, labels: Any, num_agents: int, seed_or_key: Any,
     return record_rows(parts, len(labels))
 
 
+#: The most draws a Dirichlet partition tries for its ``min_size`` (each costs O(records)).
+MAX_TRIES = 100_000
+
+
 def dirichlet(labels: Any, num_agents: int, beta: float, seed_or_key: Any, min_size: int = 10,
               max_tries: int = 1000) -> list[np.ndarray]:
     """FedKT's Dirichlet label-skew partition (the NIID-Bench rule, FedKT spec "Data and defaults").
@@ -147,7 +151,7 @@ def dirichlet(labels: Any, num_agents: int, beta: float, seed_or_key: Any, min_s
     num_agents = _num_agents(num_agents, n)
     beta = validation.check_positive("beta", beta, finite=True)
     min_size = validation.check_int("min_size", min_size, minimum=0)
-    max_tries = validation.check_int("max_tries", max_tries, minimum=1)
+    max_tries = validation.check_int("max_tries", max_tries, minimum=1, maximum=MAX_TRIES)
     if num_agents * min_size > n:
         raise ValueError(f"min_size={min_size} cannot be met: {num_agents} agents x {min_size} "
                          f"records exceeds the {n} records available")

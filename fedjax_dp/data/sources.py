@@ -289,13 +289,15 @@ def synthetic_stream(num_train: int = 1000, num_public: int = 200, num_test: int
     num_train = validation.check_int("num_train", num_train, minimum=1)
     num_public = validation.check_int("num_public", num_public, minimum=0)
     num_test = validation.check_int("num_test", num_test, minimum=0)
-    num_features = validation.check_int("num_features", num_features, minimum=1)
-    num_classes = validation.check_int("num_classes", num_classes, minimum=2)
+    wide = validation.WIDTH_MAX                 # the sizes that drive the means' memory
+    num_features = validation.check_int("num_features", num_features, minimum=1, maximum=wide)
+    num_classes = validation.check_int("num_classes", num_classes, minimum=2, maximum=wide)
     seed = validation.check_int("seed", seed, minimum=0)
     separation = validation.check_nonnegative("separation", separation)
-    num_domains = validation.check_int("num_domains", num_domains, minimum=1)
+    num_domains = validation.check_int("num_domains", num_domains, minimum=1, maximum=wide)
     domain_shift = validation.check_nonnegative("domain_shift", domain_shift)
-    clusters = validation.check_int("clusters_per_class", clusters_per_class, minimum=1)
+    clusters = validation.check_int("clusters_per_class", clusters_per_class, minimum=1,
+                                    maximum=wide)
     num_informative = validation.check_int("num_informative", num_informative, minimum=0)
     if num_informative > num_features:
         raise ValueError(f"num_informative must be in [0, num_features = {num_features}] "
