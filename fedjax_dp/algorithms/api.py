@@ -26,6 +26,7 @@ is used twice.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Hashable, Protocol, Sequence
@@ -35,6 +36,7 @@ import numpy as np
 
 from fedjax_dp.algorithms import calls
 from fedjax_dp.core import StackedData, validation
+from fedjax_dp.core.stacked import from_client_ids
 from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import UNITS, PrivacyLedger
@@ -43,7 +45,7 @@ Params = Any
 
 __all__ = ["FederatedData", "Runtime", "State", "Output", "Algorithm", "Hooks", "OPTIONAL_HOOKS",
            "hooks", "Result", "step_key", "init_key", "run", "ledgers", "host_value", "check_init",
-           "phase_steps"]
+           "phase_steps", "print_progress"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,12 +59,49 @@ class FederatedData:
     y_public: ``[n_public]`` labels of ``x_public`` for DIAGNOSTICS ONLY (e.g. how accurate a
       vote was, reported in metrics): an algorithm must never train on, select with or release
       anything computed from them.
+    client_ids: ``[N]`` the client id of each agent (:meth:`from_arrays` sets it: agent ``i`` is
+      client ``client_ids[i]``), or None. No algorithm reads it.
     """
 
     agents: StackedData
     num_classes: int
     x_public: Any = None          # [n_public, *feature_shape] or None
     y_public: Any = None          # [n_public] diagnostics only, or None
+    client_ids: Any = None        # [N] agent i's client id, or None
+
+    @classmethod
+    def from_arrays(cls, x, y, client_ids, *, num_classes: int, x_public=None,
+                    y_public=None) -> "FederatedData":
+        """Your own records, one client id per record, as the agents of a federated task.
+
+        Records are grouped by client (ragged clients are padded to the largest one, with the
+        mask of :class:`fedjax_dp.core.StackedData`): agent ``i`` is the ``i``-th of the SORTED
+        distinct client ids and holds that client's records in their order in ``x``;
+        ``.client_ids[i]`` is its id. Vectorised (one stable argsort,
+        :func:`fedjax_dp.core.stacked.from_client_ids`).
+
+        Args:
+          x: ``[n, *feature_shape]`` finite features, one row per record.
+          y: ``[n]`` integer labels in ``[0, num_classes)``.
+          client_ids: ``[n]`` each record's client: integers or strings (a list, a numpy array,
+            a pandas column).
+          num_classes: number of classes.
+          x_public, y_public: the server's unlabelled data and its diagnostic labels (see the
+            class docstring), or None.
+
+        Bad input (lengths that differ, labels outside ``[0, num_classes)``, features that are
+        not finite, ids that are neither integers nor strings) raises one ValueError naming
+        the argument.
+        """
+        validation.check_int("num_classes", num_classes, minimum=1)
+        labels = np.asarray(y)
+        if labels.size and labels.dtype.kind in "iu" and (
+                labels.min() < 0 or labels.max() >= num_classes):
+            raise ValueError(f"y must hold labels in [0, {num_classes - 1}] (num_classes = "
+                             f"{num_classes}), got labels in [{labels.min()}, {labels.max()}]")
+        agents, ids = from_client_ids(x, labels, client_ids)
+        return cls(agents=agents, num_classes=num_classes, x_public=x_public, y_public=y_public,
+                   client_ids=ids)
 
     def __post_init__(self):
         if not isinstance(self.agents, StackedData):
@@ -77,6 +116,9 @@ class FederatedData:
                 raise ValueError(f"the agents' labels must be in [0, {self.num_classes - 1}] "
                                  f"(data.num_classes = {self.num_classes}), got labels in "
                                  f"[{lo}, {hi}]")
+        if self.client_ids is not None and np.shape(self.client_ids) != (self.num_agents,):
+            raise ValueError(f"data.client_ids must hold one id per agent ({self.num_agents}), "
+                             f"got shape {np.shape(self.client_ids)}")
         if self.x_public is not None and tuple(np.shape(self.x_public)[1:]) != \
                 self.agents.feature_shape:
             raise ValueError(f"data.x_public has feature shape {tuple(np.shape(self.x_public)[1:])}"
@@ -395,7 +437,8 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
 
     Metrics become host floats; ``evaluate(output)`` runs every ``eval_every`` steps and after the
     last; ``on_step(t + 1, record)`` sees every record (progress display, ``progress.jsonl``,
-    checkpoints), so a long run never loses the steps already done.
+    checkpoints), so a long run never loses the steps already done; :func:`print_progress` is a
+    ready one that prints a line per step. Nothing is printed without one.
 
     With a ``multi_step`` hook that can run this state, steps run ``runtime.rounds_per_call``
     at a time (:func:`fedjax_dp.algorithms.calls.run_calls`), a call ending at every multiple of
@@ -436,6 +479,22 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
     if pending is not None:
         finish(*pending)
     return Result(state=state, history=history, wall_time_s=time.perf_counter() - start)
+
+
+def print_progress(every: int = 1, *, file: Any = None) -> Callable[[int, dict], None]:
+    """An ``on_step`` callback for :func:`run` that prints one line every ``every`` steps,
+    ``step 3: loss 0.512, test_accuracy 0.81``, to ``file`` (default: standard output). ``api.run(..., on_step=api.print_progress(10))``; :func:`run` prints nothing
+    without it."""
+    validation.check_int("every", every, minimum=1)
+
+    def on_step(t: int, record: dict) -> None:
+        if t % every == 0:
+            shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                              for k, v in record.items() if k != "round")
+            print(f"step {t}: {shown}" if shown else f"step {t}", file=file or sys.stdout,
+                  flush=True)
+
+    return on_step
 
 
 def host_value(value):

@@ -108,6 +108,98 @@ def _wrap(module: nn.Module, name: str, feature_shape: tuple[int, ...], num_clas
                  num_classes=num_classes)
 
 
+def from_flax(module: Any, example_x: Any, *, name: str | None = None) -> Model:
+    """A :class:`Model` from your own Flax module, runnable by every algorithm.
+
+    Args:
+      module: a ``flax.linen.Module`` or a ``flax.nnx.Module`` written as Flax modules are:
+        ``__call__(x)`` takes a batch ``x [B, *feature_shape]`` and returns logits
+        ``[B, num_classes]``; or, for nnx, a function ``rngs -> nnx.Module`` such as the
+        module's class when its constructor takes only ``rngs`` (then every key draws fresh
+        parameters, see below).
+      example_x: a batch of inputs as ``module`` takes them, ``[B >= 1, *feature_shape]`` (e.g.
+        ``x_train[:1]``, as for linen's ``module.init(key, x)``); it fixes the feature shape and
+        the dtype (float32, or int32 for integer inputs such as token ids).
+      name: the model's name (default: the module's class name).
+
+    The result is the pair the library trains (one example, so per-example gradients are a
+    ``vmap``): ``apply(params, x) = module(x[None])[0]`` for ``x [*feature_shape]``, and
+
+    * linen: ``init(key) = module.init(key, x)`` on a zero batch, every collection kept (the
+      ``params`` and, e.g., batch statistics, which ``apply`` reads but never updates);
+    * nnx: the parameters are the module's ``nnx.Param`` variables as a nested dict
+      (``nnx.to_pure_dict``); any other state (batch statistics, RNG streams) stays as it was
+      built. ``init(key)`` of a module returns ITS parameters for every key (all agents start from
+      them); of a function ``rngs -> module``, the parameters of ``function(nnx.Rngs(key))``.
+
+    ``num_classes`` is read from the module's output. A ``module`` that is not a Flax module, an
+    ``example_x`` that is not a batch the module takes, or an output that is not ``[batch,
+    num_classes >= 2]`` floating logits raises one ValueError naming the argument."""
+    x = np.asarray(example_x)
+    if x.ndim < 2 or x.shape[0] < 1 or x.dtype.kind not in "biuf":
+        raise ValueError(f"example_x must be a numeric batch [B >= 1, *feature_shape] (e.g. "
+                         f"x_train[:1]), got shape {x.shape} dtype {x.dtype}")
+    dtype = np.int32 if x.dtype.kind in "iu" else np.float32
+    feature_shape = tuple(int(s) for s in x.shape[1:])
+    if isinstance(module, nn.Module):
+        model = _wrap(module, name or type(module).__name__, feature_shape, 2, dtype)
+    else:
+        model = _wrap_nnx(module, name, feature_shape, dtype)
+    batch = np.zeros((2,) + feature_shape, dtype)             # two rows: batch axis != classes
+    try:                                   # shapes only: nothing is computed or compiled
+        out = jax.eval_shape(lambda p: jax.vmap(model.apply, (None, 0))(p, batch),
+                             jax.eval_shape(model.init, jax.random.key(0)))
+    except Exception as e:                                    # noqa: BLE001: one line for any
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise ValueError(f"module cannot be initialised and called on example_x (feature "
+                         f"shape {feature_shape}, dtype {np.dtype(dtype).name}): "
+                         f"{type(e).__name__}: {first}") from None
+    if not (len(out.shape) == 2 and out.shape[1] >= 2 and jnp.issubdtype(out.dtype, jnp.floating)):
+        raise ValueError(f"module must return floating logits [batch, num_classes >= 2] for a "
+                         f"batch x [batch, *feature_shape]; called on one example of example_x's "
+                         f"feature shape {feature_shape} at a time it returned shape "
+                         f"{tuple(out.shape[1:])} dtype {out.dtype}, not [num_classes]")
+    return model._replace(num_classes=int(out.shape[1]))
+
+
+def _wrap_nnx(module: Any, name: str | None, feature_shape: tuple[int, ...], dtype) -> Model:
+    """:func:`from_flax` for an ``nnx.Module`` or a function ``rngs -> nnx.Module``."""
+    from flax import nnx           # here: about 1 s to import, and only an nnx module needs it
+    factory = None
+    if not isinstance(module, nnx.Module):
+        if isinstance(module, type) and issubclass(module, nn.Module):
+            raise ValueError(f"module must be a flax.linen.Module instance, got the class "
+                             f"{module.__name__}: pass {module.__name__}(...)")
+        if not callable(module):
+            raise ValueError(f"module must be a flax.linen.Module, a flax.nnx.Module or a "
+                             f"function rngs -> nnx.Module, got {type(module).__name__}")
+        factory = module
+        try:
+            module = factory(nnx.Rngs(0))
+        except Exception as e:                                # noqa: BLE001: one line for any
+            raise ValueError(f"module: calling it with nnx.Rngs(0) failed ({type(e).__name__}:"
+                             f" {(str(e).strip().splitlines() or [''])[0][:300]}); it must be a "
+                             f"flax.linen.Module, a flax.nnx.Module or a function "
+                             f"rngs -> nnx.Module") from None
+        if not isinstance(module, nnx.Module):
+            raise ValueError(f"module must be a flax.linen.Module, a flax.nnx.Module or a "
+                             f"function rngs -> nnx.Module; the function returned "
+                             f"{type(module).__name__}")
+    graphdef, param_state, rest = nnx.split(module, nnx.Param, ...)
+    own = jax.tree.map(np.asarray, nnx.to_pure_dict(param_state))       # host copies
+
+    def init(key: jax.Array) -> Params:
+        if factory is None:
+            return jax.tree.map(jnp.asarray, own)          # fresh buffers: safe to donate
+        return nnx.to_pure_dict(nnx.split(factory(nnx.Rngs(key)), nnx.Param, ...)[1])
+
+    def apply(params: Params, x: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, params, rest)(x[None])[0]
+
+    return Model(init=init, apply=apply, name=name or type(module).__name__,
+                 feature_shape=feature_shape, num_classes=2)        # num_classes: from_flax
+
+
 MODELS = ("logistic", "mlp", "cnn", "cnn_emnist", "resnet18_gn", "char_lstm", "word_lstm",
           "transformer_lm")
 #: Models whose example is an image ``[H, W, channels]``.

@@ -132,7 +132,7 @@ def canary_run(key: jax.Array, data: api.FederatedData, model, config: dp_fedavg
         canary = unravel(flat + push * _direction(k_dir, jnp.maximum(j, 0), size(params)))
         return jax.tree.map(lambda c, r: jnp.where(j >= 0, c, r), canary, new), metrics
 
-    fed = dataclasses.replace(data, agents=agents)
+    fed = dataclasses.replace(data, agents=agents, client_ids=None)   # + canaries
     state = rounds.init_rounds(k_run, fed, model, config.local, spec,
                                api.Runtime(chunk_size=chunk_size), agent_update=update,
                                extras={"canary": canary_of})

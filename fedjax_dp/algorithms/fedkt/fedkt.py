@@ -83,7 +83,7 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     """
     api.check_init(config, Config, data)
     if config.centralized:
-        data = dataclasses.replace(data, agents=partition.pool(data.agents))
+        data = dataclasses.replace(data, agents=partition.pool(data.agents), client_ids=None)
     parties, num_classes = data.agents, data.num_classes
     validation.check_int("num_classes", num_classes, minimum=2)
     x_public = data.public_array("the public unlabelled set")
