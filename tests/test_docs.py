@@ -10,7 +10,7 @@ PAGES = ["index.html", "getting_started/index.html", "privacy_units/index.html",
          "voting_dpfl/index.html", "fedkt/index.html", "isrl/index.html",
          "shuffle_dp/index.html", "fnas/index.html", "protocol/index.html", "sweeps/index.html",
          "performance/index.html", "scale/index.html", "runs/index.html", "audit/index.html",
-         "secagg/index.html", "api/index.html"]
+         "secagg/index.html", "own_model_and_data/index.html", "api/index.html"]
 
 
 def _build(config: Path, site: Path) -> subprocess.CompletedProcess:

@@ -817,6 +817,7 @@ NO_RECORD = [
     ("sweeps.md", "(timed by hand, no committed record)"),
     ("tracking.md", "(measured by hand on a loaded 2-core CPU, no committed record)"),
     ("runs.md", "(its output and the figures below noted by hand, no committed record)"),
+    ("own_model_and_data.md", "(run by hand, no committed record)"),
 ]
 
 # Every page with a results table or a figure taken from a committed record.
@@ -837,6 +838,7 @@ OTHER_PAGES = {
     "runs.md": "run folders, resuming, logs: example output; one reproducer's figures (NO_RECORD)",
     "sweeps.md": "the sweep and plot commands: example output; one timing (NO_RECORD)",
     "tracking.md": "experiment trackers: one accounting cost (NO_RECORD)",
+    "own_model_and_data.md": "your own model and data: the example's full-size output (NO_RECORD)",
 }
 
 

@@ -86,8 +86,8 @@ class FederatedData:
           client_ids: ``[n]`` each record's client: integers or strings (a list, a numpy array,
             a pandas column).
           num_classes: number of classes.
-          x_public, y_public: the server's unlabelled data and its diagnostic labels (see the
-            class docstring), or None.
+          x_public: the server's unlabelled data (see the class docstring), or None.
+          y_public: its labels, for diagnostics only, or None.
 
         Bad input (lengths that differ, labels outside ``[0, num_classes)``, features that are
         not finite, ids that are neither integers nor strings) raises one ValueError naming
