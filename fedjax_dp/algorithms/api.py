@@ -26,7 +26,6 @@ is used twice.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Hashable, Protocol, Sequence
@@ -42,6 +41,8 @@ from fedjax_dp.models import Model
 from fedjax_dp.privacy import UNITS, PrivacyLedger
 
 Params = Any
+#: a ready ``on_step`` callback for :func:`run`: one line every ``every`` steps
+print_progress = progress_lib.print_progress
 
 __all__ = ["FederatedData", "Runtime", "State", "Output", "Algorithm", "Hooks", "OPTIONAL_HOOKS",
            "hooks", "Result", "step_key", "init_key", "run", "ledgers", "host_value", "check_init",
@@ -479,22 +480,6 @@ def run(algorithm: Algorithm, key: jax.Array, data: FederatedData, model: Model,
     if pending is not None:
         finish(*pending)
     return Result(state=state, history=history, wall_time_s=time.perf_counter() - start)
-
-
-def print_progress(every: int = 1, *, file: Any = None) -> Callable[[int, dict], None]:
-    """An ``on_step`` callback for :func:`run` that prints one line every ``every`` steps,
-    ``step 3: loss 0.512, test_accuracy 0.81``, to ``file`` (default: standard output). ``api.run(..., on_step=api.print_progress(10))``; :func:`run` prints nothing
-    without it."""
-    validation.check_int("every", every, minimum=1)
-
-    def on_step(t: int, record: dict) -> None:
-        if t % every == 0:
-            shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                              for k, v in record.items() if k != "round")
-            print(f"step {t}: {shown}" if shown else f"step {t}", file=file or sys.stdout,
-                  flush=True)
-
-    return on_step
 
 
 def host_value(value):

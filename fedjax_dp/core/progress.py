@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 class Task:
@@ -101,3 +101,20 @@ def interactive() -> bool:
 def bar(enabled: bool = True) -> Progress:
     """A tqdm progress reporter when ``enabled`` and :func:`interactive`, else :data:`SILENT`."""
     return TqdmProgress() if enabled and interactive() else SILENT
+
+
+def print_progress(every: int = 1, *, file=None) -> Callable[[int, dict], None]:
+    """An ``on_step`` callback for ``api.run`` that prints one line every ``every`` steps,
+    ``step 3: loss 0.512, test_accuracy 0.81``, to ``file`` (default: standard output):
+    ``api.run(..., on_step=api.print_progress(10))``; ``api.run`` prints nothing without it."""
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be an integer >= 1 (steps between lines), got {every!r}")
+
+    def on_step(t: int, record: dict) -> None:
+        if t % every == 0:
+            shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                              for k, v in record.items() if k != "round")
+            print(f"step {t}: {shown}" if shown else f"step {t}", file=file or sys.stdout,
+                  flush=True)
+
+    return on_step
