@@ -50,7 +50,7 @@ CLI_RUN = [
     (DP, ["train.batch_size=0"], "train.batch_size must be in [1, 1048576]"),
     (DP, ["train.learning_rate=nan"], "train.learning_rate must be a number"),
     (DP, ["train.learning_rate=-0.1"], "train.learning_rate"),
-    (DP, ["train.optimizer=foo"], "train.optimizer must be one of"),
+    (DP, ["train.optimizer=foo"], "train.optimizer must name an optax optimizer"),
     (DP, ["run.chunk_size=-1"], "run.chunk_size must be >= 0"),
     (DP, ["run.agents_on=gpu"], "run.agents_on must be one of"),
     (DP, ["run.checkpoint_every=-1"], "run.checkpoint_every must be >= 0"),

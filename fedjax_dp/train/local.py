@@ -25,6 +25,7 @@ from fedjax_dp.core import memory
 from fedjax_dp.core.lift import resolve_chunk_size, training_bytes
 from fedjax_dp.models import Model
 from fedjax_dp.models import tasks
+from fedjax_dp.train import optimizers
 
 Params = Any
 
@@ -34,32 +35,45 @@ BATCHINGS = ("replacement", "stored")
 
 @dataclasses.dataclass(frozen=True)
 class LocalTrainConfig:
-    """Local optimisation: ``steps`` minibatch steps of ``optimizer`` with rate ``learning_rate``."""
+    """Local optimisation: ``steps`` minibatch steps of ``optimizer``.
+
+    ``optimizer`` (:mod:`fedjax_dp.train.optimizers`): a name with rate ``learning_rate``
+    (``"sgd"``, ``"momentum"`` = sgd with momentum 0.9, ``"adam"``, or any other optax name), a
+    table ``{name = "adamw", learning_rate = 1e-3, weight_decay = 1e-4}`` (any optax optimizer
+    and its keyword arguments; ``learning_rate`` is then the table's), or from Python any
+    ``optax.GradientTransformation``. ``weight_decay > 0`` chains
+    ``add_decayed_weights(weight_decay)`` before any of them."""
 
     steps: int = 50
     batch_size: int = 32
     learning_rate: float = 0.1
-    optimizer: str = "sgd"          # sgd | momentum | adam
+    optimizer: Any = "sgd"          # a name, a table {name, ...}, an optax transformation
     weight_decay: float = 0.0
     prox_mu: float = 0.0            # FedProx: adds mu/2 ||w - w_start||^2 to the local objective
     batching: str = "replacement"   # replacement (uniform draws) | stored (stored order, cycled)
 
     FIELDS = {"steps": validation.Int(0), "batch_size": validation.Int(1, validation.BATCH_MAX),
               "learning_rate": validation.Float(0.0, low_open=True),
-              "optimizer": validation.Choice(("sgd", "momentum", "adam")),
+              "optimizer": validation.Custom(
+                  optimizers.parse, bad=(3, "adamx", {"learning_rate": 0.1},
+                                         {"name": "adam", "learning_rate": 0.1, "b3": 0.9},
+                                         {"name": "adam", "learning_rate": "fast"},
+                                         {"name": "sgd", "learning_rate": 0.1,
+                                          "nesterov": 1})),
               "weight_decay": validation.Float(0.0), "prox_mu": validation.Float(0.0),
               "batching": validation.Choice(BATCHINGS)}
 
     def __post_init__(self):
         validation.check_config(self, "train")
+        if not isinstance(self.optimizer, str) and \
+                self.learning_rate != LocalTrainConfig.learning_rate:
+            raise ValueError(f"train.learning_rate = {self.learning_rate:g} is not read with "
+                             f"train.optimizer = {optimizers.describe(self.optimizer)} (its "
+                             f"learning_rate is the rate): leave train.learning_rate out")
 
     def make_optimizer(self) -> optax.GradientTransformation:
-        if self.optimizer == "sgd":
-            opt = optax.sgd(self.learning_rate)
-        elif self.optimizer == "momentum":
-            opt = optax.sgd(self.learning_rate, momentum=0.9)
-        else:
-            opt = optax.adam(self.learning_rate)
+        """The clients' transformation (:func:`fedjax_dp.train.optimizers.resolve`)."""
+        opt = optimizers.resolve(self.optimizer, self.learning_rate)
         if self.weight_decay:
             opt = optax.chain(optax.add_decayed_weights(self.weight_decay), opt)
         return opt
