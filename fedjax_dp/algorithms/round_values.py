@@ -1,6 +1,7 @@
 """The run's values an averaging round carries besides the model, and which of them its server
 reads and sets (the round's *view*): C_t under adaptive clipping, the noise stream's state, the
-round counter and the participation groups under correlated noise. ``spec`` is the round's
+round counter and the participation groups under correlated noise, the server optimizer's
+state. ``spec`` is the round's
 :class:`~fedjax_dp.algorithms.rounds.RoundSpec`."""
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ import numpy as np
 from fedjax_dp.core import rng
 from fedjax_dp.privacy import correlated_noise as correlated_lib
 
-__all__ = ["server_keys", "view", "unview", "init_values", "cohort_mask"]
+__all__ = ["server_keys", "view", "unview", "params_of", "init_values", "cohort_mask"]
 
 
 def server_keys(spec) -> tuple[str, ...]:
     """The run's values a round's server reads and sets: the params, C_t when adaptive, the
-    noise stream's state when correlated (the round's *view*)."""
+    noise stream's state when correlated, the server optimizer's state (the round's *view*)."""
     return (("params",) + (("clip_norm",) if spec.adaptive else ())
-            + (("noise_state",) if spec.correlated else ()))
+            + (("noise_state",) if spec.correlated else ())
+            + (("server_opt_state",) if spec.server_optimizer is not None else ()))
 
 
 def view(spec, values: dict) -> Any:
@@ -30,16 +32,24 @@ def view(spec, values: dict) -> Any:
     return values["params"] if keys == ("params",) else {k: values[k] for k in keys}
 
 
+def params_of(spec, view: Any) -> Any:
+    """The model's parameters in a round's ``view``."""
+    return view if server_keys(spec) == ("params",) else view["params"]
+
+
 def unview(spec, view: Any) -> dict:
     """The values a round's result ``view`` sets (:func:`view`'s inverse)."""
     return {"params": view} if server_keys(spec) == ("params",) else dict(view)
 
 
 def init_values(spec, params: Any, key: jax.Array, num_agents: int) -> dict:
-    """The run's first values: the params; C_0 = ``clip_norm`` when adaptive; when
+    """The run's first values: the params; the server optimizer's ``init(params)``; C_0 =
+    ``clip_norm`` when adaptive; when
     correlated, the noise stream's state, round 0 and each agent's participation group,
     independent and uniform over the b groups (from ``key``, independent of the data)."""
     values = {"params": params}
+    if spec.server_optimizer is not None:
+        values["server_opt_state"] = spec.server_opt().init(params)
     if spec.adaptive:
         values["clip_norm"] = jnp.float32(spec.clip_norm)
     if spec.correlated:

@@ -173,7 +173,8 @@ def round_spec(config: Config) -> fedavg.RoundSpec:
                             denominator=config.denominator, secagg=config.secagg,
                             diagnostics=config.diagnostics, adaptive=config.adaptive_clip,
                             correlated=config.noise, weight_cap=config.weight_cap,
-                            distributed=config.distributed_noise)
+                            distributed=config.distributed_noise,
+                            server_optimizer=config.server_optimizer)
 
 
 DESCRIPTION = "DP-FedAvg, agent-level DP (McMahan et al. 2018)"

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dp.algorithms import api, rounds
+from fedjax_dp.algorithms import api, round_values, rounds
 from fedjax_dp.algorithms.averaging import fedavg
 # step: one round (make_round), adding one to the participants' counts (on the device where the
 # round is fused, from the host cohort otherwise); seed_step vmaps the fused round
@@ -213,7 +213,8 @@ def agent_update(model: Model, config: Config) -> Callable:
 def round_spec(config: Config) -> fedavg.RoundSpec:
     """Server side of (2): no server clipping or noise, the mean over the realised cohort."""
     return fedavg.RoundSpec(sampling=config.participation, server_lr=config.server_lr,
-                            denominator="sampled", diagnostics=config.diagnostics)
+                            denominator="sampled", diagnostics=config.diagnostics,
+                            server_optimizer=config.server_optimizer)
 
 
 def make_round(model: Model, config: Config, data: StackedData, rates, denominators, *,
@@ -293,7 +294,8 @@ class Context:
 
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
-    """``values = {"params": model.init(split(key)[0]), "participation": zeros [N]}``."""
+    """``values = {"params": model.init(split(key)[0]), "participation": zeros [N]}`` (and the
+    server optimizer's ``"server_opt_state"``)."""
     api.check_init(config, Config)
     agents = data.agents
     check_trainable(agents)
@@ -310,7 +312,8 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
                           rounds_per_call=runtime.rounds_per_call)
     ctx = Context(agents=agents, model=model, round_fn=round_fn, rates=rates,
                   denominators=denominators)
-    values = {"params": params, "participation": jnp.zeros((agents.num_agents,), jnp.int32)}
+    values = {**round_values.init_values(round_fn.spec, params, key, agents.num_agents),
+              "participation": jnp.zeros((agents.num_agents,), jnp.int32)}
     return api.State(step=0, values=values, context=ctx)
 
 

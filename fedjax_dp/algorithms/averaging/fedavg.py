@@ -7,12 +7,24 @@ One round t (voting-dpfl paper, Algorithm 1 without lines 3-4 of NoisyUpdate):
     Delta_i = LocalSGD_E(theta_t; D_i) - theta_t                    for i in S_t (one vmap)
     theta_{t+1} = theta_t + eta_s * sum_{i in S_t} Delta_i / max(1, |S_t|)
 
+A server optimizer (``server_optimizer``; Reddi et al., "Adaptive Federated Optimization", ICLR
+2021, Algorithm 1) treats the round's mean update as a pseudo-gradient: with
+``Delta_t = sum_{i in S_t} Delta_i / max(1, |S_t|)`` (DP-FedAvg: clipped, noised, over q N),
+
+    g_t = -Delta_t;   (u_t, s_{t+1}) = opt.update(g_t, s_t, theta_t);   theta_{t+1} = theta_t + u_t
+
+so ``sgd(learning_rate=1)`` is the plain step above with eta_s = 1, ``sgd(eta, momentum=0.9)`` is
+FedAvgM, ``adam`` FedAdam, ``yogi`` FedYogi, ``adagrad`` FedAdagrad. The optimizer's state s_t is
+part of the run's values (``"server_opt_state"``). It reads only the released update, so it is
+post-processing: a private variant's ledger is the same with or without it.
+
 The round is run by :mod:`fedjax_dp.algorithms.rounds`; this module holds FedAvg's update rule
 only: its :class:`Config` and its :func:`round_spec`.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 
@@ -25,7 +37,12 @@ from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
-from fedjax_dp.train import LocalTrainConfig
+from fedjax_dp.train import LocalTrainConfig, optimizers
+
+
+def _server_optimizer(name: str, value: Any) -> Any:
+    """``algorithm.server_optimizer``: None, or an optimizer (:func:`optimizers.parse`)."""
+    return None if value is None else optimizers.parse(name, value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +51,14 @@ class Config:
     ``"poisson"`` (every agent independently with rate ``sampling_rate`` q) or ``"fixed"`` (a
     uniformly random subset of exactly ``cohort_size`` agents). ``diagnostics``: report each
     round's ``num_sampled`` and the cohort's mean ``train_loss`` and ``mean_update_norm`` (not
-    noised: a private variant's ledger declares them uncovered); false: nothing."""
+    noised: a private variant's ledger declares them uncovered); false: nothing.
+
+    ``server_optimizer`` (:mod:`fedjax_dp.train.optimizers`): None (the step ``theta + eta_s
+    Delta_t`` with eta_s = ``server_lr``), an optax name with rate ``server_lr`` (``"momentum"``:
+    sgd with momentum 0.9), a table ``{name = "adam", learning_rate = 0.01, eps = 1e-3}``, or
+    from Python an ``optax.GradientTransformation``, applied to the pseudo-gradient
+    ``-Delta_t`` (module docstring); a table or a transformation carries its own rate, so
+    ``server_lr`` is then left at 1."""
 
     rounds: int = 20
     sampling_rate: float = 1.0
@@ -43,16 +67,27 @@ class Config:
     sampling: str = "poisson"
     cohort_size: int = 0
     diagnostics: bool = True
+    server_optimizer: Any = None
 
     FIELDS = {"rounds": validation.Int(1),
               "sampling_rate": validation.Float(0.0, 1.0, low_open=True),
               "server_lr": validation.Float(0.0, low_open=True),
               "local": validation.Instance(LocalTrainConfig),
               "sampling": validation.Choice(cohort_lib.SAMPLINGS),
-              "cohort_size": validation.Int(0), "diagnostics": validation.Bool()}
+              "cohort_size": validation.Int(0), "diagnostics": validation.Bool(),
+              "server_optimizer": validation.Custom(
+                  _server_optimizer, bad=(3, "adamx", {"learning_rate": 0.01},
+                                          {"name": "adam", "learning_rate": 0.01, "b3": 1.0},
+                                          {"name": "adam", "learning_rate": [0.01]}))}
 
     def __post_init__(self):
         validation.check_config(self, "algorithm")     # every field, subclasses' too
+        if self.server_optimizer is not None and not isinstance(self.server_optimizer, str) \
+                and self.server_lr != 1.0:
+            raise ValueError(f"algorithm.server_lr = {self.server_lr:g} is not read with "
+                             f"algorithm.server_optimizer = "
+                             f"{optimizers.describe(self.server_optimizer)} (its learning_rate "
+                             f"is the server's rate): give one of them")
         if self.sampling == "fixed":
             validation.check_int("algorithm.cohort_size", self.cohort_size, minimum=1)
 
@@ -74,7 +109,7 @@ private = False
 
 def round_spec(config: Config) -> RoundSpec:
     return RoundSpec(sampling=config.participation, server_lr=config.server_lr,
-                     diagnostics=config.diagnostics)
+                     diagnostics=config.diagnostics, server_optimizer=config.server_optimizer)
 
 
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
