@@ -194,6 +194,11 @@ def getting_started_claims() -> list[tuple[str, str]]:
         ("getting_started.md", f"| `fedjax-dp run configs/dp_fedavg/mnist5k.toml` | "
                                f"{f3(dp['test_accuracy'])} | {eps['rdp']:.2f} (RDP), "
                                f"{eps['pld']:.2f} (PLD) |"),
+        *[("getting_started.md", f"| `fedjax-dp run configs/dp_fedavg/mnist5k_{v}.toml` | "
+                                 f"{f3(e['test_accuracy'])} | {e['headline']['epsilon']['rdp']:.2f}"
+                                 f" (RDP), {e['headline']['epsilon']['pld']:.2f} (PLD) |")
+          for v, e in ((v, expected[f"configs/dp_fedavg/mnist5k_{v}.toml"])
+                       for v in ("fedavgm", "fedadam", "fedyogi"))],
         ("getting_started.md", f"`epsilon {eps['rdp']:.2f} (agent level, RDP)`"),
         ("getting_started.md", f"reaches {f3(fnas['test_accuracy'])} test accuracy at epsilon "
                                f"{fnas['headline']['epsilon']['pld']:.1f} (PLD, delta 1e-5"),
@@ -839,6 +844,7 @@ OTHER_PAGES = {
     "sweeps.md": "the sweep and plot commands: example output; one timing (NO_RECORD)",
     "tracking.md": "experiment trackers: one accounting cost (NO_RECORD)",
     "own_model_and_data.md": "your own model and data: the example's full-size output (NO_RECORD)",
+    "optimizers.md": "client and server optimizers: no results (each shipped config's first line)",
 }
 
 
