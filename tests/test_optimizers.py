@@ -192,3 +192,14 @@ def test_every_noise_runs_with_server_adam_and_the_ledger_is_unchanged(tiny, ext
     report = dp_fedavg.ledger(dataclasses.replace(cfg, server_optimizer=ADAM), state)
     assert report.report(delta=1e-3) == dp_fedavg.ledger(cfg, state).report(delta=1e-3)
     assert report.epsilon("agent", delta=1e-3) > 0
+
+
+def test_a_divergence_names_the_tables_rates():
+    from fedjax_dp.experiments import runner
+    msg = runner.divergence_message(
+        {"train": {"learning_rate": 0.1, "optimizer": {"name": "adamw", "learning_rate": 0.02}},
+         "algorithm": {"server_lr": 1.0, "server_optimizer": {"name": "adam",
+                                                             "learning_rate": 3.0}}},
+        2, "train_loss")
+    assert "train.optimizer.learning_rate (0.02)" in msg and "train.learning_rate" not in msg
+    assert "algorithm.server_optimizer.learning_rate (3)" in msg

@@ -640,10 +640,17 @@ def _non_finite(record: dict, params_finite: bool | None) -> str:
 def divergence_message(config: dict, t: int, what: str) -> str:
     """One line: the round where training diverged and the parameters that usually cause it."""
     tr, algo = config["train"], config["algorithm"]
-    drivers = [f"train.learning_rate ({tr['learning_rate']:g})"]
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)   # noqa: E731
+    opt = tr.get("optimizer")
+    drivers = ([f"train.optimizer.learning_rate ({opt['learning_rate']:g})"]
+               if isinstance(opt, dict) and number(opt.get("learning_rate")) else
+               [f"train.learning_rate ({tr['learning_rate']:g})"])
     for k in ("server_lr", "learning_rate", "step_size"):
-        if isinstance(algo.get(k), (int, float)) and not isinstance(algo.get(k), bool):
+        if number(algo.get(k)):
             drivers.append(f"algorithm.{k} ({algo[k]:g})")
+    server = algo.get("server_optimizer")
+    if isinstance(server, dict) and number(server.get("learning_rate")):
+        drivers.append(f"algorithm.server_optimizer.learning_rate ({server['learning_rate']:g})")
     return (f"training diverged at round {t}: {what} not finite; lower "
             f"{' or '.join(drivers)} (set run.on_nonfinite = \"continue\" to finish the run "
             f"anyway, marked non-finite)")

@@ -6,6 +6,11 @@ Round t:
     Delta_i      = clip(LocalSGD_E(theta_t; D_i) - theta_t, S)   (global L2 norm <= S)
     theta_{t+1}  = theta_t + eta_s * (sum_{i in S_t} Delta_i + N(0, sigma^2 S^2 I)) / (q N)
 
+With ``server_optimizer`` (:mod:`fedjax_dp.algorithms.averaging.fedavg`; Reddi et al. 2021,
+Algorithm 1) the noised mean ``Delta_t = (sum + noise) / (q N)`` is a pseudo-gradient:
+``theta_{t+1} = theta_t + opt.update(-Delta_t, s_t, theta_t)``; it reads only the release, so
+the event below is the same with or without it.
+
 Privacy. Unit: one agent. Neighbouring relation: add or remove one agent's entire local dataset.
 The sum of clipped updates has L2 sensitivity S; the noise std is sigma*S, i.e. noise multiplier
 sigma; agents are Poisson-subsampled with rate q; T rounds compose. The dp-accounting event is

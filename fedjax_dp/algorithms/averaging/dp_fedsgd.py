@@ -13,6 +13,10 @@ The voting-dpfl paper's instance-level gradient baseline (spec "Baselines"). Rou
     Delta_i       = theta_i^E - theta_t
     theta_{t+1}   = theta_t + eta_s * sum_{i in S_t} Delta_i / max(1, |S_t|)                (2)
 
+(with ``server_optimizer``, (2)'s mean is the pseudo-gradient of Reddi et al. 2021, Algorithm 1:
+``theta_{t+1} = theta_t + opt.update(-mean, s_t, theta_t)``, post-processing; see
+:mod:`fedjax_dp.algorithms.averaging.fedavg`)
+
 Only the sampled agents train (:class:`fedjax_dp.algorithms.rounds.RoundRunner`) and only the
 sampled records' gradients are computed (padded passes planned for :func:`expected_batch`).
 ``clip`` uses the global L2 norm over all parameters (:mod:`fedjax_dp.privacy.clipping`). The sum
