@@ -38,7 +38,9 @@ DEFAULTS: dict[str, Any] = {
     # options: the model's size options (fedjax_dp.models.MODEL_OPTIONS, e.g. {hidden = 6,
     # embed_dim = 3} for char_lstm; {} = the literature's sizes)
     "model": {"name": "mlp", "hidden": [200], "options": {}},
-    # batching: "replacement" (uniform draws) or "stored" (the records' stored order)
+    # batching: "replacement" (uniform draws) or "stored" (the records' stored order);
+    # optimizer: a name with learning_rate ("sgd", "momentum", "adam", any optax name) or a
+    # table {name = "adamw", learning_rate = 1e-3, weight_decay = 1e-4} (docs/optimizers.md)
     "train": {"steps": 50, "batch_size": 32, "learning_rate": 0.1, "optimizer": "sgd",
               "weight_decay": 0.0, "prox_mu": 0.0, "batching": "replacement"},
     "algorithm": {"name": "fedavg"},
