@@ -782,11 +782,31 @@ def test_selected_json_is_the_selection_of_its_records(folder):
     assert committed == json.loads(json.dumps(recomputed)), folder.name
 
 
+def robustness_claims() -> list[tuple[str, str]]:
+    """docs/runs.md's signal-storm and disk-full figures, from their records (every try
+    stopped in one line and resumed to the uninterrupted result, or the claim is not made)."""
+    storm = _json("results/robustness/signal_storm.json")
+    s = storm["summary"]
+    assert s["all_stopped_ok"] and s["all_resumed_equal"]
+    assert set(s["aimed"].values()) == {s["tries_per_signal"] // 2}       # five per phase
+    full = _json("results/robustness/disk_full.json")["summary"]
+    assert full["all_one_line"] and full["all_resumed_equal"]
+    assert full["all_results_absent_or_valid"]
+    n = 2 * s["tries_per_signal"]
+    return [
+        ("runs.md", f"sends SIGINT and SIGTERM {s['tries_per_signal']} times each to a small run, "
+                    f"five in each phase"),
+        ("runs.md", f"{n} of {n} ended in one line with "
+                    f"{' / '.join(str(c) for c in s['exit_status'])} and resumed to the "
+                    f"uninterrupted run's result"),
+    ]
+
+
 CLAIMS = (secagg_claims() + audit_claims() + devices_claims() + bench_claims()
           + performance_claims() + getting_started_claims() + shuffle_tables_claims()
           + fnas_page_claims() + fnas_causes_claims() + isrl_page_claims() + fedkt_page_claims()
           + adaptive_clip_text_claims() + participation_text_claims() + scale_page_claims()
-          + grid_edge_claims())
+          + grid_edge_claims() + robustness_claims())
 
 # Figures a page quotes with no committed record behind them: the page must say so, in these
 # words (a record committed later replaces the sentence with a claim above).
@@ -835,12 +855,12 @@ RESULT_PAGES = {
     "results/fedkt/README.md", "results/scale/README.md", "results/fnas/README.md",
     "scale.md", "results/bench/h200-2026-11-27/README.md",
     "results/bench/h200-2026-11-27-rooms/README.md", "results/voting_dpfl/README.md",
+    "runs.md",
 }
 
 # Every other docs page and results README, and why it has no checked figure.
 OTHER_PAGES = {
     "protocol.md": "the algorithm protocol: no results",
-    "runs.md": "run folders, resuming, logs: example output; one reproducer's figures (NO_RECORD)",
     "sweeps.md": "the sweep and plot commands: example output; one timing (NO_RECORD)",
     "tracking.md": "experiment trackers: one accounting cost (NO_RECORD)",
     "own_model_and_data.md": "your own model and data: the example's full-size output (NO_RECORD)",
