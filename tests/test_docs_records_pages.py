@@ -645,6 +645,29 @@ def fedkt_page_claims() -> list[tuple[str, str]]:
     return claims
 
 
+# --- docs/optimizers.md: the server optimizers at equal epsilon ------------------------------------
+
+#: the sweep's server steps as docs/optimizers.md names them
+SERVER_STEPS = {"sgd": "plain step (DP-FedAvg: sgd, rate 1)",
+                "sgd_0.1": "FedAvgM (sgd 0.1, momentum 0.9)",
+                "adam_0.01": "FedAdam (adam 0.01, eps 1e-3)",
+                "yogi_0.01": "FedYogi (yogi 0.01, eps 1e-3)"}
+
+
+def server_optimizer_claims() -> list[tuple[str, str]]:
+    cells, eps = {}, {}
+    for r in _runs("server_optimizer_mnist5k"):
+        opt = r["params"]["algorithm.server_optimizer"]
+        name = opt if isinstance(opt, str) else f"{opt['name']}_{opt['learning_rate']:g}"
+        z = r["params"]["algorithm.noise_multiplier"]
+        cells.setdefault((SERVER_STEPS[name], z), []).append(r["test_accuracy"])
+        eps.setdefault(z, set()).add(round(r["epsilon"], 2))
+    assert all(len(e) == 1 for e in eps.values())          # equal epsilon in every cell of a z
+    return [("optimizers.md", f"| {label} | {z:g} | {next(iter(eps[z])):.2f} | "
+                              f"{np.mean(a):.3f} ± {np.std(a, ddof=1):.3f} |")
+            for (label, z), a in sorted(cells.items(), key=lambda c: (-c[0][1], c[0][0]))]
+
+
 # --- docs/adaptive_clipping.md: the figures read off the table ------------------------------------
 
 def adaptive_clip_text_claims() -> list[tuple[str, str]]:
@@ -806,7 +829,7 @@ CLAIMS = (secagg_claims() + audit_claims() + devices_claims() + bench_claims()
           + performance_claims() + getting_started_claims() + shuffle_tables_claims()
           + fnas_page_claims() + fnas_causes_claims() + isrl_page_claims() + fedkt_page_claims()
           + adaptive_clip_text_claims() + participation_text_claims() + scale_page_claims()
-          + grid_edge_claims() + robustness_claims())
+          + grid_edge_claims() + robustness_claims() + server_optimizer_claims())
 
 # Figures a page quotes with no committed record behind them: the page must say so, in these
 # words (a record committed later replaces the sentence with a claim above).
@@ -850,7 +873,7 @@ RESULT_PAGES = {
     "index.md", "reproducibility.md", "voting_dpfl.md", "fnas.md", "isrl.md", "fedkt.md",
     "shuffle_dp.md", "adaptive_clipping.md", "audit.md", "correlated_noise.md",
     "distributed_dp.md", "privacy_units.md", "secagg.md", "devices.md", "bench.md",
-    "performance.md", "getting_started.md", "results/sweeps/README.md",
+    "performance.md", "getting_started.md", "results/sweeps/README.md", "optimizers.md",
     "results/bench/README.md", "results/private_grad/README.md", "results/isrl/README.md",
     "results/fedkt/README.md", "results/scale/README.md", "results/fnas/README.md",
     "scale.md", "results/bench/h200-2026-11-27/README.md",
@@ -864,7 +887,6 @@ OTHER_PAGES = {
     "sweeps.md": "the sweep and plot commands: example output; one timing (NO_RECORD)",
     "tracking.md": "experiment trackers: one accounting cost (NO_RECORD)",
     "own_model_and_data.md": "your own model and data: the example's full-size output (NO_RECORD)",
-    "optimizers.md": "client and server optimizers: no results (each shipped config's first line)",
 }
 
 
