@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.algorithms import server_step
 from fedjax_dp.core import rng
 from fedjax_dp.privacy import correlated_noise as correlated_lib
 
@@ -49,7 +50,7 @@ def init_values(spec, params: Any, key: jax.Array, num_agents: int) -> dict:
     independent and uniform over the b groups (from ``key``, independent of the data)."""
     values = {"params": params}
     if spec.server_optimizer is not None:
-        values["server_opt_state"] = spec.server_opt().init(params)
+        values["server_opt_state"] = server_step.optimizer(spec).init(params)
     if spec.adaptive:
         values["clip_norm"] = jnp.float32(spec.clip_norm)
     if spec.correlated:

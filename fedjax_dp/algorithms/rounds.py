@@ -32,7 +32,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from fedjax_dp.algorithms import api, round_values, secure_rounds
+from fedjax_dp.algorithms import api, round_values, secure_rounds, server_step
 from fedjax_dp.algorithms.calls import resolve_capacity
 from fedjax_dp.algorithms.fused_rounds import add_trees, make_fused_rounds
 from fedjax_dp.core import (AGENTS, StackedData, for_each_agent, for_each_agent_sum, is_on_host,
@@ -46,7 +46,7 @@ from fedjax_dp.privacy import clipping, mechanisms
 from fedjax_dp.privacy import correlated_noise as correlated_lib
 from fedjax_dp.privacy import distributed_dp as distributed_lib
 from fedjax_dp.privacy import secagg as secagg_lib
-from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update, optimizers
+from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
 
 Params = Any
 
@@ -114,8 +114,8 @@ class RoundSpec:
     server_optimizer: None (``theta + server_lr * Delta_t``, Delta_t the divided sum) or an
       optimizer (:mod:`fedjax_dp.train.optimizers`: a name with rate ``server_lr``, a table's
       :class:`~fedjax_dp.train.optimizers.Named`, an optax transformation) applied to the
-      pseudo-gradient ``-Delta_t`` (Reddi et al. 2021, Algorithm 1; :meth:`server_opt`); its
-      state is the run's ``"server_opt_state"``.
+      pseudo-gradient ``-Delta_t`` (Reddi et al. 2021, Algorithm 1;
+      :mod:`fedjax_dp.algorithms.server_step`); its state is the run's ``"server_opt_state"``.
     """
 
     sampling: cohort_lib.Sampling
@@ -132,12 +132,6 @@ class RoundSpec:
     total_weight: float | None = None
     distributed: distributed_lib.DistributedNoise | None = None
     server_optimizer: Any = None
-
-    def server_opt(self) -> optax.GradientTransformation | None:
-        """The server's transformation, or None for the plain ``server_lr`` step."""
-        if self.server_optimizer is None:
-            return None
-        return optimizers.resolve(self.server_optimizer, self.server_lr)
 
     def expected_cohort(self, num_agents: int) -> float:
         """m: the expected cohort size, q N (or C), over b for cyclic groups (correlated)."""
@@ -179,26 +173,6 @@ class RoundSpec:
         return self.noise_multiplier * self.l2_sensitivity if self.noise_multiplier else 0.0
 
 
-def server_update(server_lr: float, opt: optax.GradientTransformation | None, params: Params,
-                  opt_state: Any, total: Params, denom, released=None) -> tuple[Params, Any]:
-    """The server's step from the round's (clipped, noised) sum ``total`` and its divisor:
-    ``(params, opt_state)``. Without ``opt``: ``theta + server_lr * total / denom`` (state None).
-    With it, Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Algorithm 1: the mean
-    update ``Delta_t = total / denom`` is a pseudo-gradient ``g_t = -Delta_t``,
-    ``(u_t, s_{t+1}) = opt.update(g_t, s_t, theta_t)``, ``theta_{t+1} = theta_t + u_t``
-    (``sgd(1)`` is the plain step with rate 1, bit for bit). ``released`` (distributed noise,
-    bool): an aborted round moves neither the params nor the state."""
-    if opt is None:
-        return jax.tree.map(lambda g, s: g + server_lr * s / denom, params, total), None
-    pseudo_grad = jax.tree.map(lambda s: -(s / denom), total)
-    updates, new_state = opt.update(pseudo_grad, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
-    if released is not None:
-        new_params, new_state = jax.tree.map(lambda new, old: jnp.where(released, new, old),
-                                             (new_params, new_state), (params, opt_state))
-    return new_params, new_state
-
-
 @functools.lru_cache(maxsize=64)
 def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *,
                      chunk_size: int | None = None, mesh=None) -> tuple[Callable, Callable,
@@ -225,7 +199,7 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
     count_std = adaptive.count_std(spec.expected_cohort(num_agents)) if adaptive else 0.0
     correlated = spec.correlated
     distributed = spec.distributed
-    server_opt = spec.server_opt()
+    server_opt = server_step.optimizer(spec)
 
     def clipped_update(key, view, x, y, mask, count, extras):
         """One agent's contribution to the sum: its update Delta (clipped) and its metrics;
@@ -297,8 +271,8 @@ def make_round_parts(agent_update: Callable, spec: RoundSpec, num_agents: int, *
         else:
             denom = jnp.maximum(num_sampled, 1.0)
         opt_state = view["server_opt_state"] if server_opt is not None else None
-        new_params, opt_state = server_update(spec.server_lr, server_opt, params, opt_state,
-                                              total, denom, released)
+        new_params, opt_state = server_step.update(spec.server_lr, server_opt, params, opt_state,
+                                                   total, denom, released)
         seen = jnp.maximum(num_sampled, 1.0)
         metrics = {"num_sampled": num_sampled,
                    **{k: v / seen for k, v in metric_sums.items()}}    # means over the cohort
