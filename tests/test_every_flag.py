@@ -977,6 +977,17 @@ def _(plot_records):
             "--curve")
 
 
+@case("plot", "--label")
+def _(plot_records):
+    a = _xy(plot_records)
+    b = _xy(plot_records, "--label", "x=Ours", "--label", "test_accuracy = Accuracy")
+    assert b["labels"] == {"x": "Ours", "test_accuracy": "Accuracy"} and a["labels"] == {}
+    c = _xy(plot_records, "--curve", "--label", "loss=Loss")
+    assert c["labels"] == {"loss": "Loss"}
+    refused(["plot", plot_records[0], "--label", "x"], "--label", "KEY=TEXT")
+    refused(["plot", plot_records[0], "--label", "x="], "--label")
+
+
 @case("plot", "--logx")
 def _(plot_records):
     for flag, want in (("--logx", True), ("--no-logx", False)):

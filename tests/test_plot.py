@@ -52,10 +52,13 @@ def _write_jsonl(path, recs):
 
 
 def _check_files(paths):
-    png, svg = map(__import__("pathlib").Path, paths)
-    assert png.suffix == ".png" and svg.suffix == ".svg"
+    """STEM.png, STEM.svg and STEM.pdf, each a real file of its kind."""
+    png, svg, pdf = map(__import__("pathlib").Path, paths)
+    assert (png.suffix, svg.suffix, pdf.suffix) == (".png", ".svg", ".pdf")
+    assert png.with_suffix("") == svg.with_suffix("") == pdf.with_suffix("")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
     assert "<svg" in svg.read_text()
+    assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 1000
 
 
 # --------------------------------------------------------------------------- summarize
@@ -142,7 +145,7 @@ def test_plot_xy_writes_png_and_svg(grid, tmp_path):
     recs, _ = grid
     paths = plots.plot_xy(recs, "epsilon", "test_accuracy", "algorithm", tmp_path / "a" / "fig",
                           title="accuracy vs privacy")
-    assert paths == [str(tmp_path / "a" / "fig.png"), str(tmp_path / "a" / "fig.svg")]
+    assert paths == [str(tmp_path / "a" / f"fig.{e}") for e in ("png", "svg", "pdf")]
     _check_files(paths)
     svg = (tmp_path / "a" / "fig.svg").read_text()
     assert "accuracy vs privacy" in svg          # text drawn as paths, named in a comment
@@ -187,14 +190,14 @@ def test_cli_plot_end_to_end(grid, tmp_path, capsys):
     assert cli.main(["plot", str(results)]) == 0
     out = json.loads(capsys.readouterr().out)
     stem = tmp_path / "sweep" / "plot_test_accuracy_vs_epsilon"
-    assert out == {"written": [f"{stem}.png", f"{stem}.svg"], "records": 12}
+    assert out == {"written": [f"{stem}.{e}" for e in ("png", "svg", "pdf")], "records": 12}
     _check_files(out["written"])
     # a folder, a swept key on x, no hue, an explicit stem and title
     assert cli.main(["plot", str(tmp_path / "sweep"), "--x", "algorithm.noise_multiplier",
                      "--hue", "none", "--no-logx", "--out", str(tmp_path / "nm.png"),
                      "--title", "T"]) == 0
-    assert json.loads(capsys.readouterr().out)["written"] == [str(tmp_path / "nm.png"),
-                                                              str(tmp_path / "nm.svg")]
+    assert json.loads(capsys.readouterr().out)["written"] == [str(tmp_path / f"nm.{e}")
+                                                              for e in ("png", "svg", "pdf")]
     # training curves: default metric (loss: no test_accuracy in the history)
     assert cli.main(["plot", str(results), "--curve"]) == 0
     written = json.loads(capsys.readouterr().out)["written"]
@@ -256,8 +259,7 @@ def test_run_plot_training_curve(tmp_path, capsys):
     with_eval = [{"round": t, "loss": 1.0 / t, **({"test_accuracy": 0.2 * t} if t % 2 else {})}
                  for t in range(1, 6)]
     paths = plots.plot_run(_result(with_eval), tmp_path / "a")
-    assert paths == [str(tmp_path / "a" / "training_curve.png"),
-                     str(tmp_path / "a" / "training_curve.svg")]
+    assert paths == [str(tmp_path / "a" / f"training_curve.{e}") for e in ("png", "svg", "pdf")]
     _check_files(paths)
     assert plots.default_curve_metric([records.from_result(_result(with_eval))]) == \
         "test_accuracy"
@@ -305,3 +307,115 @@ def test_reference_records_are_a_band_not_a_line(grid, tmp_path, capsys):
     assert (tmp_path / "cli.png").exists() and "warning" not in capsys.readouterr().err
     assert cli.main(["plot", str(results), "--reference", "algorithm"]) == 2
     assert "--reference: expected KEY=VALUE" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- a figure for a paper
+
+def _texts(svg_path) -> list[str]:
+    """The texts an SVG draws (matplotlib draws text as paths and names each in a comment)."""
+    import re
+    return re.findall(r"<!-- (.*?) -->", __import__("pathlib").Path(svg_path).read_text(), re.S)
+
+
+def test_every_registered_algorithm_has_a_display_name():
+    from fedjax_dp.algorithms import registry
+    assert set(registry.names()) <= set(plots.ALGORITHM_NAMES)
+    assert plots.display_name("dp_fedavg") == "DP-FedAvg"
+    assert plots.display_name("knn_dpfl") == "kNN-DPFL"
+    assert plots.display_name("test_accuracy") == "Test accuracy"
+    assert plots.display_name("mean_update_norm") == "Mean update norm"    # snake_case in words
+    assert plots.display_name("algorithm.num_queries") == "algorithm.num_queries"   # as it is
+    assert plots.display_name("test_accuracy", {"test_accuracy": "Acc."}) == "Acc."
+
+
+def test_legend_entries_from_hue_values():
+    assert plots.hue_text("algorithm", "ae_dpfl") == "AE-DPFL"
+    assert plots.hue_text("algorithm", "my_method") == "my_method"       # unknown: as it is
+    assert plots.hue_text("setting", "ae_dpfl num_agents=100") == "AE-DPFL, N = 100"
+    assert (plots.hue_text("setting", "dp_fedavg (digits) num_agents=50 rounds=[1, 2]")
+            == "DP-FedAvg (digits), N = 50, rounds = [1, 2]")
+    assert plots.hue_text("algorithm+target_epsilon", "dp_fedavg, 8.0") == "DP-FedAvg, ε = 8"
+    assert plots.hue_text("algorithm.noise_multiplier", 1.5) == "σ = 1.5"
+    assert plots.hue_text("seed", 0) == "seed = 0"
+    assert (plots.hue_text("algorithm.server_optimizer",
+                           '{"learning_rate": 0.01, "name": "adam"}') == "adam (learning rate 0.01)")
+    # an override by the value's text, or by the algorithm inside a setting
+    assert plots.hue_text("algorithm", "dp_fedavg", {"dp_fedavg": "Ours"}) == "Ours"
+    assert plots.hue_text("setting", "ae_dpfl num_agents=100", {"ae_dpfl": "AE"}) == "AE, N = 100"
+    assert plots.hue_text("setting", "ae_dpfl num_agents=100",
+                          {"ae_dpfl num_agents=100": "one line"}) == "one line"
+
+
+def test_delta_on_the_epsilon_axis_from_the_records(grid):
+    recs, _ = grid
+    assert plots.axis_label(recs, "epsilon") == "ε (agent, δ = 1e-05)"
+    assert plots.axis_label(recs, "target_epsilon") == "Target ε (agent, δ = 1e-05)"
+    assert plots.axis_label(recs, "test_accuracy") == "Test accuracy"
+    assert plots.axis_label(recs, "epsilon", {"epsilon": "eps"}) == "eps (agent, δ = 1e-05)"
+    # the headline guarantee's own delta wins over the config's; differing deltas as a range
+    own = _record("a", 1.0, 0, 0.5, epsilon_unit="silo_record", privacy=[
+        {"unit": "silo_record", "accountant": "rdp", "epsilon": 1.0, "delta": 1.085e-4}])
+    assert plots.axis_label([own], "epsilon") == "ε (silo record, δ = 0.0001085)"
+    two = [_record("a", 1.0, 0, 0.5, delta=2.1e-5), _record("a", 2.0, 0, 0.5, delta=6.9e-5)]
+    assert plots.axis_label(two, "epsilon") == "ε (agent, δ = 2.1e-05–6.9e-05)"
+
+
+def test_the_figure_for_a_paper(grid, tmp_path):
+    """One column of a two-column paper: 3.3 x 2.4 in, display names, delta on the epsilon
+    axis, the statistic in the legend's title, few plain ticks on the log axis, TrueType fonts
+    in the PDF; the same figure gives the same files."""
+    recs, _ = grid
+    paths = plots.plot_xy(recs, "epsilon", "test_accuracy", "algorithm", tmp_path / "fig")
+    _check_files(paths)
+    texts = _texts(paths[1])
+    for want in ("DP-FedAvg", "AE-DPFL", "Test accuracy", "ε (agent, δ = 1e-05)",
+                 "mean ± std over 3 seeds"):
+        assert want in texts, (want, texts)
+    assert "dp_fedavg" not in texts and "test_accuracy" not in texts
+    assert [t for t in texts if t in ("2", "8")] == ["2", "8"]      # ticks at the x values
+    svg = __import__("pathlib").Path(paths[1]).read_text()
+    assert 'width="237.6pt" height="172.8pt"' in svg                # 3.3 x 2.4 inches
+    pdf = __import__("pathlib").Path(paths[2]).read_bytes()
+    assert b"Type3" not in pdf and b"CIDFontType2" in pdf
+    again = plots.plot_xy(recs, "epsilon", "test_accuracy", "algorithm", tmp_path / "again")
+    for a, b in zip(paths, again):
+        assert open(a, "rb").read() == open(b, "rb").read()
+    # no legend (one line): the statistic goes on the y axis; a point pooling several runs of
+    # one seed (both algorithms here) says runs, not seeds
+    texts = _texts(plots.plot_xy(recs, "epsilon", "test_accuracy", None, tmp_path / "one")[1])
+    assert {"Test accuracy", "(mean ± std over 6 runs)"} <= set(texts)
+
+
+def test_log_axis_ticks_are_few_and_plain(tmp_path):
+    wide = [_record("a", e, 0, 0.5) for e in (13.98, 24.57, 71.58, 139.25, 700.1, 1712.3)]
+    texts = _texts(plots.plot_xy(wide, "epsilon", "test_accuracy", None, tmp_path / "w")[1])
+    ticks = [t for t in texts if t.replace(".", "").isdigit()]
+    xticks = [t for t in ticks if float(t) >= 10]
+    assert xticks == ["20", "50", "100", "200", "500", "1000", "2000"]   # 1-2-5, no "9 10"
+    narrow = [_record("a", e, 0, 0.5) for e in (6.2, 11.63)]
+    texts = _texts(plots.plot_xy(narrow, "epsilon", "test_accuracy", None, tmp_path / "n")[1])
+    assert {"6", "8", "10"} <= set(texts)
+
+
+def test_labels_override_the_display_names(grid, tmp_path, capsys):
+    recs, _ = grid
+    labels = {"dp_fedavg": "Ours", "test_accuracy": "Accuracy", "epsilon": "Privacy ε"}
+    texts = _texts(plots.plot_xy(recs, "epsilon", "test_accuracy", "algorithm", tmp_path / "o",
+                                 labels=labels)[1])
+    assert {"Ours", "AE-DPFL", "Accuracy", "Privacy ε (agent, δ = 1e-05)"} <= set(texts)
+    assert "DP-FedAvg" not in texts and "Test accuracy" not in texts
+    texts = _texts(plots.plot_curves(recs, "loss", "algorithm", tmp_path / "c",
+                                     labels={"loss": "Loss", "ae_dpfl": "Voting"})[1])
+    assert {"Loss", "Voting", "DP-FedAvg", "Round", "mean ± std over 6 runs"} <= set(texts)
+    with pytest.raises(ValueError, match="labels must map"):
+        plots.plot_xy(recs, "epsilon", "test_accuracy", "algorithm", tmp_path / "x",
+                      labels={"a": 1})
+    # from the command line: --label KEY=TEXT, repeatable; a malformed one refused in one line
+    results = _write_jsonl(tmp_path / "results.jsonl", recs)
+    assert cli.main(["plot", str(results), "--label", "dp_fedavg=Ours", "--label",
+                     "test_accuracy=Accuracy", "--out", str(tmp_path / "cli")]) == 0
+    written = json.loads(capsys.readouterr().out)["written"]
+    assert {"Ours", "Accuracy"} <= set(_texts(written[1]))
+    assert cli.main(["plot", str(results), "--label", "dp_fedavg"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedjax-dp: error: --label: expected KEY=TEXT") and err.count("\n") == 1

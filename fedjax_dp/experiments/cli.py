@@ -482,6 +482,13 @@ def _cmd_plot(args) -> int:
             return Path(args.out)
         return folder / re.sub(r"[^A-Za-z0-9._-]+", "_", f"plot_{y}_vs_{x}")
 
+    labels = {}
+    for item in args.label or []:          # --label KEY=TEXT: a display name replaced
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip() or not text.strip():
+            raise ValueError(f"--label: expected KEY=TEXT (e.g. dp_fedavg=DP-FedAvg), got "
+                             f"{item!r}")
+        labels[key.strip()] = text.strip()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -496,7 +503,7 @@ def _cmd_plot(args) -> int:
                                      "band is drawn on a metric-against-parameter plot")
                 y = args.y or plots.default_curve_metric(recs)
                 written = plots.plot_curves(recs, y=y, hue=hue, out_stem=stem(y, "round"),
-                                            title=args.title)
+                                            title=args.title, labels=labels)
             else:
                 x, y = args.x or "epsilon", args.y or "test_accuracy"
                 reference = None
@@ -507,7 +514,7 @@ def _cmd_plot(args) -> int:
                                          f"{args.reference!r}")
                     reference = (key.strip(), value.strip())
                 written = plots.plot_xy(recs, x, y, hue, stem(y, x), title=args.title,
-                                        logx=args.logx, reference=reference)
+                                        logx=args.logx, reference=reference, labels=labels)
         except ValueError as e:                  # "x: ..." -> "--x: ...": the flag's name
             msg = str(e)
             if msg.split(":")[0] in ("x", "y", "hue", "logx", "reference"):
@@ -643,7 +650,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="DIR",
                      help="continue the run in DIR from its last checkpoint (CONFIG optional)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
-    run.add_argument("--plot", action="store_true", help="also write training_curve.png/.svg")
+    run.add_argument("--plot", action="store_true", help="also write training_curve.png/.svg/.pdf")
     run.add_argument("--debug", action="store_true", help="the traceback, not one error line")
     run.set_defaults(func=_cmd_run)
 
@@ -789,9 +796,13 @@ def build_parser() -> argparse.ArgumentParser:
     plt.add_argument("--selected", action="store_true",
                      help="only the grid points a sweep's --select chose, a line per row "
                      "(default --hue setting)")
-    plt.add_argument("--out", metavar="STEM", default=None, help="writes STEM.png and STEM.svg "
-                     "(default plot_<y>_vs_<x> beside the first RESULTS file)")
-    plt.add_argument("--title", default=None)
+    plt.add_argument("--out", metavar="STEM", default=None, help="writes STEM.png, STEM.svg "
+                     "and STEM.pdf (default plot_<y>_vs_<x> beside the first RESULTS file)")
+    plt.add_argument("--title", default=None, help="a title above the axes (default none: a "
+                     "paper's caption names the data)")
+    plt.add_argument("--label", metavar="KEY=TEXT", action="append", default=None,
+                     help="display TEXT for KEY: a field or metric (test_accuracy=Accuracy), "
+                     "an algorithm or a line's value (dp_fedavg=DP-FedAvg); repeatable")
     plt.add_argument("--reference", metavar="KEY=VALUE", default=None,
                      help="draw the records with KEY = VALUE (e.g. a baseline arm without the "
                      "x key) as a horizontal mean +- std band")

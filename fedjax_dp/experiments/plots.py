@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import numbers
 import warnings
 from pathlib import Path
@@ -25,7 +26,8 @@ import numpy as np
 from fedjax_dp.experiments import records as records_lib
 
 __all__ = ["summarize", "summarize_curves", "plot_xy", "plot_curves", "plot_run",
-           "history_metrics", "default_curve_metric", "LOG_X_FIELDS"]
+           "history_metrics", "default_curve_metric", "display_name", "hue_text", "axis_label",
+           "epsilon_qualifier", "LOG_X_FIELDS", "ALGORITHM_NAMES", "FIELD_NAMES"]
 
 #: x fields drawn on a log scale unless ``logx=False``.
 LOG_X_FIELDS = ("epsilon", "target_epsilon")
@@ -186,25 +188,176 @@ def summarize_curves(records: Iterable[dict], y: str, hue: str | None = None) ->
     return _group_rows(groups, "round")
 
 
+# --------------------------------------------------------------------------- display names
+
+#: Display names of the registered algorithms (``fedjax-dp list``), as the papers write them.
+ALGORITHM_NAMES = {
+    "fedavg": "FedAvg", "dp_fedavg": "DP-FedAvg", "dp_fedsgd": "DP-FedSGD",
+    "fedkt": "FedKT", "fedkt_solo": "SOLO", "dp_fnas": "DP-FNAS",
+    "isrl_mb_sgd": "ISRL-DP MB-SGD", "isrl_prox_svrg": "ISRL-DP Prox-SVRG",
+    "isrl_prox_pl_svrg": "ISRL-DP Prox-PL-SVRG", "isrl_spider": "ISRL-DP FedProx-SPIDER",
+    "isrl_local_sgd": "ISRL-DP Local SGD", "mb_sgd": "MB-SGD", "local_sgd": "Local SGD",
+    "sdp_mb_sgd": "SDP MB-SGD", "sdp_spider": "SDP FedProx-SPIDER",
+    "ae_dpfl": "AE-DPFL", "knn_dpfl": "kNN-DPFL",
+}
+
+#: Display names of record fields, metrics and grid keys, for axis labels.
+FIELD_NAMES = {
+    "test_accuracy": "Test accuracy", "val_accuracy": "Validation accuracy",
+    "train_accuracy": "Training accuracy", "accuracy": "Accuracy", "loss": "Training loss",
+    "train_loss": "Training loss", "test_loss": "Test loss", "val_loss": "Validation loss",
+    "epsilon": "ε", "target_epsilon": "Target ε", "delta": "δ", "round": "Round",
+    "seed": "Seed", "num_agents": "Agents", "data.num_agents": "Agents",
+    "wall_time_s": "Wall time (s)", "algorithm": "Algorithm", "setting": "Setting",
+    "dataset": "Dataset", "algorithm.noise_multiplier": "Noise multiplier",
+    "algorithm.clip_norm": "Clipping norm", "algorithm.rounds": "Rounds",
+    "algorithm.sampling_rate": "Sampling rate", "train.learning_rate": "Learning rate",
+    "train.steps": "Local steps", "algorithm.level": "Privacy level",
+}
+
+#: Short names for ``name = value`` in a legend entry (else the field's name, lower-cased).
+LEGEND_NAMES = {"num_agents": "N", "data.num_agents": "N", "epsilon": "ε",
+                "target_epsilon": "ε", "algorithm.noise_multiplier": "σ", "delta": "δ"}
+
+#: The units of privacy as an epsilon axis names them.
+UNIT_NAMES = {"silo_record": "silo record"}
+
+
+def display_name(key: str, labels: dict[str, str] | None = None) -> str:
+    """The display name of a field, metric or algorithm key: ``labels[key]`` (an override, e.g.
+    ``fedjax-dp plot --label test_accuracy=Accuracy``), else :data:`ALGORITHM_NAMES` /
+    :data:`FIELD_NAMES`, else a snake_case key in words (``mean_update_norm`` -> ``Mean update
+    norm``), else ``key`` itself."""
+    labels = labels or {}
+    if key in labels:
+        return labels[key]
+    if key in ALGORITHM_NAMES or key in FIELD_NAMES:
+        return ALGORITHM_NAMES.get(key, FIELD_NAMES.get(key))
+    if re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)+", key):    # mean_update_norm: Mean update norm
+        return key[0].upper() + key[1:].replace("_", " ")
+    return key
+
+
+def _fmt(v: Any) -> str:
+    """A value as a legend writes it: 8.0 -> ``8``, 0.25 -> ``0.25``; text as it is."""
+    if isinstance(v, str):
+        try:
+            f = float(v)
+        except ValueError:
+            return v
+        return f"{f:g}" if math.isfinite(f) else v
+    if _is_number(v):
+        return f"{float(v):g}"
+    return _label(v)
+
+
+def _legend_name(key: str, labels: dict[str, str]) -> str:
+    if key in labels:
+        return labels[key]
+    if key in LEGEND_NAMES:
+        return LEGEND_NAMES[key]
+    name = display_name(key)
+    return name[0].lower() + name[1:] if len(name) > 1 and name[1].islower() else name
+
+
+def _part_text(key: str, value: Any, labels: dict[str, str]) -> str:
+    """One field's value in a legend entry: an algorithm by its display name, a number as
+    ``name = value`` (``N = 100``), other text as it is (or its override)."""
+    text = _label(value)
+    if text in labels:
+        return labels[text]
+    if text[:1] == "{":                  # a table (a grid over optimizers): its name first
+        try:
+            table = json.loads(text)
+        except ValueError:
+            table = None
+        if isinstance(table, dict):
+            name = table.pop("name", None)
+            rest = ", ".join(f"{k.replace('_', ' ')} {_fmt(v)}" for k, v in table.items())
+            return f"{name} ({rest})" if name and rest else str(name or rest)
+    if key == "algorithm" or text in ALGORITHM_NAMES:
+        return ALGORITHM_NAMES.get(text, text)
+    if _is_number(value) or _fmt(value) != text or key in ("seed",):
+        return f"{_legend_name(key, labels)} = {_fmt(value)}"
+    return text
+
+
+def _setting_text(value: str, labels: dict[str, str]) -> str:
+    """``records.selected_records``' setting ``"ae_dpfl (mnist5k) num_agents=100"`` as
+    ``"AE-DPFL (mnist5k), N = 100"``."""
+    head, *rest = re.split(r" (?=[A-Za-z0-9_.]+=)", value)
+    algo, _, where = head.partition(" ")
+    parts = [_part_text("algorithm", algo, labels) + (f" {where}" if where else "")]
+    for item in rest:
+        k, _, v = item.partition("=")
+        parts.append(f"{_legend_name(k, labels)} = {_fmt(v)}")
+    return ", ".join(parts)
+
+
+def hue_text(hue: str | None, value: Any, labels: dict[str, str] | None = None) -> str:
+    """A line's legend entry for ``value`` of the ``hue`` field: ``labels[value]`` when given
+    (the value as text, e.g. ``dp_fedavg`` or a whole setting), else the algorithm's display
+    name, ``name = value`` for a number (``σ = 1.5``), a ``+``-joined hue part by part
+    (``DP-FedAvg, ε = 8``)."""
+    labels = labels or {}
+    text = _label(value)
+    if text in labels:
+        return labels[text]
+    if hue == "setting" and isinstance(value, str):
+        return _setting_text(value, labels)
+    if hue and "+" in hue and isinstance(value, str):
+        keys, vals = hue.split("+"), value.split(", ")
+        if len(keys) == len(vals):
+            return ", ".join(_part_text(k, v, labels) for k, v in zip(keys, vals))
+    return _part_text(hue or "", value, labels)
+
+
 # --------------------------------------------------------------------------- drawing
 
-def _figure():
+#: Okabe & Ito's colour-blind-safe palette (yellow last: faint on white), and a marker each.
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000",
+           "#F0E442")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+#: One column of a two-column paper: 3.3 x 2.4 inches, 8 pt text, lines that survive printing.
+FIGSIZE = (3.3, 2.4)
+STYLE = {
+    "font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "xtick.labelsize": 8,
+    "ytick.labelsize": 8, "legend.fontsize": 8, "legend.title_fontsize": 8,
+    "lines.linewidth": 1.6, "lines.markersize": 4.5, "errorbar.capsize": 2.5,
+    "axes.linewidth": 0.8, "xtick.major.width": 0.8, "ytick.major.width": 0.8,
+    "xtick.minor.width": 0.6, "grid.linewidth": 0.5, "legend.handlelength": 1.8,
+    "legend.borderaxespad": 0.3, "legend.labelspacing": 0.3, "legend.framealpha": 0.85,
+    "pdf.fonttype": 42, "ps.fonttype": 42,           # TrueType in the PDF, not Type 3
+    "savefig.dpi": 300, "svg.hashsalt": "fedjax-dp",  # the SVG's ids fixed: the same file
+}
+
+
+def _style():
     try:
-        from matplotlib.figure import Figure
+        import matplotlib
     except ImportError:
         raise ValueError("plotting needs matplotlib: pip install 'fedjax-dp[plot]'") from None
-    fig = Figure(figsize=(6.4, 4.4), layout="constrained")
+    return matplotlib.rc_context(STYLE)
+
+
+def _figure():
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=FIGSIZE, layout="constrained")
     return fig, fig.add_subplot()
 
 
 def _save(fig, out_stem: str | Path) -> list[str]:
+    """``STEM.png`` (300 dpi), ``STEM.svg`` and ``STEM.pdf``, without time stamps (the same
+    figure gives the same files)."""
     stem = Path(out_stem)
-    if stem.suffix in (".png", ".svg"):
+    if stem.suffix in (".png", ".svg", ".pdf"):
         stem = stem.with_suffix("")
     stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [Path(f"{stem}.png"), Path(f"{stem}.svg")]
-    fig.savefig(paths[0], dpi=150)
-    fig.savefig(paths[1], metadata={"Date": None})     # no time stamp: reproducible files
+    paths = [Path(f"{stem}.{ext}") for ext in ("png", "svg", "pdf")]
+    fig.savefig(paths[0])
+    fig.savefig(paths[1], metadata={"Date": None})
+    fig.savefig(paths[2], metadata={"CreationDate": None})
     return [str(p) for p in paths]
 
 
@@ -213,24 +366,100 @@ def _unique(records: Sequence[dict], key: str) -> Any:
     return records[0].get(key) if len(vals) == 1 else None
 
 
-def _x_label(records: Sequence[dict], x: str) -> str:
-    if x == "epsilon":               # the headline guarantee's unit and accountant, when shared
-        unit, acc = _unique(records, "epsilon_unit"), _unique(records, "epsilon_accountant")
-        what = ", ".join(str(v) for v in (unit, acc) if v)
-        return f"epsilon ({what})" if what else x
-    return x
+def _headline_delta(record: dict) -> float | None:
+    """The delta of the record's headline guarantee (its ``privacy`` entry of the headline unit
+    and accountant), else the config's ``delta``."""
+    for g in record.get("privacy") or []:
+        if (isinstance(g, dict) and g.get("unit") == record.get("epsilon_unit")
+                and g.get("accountant") == record.get("epsilon_accountant")
+                and _is_number(g.get("delta"))):
+            return float(g["delta"])
+    d = record.get("delta")
+    return float(d) if _is_number(d) else None
 
 
-def _title(records: Sequence[dict], title: str | None, default: str) -> str:
-    if title is not None:
-        return title
-    dataset = _unique(records, "dataset")
-    return f"{dataset}: {default}" if dataset else default
+def epsilon_qualifier(records: Sequence[dict]) -> str:
+    """``"agent, δ = 1e-05"``: the headline guarantee's unit and delta shared by the records
+    that have an epsilon (a range ``δ = 2.1e-05–6.9e-05`` when they differ); ``""`` if none."""
+    private = [r for r in records if r.get("epsilon") is not None] or list(records)
+    units = sorted({str(r["epsilon_unit"]) for r in private if r.get("epsilon_unit")})
+    deltas = sorted({d for d in map(_headline_delta, private) if d is not None})
+    parts = []
+    if units:
+        parts.append("/".join(UNIT_NAMES.get(u, u.replace("_", " ")) for u in units))
+    if deltas:
+        parts.append(f"δ = {deltas[0]:g}" if len(deltas) == 1 else
+                     f"δ = {deltas[0]:g}–{deltas[-1]:g}")
+    return ", ".join(parts)
 
 
-def _legend(ax, hue: str | None, n_lines: int) -> None:
-    if hue is not None and n_lines:
-        ax.legend(title=hue, fontsize="small")
+def axis_label(records: Sequence[dict], key: str, labels: dict[str, str] | None = None) -> str:
+    """An axis label: the field's display name; for epsilon and target epsilon the unit and
+    delta too, from the records (``ε (agent, δ = 1e-05)``)."""
+    name = display_name(key, labels)
+    if key in ("epsilon", "target_epsilon"):
+        what = epsilon_qualifier(records)
+        return f"{name} ({what})" if what else name
+    return name
+
+
+
+
+def _statistic(records: Sequence[dict], rows: Sequence[dict], x: str,
+               hue: str | None) -> str:
+    """``"mean ± std over 5 seeds"`` (or ``3–5 seeds``; ``runs`` where a point pools records
+    of one seed); ``""`` when every point is a single run."""
+    n = sorted({r["n"] for r in rows})
+    if n[-1] <= 1:
+        return ""
+    seeds: dict[tuple, set] = {}
+    xs = _values(records, x, "x") if x != "round" else [None] * len(records)
+    hs = _values(records, hue, "hue") if hue is not None else [None] * len(records)
+    for r, xv, hv in zip(records, xs, hs):
+        seeds.setdefault((_hashable(hv), _hashable(xv)), []).append(r.get("seed"))
+    distinct = all(len(set(map(str, s))) == len(s) for s in seeds.values())
+    what = "seeds" if distinct and any(r.get("seed") is not None for r in records) else "runs"
+    count = f"{n[0]}" if len(n) == 1 else f"{n[0]}–{n[-1]}"
+    return f"mean ± std over {count} {what}"
+
+
+def _legend(fig, ax, title: str) -> None:
+    """The legend above the axes, outside the data (a one-column figure has no room for a
+    legend inside that hides no point), two entries a row, the statistic as its title."""
+    import textwrap
+    handles, texts = ax.get_legend_handles_labels()
+    if handles:
+        texts = [textwrap.fill(t, 44) for t in texts]     # a long entry on two lines, not cut
+        ncols = 1 if len(handles) == 1 or max(map(len, texts)) > 22 else 2
+        fig.legend(handles, texts, title=title or None, loc="outside upper center",
+                   ncols=ncols, frameon=False, columnspacing=1.2)
+
+
+def _log_ticks(ax, xs: Sequence[float]) -> None:
+    """Few labelled ticks on a log x axis, written plainly (0.5, 1, 2, not 2x10^0): the x
+    values themselves when they are a few round numbers (1, 2, 4, 8), else 1-2-5 steps (or
+    finer on a short range); minor ticks unlabelled."""
+    from matplotlib import ticker
+    lo, hi = ax.get_xlim()
+    span = math.log10(hi / lo)
+    distinct = sorted(set(xs))
+    round_ = all(float(f"{v:.2g}") == v for v in distinct)
+    gaps = [math.log10(b / a) for a, b in zip(distinct, distinct[1:])]
+    if 2 <= len(distinct) <= 6 and round_ and min(gaps) >= 0.06 * span:
+        ticks = distinct
+    else:
+        ticks = []
+        for subs in ((1,), (1, 2, 5), (1, 2, 3, 5), (1, 1.5, 2, 3, 4, 5, 6, 8)):
+            ticks = [s * 10.0 ** k for k in range(math.floor(math.log10(lo)) - 1,
+                                                 math.ceil(math.log10(hi)) + 1)
+                     for s in subs if lo <= s * 10.0 ** k <= hi]
+            if len(ticks) >= 3:
+                break
+    ax.xaxis.set_major_locator(ticker.FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_locator(ticker.LogLocator(subs="auto"))
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    ax.set_xlim(lo, hi)
 
 
 def _label(v: Any) -> str:
@@ -253,17 +482,34 @@ def split_reference(records: Sequence[dict], reference: tuple[str, str]
     return [r for r, t in zip(records, text) if t != value], matching
 
 
+def _check_labels(labels: dict[str, str] | None) -> dict[str, str]:
+    if labels is None:
+        return {}
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                               for k, v in labels.items()):
+        raise ValueError(f"labels must map keys to display texts (str -> str), got {labels!r}")
+    return dict(labels)
+
+
 def plot_xy(records: Iterable[dict], x: str, y: str, hue: str | None, out_stem: str | Path,
             title: str | None = None, logx: bool | None = None,
-            reference: tuple[str, str] | None = None) -> list[str]:
+            reference: tuple[str, str] | None = None,
+            labels: dict[str, str] | None = None) -> list[str]:
     """Mean +- std of ``y`` against ``x``, one line with error bars per ``hue`` value
-    (:func:`summarize`); writes ``out_stem.png`` and ``out_stem.svg`` and returns their paths.
+    (:func:`summarize`); writes ``out_stem.png``, ``.svg`` and ``.pdf`` and returns their paths.
+
+    Drawn for one column of a two-column paper (:data:`FIGSIZE`, :data:`STYLE`, the colour-blind
+    safe :data:`PALETTE` with a marker per line). Axes and legend entries are display names
+    (:func:`axis_label`, :func:`hue_text`: ``DP-FedAvg``, ``Test accuracy``, ``ε (agent, δ =
+    1e-05)``); ``labels`` overrides any of them by key (a field, an algorithm, a hue value). The
+    statistic (``mean ± std over 5 seeds``) titles the legend, or the y axis without one.
 
     ``logx=None`` draws epsilon (:data:`LOG_X_FIELDS`) on a log scale and anything else linearly.
     Non-numeric x values (e.g. ``x="algorithm"``) are drawn as categories. ``reference = (key,
     value)``: the records with ``key = value`` (e.g. a baseline arm that has no x) are drawn as
     a horizontal band, their mean +- std of ``y``, instead of a line."""
     records = _check_records(records)
+    labels = _check_labels(labels)
     ref = None
     if reference is not None:
         records, matching = split_reference(records, reference)
@@ -280,82 +526,98 @@ def plot_xy(records: Iterable[dict], x: str, y: str, hue: str | None, out_stem: 
             raise ValueError(f"logx: x field {x!r} has values <= 0; use logx=False "
                              f"(--no-logx)")
     categories = [] if numeric else sorted({r["x"] for r in rows}, key=_sort_key)
-    fig, ax = _figure()
     hues = sorted({r["hue"] for r in rows}, key=_sort_key)
-    for i, hv in enumerate(hues):
-        sel = [r for r in rows if r["hue"] == hv]
-        # categories: no line between them, and the hues side by side rather than on top
-        xs = [r["x"] if numeric else
-              categories.index(r["x"]) + 0.08 * (i - (len(hues) - 1) / 2) for r in sel]
-        ax.errorbar(xs, [r["mean"] for r in sel], yerr=[r["std"] for r in sel], marker="o",
-                    markersize=4, capsize=3, linewidth=1.5, linestyle="-" if numeric else "none",
-                    label=_label(hv) if hue is not None else None)
-    if ref is not None:
-        mean, std = ref
-        ax.axhline(mean, color="0.3", linestyle="--", linewidth=1.2,
-                   label=f"{reference[0]} = {reference[1]}")
-        ax.axhspan(mean - std, mean + std, color="0.5", alpha=0.15)
-    if logx:
-        from matplotlib import ticker
-        ax.set_xscale("log")
-        plain = ticker.FuncFormatter(lambda v, _: f"{v:g}")          # 0.5, 1, 2, not 2x10^0
-        ax.xaxis.set_major_formatter(plain)
-        lo, hi = min(r["x"] for r in rows), max(r["x"] for r in rows)
-        # within about a decade the minor ticks (2, 3, 4, ...) are labelled too
-        ax.xaxis.set_minor_formatter(plain if hi / lo < 30 else ticker.NullFormatter())
-    if categories:
-        ax.set_xticks(range(len(categories)), [_label(c) for c in categories])
-        ax.set_xlim(-0.5, len(categories) - 0.5)
-    n = sorted({r["n"] for r in rows})
-    runs = f"{n[0]}" if len(n) == 1 else f"{n[0]}-{n[-1]}"
-    ax.set_xlabel(_x_label(records, x))
-    ax.set_ylabel(f"{y} (mean ± std over {runs} run{'s' if n[-1] > 1 else ''})")
-    ax.set_title(_title(records, title, f"{y} vs {x}"))
-    ax.grid(True, alpha=0.3)
-    _legend(ax, hue, len(hues) + (ref is not None))
-    return _save(fig, out_stem)
+    plotted = [r for r, v in zip(records, _values(records, x, "x")) if v is not None]
+    stat = _statistic(plotted, rows, x, hue)
+    with _style():
+        fig, ax = _figure()
+        for i, hv in enumerate(hues):
+            sel = [r for r in rows if r["hue"] == hv]
+            # categories: no line between them, and the hues side by side rather than on top
+            xs = [r["x"] if numeric else
+                  categories.index(r["x"]) + 0.08 * (i - (len(hues) - 1) / 2) for r in sel]
+            ax.errorbar(xs, [r["mean"] for r in sel], yerr=[r["std"] for r in sel],
+                        color=PALETTE[i % len(PALETTE)], marker=MARKERS[i % len(MARKERS)],
+                        linestyle="-" if numeric else "none",
+                        label=hue_text(hue, hv, labels) if hue is not None else None)
+        if ref is not None:
+            mean, std = ref
+            key, value = reference
+            name = labels.get(f"{key}={value}", hue_text(key, value, labels))
+            ax.axhline(mean, color="0.3", linestyle="--", linewidth=1.2, label=name)
+            ax.axhspan(mean - std, mean + std, color="0.5", alpha=0.15, linewidth=0)
+        if logx:
+            ax.set_xscale("log")
+            ax.margins(x=0.06)
+            ax.autoscale_view()
+            _log_ticks(ax, [r["x"] for r in rows])
+        if categories:
+            names = [hue_text(x, c, labels) for c in categories]
+            ax.set_xticks(range(len(categories)), names,
+                          rotation=30 if sum(map(len, names)) > 36 else 0,
+                          ha="right" if sum(map(len, names)) > 36 else "center")
+            ax.set_xlim(-0.5, len(categories) - 0.5)
+        legend = hue is not None and hues or ref is not None
+        ax.set_xlabel(axis_label(plotted, x, labels))
+        ylabel = axis_label(plotted, y, labels)
+        ax.set_ylabel(f"{ylabel}\n({stat})" if stat and not legend else ylabel)
+        if title:
+            ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        if legend:
+            _legend(fig, ax, stat)
+        return _save(fig, out_stem)
 
 
 def plot_curves(records: Iterable[dict], y: str = "test_accuracy", hue: str | None = None,
-                out_stem: str | Path = "training_curve", title: str | None = None
-                ) -> list[str]:
+                out_stem: str | Path = "training_curve", title: str | None = None,
+                labels: dict[str, str] | None = None) -> list[str]:
     """Training curves: the history metric ``y`` against the round, one line (the mean) and a
     band (mean +- std) per ``hue`` value over the group's records (:func:`summarize_curves`);
-    writes ``out_stem.png`` and ``out_stem.svg`` and returns their paths."""
+    writes ``out_stem.png``, ``.svg`` and ``.pdf`` and returns their paths. Style, display
+    names and ``labels`` as in :func:`plot_xy`."""
     records = _check_records(records)
+    labels = _check_labels(labels)
     rows = summarize_curves(records, y, hue)
-    fig, ax = _figure()
     hues = sorted({r["hue"] for r in rows}, key=_sort_key)
-    for hv in hues:
-        sel = [r for r in rows if r["hue"] == hv]
-        t = np.asarray([r["round"] for r in sel], dtype=float)
-        m = np.asarray([r["mean"] for r in sel])
-        s = np.asarray([r["std"] for r in sel])
-        (line,) = ax.plot(t, m, marker="o" if len(t) < 30 else None, markersize=3,
-                          linewidth=1.5, label=_label(hv) if hue is not None else None)
-        if np.any(s > 0):
-            ax.fill_between(t, m - s, m + s, color=line.get_color(), alpha=0.2, linewidth=0)
-    multi = max(r["n"] for r in rows) > 1
-    from matplotlib import ticker
-    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-    ax.set_xlabel("round")
-    ax.set_ylabel(f"{y} (mean ± std)" if multi else y)
-    ax.set_title(_title(records, title, f"{y} by round"))
-    ax.grid(True, alpha=0.3)
-    _legend(ax, hue, len(hues))
-    return _save(fig, out_stem)
+    stat = _statistic(records, rows, "round", hue)
+    with _style():
+        fig, ax = _figure()
+        for i, hv in enumerate(hues):
+            sel = [r for r in rows if r["hue"] == hv]
+            t = np.asarray([r["round"] for r in sel], dtype=float)
+            m = np.asarray([r["mean"] for r in sel])
+            s = np.asarray([r["std"] for r in sel])
+            color = PALETTE[i % len(PALETTE)]
+            ax.plot(t, m, color=color, marker=MARKERS[i % len(MARKERS)], markersize=3.5,
+                    markevery=max(1, len(t) // 8),          # a marker per line, not per round
+                    label=hue_text(hue, hv, labels) if hue is not None else None)
+            if np.any(s > 0):
+                ax.fill_between(t, m - s, m + s, color=color, alpha=0.2, linewidth=0)
+        from matplotlib import ticker
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+        ax.set_xlabel(display_name("round", labels))
+        ylabel = display_name(y, labels)
+        legend = hue is not None and hues
+        ax.set_ylabel(f"{ylabel}\n({stat})" if stat and not legend else ylabel)
+        if title:
+            ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        if legend:
+            _legend(fig, ax, stat)
+        return _save(fig, out_stem)
 
 
 def plot_run(result: dict, out_dir: str | Path, y: str | None = None) -> list[str]:
-    """A finished run's training curve, ``out_dir/training_curve.{png,svg}``
+    """A finished run's training curve, ``out_dir/training_curve.{png,svg,pdf}``
     (``fedjax-dp run --plot``): ``y``, by default ``test_accuracy`` when ``run.eval_every``
     put it in the history, else its first numeric metric (e.g. ``loss``)."""
     rec = records_lib.from_result(result)
     metric = y if y is not None else default_curve_metric([rec])
-    name = rec.get("algorithm") or "run"
+    name = ALGORITHM_NAMES.get(rec.get("algorithm"), rec.get("algorithm") or "run")
     title = f"{name} on {rec['dataset']}" if rec.get("dataset") else name
     if rec.get("epsilon") is not None and math.isfinite(rec["epsilon"]):
-        title += (f" (epsilon {rec['epsilon']:.3g}, {rec['epsilon_unit']} level, "
-                  f"{rec['epsilon_accountant']})")
+        title += f"\nε = {rec['epsilon']:.3g} ({epsilon_qualifier([rec])}, " \
+                 f"{rec['epsilon_accountant']})"
     return plot_curves([rec], y=metric, hue=None, out_stem=Path(out_dir) / "training_curve",
                        title=title)
