@@ -887,6 +887,8 @@ OTHER_PAGES = {
     "sweeps.md": "the sweep and plot commands: example output; one timing (NO_RECORD)",
     "tracking.md": "experiment trackers: one accounting cost (NO_RECORD)",
     "own_model_and_data.md": "your own model and data: the example's full-size output (NO_RECORD)",
+    "results/plots/README.md": "an example figure of fedjax-dp plot and its command: it draws a "
+                               "committed sweep's records and states no result of its own",
 }
 
 
