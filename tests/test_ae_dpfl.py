@@ -116,8 +116,10 @@ def test_bad_inputs_raise_before_work(problem):
 
 
 def test_shipped_config_runs_end_to_end_tiny(tmp_path, monkeypatch, capsys):
-    """Also the output without a terminal: one line per phase, then a summary with the test
-    accuracy, every guarantee (unit, delta, accountant, data-dependent label) and the folder."""
+    """Also the output without a terminal: one line per phase, then a short summary with the
+    test accuracy, the headline guarantee (unit, delta, accountant, how many more), once that
+    it does not cover every release (the data-dependent epsilons, the local phase's
+    diagnostics: ``fedjax-dp show`` lists them) and the folder."""
     from fedjax_dp.core import progress
     monkeypatch.setattr(progress, "interactive", lambda: False)       # a pipe or a log file
     cfg = config_lib.load(ROOT / "configs" / "ae_dpfl" / "mnist5k.toml", TINY)
@@ -127,11 +129,11 @@ def test_shipped_config_runs_end_to_end_tiny(tmp_path, monkeypatch, capsys):
         ["phase", "1/3", "local_training"], ["phase", "2/3", "vote"], ["phase", "3/3", "student"]]
     assert len(lines) == 4 and lines[3].startswith(
         f"[ae_dpfl] test accuracy {result['test_accuracy']:.4f}; agent: eps=")
-    assert re.search(rf"at delta={cfg['privacy']['delta']:.3g} \(rdp\)"
-                     rf"( \[NOT covering: [^]]+\])?; instance: eps=", lines[3])
-    assert "agent_data_dependent: eps=" in lines[3] and "(rdp, data-dependent)" in lines[3]
-    assert "[NOT covering: diagnostic metrics mean_agent_loss" in lines[3]   # declared releases
-    assert lines[3].endswith(f"; run folder {tmp_path}")
+    assert re.search(rf"at delta={cfg['privacy']['delta']:.3g} \(rdp, \+3 more\); ", lines[3])
+    assert lines[3].endswith(f"; NOT covering every release: fedjax-dp show {tmp_path}")
+    report = "\n".join(runner.report_lines(result, tmp_path))
+    assert "agent_data_dependent: eps=" in report and "(rdp, data-dependent)" in report
+    assert report.count("diagnostic metrics mean_agent_loss") == 1     # declared releases
     assert result["algorithm"] == "ae_dpfl" and result["num_agents"] == 10
     units = {(g["unit"], g["accountant"]): g for g in result["privacy"]}
     assert {("agent", "rdp"), ("instance", "rdp"), ("agent_data_dependent", "rdp"),

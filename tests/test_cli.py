@@ -66,7 +66,7 @@ def test_host_resident_agents_give_the_same_run(tmp_path, capsys):
     results = []
     for where in ("device", "host"):
         argv = ["run", str(DP_CONFIG), "--out", str(tmp_path / where), "--quiet",
-                "--set", f"run.agents_on={where}"]
+                "--set", f"run.agents_on={where}", "--set", "algorithm.diagnostics=true"]
         for s in SMALL:
             argv += ["--set", s]
         code, _, err = _run(capsys, argv)
@@ -169,7 +169,8 @@ def test_run_with_distributed_noise(tmp_path, capsys):
     the note), and every round is released."""
     argv = ["run", str(DP_CONFIG), "--out", str(tmp_path), "--set", 'algorithm.aggregation="secagg"',
             "--set", 'algorithm.sampling="fixed"', "--set", "algorithm.cohort_size=5",
-            "--set", 'algorithm.distributed_noise={kind="skellam", bits=14}']
+            "--set", 'algorithm.distributed_noise={kind="skellam", bits=14}',
+            "--set", "algorithm.diagnostics=true"]
     for s in SMALL:
         argv += ["--set", s]
     code, out, err = _run(capsys, argv)

@@ -230,7 +230,7 @@ def _config(**kw):
     base = dict(rounds=T, sampling_rate=1.0, clip_norm=0.5, noise_multiplier=0.8, local=LOCAL,
                 noise=BANDED)
     base.update(kw)
-    return dp_fedavg.Config(**base)
+    return dp_fedavg.Config(**{"diagnostics": True, **base})
 
 
 def test_groups_take_turns_and_fused_calls_agree(setup):

@@ -161,7 +161,7 @@ def _config(**kw):
                 local=LOCAL, aggregation="secagg", distributed_noise={"kind": "skellam",
                                                                       "bits": 16})
     base.update(kw)
-    return dp_fedavg.Config(**base)
+    return dp_fedavg.Config(**{"diagnostics": True, **base})
 
 
 @pytest.mark.parametrize("kind", ["ddg", "skellam"])

@@ -28,7 +28,7 @@ def setup():
     xs = [r.normal(size=(len(y), 5)).astype(np.float32) + y[:, None] for y in ys]
     model = make_model("mlp", (5,), 3, hidden=(6,))
     cfg = dp_fedsgd.Config(rounds=1, sampling_rate=0.75, clip_norm=0.3, noise_multiplier=0.7,
-                           server_lr=0.9,
+                           server_lr=0.9, diagnostics=True,
                            local=LocalTrainConfig(steps=2, batch_size=2, learning_rate=0.5))
     return from_ragged(xs, ys), model, model.init(jax.random.key(0)), cfg
 

@@ -218,7 +218,13 @@ def _(fake_run, tmp_path):
     assert fake_run.args[0]["algorithm"]["name"] == "dp_fedavg"
     assert run("run", FEDAVG, "--out", tmp_path / "b").rc == 0
     assert fake_run.args[0]["algorithm"]["name"] == "fedavg"
+    assert fake_run.kwargs["config_source"]["kind"] == "file"
     refused(["run"], "CONFIG")
+    # a name that is no file: the shipped config (recorded so); else one line with close matches
+    assert run("run", "fedavg/mnist5k", "--out", tmp_path / "c").rc == 0
+    assert fake_run.args[0]["algorithm"]["name"] == "fedavg"
+    assert fake_run.kwargs["config_source"]["name"] == "fedavg/mnist5k"
+    refused(["run", "dp_fedavg/mnist"], "dp_fedavg/mnist", "close matches: dp_fedavg/mnist5k")
 
 
 @case("run", "--set")
@@ -315,6 +321,10 @@ def _():
     assert _plan()["bases"] == ["dp_fedavg/mnist5k"]
     r = run_cached("sweep", DP, SYNTH, "--dry-run")
     assert r.json["runs"] == 2 and len(r.json["bases"]) == 2
+    # shipped sweep files by name, their bases read beside them in the package
+    r = run_cached("sweep", "experiments/fedkt_table1", "--dry-run")
+    assert r.json["name"] == "fedkt_table1" and "fedkt/mnist5k" in r.json["bases"]
+    refused(["sweep", "experiments/fedkt_tabel1", "--dry-run"], "experiments/fedkt_table1")
 
 
 @case("sweep", "--grid")
@@ -444,6 +454,57 @@ def _():
 def _():
     text, js = run_cached("devices"), run_cached("devices", "--json")
     assert text.out.startswith("jax ") and js.json["platform"] == "cpu"
+
+
+# =========================================================================== --version, configs
+
+@case("", "--version")
+def _():
+    import fedjax_dp
+    o = io.StringIO()
+    with pytest.raises(SystemExit) as e, contextlib.redirect_stdout(o):
+        cli.main(["--version"])
+    assert e.value.code == 0 and o.getvalue().strip() == f"fedjax-dp {fedjax_dp.__version__}"
+    with pytest.raises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()):
+        cli.main([])                                   # no command and no --version
+    assert e.value.code == 2
+
+
+@case("configs list", "--json")
+def _():
+    text, js = run_cached("configs", "list"), run_cached("configs", "list", "--json")
+    rows = js.json["configs"]
+    names = [r["name"] for r in rows]
+    assert len(names) == len(list((ROOT / "configs").rglob("*.toml"))) == len(text.out.splitlines())
+    assert {"dp_fedavg/mnist5k", "experiments/fedkt_table1", "selftest"} <= set(names)
+    kinds = {r["name"]: r["kind"] for r in rows}
+    assert kinds["dp_fedavg/mnist5k"] == "run" and kinds["experiments/fedkt_table1"] == "sweep"
+    assert text.out.startswith(names[0]) and not text.out.startswith("{")
+
+
+@case("configs show", "NAME")
+def _():
+    for name in ("dp_fedavg/mnist5k", "configs/dp_fedavg/mnist5k.toml"):
+        assert run("configs", "show", name).out == Path(DP).read_text()
+    assert run("configs", "show", "fedavg/mnist5k").out == Path(FEDAVG).read_text()
+    refused(["configs", "show", "dp_fedavg/mnist"], "close matches: dp_fedavg/mnist5k")
+    refused(["configs", "show", "../pyproject"], "../pyproject")
+
+
+@case("configs copy", "NAME", "DEST")
+def _(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = run("configs", "copy", "dp_fedavg/mnist5k")           # DEST: ./configs
+    assert r.rc == 0 and r.out.split() == ["configs/dp_fedavg/mnist5k.toml"]
+    assert (tmp_path / "configs/dp_fedavg/mnist5k.toml").read_text() == Path(DP).read_text()
+    refused(["configs", "copy", "dp_fedavg/mnist5k"], "exists")          # never overwritten
+    r = run("configs", "copy", "experiments/fedkt_table1", "mine")       # a sweep: its bases too
+    assert r.rc == 0 and "mine/fedkt/mnist5k.toml" in r.out.split()
+    assert run("sweep", "mine/experiments/fedkt_table1.toml", "--dry-run").json["runs"] == \
+        run_cached("sweep", "experiments/fedkt_table1", "--dry-run").json["runs"]
+    (tmp_path / "afile").write_text("")
+    refused(["configs", "copy", "fedavg/mnist5k", "afile"], "afile")
+    refused(["configs", "copy", "nope/nothing"], "nope/nothing")
 
 
 # =========================================================================== account

@@ -17,12 +17,12 @@ from fedjax_dp.train import LocalTrainConfig
 
 # tiny runner configs (as tests/test_sweep.py): mnist5k, 20 agents, 2 rounds of 2 local steps
 FEDAVG_SETS = ["data.num_agents=20", "algorithm.rounds=2", "train.steps=2", "run.eval_every=1",
-               "model.hidden=[16]", "privacy.accountants=[\"rdp\"]", "run.progress=false"]
+               "algorithm.diagnostics=true", "model.hidden=[16]", "privacy.accountants=[\"rdp\"]", "run.progress=false"]
 DP_FEDAVG = "configs/dp_fedavg/mnist5k.toml"
 FEDAVG = "configs/fedavg/mnist5k.toml"
 DP_FEDSGD = "configs/dp_fedsgd/mnist5k.toml"
 DP_FEDSGD_SETS = ["data.num_agents=10", "algorithm.rounds=2", "algorithm.sampling_rate=0.5",
-                  "train.steps=2", "run.eval_every=1", "privacy.accountants=[\"rdp\"]",
+                  "algorithm.diagnostics=true", "train.steps=2", "run.eval_every=1", "privacy.accountants=[\"rdp\"]",
                   "run.progress=false"]
 SEEDS = (0, 1, 2)
 
@@ -149,7 +149,7 @@ def test_multi_pass_cohorts_of_different_sizes(tiny, shared):
     """Cohorts larger than one pass (pass_size 2) with a different number of passes per seed:
     every agent counted, each seed's round its separate round (data shared or stacked)."""
     data, model = tiny
-    cfg = dp_fedavg.Config(rounds=3, sampling_rate=0.5, local=LOCAL, clip_norm=0.5,
+    cfg = dp_fedavg.Config(diagnostics=True, rounds=3, sampling_rate=0.5, local=LOCAL, clip_norm=0.5,
                            noise_multiplier=0.3)
     datas = [data(0)] * 3 if shared else [data(s) for s in range(3)]
     states, _, sizes = _same_as_alone(dp_fedavg, cfg, datas, model,
@@ -160,7 +160,8 @@ def test_multi_pass_cohorts_of_different_sizes(tiny, shared):
 
 def test_masked_execution(tiny):
     data, model = tiny
-    cfg = dp_fedavg.Config(rounds=2, sampling_rate=0.5, local=LOCAL, denominator="sampled")
+    cfg = dp_fedavg.Config(diagnostics=True, rounds=2, sampling_rate=0.5, local=LOCAL,
+                           denominator="sampled")
     datas = [data(s) for s in range(2)]
     states, _, _ = _same_as_alone(dp_fedavg, cfg, datas, model,
                                   api.Runtime(chunk_size=None, cohort="masked"), rounds=2)
@@ -169,7 +170,7 @@ def test_masked_execution(tiny):
 
 def test_dp_fedsgd_participation_and_ledger(tiny):
     data, model = tiny
-    cfg = dp_fedsgd.Config(rounds=3, sampling_rate=0.5, local=LOCAL, clip_norm=1.0,
+    cfg = dp_fedsgd.Config(diagnostics=True, rounds=3, sampling_rate=0.5, local=LOCAL, clip_norm=1.0,
                            noise_multiplier=1.0)
     datas = [data(s) for s in range(2)]
     states, alone, _ = _same_as_alone(dp_fedsgd, cfg, datas, model,
@@ -183,7 +184,7 @@ def test_dp_fedsgd_participation_and_ledger(tiny):
 
 def test_cannot_share_returns_none(tiny):
     data, model = tiny
-    cfg = dp_fedavg.Config(rounds=2, sampling_rate=0.5, local=LOCAL)
+    cfg = dp_fedavg.Config(diagnostics=True, rounds=2, sampling_rate=0.5, local=LOCAL)
     keys = [jax.random.key(0), jax.random.key(1)]
     rt = api.Runtime(chunk_size=None)
     # host-resident agents: their cohorts are gathered on the host
@@ -199,7 +200,7 @@ def test_secure_aggregation_seeds_equal_separate_runs(tiny):
     """Secure aggregation inside the fused round: each seed's masks and dropouts are its own
     run's (the chunk size is the plan's, the same for every seed)."""
     data, model = tiny
-    cfg = dp_fedavg.Config(rounds=2, sampling_rate=0.5, local=LOCAL, clip_norm=0.5,
+    cfg = dp_fedavg.Config(diagnostics=True, rounds=2, sampling_rate=0.5, local=LOCAL, clip_norm=0.5,
                            noise_multiplier=0.3, aggregation="secagg")
     _same_as_alone(dp_fedavg, cfg, [data(0)] * 2, model, api.Runtime(chunk_size=None),
                    rounds=2)

@@ -371,7 +371,7 @@ def test_dp_fedavg_secagg_gives_the_plain_update_up_to_fixed_point(fed):
     plain and the secure sum of the clipped updates (a cheap local update stands in for local
     SGD, which secure aggregation never sees)."""
     data, model = fed
-    base = dp_fedavg.Config(rounds=1, sampling_rate=0.6, clip_norm=0.5, noise_multiplier=0.5,
+    base = dp_fedavg.Config(diagnostics=True, rounds=1, sampling_rate=0.6, clip_norm=0.5, noise_multiplier=0.5,
                             local=LOCAL)
     cfg = dataclasses.replace(base, aggregation="secagg", secagg_neighbours=2)
     key = jax.random.key(3)
@@ -390,7 +390,7 @@ def test_dp_fedavg_secagg_gives_the_plain_update_up_to_fixed_point(fed):
 
 def test_dp_fedavg_round_with_dropouts_sums_the_survivors(fed):
     data, model = fed
-    cfg = dp_fedavg.Config(rounds=1, sampling_rate=1.0, clip_norm=100.0, noise_multiplier=0.0,
+    cfg = dp_fedavg.Config(diagnostics=True, rounds=1, sampling_rate=1.0, clip_norm=100.0, noise_multiplier=0.0,
                            denominator="sampled", local=LOCAL, aggregation="secagg",
                            secagg_neighbours=2, secagg_dropout=0.4)
     key = jax.random.key(4)

@@ -43,9 +43,10 @@ def _cmd_run(args) -> int:
 def _start_run(args) -> tuple[dict, Path]:
     """``run``'s config (a file, or a run folder's own), checked, then the run."""
     from fedjax_dp.experiments import config as config_lib
-    from fedjax_dp.experiments import runner
+    from fedjax_dp.experiments import runner, shipped
     if args.plot:
         _need_matplotlib("--plot")           # before any work, not after the run
+    source = None                            # result.json's config_source
     if args.resume:
         out = Path(args.resume)
         if args.out and Path(args.out) != out:
@@ -55,18 +56,22 @@ def _start_run(args) -> tuple[dict, Path]:
                 raise ValueError(f"--resume {str(out)!r} holds no run (no config.json); "
                                  f"fedjax-dp run CONFIG --resume {out} starts it there")
             config = config_lib.resolve(runner.read_config(out), args.set or [])
+            source = {"kind": "run folder", "path": str((out / "config.json").resolve())}
         else:                                # a run's folder, or a new one to start it in
-            config = config_lib.load(args.config, args.set or [])
+            path, source = shipped.resolve(args.config)     # a file, else a shipped config
+            config = config_lib.load(path, args.set or [])
     else:
         if args.config is None:
             raise ValueError("CONFIG is required (a TOML file under configs/), unless "
                              "--resume DIR continues an earlier run")
-        config = config_lib.load(args.config, args.set or [])
-        out = Path(args.out) if args.out else runner.fresh_out("runs", Path(args.config).stem)
+        path, source = shipped.resolve(args.config)         # a file, else a shipped config
+        config = config_lib.load(path, args.set or [])
+        out = Path(args.out) if args.out else runner.fresh_out("runs", path.stem)
     runner.plan(config)          # fail on a bad config before loading data or compiling
     from fedjax_dp.core import compilation
     compilation.enable_cache(config["run"]["compilation_cache"])   # before anything compiles
-    return runner.run(config, out, progress=not args.quiet, resume=bool(args.resume)), out
+    return runner.run(config, out, progress=not args.quiet, resume=bool(args.resume),
+                      config_source=source), out
 
 
 def _report_run(args, result: dict, out: Path) -> int:
@@ -99,8 +104,9 @@ def plot_run(result: dict, out: Path) -> list[str] | None:
 
 
 def _cmd_sweep(args) -> int:
-    from fedjax_dp.experiments import runner, sweep
-    sw = sweep.load(args.configs, grid=args.grid or [], seeds=args.seeds,
+    from fedjax_dp.experiments import runner, shipped, sweep
+    paths = [str(shipped.resolve(c)[0]) for c in args.configs]    # files, else shipped configs
+    sw = sweep.load(paths, grid=args.grid or [], seeds=args.seeds,
                     target_epsilon=args.target_epsilon, calibrate=args.calibrate or [],
                     overrides=args.set or [], select=args.select,
                     select_over=args.select_over, unit=args.unit)
@@ -185,6 +191,35 @@ def _edge_limits(items: list[str]) -> dict[str, tuple]:
             raise ValueError(f"--edge-limit expects KEY=LO:HI with numbers (either side may be "
                              f"empty, e.g. algorithm.num_queries=:1000), got {item!r}") from None
     return out
+
+
+def _cmd_configs(args) -> int:
+    """``fedjax-dp configs list | show NAME | copy NAME [DEST]``: the shipped configs
+    (:mod:`fedjax_dp.experiments.shipped`), read as data."""
+    from fedjax_dp.experiments import shipped
+    if args.action == "list":
+        rows = [shipped.describe(n) for n in shipped.names()]
+        if args.json:
+            print(json.dumps({"root": str(shipped.root()), "configs": rows}, indent=2))
+        else:
+            width = max(len(r["name"]) for r in rows)
+            for r in rows:
+                print(f"{r['name']:<{width}}  {r['kind']:<5}  {r['description'][:100]}")
+        return 0
+    path = shipped.path_of(args.name)
+    if path is None:
+        raise shipped.unknown(args.name)
+    if args.action == "show":
+        shipped.describe(args.name)               # read as a config first: bounded, TOML
+        sys.stdout.write(path.read_text(encoding="utf-8"))
+        return 0
+    written = shipped.copy(args.name, args.dest)
+    for target in written:
+        print(target)
+    first = written[0]
+    cmd = "sweep" if shipped.describe(args.name)["kind"] == "sweep" else "run"
+    print(f"edit it, then: fedjax-dp {cmd} {first}", file=sys.stderr)
+    return 0
 
 
 def _cmd_list(args) -> int:
@@ -417,7 +452,8 @@ def _audit_run(args) -> dict:
     for flag, key in (("delta", "privacy.delta"), ("accountant", "privacy.accountants")):
         if _given(args, flag) and key in keys:
             raise ValueError(f"--{flag} and --set {key} both set the audit's {flag}: give one")
-    config = config_lib.load(args.config, args.set or [])
+    from fedjax_dp.experiments import shipped
+    config = config_lib.load(shipped.resolve(args.config)[0], args.set or [])
     plan = runner.plan(config)
     name = config["algorithm"]["name"]
     if name not in one_run.RUN_AUDITS:
@@ -640,6 +676,7 @@ DATA_FORMATS = ("tff_emnist", "tff_emnist_digits", "tff_shakespeare", "tff_stack
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedjax-dp", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"fedjax-dp {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one experiment from a config file")
@@ -689,6 +726,21 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--compilation-cache", default="user", metavar="user|off|DIR",
                     help="JAX's persistent compilation cache (default: a user-level folder)")
     sw.set_defaults(func=_cmd_sweep)
+
+    cfg = sub.add_parser("configs", help="the shipped configs: list, show or copy one")
+    csub = cfg.add_subparsers(dest="action", required=True)
+    cl = csub.add_parser("list", help="every shipped config: name, kind (run / sweep), what")
+    cl.add_argument("--json", action="store_true", help="print it as JSON")
+    cl.set_defaults(func=_cmd_configs)
+    cs_ = csub.add_parser("show", help="a shipped config's text")
+    cs_.add_argument("name", metavar="NAME", help="e.g. dp_fedavg/mnist5k (configs list)")
+    cs_.set_defaults(func=_cmd_configs)
+    cc = csub.add_parser("copy", help="copy a shipped config (a sweep file with its bases) to "
+                         "edit and run")
+    cc.add_argument("name", metavar="NAME", help="e.g. dp_fedavg/mnist5k (configs list)")
+    cc.add_argument("dest", metavar="DEST", nargs="?", default="configs",
+                    help="a folder; the file lands at DEST/NAME.toml (default: ./configs)")
+    cc.set_defaults(func=_cmd_configs)
 
     lst = sub.add_parser("list", help="list algorithms, datasets, partitions and models")
     lst.add_argument("--json", action="store_true")
@@ -890,6 +942,16 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--debug", action="store_true", help="the traceback, not one error line")
     st.set_defaults(func=_cmd_selftest)
     return parser
+
+
+def _version() -> str:
+    """This install's version (its metadata; the package's own in a checkout not installed)."""
+    import importlib.metadata
+    try:
+        return importlib.metadata.version("fedjax-dp")
+    except importlib.metadata.PackageNotFoundError:
+        import fedjax_dp
+        return fedjax_dp.__version__
 
 
 def _first_line(e: BaseException) -> str:

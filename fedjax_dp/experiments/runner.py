@@ -41,17 +41,23 @@ from fedjax_dp.models import make_model
 from fedjax_dp.train import LocalTrainConfig
 from fedjax_dp.models import tasks
 
+#: every installed library that can change a result (result.json's ``versions``): each is
+#: listed, ``not installed`` when absent
 _PACKAGES = ("fedjax-dp", "jax", "jaxlib", "flax", "optax", "chex", "numpy", "scipy",
-             "dp-accounting", "scikit-learn")
+             "dp-accounting", "jax-privacy", "scikit-learn", "ml-dtypes")
+#: JAX's accelerator plugins: listed only when installed (the one the run's device used)
+_PLUGINS = ("jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt",
+            "libtpu")
 
 
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
-    for name in _PACKAGES:
+    for name in _PACKAGES + _PLUGINS:
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
-            out[name] = "not installed"
+            if name in _PACKAGES:
+                out[name] = "not installed"
     return out
 
 
@@ -63,6 +69,9 @@ class Plan:
     entry: Any                                   # an algorithm module (fedjax_dp.algorithms.api)
     algorithm_config: Any
     local: LocalTrainConfig
+    #: where the config came from (cli: a file, a shipped config, a run folder), result.json's
+    #: ``config_source``; None from Python (not recorded)
+    config_source: dict | None = None
 
 
 def build_dataclass(cls, table: dict, prefix: str, **extra):
@@ -279,7 +288,8 @@ def write_progress(out: Path, records: list[dict]) -> None:
 
 
 def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | None = None,
-        resume: bool = False, tracker: tracking_lib.Tracker | None = None) -> dict:
+        resume: bool = False, tracker: tracking_lib.Tracker | None = None,
+        config_source: dict | None = None) -> dict:
     """Run a resolved config; return the result record (also written to ``out_dir``).
 
     ``resume=True``: continue the run held in ``out_dir`` (same config, except the execution keys
@@ -288,9 +298,11 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     ``tracker``: where the rounds are logged instead of the trackers ``run.log`` opens in
     ``out_dir`` (:mod:`fedjax_dp.experiments.tracking`; a sweep's per-run folder); the caller closes
     it. The folder is held by this process for the run's life (a second run on it is refused);
-    SIGINT / SIGTERM stop the run at any moment (:mod:`fedjax_dp.core.stop`)."""
+    SIGINT / SIGTERM stop the run at any moment (:mod:`fedjax_dp.core.stop`). ``config_source``:
+    recorded as result.json's ``config_source`` (``fedjax-dp run``: a file or a shipped config,
+    :func:`fedjax_dp.experiments.shipped.resolve`)."""
     with stop.handling():
-        p = plan(config)
+        p = dataclasses.replace(plan(config), config_source=config_source)
         out = Path(out_dir) if out_dir is not None else None
         if resume and out is None:
             raise config_lib.ConfigError("resume needs the run's folder (--resume DIR)")
@@ -688,6 +700,7 @@ def result_record(p: Plan, config: dict, s: Setup, state: api.State, history: li
         "wall_time_s": wall_time_s,
         "seed": config["seed"],
         "config": config,
+        **({"config_source": p.config_source} if p.config_source is not None else {}),
         "versions": versions(),
         "devices": [str(dv) for dv in jax.devices()],
         "history": history,

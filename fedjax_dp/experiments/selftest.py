@@ -30,8 +30,11 @@ ACCURACY_ATOL = 0.05
 TOLERANCES = {"epsilon_rtol": EPSILON_RTOL, "checksum_rtol": CHECKSUM_RTOL,
               "accuracy_atol": ACCURACY_ATOL}
 
-#: the repository's shipped configs (the selftest runs from a source checkout: pip install -e .)
-CONFIGS = Path(fedjax_dp.__file__).resolve().parent.parent / "configs"
+#: the shipped configs: a checkout's configs/ or the wheel's fedjax_dp/configs
+#: (:func:`fedjax_dp.experiments.shipped.root`)
+CONFIGS = next((d for d in (Path(fedjax_dp.__file__).resolve().parent / "configs",
+                            Path(fedjax_dp.__file__).resolve().parent.parent / "configs")
+                if d.is_dir()), Path(fedjax_dp.__file__).resolve().parent.parent / "configs")
 #: the cases: ``set`` (overrides of every case) and ``[[case]]`` tables (``config``, ``set``)
 CASES_FILE = CONFIGS / "selftest.toml"
 
@@ -52,8 +55,8 @@ def load_cases(path: str | Path = CASES_FILE) -> list[Case]:
     from fedjax_dp.experiments import config as config_lib
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"selftest needs the repository's configs/ folder (a source checkout "
-                         f"installed with pip install -e .): {path} not found")
+        raise ValueError(f"selftest needs the repository's configs/ folder (a checkout's, or "
+                         f"the wheel's fedjax_dp/configs): {path} not found")
     table = tomllib.loads(path.read_text())
     common = tuple(table.get("set", []))
     cases = []

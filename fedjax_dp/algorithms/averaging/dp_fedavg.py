@@ -93,11 +93,16 @@ RELATION_FIXED = "replace one agent's entire local dataset"
 
 @dataclasses.dataclass(frozen=True)
 class Config(fedavg.Config, SecAggFields):
-    """DP-FedAvg: FedAvg plus update clipping to ``clip_norm`` (S) and noise multiplier sigma."""
+    """DP-FedAvg: FedAvg plus update clipping to ``clip_norm`` (S) and noise multiplier sigma.
+
+    ``diagnostics`` is off by default: the round metrics are computed without noise, so the
+    reported epsilon covers every release only without them; ``true`` reports them and every
+    guarantee then says ``covers_all_releases: false`` (:func:`declare_uncovered`)."""
 
     clip_norm: float = 1.0
     noise_multiplier: float = 1.0
     denominator: str = "expected"
+    diagnostics: bool = False       # the non-private round metrics: an explicit opt-in
     # adaptive clipping (Andrew et al. 2021): None / false, true (the paper's defaults) or a
     # table of privacy.adaptive_clip.OPTIONS; clip_norm is then the first round's clip C_0
     adaptive_clip: adaptive_lib.AdaptiveClip | None = None

@@ -89,11 +89,14 @@ class Config(fedavg.Config):
     sampling_rate: q, Poisson rate of agents per round (1: every agent every round).
     The optimiser, learning rate and weight decay come from ``local`` (``local.batch_size`` is the
     expected batch size when ``record_sampling_rate`` is None, and unused otherwise).
+    diagnostics: off by default (the round metrics are computed without noise; ``true``
+      reports them and every guarantee then says ``covers_all_releases: false``).
     """
 
     clip_norm: float = 1.0
     noise_multiplier: float = 1.0
     record_sampling_rate: float | None = None
+    diagnostics: bool = False       # the non-private round metrics: an explicit opt-in
 
     FIELDS = {"clip_norm": validation.Float(0.0, low_open=True),
               "noise_multiplier": validation.Float(0.0, accounting.GAUSSIAN_NOISE_RANGE[1]),

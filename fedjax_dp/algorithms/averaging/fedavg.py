@@ -51,7 +51,9 @@ class Config:
     ``"poisson"`` (every agent independently with rate ``sampling_rate`` q) or ``"fixed"`` (a
     uniformly random subset of exactly ``cohort_size`` agents). ``diagnostics``: report each
     round's ``num_sampled`` and the cohort's mean ``train_loss`` and ``mean_update_norm`` (not
-    noised: a private variant's ledger declares them uncovered); false: nothing.
+    noised: a private variant's ledger declares them uncovered); false: nothing. On by default
+    here (FedAvg releases its model without noise anyway); off by default in DP-FedAvg and
+    DP-FedSGD, so that their epsilon covers every release unless a config opts in.
 
     ``server_optimizer`` (:mod:`fedjax_dp.train.optimizers`): None (the step ``theta + eta_s
     Delta_t`` with eta_s = ``server_lr``), an optax name with rate ``server_lr`` (``"momentum"``:
