@@ -82,6 +82,7 @@ _LONG_FIRST = ("test_selftest.py::test_selftest_command_passes_every_family_on_t
                "test_bench.py::test_bench_quick_suite_tiny_through_the_cli",
                "test_user_paths.py::test_killed_interrupted_and_resumed",
                "test_user_paths.py::test_readme_first_command",
+               "test_wheel.py::test_release_steps_and_a_wheel_install_outside_the_tree",
                "fnas.ipynb", "isrl.ipynb", "fedkt.ipynb", "voting_dpfl.ipynb", "quickstart.ipynb")
 
 

@@ -336,12 +336,23 @@ def check_synopsis(cmd: str) -> None:
         f"{cmd!r}: unknown sub-command"
 
 
+_WHEEL = "tests/test_wheel.py::test_release_steps_and_a_wheel_install_outside_the_tree"
 #: commands shown in the docs that other tests run (the test that runs each)
 RUN_ELSEWHERE = {
     "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m "
     "pytest -q -n 2": "tests/test_end_to_end.py::test_readme_has_two_setup_commands_and_ci_runs"
                       "_the_test_one (.ci/run runs it)",
     "mkdocs build": "tests/test_docs.py::test_site_builds_strict_with_every_page_and_the_api",
+    # a wheel install outside the tree and the release steps (docs/getting_started.md): the
+    # wheel test runs them (the install --no-deps, the dependencies the test environment's)
+    **{cmd: _WHEEL for cmd in (
+        "fedjax-dp run dp_fedavg/mnist5k", "fedjax-dp --version", "python -m fedjax_dp --version",
+        "python -m build --no-isolation --outdir dist .",
+        "python -m twine check --strict dist/*",
+        "python3 -m venv /tmp/fedjax-dp-release && /tmp/fedjax-dp-release/bin/pip install -q "
+        "dist/fedjax_dp-0.1.0-py3-none-any.whl")},
+    "fedjax-dp sweep experiments/fedkt_table1 --dry-run":
+        "tests/test_every_flag.py::test_flag (its sweep CONFIG case)",
 }
 #: concrete ``fedjax-dp run CONFIG`` commands shown in the docs, run here at small settings
 SMALL = ["algorithm.rounds=2", "train.steps=2", "model.hidden=[8]", "run.checkpoint_every=0",
