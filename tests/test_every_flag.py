@@ -158,7 +158,7 @@ def test_every_flag_has_a_case():
     assert set(CASES) - flags == set(), "cases for flags the parser no longer has"
     commands = {p for p, _ in flags}
     # every subcommand, and every sub-subcommand, of fedjax-dp has its flags covered
-    assert {"run", "sweep", "list", "audit", "plot", "bench", "devices", "selftest",
+    assert {"run", "sweep", "list", "audit", "plot", "bench", "devices", "selftest", "show",
             "account sampled-gaussian", "account gaussian", "account gaussian-vote",
             "account distributed", "account fedkt", "compare selected", "compare arms",
             "data convert"} <= commands
@@ -448,6 +448,25 @@ def _(fake_sweep, tmp_path, no_cache):
 def _():
     text, js = run_cached("list"), run_cached("list", "--json")
     assert text.out.startswith("algorithms:") and "dp_fedavg" in js.json["algorithms"]
+
+
+@case("show", "RUN")
+def _(tmp_path):
+    """The full report of a run folder (or its result.json): every guarantee, and once what
+    they do not cover; a folder without a finished run is refused naming RUN."""
+    row = {"unit": "agent", "epsilon": 6.87, "delta": 1e-5, "data_dependent": False,
+           "covers_all_releases": False, "not_covered": "the loss: computed without noise"}
+    result = {"algorithm": "dp_fedavg", "dataset": "mnist5k", "num_agents": 100, "seed": 0,
+              "test_accuracy": 0.74, "privacy": [{**row, "accountant": "rdp"},
+                                                 {**row, "accountant": "pld"}],
+              "config": {"privacy": {"accountants": ["rdp", "pld"]}}, "history": []}
+    (tmp_path / "result.json").write_text(json.dumps(result))
+    shown = run("show", tmp_path)
+    assert shown.rc == 0 and shown.out == run("show", tmp_path / "result.json").out
+    assert "agent: eps=6.87 at delta=1e-05 (rdp)  (headline)" in shown.out
+    assert "agent: eps=6.87 at delta=1e-05 (pld)" in shown.out
+    assert shown.out.count("the loss: computed without noise") == 1
+    refused(["show", tmp_path / "nothing"], "RUN", "no result.json")
 
 
 @case("devices", "--json")

@@ -668,6 +668,25 @@ def _cmd_selftest(args) -> int:
     return 0 if report["passed"] else 1
 
 
+def _cmd_show(args) -> int:
+    from fedjax_dp.core import files
+    from fedjax_dp.experiments import runner
+    path = Path(args.run)
+    folder = path.parent if path.name == "result.json" else path
+    record = folder / "result.json"
+    if not record.is_file():
+        raise ValueError(f"RUN {args.run!r} is not a finished run's folder (no result.json"
+                         f"{' there' if folder.is_dir() else '; no such folder'})")
+    try:
+        result = files.read_json(record, what="result", expect=dict)
+    except files.UntrustedFileError as e:
+        raise ValueError(f"RUN {args.run!r}: {e}") from None
+    if not {"test_accuracy", "privacy"} <= set(result):
+        raise ValueError(f"RUN {args.run!r}: {str(record)!r} is not a run's record")
+    print("\n".join(runner.report_lines(result, folder)))
+    return 0
+
+
 #: ``fedjax-dp data convert`` formats (kept here so that building the parser imports no data
 #: module; fedjax_dp.data.convert.FORMATS is the list the command checks against)
 DATA_FORMATS = ("tff_emnist", "tff_emnist_digits", "tff_shakespeare", "tff_stackoverflow",
@@ -927,6 +946,11 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--quiet", action="store_true", help="no progress bar")
     cv.add_argument("--debug", action="store_true", help="the traceback, not one error line")
     cv.set_defaults(func=_cmd_data)
+
+    sh = sub.add_parser("show", help="the full report of a finished run: every guarantee and "
+                        "what it does not cover")
+    sh.add_argument("run", metavar="RUN", help="a run folder (or its result.json)")
+    sh.set_defaults(func=_cmd_show)
 
     dev = sub.add_parser("devices", help="the devices JAX sees and the defaults chosen for them")
     dev.add_argument("--json", action="store_true", help="print it as JSON")

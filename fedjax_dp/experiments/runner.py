@@ -179,14 +179,87 @@ def guarantee_line(g: dict) -> str:
     return line
 
 
+def headline_row(result: dict) -> dict | None:
+    """The guarantee of ``result["privacy"]`` a run is quoted by
+    (:func:`fedjax_dp.experiments.records.headline`: the algorithm's first data-independent unit,
+    read with the first of ``privacy.accountants`` that applies), the first guarantee when none
+    is data-independent, None without any."""
+    from fedjax_dp.experiments import records
+    rows = result.get("privacy") or []
+    accountants = ((result.get("config") or {}).get("privacy") or {}).get(
+        "accountants", ("rdp", "pld"))
+    _, unit, acc = records.headline(rows, accountants)
+    for g in rows:
+        if g["unit"] == unit and g["accountant"] == acc and not g.get("data_dependent"):
+            return g
+    return rows[0] if rows else None
+
+
+def coverage_note(g: dict, out: Path | None) -> str:
+    """Whether guarantee ``g`` covers every release of its run, in a few words, ending with
+    the run's folder: ``covers every release; run folder DIR``, ``NOT covering every release:
+    fedjax-dp show DIR`` (what and why: its ``not_covered``, which :func:`report_lines`
+    prints); without a coverage field (a record from before it) only the folder."""
+    where = f"run folder {out}" if out is not None else ""
+    if "covers_all_releases" not in g:
+        return where
+    if g["covers_all_releases"]:
+        return "; ".join(x for x in ("covers every release", where) if x)
+    if out is None:
+        return "NOT covering every release (see its not_covered)"
+    return f"NOT covering every release: fedjax-dp show {out}"
+
+
 def summary_line(name: str, result: dict, out: Path | None) -> str:
-    """The line printed at the end of a run: test accuracy, every guarantee
-    (:func:`guarantee_line`) and the run's folder."""
-    eps = "; ".join(guarantee_line(g) for g in result["privacy"]) or "no privacy guarantee"
-    where = f"; run folder {out}" if out is not None else ""
+    """The line printed at the end of a run, one short line: test accuracy, the headline
+    guarantee (:func:`headline_row`, with the number of other guarantees), whether it covers
+    every release the run makes (:func:`coverage_note`) and the run's folder. The full report
+    is ``result.json``, printed by ``fedjax-dp show DIR`` (:func:`report_lines`)."""
+    g = headline_row(result)
+    if g is None:
+        eps = "no privacy guarantee"
+        where = f"; run folder {out}" if out is not None else ""
+    else:
+        eps = guarantee_line({k: v for k, v in g.items() if k != "covers_all_releases"})
+        more = len(result["privacy"]) - 1
+        if more:
+            eps = eps[:-1] + f", +{more} more)"
+        note = coverage_note(g, out)
+        where = f"; {note}" if note else ""
     bad = result.get("non_finite")
     diverged = (f"; NON-FINITE from round {bad['round']} ({bad['what']})" if bad else "")
     return f"[{name}] test accuracy {result['test_accuracy']:.4f}{diverged}; {eps}{where}"
+
+
+def report_lines(result: dict, out: Path | None = None) -> list[str]:
+    """The full report of a finished run (``fedjax-dp show DIR``): what ran, its test
+    accuracy, every guarantee (:func:`guarantee_line`, without the coverage note), and once,
+    whether they cover every release the run makes, each release they do not cover with why."""
+    lines = [f"run folder: {out}"] if out is not None else []
+    lines += [f"algorithm: {result.get('algorithm')}  dataset: {result.get('dataset')}  "
+              f"agents: {result.get('num_agents')}  seed: {result.get('seed')}",
+              f"test accuracy: {result['test_accuracy']:.4f}"]
+    if "val_accuracy" in result:
+        lines.append(f"validation accuracy: {result['val_accuracy']:.4f}")
+    bad = result.get("non_finite")
+    if bad:
+        lines.append(f"NON-FINITE from round {bad['round']} ({bad['what']})")
+    rows = result.get("privacy") or []
+    lines.append("privacy:" if rows else "privacy: no privacy guarantee")
+    head = headline_row(result)
+    for g in rows:
+        mark = "  (headline)" if g is head else ""
+        lines.append("  " + guarantee_line({k: v for k, v in g.items()
+                                            if k != "covers_all_releases"}) + mark)
+    if head is not None and "covers_all_releases" in head:
+        if head["covers_all_releases"]:
+            lines.append("every guarantee covers every release the run makes")
+        else:
+            lines.append("NOT covered by any guarantee (release: why): "
+                         f"{head.get('not_covered') or 'releases the ledger does not list'}")
+    lines.append(f"history: {len(result.get('history') or [])} entries; "
+                 f"wall time {result.get('wall_time_s') or 0:.1f} s")
+    return lines
 
 
 #: files that mark a folder as holding a run
