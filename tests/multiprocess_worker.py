@@ -81,7 +81,7 @@ def run_all(folder, mesh, times: dict | None = None) -> dict[str, np.ndarray]:
     # fixed-size cohorts of 4 (one bucket: one compilation of the round; 4 = a multiple of the
     # 2 x 2 devices, no padding); the round's noise std is noise_multiplier * clip_norm
     cfg = dp_fedavg.Config(rounds=ROUNDS, sampling="fixed", cohort_size=4, clip_norm=0.5,
-                           noise_multiplier=0.8, local=local)
+                           noise_multiplier=0.8, local=local, diagnostics=True)  # train_loss
     res = api.run(dp_fedavg, jax.random.key(0), api.FederatedData(agents, NUM_CLASSES), model,
                   cfg, runtime=runtime)
     for i, leaf in enumerate(jax.tree.leaves(dp_fedavg.output(res.state).params)):

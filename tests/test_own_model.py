@@ -211,4 +211,4 @@ def test_the_docs_example_runs_as_written(capsys, monkeypatch):
         found = re.search(re.escape(line) + r": test accuracy ([0-9.]+), epsilon ([0-9.]+)", out)
         assert found, (line, out)
         assert 0 <= float(found[1]) <= 1 and 0 < float(found[2]) < 100
-    assert "step 1: " in out                    # api.print_progress
+    assert "\nstep 1\n" in out                  # api.print_progress (no diagnostics)

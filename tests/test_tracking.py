@@ -25,7 +25,8 @@ RAW = {"data": {"dataset": "wbcd", "partition": "iid", "num_agents": 4},
                "log": ["tensorboard", "wandb"], "wandb_project": "tests"},
        "privacy": {"delta": 1e-5, "accountants": ["rdp"]},
        "algorithm": {"name": "dp_fedavg", "rounds": ROUNDS, "sampling_rate": 1.0,
-                     "clip_norm": 1.0, "noise_multiplier": 1.0}}
+                     "clip_norm": 1.0, "noise_multiplier": 1.0,
+                     "diagnostics": True}}       # the rounds' train_loss is logged
 
 
 class FakeWandb(types.ModuleType):
@@ -250,7 +251,7 @@ def test_sweep_run_one_by_one_is_logged_round_by_round(tmp_path, resumed):
                         '[train]\nsteps = 2\nbatch_size = 8\nlearning_rate = 0.1\n'
                         '[privacy]\naccountants = ["rdp"]\n'
                         '[algorithm]\nname = "dp_fedavg"\nrounds = 2\nsampling_rate = 1.0\n'
-                        'clip_norm = 1.0\nnoise_multiplier = 1.0\n')
+                        'clip_norm = 1.0\nnoise_multiplier = 1.0\ndiagnostics = true\n')
     sw = sweep.load([str(cfg_file)], seeds=[3], overrides=['run.log=["tensorboard"]'])
     (rec,) = sweep.run(sw, tmp_path / "sw", vmap_seeds=False)
     (folder,) = (tmp_path / "sw" / "runs").iterdir()
