@@ -559,14 +559,20 @@ def plot_xy(records: Iterable[dict], x: str, y: str, hue: str | None, out_stem: 
             ax.set_xlim(-0.5, len(categories) - 0.5)
         legend = hue is not None and hues or ref is not None
         ax.set_xlabel(axis_label(plotted, x, labels))
-        ylabel = axis_label(plotted, y, labels)
-        ax.set_ylabel(f"{ylabel}\n({stat})" if stat and not legend else ylabel)
-        if title:
-            ax.set_title(title)
-        ax.grid(True, alpha=0.3)
-        if legend:
-            _legend(fig, ax, stat)
-        return _save(fig, out_stem)
+        return _finish(fig, ax, axis_label(plotted, y, labels), stat, legend, title, out_stem)
+
+
+def _finish(fig, ax, ylabel: str, stat: str | None, legend, title: str | None,
+            out_stem: str | Path) -> list[str]:
+    """The y label (with the statistic when no legend names it), title, grid and legend of a
+    figure, then its files (:func:`_save`)."""
+    ax.set_ylabel(f"{ylabel}\n({stat})" if stat and not legend else ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    if legend:
+        _legend(fig, ax, stat)
+    return _save(fig, out_stem)
 
 
 def plot_curves(records: Iterable[dict], y: str = "test_accuracy", hue: str | None = None,
@@ -597,15 +603,8 @@ def plot_curves(records: Iterable[dict], y: str = "test_accuracy", hue: str | No
         from matplotlib import ticker
         ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
         ax.set_xlabel(display_name("round", labels))
-        ylabel = display_name(y, labels)
         legend = hue is not None and hues
-        ax.set_ylabel(f"{ylabel}\n({stat})" if stat and not legend else ylabel)
-        if title:
-            ax.set_title(title)
-        ax.grid(True, alpha=0.3)
-        if legend:
-            _legend(fig, ax, stat)
-        return _save(fig, out_stem)
+        return _finish(fig, ax, display_name(y, labels), stat, legend, title, out_stem)
 
 
 def plot_run(result: dict, out_dir: str | Path, y: str | None = None) -> list[str]:
