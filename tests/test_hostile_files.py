@@ -11,8 +11,9 @@ import shutil
 
 import pytest
 
-from fedjax_dp.experiments import checkpoint, cli, runner
+from fedjax_dp.experiments import checkpoint, cli
 from fedjax_dp.experiments import config as config_lib
+from killed_runs import kill_after
 
 RAW = {"data": {"dataset": "wbcd", "partition": "iid", "num_agents": 4},
        "model": {"name": "logistic"},
@@ -23,28 +24,11 @@ RAW = {"data": {"dataset": "wbcd", "partition": "iid", "num_agents": 4},
        "privacy": {"delta": 1e-5, "accountants": ["rdp"]}}
 
 
-class Killed(Exception):
-    pass
-
-
 @pytest.fixture(scope="module")
 def killed_run(tmp_path_factory):
     """A run folder with a checkpoint at round 2, killed after round 3."""
-    folder = tmp_path_factory.mktemp("hostile") / "run"
-    real = runner.append_progress
-
-    def append(out, record):
-        real(out, record)
-        if record["round"] == 3:
-            raise Killed
-
-    runner.append_progress = append
-    try:
-        with pytest.raises(Killed):
-            runner.run(config_lib.resolve(copy.deepcopy(RAW)), folder)
-    finally:
-        runner.append_progress = real
-    return folder
+    return kill_after(config_lib.resolve(copy.deepcopy(RAW)),
+                      tmp_path_factory.mktemp("hostile") / "run", 3)
 
 
 def _rehash(step):

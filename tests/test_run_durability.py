@@ -23,6 +23,7 @@ import pytest
 from fedjax_dp.core import files, stop
 from fedjax_dp.experiments import checkpoint, cli, runner
 from fedjax_dp.experiments import config as config_lib
+from killed_runs import kill_after
 
 RAW = {"data": {"dataset": "wbcd", "partition": "iid", "num_agents": 4},
        "model": {"name": "logistic"},
@@ -251,23 +252,7 @@ def _hold(folder: Path) -> subprocess.Popen:
 
 def test_a_live_folder_refuses_a_second_process_and_a_killed_one_does_not(tmp_path, capsys,
                                                                           reference):
-    class Killed(Exception):
-        pass
-
-    folder = tmp_path / "run"
-    real = runner.append_progress
-
-    def append(out, record):
-        real(out, record)
-        if record["round"] == 3:
-            raise Killed
-
-    runner.append_progress = append
-    try:
-        with pytest.raises(Killed):
-            runner.run(_config(), folder)
-    finally:
-        runner.append_progress = real
+    folder = kill_after(_config(), tmp_path / "run", 3)
     progress = (folder / "progress.jsonl").read_bytes()
     holder = _hold(folder)
     try:
