@@ -694,8 +694,9 @@ DATA_FORMATS = ("tff_emnist", "tff_emnist_digits", "tff_shakespeare", "tff_stack
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import fedjax_dp
     parser = argparse.ArgumentParser(prog="fedjax-dp", description=__doc__.split("\n")[0])
-    parser.add_argument("--version", action="version", version=f"fedjax-dp {_version()}")
+    parser.add_argument("--version", action="version", version=f"fedjax-dp {fedjax_dp.version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one experiment from a config file")
@@ -966,16 +967,6 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--debug", action="store_true", help="the traceback, not one error line")
     st.set_defaults(func=_cmd_selftest)
     return parser
-
-
-def _version() -> str:
-    """This install's version (its metadata; the package's own in a checkout not installed)."""
-    import importlib.metadata
-    try:
-        return importlib.metadata.version("fedjax-dp")
-    except importlib.metadata.PackageNotFoundError:
-        import fedjax_dp
-        return fedjax_dp.__version__
 
 
 def _first_line(e: BaseException) -> str:

@@ -72,7 +72,7 @@ def resolve(arg: str | Path) -> tuple[Path, dict]:
         raise unknown(str(arg))
     name = path.relative_to(root()).with_suffix("").as_posix()
     return path, {"kind": "shipped", "name": name, "path": str(path),
-                  "version": _version(), "sha256": _sha256(path)}
+                  "version": fedjax_dp.version(), "sha256": _sha256(path)}
 
 
 def _sha256(path: Path) -> str:
@@ -80,14 +80,6 @@ def _sha256(path: Path) -> str:
     from fedjax_dp.experiments.config import MAX_CONFIG_BYTES
     return hashlib.sha256(files.read_bytes(path, max_bytes=MAX_CONFIG_BYTES, root="/",
                                            what="config file")).hexdigest()
-
-
-def _version() -> str:
-    import importlib.metadata
-    try:
-        return importlib.metadata.version("fedjax-dp")
-    except importlib.metadata.PackageNotFoundError:
-        return fedjax_dp.__version__
 
 
 def describe(name: str) -> dict:
