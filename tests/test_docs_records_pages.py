@@ -884,6 +884,8 @@ RESULT_PAGES = {
 # Every other docs page and results README, and why it has no checked figure.
 OTHER_PAGES = {
     "protocol.md": "the algorithm protocol: no results",
+    "mechanisms.md": "which stages compose: a table generated from the stages' requirements "
+                     "(tests/test_stage_matrix.py checks it is current); no results",
     "sweeps.md": "the sweep and plot commands: example output; one timing (NO_RECORD)",
     "tracking.md": "experiment trackers: one accounting cost (NO_RECORD)",
     "own_model_and_data.md": "your own model and data: the example's full-size output (NO_RECORD)",

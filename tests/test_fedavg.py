@@ -5,7 +5,10 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_dp.algorithms import api, rounds
+from typing import NamedTuple
+
+import chains
+from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.averaging import dp_fedavg, fedavg
 from fedjax_dp.core import cohort, from_ragged
 from fedjax_dp.models import make_model
@@ -29,8 +32,19 @@ def _poisson(q):
     return cohort.Sampling("poisson", rate=q)
 
 
+class Spec(NamedTuple):
+    """The round's settings (the reference loop reads them; :func:`chains.chain` builds the
+    chain of stages from them)."""
+    sampling: cohort.Sampling
+    server_lr: float
+    clip_norm: float | None = None
+    noise_multiplier: float = 0.0
+    denominator: str = "sampled"
+
+
 def _runner(model, spec, data, local=LOCAL, **kwargs):
-    return rounds.RoundRunner(model, local, spec, data, **kwargs)
+    chain = spec if not isinstance(spec, Spec) else chains.chain(model, local, **spec._asdict())
+    return chains.ParamsRunner(chain, data, **kwargs)
 
 
 def _reference_round(key, params, data, model, spec):
@@ -56,8 +70,8 @@ def _close(a, b, tol=1e-5):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=tol, atol=tol), a, b)
 
 
-_FULL = rounds.RoundSpec(sampling=_poisson(1.0), server_lr=1.0)
-_CLIPPED = rounds.RoundSpec(sampling=_poisson(0.5), server_lr=0.7, clip_norm=0.05,
+_FULL = Spec(sampling=_poisson(1.0), server_lr=1.0)
+_CLIPPED = Spec(sampling=_poisson(0.5), server_lr=0.7, clip_norm=0.05,
                             denominator="expected")
 
 
@@ -76,7 +90,7 @@ def test_round_equals_per_agent_loop(setup, spec, mode):
     _close(got, want)
 
 
-NOISY = rounds.RoundSpec(sampling=_poisson(0.5), server_lr=1.0, clip_norm=0.1, noise_multiplier=0.1,
+NOISY = Spec(sampling=_poisson(0.5), server_lr=1.0, clip_norm=0.1, noise_multiplier=0.1,
                          denominator="expected")
 
 
@@ -118,7 +132,7 @@ def test_chunked_round_equals_plain(setup):
 
 def test_fixed_size_round_equals_loop(setup):
     data, model, params = setup
-    spec = rounds.RoundSpec(sampling=cohort.Sampling("fixed", size=4), server_lr=1.0,
+    spec = Spec(sampling=cohort.Sampling("fixed", size=4), server_lr=1.0,
                             clip_norm=0.05, denominator="expected")
     key = jax.random.key(4)
     runner = _runner(model, spec, data.on_host())
@@ -137,7 +151,7 @@ def test_dp_noise_std_and_independence(setup):
     sigma, clip, q = 2.0, 0.5, 0.5
     cfg = dp_fedavg.Config(rounds=1, sampling_rate=q, clip_norm=clip, noise_multiplier=sigma,
                            local=LocalTrainConfig(steps=0))
-    round_fn = _runner(model, dp_fedavg.round_spec(cfg), data, local=cfg.local)
+    round_fn = _runner(model, dp_fedavg.chain(cfg, model), data, local=cfg.local)
     steps = []
     for t in range(20):
         new, _ = round_fn(jax.random.fold_in(jax.random.key(5), t), params)
@@ -154,7 +168,7 @@ def test_dp_noise_std_and_independence(setup):
 def test_clipping_bounds_each_agent_contribution(setup):
     data, model, params = setup
     clip = 1e-3
-    spec = rounds.RoundSpec(sampling=_poisson(1.0), server_lr=1.0, clip_norm=clip,
+    spec = Spec(sampling=_poisson(1.0), server_lr=1.0, clip_norm=clip,
                             denominator="expected")
     new, metrics = _runner(model, spec, data, local=LocalTrainConfig(steps=5, learning_rate=1.0))(
         jax.random.key(0), params)
@@ -230,7 +244,7 @@ def test_runs_learn_and_report_history(setup):
                                                          learning_rate=0.2))
     fed = api.FederatedData(agents=data, num_classes=model.num_classes)
     state = fedavg.init(jax.random.key(0), fed, model, cfg)
-    state = api.State(step=0, values={"params": params}, context=state.context)
+    state = api.State(step=0, values={**state.values, "params": params}, context=state.context)
     h = api.run(fedavg, jax.random.key(0), fed, model, cfg, state=state,
                 evaluate=lambda out: {"acc": accuracy(model, out.params, x, y)},
                 eval_every=4, on_step=lambda t, r: seen.append(t)).history

@@ -10,7 +10,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp.algorithms import round_values
+from fedjax_dp.algorithms.round_parts import PARTICIPATION, advance, view_of
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import defaults as defaults_lib
 
@@ -37,55 +37,57 @@ def cohort_chunk(rank: jax.Array, count: jax.Array, j: jax.Array, chunk: int,
 
 
 @functools.lru_cache(maxsize=64)
-def make_fused_rounds(train_sum: Callable, server: Callable, spec, num_agents: int,
+def make_fused_rounds(train_sum: Callable, server: Callable, chain, num_agents: int,
                       chunk: int, masked: bool, participation: bool,
                       capacity: int) -> SimpleNamespace:
     """The rounds fused on the device, compiled once per arguments.
 
-    ``train_sum`` / ``server``: a round's pieces (:func:`make_round_parts`). ``chunk``: agents
-    per chunk c; ``masked``: every agent trains, the coins select (the reference);
-    ``participation``: ``values["participation"] [N] int32`` += the round's coins; ``capacity``: K.
+    ``train_sum`` / ``server``: a round's pieces (:func:`~fedjax_dp.algorithms.round_parts.
+    make_round_parts` of ``chain``). ``chunk``: agents per chunk c; ``masked``: every agent
+    trains, the coins select (the reference); ``participation``: ``values["participation"] [N]
+    int32`` += the round's coins; ``capacity``: K.
 
     Returns ``SimpleNamespace(rounds, one)``:
     ``rounds(values, root, start, count, source, extras) -> (values, metrics)``: rounds
     ``start .. start + count - 1`` of the run with root key ``root`` (round t's key
     :func:`api.step_key` ``(root, t)``), ``count <= K`` traced; metrics ``[K]`` per metric, the
     first ``count`` rows filled. ``one(values, key, source, extras) -> (values, metrics)``: one
-    round with an explicit round key (:func:`step`).
+    round with an explicit round key.
     """
     n = num_agents
     search = defaults_lib.defaults().cohort_search
 
-    def one_round(values, key, source, extras):
-        k_sample, k_train, k_noise = jax.random.split(key, 3)               # round_keys
-        coins = round_values.cohort_mask(spec, values,
-                                         cohort_lib.cohort_coins(k_sample, n, spec.sampling))
-        params = round_values.view(spec, values)               # the params (a dict with C_t, noise state)
+    def cohort_sums(k_train, view, coins, source, extras):
+        """The cohort's sums: every agent masked (the reference), or the ceil(M / c) chunks
+        the cohort fills."""
         if masked:
             ids = jnp.arange(n, dtype=jnp.int32)
-            sums = train_sum(k_train, params, source, None, ids, coins, extras)
-        else:
-            rank = jnp.cumsum(coins.astype(jnp.int32))                      # [N]
-            m = rank[-1]
+            return train_sum(k_train, view, source, None, ids, coins, extras)
+        rank = jnp.cumsum(coins.astype(jnp.int32))                          # [N]
+        m = rank[-1]
 
-            def chunk_sums(j):
-                ids, valid = cohort_chunk(rank, m, j, chunk, search)
-                return train_sum(k_train, params, source, ids, ids, valid, extras)
+        def chunk_sums(j):
+            ids, valid = cohort_chunk(rank, m, j, chunk, search)
+            return train_sum(k_train, view, source, ids, ids, valid, extras)
 
-            zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                jax.eval_shape(chunk_sums, jnp.int32(0)))
+        zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                            jax.eval_shape(chunk_sums, jnp.int32(0)))
 
-            def body(carry):
-                j, acc = carry
-                return j + 1, add_trees(acc, chunk_sums(j))
+        def body(carry):
+            j, acc = carry
+            return j + 1, add_trees(acc, chunk_sums(j))
 
-            # the chunks actually filled: ceil(M / c) of them (none for an empty cohort)
-            _, sums = jax.lax.while_loop(lambda carry: carry[0] * chunk < m, body,
-                                         (jnp.int32(0), zero))
-        new_view, metrics = server(k_noise, params, sums, k_train)
-        out = {**values, **round_values.unview(spec, new_view)}
-        if spec.correlated:
-            out["round"] = values["round"] + 1
+        # the chunks actually filled: ceil(M / c) of them (none for an empty cohort)
+        return jax.lax.while_loop(lambda carry: carry[0] * chunk < m, body,
+                                  (jnp.int32(0), zero))[1]
+
+    def one_round(values, key, source, extras):
+        k_sample, k_train, k_noise = jax.random.split(key, 3)               # round_keys
+        coins = chain.participation.coins(k_sample, n, values["stages"][PARTICIPATION])
+        view = view_of(values)
+        sums = cohort_sums(k_train, view, coins, source, extras)
+        new_view, metrics = server(k_noise, view, sums, k_train)
+        out = advance(chain, values, new_view)
         if participation:
             out["participation"] = values["participation"] + coins.astype(jnp.int32)
         return out, metrics

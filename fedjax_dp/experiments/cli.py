@@ -224,6 +224,7 @@ def _cmd_configs(args) -> int:
 
 def _cmd_list(args) -> int:
     from fedjax_dp import data
+    from fedjax_dp.stages import stage_kinds
     from fedjax_dp.algorithms import registry
     from fedjax_dp.models import MODELS
     listing = {
@@ -232,19 +233,35 @@ def _cmd_list(args) -> int:
         "partitions": sorted(data.PARTITIONS),
         "models": list(MODELS),
         "accountants": list(ACCOUNTANTS),
+        "stages": stage_kinds(),
     }
     if args.json:
         print(json.dumps(listing, indent=2))
     else:
         for section, items in listing.items():
             print(f"{section}:")
-            if isinstance(items, dict):
+            if section == "stages":
+                _print_stages(items)
+            elif isinstance(items, dict):
                 for k, v in items.items():
                     print(f"  {k:<12} {v}")
             else:
                 for k in items:
                     print(f"  {k}")
     return 0
+
+
+def _print_stages(kinds: dict) -> None:
+    """The stage kinds a round chains (docs/mechanisms.md: which compose), each option with
+    the config keys that select it and its options."""
+    for kind, options in kinds.items():
+        print(f"  {kind}:")
+        for o in options:
+            print(f"    {o['name']:<12} {o['summary']}")
+            if o["config"]:
+                print(f"    {'':<12} config: {o['config']}")
+            for key, meaning in o["options"].items():
+                print(f"    {'':<12}   {key}: {meaning}")
 
 
 def _report(event, delta: float, accountants, extra: dict) -> dict:
@@ -762,7 +779,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a folder; the file lands at DEST/NAME.toml (default: ./configs)")
     cc.set_defaults(func=_cmd_configs)
 
-    lst = sub.add_parser("list", help="list algorithms, datasets, partitions and models")
+    lst = sub.add_parser("list", help="list algorithms, datasets, partitions, models and the "
+                                      "stages a round chains")
     lst.add_argument("--json", action="store_true")
     lst.set_defaults(func=_cmd_list)
 

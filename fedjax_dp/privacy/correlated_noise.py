@@ -148,17 +148,25 @@ def strategy_coefs(spec: CorrelatedNoise) -> np.ndarray:
         return np.asarray(s.toeplitz_coefs(spec.rounds), np.float64)
 
 
-@functools.lru_cache(maxsize=16)
 def sensitivity(spec: CorrelatedNoise) -> float:
     """s: the L2 sensitivity (tree: of one tree, sqrt of its levels,
-    :func:`fedjax_dp.privacy.tree_noise.levels`) of ``C x`` per unit of clip over b-min-sep patterns of at most
-    ceil(T / b) participations (jax-privacy's ``toeplitz.minsep_sensitivity_squared``)."""
+    :func:`fedjax_dp.privacy.tree_noise.levels`) of ``C x`` per unit of clip over b-min-sep
+    patterns of at most ceil(T / b) participations (:func:`pattern_sensitivity`)."""
     if spec.kind == "tree":
         return math.sqrt(tree_noise.levels(spec.cycle))
+    return pattern_sensitivity(spec, spec.cycle, spec.participations)
+
+
+@functools.lru_cache(maxsize=64)
+def pattern_sensitivity(spec: CorrelatedNoise, min_sep: int, max_participations: int) -> float:
+    """s = sqrt(max over participation patterns u (turns at least ``min_sep`` apart, at most
+    ``max_participations`` of them) of ||C u||^2): the L2 sensitivity of ``C x`` per unit of
+    clip (jax-privacy's ``toeplitz.minsep_sensitivity_squared``, exact for C's non-negative,
+    non-increasing Toeplitz coefficients; Theorem 2 of arXiv 2405.13763)."""
     from jax_privacy.matrix_factorization import toeplitz
     with jax.enable_x64(True):
-        sq = toeplitz.minsep_sensitivity_squared(jnp.asarray(strategy_coefs(spec)), spec.cycle,
-                                                 spec.participations, n=spec.rounds)
+        sq = toeplitz.minsep_sensitivity_squared(jnp.asarray(strategy_coefs(spec)), int(min_sep),
+                                                 int(max_participations), n=spec.rounds)
     return math.sqrt(float(sq))
 
 

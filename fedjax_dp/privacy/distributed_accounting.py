@@ -177,13 +177,27 @@ def wor_subsampled_rdp(orders, base_rdp: Curve, *, population: int, cohort: int)
 
 
 def _round_rdp(kind, a, scaled_clip, dim, beta, total_variance, cohort, min_survivors):
-    kind = validation.check_choice("kind", kind, KINDS)
     d = _int("dim", dim, minimum=1)
+    delta2 = rounded_norm_bound(scaled_clip, d, beta)
+    return _shift_rdp(kind, a, 2.0 * l1_bound(delta2, d), 2.0 * delta2, d, total_variance,
+                      cohort, min_survivors)
+
+
+def count_round_rdp(kind: str, orders, *, total_variance: float, cohort: int,
+                    min_survivors: int) -> np.ndarray:
+    """One round's RDP of a secure sum of per-agent integers in {-1, +1} (an adaptive clip's
+    centred bits, doubled) with discrete noise of total variance ``total_variance``: a
+    one-coordinate shift with L1 = L2 = 2 under replace-one, worst over the survivors M in
+    [min_survivors, cohort] (as :func:`round_rdp`)."""
+    a = validation.check_orders("orders", orders, integer=(kind == "skellam"))
+    return _shift_rdp(kind, a, 2.0, 2.0, 1, total_variance, cohort, min_survivors)
+
+
+def _shift_rdp(kind, a, l1, l2, d, total_variance, cohort, min_survivors):
+    kind = validation.check_choice("kind", kind, KINDS)
     m = _int("cohort", cohort, minimum=1)
     n_min = _int("min_survivors", min_survivors, minimum=1, maximum=m)
     mu = _POSITIVE("total_variance", total_variance)
-    delta2 = rounded_norm_bound(scaled_clip, d, beta)
-    l2, l1 = 2.0 * delta2, 2.0 * l1_bound(delta2, d)
     if kind == "skellam":  # M shares of variance mu / n_min: the least noise at M = n_min
         return skellam_rdp(a, l1=l1, l2=l2, variance=mu)
     sigma = math.sqrt(mu / n_min)
@@ -213,16 +227,23 @@ def round_rdp(kind: str, orders, *, scaled_clip: float, dim: int, beta: float,
 
 def run_rdp(kind: str, orders, *, scaled_clip: float, dim: int, beta: float,
             total_variance: float, cohort: int, min_survivors: int, population: int,
-            rounds: int) -> np.ndarray:
+            rounds: int, count_variance: float | None = None) -> np.ndarray:
     """RDP of ``rounds`` rounds, each a cohort of ``cohort`` of ``population`` clients sampled
-    without replacement (integer orders)."""
+    without replacement (integer orders). ``count_variance``: each round also releases the
+    secure sum of the cohort's doubled centred bits with discrete noise of that total variance
+    (adaptive clipping): the round's base RDP is the sum of both (one round, one cohort, both
+    releases: a product mechanism), amplified once by the sampling."""
     a = validation.check_orders("orders", orders, integer=True)
     t = _int("rounds", rounds, minimum=0)
     n = _int("population", population, minimum=1)
     _int("cohort", cohort, minimum=1, maximum=n)
     full = np.zeros(int(a.max()) + 1)
-    full[2:] = _round_rdp(kind, np.arange(2.0, a.max() + 1), scaled_clip, dim, beta,
+    base_orders = np.arange(2.0, a.max() + 1)
+    full[2:] = _round_rdp(kind, base_orders, scaled_clip, dim, beta,
                           total_variance, cohort, min_survivors)
+    if count_variance is not None:
+        full[2:] += _shift_rdp(kind, base_orders, 2.0, 2.0, 1, count_variance, cohort,
+                               min_survivors)
     return t * wor_subsampled_rdp(a, lambda j: full[j], population=n, cohort=cohort)
 
 

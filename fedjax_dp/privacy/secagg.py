@@ -34,7 +34,8 @@ import numpy as np
 
 from fedjax_dp.core import validation
 
-__all__ = ["AGGREGATIONS", "RING_BITS", "SecAggConfig", "SecAggOptions", "check_fields",
+__all__ = ["AGGREGATIONS", "RING_BITS", "SecAggConfig", "SecAggOptions", "SecAggFields",
+           "check_fields",
            "encode", "decode", "to_signed", "check_range", "max_abs_sum", "resolution",
            "survive", "survivors", "drop_within", "top_up_std"]
 
@@ -113,6 +114,24 @@ class SecAggOptions:
                             neighbours=None if self.secagg_neighbours is None
                             else int(self.secagg_neighbours),
                             dropout=float(self.secagg_dropout))
+
+
+@dataclasses.dataclass(frozen=True)
+class SecAggFields(SecAggOptions):
+    """The secure aggregation fields of a Config (DP-FedAvg, AE-DPFL, kNN-DPFL; their specs and
+    checks: :class:`SecAggOptions`), with their defaults.
+
+    docs/secagg.md: ``"plain"`` float sum (default) or ``"secagg"`` (updates / ballots
+    secret-shared with ``secagg_frac_bits`` fraction bits). DP-FedAvg: masks on a
+    ``secagg_neighbours``-regular graph (None: complete). The votes: among ``secagg_talliers``
+    talliers. An agent drops (its shares never arrive; DP-FedAvg: after masking) with probability
+    ``secagg_dropout``."""
+
+    aggregation: str = "plain"
+    secagg_talliers: int = 2
+    secagg_frac_bits: int = 16
+    secagg_neighbours: int | None = None
+    secagg_dropout: float = 0.0
 
 
 # --------------------------------------------------------------------------- fixed point

@@ -14,12 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.algorithms import rounds
+from fedjax_dp.algorithms.round_parts import make_round_parts
 from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd, fedavg
 from fedjax_dp.audit.harness import (Auditable, Spec, canary_projection, canary_worlds,
                                      check_gaussian_params, flat, register, unit_vector)
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import from_arrays, validation
 from fedjax_dp.models import make_model
+from fedjax_dp.stages import Chain, Setup, aggregation, clipping, noise, participation, updates
 from fedjax_dp.train import LocalTrainConfig, cross_entropy
 
 __all__ = ["logistic", "canary_examples", "dp_sgd_step_harness", "dp_fedavg_round_harness"]
@@ -98,7 +100,8 @@ def dp_sgd_step_harness(weaken, *, noise_multiplier, clip_norm, num_examples, ca
 def dp_fedavg_round_harness(weaken, *, noise_multiplier, clip_norm, num_agents, canary_scale,
                             accountant) -> Auditable:
     """One DP-FedAvg round (:mod:`.dp_fedavg`; voting-dpfl Alg. 1) through the library's round
-    parts (:func:`rounds.make_round_parts`), sampling rate 1: the Gaussian mechanism on the
+    parts (:func:`~fedjax_dp.algorithms.round_parts.make_round_parts` of its chain), sampling
+    rate 1: the Gaussian mechanism on the
     clipped update sum, claimed by ``dp_fedavg.ledger`` with ``sampling_rate = 1``. Each agent has
     one record and one local step (deterministic updates); agent 0 is the canary (update norm
     ``>= canary_scale * S``), present vs absent (its ``valid`` flag, how the library drops an
@@ -111,32 +114,38 @@ def dp_fedavg_round_harness(weaken, *, noise_multiplier, clip_norm, num_agents, 
     x, y = canary_examples(n, scale, clip)
     data = jax.tree.map(jnp.asarray, from_arrays(x[:, None], y[:, None], np.ones(n, np.int64)))
     local = LocalTrainConfig(steps=1, batch_size=1, learning_rate=1.0)
-    update = rounds.local_sgd_update(model, local)
-    sampling = cohort_lib.Sampling("poisson", rate=1.0)
-
     z_used = z / (2 if weaken == "halve-noise" else 1)
     std = z_used * clip
-    spec = fedavg.RoundSpec(sampling=sampling, server_lr=1.0,
-                            clip_norm=None if weaken == "no-clip" else clip,
-                            noise_multiplier=z_used, noise_sensitivity=clip,
-                            denominator="expected")
-    server = rounds.make_round_parts(update, spec, n)[1]
-    # train_sum does not read the noise: the noise-free spec's compiles once for every level
-    train_sum = rounds.make_round_parts(update, dataclasses.replace(spec, noise_multiplier=0.0), n)[0]
+
+    def chain_of(multiplier: float) -> Chain:
+        return Chain(participation=participation.Poisson(1.0),
+                     client_update=rounds.local_steps(model, local),
+                     clipping=(clipping.NoClip() if weaken == "no-clip"
+                               else clipping.FixedClip(norm=clip)),
+                     aggregation=aggregation.PlainSum(),
+                     noise=noise.GaussianNoise(multiplier=multiplier, sensitivity=clip),
+                     server_update=updates.PlainStep(1.0, denominator="expected"))
+
+    setup = Setup(n, 1)
+    server = make_round_parts(chain_of(z_used), setup)[1]
+    # train_sum does not read the noise: the noise-free chain's compiles once for every level
+    train_sum = make_round_parts(chain_of(0.0), setup)[0]
+    view = lambda p: {"params": p, "stages": ((), (), (), (), (), ())}  # noqa: E731
     ids = jnp.arange(n)
     worlds = canary_worlds(n)
     # The agents' part of the round once per world (one record each, batch_size = 1: the same
     # update for every training key); the trials run the server's part with their own k_noise.
     _, k_train, _ = fedavg.round_keys(jax.random.key(0))
-    sums = {nb: train_sum(k_train, params, data, None, ids, v, {}) for nb, v in worlds.items()}
+    sums = {nb: train_sum(k_train, view(params), data, None, ids, v, {})
+            for nb, v in worlds.items()}
     if weaken != "no-clip" and abs(float(jnp.linalg.norm(flat(sums[False][0])
                                                           - flat(sums[True][0]))) - clip) > 1e-4:
         raise AssertionError("audit input does not attain the clip norm")
 
     def release(key, w):
         _, _, k_noise = fedavg.round_keys(key)
-        new, _ = server(k_noise, w["params"], w["sums"])
-        return flat(new) - flat(w["params"])
+        new, _ = server(k_noise, view(w["params"]), w["sums"])
+        return flat(new["params"]) - flat(w["params"])
 
     u = jnp.asarray(unit_vector(np.asarray(flat(sums[False][0]) - flat(sums[True][0])),
                                 "dp-fedavg-round"))
@@ -164,7 +173,7 @@ register("dp-sgd-step", Spec(
          accountant="pld"),
     ("halve-noise", "no-clip"), dp_sgd_step_harness))
 register("dp-fedavg-round", Spec(
-    "one DP-FedAvg round (rounds.make_round_parts), sampling rate 1, canary agent",
+    "one DP-FedAvg round (round_parts.make_round_parts), sampling rate 1, canary agent",
     dict(noise_multiplier=3.7, clip_norm=1.0, num_agents=3, canary_scale=100.0,
          accountant="pld"),
     ("halve-noise", "no-clip"), dp_fedavg_round_harness))

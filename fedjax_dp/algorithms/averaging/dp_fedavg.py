@@ -36,15 +36,18 @@ unchanged (both releases are one Gaussian mechanism on one sampled cohort; relat
 above, sensitivity C_t per round, and 2 C_t for fixed-size cohorts).
 
 Correlated noise (``noise = {kind = "banded_mf", bands = b}``, ``{kind = "blt", min_sep = b}`` or
-``{kind = "tree", min_sep = b}``;
-:mod:`fedjax_dp.privacy.correlated_noise`, strategies from jax-privacy): round t adds
-``z S (C^-1 Z)_t`` instead of fresh noise, and Poisson-samples (rate q) only the agents of group
-``t mod b`` (each agent's group independent and uniform, so the expected cohort is q N / b).
-Relation and unit as above; the event is jax-privacy's amplified banded MF event
-``SelfComposed(PoissonSampled(q, Gaussian(z)), ceil(T / b))`` (banded_mf) or
-``Gaussian(z / s)`` with s the BLT's b-min-sep sensitivity (blt), or dp-accounting's
-``SelfComposed(SingleEpochTreeAggregation(z, b), ceil(T / b))`` (tree, restarted every b rounds).
-Poisson sampling only.
+``{kind = "tree", min_sep = b}``; :mod:`fedjax_dp.stages.correlated`, strategies from
+jax-privacy): round t adds ``z S (C^-1 Z)_t`` instead of fresh noise. By default the agents are
+split into b participation groups and round t draws from group ``t mod b`` (``min_sep``, the
+noise's b); banded MF with Poisson sampling within the groups is amplified (jax-privacy's
+``SelfComposed(PoissonSampled(q, Gaussian(z)), ceil(T / b))``), every other participation is
+analysed without amplification over its min-sep patterns (``Gaussian(z / (f s))``), and the tree
+is dp-accounting's ``SelfComposed(SingleEpochTreeAggregation(z, b), ceil(T / b))``.
+
+Every combination of these mechanisms is a chain of stages (:func:`chain`, :mod:`fedjax_dp.stages`):
+adaptive clipping with any noise, secure aggregation with central or distributed noise, any
+participation with any central noise, any server optimizer. A combination a stage's stated
+requirement forbids is refused in one line naming both stages (docs/mechanisms.md).
 
 Agents with different numbers of records (``weight_cap = w``): agent i's clipped update is
 weighted ``min(n_i / w, 1)`` and the sum divided by the fixed ``q W``, ``W = sum_i min(n_i / w,
@@ -59,36 +62,52 @@ Dropouts (``secagg_dropout = p``, coin ``fold_in(k_drop, id)``,
 docs/secagg.md, "Dropouts and their privacy effect".
 
 Distributed DP (``distributed_noise = {kind = "ddg" | "skellam", bits = b}`` with
-``aggregation = "secagg"`` and ``sampling = "fixed"``; :mod:`fedjax_dp.privacy.distributed_dp`):
+``aggregation = "secagg"`` and ``sampling = "fixed"``; :mod:`fedjax_dp.stages.distributed`):
 no server noise; each agent scales, rotates, rounds and adds a discrete noise share, the secure
 sum is taken mod 2^b, and the server unwraps it (a round with fewer than ``min_survivors``
 survivors aborts). ``noise_multiplier`` is the central-equivalent z. Relation: replace one
 agent's entire local dataset (sensitivity 2 Delta_2 of the rounded, scaled update); the ledger's
-entry is the RDP curve of :func:`fedjax_dp.privacy.distributed_accounting.run_rdp`.
+entry is the RDP curve of :func:`fedjax_dp.privacy.distributed_accounting.run_rdp` (with adaptive
+clipping the unclipped count is summed in its own secure sum with its own discrete shares and its
+RDP added to the round's).
 """
 from __future__ import annotations
 
 import dataclasses
 
-import dp_accounting
 import jax
-import numpy as np
 
-from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms import api, rounds
 from fedjax_dp.algorithms.averaging import fedavg
 from fedjax_dp.algorithms.rounds_protocol import (  # noqa: F401  (the protocol hooks)
     artifacts, multi_step, output, prefetch, rounds_per_call, seed_step, step)
-from fedjax_dp.algorithms.secure_rounds import SecAggFields
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting
 from fedjax_dp.privacy import adaptive_clip as adaptive_lib
 from fedjax_dp.privacy import correlated_noise as correlated_lib
-from fedjax_dp.privacy import distributed_accounting
 from fedjax_dp.privacy import distributed_dp as distributed_lib
+from fedjax_dp.privacy.secagg import SecAggFields
+from fedjax_dp.stages import (Chain, Setup, aggregation, clipping, correlated, distributed,
+                              noise, participation, setup_of, updates)
+from fedjax_dp.stages.base import StageConflict, registered
+from fedjax_dp.stages.chain import ADAPTIVE_NOTE  # noqa: F401  (the ledger's adaptive note)
 
-RELATION = "add/remove one agent's entire local dataset"
-RELATION_FIXED = "replace one agent's entire local dataset"
+RELATION = participation.ADD_REMOVE
+RELATION_FIXED = participation.REPLACE_ONE
+
+
+def _parse_noise(name: str, value):
+    """``algorithm.noise``: ``"independent"``, a correlated strategy's table, a table whose
+    ``kind`` is another registered noise stage (its ``from_table``), or from Python a
+    :class:`~fedjax_dp.stages.noise.Noise` stage itself (its multiplier is the config's)."""
+    if isinstance(value, noise.Noise):
+        return value
+    kind = value.get("kind") if isinstance(value, dict) else None
+    cls = registered("noise").get(kind) if kind not in correlated_lib.KINDS else None
+    if cls is not None and hasattr(cls, "from_table"):
+        return cls.from_table(name, value)
+    return correlated_lib.parse(name, value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +141,7 @@ class Config(fedavg.Config, SecAggFields):
                                               {"kind": "skellam", "beta": 1.0},
                                               {"kind": "ddg", "bit": 16})),
               "noise": validation.Custom(
-                  correlated_lib.parse, bad=(3, {"kind": "tree"}, {"kind": "banded_mf"},
+                  _parse_noise, bad=(3, {"kind": "tree"}, {"kind": "banded_mf"},
                                              {"kind": "banded_mf", "bands": 0},
                                              {"kind": "blt", "bands": 2})),
               "adaptive_clip": validation.Custom(
@@ -136,55 +155,70 @@ class Config(fedavg.Config, SecAggFields):
     def __post_init__(self):
         super().__post_init__()            # checks every field (validation.check_config)
         self.check_aggregation()
-        if self.weight_cap is not None and self.denominator != "expected":
-            raise ValueError("algorithm.weight_cap needs algorithm.denominator = \"expected\" "
-                             "(the fixed q W of McMahan et al. 2018's weighted estimator)")
-        if self.noise is not None:
+        if isinstance(self.noise, correlated_lib.CorrelatedNoise):
             object.__setattr__(self, "noise", correlated_lib.check_rounds(
                 "algorithm.noise", self.noise, self.rounds))
-            if self.sampling != "poisson" or self.adaptive_clip is not None:
-                raise ValueError("algorithm.noise (correlated) needs algorithm.sampling = "
-                                 "\"poisson\" and no algorithm.adaptive_clip (their analyses "
-                                 "are not composed here)")
-        if self.distributed_noise is not None:
-            self._check_distributed()
+        n_min = None if self.distributed_noise is None else self.distributed_noise.min_survivors
+        if n_min is not None and self.sampling == "fixed" and n_min > self.cohort_size:
+            raise ValueError(f"algorithm.distributed_noise.min_survivors must be in [1, "
+                             f"{self.cohort_size}] (algorithm.cohort_size), got {n_min}")
+        if self.distributed_noise is not None and not self.noise_multiplier > 0:
+            raise ValueError("algorithm.distributed_noise needs algorithm.noise_multiplier > 0 "
+                             "(the central-equivalent z of the agents' discrete noise)")
         if self.adaptive_clip is not None and self.noise_multiplier > 0 and \
                 self.adaptive_clip.count_noise is not None:  # the paper's default: with N
             adaptive_lib.update_noise_multiplier(self.noise_multiplier,
                                                  self.adaptive_clip.count_noise)
+        chain(self)                        # every stage's requirement, before any work
 
 
-    def _check_distributed(self) -> None:
-        """What distributed noise needs, refused before any work with the key named."""
-        need = [(self.aggregation == "secagg", "algorithm.aggregation = \"secagg\" (the "
-                 "noise shares only add up inside the secure sum)"),
-                (self.sampling == "fixed", "algorithm.sampling = \"fixed\" (a cohort of "
-                 "exactly cohort_size agents: the shares are sized for it)"),
-                (self.adaptive_clip is None and self.noise is None,
-                 "no algorithm.adaptive_clip and no correlated algorithm.noise (not composed "
-                 "with distributed noise here)"),
-                (self.denominator == "expected", "algorithm.denominator = \"expected\""),
-                (self.noise_multiplier > 0, "algorithm.noise_multiplier > 0")]
-        missing = [why for ok, why in need if not ok]
-        if missing:
-            raise ValueError("algorithm.distributed_noise needs " + "; ".join(missing))
-        n_min = self.distributed_noise.min_survivors
-        if n_min is not None and n_min > self.cohort_size:
-            raise ValueError(f"algorithm.distributed_noise.min_survivors must be in [1, "
-                             f"{self.cohort_size}] (algorithm.cohort_size), got {n_min}")
+def clipping_stage(config: Config) -> clipping.Clipping:
+    """Fixed clip S = ``clip_norm``, or adaptive clipping from C_0 = ``clip_norm``."""
+    if config.adaptive_clip is None:
+        return clipping.FixedClip(norm=float(config.clip_norm), weight_cap=config.weight_cap)
+    return clipping.AdaptiveClip(norm=float(config.clip_norm), tracker=config.adaptive_clip,
+                                 weight_cap=config.weight_cap)
 
 
-def round_spec(config: Config) -> fedavg.RoundSpec:
-    """The round's mechanism: updates clipped to S = ``clip_norm``, the Gaussian mechanism of
-    noise multiplier ``noise_multiplier`` on their sum; the run (:func:`init`) and the ledger
-    (:func:`dp_event`) both read it."""
-    return fedavg.RoundSpec(sampling=config.participation, server_lr=config.server_lr,
-                            clip_norm=config.clip_norm, noise_multiplier=config.noise_multiplier,
-                            denominator=config.denominator, secagg=config.secagg,
-                            diagnostics=config.diagnostics, adaptive=config.adaptive_clip,
-                            correlated=config.noise, weight_cap=config.weight_cap,
-                            distributed=config.distributed_noise,
-                            server_optimizer=config.server_optimizer)
+_CORRELATED = {"banded_mf": correlated.BandedMF, "blt": correlated.BLT, "tree": correlated.Tree}
+_DISTRIBUTED = {"ddg": distributed.DDG, "skellam": distributed.Skellam}
+
+
+def noise_stage(config: Config) -> noise.Noise:
+    """Independent Gaussian, a correlated strategy, or distributed noise, of multiplier z."""
+    z = float(config.noise_multiplier)
+    if isinstance(config.noise, noise.Noise):        # a stage given from Python
+        own = dataclasses.replace(config.noise, multiplier=z)
+    else:
+        own = None if config.noise is None else _CORRELATED[config.noise.kind](
+            strategy=config.noise, multiplier=z)
+    if config.distributed_noise is not None and own is not None:
+        a = own
+        b = _DISTRIBUTED[config.distributed_noise.kind](spec=config.distributed_noise,
+                                                        multiplier=z)
+        raise StageConflict(f"{a.label} with {b.label}: a round has one noise stage; noise "
+                            f"correlated across rounds needs a party that holds the noise state "
+                            f"across rounds, and distributed DP has no such party by definition")
+    if config.distributed_noise is not None:
+        return _DISTRIBUTED[config.distributed_noise.kind](spec=config.distributed_noise,
+                                                           multiplier=z)
+    return own if own is not None else noise.GaussianNoise(multiplier=z)
+
+
+def chain(config: Config, model: Model | None = None) -> Chain:
+    """DP-FedAvg's round: the config's participation (b groups by default under correlated
+    noise), E local steps, the clip, the sum, the noise, the server's step over the expected
+    cohort (``model`` None: the chain checked without a client); the run (:func:`init`) and the
+    ledger (:func:`ledger`) both read it."""
+    noise_ = noise_stage(config)
+    default_b = config.noise.cycle if isinstance(config.noise, correlated_lib.CorrelatedNoise) \
+        else None
+    client = updates.LocalSteps(None if model is None
+                                else rounds.local_sgd_update(model, config.local))
+    agg = aggregation.PlainSum() if config.secagg is None else aggregation.SecureSum(config.secagg)
+    return Chain(participation=fedavg.participation_stage(config, default_b),
+                 client_update=client, clipping=clipping_stage(config), aggregation=agg,
+                 noise=noise_, server_update=fedavg.server_stage(config, config.denominator))
 
 
 DESCRIPTION = "DP-FedAvg, agent-level DP (McMahan et al. 2018)"
@@ -195,30 +229,27 @@ num_steps = fedavg.num_steps
 
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
-    """As :func:`fedavg.init` with the clipped, noised round of :func:`round_spec`."""
-    config.participation.check(data.num_agents, config.rounds)    # not every round empty
-    return fedavg.init_rounds(key, data, model, config.local, round_spec(config), runtime)
+    """As :func:`fedavg.init` with DP-FedAvg's chain (:func:`chain`)."""
+    return fedavg.init_rounds(key, data, model, chain(config, model), config.rounds, runtime,
+                              local=config.local, diagnostics=config.diagnostics)
+
+
+def _setup(config: Config, state: api.State | None, num_agents: int | None = None) -> Setup:
+    """The ledger's :class:`~fedjax_dp.stages.Setup`: N, d and W from the run's state."""
+    if state is None:
+        return Setup(num_agents, int(config.rounds))
+    return setup_of(config.rounds, state.context.agents, state.values["params"],
+                    clipping_stage(config))
 
 
 def dp_event(config: Config, num_agents: int | None = None):
-    """Poisson: ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), T)`` (sensitivity S under
-    add/remove, noise sigma*S). Fixed size C of N: ``SelfComposed(SampledWithoutReplacement(N, C,
-    Gaussian(sigma / 2)), T)`` (sensitivity 2S under replace-one). sigma is the noise multiplier
-    of the round's mechanism (:func:`round_spec`), the object the run's server uses."""
-    z = round_spec(config).noise_multiplier
+    """The run's event, composed by the chain's stages (:meth:`Chain.account`): e.g. Poisson
+    ``SelfComposed(PoissonSampled(q, Gaussian(z)), T)``, fixed size C of N
+    ``SelfComposed(SampledWithoutReplacement(N, C, Gaussian(z / 2)), T)``."""
     if config.distributed_noise is not None:
         raise ValueError("algorithm.distributed_noise has no DpEvent: its guarantee is an RDP "
                          "curve (distributed_rdp; the ledger records it)")
-    if config.noise is not None:
-        return correlated_lib.dp_event(config.noise, z, config.sampling_rate)
-    if config.sampling == "fixed":
-        if num_agents is None:
-            raise ValueError("num_agents is needed to account fixed-size sampling (C of N)")
-        return dp_accounting.SelfComposedDpEvent(
-            dp_accounting.SampledWithoutReplacementDpEvent(
-                int(num_agents), int(config.cohort_size),
-                dp_accounting.GaussianDpEvent(z / 2.0)), config.rounds)
-    return accounting.sampled_gaussian_event(z, config.sampling_rate, config.rounds)
+    return chain(config).account(Setup(num_agents, int(config.rounds))).event
 
 
 def privacy_units(config: Config) -> tuple[str, ...]:
@@ -228,44 +259,20 @@ def privacy_units(config: Config) -> tuple[str, ...]:
 
 
 def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
-    """Agent-level guarantee of the whole run (independent of the data: no data-dependent part).
-
-    Fixed-size sampling needs the number of agents N: from ``state`` (the run's agents)."""
+    """Agent-level guarantee of the whole run, composed from the chain's stages (independent
+    of the data: no data-dependent part). Fixed-size sampling and distributed noise need the
+    run's ``state`` (N; the model's d)."""
+    if config.distributed_noise is not None and state is None:
+        raise ValueError("the run's state is needed to account distributed noise (the "
+                         "number of agents N and the model's dimension d)")
+    acc = chain(config).account(_setup(config, state))
     out = PrivacyLedger()
-    note = "" if config.adaptive_clip is None else ADAPTIVE_NOTE
-    if config.weight_cap is not None:
-        note = ((note + "; ") if note else "") + (
-            f"client-level with unequal records: agent i's clipped update is weighted "
-            f"min(n_i / {config.weight_cap:g}, 1) <= 1, so the sensitivity stays S whatever n_i; "
-            f"divided by the fixed q W, W = sum_i min(n_i / {config.weight_cap:g}, 1) over the "
-            f"population (McMahan et al. 2018), treated as public")
-    if config.noise is not None:
-        note = ((note + "; ") if note else "") + (
-                f"noise correlated across rounds ({config.noise.kind}, b = {config.noise.cycle}, "
-                f"T = {config.rounds}): round t adds z S (C^-1 Z)_t and samples group t mod b "
-                f"with rate q; the whole run is one (amplified) matrix mechanism, its event "
-                f"jax-privacy's (tree: dp-accounting's, a tree per b rounds)")
-    if config.distributed_noise is not None:
-        if state is None:
-            raise ValueError("the run's state is needed to account distributed noise (the "
-                             "number of agents N and the model's dimension d)")
-        orders, rdp, plan = distributed_rdp(config, state)
-        n_min = config.distributed_noise.survivors_needed(config.cohort_size)
-        note = ((note + "; ") if note else "") + (
-            f"distributed {config.distributed_noise.kind} noise under secure aggregation mod "
-            f"2^{plan.bits}: scale gamma = {plan.scale:.4g}, noise variance {plan.total_variance:.4g}"
-            f" per coordinate of the integer sum (n_min = {n_min} shares), rounded norm "
-            f"Delta_2 = {plan.rounded_norm:.4g} (d' = {plan.padded_dim}); the run's RDP is the "
-            f"papers' bound, amplified by sampling without replacement (Wang et al. 2019)")
-        out.add_rdp("agent", orders, rdp, relation=RELATION_FIXED, data_dependent=False,
-                    sensitivity=2 * config.clip_norm, note=note)
-    elif config.sampling == "fixed":
-        n = None if state is None else state.context.agents.num_agents
-        out.add_event("agent", dp_event(config, n), relation=RELATION_FIXED,
-                      sensitivity=2 * config.clip_norm, note=note)
+    if acc.event is None:
+        out.add_rdp("agent", acc.orders, acc.rdp, relation=acc.relation, data_dependent=False,
+                    sensitivity=acc.sensitivity, note=acc.note)
     else:
-        out.add_event("agent", dp_event(config), relation=RELATION, sensitivity=config.clip_norm,
-                      note=note)
+        out.add_event("agent", acc.event, relation=acc.relation, sensitivity=acc.sensitivity,
+                      note=acc.note)
     return declare_uncovered(config, out)
 
 
@@ -273,26 +280,8 @@ def distributed_rdp(config: Config, state: api.State):
     """``(orders, rdp, plan)``: the run's RDP curve under distributed noise (replace one agent;
     :func:`fedjax_dp.privacy.distributed_accounting.run_rdp` of the round's plan for the model's
     d parameters, C of N agents per round, T rounds)."""
-    dn = config.distributed_noise
-    params = state.values["params"]
-    dim = sum(int(np.prod(np.shape(l))) for l in jax.tree.leaves(params))
-    plan = distributed_lib.plan(dn, noise_multiplier=config.noise_multiplier,
-                                clip=config.clip_norm, dim=dim, cohort=config.cohort_size)
-    orders = distributed_accounting.ORDERS
-    rdp = distributed_accounting.run_rdp(
-        dn.kind, orders, scaled_clip=config.clip_norm / plan.scale, dim=plan.padded_dim,
-        beta=dn.beta, total_variance=plan.total_variance, cohort=config.cohort_size,
-        min_survivors=dn.survivors_needed(config.cohort_size),
-        population=state.context.agents.num_agents, rounds=config.rounds)
-    return orders, rdp, plan
-
-
-#: the ledger's account of adaptive clipping's two releases per round
-ADAPTIVE_NOTE = ("adaptive clipping: each round releases the noised sum of updates clipped to "
-                 "C_t (noise z_Delta C_t) and the unclipped count (terms b - 1/2, noise sigma_b); "
-                 "on one sampled cohort they are one Gaussian mechanism of the combined "
-                 "multiplier z = (z_Delta^-2 + (2 sigma_b)^-2)^-1/2 (Andrew et al. 2021), the "
-                 "event's; the sensitivity stated is C_0, the round's is C_t")
+    c = chain(config)
+    return c.noise.run_rdp(c, _setup(config, state))
 
 
 def declare_uncovered(config: Config, out: PrivacyLedger) -> PrivacyLedger:

@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dp.algorithms import api, round_values, rounds
+from fedjax_dp.algorithms import api, rounds
 from fedjax_dp.algorithms.averaging import fedavg
 # step: one round (make_round), adding one to the participants' counts (on the device where the
 # round is fused, from the host cohort otherwise); seed_step vmaps the fused round
@@ -67,6 +67,8 @@ from fedjax_dp.models import Model
 from fedjax_dp.privacy import (PrivacyLedger, accounting, batch_selection, calibration, noise,
                                private_grad)
 from fedjax_dp.privacy.clipping import clipped_sum
+from fedjax_dp.stages import Chain, Setup, aggregation, clipping, updates
+from fedjax_dp.stages import noise as stage_noise
 from fedjax_dp.train import check_trainable, cross_entropy
 
 Params = Any
@@ -217,25 +219,29 @@ def agent_update(model: Model, config: Config) -> Callable:
     return agent
 
 
-def round_spec(config: Config) -> fedavg.RoundSpec:
-    """Server side of (2): no server clipping or noise, the mean over the realised cohort."""
-    return fedavg.RoundSpec(sampling=config.participation, server_lr=config.server_lr,
-                            denominator="sampled", diagnostics=config.diagnostics,
-                            server_optimizer=config.server_optimizer)
+def chain(config: Config, model: Model | None = None) -> Chain:
+    """DP-FedSGD's round: the config's participation, DP-SGD inside each agent (the
+    instance-level mechanism), no server clipping or noise, the plain sum, the server's step
+    over the realised cohort (``model`` None: the chain checked without a client)."""
+    one_round = dataclasses.replace(config, rounds=1)
+    client = updates.LocalDpSgd(None if model is None else agent_update(model, one_round))
+    return Chain(participation=fedavg.participation_stage(config), client_update=client,
+                 clipping=clipping.NoClip(), aggregation=aggregation.PlainSum(),
+                 noise=stage_noise.NoNoise(), server_update=fedavg.server_stage(config, "sampled"))
 
 
 def make_round(model: Model, config: Config, data: StackedData, rates, denominators, *,
                chunk_size: int | None = None, mesh=None, cohort: str = "gather",
                pass_size: int | None = None,
                rounds_per_call: int | str = "auto") -> rounds.RoundRunner:
-    """The round as a :class:`rounds.RoundRunner`: ``runner(key, params) -> (params, metrics)``,
-    ``runner.last_indices`` the agents that took part."""
-    one_round = dataclasses.replace(config, rounds=1)
-    return rounds.RoundRunner(model, config.local, round_spec(config), data,
+    """The round as a :class:`rounds.RoundRunner`: ``runner(key, view) -> (view, metrics)``
+    (``view = {"params", "stages"}``), ``runner.last_indices`` the agents that took part."""
+    return rounds.RoundRunner(chain(config, model), Setup(data.num_agents, config.rounds), data,
                               chunk_size=chunk_size, mesh=mesh, cohort=cohort,
-                              pass_size=pass_size, agent_update=agent_update(model, one_round),
+                              pass_size=pass_size,
                               extras={"rate": rates, "denominator": denominators},
-                              participation=True, rounds_per_call=rounds_per_call)
+                              participation=True, rounds_per_call=rounds_per_call,
+                              diagnostics=config.diagnostics)
 
 
 # --------------------------------------------------------------------------- privacy
@@ -301,27 +307,22 @@ class Context:
 
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
-    """``values = {"params": model.init(split(key)[0]), "participation": zeros [N]}`` (and the
-    server optimizer's ``"server_opt_state"``)."""
+    """``values = {"params": model.init(split(key)[0]), "stages": the chain's states,
+    "participation": zeros [N]}``."""
     api.check_init(config, Config)
     agents = data.agents
     check_trainable(agents)
     counts = np.asarray(agents.counts)
     rates = jnp.asarray(record_sampling_rates(config, counts), jnp.float32)
     denominators = jnp.asarray(expected_batch_sizes(config, counts), jnp.float32)
-    params = model.init(api.init_key(key))
-    config.participation.check(agents.num_agents, config.rounds)   # not every round empty
-    expected = max(1, math.ceil(config.participation.expected(agents.num_agents)))
-    chunk = resolve_chunk_size(runtime.chunk_size, num_agents=expected,
-                               bytes_per_agent=private_grad.per_example_bytes(params, agents.max_size))
-    round_fn = make_round(model, config, agents, rates, denominators, chunk_size=chunk,
-                          mesh=runtime.mesh, cohort=runtime.cohort,
-                          rounds_per_call=runtime.rounds_per_call)
-    ctx = Context(agents=agents, model=model, round_fn=round_fn, rates=rates,
+    state = rounds.init_rounds(
+        key, data, model, chain(config, model), config.rounds, runtime, local=config.local,
+        extras={"rate": rates, "denominator": denominators}, participation=True,
+        diagnostics=config.diagnostics,
+        bytes_per_agent=lambda p: private_grad.per_example_bytes(p, agents.max_size))
+    ctx = Context(agents=agents, model=model, round_fn=state.context.round_fn, rates=rates,
                   denominators=denominators)
-    values = {**round_values.init_values(round_fn.spec, params, key, agents.num_agents),
-              "participation": jnp.zeros((agents.num_agents,), jnp.int32)}
-    return api.State(step=0, values=values, context=ctx)
+    return dataclasses.replace(state, context=ctx)
 
 
 num_steps = fedavg.num_steps
@@ -337,16 +338,18 @@ def planned_ledger(config: Config, state: api.State,
     """The ``planned_ledger`` hook (:class:`fedjax_dp.algorithms.api.Algorithm`): the
     :func:`instance_ledger` the run of root ``key`` will report, before any training. Agent i's
     participation ``T_i = sum_t m_t[i]`` is replayed from the run's own cohort draws
-    (``m_t = fedavg.sample_agents(round_keys(step_key(key, t))[0], N, config.participation)``),
+    (the participation stage's coins of ``round_keys(step_key(key, t))[0]``),
     so a calibrated run's epsilon is the target, not an upper bound; the function returned
     takes a config differing only in its noise."""
     counts = np.asarray(state.context.agents.counts)
     n = state.context.agents.num_agents
+    stage = state.context.round_fn.chain.participation
+    turn_state = state.values["stages"][0]
     participation = np.zeros(n, np.int64)
     for t in range(config.rounds):        # host draws, one per round, as the run makes them
         k_sample = fedavg.round_keys(api.step_key(key, t))[0]
-        participation += np.asarray(fedavg.sample_agents(k_sample, n, config.participation)
-                                    ).astype(np.int64)
+        participation += np.asarray(stage.coins(k_sample, n, turn_state)).astype(np.int64)
+        turn_state = stage.advance(turn_state)
     return lambda candidate: instance_ledger(candidate, counts, participation)
 
 

@@ -18,8 +18,10 @@ FedAvgM, ``adam`` FedAdam, ``yogi`` FedYogi, ``adagrad`` FedAdagrad. The optimiz
 part of the run's values (``"server_opt_state"``). It reads only the released update, so it is
 post-processing: a private variant's ledger is the same with or without it.
 
-The round is run by :mod:`fedjax_dp.algorithms.rounds`; this module holds FedAvg's update rule
-only: its :class:`Config` and its :func:`round_spec`.
+The round is a chain of stages (:mod:`fedjax_dp.stages`) run by
+:mod:`fedjax_dp.algorithms.rounds`; this module holds FedAvg's :class:`Config` and its
+:func:`chain`: participation (Poisson, fixed-size or cyclic groups), E local optax steps, no
+clipping, the plain sum, no noise, the server's step over the realised cohort.
 """
 from __future__ import annotations
 
@@ -31,12 +33,14 @@ import jax
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.rounds_protocol import (  # noqa: F401  (the protocol hooks)
     artifacts, multi_step, output, prefetch, rounds_per_call, seed_step, step)
+from fedjax_dp.algorithms import rounds
 from fedjax_dp.algorithms.rounds import (  # noqa: F401  (the engine's names, re-exported)
-    RoundSpec, init_rounds, round_keys, sample_agents)
+    init_rounds, round_keys, sample_agents)
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
+from fedjax_dp.stages import Chain, aggregation, clipping, noise, participation, updates
 from fedjax_dp.train import LocalTrainConfig, optimizers
 
 
@@ -60,7 +64,12 @@ class Config:
     sgd with momentum 0.9), a table ``{name = "adam", learning_rate = 0.01, eps = 1e-3}``, or
     from Python an ``optax.GradientTransformation``, applied to the pseudo-gradient
     ``-Delta_t`` (module docstring); a table or a transformation carries its own rate, so
-    ``server_lr`` is then left at 1."""
+    ``server_lr`` is then left at 1.
+
+    ``min_sep`` (b): None or 1 (every round draws from all agents), or b >= 2 participation
+    groups, round t drawing from group ``t mod b`` only (b-min-sep participation,
+    :class:`fedjax_dp.stages.participation.Cyclic`; with correlated noise the default is the
+    noise's b)."""
 
     rounds: int = 20
     sampling_rate: float = 1.0
@@ -70,8 +79,10 @@ class Config:
     cohort_size: int = 0
     diagnostics: bool = True
     server_optimizer: Any = None
+    min_sep: int | None = None
 
-    FIELDS = {"rounds": validation.Int(1),
+    FIELDS = {"min_sep": validation.Int(1, optional=True),
+              "rounds": validation.Int(1),
               "sampling_rate": validation.Float(0.0, 1.0, low_open=True),
               "server_lr": validation.Float(0.0, low_open=True),
               "local": validation.Instance(LocalTrainConfig),
@@ -95,12 +106,43 @@ class Config:
 
     @property
     def participation(self) -> cohort_lib.Sampling:
+        """The draw within the round's pool (every agent, or the round's group)."""
         return cohort_lib.Sampling(self.sampling, rate=self.sampling_rate,
                                    size=self.cohort_size)
 
 
+def participation_stage(config: Config, default_min_sep: int | None = None
+                        ) -> participation.Participation:
+    """The participation stage of ``config``: Poisson, fixed-size, or cyclic groups when
+    ``min_sep`` (or the noise's ``default_min_sep``) is above 1."""
+    b = config.min_sep if config.min_sep is not None else (default_min_sep or 1)
+    if b > 1:
+        return participation.Cyclic(min_sep=int(b), within=config.participation)
+    if config.sampling == "fixed":
+        return participation.Fixed(size=int(config.cohort_size))
+    return participation.Poisson(rate=float(config.sampling_rate))
+
+
+def server_stage(config: Config, denominator: str) -> updates.ServerUpdate:
+    """The server-update stage: the plain step of rate ``server_lr``, or the optimizer."""
+    if config.server_optimizer is None:
+        return updates.PlainStep(learning_rate=float(config.server_lr), denominator=denominator)
+    return updates.OptaxStep(optimizer=config.server_optimizer,
+                             learning_rate=float(config.server_lr), denominator=denominator)
+
+
+def chain(config: Config, model: Model | None = None) -> Chain:
+    """FedAvg's round: participation, local steps, no clip, plain sum, no noise, the server's
+    step over the realised cohort (``model`` None: the chain checked without a client)."""
+    client = updates.LocalSteps(None if model is None
+                                else rounds.local_sgd_update(model, config.local))
+    return Chain(participation=participation_stage(config), client_update=client,
+                 clipping=clipping.NoClip(), aggregation=aggregation.PlainSum(),
+                 noise=noise.NoNoise(), server_update=server_stage(config, "sampled"))
+
+
 # --------------------------------------------------------------------------- the protocol
-# (the engine's; FedAvg and DP-FedAvg differ only in their RoundSpec)
+# (the engine's; FedAvg and DP-FedAvg differ only in their chains)
 
 DESCRIPTION = "FedAvg, non-private (McMahan et al. 2017)"
 USES_LOCAL_TRAIN = True
@@ -109,15 +151,10 @@ USES_LOCAL_TRAIN = True
 private = False
 
 
-def round_spec(config: Config) -> RoundSpec:
-    return RoundSpec(sampling=config.participation, server_lr=config.server_lr,
-                     diagnostics=config.diagnostics, server_optimizer=config.server_optimizer)
-
-
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
-    config.participation.check(data.num_agents, config.rounds)    # not every round empty
-    return init_rounds(key, data, model, config.local, round_spec(config), runtime)
+    return init_rounds(key, data, model, chain(config, model), config.rounds, runtime,
+                       local=config.local, diagnostics=config.diagnostics)
 
 
 def num_steps(config: Config) -> int:

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from fedjax_dp.stages.updates import LocalSteps
 from fedjax_dp.algorithms import api, rounds, rounds_protocol
 from fedjax_dp.algorithms.averaging import dp_fedavg
 from fedjax_dp.audit.harness import ParameterError
@@ -120,7 +121,6 @@ def canary_run(key: jax.Array, data: api.FederatedData, model, config: dp_fedavg
     n_real = data.num_agents
     agents = _with_canaries(data.agents.on_device(), len(ids_in))
     canary_of = jnp.concatenate([jnp.full((n_real,), -1, jnp.int32), jnp.asarray(ids_in)])
-    spec = dp_fedavg.round_spec(run_config)
     local = rounds.local_sgd_update(model, config.local)
     size = lambda p: sum(int(np.prod(l.shape)) for l in jax.tree.leaves(p))  # noqa: E731
     push = scale * float(config.clip_norm)
@@ -133,9 +133,10 @@ def canary_run(key: jax.Array, data: api.FederatedData, model, config: dp_fedavg
         return jax.tree.map(lambda c, r: jnp.where(j >= 0, c, r), canary, new), metrics
 
     fed = dataclasses.replace(data, agents=agents, client_ids=None)   # + canaries
-    state = rounds.init_rounds(k_run, fed, model, config.local, spec,
-                               api.Runtime(chunk_size=chunk_size), agent_update=update,
-                               extras={"canary": canary_of})
+    chain = dataclasses.replace(dp_fedavg.chain(run_config), client_update=LocalSteps(update))
+    state = rounds.init_rounds(k_run, fed, model, chain, run_config.rounds,
+                               api.Runtime(chunk_size=chunk_size), local=config.local,
+                               extras={"canary": canary_of}, diagnostics=run_config.diagnostics)
     theta0 = ravel_pytree(state.values["params"])[0]
     for t in range(config.rounds):
         state, _ = rounds_protocol.step(state, api.step_key(k_run, t))

@@ -18,8 +18,8 @@ import jax
 
 from fedjax_dp.algorithms import api, rounds, rounds_protocol
 from fedjax_dp.core import StackedData, validation
-from fedjax_dp.core.cohort import Sampling
 from fedjax_dp.models import Model
+from fedjax_dp.stages import Chain, aggregation, clipping, noise, participation, updates
 from fedjax_dp.train import LocalTrainConfig, accuracy
 
 
@@ -29,8 +29,12 @@ def one_round(key: jax.Array, parties: StackedData, model: Model, local: LocalTr
     """Test accuracy after ONE round of FedAvg (``prox_mu = 0``) or FedProx (``prox_mu > 0``)."""
     validation.check_nonnegative("prox_mu", prox_mu)
     local = dataclasses.replace(local, prox_mu=prox_mu)
-    spec = rounds.RoundSpec(sampling=Sampling("poisson", rate=1.0), server_lr=1.0)
+    chain = Chain(participation=participation.Poisson(1.0),
+                  client_update=rounds.local_steps(model, local), clipping=clipping.NoClip(),
+                  aggregation=aggregation.PlainSum(), noise=noise.NoNoise(),
+                  server_update=updates.PlainStep(1.0, denominator="sampled"))
     data = api.FederatedData(agents=parties, num_classes=model.num_classes)
-    state = rounds.init_rounds(key, data, model, local, spec, api.Runtime(chunk_size=chunk_size))
+    state = rounds.init_rounds(key, data, model, chain, 1, api.Runtime(chunk_size=chunk_size),
+                               local=local)
     state, _ = rounds_protocol.step(state, api.step_key(key, 0))                # the one round
     return accuracy(model, state.values["params"], x_test, y_test)

@@ -40,7 +40,7 @@ import numpy as np
 
 from fedjax_dp.core import agent_stream
 from fedjax_dp.algorithms import api
-from fedjax_dp.algorithms.secure_rounds import SecAggFields
+from fedjax_dp.privacy.secagg import SecAggFields
 from fedjax_dp.train import student as student_lib
 from fedjax_dp.core import StackedData, is_on_host, rng, seed_axis, validation
 from fedjax_dp.core.lift import resolve_chunk_size
