@@ -12,6 +12,7 @@ from fedjax_dp.algorithms.averaging import dp_fedavg, dp_fedsgd
 from fedjax_dp.core import cohort, from_ragged
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import noise as noise_lib
+from fedjax_dp.stages import Setup
 from fedjax_dp.train import LocalTrainConfig, make_local_update
 
 LOCAL = LocalTrainConfig(steps=2, batch_size=4, learning_rate=0.2)
@@ -110,21 +111,22 @@ def test_fused_rounds_equal_the_per_agent_loop(setup):
     config = _dp_fedavg_config(rounds=2)
     key = jax.random.key(11)
     got = _run(dp_fedavg, setup, config, 4, key=key).state.values["params"]
-    spec = dp_fedavg.round_spec(config)
+    sampling, clip_norm = config.participation, config.clip_norm
+    noise_std, server_lr = config.noise_multiplier * config.clip_norm, config.server_lr
     update = jax.jit(make_local_update(model, LOCAL))
     params = model.init(api.init_key(key))
     n, data = fed.num_agents, fed.agents
     for t in range(2):
         k_sample, k_train, k_noise = jax.random.split(api.step_key(key, t), 3)
         total = jax.tree.map(jnp.zeros_like, params)
-        for i in cohort.sample_cohort(k_sample, n, spec.sampling):
+        for i in cohort.sample_cohort(k_sample, n, sampling):
             local, _ = update(jax.random.fold_in(k_train, int(i)), params, data.x[i], data.y[i],
                               data.mask[i], data.counts[i])
             delta = jax.tree.map(jnp.subtract, local, params)
-            scale = min(1.0, spec.clip_norm / float(optax.tree.norm(delta)))
+            scale = min(1.0, clip_norm / float(optax.tree.norm(delta)))
             total = jax.tree.map(lambda a, d: a + d * scale, total, delta)
-        noise = noise_lib.gaussian_noise(k_noise, total, spec.noise_std)
-        params = jax.tree.map(lambda p, s, z: p + spec.server_lr * (s + z) / (0.4 * n),
+        noise = noise_lib.gaussian_noise(k_noise, total, noise_std)
+        params = jax.tree.map(lambda p, s, z: p + server_lr * (s + z) / (0.4 * n),
                               params, total, noise)
     _close(got, params)
 
@@ -135,15 +137,18 @@ def test_cohort_past_one_chunk_is_run_exactly(setup):
     host-driven rounds (the agents host-resident)."""
     fed, model = setup
     config = _dp_fedavg_config(rounds=3, sampling_rate=0.6)
-    spec = dp_fedavg.round_spec(config)
-    runner = rounds.RoundRunner(model, LOCAL, spec, fed.agents, pass_size=2)
-    masked = rounds.RoundRunner(model, LOCAL, spec, fed.agents, cohort="masked")
-    host = rounds.RoundRunner(model, LOCAL, spec, fed.agents.on_host(), pass_size=2)
+    chain = dp_fedavg.chain(config, model)
+    setup_ = Setup(fed.num_agents, config.rounds)
+    runner = rounds.RoundRunner(chain, setup_, fed.agents, pass_size=2)
+    masked = rounds.RoundRunner(chain, setup_, fed.agents, cohort="masked")
+    host = rounds.RoundRunner(chain, setup_, fed.agents.on_host(), pass_size=2)
     assert runner.fusable and not host.fusable
-    values = {"params": model.init(jax.random.key(0))}
+    params = model.init(jax.random.key(0))
+    values = {"params": params,
+              "stages": chain.init_state(jax.random.key(0), params, fed.num_agents)}
     key = jax.random.key(2)
     sizes = [int(cohort.sample_cohort(rounds.round_keys(api.step_key(key, t))[0], 12,
-                                      spec.sampling).size) for t in range(3)]
+                                      config.participation).size) for t in range(3)]
     assert max(sizes) > 2                                 # past one chunk
     a, ma = runner.run_rounds(values, key, 0, 3)
     b, mb = masked.run_rounds(values, key, 0, 3)
