@@ -12,11 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import api, rounds, seeds
+import chains
+from fedjax_dp.algorithms import api, round_parts, seeds
 from fedjax_dp.algorithms.averaging import dp_fedavg
 from fedjax_dp.core import cohort, from_ragged
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import adaptive_clip
+from fedjax_dp.stages import Setup, updates
 from fedjax_dp.train import LocalTrainConfig
 
 LOCAL = LocalTrainConfig(steps=2, batch_size=4, learning_rate=0.2)
@@ -91,14 +93,17 @@ def test_server_noises_are_the_ledgers_and_independent():
     cfg = dp_fedavg.Config(rounds=1, sampling_rate=q, noise_multiplier=z, server_lr=1.0,
                            adaptive_clip={"count_noise": sigma_b, "learning_rate": eta,
                                           "target_quantile": gamma}, local=LOCAL)
-    spec = dp_fedavg.round_spec(cfg)
-    _, server, _ = rounds.make_round_parts(_zero_update, spec, n)
+    chain = chains.replace(dp_fedavg.chain(cfg), client_update=updates.LocalSteps(_zero_update))
+    _, server, _ = round_parts.make_round_parts(chain, Setup(n, 1))
     params = {"w": jnp.zeros((3,), jnp.float32)}
     sums = ((params, jnp.float32(0.0)), {}, jnp.float32(0.0))
+    states = list(chain.init_state(jax.random.key(0), params, n))
+    states[2] = {"clip_norm": jnp.float32(c_t)}
+    view = {"params": params, "stages": tuple(states)}
 
     def one(key):
-        new, metrics = server(key, {"params": params, "clip_norm": jnp.float32(c_t)}, sums)
-        return (new["params"]["w"][0], new["clip_norm"], metrics["clip_norm"],
+        new, metrics = server(key, view, sums)
+        return (new["params"]["w"][0], new["stages"][2]["clip_norm"], metrics["clip_norm"],
                 metrics["unclipped_fraction"])
 
     keys = jax.random.split(jax.random.key(3), 4000)
@@ -131,17 +136,21 @@ def test_clip_tracks_the_target_quantile():
 
     for gamma, lo, hi in ((0.5, 9.0, 12.0), (0.8, 15.0, 18.0)):
         for c0 in (0.05, 400.0):
-            spec = rounds.RoundSpec(sampling=cohort.Sampling("poisson", rate=1.0),
-                                    server_lr=0.0, clip_norm=c0, denominator="expected",
-                                    adaptive=adaptive_clip.AdaptiveClip(gamma, 0.3, 0.0))
-            _, _, fused = rounds.make_round_parts(update, spec, n)
-            view = {"params": {"w": jnp.zeros(2)}, "clip_norm": jnp.float32(c0)}
+            chain = chains.chain(None, None, sampling=cohort.Sampling("poisson", rate=1.0),
+                                 server_lr=0.0, clip_norm=c0, denominator="expected",
+                                 adaptive=adaptive_clip.AdaptiveClip(gamma, 0.3, 0.0),
+                                 agent_update=update)
+            _, _, fused = round_parts.make_round_parts(chain, Setup(n, 1))
+            params = {"w": jnp.zeros(2)}
+            view = {"params": params, "stages": chain.init_state(jax.random.key(0), params, n)}
+            assert float(view["stages"][2]["clip_norm"]) == pytest.approx(c0)
             ids = jnp.arange(n, dtype=jnp.int32)
             valid = jnp.ones(n, bool)
             for t in range(120):
                 view, metrics = fused(jax.random.key(t), jax.random.key(t), view, data, None,
                                       ids, valid, {})
-            assert lo <= float(view["clip_norm"]) <= hi, (gamma, c0, float(view["clip_norm"]))
+            clip = float(view["stages"][2]["clip_norm"])
+            assert lo <= clip <= hi, (gamma, c0, clip)
 
 
 # --------------------------------------------------------------------------- the run
