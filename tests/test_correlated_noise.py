@@ -11,11 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import api, rounds, seeds
+import chains
+from fedjax_dp.algorithms import api, round_parts, seeds
 from fedjax_dp.algorithms.averaging import dp_fedavg
 from fedjax_dp.core import from_ragged
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import DEFAULT_RDP_ORDERS, correlated_noise, tree_noise
+from fedjax_dp.stages import Setup, updates
 from fedjax_dp.train import LocalTrainConfig
 
 LOCAL = LocalTrainConfig(steps=2, batch_size=4, learning_rate=0.2)
@@ -130,10 +132,13 @@ def test_server_adds_the_streamed_noise(spec):
     table = BANDED if spec.kind == "banded_mf" else BLT
     cfg = dp_fedavg.Config(rounds=T, sampling_rate=1.0, clip_norm=s_clip, noise_multiplier=z,
                            local=LOCAL, noise=table)
-    rspec = dp_fedavg.round_spec(cfg)
-    _, server, _ = rounds.make_round_parts(_zero_update, rspec, n)
+    chain = chains.replace(dp_fedavg.chain(cfg), client_update=updates.LocalSteps(_zero_update))
+    assert chain.noise.strategy == spec
+    _, server, _ = round_parts.make_round_parts(chain, Setup(n, T))
     params = {"w": jnp.zeros((2,)), "b": jnp.zeros((1,))}
-    view = {"params": params, "noise_state": correlated_noise.init_state(spec, 3)}
+    states = list(chain.init_state(jax.random.key(0), params, n))
+    states[4] = correlated_noise.init_state(spec, 3)
+    view = {"params": params, "stages": tuple(states)}
     sums = (params, {}, jnp.float32(0.0))
     steps, zs = [], []
     for t in range(T):
@@ -238,10 +243,10 @@ def test_groups_take_turns_and_fused_calls_agree(setup):
     cfg = _config()
     runs = [api.run(dp_fedavg, jax.random.key(3), fed, model, cfg,
                     runtime=api.Runtime(rounds_per_call=rpc)) for rpc in (1, 4)]
-    groups = np.asarray(runs[0].state.values["cohort_group"])
+    groups = np.asarray(runs[0].state.values["stages"][0]["group"])
     sizes = [int(np.sum(groups == t % 2)) for t in range(T)]
     assert [h["num_sampled"] for h in runs[0].history] == sizes     # q = 1: the whole group
-    assert 0 < sizes[0] < fed.num_agents and int(runs[0].state.values["round"]) == T
+    assert 0 < sizes[0] < fed.num_agents and int(runs[0].state.values["stages"][0]["round"]) == T
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                  runs[0].state.values, runs[1].state.values)
     # S seeds vmapped equal the seeds run alone
@@ -264,12 +269,27 @@ def test_refusals_name_the_parameter(setup):
         _config(noise={"kind": "trees"})
     with pytest.raises(ValueError, match="algorithm.noise.min_sep"):
         _config(noise={"kind": "tree"})
-    with pytest.raises(ValueError, match="sampling"):
-        _config(sampling="fixed", cohort_size=3)
-    with pytest.raises(ValueError, match="adaptive_clip"):
-        _config(adaptive_clip={"count_noise": 2.0})
     with pytest.raises(ValueError, match="buf_decay"):
         _config(noise={"kind": "blt", "min_sep": 2, "buf_decay": [1.5], "output_scale": [1.0]})
     with pytest.raises(ValueError, match="fused device path"):
         api.run(dp_fedavg, jax.random.key(0),
                 api.FederatedData(agents=fed.agents.on_host(), num_classes=3), model, _config())
+
+
+def test_correlated_noise_with_fixed_cohorts_and_with_adaptive_clipping_runs(setup):
+    """Once refused, both combinations are chains of stages that run: C of the round's group
+    (cyclic groups of exactly C within), and the adaptive clip's count with the streamed noise."""
+    fed, model = setup
+    fixed = _config(sampling="fixed", cohort_size=3)
+    adaptive = _config(adaptive_clip={"count_noise": 2.0})
+    for cfg in (fixed, adaptive):
+        res = api.run(dp_fedavg, jax.random.key(3), fed, model, cfg,
+                      runtime=api.Runtime(rounds_per_call=4))
+        assert all(np.isfinite(np.asarray(v)).all()
+                   for v in jax.tree.leaves(res.state.values["params"]))
+        assert int(res.state.values["stages"][0]["round"]) == T
+        assert math.isfinite(dp_fedavg.ledger(cfg, res.state).epsilon("agent", 1e-5))
+    res = api.run(dp_fedavg, jax.random.key(3), fed, model, fixed)
+    assert [h["num_sampled"] for h in res.history] == [3.0] * T
+    res = api.run(dp_fedavg, jax.random.key(3), fed, model, adaptive)
+    assert all("clip_norm" in h for h in res.history)
