@@ -13,12 +13,13 @@ import pytest
 import scipy.linalg
 import scipy.stats
 
-from fedjax_dp.algorithms import api, rounds
+from fedjax_dp.algorithms import api, round_parts
 from fedjax_dp.algorithms.averaging import dp_fedavg
 from fedjax_dp.core import from_ragged, rng
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import (discrete_noise, distributed_accounting, distributed_dp,
                                rotation)
+from fedjax_dp.stages import Setup, StageConflict
 from fedjax_dp.train import LocalTrainConfig
 
 LOCAL = LocalTrainConfig(steps=2, batch_size=4, learning_rate=0.2)
@@ -170,25 +171,27 @@ def test_round_decodes_the_modular_sum_of_the_messages(setup, kind):
     (each built from the agent's clipped update by the test), divided by C."""
     fed, model = setup
     cfg = _config(distributed_noise={"kind": kind, "bits": 14}, server_lr=1.0)
-    spec = dp_fedavg.round_spec(cfg)
-    train_sum, server, fused = rounds.make_round_parts(rounds.local_sgd_update(model, LOCAL),
-                                                       spec, fed.num_agents)
+    chain = dp_fedavg.chain(cfg, model)
+    train_sum, server, fused = round_parts.make_round_parts(chain,
+                                                            Setup(fed.num_agents, cfg.rounds))
     params = model.init(jax.random.key(0))
+    view = {"params": params, "stages": chain.init_state(jax.random.key(0), params,
+                                                         fed.num_agents)}
     k_train, k_noise = jax.random.key(11), jax.random.key(12)
     ids = jnp.asarray([1, 3, 4, 8], jnp.int32)
     valid = jnp.ones((4,), bool)
     rows = jnp.asarray(ids)
-    total, _, m = train_sum(k_train, params, fed.agents, rows, ids, valid, {})
+    total, _, m = train_sum(k_train, view, fed.agents, rows, ids, valid, {})
     assert total.dtype == jnp.uint32 and float(m) == 4.0      # the server's view: Z_2^b sum
     assert total.shape == (64,) and int(jnp.max(total)) < 2 ** 14
-    new, metrics = server(k_noise, params, (total, {}, m), k_train)
+    new, metrics = server(k_noise, view, (total, {}, m), k_train)
     flat0, unravel = jax.flatten_util.ravel_pytree(params)
     d = flat0.size
     p = distributed_dp.plan(cfg.distributed_noise, noise_multiplier=1.0, clip=0.5, dim=d,
                             cohort=4)
     sign = rotation.signs(rng.stream(k_train, "rotation"), d)
     want = distributed_dp.server_sum(total, sign, p, d) / 4.0
-    got = jax.flatten_util.ravel_pytree(new)[0] - flat0
+    got = jax.flatten_util.ravel_pytree(new["params"])[0] - flat0
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert float(metrics["released"]) == 1.0
 
@@ -240,9 +243,11 @@ def test_ledger_records_the_distributed_curve(runs):
 
 def test_refusals_name_the_parameter(setup):
     fed, model = setup
-    with pytest.raises(ValueError, match='aggregation = "secagg"'):
+    with pytest.raises(StageConflict, match='^noise "skellam" with aggregation "plain": '
+                       'distributed noise shares only add up inside the secure sum'):
         _config(aggregation="plain")
-    with pytest.raises(ValueError, match='sampling = "fixed"'):
+    with pytest.raises(StageConflict, match='^noise "skellam" with participation "poisson": '
+                       '.*\\(participation "fixed"\\)'):
         _config(sampling="poisson", sampling_rate=0.5)
     with pytest.raises(ValueError, match="min_survivors must be in \\[1, 4\\]"):
         _config(distributed_noise={"kind": "ddg", "min_survivors": 5})
