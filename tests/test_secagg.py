@@ -10,11 +10,14 @@ import pytest
 from scipy import stats
 
 from fedjax_dp.algorithms.voting import ae_dpfl, knn_dpfl, voting_dpfl
+import chains
 from fedjax_dp.algorithms import api, rounds
 from fedjax_dp.algorithms.averaging import dp_fedavg
 from fedjax_dp.core import from_ragged, rng
 from fedjax_dp.models import make_model
 from fedjax_dp.privacy import accounting, secagg, secagg_masks, secagg_shares, vote
+from fedjax_dp.stages import StageConflict, clipping, updates
+from fedjax_dp.stages import noise as noise_stages
 from fedjax_dp.train import LocalTrainConfig
 
 F = 16                                        # fraction bits used throughout (one compilation)
@@ -360,9 +363,12 @@ def _mean_update(key, params, x, y, mask, count, extras):
     return jax.tree.map(lambda p: p + 3.0 * m, params), {}
 
 
+def _mean_chain(cfg):
+    return chains.replace(dp_fedavg.chain(cfg), client_update=updates.LocalSteps(_mean_update))
+
+
 def _dp_round(cfg, data, model, key):
-    runner = rounds.RoundRunner(model, LOCAL, dp_fedavg.round_spec(cfg), data,
-                                agent_update=_mean_update)
+    runner = chains.ParamsRunner(_mean_chain(cfg), data)
     return runner(key, {"w": jnp.zeros((5,))})
 
 
@@ -384,8 +390,7 @@ def test_dp_fedavg_secagg_gives_the_plain_update_up_to_fixed_point(fed):
     assert [e.event for e in dp_fedavg.ledger(cfg).entries] == \
         [e.event for e in dp_fedavg.ledger(base).entries]
     with pytest.raises(ValueError, match="overflow"):                    # before any work
-        rounds.RoundRunner(model, LOCAL, dp_fedavg.round_spec(dataclasses.replace(
-            cfg, clip_norm=1e5)), data, agent_update=_mean_update)
+        chains.ParamsRunner(_mean_chain(dataclasses.replace(cfg, clip_norm=1e5)), data)
 
 
 def test_dp_fedavg_round_with_dropouts_sums_the_survivors(fed):
@@ -407,7 +412,6 @@ def test_dp_fedavg_round_with_dropouts_sums_the_survivors(fed):
                       for i in range(data.num_agents)])                   # [N, 5]
     np.testing.assert_allclose(np.asarray(new["w"]), means[alive].sum(0) / alive.sum(),
                                atol=data.num_agents * 2.0 ** -(F + 1) + 1e-5)
-    with pytest.raises(ValueError, match="clip"):
-        rounds.RoundRunner(model, LOCAL, dataclasses.replace(dp_fedavg.round_spec(cfg),
-                                                             clip_norm=None), data,
-                           agent_update=_mean_update)
+    with pytest.raises(StageConflict, match='^aggregation "secagg" with clipping "none": the '
+                       'secure sum\'s fixed-point ring is sized by the largest clip'):
+        chains.replace(_mean_chain(cfg), clipping=clipping.NoClip(), noise=noise_stages.NoNoise())
