@@ -62,7 +62,16 @@ class ParamsRunner:
     def __init__(self, chain_: Chain, data, rounds_: int = 1, **kwargs):
         self.inner = rounds.RoundRunner(chain_, Setup(data.num_agents, rounds_), data, **kwargs)
 
+    @classmethod
+    def of(cls, runner: rounds.RoundRunner) -> "ParamsRunner":
+        """A runner built elsewhere (e.g. ``dp_fedsgd.make_round``), called on bare params."""
+        out = cls.__new__(cls)
+        out.inner = runner
+        return out
+
     def __getattr__(self, name):
+        if name == "inner":
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     def __call__(self, key, params):

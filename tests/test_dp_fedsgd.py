@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 
+import chains
 from fedjax_dp.algorithms.averaging import dp_fedsgd
 from fedjax_dp.core import cohort, for_each_agent, from_ragged
 from fedjax_dp.experiments import config as config_lib
@@ -68,6 +69,11 @@ def _reference_round(key, params, data, model, cfg):
     return jax.tree.map(lambda w, t: w + cfg.server_lr * t / count, params, total), sampled
 
 
+def _make_round(*args, **kwargs):
+    """DP-FedSGD's round runner called on bare params (its stages hold no state)."""
+    return chains.ParamsRunner.of(dp_fedsgd.make_round(*args, **kwargs))
+
+
 def _close(a, b):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-5, atol=2e-6), a, b)
 
@@ -75,7 +81,7 @@ def _close(a, b):
 @pytest.fixture(scope="module")
 def plain_round(setup):
     data, model, _, cfg = setup
-    return dp_fedsgd.make_round(model, cfg, data, *_plan(cfg, data))   # compiled once, shared
+    return _make_round(model, cfg, data, *_plan(cfg, data))   # compiled once, shared
 
 
 def test_round_equals_per_agent_per_record_loop(setup, plain_round):
@@ -94,8 +100,8 @@ def test_chunked_and_masked_rounds_equal_the_gathered_one(setup, plain_round):
     rates, denoms = _plan(cfg, data)
     key = jax.random.key(3)
     gathered = plain_round(key, params)
-    chunked = dp_fedsgd.make_round(model, cfg, data, rates, denoms, chunk_size=2)(key, params)
-    masked = dp_fedsgd.make_round(model, cfg, data, rates, denoms, cohort="masked")(key, params)
+    chunked = _make_round(model, cfg, data, rates, denoms, chunk_size=2)(key, params)
+    masked = _make_round(model, cfg, data, rates, denoms, cohort="masked")(key, params)
     _close(gathered, chunked)
     _close(gathered, masked)
 
@@ -162,7 +168,7 @@ def test_noise_std_and_independence_across_agents_steps_and_rounds(setup):
     corr = np.corrcoef(moves)
     assert np.max(np.abs(corr[~np.eye(n, dtype=bool)])) < 6 / np.sqrt(dim)
 
-    round_fn = dp_fedsgd.make_round(model, cfg, data, rates, denoms)
+    round_fn = _make_round(model, cfg, data, rates, denoms)
     a, _ = round_fn(jax.random.key(2), params)
     b, _ = round_fn(jax.random.key(3), params)
     want = lr * z * clip * np.sqrt(steps) * np.sqrt(np.sum(1 / np.asarray(denoms) ** 2)) / n
