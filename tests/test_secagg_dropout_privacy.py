@@ -27,10 +27,12 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
+import chains
 from fedjax_dp.algorithms.voting import ae_dpfl
-from fedjax_dp.algorithms import rounds
+from fedjax_dp.algorithms import round_parts
 from fedjax_dp.algorithms.averaging import dp_fedavg
 from fedjax_dp.privacy import accounting, secagg, vote
+from fedjax_dp.stages import Setup, updates
 
 DELTA = 1e-5
 #: (N, p, sigma) of the vote: the issue's three cases and smaller, noisier-dropout ones
@@ -238,7 +240,8 @@ def old_round(n, q, p, noise_std, u, v):
 def test_dp_fedavg_ledger_bounds_the_exact_epsilon_of_a_round(n, q, p, sigma):
     cfg = _fedavg_config(q, p, sigma)
     ledger = dp_fedavg.ledger(cfg).epsilon("agent", DELTA)
-    noise = dp_fedavg.round_spec(cfg).noise_std
+    chain = dp_fedavg.chain(cfg)
+    noise = chain.noise.multiplier * chain.clipping.norm          # z S, the server's noise std
     for u, v in [((1.0,), (-1.0,)), ((1.0,), (1.0,)), ((1.0, 0.0), (0.0, 1.0))]:
         assert exact_epsilon(*new_round(n, q, p, noise, u, v)) <= ledger, (u, v)
     if (n, q, p) == (9, 1.0, 0.5):   # the old design: adding x keeps 5 survivors -> a swap
@@ -255,12 +258,14 @@ def test_dp_fedavg_server_noise_does_not_depend_on_the_survivors():
     # the premise of dp_fedavg's argument: the server's noise std is sigma S and the
     # denominator is qN, whatever the number of survivors
     cfg = dataclasses.replace(_fedavg_config(0.5, 0.3, 1.5), clip_norm=2.0)
-    spec = dp_fedavg.round_spec(cfg)
-    assert spec.noise_std == 3.0 and spec.denominator == "expected"
-    _, server, _ = rounds.make_round_parts(_zero_update, spec, 10)
+    chain = chains.replace(dp_fedavg.chain(cfg), client_update=updates.LocalSteps(_zero_update))
+    assert chain.noise.multiplier * chain.clipping.norm == 3.0
+    assert chain.server_update.denominator == "expected"
+    _, server, _ = round_parts.make_round_parts(chain, Setup(10, cfg.rounds))
     params = {"w": jnp.zeros((20000,), jnp.float32)}
+    view = {"params": params, "stages": chain.init_state(jax.random.key(0), params, 10)}
     key = jax.random.key(11)
-    outs = [np.asarray(server(key, params, (params, {}, jnp.float32(m)))[0]["w"])
+    outs = [np.asarray(server(key, view, (params, {}, jnp.float32(m)))[0]["params"]["w"])
             for m in (0.0, 2.0, 5.0)]
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[0], outs[2])
