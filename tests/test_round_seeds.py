@@ -116,8 +116,8 @@ def _states(module, config, datas, model, runtime, keys, pass_size=None):
     out = []
     for s in states:
         r = s.context.round_fn
-        small = rounds.RoundRunner(model, config.local, r.spec, r.agents, cohort=r.mode,
-                                   pass_size=pass_size)
+        small = rounds.RoundRunner(r.chain, r.setup, r.agents, cohort=r.mode,
+                                   pass_size=pass_size, diagnostics=config.diagnostics)
         out.append(dataclasses.replace(s, context=dataclasses.replace(s.context, round_fn=small)))
     return out
 
