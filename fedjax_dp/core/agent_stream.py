@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.core import StackedData, defaults as defaults_lib, is_on_host, seed_axis, validation
+from fedjax_dp.core import defaults as defaults_lib, seed_axis, validation
 from fedjax_dp.core.lift import num_chunks
 
 #: Double-buffer host chunks: None (default) as :func:`fedjax_dp.core.defaults.defaults` decides,
@@ -45,25 +45,6 @@ class Chunk:
     def ids(self) -> np.ndarray:
         """``[size]`` int32 global agent indices ``start + j`` (host; padding continues past N)."""
         return np.arange(self.start, self.start + len(self.valid), dtype=np.int32)
-
-
-def check_agents(data: StackedData, *, min_records: int = 1, what: str = "to vote") -> None:
-    """Before any work: at least one agent, every agent with ``>= min_records`` records, and
-    (host data, read in 64 MB slices so a memory map is never loaded whole) finite features."""
-    n = data.num_agents
-    if n < 1:
-        raise ValueError("data.agents must hold at least one agent, got 0")
-    counts = np.asarray(data.counts)
-    small = np.flatnonzero(counts < min_records)
-    if small.size:
-        raise ValueError(f"agents {small[:10].tolist()} hold fewer than {min_records} record(s); "
-                         f"every agent needs at least {min_records} {what}")
-    if is_on_host(data):
-        step = max(1, (64 << 20) // max(1, data.x[:1].nbytes))
-        for start in range(0, n, step):
-            if not np.isfinite(data.x[start:start + step]).all():
-                raise ValueError(f"data.agents.x has NaN or infinite features (agents {start}.."
-                                 f"{min(n, start + step) - 1}); features must be finite")
 
 
 def _host_rows(a, start: int, stop: int, size: int, axis: int, fill) -> np.ndarray:

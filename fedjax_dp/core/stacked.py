@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.core import defaults as defaults_lib, validation
+from fedjax_dp.core import agent_stream, defaults as defaults_lib, validation
 from fedjax_dp.core.lift import num_chunks
 
 
@@ -92,6 +92,25 @@ class StackedData:
 def is_on_host(data: StackedData) -> bool:
     """True when the agents' arrays are numpy (or memory-mapped) host arrays, not device arrays."""
     return isinstance(data.x, np.ndarray)
+
+
+def check_agents(data: StackedData, *, min_records: int = 1, what: str = "to vote") -> None:
+    """Before any work: at least one agent, every agent with ``>= min_records`` records, and
+    (host data, read in 64 MB slices so a memory map is never loaded whole) finite features."""
+    n = data.num_agents
+    if n < 1:
+        raise ValueError("data.agents must hold at least one agent, got 0")
+    counts = np.asarray(data.counts)
+    small = np.flatnonzero(counts < min_records)
+    if small.size:
+        raise ValueError(f"agents {small[:10].tolist()} hold fewer than {min_records} record(s); "
+                         f"every agent needs at least {min_records} {what}")
+    if is_on_host(data):
+        step = max(1, (64 << 20) // max(1, data.x[:1].nbytes))
+        for start in range(0, n, step):
+            if not np.isfinite(data.x[start:start + step]).all():
+                raise ValueError(f"data.agents.x has NaN or infinite features (agents {start}.."
+                                 f"{min(n, start + step) - 1}); features must be finite")
 
 
 def from_arrays(x, y, counts, *, check: bool = True) -> StackedData:
@@ -583,7 +602,6 @@ def stack_drawn(draw: RecordDraw, y, rows: RecordRows, *, on: str = "host",
             x = np.empty((num,) + host.shape[1:], host.dtype)   # pages appear as rows are written
         x[start:stop] = host[:stop - start]
 
-    from fedjax_dp.core import agent_stream          # (it imports this module)
     for c in agent_stream.chunks(records, chunk, fill=-1, prefetch=False):  # padded: one shape
         out = _draw_block(draw.fn, *inputs, c.agents)
         if pending is not None:                  # copy the previous chunk while this one draws

@@ -55,7 +55,8 @@ from fedjax_dp.algorithms.fedkt import files, partition, phases, privacy
 from fedjax_dp.algorithms.fedkt import learners as learners_lib
 from fedjax_dp.algorithms.fedkt.config import Config, make_learners
 from fedjax_dp.algorithms.fedkt.phases import PHASES, Context, fitted, streamed
-from fedjax_dp.core import agent_stream, rng, validation
+from fedjax_dp.core import rng, validation
+from fedjax_dp.core.stacked import check_agents
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
 
@@ -88,7 +89,7 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     validation.check_int("num_classes", num_classes, minimum=2)
     x_public = data.public_array("the public unlabelled set")
     partition.check_party_sizes(parties.counts, config.num_teachers)
-    agent_stream.check_agents(parties, what="to train")   # host data: finite features
+    check_agents(parties, what="to train")   # host data: finite features
     if fitted_students is not None and config.level == "L2":
         raise ValueError("fitted_students cannot be reused at level L2 (students learn the "
                          "noisy labels of this run); pass fitted_students=None")

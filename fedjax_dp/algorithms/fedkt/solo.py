@@ -22,7 +22,8 @@ import numpy as np
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.fedkt import config as config_lib
 from fedjax_dp.algorithms.fedkt import learners as learners_lib
-from fedjax_dp.core import agent_stream, rng, validation
+from fedjax_dp.core import rng, validation
+from fedjax_dp.core.stacked import check_agents
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
 
@@ -83,7 +84,7 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     """Checks (every party holds at least one record, finite features) before any training;
     ``learner`` overrides :func:`make_learner` (any learner of :mod:`.learners`)."""
     api.check_init(config, Config, data)
-    agent_stream.check_agents(data.agents, what="to train its own model")
+    check_agents(data.agents, what="to train its own model")
     if learner is None:
         learner = make_learner(config, model, feature_shape=data.feature_shape,
                                num_classes=data.num_classes, runtime=runtime)

@@ -282,6 +282,159 @@ def silo_functions(loss_fn: Callable, spec: RoundSpec) -> dict[str, Callable]:
 COHORTS = ("gather", "masked")
 
 
+class SiloCalls(NamedTuple):
+    """The one-silo functions of :func:`silo_functions` lifted over the silo axis (z per silo,
+    ``[N]``: each silo's noise is calibrated for its own transcript); the SDP report functions
+    (``spec.shuffle``) or None."""
+
+    gradient: Callable
+    difference: Callable
+    local_sgd: Callable
+    loss: Callable
+    gradient_reports: Callable | None
+    difference_reports: Callable | None
+
+
+def silo_calls(loss_fn: Callable, spec: RoundSpec, lift: Callable) -> SiloCalls:
+    """:class:`SiloCalls` of ``spec``, each lifted by ``lift(fn, in_axes)``; ``ValueError`` if
+    ``spec.shuffle`` is set for a method without an SDP variant."""
+    one = silo_functions(loss_fn, spec)
+    grad_up = lift(one["gradient"], (0, None, 0, 0, 0, 0, 0, None, 0))
+    diff_up = lift(one["difference"], (0, None, None, 0, 0, 0, 0, 0, None, None, 0))
+    local_up = lift(one["local_sgd"], (0, None, 0, 0, 0, 0, 0, None, 0, None))
+    objective = lift(one["loss"], (None, 0, 0, 0))
+    grad_rep = diff_rep = None
+    if spec.shuffle is not None:
+        if not spec.rule.shuffle:
+            raise ValueError(f"shuffle applies to methods "
+                             f"{sorted(n for n, r in RULES.items() if r.shuffle)}, got "
+                             f"{spec.method!r}")
+        grad_rep = lift(uploads.gradient_reports(loss_fn, spec.shuffle, expected(spec, 0)),
+                        (0, None, 0, 0, 0, 0))
+        diff_rep = lift(uploads.difference_reports(loss_fn, spec.shuffle, expected(spec, 1)),
+                        (0, None, None, 0, 0, 0, 0, None, None))
+    return SiloCalls(gradient=grad_up, difference=diff_up, local_sgd=local_up, loss=objective,
+                     gradient_reports=grad_rep, difference_reports=diff_rep)
+
+
+class RoundCohort(NamedTuple):
+    """A round's silos: ``rows(tree)`` the rows of a per-silo array the round computes on,
+    ``total(tree)`` their sum over the available silos. ``'gather'``: ``ids [M]`` the available
+    silos, ``rows`` takes them, ``total`` sums the M rows (``avail`` None). ``'masked'``: every
+    silo's row, ``avail [N]`` the availability mask ``total`` keeps (``ids`` None)."""
+
+    rows: Callable
+    total: Callable
+    ids: jax.Array | None
+    avail: jax.Array | None
+
+
+def draw_cohort(k_avail, spec: RoundSpec, gather: bool) -> RoundCohort:
+    """This round's :class:`RoundCohort`: M silos uniformly at random (:mod:`availability`)."""
+    n = spec.num_silos
+    if gather:
+        # the cohort: rows ids [M] of every per-silo array (a static-shape gather)
+        ids = availability.available_ids(k_avail, n, spec.num_available)         # [M]
+        return RoundCohort(rows=functools.partial(take_rows, ids=ids),
+                           total=agent_sum, ids=ids, avail=None)              # sums M rows
+    avail = availability.available_mask(k_avail, n, spec.num_available)          # [N]
+    return RoundCohort(rows=lambda tree: tree,
+                       total=functools.partial(masked_sum, valid=avail > 0), ids=None,
+                       avail=avail)
+
+
+def round_tools(calls: SiloCalls, spec: RoundSpec, values: dict, data: SiloData,
+                cohort: RoundCohort, silo_keys, k_extra) -> RoundTools:
+    """The :class:`RoundTools` of one round: the cohort's rows of the silos' keys, records,
+    sampling plan and noise multipliers, and the uploads' thunks over them."""
+    h = values["hyper"]
+    lr, clip = h["learning_rate"], h["clip_norm"]
+    w, t = values["params"], values["round"]
+    rows, total, m = cohort.rows, cohort.total, float(spec.num_available)
+    keys = rows(silo_keys)                                                     # [M] or [N]
+    a = rows(data.agents)
+    rates, denoms = rows(data.rates), rows(data.denominators)
+    z = rows(h["noise_multiplier"])                                            # z [M] or [N]
+    unravel = ravel_pytree(w)[1]
+
+    def average(tree):
+        return jax.tree.map(lambda l: l / m, total(tree))
+
+    def gradients(col):
+        """(avg, stats): the server's average of the silos' gradient uploads."""
+        if spec.shuffle is not None:
+            return lambda: shuffled(*calls.gradient_reports(keys, w, a.x, a.y, a.mask,
+                                                            rates[:, col]),
+                                    denoms[:, col], 1.0)
+
+        def run():
+            u, st = calls.gradient(keys, w, a.x, a.y, a.mask, rates[:, col], denoms[:, col],
+                                   clip, z)
+            return average(u), st
+        return run
+
+    def differences(ref, tau):
+        if spec.shuffle is not None:
+            return lambda: shuffled(*calls.difference_reports(keys, w, ref, a.x, a.y, a.mask,
+                                                              rates[:, 1], clip, tau),
+                                    denoms[:, 1], tau / clip)
+
+        def run():
+            u, st = calls.difference(keys, w, ref, a.x, a.y, a.mask, rates[:, 1], denoms[:, 1],
+                                     clip, tau, z)
+            return average(u), st
+        return run
+
+    def shuffled(sums, st, denom, scale):
+        """SDP: the available silos' encoded reports (integer sums ``[., d]``, each silo's
+        computed in the silo with its own key) go through ONE shuffled vector sum (the server
+        sees only the per-coordinate integer sums plus binomial noise); decoded, rescaled by
+        ``scale`` and divided by the expected number of reports ``sum_{i in S_r} p_i n_i``."""
+        est = uploads.shuffled_estimate(jax.random.fold_in(k_extra, 1), total(sums),
+                                        spec.shuffle)                        # [d]
+        return unravel(est * scale / total(denom)), st
+
+    def local():
+        return calls.local_sgd(keys, w, a.x, a.y, a.mask, rates[:, 0], denoms[:, 0], clip, z, lr)
+
+    return RoundTools(w=w, t=t, lr=lr, clip=clip, prox=spec.prox, k_extra=k_extra, spec=spec,
+                      gradients=gradients, differences=differences, local=local,
+                      average=average)
+
+
+def finish_round(calls: SiloCalls, spec: RoundSpec, values: dict, data: SiloData,
+                 cohort: RoundCohort, out: Update) -> tuple[dict, dict]:
+    """``(values, metrics)`` after the method's update ``out``: w_{r+1}, the method's state, the
+    round index, the scattered upload counters and the round metrics."""
+    w, t = values["params"], values["round"]
+    new = dict(values)
+    new.update(out.state)
+    metrics = dict(out.metrics)
+    new_w, inc, st = out.params, out.uploads, out.stats
+    new["params"] = new_w
+    new["round"] = t + 1
+    gather = cohort.ids is not None
+    if gather:       # scatter back: only the M available silos' counters move (ids distinct)
+        new["uploads"] = values["uploads"].at[cohort.ids].add(inc[None, :])
+    else:
+        new["uploads"] = (values["uploads"]
+                          + cohort.avail.astype(jnp.int32)[:, None] * inc[None, :])
+    num = jnp.float32(float(spec.num_available)) if gather else jnp.sum(cohort.avail)
+    metrics["num_available"] = num
+    st = cohort.total(st)
+    metrics["batch_size"] = st["batch_size"] / (num * spec.local_steps)
+    if spec.private:
+        metrics["clipped_fraction"] = st["clipped"] / jnp.maximum(st["batch_size"], 1.0)
+    metrics["update_norm"] = optax.tree.norm(jax.tree.map(jnp.subtract, new_w, w))
+    if spec.report_objective:
+        # a diagnostic over ALL silos' records (a forward pass of every silo, no gradients)
+        full = data.agents
+        f0 = jnp.mean(calls.loss(new_w, full.x, full.y, full.mask))
+        f1 = prox_lib.value(spec.prox, new_w)
+        metrics.update(f0=f0, f1=f1, objective=f0 + f1)
+    return new, metrics
+
+
 @functools.lru_cache(maxsize=64)
 def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = None, mesh=None,
                backend: str = "vmap", cohort: str = "gather") -> Callable:
@@ -291,116 +444,23 @@ def make_round(loss_fn: Callable, spec: RoundSpec, *, chunk_size: int | None = N
     available ones: the reference). ``backend='loop'``: a Python loop over the silos (unrolled
     when traced; :func:`fedjax_dp.core.for_each_agent`), the vectorised path's reference. With a
     ``mesh`` the padding rows of the silo axis are dropped before any sum.
+
+    The round (the module's "Round r"): :func:`draw_cohort`, :func:`round_tools` for the
+    method's :meth:`UpdateRule.update`, then :func:`finish_round`.
     """
     if cohort not in COHORTS:
         raise ValueError(f"runtime.cohort must be one of {COHORTS}, got {cohort!r}")
     lift = functools.partial(for_each_agent, chunk_size=chunk_size, mesh=mesh, backend=backend)
-    one = silo_functions(loss_fn, spec)
-    # z is per silo ([N]): each silo's noise is calibrated for its own transcript
-    grad_up = lift(one["gradient"], (0, None, 0, 0, 0, 0, 0, None, 0))
-    diff_up = lift(one["difference"], (0, None, None, 0, 0, 0, 0, 0, None, None, 0))
-    local_up = lift(one["local_sgd"], (0, None, 0, 0, 0, 0, 0, None, 0, None))
-    objective = lift(one["loss"], (None, 0, 0, 0))
+    calls = silo_calls(loss_fn, spec, lift)
     rule = spec.rule
-    if spec.shuffle is not None:
-        if not rule.shuffle:
-            raise ValueError(f"shuffle applies to methods "
-                             f"{sorted(n for n, r in RULES.items() if r.shuffle)}, got "
-                             f"{spec.method!r}")
-        grad_rep = lift(uploads.gradient_reports(loss_fn, spec.shuffle, expected(spec, 0)),
-                        (0, None, 0, 0, 0, 0))
-        diff_rep = lift(uploads.difference_reports(loss_fn, spec.shuffle, expected(spec, 1)),
-                        (0, None, None, 0, 0, 0, 0, None, None))
-    m = float(spec.num_available)
-    prox = spec.prox
     gather = cohort == "gather"
 
     def round_fn(key, values, data: SiloData):
-        n = spec.num_silos
         k_avail, k_silos, k_extra = jax.random.split(key, 3)
-        silo_keys = jax.random.split(k_silos, n)            # [N]: silo i's key is silo_keys[i]
-        h = values["hyper"]
-        lr, clip = h["learning_rate"], h["clip_norm"]
-        w, t = values["params"], values["round"]
-        if gather:
-            # the cohort: rows ids [M] of every per-silo array (a static-shape gather)
-            ids = availability.available_ids(k_avail, n, spec.num_available)     # [M]
-            rows = functools.partial(take_rows, ids=ids)
-            total = agent_sum                                                      # over M rows
-        else:
-            avail = availability.available_mask(k_avail, n, spec.num_available)  # [N]
-            rows = lambda tree: tree                                              # noqa: E731
-            total = functools.partial(masked_sum, valid=avail > 0)
-        keys = rows(silo_keys)                                                     # [M] or [N]
-        a = rows(data.agents)
-        rates, denoms = rows(data.rates), rows(data.denominators)
-        z = rows(h["noise_multiplier"])                                            # z [M] or [N]
-        unravel = ravel_pytree(w)[1]
-
-        def average(tree):
-            return jax.tree.map(lambda l: l / m, total(tree))
-
-        def gradients(col):
-            """(avg, stats): the server's average of the silos' gradient uploads."""
-            if spec.shuffle is not None:
-                return lambda: shuffled(*grad_rep(keys, w, a.x, a.y, a.mask, rates[:, col]),
-                                        denoms[:, col], 1.0)
-
-            def run():
-                u, st = grad_up(keys, w, a.x, a.y, a.mask, rates[:, col], denoms[:, col], clip, z)
-                return average(u), st
-            return run
-
-        def differences(ref, tau):
-            if spec.shuffle is not None:
-                return lambda: shuffled(*diff_rep(keys, w, ref, a.x, a.y, a.mask, rates[:, 1],
-                                                  clip, tau), denoms[:, 1], tau / clip)
-
-            def run():
-                u, st = diff_up(keys, w, ref, a.x, a.y, a.mask, rates[:, 1], denoms[:, 1], clip,
-                                tau, z)
-                return average(u), st
-            return run
-
-        def shuffled(sums, st, denom, scale):
-            """SDP: the available silos' encoded reports (integer sums ``[., d]``, each silo's
-            computed in the silo with its own key) go through ONE shuffled vector sum (the server
-            sees only the per-coordinate integer sums plus binomial noise); decoded, rescaled by
-            ``scale`` and divided by the expected number of reports ``sum_{i in S_r} p_i n_i``."""
-            est = uploads.shuffled_estimate(jax.random.fold_in(k_extra, 1), total(sums),
-                                            spec.shuffle)                        # [d]
-            return unravel(est * scale / total(denom)), st
-
-        def local():
-            return local_up(keys, w, a.x, a.y, a.mask, rates[:, 0], denoms[:, 0], clip, z, lr)
-
-        tools = RoundTools(w=w, t=t, lr=lr, clip=clip, prox=prox, k_extra=k_extra, spec=spec,
-                           gradients=gradients, differences=differences, local=local,
-                           average=average)
+        silo_keys = jax.random.split(k_silos, spec.num_silos)  # [N]: silo i's key is silo_keys[i]
+        drawn = draw_cohort(k_avail, spec, gather)
+        tools = round_tools(calls, spec, values, data, drawn, silo_keys, k_extra)
         out = rule.update(tools, values)                     # the method's own update rule
-        new = dict(values)
-        new.update(out.state)
-        metrics = dict(out.metrics)
-        new_w, inc, st = out.params, out.uploads, out.stats
-        new["params"] = new_w
-        new["round"] = t + 1
-        if gather:       # scatter back: only the M available silos' counters move (ids distinct)
-            new["uploads"] = values["uploads"].at[ids].add(inc[None, :])
-        else:
-            new["uploads"] = values["uploads"] + avail.astype(jnp.int32)[:, None] * inc[None, :]
-        num = jnp.float32(m) if gather else jnp.sum(avail)
-        metrics["num_available"] = num
-        st = total(st)
-        metrics["batch_size"] = st["batch_size"] / (num * spec.local_steps)
-        if spec.private:
-            metrics["clipped_fraction"] = st["clipped"] / jnp.maximum(st["batch_size"], 1.0)
-        metrics["update_norm"] = optax.tree.norm(jax.tree.map(jnp.subtract, new_w, w))
-        if spec.report_objective:
-            # a diagnostic over ALL silos' records (a forward pass of every silo, no gradients)
-            full = data.agents
-            f0 = jnp.mean(objective(new_w, full.x, full.y, full.mask))
-            f1 = prox_lib.value(prox, new_w)
-            metrics.update(f0=f0, f1=f1, objective=f0 + f1)
-        return new, metrics
+        return finish_round(calls, spec, values, data, drawn, out)
 
     return jax.jit(round_fn)

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.core import agent_stream
+from fedjax_dp.core.stacked import check_agents
 from fedjax_dp.algorithms import api
 from fedjax_dp.privacy.secagg import SecAggFields
 from fedjax_dp.train import student as student_lib
@@ -134,7 +135,7 @@ def init_context(key: jax.Array, data: api.FederatedData, model: Model, config,
     """Checks (before any work; the caller's :func:`api.check_init` checks the types), the
     named key streams and the Q queries of a voting run."""
     x_public = check_run_args(data, model)
-    agent_stream.check_agents(data.agents)          # host data: finite features, read in slices
+    check_agents(data.agents)          # host data: finite features, read in slices
     if extra_checks is not None:
         extra_checks(data)
     vote_lib.check_vote_args(config.sigma, data.num_agents, config.num_queries,
