@@ -47,12 +47,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "fedjax_dp"
 MAX_LINES = 80
-LONG_CHECKED = ("algorithms", "privacy")
+LONG_CHECKED = ("algorithms", "privacy", "stages")
 
-#: ``path::qualified name`` of the functions allowed over MAX_LINES (each one is being rewritten)
-ALLOWED_LONG = {
-    "fedjax_dp/algorithms/rounds.py::make_round_parts",
-}
+#: ``path::qualified name`` of the functions allowed over MAX_LINES (none: add one only with the
+#: reason it cannot be split yet)
+ALLOWED_LONG: set[str] = set()
 
 
 # ----------------------------------------------------------------------------- the modules
