@@ -276,16 +276,24 @@ def test_each_family_registers_its_harness_and_imports_point_down():
     modules, nested, _ = _imports(root / "audit" / "harness.py")
     assert not nested and not any(m.startswith(("fedjax_dp.algorithms", "fedjax_dp.models",
                                                 "fedjax_dp.train")) for m in modules)
-    # A family's harness imports its own family, the harness machinery and the layers below,
-    # never another family; no import hides in a function; no private name crosses a module.
+    # A family's harness imports its own family, the harness machinery and the layers below
+    # (the shared round engine of algorithms/, stages/, privacy/, core/, ...), never another
+    # family nor experiments/; no import hides in a function; no private name crosses a module.
+    families = {p.name for p in (root / "algorithms").iterdir()
+                if p.is_dir() and (p / "__init__.py").exists()}
+    assert set(FAMILY.values()) <= families
     for family in sorted(set(FAMILY.values())):
         modules, nested, names = _imports(root / "algorithms" / family / "audit.py")
         assert not nested, family
         assert not any(n.startswith("_") for n in names if n != "annotations"), family
         for m in modules:
             assert not m.startswith("fedjax_dp.audit") or m == "fedjax_dp.audit.harness", m
-            if m.startswith("fedjax_dp.algorithms."):
+            assert not m.startswith("fedjax_dp.experiments"), (family, m)
+            if m.startswith("fedjax_dp.algorithms.") and m.split(".")[2] in families:
                 assert m.split(".")[2] == family, (family, m)
+            if m == "fedjax_dp.algorithms":       # from fedjax_dp.algorithms import <module>
+                crossing = {n for n in names if n in families and n != family}
+                assert not crossing, (family, crossing)
 
 
 def test_unknown_mechanism_lists_the_registered_ones():

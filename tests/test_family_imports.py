@@ -121,6 +121,24 @@ def test_privacy_and_audit_sit_low():
     assert crossings("audit", ("fedjax_dp.core", "fedjax_dp.privacy", "fedjax_dp.audit")) == []
 
 
+def test_stages_sit_between_the_mechanisms_and_the_algorithms():
+    """stages/ (a round's chain of stages) imports privacy/, train/ and core/ (and itself),
+    never algorithms/ or experiments/ (the algorithms import it, not the reverse); the layers
+    below it import no stage."""
+    crossings = [f"{path.relative_to(PACKAGE)} imports {name}"
+                 for path in sorted((PACKAGE / "stages").rglob("*.py"))
+                 for name in _imported(path)
+                 if name.startswith("fedjax_dp.") and not name.startswith(
+                     ("fedjax_dp.core", "fedjax_dp.privacy", "fedjax_dp.train",
+                      "fedjax_dp.stages"))]
+    assert crossings == []
+    below = [f"{path.relative_to(PACKAGE)} imports {name}"
+             for room in ("core", "privacy", "train")
+             for path in sorted((PACKAGE / room).rglob("*.py"))
+             for name in _imported(path) if name.startswith("fedjax_dp.stages")]
+    assert below == []
+
+
 def test_privacy_one_concept_per_module():
     """train/private_grad.py became privacy/'s batch_selection, clipping, noise and private_grad;
     the audit harness moved from privacy/ to audit/harness.py (with the registry of audit/
