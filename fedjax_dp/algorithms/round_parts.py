@@ -126,7 +126,8 @@ def _server_fn(chain: Chain, setup: Setup, z_u: float, diagnostics: bool) -> Cal
         if released is not None:              # public: whether the round was released
             metrics = {**metrics, "released": released.astype(jnp.float32)}
         clip_state, clip_metrics = chain.clipping.server(
-            k_noise, states[CLIPPING], count, denom, count_std, noised=noised)
+            k_noise, states[CLIPPING], count, denom, count_std, noised=noised,
+            released=released)
         new_states = (states[0], states[1], clip_state, states[3], noise_state, server_state)
         return {"params": new_params, "stages": new_states}, {**metrics, **clip_metrics}
 

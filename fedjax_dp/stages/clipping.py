@@ -80,7 +80,8 @@ class Clipping(Stage):
         """The count release's Gaussian multiplier ``2 sigma_b`` (sensitivity 1/2), or None."""
         return None
 
-    def server(self, key, state, count_sum, denominator, count_std, *, noised: bool):
+    def server(self, key, state, count_sum, denominator, count_std, *, noised: bool,
+               released=None):
         """The clip's next state and metrics from the round's count (fixed: unchanged)."""
         return state, {}
 
@@ -151,10 +152,14 @@ class AdaptiveClip(Clipping):
     def count_multiplier(self, expected_cohort: float) -> float:
         return 2.0 * self.count_std(expected_cohort)
 
-    def server(self, key, state, count_sum, denominator, count_std, *, noised: bool):
+    def server(self, key, state, count_sum, denominator, count_std, *, noised: bool,
+               released=None):
         """C_{t+1} from the count; ``noised``: the count arrives noised (distributed noise
-        added it inside the secure sum), so no central noise is drawn for it."""
+        added it inside the secure sum), so no central noise is drawn for it; ``released``
+        False (an aborted distributed round): the clip stays."""
         clip = state["clip_norm"]
         new, fraction = adaptive_lib.next_clip_norm(key, clip, count_sum, denominator,
                                                     0.0 if noised else count_std, self.tracker)
+        if released is not None:
+            new = jnp.where(released, new, clip)
         return {"clip_norm": new}, {"clip_norm": clip, "unclipped_fraction": fraction}
