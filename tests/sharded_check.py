@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import chains  # noqa: E402
 import isrl_sharded_check  # noqa: E402
 
-from fedjax_dp.algorithms import rounds
 from fedjax_dp.algorithms.voting import knn_dpfl
 from fedjax_dp.core.cohort import Sampling
 from fedjax_dp.core import (agent_mesh, agent_sum, for_each_agent, for_each_agent_sum,
@@ -69,15 +69,15 @@ def main():
     p_shard, l_shard = train_agents(key, params, data, model, cfg, mesh=mesh)
     out["train_agents"] = bool(close(p_plain, p_shard) and close(l_plain, l_shard))
 
-    spec = rounds.RoundSpec(sampling=Sampling("poisson", rate=0.5), server_lr=1.0,
-                            clip_norm=0.5, noise_multiplier=0.2, denominator="expected")
-    r_plain = rounds.RoundRunner(model, cfg, spec, data, cohort="masked")(key, params)
-    r_shard = rounds.RoundRunner(model, cfg, spec, data, mesh=mesh, cohort="masked")(key, params)
+    chain = chains.chain(model, cfg, sampling=Sampling("poisson", rate=0.5), server_lr=1.0,
+                         clip_norm=0.5, noise_multiplier=0.2, denominator="expected")
+    r_plain = chains.ParamsRunner(chain, data, cohort="masked")(key, params)
+    r_shard = chains.ParamsRunner(chain, data, mesh=mesh, cohort="masked")(key, params)
     out["dp_fedavg_round"] = bool(close(r_plain, r_shard))
     # the gathered cohort sharded over the 8 devices (buckets padded to multiples of 8), from
     # device- and from host-resident agents, equals the single-device masked round
-    sharded = rounds.RoundRunner(model, cfg, spec, data, mesh=mesh)
-    streamed = rounds.RoundRunner(model, cfg, spec, data.on_host(), mesh=mesh)
+    sharded = chains.ParamsRunner(chain, data, mesh=mesh)
+    streamed = chains.ParamsRunner(chain, data.on_host(), mesh=mesh)
     out["gathered_round_sharded"] = bool(close(sharded(key, params), r_plain)
                                          and close(streamed(key, params), r_plain)
                                          and all(b % 8 == 0 for b in sharded.plan.buckets))
