@@ -126,7 +126,7 @@ def peers_check(W) -> dict:
     x, y, data, model, local, params = _peers_setup(W)
     cfg = _peers_config(W, local, W.NUM_CLIENTS, 0.0, 1)
     state = dp_fedavg.init(jax.random.key(0), data, model, cfg)
-    state = api.State(step=0, values={"params": params}, context=state.context)
+    state = api.State(step=0, values={**state.values, "params": params}, context=state.context)
     state, _ = dp_fedavg.step(state, api.step_key(jax.random.key(0), 0))
     p = state.values["params"]["params"]
     names = {"w1": p["Dense_0"]["kernel"], "b1": p["Dense_0"]["bias"],
@@ -146,7 +146,7 @@ def _ours(W, cohorts: list[int], rounds: int, warmup: int) -> tuple[dict, dict, 
         cfg = _peers_config(W, local, c, W.NOISE_MULTIPLIER, warmup + rounds)
         for mode in ("gather", "masked"):
             state = dp_fedavg.init(jax.random.key(1), data, model, cfg, api.Runtime(cohort=mode))
-            state = api.State(step=0, values={"params": params}, context=state.context)
+            state = api.State(step=0, values={**state.values, "params": params}, context=state.context)
             times, state = _time_rounds(dp_fedavg.step, state, rounds, warmup)
             (gathered if mode == "gather" else masked)[str(c)] = statistics.median(times)
             if mode == "gather":

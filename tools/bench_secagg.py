@@ -108,6 +108,7 @@ def bench_round(n: int, ks: list, repeats: int) -> list[dict]:
     from fedjax_dp.algorithms.averaging import dp_fedavg
     from fedjax_dp.core import from_ragged
     from fedjax_dp.models import make_model
+    from fedjax_dp.stages import Setup
     from fedjax_dp.train import LocalTrainConfig
     rng = np.random.default_rng(3)
     ys = [rng.integers(0, 10, size=32) for _ in range(n)]
@@ -123,8 +124,10 @@ def bench_round(n: int, ks: list, repeats: int) -> list[dict]:
     for label, cfg in [("plain", base)] + [
             (f"secagg_k={'complete' if k is None else k}",
              dataclasses.replace(base, aggregation="secagg", secagg_neighbours=k)) for k in ks]:
-        runner = rounds.RoundRunner(model, cfg.local, dp_fedavg.round_spec(cfg), data)
-        times[label] = _median_time(lambda: runner(jax.random.key(1), params)[0], repeats)
+        chain = dp_fedavg.chain(cfg, model)
+        runner = rounds.RoundRunner(chain, Setup(data.num_agents, cfg.rounds), data)
+        view = {"params": params, "stages": chain.init_state(jax.random.key(0), params, n)}
+        times[label] = _median_time(lambda: runner(jax.random.key(1), view)[0], repeats)
     for label, t in times.items():
         rows.append({"agents": n, "params": dim, "aggregation": label, "round_s": t,
                      "ratio_to_plain": t / times["plain"]})
