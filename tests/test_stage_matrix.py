@@ -265,8 +265,31 @@ def test_the_cover_holds_every_accepted_pair():
 
 def test_docs_mechanisms_table_is_generated_from_the_requirements():
     """docs/mechanisms.md holds table.markdown() between its markers (regenerate with
-    ``python tools/write_mechanisms_table.py``)."""
+    ``python tools/docs_mechanisms_table.py``)."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "mechanisms.md").read_text()
     begin, end = "<!-- table: begin -->\n", "<!-- table: end -->"
     assert begin in text and end in text
     assert text.split(begin, 1)[1].split(end, 1)[0] == table.markdown()
+
+
+def test_a_composed_shipped_config_runs_from_the_command_line_by_name(tmp_path, capsys):
+    """Adaptive clipping under secure aggregation with distributed Skellam noise, the shipped
+    config by name (tiny), through ``fedjax-dp run``: its guarantee is the composed RDP curve
+    and covers every release; a bad pairing from --set is refused in one line naming both."""
+    import json
+
+    from fedjax_dp.experiments import cli
+    small = ["--set=algorithm.rounds=2", "--set=train.steps=1", "--set=model.hidden=[4]",
+             "--set=data.num_agents=20", "--set=algorithm.cohort_size=4",
+             "--set=run.eval_every=0", "--quiet"]
+    assert cli.main(["run", "dp_fedavg/mnist5k_adaptive_secagg_skellam", *small,
+                     "--out", str(tmp_path / "run")]) == 0
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    (guarantee,) = result["privacy"]
+    assert guarantee["covers_all_releases"] and "rdp" in guarantee["events"][0]
+    assert "count in its own secure sum" in " ".join(guarantee["notes"])
+    capsys.readouterr()
+    assert cli.main(["run", "dp_fedavg/mnist5k_adaptive_secagg_skellam", *small,
+                     "--set=algorithm.aggregation=plain", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'noise "skellam" with aggregation "plain"' in err[0]

@@ -2,7 +2,7 @@
 from the stages' stated requirements (:mod:`fedjax_dp.stages.table`); tests/test_stage_matrix.py
 checks the page is current.
 
-    python tools/write_mechanisms_table.py
+    python tools/docs_mechanisms_table.py
 """
 from pathlib import Path
 
