@@ -51,15 +51,27 @@ class Account(NamedTuple):
 
 def expected_cohort(chain, setup: Setup) -> float:
     """m: the expected cohort size (qN, C, qN / b), times W / N under capped weights."""
+    if setup.num_agents is None:
+        raise ValueError("the number of agents N is needed for the expected cohort (adaptive "
+                         "clipping's default count noise m / 20): account with the run's state")
     m = chain["participation"].expected(setup.num_agents)
     if chain["clipping"].weight_cap is not None:
+        if setup.total_weight is None:
+            raise ValueError("the population's total capped weight W is needed (weight_cap): "
+                             "account with the run's state")
         m = m * setup.total_weight / setup.num_agents
     return m
 
 
 def count_multiplier(chain, setup: Setup) -> float | None:
-    """z_c = 2 sigma_b of the adaptive clip's count release (None without one)."""
-    return chain["clipping"].count_multiplier(expected_cohort(chain, setup))
+    """z_c = 2 sigma_b of the adaptive clip's count release (None without one: then neither N
+    nor W is needed)."""
+    clip = chain["clipping"]
+    if not clip.adaptive:
+        return None
+    if clip.tracker.count_noise is not None:          # given: no cohort size needed
+        return 2.0 * float(clip.tracker.count_noise)
+    return clip.count_multiplier(expected_cohort(chain, setup))
 
 
 def update_multiplier(chain, setup: Setup) -> float:
