@@ -448,6 +448,15 @@ def _(fake_sweep, tmp_path, no_cache):
 def _():
     text, js = run_cached("list"), run_cached("list", "--json")
     assert text.out.startswith("algorithms:") and "dp_fedavg" in js.json["algorithms"]
+    stages = js.json["stages"]               # every stage kind a round chains, with options
+    assert list(stages) == ["participation", "client_update", "clipping", "aggregation", "noise",
+                            "server_update"]
+    names = {kind: {s["name"] for s in options} for kind, options in stages.items()}
+    assert {"poisson", "fixed", "cyclic"} <= names["participation"]
+    assert {"gaussian", "banded_mf", "blt", "tree", "ddg", "skellam"} <= names["noise"]
+    banded = next(s for s in stages["noise"] if s["name"] == "banded_mf")
+    assert "bands" in banded["options"] and "algorithm.noise" in banded["config"]
+    assert "stages:" in text.out and "  noise:" in text.out and "banded_mf" in text.out
 
 
 @case("show", "RUN")
