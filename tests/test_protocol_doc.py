@@ -11,13 +11,17 @@ from fedjax_dp.algorithms import registry
 DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 
 
-def _example_blocks() -> list[str]:
-    """The python blocks of the section ``## Adding an algorithm: a worked example``."""
+def _blocks(heading: str) -> list[str]:
+    """The python blocks of the section ``## <heading>``."""
     text = DOC.read_text()
-    section = text[text.index("## Adding an algorithm: a worked example"):]
+    section = text[text.index(f"## {heading}"):]
     nxt = section.find("\n## ", 1)
     section = section if nxt < 0 else section[:nxt]
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def _example_blocks() -> list[str]:
+    return _blocks("Adding an algorithm: a worked example")
 
 
 def test_the_worked_example_adds_an_algorithm_with_one_module_and_one_registry_line(
@@ -49,11 +53,7 @@ def calibrate_epsilon(namespace: dict, z: float) -> float:
 
 
 def _noise_blocks() -> list[str]:
-    text = DOC.read_text()
-    section = text[text.index("## Adding a noise stage: a worked example"):]
-    nxt = section.find("\n## ", 1)
-    section = section if nxt < 0 else section[:nxt]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return _blocks("Adding a noise stage: a worked example")
 
 
 def test_the_worked_noise_stage_is_one_module_and_runs_in_every_driver(tmp_path, monkeypatch):
