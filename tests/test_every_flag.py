@@ -1311,6 +1311,40 @@ def _(flag, leaf, tmp_path):
         refused(["data", "convert", "leaf_femnist", leaf, tmp_path / "i", flag, value], flag)
 
 
+@pytest.fixture(scope="module")
+def plays(tmp_path_factory):
+    """Two per-play Gutenberg texts (tests/test_gutenberg_shakespeare.py's): 6 clients."""
+    from test_gutenberg_shakespeare import PLAY_A, PLAY_B
+    root = tmp_path_factory.mktemp("plays")
+    (root / "a_gut.txt").write_text(PLAY_A)
+    (root / "b_gut.txt").write_text(PLAY_B)
+    return root
+
+
+@case("data convert", "--split", "--train-fraction", "--split-seed")
+def _(flag, plays, leaf, tmp_path):
+    def convert(*extra) -> tuple[dict, list]:
+        dst = tmp_path / f"g{len(list(tmp_path.iterdir()))}"
+        r = run("data", "convert", "gutenberg_shakespeare", plays, dst, "--seq-len", "8", *extra)
+        assert r.rc == 0, r.err
+        return r.json, json.loads((dst / "clients.json").read_text())["train"]
+
+    user = ("--split", "user", "--train-fraction", "0.5") if flag == "--split-seed" else ()
+    value = {"--split": "user", "--train-fraction": "0.5", "--split-seed": "2"}[flag]
+    (base, base_ids), (got, got_ids) = convert(*user), convert(*user, flag, value)
+    if flag == "--split":                    # whole clients: 4 of the 6 train, 2 test (by
+        # sample, 5 of them have test samples past the 7-sample gap)
+        assert (base["clients"], got["clients"], got["test_clients"]) == (5, 4, 2)
+    elif flag == "--train-fraction":         # the first half of each client's samples
+        assert got["train_records"] < base["train_records"]
+        assert got["options"]["train_fraction"] == 0.5
+    else:                                    # another draw of the 3 training clients
+        assert got["clients"] == base["clients"] == 3 and got_ids != base_ids
+        refused(["data", "convert", "gutenberg_shakespeare", plays, tmp_path / "q", flag,
+                 value], flag, "--split")
+    refused(["data", "convert", "leaf_sent140", leaf, tmp_path / "r", flag, value], flag)
+
+
 @case("data convert", "--quiet")
 def _(leaf, tmp_path, monkeypatch):
     from fedjax_dp.data import convert

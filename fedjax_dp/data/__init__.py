@@ -9,7 +9,9 @@
 * User files: :func:`load_npz`, :func:`load_idx`, :func:`load_libsvm`, :func:`load_csv`, then
   :func:`dataset_from_arrays`; TFDS (optional): :func:`load_tfds`.
 * Published federated datasets (one agent per client): TFF's HDF5 files and LEAF's JSON,
-  written once as a memory-mapped stacked population by :func:`fedjax_dp.data.convert.convert`.
+  written once as a memory-mapped stacked population by :func:`fedjax_dp.data.convert.convert`;
+  LEAF's Shakespeare rebuilt from Project Gutenberg's text of the plays
+  (:mod:`fedjax_dp.data.gutenberg`, format ``gutenberg_shakespeare``).
 * Partitioners (index lists, one per agent): :func:`iid`, :func:`dirichlet`,
   :func:`label_shards`, :func:`one_class`, :func:`by_domain`, :func:`natural`, by name through
   :func:`partition`; as one ``[N, n_max]`` array of record indices through :func:`partition_rows`.

@@ -25,6 +25,9 @@ Options: ``max_clients`` keeps the first K train clients (the test split keeps e
 client), ``max_records`` the first k records of every client, ``max_test_records`` a uniform
 random subset (``seed``) of the test records (kept in client order). ``vocab_size`` /
 ``vocab_file`` / ``seq_len`` set the text formats' tokenisation (:mod:`fedjax_dp.data.vocab`).
+``gutenberg_shakespeare`` builds LEAF's clients from the plays' text and makes LEAF's split
+itself (``split`` "sample" / "user", ``train_fraction``, ``split_seed``;
+:mod:`fedjax_dp.data.gutenberg`); its summary also holds the conversion's ``statistics``.
 """
 from __future__ import annotations
 
@@ -50,16 +53,23 @@ FORMATS = {
     "leaf_femnist": "LEAF FEMNIST (data/{train,test}/*.json)",
     "leaf_shakespeare": "LEAF Shakespeare, next character (data/{train,test}/*.json)",
     "leaf_sent140": "LEAF Sent140, tweet sentiment (data/{train,test}/*.json)",
+    "gutenberg_shakespeare": "Shakespeare's plays from Project Gutenberg's text (the complete "
+                             "works as one .txt, or a folder of one .txt per play): LEAF's "
+                             "clients, windows and split",
 }
-TEXT_FORMATS = ("tff_shakespeare", "tff_stackoverflow", "leaf_shakespeare", "leaf_sent140")
+TEXT_FORMATS = ("tff_shakespeare", "tff_stackoverflow", "leaf_shakespeare", "leaf_sent140",
+                "gutenberg_shakespeare")
+#: formats that make their own train / test split (fedjax_dp.data.gutenberg)
+SPLIT_FORMATS = ("gutenberg_shakespeare",)
 VOCAB_FORMATS = ("tff_stackoverflow", "leaf_sent140")
 #: bytes written between two hand-backs of the written pages to the OS
 FLUSH_BYTES = 64 << 20
 
 def open_source(fmt: str, src, *, vocab_size: int | None = None, vocab_file=None,
-                seq_len: int | None = None):
+                seq_len: int | None = None, split: str | None = None,
+                train_fraction: float | None = None, split_seed: int | None = None):
     """The reader of ``fmt`` on ``src`` (its files opened and their layout checked)."""
-    from fedjax_dp.data import leaf_json, tff_hdf5
+    from fedjax_dp.data import gutenberg, leaf_json, tff_hdf5
     if fmt not in FORMATS:
         raise ValueError(f"unknown FORMAT {fmt!r}; valid formats are {sorted(FORMATS)}")
     if (vocab_size is not None or vocab_file is not None) and fmt not in VOCAB_FORMATS:
@@ -72,7 +82,15 @@ def open_source(fmt: str, src, *, vocab_size: int | None = None, vocab_file=None
     if seq_len is not None and (isinstance(seq_len, bool) or int(seq_len) != seq_len
                                 or seq_len < 1):
         raise ValueError(f"--seq-len must be an integer >= 1, got {seq_len!r}")
+    splitting = {"split": split, "train_fraction": train_fraction, "split_seed": split_seed}
+    given = [f"--{k.replace('_', '-')}" for k, v in splitting.items() if v is not None]
+    if given and fmt not in SPLIT_FORMATS:
+        raise ValueError(f"{' / '.join(given)} apply to {list(SPLIT_FORMATS)}, not {fmt!r} "
+                         f"(its files hold their published split)")
     t = {} if seq_len is None else {"seq_len": int(seq_len)}
+    if fmt == "gutenberg_shakespeare":
+        return gutenberg.Shakespeare(src, **t, **{k: v for k, v in splitting.items()
+                                                  if v is not None})
     v = {"vocab_size": vocab_size, "vocab_file": vocab_file}
     if fmt in ("tff_emnist", "tff_emnist_digits"):
         return tff_hdf5.EMNIST(src, only_digits=fmt == "tff_emnist_digits")
@@ -238,7 +256,9 @@ _DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 def convert(fmt: str, src, dst, *, vocab_size: int | None = None, vocab_file=None,
             seq_len: int | None = None, max_clients: int | None = None,
             max_records: int | None = None, max_test_records: int | None = None,
-            seed: int = 0, progress: bool = True) -> dict[str, Any]:
+            seed: int = 0, progress: bool = True, split: str | None = None,
+            train_fraction: float | None = None, split_seed: int | None = None
+            ) -> dict[str, Any]:
     """Convert the published dataset ``fmt`` at ``src`` into the stacked population ``dst``
     (module docstring). Returns a summary (clients, records, n_max, files). Every argument is
     checked, and the source's layout read, before anything is written."""
@@ -250,7 +270,8 @@ def convert(fmt: str, src, dst, *, vocab_size: int | None = None, vocab_file=Non
         raise ValueError(f"DST {str(dst)!r} already exists and is not an empty folder; choose a "
                          f"new folder")
     reader = open_source(fmt, src, vocab_size=vocab_size, vocab_file=vocab_file,
-                         seq_len=seq_len)
+                         seq_len=seq_len, split=split, train_fraction=train_fraction,
+                         split_seed=split_seed)
     partial = _temporary(dst)
     _remove_dead_temporaries(dst)
     try:
@@ -299,7 +320,11 @@ def convert(fmt: str, src, dst, *, vocab_size: int | None = None, vocab_file=Non
                        "vocab_size": vocab_size, "vocab_file": None if vocab_file is None
                        else str(vocab_file), "seq_len": seq_len, "max_clients": max_clients,
                        "max_records": max_records, "max_test_records": max_test_records,
-                       "seed": seed}}
+                       "seed": seed, **({"split": split, "train_fraction": train_fraction,
+                                         "split_seed": split_seed}
+                                        if fmt in SPLIT_FORMATS else {})}}
+        if getattr(reader, "statistics", None):
+            summary["statistics"] = reader.statistics
         files.write_text(partial / "clients.json", json.dumps({**summary, "train": train_ids}))
         _sync(partial)
         if dst.exists():

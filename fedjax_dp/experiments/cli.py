@@ -635,7 +635,8 @@ def _cmd_data(args) -> int:
                               max_clients=args.max_clients, max_records=args.max_records,
                               max_test_records=args.max_test_records,
                               seed=0 if args.seed is None else args.seed,
-                              progress=not args.quiet)
+                              progress=not args.quiet, split=args.split,
+                              train_fraction=args.train_fraction, split_seed=args.split_seed)
     summary["run_with"] = (f'data.dataset = "{summary["dataset"]}", data.num_agents = '
                            f'{summary["clients"]}')
     print(json.dumps(summary, indent=2))
@@ -707,7 +708,8 @@ def _cmd_show(args) -> int:
 #: ``fedjax-dp data convert`` formats (kept here so that building the parser imports no data
 #: module; fedjax_dp.data.convert.FORMATS is the list the command checks against)
 DATA_FORMATS = ("tff_emnist", "tff_emnist_digits", "tff_shakespeare", "tff_stackoverflow",
-                "tff_cifar100", "leaf_femnist", "leaf_shakespeare", "leaf_sent140")
+                "tff_cifar100", "leaf_femnist", "leaf_shakespeare", "leaf_sent140",
+                "gutenberg_shakespeare")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -946,7 +948,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "stacked population for data.dataset = \"stacked:DST\"")
     cv.add_argument("format", metavar="FORMAT", help=", ".join(DATA_FORMATS))
     cv.add_argument("src", metavar="SRC", help="the downloaded files: TFF: the folder of "
-                    "<name>_train.h5, _test.h5 (or the _train.h5); LEAF: that of train/, test/")
+                    "<name>_train.h5, _test.h5 (or the _train.h5); LEAF: that of train/, test/; "
+                    "Gutenberg: the complete works' .txt or a folder of one .txt per play")
     cv.add_argument("dst", metavar="DST", help="a new folder for the stacked population")
     cv.add_argument("--max-clients", type=int, default=None, metavar="K",
                     help="keep the first K train clients (default: all)")
@@ -962,6 +965,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="tokens/record (defaults: Shakespeare 80, StackOverflow 20, Sent140 25)")
     cv.add_argument("--seed", type=int, default=None,
                     help="seed of --max-test-records' subset (default 0)")
+    cv.add_argument("--split", choices=("sample", "user"), default=None,
+                    help="gutenberg_shakespeare: LEAF's split, each client's first samples "
+                    "for training (sample, the default) or whole clients (user)")
+    cv.add_argument("--train-fraction", type=float, default=None, metavar="F",
+                    help="gutenberg_shakespeare: the training fraction (default 0.8)")
+    cv.add_argument("--split-seed", type=int, default=None, metavar="S",
+                    help="gutenberg_shakespeare: seed of --split user's draw (default 0)")
     cv.add_argument("--quiet", action="store_true", help="no progress bar")
     cv.add_argument("--debug", action="store_true", help="the traceback, not one error line")
     cv.set_defaults(func=_cmd_data)
