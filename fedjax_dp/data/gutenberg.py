@@ -450,8 +450,9 @@ def _quantiles(counts) -> dict:
     if c.size == 0:
         return {}
     q = np.percentile(c, [0, 10, 25, 50, 75, 90, 100])
-    return {"min": int(q[0]), "p10": float(q[1]), "p25": float(q[2]), "median": float(q[3]),
-            "p75": float(q[4]), "p90": float(q[5]), "max": int(q[6]),
+    q = [round(float(v), 1) for v in q]
+    return {"min": int(q[0]), "p10": q[1], "p25": q[2], "median": q[3], "p75": q[4],
+            "p90": q[5], "max": int(q[6]),
             "mean": round(float(c.mean()), 2), "std": round(float(c.std()), 2)}
 
 
