@@ -94,7 +94,7 @@ def run_all(folder, mesh, times: dict | None = None) -> dict[str, np.ndarray]:
     tick = time.perf_counter()
     # AE-DPFL's first two phases (local training of every agent, then the MPC vote, sharded
     # over the mesh: needs device-resident agents, whose trained parameters it keeps)
-    cfg = ae_dpfl.Config(sigma=1.0, num_queries=8, local=local)
+    cfg = ae_dpfl.Config(sigma=1.0, num_queries=8, local=local, data_dependent=True)  # sums
     fed = api.FederatedData(agents.on_device(), NUM_CLASSES, x_public=public)
     state = ae_dpfl.init(jax.random.key(1), fed, model, cfg, runtime)
     for _ in ae_dpfl.PHASES[:2]:

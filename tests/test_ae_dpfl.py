@@ -33,7 +33,7 @@ def problem():
     model = make_model("mlp", (6,), 3, hidden=(16,))
     cfg = ae_dpfl.Config(sigma=1.0, num_queries=120, student_steps=100,
                          local=LocalTrainConfig(steps=40, batch_size=16, learning_rate=0.2),
-                         agent_chunk=3, query_chunk=50)
+                         agent_chunk=3, query_chunk=50, data_dependent=True)
     res = run_voting(ae_dpfl, jax.random.key(0), data, model, cfg, ds.x_public, chunk_size=None)
     return ds, data, model, cfg, res
 
@@ -117,9 +117,9 @@ def test_bad_inputs_raise_before_work(problem):
 
 def test_shipped_config_runs_end_to_end_tiny(tmp_path, monkeypatch, capsys):
     """Also the output without a terminal: one line per phase, then a short summary with the
-    test accuracy, the headline guarantee (unit, delta, accountant, how many more), once that
-    it does not cover every release (the data-dependent epsilons, the local phase's
-    diagnostics: ``fedjax-dp show`` lists them) and the folder."""
+    test accuracy, the headline guarantee (unit, delta, accountant, how many more), that it
+    covers every release (the shipped config reports no data-dependent epsilon and no local
+    diagnostics unless it opts in) and the folder."""
     from fedjax_dp.core import progress
     monkeypatch.setattr(progress, "interactive", lambda: False)       # a pipe or a log file
     cfg = config_lib.load(ROOT / "configs" / "ae_dpfl" / "mnist5k.toml", TINY)
@@ -129,15 +129,14 @@ def test_shipped_config_runs_end_to_end_tiny(tmp_path, monkeypatch, capsys):
         ["phase", "1/3", "local_training"], ["phase", "2/3", "vote"], ["phase", "3/3", "student"]]
     assert len(lines) == 4 and lines[3].startswith(
         f"[ae_dpfl] test accuracy {result['test_accuracy']:.4f}; agent: eps=")
-    assert re.search(rf"at delta={cfg['privacy']['delta']:.3g} \(rdp, \+3 more\); ", lines[3])
-    assert lines[3].endswith(f"; NOT covering every release: fedjax-dp show {tmp_path}")
+    assert re.search(rf"at delta={cfg['privacy']['delta']:.3g} \(rdp, \+1 more\); ", lines[3])
+    assert lines[3].endswith(f"; covers every release; run folder {tmp_path}")
     report = "\n".join(runner.report_lines(result, tmp_path))
-    assert "agent_data_dependent: eps=" in report and "(rdp, data-dependent)" in report
-    assert report.count("diagnostic metrics mean_agent_loss") == 1     # declared releases
+    assert "every guarantee covers every release" in report and "mean_agent_loss" not in report
     assert result["algorithm"] == "ae_dpfl" and result["num_agents"] == 10
+    assert "mean_agent_loss" not in result["history"][0]
     units = {(g["unit"], g["accountant"]): g for g in result["privacy"]}
-    assert {("agent", "rdp"), ("instance", "rdp"), ("agent_data_dependent", "rdp"),
-            ("instance_data_dependent", "rdp")} == set(units)
+    assert {("agent", "rdp"), ("instance", "rdp")} == set(units)
     event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(cfg["algorithm"]
                                                                             ["sigma"]), 20)
     assert units[("agent", "rdp")]["epsilon"] == pytest.approx(

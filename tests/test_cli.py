@@ -148,7 +148,9 @@ def test_console_script_entry_point():
 
 def test_fedkt_run_writes_votes_and_account_command_reproduces_its_epsilons(tmp_path, capsys):
     out = tmp_path / "fedkt"
-    assert cli.main(["run", "configs/fedkt/wbcd.toml", "--out", str(out), "--quiet"]) == 0
+    # the data-dependent guarantees and their input votes.npz: an opt-in (not private)
+    assert cli.main(["run", "configs/fedkt/wbcd.toml", "--out", str(out), "--quiet",
+                     "--set", "algorithm.data_dependent=true"]) == 0
     capsys.readouterr()
     result = json.loads((out / "result.json").read_text())
     assert (out / "votes.npz").is_file() and result["votes_file"] == str(out / "votes.npz")

@@ -84,8 +84,9 @@ def run_small(setup, level="L0", model="mlp", seed=0, **kw):
 
 
 def _run_small(setup, level, model, seed, **kw):
+    # data_dependent: the tests read the data-dependent ledger too (an opt-in)
     cfg = fedkt.Config(num_partitions=2, num_teachers=3, level=level, local=TRAIN,
-                       **{"gamma": 0.5, "query_fraction": 0.5, **kw})
+                       **{"gamma": 0.5, "query_fraction": 0.5, "data_dependent": True, **kw})
     if model == "cnn":
         parties, xp = setup["img"], setup["ds"].x_public.reshape(-1, 4, 4, 1)
         t, s, f = setup["lrn"]["img_logistic"], setup["lrn"]["cnn"], setup["lrn"]["img_logistic"]
@@ -658,7 +659,8 @@ def test_configs_end_to_end_tiny(tmp_path, name, overrides):
     level = cfg["algorithm"]["level"]
     if level == "L0":
         assert rows == set()
-    else:
-        for unit in ("party", "example"):
-            assert {(unit, "rdp", True), (unit, "rdp", False)} <= rows
+    else:      # no data-dependent row, z or votes.npz unless the config opts in: all covered
+        assert rows == {(unit, "rdp", False) for unit in ("party", "example")}
+        assert all(r["covers_all_releases"] for r in result["privacy"])
+        assert "z" not in result["history"][-1] and not (tmp_path / "votes.npz").exists()
     assert result["history"][0]["teachers_s"] > 0

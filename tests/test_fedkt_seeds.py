@@ -23,7 +23,7 @@ from fedjax_dp.train import LocalTrainConfig
 DIGITS = "configs/fedkt/digits.toml"
 DIGITS_SETS = ["train.steps=5", "algorithm.student_steps=5", "algorithm.final_steps=5",
                "model.name=\"logistic\"", "data.num_agents=3", "privacy.accountants=[\"rdp\"]",
-               "run.progress=false"]
+               "run.progress=false", "algorithm.data_dependent=true"]   # dd rows and z compared
 
 
 def _same_record(joint, alone):

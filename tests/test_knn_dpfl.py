@@ -197,7 +197,7 @@ def test_run_end_to_end_on_synthetic_beats_chance():
     data = from_ragged(list(ds.x_train.reshape(8, 50, 8)), list(ds.y_train.reshape(8, 50)))
     model = make_model("logistic", (8,), 3)
     cfg = knn_dpfl.Config(k=5, sigma=0.5, num_queries=100, feature_map="identity",
-                          student_steps=100, agent_chunk=3, query_chunk=40)
+                          student_steps=100, agent_chunk=3, query_chunk=40, data_dependent=True)
     res = run_voting(knn_dpfl, jax.random.key(0), data, model, cfg, ds.x_public)
     assert res.labels.shape == (100,) and res.clean_vote_sums.shape == (100, 3)
     assert np.mean(res.labels == ds.y_public[res.query_indices]) > 0.8
@@ -226,6 +226,8 @@ def test_shipped_config_runs_end_to_end_tiny(tmp_path):
     assert result["algorithm"] == "knn_dpfl" and 0 <= result["test_accuracy"] <= 1
     units = {(g["unit"], g["accountant"]): g for g in result["privacy"]}
     assert units[("instance", "rdp")]["data_dependent"] is False
-    assert units[("instance_data_dependent", "rdp")]["data_dependent"] is True
+    # no data-dependent epsilon unless the config opts in: the guarantees cover every release
+    assert not any(g["data_dependent"] for g in result["privacy"])
+    assert all(g["covers_all_releases"] for g in result["privacy"])
     assert units[("agent", "pld")]["epsilon"] > units[("instance", "pld")]["epsilon"]
     assert result["history"][0]["num_queries"] == 20

@@ -36,13 +36,14 @@ TINY = {
                                   noise_multiplier=0.8, local=LOCAL),
     "dp_fedsgd": dp_fedsgd.Config(rounds=2, sampling_rate=0.5, clip_norm=0.5,
                                   noise_multiplier=0.8, local=LOCAL),
+    # data_dependent: the pinned data-dependent epsilons (and FedKT's z) are reported (opt-ins)
     "ae_dpfl": ae_dpfl.Config(sigma=1.0, num_queries=8, vote_noise="aggregate", local=LOCAL,
-                              **STUDENT),
+                              data_dependent=True, **STUDENT),
     "knn_dpfl": knn_dpfl.Config(k=2, sigma=0.5, num_queries=8, feature_dim=3,
-                                vote_noise="aggregate", **STUDENT),
+                                vote_noise="aggregate", data_dependent=True, **STUDENT),
     # one teacher per partition: teachers and students are both n * s models (fewer compiles)
     "fedkt": fedkt.Config(num_partitions=2, num_teachers=1, level="L1", gamma=0.5,
-                          local=LOCAL),
+                          local=LOCAL, data_dependent=True),
     "fedkt_solo": fedkt_solo.Config(local=LOCAL),
 }
 #: The ISRL-DP family: fixed noise multipliers / noise trials (no calibration in this test).

@@ -252,7 +252,8 @@ def voting():
 
 def _ae_vote(voting, **kw):
     data, model, ballots = voting
-    cfg = ae_dpfl.Config(**{"sigma": 0.7, "num_queries": Q, "agent_chunk": 5, **kw})
+    cfg = ae_dpfl.Config(**{"sigma": 0.7, "num_queries": Q, "agent_chunk": 5,
+                            "data_dependent": True, **kw})                # the clean sums
     state = ae_dpfl.init(jax.random.key(0), data, model, cfg)
     state = api.State(step=1, values={"agent_ballots": ballots}, context=state.context)
     state, metrics = ae_dpfl.step(state)
@@ -324,7 +325,8 @@ def test_knn_dpfl_secagg_releases_the_plain_labels(voting):
     out = {}
     for agg in ("plain", "secagg"):
         cfg = knn_dpfl.Config(k=3, sigma=0.3, num_queries=Q, feature_map="identity",
-                              knn_method="top_k", agent_chunk=5, aggregation=agg)
+                              knn_method="top_k", agent_chunk=5, aggregation=agg,
+                              data_dependent=True)
         state = knn_dpfl.init(jax.random.key(1), data, model, cfg)
         out[agg], _ = knn_dpfl.step(state)
     np.testing.assert_array_equal(out["secagg"].values["labels"], out["plain"].values["labels"])

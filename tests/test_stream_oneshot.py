@@ -24,10 +24,10 @@ N, M, D, C, Q = 7, 6, 4, 3, 6
 DELTA = 1e-5
 STUDENT = dict(student_steps=2, student_batch_size=4)
 AE = ae_dpfl.Config(sigma=1.5, num_queries=Q, local=LocalTrainConfig(steps=2, batch_size=4),
-                    **STUDENT)
+                    data_dependent=True, **STUDENT)                  # the clean sums compared
 # aggregate noise: the per-agent shares' tally is AE-DPFL's (same code), tested there
 KNN = knn_dpfl.Config(k=2, sigma=0.7, num_queries=Q, feature_map="identity", knn_method="top_k",
-                      vote_noise="aggregate", **STUDENT)
+                      vote_noise="aggregate", data_dependent=True, **STUDENT)
 
 
 @pytest.fixture(scope="module")

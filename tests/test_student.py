@@ -46,12 +46,14 @@ def test_self_training_is_post_processing(problem, algorithm):
         base = ae_dpfl.Config(sigma=2.0, num_queries=Q, student_steps=STUDENT.steps,
                               student_batch_size=STUDENT.batch_size,
                               student_learning_rate=STUDENT.learning_rate,
-                              local=LocalTrainConfig(steps=10, batch_size=8, learning_rate=0.2))
+                              local=LocalTrainConfig(steps=10, batch_size=8, learning_rate=0.2),
+                              data_dependent=True)
     else:
         mod = knn_dpfl
         base = knn_dpfl.Config(k=3, sigma=0.5, num_queries=Q, feature_map="identity",
                                student_steps=STUDENT.steps, student_batch_size=STUDENT.batch_size,
-                               student_learning_rate=STUDENT.learning_rate)
+                               student_learning_rate=STUDENT.learning_rate,
+                               data_dependent=True)
     ssl = base.__class__(**{**base.__dict__, "student_semi_supervised": True,
                             "student_self_training_rounds": 2, "student_confidence": 0.5})
     assert base.semi_supervised is None

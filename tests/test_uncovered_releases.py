@@ -63,7 +63,10 @@ def test_algorithm_ledgers_declare_their_uncovered_releases():
     assert dp_fedavg.ledger(dp_fedavg.Config()).uncovered == ()
     assert "train_loss" in dp_fedavg.ledger(dp_fedavg.Config(diagnostics=True)
                                             ).uncovered[0].release
-    assert "mean_agent_loss" in ae_dpfl.ledger(ae_dpfl.Config()).uncovered[0].release
+    # AE-DPFL's local-phase metrics are off by default too (algorithm.diagnostics opts in)
+    assert ae_dpfl.ledger(ae_dpfl.Config()).uncovered == ()
+    assert "mean_agent_loss" in ae_dpfl.ledger(ae_dpfl.Config(diagnostics=True)
+                                               ).uncovered[0].release
     assert knn_dpfl.ledger(knn_dpfl.Config()).uncovered == ()   # before the vote: no margins
 
 

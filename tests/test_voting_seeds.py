@@ -19,8 +19,9 @@ AE = ROOT / "configs" / "ae_dpfl" / "mnist5k.toml"
 KNN = ROOT / "configs" / "knn_dpfl" / "mnist5k.toml"
 COMMON = ["data.num_agents=10", "algorithm.num_queries=20", "algorithm.student_steps=5",
           "model.hidden=[8]", "run.progress=false", 'privacy.accountants=["rdp"]',
-          "algorithm.agent_chunk=4"]                     # 3 chunks, the last one padded
-AE_SETS = COMMON + ["train.steps=3"]
+          "algorithm.agent_chunk=4",                     # 3 chunks, the last one padded
+          "algorithm.data_dependent=true"]               # the data-dependent epsilons compared
+AE_SETS = COMMON + ["train.steps=3", "algorithm.diagnostics=true"]   # the local metrics too
 KNN_SETS = COMMON + ["algorithm.feature_dim=8"]
 
 

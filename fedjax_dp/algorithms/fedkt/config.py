@@ -73,6 +73,11 @@ class Config(LearnerOptions):
       :func:`party_chunk_size`. Results do not depend on it.
     centralized: the paper's "centralized PATE" baseline (Table 1): the parties' records are
       pooled into ONE party before the run (same s x t teachers); needs level L0.
+    data_dependent: at L1 / L2 also report the data-dependent (LNMax moments) guarantees, the
+      metric ``z`` and the run folder's ``votes.npz`` (their input). All three are computed from
+      the noise-free votes, so the ledger then declares them uncovered: an explicit opt-in
+      (default false: the run releases only what its data-independent guarantee covers). At L0
+      (no guarantee) ``z`` is always reported.
     """
 
     num_partitions: int = 2
@@ -88,6 +93,7 @@ class Config(LearnerOptions):
     gap_threshold: int = 2
     party_chunk: int | None = None   # parties per streamed chunk (None: ~4096 teachers' worth)
     centralized: bool = False        # centralized PATE: all records pooled into one party
+    data_dependent: bool = False     # the moments guarantees, z, votes.npz: an explicit opt-in
 
     FIELDS = {"num_partitions": validation.Int(1), "num_teachers": validation.Int(1),
               "level": validation.Choice(LEVELS),
@@ -98,7 +104,7 @@ class Config(LearnerOptions):
               "student_steps": validation.Int(0), "final_steps": validation.Int(0),
               "moment_orders": validation.Int(1, 10_000), "gap_threshold": validation.Int(0),
               "party_chunk": validation.Int(1, optional=True),
-              "centralized": validation.Bool()}
+              "centralized": validation.Bool(), "data_dependent": validation.Bool()}
 
     def __post_init__(self):
         super().__post_init__()          # every field; local None -> LocalTrainConfig()

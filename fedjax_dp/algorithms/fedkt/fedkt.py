@@ -61,8 +61,8 @@ from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
 
 __all__ = ["Config", "DESCRIPTION", "PHASES", "STREAMS", "USES_LOCAL_TRAIN", "artifacts",
-           "batch_plan", "batched_step", "fitted", "init", "ledger", "num_steps", "output",
-           "planned_ledger", "step", "streamed"]
+           "batch_plan", "batched_step", "declare_uncovered", "fitted", "init", "ledger",
+           "num_steps", "output", "planned_ledger", "step", "streamed"]
 
 DESCRIPTION = ("FedKT: one-shot two-tier knowledge transfer, L0/L1/L2 privacy, any classifier "
                "(Li et al. 2021)")
@@ -157,7 +157,9 @@ def privacy_units(config: Config) -> tuple[str, ...]:
 
 def ledger(config: Config, state: api.State) -> tuple[PrivacyLedger, PrivacyLedger]:
     """``(data_dependent, data_independent)`` (:func:`.privacy.ledgers_from_votes` on the run's
-    votes), reported side by side, not composed."""
+    votes), reported side by side, not composed. The first is empty unless
+    ``config.data_dependent``; with it, the run's ``z`` and ``votes.npz`` are declared as
+    releases neither covers (:func:`declare_uncovered`)."""
     if config.level == "L0":
         return PrivacyLedger(), PrivacyLedger()
     v = {} if state is None else state.values
@@ -167,14 +169,23 @@ def ledger(config: Config, state: api.State) -> tuple[PrivacyLedger, PrivacyLedg
                          f"after the {'final' if config.level == 'L1' else 'teachers'} phase)")
     dd, di = privacy.ledgers_from_votes(config, server_votes=v.get("server_votes"),
                                         teacher_votes=v.get("teacher_votes"), z=v.get("z"))
-    for out in (dd, di):         # released beside both guarantees, covered by neither
+    if not config.data_dependent:
+        dd = PrivacyLedger()     # the data-independent guarantee covers every release
+    return tuple(declare_uncovered(config, out) for out in (dd, di))
+
+
+def declare_uncovered(config: Config, out: PrivacyLedger) -> PrivacyLedger:
+    """With ``config.data_dependent`` (L1 / L2): the metric ``z`` and ``votes.npz``, released
+    beside every guarantee and covered by none (the data-dependent epsilons are declared by the
+    ledger holding them). Without it neither is released."""
+    if config.data_dependent and config.level != "L0":
         out.declare_uncovered("the count z of partitions at risk (metric z in history)",
                               "computed from the noise-free teacher votes: not private")
         out.declare_uncovered(
             "votes.npz in the run folder (the noise-free vote histograms, the input of "
             "fedjax-dp account fedkt)", "the analysis' input, written without noise: keep it "
             "with the data owner, it is not private to release")
-    return dd, di
+    return out
 
 
 def planned_ledger(config: Config, state: api.State, key: jax.Array
@@ -194,12 +205,14 @@ def planned_ledger(config: Config, state: api.State, key: jax.Array
 
 
 def artifacts(state: api.State, out_dir, run_config: dict) -> dict:
-    """With ``out_dir``: the run's noise-free vote histograms as ``votes.npz`` (``votes``: L1 the
-    server's ``[Q, C]``, L2 the teachers' ``[n, s, Q, C]``; ``z``), so that
-    ``fedjax-dp account fedkt --votes DIR/votes.npz ...`` re-derives the run's guarantees (the
-    command is returned as ``account_command``). Votes are the analysis' input, not a release."""
+    """With ``out_dir`` and ``algorithm.data_dependent``: the run's noise-free vote histograms as
+    ``votes.npz`` (``votes``: L1 the server's ``[Q, C]``, L2 the teachers' ``[n, s, Q, C]``;
+    ``z``), so that ``fedjax-dp account fedkt --votes DIR/votes.npz ...`` re-derives the run's
+    guarantees (the command is returned as ``account_command``). Votes are the analysis' input,
+    not private to release (the ledger declares the file); without the opt-in none is written."""
     level = run_config["algorithm"].get("level", Config.level)
-    if out_dir is None or level == "L0":
+    wanted = run_config["algorithm"].get("data_dependent", Config.data_dependent)
+    if out_dir is None or level == "L0" or not wanted:
         return {}
     v = state.values
     votes = v.get("server_votes") if level == "L1" else v.get("teacher_votes")

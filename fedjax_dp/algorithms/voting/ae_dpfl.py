@@ -64,16 +64,22 @@ PHASES = ("local_training", "vote", "student")
 @dataclasses.dataclass(frozen=True)
 class Config(voting_dpfl.VoteConfig):
     """AE-DPFL. ``local`` trains the agents; the ``student_*`` fields train the global model;
-    the vote, student and secure aggregation fields: :class:`voting_dpfl.VoteConfig`."""
+    the vote, student and secure aggregation fields: :class:`voting_dpfl.VoteConfig`.
+
+    ``diagnostics`` (default false): the local-training phase also reports ``mean_agent_loss``
+    and ``abstain_rate``, computed from the agents' models and data without noise, so the
+    ledger then declares them uncovered (an explicit opt-in, as DP-FedAvg's)."""
 
     sigma: float = 25.0                 # std of the total noise on the vote sum
     # abstention: an agent whose max softmax on a query is < this casts the zero ballot
     # (None: never abstain, the paper's rule). Sensitivities unchanged (see ``ballot_fn``).
     abstain_below: float | None = None
     local: LocalTrainConfig = LocalTrainConfig()
+    diagnostics: bool = False           # the non-private local-phase metrics: an explicit opt-in
 
     FIELDS = {"abstain_below": validation.Float(0.0, 1.0, low_open=True, optional=True),
-              "local": validation.Instance(LocalTrainConfig)}
+              "local": validation.Instance(LocalTrainConfig),
+              "diagnostics": validation.Bool()}
 
     def __post_init__(self):
         super().__post_init__()         # every field, secure aggregation, the student
@@ -257,9 +263,12 @@ def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
             mine = kept if plan is None else [p[s] for p in kept]
             values["agent_params"] = (mine[0] if len(mine) == 1 and size == n
                                       else _concat_agents(mine, n))
-        abstained = float(np.mean(ballots[s] < 0)) if cfg.abstain_below is not None else 0.0
-        outs.append((values, {"mean_agent_loss": float(losses[s].mean()),
-                              "abstain_rate": abstained, "agent_chunk": size}))
+        metrics = {"agent_chunk": size}         # public: the config's chunk, at most N
+        if cfg.diagnostics:                      # not private: declared by ``ledger``
+            abstained = (float(np.mean(ballots[s] < 0)) if cfg.abstain_below is not None
+                         else 0.0)
+            metrics.update(mean_agent_loss=float(losses[s].mean()), abstain_rate=abstained)
+        outs.append((values, metrics))
     return outs
 
 
@@ -390,11 +399,20 @@ def _vote_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]
 output = voting_dpfl.output
 
 
+#: The local-training phase's diagnostics (``Config.diagnostics``) as a release the ledger does
+#: not cover (:meth:`PrivacyLedger.declare_uncovered`): ``(release, reason)``.
+DIAGNOSTICS_UNCOVERED = (
+    "diagnostic metrics mean_agent_loss and abstain_rate of the local-training phase "
+    "(history, progress.jsonl)",
+    "computed from the agents' models and data without noise: not private "
+    "(algorithm.diagnostics = false leaves them out)")
+
+
 def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
     """:func:`vote_ledger` with the run's noise-free sums (data-independent part only without a
-    state, before the vote, or without ``config.data_dependent``). The local-training phase's
-    diagnostics are declared as releases it does not cover."""
-    return vote_ledger(config, voting_dpfl.clean_sums(state)).declare_uncovered(
-        "diagnostic metrics mean_agent_loss and abstain_rate of the local-training phase "
-        "(history, progress.jsonl)",
-        "computed from the agents' models and data without noise: not private")
+    state, before the vote, or without ``config.data_dependent``). With ``config.diagnostics``
+    the local-training phase's metrics are declared as releases it does not cover."""
+    out = vote_ledger(config, voting_dpfl.clean_sums(state))
+    if config.diagnostics:
+        out.declare_uncovered(*DIAGNOSTICS_UNCOVERED)
+    return out

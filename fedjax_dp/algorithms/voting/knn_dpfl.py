@@ -319,5 +319,7 @@ output = voting_dpfl.output
 
 def ledger(config: Config, state: api.State | None = None) -> PrivacyLedger:
     """:func:`vote_ledger` with the run's noise-free sums (data-independent part only without a
-    state, before the vote, or without ``config.data_dependent``)."""
+    state, before the vote, or without ``config.data_dependent``). kNN-DPFL declares nothing
+    else: its metrics are public (``k``, ``agent_chunk`` and ``num_queries`` from the config,
+    ``vote_accuracy`` from the released labels and the public set's labels)."""
     return vote_ledger(config, voting_dpfl.clean_sums(state))
