@@ -36,7 +36,10 @@ CASES = {
 
 
 def config(name):
-    return isrl.ALGORITHMS[name].Config(**CASES[name])
+    """The case's config with the round diagnostics on (the private members' opt-ins: the tests
+    read the objective and the realised batch sizes)."""
+    return isrl.ALGORITHMS[name].Config(**{"report_objective": True, "diagnostics": True,
+                                           **CASES[name]})
 
 
 @functools.lru_cache(maxsize=None)

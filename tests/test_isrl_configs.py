@@ -49,7 +49,8 @@ def test_list_names_the_family(capsys):
 def test_cli_run_reports_worst_silo_epsilon(tmp_path, capsys):
     path = ROOT / "configs" / "isrl" / "wbcd_isrl_spider.toml"
     argv = ["run", str(path), "--out", str(tmp_path), "--quiet", "--set", "algorithm.rounds=3",
-            "--set", "run.eval_every=0", "--set", "algorithm.num_available=1"]
+            "--set", "run.eval_every=0", "--set", "algorithm.num_available=1",
+            "--set", "algorithm.report_objective=true"]      # an opt-in (not private)
     assert cli.main(argv) == 0, capsys.readouterr().err
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["algorithm"] == "isrl_spider" and result["num_agents"] == 2

@@ -187,7 +187,9 @@ class RoundSpec:
     :class:`fedjax_dp.privacy.shuffle.ShuffleConfig` replaces the silos' Gaussian uploads by the
     shuffled vector sum of all available silos' per-record reports (SDP MB-SGD / SPIDER).
     batch_sizes: the expected batch K_u of each upload kind, the passes' plan (empty: one pass
-    over all n_max rows, same values).
+    over all n_max rows, same values). report_objective / diagnostics: the round also reports
+    ``f0``, ``f1``, ``objective`` / ``batch_size`` and (private) ``clipped_fraction``, computed
+    without noise (the protocol's private configs leave them off by default).
     """
 
     method: str
@@ -200,6 +202,7 @@ class RoundSpec:
     local_steps: int = 1
     smoothness: float | None = None
     report_objective: bool = True
+    diagnostics: bool = True       # realised batch sizes, clipped fractions
     shuffle: Any = None            # a privacy.shuffle.ShuffleConfig: the SDP variants
     batch_sizes: tuple[int, ...] = ()    # expected batch K of each upload kind (() : unplanned)
 
@@ -421,10 +424,11 @@ def finish_round(calls: SiloCalls, spec: RoundSpec, values: dict, data: SiloData
                           + cohort.avail.astype(jnp.int32)[:, None] * inc[None, :])
     num = jnp.float32(float(spec.num_available)) if gather else jnp.sum(cohort.avail)
     metrics["num_available"] = num
-    st = cohort.total(st)
-    metrics["batch_size"] = st["batch_size"] / (num * spec.local_steps)
-    if spec.private:
-        metrics["clipped_fraction"] = st["clipped"] / jnp.maximum(st["batch_size"], 1.0)
+    if spec.diagnostics:
+        st = cohort.total(st)
+        metrics["batch_size"] = st["batch_size"] / (num * spec.local_steps)
+        if spec.private:
+            metrics["clipped_fraction"] = st["clipped"] / jnp.maximum(st["batch_size"], 1.0)
     metrics["update_norm"] = optax.tree.norm(jax.tree.map(jnp.subtract, new_w, w))
     if spec.report_objective:
         # a diagnostic over ALL silos' records (a forward pass of every silo, no gradients)

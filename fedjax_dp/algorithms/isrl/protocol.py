@@ -37,7 +37,10 @@ class Config:
     expected number of records of each upload (Poisson rate ``min(1, K / n_i)`` in silo i).
     prox / prox_strength / prox_radius / prox_low / prox_high: f1 (:mod:`prox`).
     report_objective: report F = f0 + f1 at the new iterate every round (a diagnostic over all
-    records of all silos; not private).
+    records of all silos; not private). diagnostics: report each round's realised batch size
+    ``batch_size`` (and, private members, ``clipped_fraction``). Both are on for the
+    non-private baselines here; a private member (:class:`PrivateConfig`, the SDP configs)
+    turns both off by default, since its guarantee does not cover them (an explicit opt-in).
     """
 
     rounds: int = 50
@@ -50,6 +53,7 @@ class Config:
     prox_low: float = -1.0
     prox_high: float = 1.0
     report_objective: bool = True
+    diagnostics: bool = True
 
     FIELDS = {"rounds": validation.Int(1), "num_available": validation.Int(1, optional=True),
               "learning_rate": validation.Float(0.0, low_open=True),
@@ -57,7 +61,7 @@ class Config:
               "prox": validation.Choice(prox_lib.NAMES), "prox_strength": validation.Float(0.0),
               "prox_radius": validation.Float(0.0, low_open=True),
               "prox_low": validation.Float(), "prox_high": validation.Float(),
-              "report_objective": validation.Bool()}
+              "report_objective": validation.Bool(), "diagnostics": validation.Bool()}
 
     def __post_init__(self):
         validation.check_config(self, "algorithm")     # every field, subclasses' too
@@ -86,8 +90,12 @@ class PrivateConfig(Config):
     run from a config file). noise_multiplier: skip calibration and use this z (std / sensitivity
     of every upload). accountant: the dp-accounting accountant of the calibration.
     calibrate_per_silo: each silo gets the smallest z that meets the target for its own sampling
-    rates (default), or (false) every silo gets the z of the silo with the largest rates."""
+    rates (default), or (false) every silo gets the z of the silo with the largest rates.
+    report_objective, diagnostics: off by default (explicit opt-ins; :func:`declare_uncovered`
+    declares them when on)."""
 
+    report_objective: bool = False      # the round metrics computed without noise: opt-ins
+    diagnostics: bool = False
     clip_norm: float = 1.0
     target_epsilon: float = 1.0
     delta: float = 1e-5
@@ -103,14 +111,17 @@ class PrivateConfig(Config):
 
 
 def declare_uncovered(config, out: PrivacyLedger) -> PrivacyLedger:
-    """The round metrics of a private member that no upload accounts for (ISRL-DP and SDP):
-    realised batch sizes and clipped fractions, and the objective over all records
-    (``report_objective``). ``update_norm``, ``difference_clip`` and ``num_available`` are
-    functions of the released iterates and of the data-independent availability: covered."""
-    out.declare_uncovered(
-        "diagnostic metrics batch_size (the realised Poisson batch sizes) and clipped_fraction "
-        "of every round (history, progress.jsonl)",
-        "computed from the silos' records without noise: not private")
+    """The round metrics of a private member that no upload accounts for (ISRL-DP and SDP),
+    each reported only when its config opts in: realised batch sizes and clipped fractions
+    (``diagnostics``), and the objective over all records (``report_objective``).
+    ``update_norm``, ``difference_clip`` and ``num_available`` are functions of the released
+    iterates and of the data-independent availability: covered, always reported."""
+    if config.diagnostics:
+        out.declare_uncovered(
+            "diagnostic metrics batch_size (the realised Poisson batch sizes) and "
+            "clipped_fraction of every round (history, progress.jsonl)",
+            "computed from the silos' records without noise: not private "
+            "(algorithm.diagnostics = false leaves them out)")
     if config.report_objective:
         out.declare_uncovered(
             "the objective f0 / objective over all silos' records of every round "
@@ -211,6 +222,7 @@ class Algorithm:
         spec = engine.RoundSpec(method=self.method, num_silos=n, num_available=m,
                                 prox=config.make_prox(), private=self.private,
                                 report_objective=config.report_objective,
+                                diagnostics=config.diagnostics,
                                 batch_sizes=tuple(int(k) for k in self.batch_sizes(config)),
                                 **self.spec_fields(config), **extra)
         chunk = resolve_chunk_size(runtime.chunk_size, num_agents=agents.num_agents,

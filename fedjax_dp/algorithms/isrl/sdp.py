@@ -47,8 +47,12 @@ class Config(protocol.Config):
     ``[privacy].delta`` from a config file). granularity: K, grid step C / K. noise_trials: N
     (skip calibration). shuffle_analysis: how the binomial sums are accounted (calibration and
     ledger): ``'per_coordinate'`` (default; Cheu et al.'s analysis, the paper's) or ``'l2'``
-    (the L2-clipped report's rounded set, :mod:`fedjax_dp.privacy.shuffle_l2`)."""
+    (the L2-clipped report's rounded set, :mod:`fedjax_dp.privacy.shuffle_l2`).
+    report_objective, diagnostics: off by default, as every private member's
+    (:class:`protocol.PrivateConfig`; explicit opt-ins the ledger then declares)."""
 
+    report_objective: bool = False      # the round metrics computed without noise: opt-ins
+    diagnostics: bool = False
     clip_norm: float = 1.0
     target_epsilon: float = 1.0
     delta: float = 1e-5
