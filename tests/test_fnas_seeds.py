@@ -20,7 +20,8 @@ SETS = ["data.num_agents=2", "data.image_size=4", "algorithm.nodes=1", "algorith
         "algorithm.cells=1", 'algorithm.primitives=["none","skip_connect"]',
         "algorithm.stem_multiplier=1", "algorithm.search_epochs=2", "algorithm.batch_size=64",
         "algorithm.retrain_epochs=2", "algorithm.retrain_batch_size=128",
-        'privacy.accountants=["rdp"]']
+        'privacy.accountants=["rdp"]',
+        "algorithm.diagnostics=true"]            # the epochs' metrics compared (an opt-in)
 
 
 def _close(a: dict, b: dict) -> None:

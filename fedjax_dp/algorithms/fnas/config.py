@@ -39,6 +39,9 @@ class Config:
     search (the paper's protocol; the ledger then declares the retrained network uncovered).
     ``retrain_seed`` (default -1: the run's key): >= 0 draws the retraining's initialisation,
     sampling and noise from ``key(retrain_seed)``, so one search is retrained under several seeds.
+    ``diagnostics`` (default false): every epoch also reports its losses, clipped fractions and
+    realised batch sizes, computed from the parties' records without noise; an explicit opt-in
+    the ledger then declares uncovered (without it an epoch reports its phase and timings only).
     """
 
     nodes: int = 4
@@ -76,6 +79,7 @@ class Config:
     fixed_genotype: str = ""
     private_retrain: bool = True
     retrain_seed: int = -1
+    diagnostics: bool = False        # the non-private epoch metrics: an explicit opt-in
 
     FIELDS = {"nodes": _v.Int(1, 64), "channels": _v.Int(1, _v.WIDTH_MAX),
               "cells": _v.Int(1, 1024),
@@ -100,7 +104,8 @@ class Config:
               "retrain_channels": _v.Int(0, _v.WIDTH_MAX), "retrain_cells": _v.Int(0, 1024),
               "clip_retrain": _v.Float(0.0, low_open=True), "noise_retrain": _v.Float(0.0),
               "fixed_genotype": _v.Text("a genotype JSON string, \"random\" or \"\""),
-              "private_retrain": _v.Bool(), "retrain_seed": _v.Int(-1)}
+              "private_retrain": _v.Bool(), "retrain_seed": _v.Int(-1),
+              "diagnostics": _v.Bool()}
 
     def __post_init__(self):
         validation.check_config(self, "algorithm")

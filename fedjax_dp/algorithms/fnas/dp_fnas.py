@@ -318,7 +318,9 @@ def _step_seeds(states: list[api.State], keys: list, group_data: Any
     out = []
     for s, state in enumerate(states):
         ctx: Context = state.context
-        metrics[s].update(phase=0 if phase == "search" else 1,
+        if not config.diagnostics:     # the iterations' metrics are not private: an opt-in
+            metrics[s] = {}
+        metrics[s] = dict(metrics[s], phase=0 if phase == "search" else 1,
                           search_time_s=ctx.timings["search"],
                           retrain_time_s=ctx.timings["retrain"])
         out.append(api.State(step=t + 1, values=values[s], context=ctx))
@@ -441,12 +443,20 @@ def ledger(config: Config, state: api.State) -> tuple[PrivacyLedger, ...]:
             "the retrained network (algorithm.private_retrain = false)",
             "trained on every party's records without clipping or noise: not private")
             for lg in out)
-    return tuple(lg.declare_uncovered(
-        "diagnostic metrics train_loss, val_loss, clipped_w, clipped_alpha, clipped_second, "
-        "batch_train, batch_val (realised batch sizes), retrain_loss and clipped_retrain of "
-        "every epoch (history, progress.jsonl)",
-        "computed from the parties' records without noise: not private")
-        for lg in out)
+    if config.diagnostics:
+        out = tuple(lg.declare_uncovered(*DIAGNOSTICS_UNCOVERED) for lg in out)
+    return out
+
+
+#: The epoch diagnostics (``Config.diagnostics``) as a release the ledgers do not cover
+#: (:meth:`PrivacyLedger.declare_uncovered`): ``(release, reason)``. The phase and the timings
+#: are reported always (public: the step index and wall-clock seconds).
+DIAGNOSTICS_UNCOVERED = (
+    "diagnostic metrics train_loss, val_loss, clipped_w, clipped_alpha, clipped_second, "
+    "batch_train, batch_val (realised batch sizes), retrain_loss and clipped_retrain of "
+    "every epoch (history, progress.jsonl)",
+    "computed from the parties' records without noise: not private "
+    "(algorithm.diagnostics = false leaves them out)")
 
 
 def paper_gdp(config: Config, state: api.State, delta: float) -> dict | None:
