@@ -825,11 +825,58 @@ def robustness_claims() -> list[tuple[str, str]]:
     ]
 
 
+# --- docs/benchmarks/shakespeare.md: the Gutenberg conversion's statistics --------------------
+
+def shakespeare_data_claims() -> list[tuple[str, str]]:
+    r = _json("results/benchmarks/shakespeare_gutenberg_stats.json")
+    st, leaf, page = r["statistics"], r["published"]["leaf"], "docs/benchmarks/shakespeare.md"
+    spu = st["samples_per_user"]
+    assert (leaf["users"], leaf["samples"]) == (1129, 4226158)
+    assert r["differences"]["users"] == st["users"] - 1129
+    assert len(r["source"]["texts"]) == st["texts"] == 42 and st["plays"] == 37
+    gb = r["conversion"]["clients"] * r["conversion"]["n_max"] * 80 * 4 / 1e9
+    claims = [
+        (page, f"| users (one per role in a play) | {st['users']:,} | 1,129 | 715 |"),
+        (page, f"| samples (80-character windows) | {st['samples']:,} | 4,226,158 |"),
+        (page, f"| samples per user: mean, std | {spu['mean']:,.1f}, {spu['std']:,.1f} | "
+               f"3,743.2, 6,212.26 |"),
+        (page, f"| samples per user: min / median / max | {spu['min']:,} / {spu['median']:,.0f} "
+               f"/ {spu['max']:,} |"),
+        (page, f"| roles found / dropped (two lines or fewer) / dropped (no sample) | "
+               f"{st['roles']:,} / {st['roles_dropped_two_lines_or_fewer']} / "
+               f"{st['roles_dropped_no_sample']} |"),
+        (page, f"| texts without a role (dropped) | {len(st['texts_dropped'])}: "
+               f"{', '.join(st['texts_dropped'])} |"),
+        (page, f"land {st['users'] - 1129:+d} users and "
+               f"{100 * (st['samples'] / 4226158 - 1):+.1f}% samples from LEAF"),
+        (page, f"the {st['texts']} Gutenberg texts in modern spelling, of which {st['plays']} are "
+               f"plays"),
+        (page, f"pads every client to the largest one ({r['conversion']['n_max']:,} windows), so "
+               f"`x.npy` and `y.npy` are {gb:.1f} GB each"),
+    ]
+    for (kind, f), sp in ((k.split("_"), v) for k, v in r["splits"].items()):
+        tr, te = sp["train"], sp["test"]
+        leaf_note = " (LEAF: 660 users)" if (kind, f) == ("sample", "0.9") else ""
+        default = " (the default)" if (kind, f) == ("sample", "0.8") else ""
+        claims.append((page, f"| {kind}, {f}{default} | {tr['clients']:,}{leaf_note} | "
+                             f"{tr['samples']:,} | {te['clients']:,} | {te['samples']:,} |"))
+    claims.append((page, f"with `--tf 0.9` (LEAF's script default) "
+                         f"{r['splits']['sample_0.9']['train']['clients']} clients keep test "
+                         f"samples here"))
+    q = r["splits"]["sample_0.8"]["train"]["samples_per_client"]
+    assert q == st["split"]["train"]["samples_per_client"]
+    claims.append((page, f"Samples per training client in the default split (sample, 0.8): min "
+                         f"{q['min']:,}, p10 {q['p10']:,}, p25 {q['p25']:,}, median "
+                         f"{q['median']:,}, p75 {q['p75']:,}, p90 {q['p90']:,}, max "
+                         f"{q['max']:,}"))
+    return claims
+
 CLAIMS = (secagg_claims() + audit_claims() + devices_claims() + bench_claims()
           + performance_claims() + getting_started_claims() + shuffle_tables_claims()
           + fnas_page_claims() + fnas_causes_claims() + isrl_page_claims() + fedkt_page_claims()
           + adaptive_clip_text_claims() + participation_text_claims() + scale_page_claims()
-          + grid_edge_claims() + robustness_claims() + server_optimizer_claims())
+          + grid_edge_claims() + robustness_claims() + server_optimizer_claims()
+          + shakespeare_data_claims())
 
 # Figures a page quotes with no committed record behind them: the page must say so, in these
 # words (a record committed later replaces the sentence with a claim above).

@@ -148,6 +148,7 @@ def main(argv=None) -> dict:
         "wall_time_s": round(convert_s, 1),
         "versions": {"fedjax_dp": version(), "python": sys.version.split()[0]},
     }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     files.write_json(args.out, record)
     print(f"{st['users']:,} users, {st['samples']:,} samples (LEAF: "
           f"{PUBLISHED['leaf']['users']:,} / {PUBLISHED['leaf']['samples']:,}; TFF: "
