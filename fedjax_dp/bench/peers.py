@@ -53,7 +53,7 @@ def _ours_state(w, data, model, local, params, cohort: int, noise: float, rounds
                            local=local)
     state = dp_fedavg.init(jax.random.key(1), data, model, cfg,
                            api.Runtime(cohort="gather", rounds_per_call=rounds_per_call))
-    return api.State(step=0, values={"params": params}, context=state.context)
+    return api.State(step=0, values={**state.values, "params": params}, context=state.context)
 
 
 def check(w: ref.Workload = ref.WORKLOAD) -> dict:
