@@ -7,6 +7,12 @@ host-resident rows (:func:`fedjax_dp.core.is_on_host`) are read and padded by nu
 with ``jax.device_put``, the next chunk in a background thread (:data:`PREFETCH`); device rows
 are taken by one compiled gather. Every chunk has the shape ``[size, ...]`` (the last padded,
 with a host ``valid`` mask), so nothing compiles per chunk and peak memory is one or two chunks.
+
+With ``mesh`` (an ``agents`` mesh, possibly spanning several processes under
+``jax.distributed``) every chunk is a global array whose agent axis is split over the mesh's
+devices: each process reads, pads and transfers only the rows of its own devices' shards
+(``jax.make_array_from_callback``), so a compiled call over the chunk runs each agent on exactly
+one device of one process (the chunk size is then a multiple of the mesh's device count).
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.core import defaults as defaults_lib, seed_axis, validation
-from fedjax_dp.core.lift import num_chunks
+from fedjax_dp.core.lift import AGENTS, num_chunks
 
 #: Double-buffer host chunks: None (default) as :func:`fedjax_dp.core.defaults.defaults` decides,
 #: True/False forces it (for benchmarks; results never depend on it).
@@ -67,8 +73,29 @@ def _device_rows(leaves: list, start, *, size: int, axis: int, fill) -> list:
     return [jnp.take(a, idx, axis=axis, mode="fill", fill_value=fill) for a in leaves]
 
 
+def agent_sharding(mesh, axis: int = 0):
+    """The ``NamedSharding`` that splits axis ``axis`` (the agents) over ``mesh``'s ``agents``."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    return NamedSharding(mesh, P(*([None] * axis), AGENTS))
+
+
+def _host_chunk(a, start: int, stop: int, size: int, axis: int, fill, mesh) -> jax.Array:
+    """Rows ``[start, stop)`` of the host array ``a`` padded to ``size``, on the device; with
+    ``mesh`` a global array over it, each process reading only its own devices' rows."""
+    if mesh is None:
+        return jax.device_put(_host_rows(a, start, stop, size, axis, fill))
+    shape = tuple(a.shape[:axis]) + (size,) + tuple(a.shape[axis + 1:])
+
+    def shard(index):                                 # this device's slice of the chunk
+        lo, hi, _ = index[axis].indices(size)
+        rows = _host_rows(a, min(start + lo, stop), min(start + hi, stop), hi - lo, axis, fill)
+        return rows[tuple(index[:axis]) + (slice(None),) + tuple(index[axis + 1:])]
+
+    return jax.make_array_from_callback(shape, agent_sharding(mesh, axis), shard)
+
+
 def _make(index: int, tree, size: int, axis: int, fill, extra: tuple, num: int, take: bool,
-          stack: bool) -> Chunk:
+          stack: bool, mesh=None) -> Chunk:
     start = index * size
     stop = min(num, start + size)
     if take:
@@ -77,14 +104,16 @@ def _make(index: int, tree, size: int, axis: int, fill, extra: tuple, num: int, 
         on_device = [i for i, a in enumerate(leaves) if not isinstance(a, np.ndarray)]
         for i, a in enumerate(leaves):
             if isinstance(a, np.ndarray):
-                out[i] = jax.device_put(_host_rows(a, start, stop, size, axis, fill))
+                out[i] = _host_chunk(a, start, stop, size, axis, fill, mesh)
         if on_device:
             taken = _device_rows([leaves[i] for i in on_device], np.int32(start), size=size,
                                  axis=axis, fill=fill)
+            if mesh is not None:
+                taken = jax.device_put(taken, agent_sharding(mesh, axis))
             for i, a in zip(on_device, taken):
                 out[i] = a
         tree = jax.tree.unflatten(treedef, out)
-    ex = tuple(jax.device_put(_host_rows(np.asarray(e[start:stop]), 0, stop - start, size, 0, 0))
+    ex = tuple(_host_chunk(np.asarray(e[start:stop]), 0, stop - start, size, 0, 0, mesh)
                for e in extra)
     valid = np.arange(size) < (stop - start)
     return Chunk(index=index, start=start, num_real=stop - start, valid=valid, extra=ex,
@@ -92,7 +121,7 @@ def _make(index: int, tree, size: int, axis: int, fill, extra: tuple, num: int, 
 
 
 def chunks(tree, size: int, *, axis: int = 0, fill=0, extra: tuple = (), take: bool = True,
-           stack: bool = False, prefetch: bool | None = None) -> Iterator[Chunk]:
+           stack: bool = False, prefetch: bool | None = None, mesh=None) -> Iterator[Chunk]:
     """The agents in chunks of ``size`` (see the module). ``tree``: a pytree (:class:`StackedData`,
     stored ballots, ...) of host or device arrays whose axis ``axis`` is the agent axis, of one
     length N (``axis = 1`` for ``[S, N, ...]`` with a leading seed axis). Each chunk's ``agents``
@@ -101,8 +130,13 @@ def chunks(tree, size: int, *, axis: int = 0, fill=0, extra: tuple = (), take: b
     sliced and zero-padded alongside. ``prefetch``: default :data:`PREFETCH`. ``take`` False:
     every chunk's ``agents`` is the whole ``tree`` (device data whose rows ``ids`` the caller's
     compiled call takes itself). ``stack``: ``tree`` is a list of S seeds' trees, each chunk's
-    ``agents`` their rows stacked ``[S, size, ...]``. ``ValueError`` if the lengths differ."""
+    ``agents`` their rows stacked ``[S, size, ...]``. ``mesh``: every chunk (and ``extra``) a
+    global array with the agent axis split over the mesh (see the module; ``size`` a multiple of
+    its device count). ``ValueError`` if the lengths differ."""
     validation.check_int("size", size, minimum=1)
+    if mesh is not None and size % mesh.shape[AGENTS]:
+        raise ValueError(f"chunks: size ({size}) must be a multiple of the mesh's "
+                         f"{mesh.shape[AGENTS]} devices to split every chunk over them")
     lengths = {int(np.shape(a)[axis]) for a in jax.tree.leaves(tree)}
     if len(lengths) != 1:
         raise ValueError(f"chunks: every leaf of tree must have one length on axis {axis} "
@@ -110,7 +144,7 @@ def chunks(tree, size: int, *, axis: int = 0, fill=0, extra: tuple = (), take: b
     n = lengths.pop()
     count = num_chunks(n, size)
     make = functools.partial(_make, tree=tree, size=size, axis=axis, fill=fill, extra=extra,
-                             num=n, take=take, stack=stack)
+                             num=n, take=take, stack=stack, mesh=mesh)
     if prefetch is None:
         prefetch = defaults_lib.defaults().prefetch if PREFETCH is None else PREFETCH
     host = take and any(isinstance(a, np.ndarray) for a in jax.tree.leaves(tree))
