@@ -284,6 +284,85 @@ def _(fake_run, tmp_path):
     _debug_case(["run", tmp_path / "missing.toml"])
 
 
+class FakeGroup:
+    """A 2-process job as process ``index`` sees it (no runtime): what the command tells it."""
+
+    def __init__(self, spec, index: int = 0):
+        self.spec, self.index, self.count = spec, index, 2
+        self.is_writer = index == 0
+        self.resume_hint, self.told, self.calls = "", False, []
+
+    def broadcast_bytes(self, data):
+        self.calls.append(("broadcast", data))
+        return data or b""
+
+    def __getattr__(self, name):               # the watchdog, barriers, leaving: recorded
+        return lambda *a, **k: self.calls.append((name, a))
+
+
+@pytest.fixture
+def fake_job(monkeypatch):
+    """``processes.initialize`` returns a :class:`FakeGroup` of the spec it is given."""
+    import jax
+
+    from fedjax_dp.core import stop
+    from fedjax_dp.experiments import processes
+    made = []
+
+    def initialize(spec):
+        made.append(FakeGroup(spec))
+        return made[-1]
+    monkeypatch.setattr(processes, "initialize", initialize)
+    monkeypatch.setattr(jax.distributed, "shutdown", lambda: None)
+    yield made
+    stop.set_agreement(None)
+
+
+JOB = ["--coordinator", "127.0.0.1:8476", "--num-processes", "2", "--process-id", "0"]
+
+
+def _job_flags_case(command, flag, start, tmp_path, fake_job, monkeypatch):
+    """The flags of a multi-process job: the three together reach jax.distributed (the
+    spec), process 0 runs (with the group) and leaves the job; each is checked before any
+    work, by name and range; without them (and no cluster environment) one process."""
+    from fedjax_dp.experiments import processes
+    for name in ("SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES",
+                 "JAX_COORDINATOR_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    r = run(*start(tmp_path / "one"))
+    assert r.rc == 0 and not fake_job, r.err
+    r = run(*start(tmp_path / "two"), *JOB, "--process-timeout", "7")
+    assert r.rc == 0, r.err
+    spec = fake_job[-1].spec
+    assert (spec.coordinator, spec.num_processes, spec.process_id, spec.timeout_s) == \
+        ("127.0.0.1:8476", 2, 0, 7)
+    names = [c[0] for c in fake_job[-1].calls]
+    assert "start_watchdog" in names and names[-2:] == ["stop_watchdog", "wait_alone"], names
+    bad = {"--coordinator": ("nohost", "HOST:PORT"), "--num-processes": ("0", ">= 1"),
+           "--process-id": ("2", "[0, 1]"), "--process-timeout": ("1", ">= 5")}
+    value, says = bad[flag]
+    argv = [a for a in JOB + ["--process-timeout", "60"]]
+    argv[argv.index(flag) + 1] = value
+    before = len(fake_job)
+    refused([*start(tmp_path / "bad"), *argv], flag, says)
+    assert len(fake_job) == before                       # refused before joining any job
+    if flag != "--process-timeout":                      # the three go together
+        trio = [a for i, a in enumerate(JOB) if flag not in JOB[i - (i % 2):i - (i % 2) + 1]]
+        refused([*start(tmp_path / "part"), *trio], flag)
+    assert processes.detect({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "4",
+                             "SLURM_PROCID": "0"}) == "slurm"
+
+
+for _flag in ("--coordinator", "--num-processes", "--process-id", "--process-timeout"):
+    case("run", _flag)(lambda command, flag, tmp_path, fake_job, fake_run, monkeypatch:
+                       _job_flags_case(command, flag, lambda out: ("run", DP, "--out", out),
+                                       tmp_path, fake_job, monkeypatch))
+    case("sweep", _flag)(lambda command, flag, tmp_path, fake_job, fake_sweep, monkeypatch:
+                         _job_flags_case(command, flag,
+                                         lambda out: ("sweep", DP, "--out", out, "--quiet"),
+                                         tmp_path, fake_job, monkeypatch))
+
+
 # =========================================================================== sweep
 
 @pytest.fixture

@@ -39,7 +39,7 @@ from fedjax_dp.algorithms.round_parts import advance, make_round_parts, view_of
 from fedjax_dp.core import AGENTS, StackedData, is_on_host, validation
 from fedjax_dp.core import cohort as cohort_lib
 from fedjax_dp.core import memory
-from fedjax_dp.core.lift import resolve_chunk_size, training_bytes
+from fedjax_dp.core.lift import replicate, resolve_chunk_size, training_bytes
 from fedjax_dp.models import Model
 from fedjax_dp.stages import Chain, Setup, setup_of
 from fedjax_dp.stages import updates as updates_lib
@@ -179,7 +179,7 @@ class RoundRunner:
         added before the server's step. Records the participants in ``last_indices``."""
         if self.mesh is not None:
             # replicated, as the round returns them, so round 2 compiles no second program
-            view = jax.device_put(view, NamedSharding(self.mesh, P()))
+            view = replicate(view, self.mesh)
         k_sample, k_train, k_noise = round_keys(key)
         if self.mode == "masked":
             if is_on_host(self.agents):

@@ -17,6 +17,12 @@ active (the command line's whole life; :func:`fedjax_dp.experiments.runner.run`'
   raises it, so a write is never cut.
 
 The exit status is ``128 + signum``: 130 for SIGINT, 143 for SIGTERM (:func:`exit_status`).
+
+Several processes of one job (:func:`set_agreement`; :mod:`fedjax_dp.experiments.processes`):
+a process that stopped alone would leave the others waiting in a collective, so a first signal
+is only recorded, and :func:`safe_point` -- the step boundaries every process reaches -- asks
+the agreement (an all-gather of every process's recorded signal) and stops every process after
+the same step. A second signal on a process stops it at once.
 """
 from __future__ import annotations
 
@@ -38,13 +44,16 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
-_state = {"pending": None, "defer": 0, "depth": 0}
+_state = {"pending": None, "defer": 0, "depth": 0, "agree": None, "count": 0}
 _previous: dict = {}
 
 
 def _handler(signum, frame) -> None:
+    _state["count"] += 1
     if _state["pending"] is None:
         _state["pending"] = signum
+    if _state["agree"] is not None and _state["count"] == 1:
+        return                       # several processes: the next safe point stops them all
     if _state["defer"] == 0:
         raise Stopped(signum)
 
@@ -56,12 +65,34 @@ def pending() -> int | None:
 
 def clear() -> None:
     _state["pending"] = None
+    _state["count"] = 0
 
 
 def check() -> None:
-    """Raise :class:`Stopped` for a recorded signal (a safe point of a run)."""
+    """Raise :class:`Stopped` for a recorded signal (a safe point of a run; with an agreement
+    set, only after a second signal: the first waits for :func:`safe_point`)."""
     signum = _state["pending"]
-    if signum is not None and _state["defer"] == 0:
+    if signum is not None and _state["defer"] == 0 and (
+            _state["agree"] is None or _state["count"] > 1):
+        raise Stopped(signum)
+
+
+def set_agreement(agree) -> None:
+    """Several processes: ``agree(pending) -> signum | None`` (called by every process at the
+    same :func:`safe_point`) decides whether all stop; None: this process alone."""
+    _state["agree"] = agree
+
+
+def safe_point() -> None:
+    """A step boundary every process of the run reaches: :func:`check`, or, with an agreement
+    set, stop every process if any of them recorded a signal."""
+    agree = _state["agree"]
+    if agree is None:
+        check()
+        return
+    signum = agree(_state["pending"])
+    if signum is not None:
+        _state["pending"] = signum
         raise Stopped(signum)
 
 

@@ -55,7 +55,8 @@ _PREFIX = "step_"
 # run may resume with other values; every other key must match the checkpoint's config
 EXECUTION_KEYS = ("progress", "checkpoint_every", "chunk_size", "agents_on", "on_nonfinite",
                   "rounds_per_call",
-                  "compilation_cache", "log", "wandb_project", "log_epsilon_every")
+                  "compilation_cache", "log", "wandb_project", "log_epsilon_every", "mesh",
+                  "distributed")
 #: the dtypes an array of a checkpoint may have
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
@@ -438,6 +439,8 @@ def _like_template(values: Any, template: Any, path: Path) -> Any:
 
     def place(kp, leaf):
         t = want.get(jax.tree_util.keystr(kp))
+        if isinstance(t, jax.Array) and not t.is_fully_addressable:
+            return _place_global(leaf, t.sharding)
         if isinstance(t, jax.Array):
             return jax.device_put(leaf, t.sharding)
         if isinstance(t, np.generic):
@@ -445,6 +448,18 @@ def _like_template(values: Any, template: Any, path: Path) -> Any:
         return leaf                        # host arrays stay host arrays (dtype kept)
 
     return jax.tree_util.tree_map_with_path(place, values)
+
+
+def _place_global(leaf: Any, sharding) -> jax.Array:
+    """A restored (host-side, identical on every process) array placed on a sharding over
+    several processes' devices: each process puts its own shards from its copy (no transfer
+    between hosts); PRNG keys through their key data."""
+    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        impl = jax.random.key_impl(leaf)
+        data = np.asarray(jax.random.key_data(leaf))
+        return jax.jit(lambda d: jax.random.wrap_key_data(d, impl=impl),
+                       out_shardings=sharding)(data)
+    return jax.device_put(np.asarray(leaf), sharding)
 
 
 def _dtype(x: Any):

@@ -24,6 +24,13 @@ def _cmd_run(args) -> int:
     try:
         result, out = _start_run(args)
     except KeyboardInterrupt as e:
+        if _GROUP:                                # every process stopped after the same step
+            group = _GROUP[-1]
+            e.fedjax_dp_stop = (getattr(e, "fedjax_dp_stop", None) or
+                                f"process {group.index} of {group.count} stopped with the others"
+                                ) + f"; {group.resume_hint}"
+            _leave(ok=False)
+            raise
         if not hasattr(e, "fedjax_dp_stop"):      # before the run began: nothing written
             again = ("run the same command again" if out is None else
                      f"start it with: fedjax-dp run {args.config} --resume {out}" if args.config
@@ -31,7 +38,11 @@ def _cmd_run(args) -> int:
             e.fedjax_dp_stop = f"stopped before the run began (nothing written); {again}"
         raise
     try:
+        if _GROUP and not _GROUP[-1].is_writer:   # process 0 reports; the others finish
+            _leave(ok=True)
+            return 0
         status = _report_run(args, result, out)
+        _leave(ok=True)
         stop.check()                              # a signal a callback swallowed, after it
         return status
     except KeyboardInterrupt as e:                # the run had finished: its result is whole
@@ -68,10 +79,14 @@ def _start_run(args) -> tuple[dict, Path]:
         config = config_lib.load(path, args.set or [])
         out = Path(args.out) if args.out else runner.fresh_out("runs", path.stem)
     runner.plan(config)          # fail on a bad config before loading data or compiling
+    _process_spec(args, config)  # the multi-process flags checked before any work
     from fedjax_dp.core import compilation
     compilation.enable_cache(config["run"]["compilation_cache"])   # before anything compiles
-    return runner.run(config, out, progress=not args.quiet, resume=bool(args.resume),
-                      config_source=source), out
+    group, out = _join(args, config, out)
+    result = runner.run(config, out, progress=not args.quiet and (group is None or
+                                                                   group.is_writer),
+                        resume=bool(args.resume), config_source=source, group=group)
+    return result, out
 
 
 def _report_run(args, result: dict, out: Path) -> int:
@@ -145,17 +160,31 @@ def _cmd_sweep(args) -> int:
     from fedjax_dp.core import compilation
     compilation.enable_cache(args.compilation_cache)
     from fedjax_dp.core import files
+    group = None
+    if _process_spec(args, {"run": {}}) is not None:
+        if args.extend_edges:
+            raise ValueError("--extend-edges runs in one process (its selection reads the "
+                             "records between rounds); run the sweep on several, then extend it "
+                             "with --resume DIR --extend-edges R in one")
+        group, out = _join(args, {"run": {}}, out, command="sweep")
+        if not group.is_writer:
+            sweep.follow(sw, group)
+            _leave(ok=True)
+            return 0
     try:             # the folder is this process's for the whole command (a second is refused)
         with sweep.hold(out, what="--resume" if args.resume else "--out",
                         resume=bool(args.resume)):
             if not (args.extend_edges and args.resume):     # resumed: only the extension
                 records = sweep.run(sw, out, resume=bool(args.resume),
                                     vmap_seeds=not args.no_vmap_seeds,
-                                    progress=not args.quiet, log=say)
+                                    progress=not args.quiet, log=say, group=group)
             if args.extend_edges:
                 records = sweep.extend_edges(sw, out, rounds=args.extend_edges, limits=limits,
                                              vmap_seeds=not args.no_vmap_seeds, log=say)
     except BaseException as e:
+        if group is not None and not group.told:          # the others wait for a word
+            from fedjax_dp.experiments import processes
+            processes.tell(group, {"error": str(e) or type(e).__name__})
         if isinstance(e, (files.FolderBusyError, files.UntrustedFileError)):
             raise                        # another sweep's folder, or a file refused: no work
         done = out / "results.jsonl"
@@ -163,7 +192,8 @@ def _cmd_sweep(args) -> int:
         if kept == 0 and isinstance(e, ValueError):       # refused before any run
             raise
         e.fedjax_dp_stop = (f"the sweep stopped with {kept} finished run(s) kept in {out}; "
-                            f"resume with the same command plus --resume {out}")
+                            + (group.resume_hint if group is not None else
+                               f"resume with the same command plus --resume {out}"))
         raise
     if not args.quiet:
         print((out / "summary.md").read_text(), file=sys.stderr)
@@ -172,6 +202,7 @@ def _cmd_sweep(args) -> int:
     print(json.dumps({"results": str(out / "results.jsonl"), "runs": len(records),
                       "summary_csv": str(out / "summary.csv"),
                       "summary_md": str(out / "summary.md")}, indent=2))
+    _leave(ok=True)
     return 0
 
 
@@ -712,6 +743,81 @@ DATA_FORMATS = ("tff_emnist", "tff_emnist_digits", "tff_shakespeare", "tff_stack
                 "gutenberg_shakespeare")
 
 
+def _process_flags(parser) -> None:
+    """The flags of a multi-process run (docs/scale.md#several-hosts-from-the-command-line)."""
+    g = parser.add_argument_group("several processes (the same command on every host)")
+    g.add_argument("--coordinator", metavar="HOST:PORT", default=None,
+                   help="process 0's address and a free port (jax.distributed)")
+    g.add_argument("--num-processes", type=int, metavar="N", default=None,
+                   help="processes in the job (default: detected from SLURM, Open MPI, a TPU "
+                        "pod slice or JAX_* variables; else 1)")
+    g.add_argument("--process-id", type=int, metavar="I", default=None,
+                   help="this process's index, 0..N-1 (process 0 writes the run's files)")
+    g.add_argument("--process-timeout", type=int, metavar="S", default=None,
+                   help="seconds without a heartbeat after which a process counts as lost "
+                        "and every other one stops (default 60)")
+
+
+def _process_spec(args, config: dict):
+    """The :class:`~fedjax_dp.experiments.processes.Spec` of flags, config and environment."""
+    from fedjax_dp.experiments import processes
+    return processes.resolve(
+        {"coordinator": getattr(args, "coordinator", None),
+         "num_processes": getattr(args, "num_processes", None),
+         "process_id": getattr(args, "process_id", None),
+         "timeout_s": getattr(args, "process_timeout", None)},
+        config["run"].get("distributed") or {})
+
+
+#: the job this command joined (None: one process); read by :func:`_main`'s error path
+_GROUP: list = []
+
+
+def _join(args, config: dict, out: Path | None, command: str = "run"):
+    """Join the job the flags, config or environment describe (None: a single process), and
+    agree on the run folder (process 0's). Returns ``(group, out)``."""
+    spec = _process_spec(args, config)
+    if spec is None:
+        return None, out
+    from fedjax_dp.core import stop
+    from fedjax_dp.experiments import processes
+    group = processes.initialize(spec)
+    _GROUP.append(group)
+    stop.set_agreement(group.agree_stop)
+    shared = group.broadcast_bytes(str(out).encode() if group.is_writer and out else None)
+    out = Path(shared.decode()) if shared else None
+    flags = f"--coordinator {spec.coordinator} --num-processes {spec.num_processes} " \
+            f"--process-id I" if spec.coordinator else "(in the same job environment)"
+    group.resume_hint = (f"resume on every host with: fedjax-dp {command} "
+                         f"{'SWEEP ' if command == 'sweep' else ''}--resume {out} {flags}"
+                         if out is not None else "run the same command again on every host")
+    group.start_watchdog()
+    return group, out
+
+
+def _leave(ok: bool) -> None:
+    """End this process's part in the job: a barrier when it finished (no process leaves
+    while another still works), then the watchdog stops and the processes leave JAX's job,
+    process 0 (which hosts the coordination service) last. Every process gets here together
+    (a finished command, an agreed stop, the same error); a lost process ends the others in
+    the watchdog instead."""
+    if not _GROUP:
+        return
+    group = _GROUP.pop()
+    import jax
+    from fedjax_dp.core import stop
+    stop.set_agreement(None)
+    try:
+        if ok:
+            group.sync("fedjax-dp: every process finished")
+    finally:
+        group.announce_leaving("finished" if ok else "stopped")
+        group.stop_watchdog()
+    if group.is_writer:              # the service lives in process 0: it leaves last
+        group.wait_alone(group.spec.timeout_s)
+    jax.distributed.shutdown()
+
+
 def build_parser() -> argparse.ArgumentParser:
     import fedjax_dp
     parser = argparse.ArgumentParser(prog="fedjax-dp", description=__doc__.split("\n")[0])
@@ -728,6 +834,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress display")
     run.add_argument("--plot", action="store_true", help="also write training_curve.png/.svg/.pdf")
     run.add_argument("--debug", action="store_true", help="the traceback, not one error line")
+    _process_flags(run)
     run.set_defaults(func=_cmd_run)
 
     sw = sub.add_parser("sweep", help="grid of configs x target epsilons x seeds (docs/sweeps.md)")
@@ -764,6 +871,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--debug", action="store_true", help="the traceback, not one error line")
     sw.add_argument("--compilation-cache", default="user", metavar="user|off|DIR",
                     help="JAX's persistent compilation cache (default: a user-level folder)")
+    _process_flags(sw)
     sw.set_defaults(func=_cmd_sweep)
 
     cfg = sub.add_parser("configs", help="the shipped configs: list, show or copy one")
@@ -1021,6 +1129,11 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
             original[sig] = signal.getsignal(sig)
             signal.signal(sig, lambda signum, frame: early.append(signum))
     try:
+        from fedjax_dp.experiments import processes
+        words = sys.argv[1:] if argv is None else argv
+        if any(w.split("=")[0] in ("--coordinator", "--num-processes") for w in words) or \
+                processes.detect() is not None:
+            processes.quiet_runtime_logs()    # before jaxlib loads: our line, not its pages
         from fedjax_dp.core import stop as stop_lib
         try:
             with stop_lib.handling(early[0] if early else None):    # from here to the exit
@@ -1058,12 +1171,24 @@ def _main(args) -> int:
     except KeyboardInterrupt as e:
         if debug:
             raise
+        if _GROUP:                            # a multi-process sweep: every process stopped
+            e.fedjax_dp_stop = (getattr(e, "fedjax_dp_stop", None) or
+                                f"process {_GROUP[-1].index} stopped with the others") + \
+                f"; {_GROUP[-1].resume_hint}"
+            _leave(ok=False)
         with stop_lib.ignored():              # a second signal does not cut the stop line
             stop_lib.clear()
             stop = getattr(e, "fedjax_dp_stop", None) or "nothing was kept"
             print(f"fedjax-dp: {stop_lib.what(e)}: {stop}", file=sys.stderr)
         return stop_lib.exit_status(e)
     except Exception as e:
+        if _GROUP:                                # a collective failed: a process was lost?
+            group = _GROUP[-1]
+            why = None if isinstance(e, ValueError) else group.wait_for_loss(
+                group.spec.timeout_s + 5)
+            if why is not None:
+                group.fail(why)                   # one line; ends this process
+            _leave(ok=False)
         if debug:
             raise
         stop = getattr(e, "fedjax_dp_stop", None)

@@ -64,7 +64,13 @@ DEFAULTS: dict[str, Any] = {
             # experiment tracking (experiments/tracking.py): [] (none), "tensorboard", "wandb"
             # and the W&B project; the epsilon spent so far is logged every log_epsilon_every
             # rounds and at the last (0: never)
-            "log": [], "wandb_project": "fedjax-dp", "log_epsilon_every": 1},
+            "log": [], "wandb_project": "fedjax-dp", "log_epsilon_every": 1,
+            # several processes (docs/scale.md#several-hosts-from-the-command-line): the mesh
+            # the agents are split over, "auto" (every device of every process when the run
+            # has several processes; none otherwise), "all" (every device, also of one
+            # process) or "none"; distributed = {coordinator = "HOST:PORT", num_processes = N,
+            # process_id = I, timeout_s = 60} joins a job as the command-line flags do
+            "mesh": "auto", "distributed": {}},
 }
 
 #: the backends ``run.log`` may name (:mod:`fedjax_dp.experiments.tracking`)
@@ -77,11 +83,12 @@ VALIDATION_SPLITS = ("pooled", "per_agent")
 #: keys added after runs were stored, left out of a resolved config while at their default so
 #: that its fingerprint (experiments/checkpoint.py) and stored runs' stay the same; read them
 #: with ``.get(key, default)``
-_LATER_DEFAULTS = (("privacy", "allow_large_delta"),)
+_LATER_DEFAULTS = (("privacy", "allow_large_delta"), ("run", "mesh"), ("run", "distributed"))
 
 # Tables whose keys are free-form (passed through to a dataset, partitioner or algorithm).
 _OPEN_TABLES = {("data", "dataset_options"), ("data", "partition_options"), ("algorithm",),
-                ("data", "server_dataset_options"), ("model", "options"), ("data", "features")}
+                ("data", "server_dataset_options"), ("model", "options"), ("data", "features"),
+                ("run", "distributed")}
 
 
 def parse_value(text: str) -> Any:
@@ -122,6 +129,21 @@ def _merge(base: dict, update: dict, where: tuple[str, ...] = ()) -> dict:
         else:
             out[k] = copy.deepcopy(v)
     return out
+
+
+def _distributed(name: str, value: Any) -> dict:
+    """``run.distributed``: a table of :data:`fedjax_dp.experiments.processes.TABLE_KEYS`,
+    checked as the command-line flags are (:func:`fedjax_dp.experiments.processes.resolve`)."""
+    from fedjax_dp.experiments import processes
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a table (coordinator, num_processes, process_id, "
+                          f"timeout_s), got {value!r}")
+    if value:
+        try:
+            processes.resolve(table=value, env={})
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    return value
 
 
 def _chunk_size(name: str, value: Any) -> int | str:
@@ -210,6 +232,9 @@ FIELDS: dict[tuple[str, ...], Any] = {
                                                  ["wandb", "wandb"])),
     ("run", "wandb_project"): validation.Text("a Weights & Biases project name"),
     ("run", "log_epsilon_every"): validation.Int(0),
+    ("run", "mesh"): validation.Choice(("auto", "all", "none")),
+    ("run", "distributed"): validation.Custom(_distributed, bad=(3, "x", {"coordinator": 1},
+                                                                  {"port": 1})),
     ("algorithm", "name"): validation.Text("an algorithm name"),
 }
 
@@ -236,7 +261,7 @@ def resolve(raw: dict, overrides: list[str] | tuple[str, ...] = ()) -> dict:
     validation.check_choice("run.agents_on", resolved["run"]["agents_on"],
                             ("auto", "device", "host"))
     for table, key in _LATER_DEFAULTS:          # at its default: as configs stored before it
-        if resolved[table][key] is DEFAULTS[table][key]:
+        if resolved[table][key] == DEFAULTS[table][key]:
             del resolved[table][key]
     d = resolved["data"]
     for key, unset in (("validation_split", "pooled"), ("validation_seed", -1)):

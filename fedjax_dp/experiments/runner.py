@@ -36,6 +36,7 @@ from fedjax_dp.core import progress as progress_lib
 from fedjax_dp.data import population
 from fedjax_dp.experiments import checkpoint as checkpoint_lib
 from fedjax_dp.experiments import config as config_lib
+from fedjax_dp.experiments import processes
 from fedjax_dp.experiments import tracking as tracking_lib
 from fedjax_dp.models import make_model
 from fedjax_dp.train import LocalTrainConfig
@@ -362,7 +363,7 @@ def write_progress(out: Path, records: list[dict]) -> None:
 
 def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | None = None,
         resume: bool = False, tracker: tracking_lib.Tracker | None = None,
-        config_source: dict | None = None) -> dict:
+        config_source: dict | None = None, group: processes.Group | None = None) -> dict:
     """Run a resolved config; return the result record (also written to ``out_dir``).
 
     ``resume=True``: continue the run held in ``out_dir`` (same config, except the execution keys
@@ -373,21 +374,32 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
     it. The folder is held by this process for the run's life (a second run on it is refused);
     SIGINT / SIGTERM stop the run at any moment (:mod:`fedjax_dp.core.stop`). ``config_source``:
     recorded as result.json's ``config_source`` (``fedjax-dp run``: a file or a shipped config,
-    :func:`fedjax_dp.experiments.shipped.resolve`)."""
+    :func:`fedjax_dp.experiments.shipped.resolve`). ``group``: the processes of a multi-process
+    run (:mod:`fedjax_dp.experiments.processes`): process 0 holds ``out_dir`` and writes; the
+    others write nothing and learn from process 0 whether to start, resume (the checkpoint is
+    broadcast) or stop."""
     with stop.handling():
         p = dataclasses.replace(plan(config), config_source=config_source)
         out = Path(out_dir) if out_dir is not None else None
+        if group is not None and not group.is_writer:
+            return _follow(p, config, group)
         if resume and out is None:
             raise config_lib.ConfigError("resume needs the run's folder (--resume DIR)")
         if tracker is None and out is None and config["run"].get("log"):
             raise config_lib.ConfigError(f"run.log = {config['run']['log']!r} needs the run's "
                                          f"folder (--out DIR; runner.run(config, out_dir))")
         if out is None:
-            return _run_in(p, config, None, progress, False, tracker, created=False)
+            return _run_in(p, config, None, progress, False, tracker, created=False,
+                           group=group)
         created = not out.exists()
-        lock = claim_out(out, resume=resume)
         try:
-            return _run_in(p, config, out, progress, resume, tracker, created=created)
+            lock = claim_out(out, resume=resume)
+        except Exception as e:
+            processes.tell(group, {"error": str(e)})      # the others stop with the same line
+            raise
+        try:
+            return _run_in(p, config, out, progress, resume, tracker, created=created,
+                           group=group)
         finally:
             lock.release(remove=created and out.is_dir() and
                          [q.name for q in out.iterdir()] == [files.LOCK_NAME])
@@ -395,10 +407,63 @@ def run(config: dict, out_dir: str | Path | None = None, *, progress: bool | Non
                 out.rmdir()
 
 
+def _follow(p: Plan, config: dict, group: processes.Group) -> dict:
+    """:func:`run` on a process other than 0: what process 0 found in the run folder (an
+    error, a finished run, a checkpoint to resume from), then the same run, writing nothing."""
+    import tempfile
+    message, blob = processes.hear(group)
+    if "error" in message:
+        raise config_lib.ConfigError(f"process 0: {message['error']}")
+    if "result" in message:
+        return message["result"]
+    with tempfile.TemporaryDirectory(prefix="fedjax_dp_restart_") as tmp:
+        restart = processes.unpack_folder(blob, tmp) if blob else None
+        return _run(p, config, None, False, restart, _Live(), tracking_lib.Trackers([]),
+                    group=group)
+
+
 def _run_in(p: Plan, config: dict, out: Path | None, progress: bool | None, resume: bool,
-            tracker: tracking_lib.Tracker | None, *, created: bool) -> dict:
-    """:func:`run` in a held folder (or none)."""
+            tracker: tracking_lib.Tracker | None, *, created: bool,
+            group: processes.Group | None = None) -> dict:
+    """:func:`run` in a held folder (or none); with ``group``, what it found is told to the
+    other processes (:func:`_follow`)."""
     show = config["run"]["progress"] if progress is None else progress
+    try:
+        fresh, restart, done = _prepare_folder(config, out, resume, show)
+    except Exception as e:
+        processes.tell(group, {"error": str(e)})
+        raise
+    if done is not None:
+        processes.tell(group, {"result": done})
+        return done
+    processes.tell(group, {"start": True}, processes.pack_folder(restart)
+                   if restart is not None and group is not None else b"")
+    live = _Live()
+    live.total = p.entry.num_steps(p.algorithm_config)
+    own_tracker = tracker is None
+    try:
+        if own_tracker:
+            tracker = tracking_lib.open_run(
+                config, out, restart_step=None if restart is None else
+                checkpoint_lib.read_meta(restart)["step"])
+        return _run(p, config, out, show, restart, live, tracker, group=group)
+    except BaseException as e:
+        with stop.ignored():                     # already stopping: report, then stop
+            if _stopped(e, p, config, out, fresh, live) and own_tracker and \
+                    tracker is not None and tracker.enabled:
+                tracker.close()                  # and what it began: events, the W&B run id
+                tracker = None
+                tracking_lib.remove(out)
+        raise
+    finally:
+        if own_tracker and tracker is not None:
+            tracker.close()
+
+
+def _prepare_folder(config: dict, out: Path | None, resume: bool, show: bool):
+    """A held run folder checked and started: ``(fresh, restart, done)`` -- nothing of this run
+    in it yet, the checkpoint a resume starts from (or None), a finished run's record (or
+    None)."""
     restart = None                               # the checkpoint a resumed run starts from
     fresh = True                                 # nothing of this run is in the folder yet
     if out is not None:
@@ -412,7 +477,7 @@ def _run_in(p: Plan, config: dict, out: Path | None, progress: bool | None, resu
                 if show:
                     print(summary_line(config["algorithm"]["name"], done, out) +
                           " (finished earlier)", file=sys.stderr)
-                return done
+                return fresh, None, done
             restart = checkpoint_lib.latest(out)
             if restart is not None:
                 checkpoint_lib.check_config(restart, config)
@@ -423,26 +488,7 @@ def _run_in(p: Plan, config: dict, out: Path | None, progress: bool | None, resu
             files.write_json(out / "config.json", jsonable(config))
             if fresh:
                 files.write_text(out / "progress.jsonl", "")
-    live = _Live()
-    live.total = p.entry.num_steps(p.algorithm_config)
-    own_tracker = tracker is None
-    try:
-        if own_tracker:
-            tracker = tracking_lib.open_run(
-                config, out, restart_step=None if restart is None else
-                checkpoint_lib.read_meta(restart)["step"])
-        return _run(p, config, out, show, restart, live, tracker)
-    except BaseException as e:
-        with stop.ignored():                     # already stopping: report, then stop
-            if _stopped(e, p, config, out, fresh, live) and own_tracker and \
-                    tracker is not None and tracker.enabled:
-                tracker.close()                  # and what it began: events, the W&B run id
-                tracker = None
-                tracking_lib.remove(out)
-        raise
-    finally:
-        if own_tracker and tracker is not None:
-            tracker.close()
+    return fresh, restart, None
 
 
 def _stopped(e: BaseException, p: Plan, config: dict, out: Path | None, fresh: bool,
@@ -573,10 +619,13 @@ class Setup:
         return out
 
 
-def setup(config: dict) -> Setup:
+def setup(config: dict, *, agents_on: str | None = None) -> Setup:
     """Load, partition and stack the data (:func:`population.build`) and build the model of a
-    resolved config (the seed's root key drives the partition and the algorithm's key)."""
+    resolved config (the seed's root key drives the partition and the algorithm's key).
+    ``agents_on``: in place of ``run.agents_on`` (:func:`agents_placement`)."""
     root = rng.as_key(config["seed"])
+    if agents_on is not None and agents_on != config["run"]["agents_on"]:
+        config = {**config, "run": {**config["run"], "agents_on": agents_on}}
     pop = population.build(config)     # streamed into the stacked agents, placed by agents_on
     check_delta(plan(config), agents=pop.agents.num_agents,   # N known, nothing trained yet
                 records=int(np.asarray(pop.agents.counts).sum()))
@@ -592,18 +641,21 @@ def setup(config: dict) -> Setup:
 
 
 def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | None,
-         live: _Live, tracker: tracking_lib.Tracker) -> dict:
+         live: _Live, tracker: tracking_lib.Tracker,
+         group: processes.Group | None = None) -> dict:
     start = time.perf_counter()
+    mesh = run_mesh(config, group)
     with compilation.CompileLog() as compiles:
-        s = setup(config)
-        stop.check()                 # a signal a callback swallowed during set-up stops here
+        s = setup(config, agents_on=agents_placement(config, mesh))
+        stop.safe_point()            # a signal a callback swallowed during set-up stops here
         setup_s = time.perf_counter() - start
         done, history_so_far, seconds = _steps(p, config, out, show, restart, live, s, compiles,
-                                               tracker)
+                                               tracker, group=group, mesh=mesh)
         timing = {"setup_s": round(setup_s, 4), "round_s": seconds, **compiles.summary()}
         result = result_record(p, config, s, done.state, history_so_far, out,
                                time.perf_counter() - start, timing=timing,
-                               non_finite=live.non_finite)
+                               non_finite=live.non_finite,
+                               extra=processes_record(group, mesh))
     if tracker.enabled:
         tracker.finish(len(history_so_far), tracking_lib.final_scalars(result))
     if show:
@@ -613,7 +665,8 @@ def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | No
 
 def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | None,
            live: _Live, s: "Setup", compiles: compilation.CompileLog,
-           tracker: tracking_lib.Tracker | None = None):
+           tracker: tracking_lib.Tracker | None = None, *,
+           group: processes.Group | None = None, mesh=None):
     """Drive the algorithm's steps: progress, checkpoints, per-round seconds and compilations,
     the non-finite check, the tracker (every progress.jsonl record's scalars and the epsilon spent
     so far, :func:`epsilon_spent`). Returns ``(api.Result, history, seconds per round)``."""
@@ -637,7 +690,7 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
     tracking = _Tracking(p.entry, compiles, clock, check_finite=not phases)
 
     def on_round(t: int, record: dict) -> None:
-        stop.check()                 # a signal a callback swallowed stops here, at a round
+        stop.safe_point()            # a signal stops here, at a round (every process at once)
         state = tracking.state_at(t)
         live.state = state
         record_s = tracking.round_seconds(t, clock)
@@ -653,10 +706,9 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
                 line["compilations"] = new
         if out is not None:
             append_progress(out, line)
-            if every and t % every == 0 and t < steps_total and not bad:
-                checkpoint_lib.save(out, state, config=config, history=history_so_far,
-                                    ledgers=[lg.to_json() for lg in
-                                             api.ledgers(p.entry, p.algorithm_config, state)])
+        if every and t % every == 0 and t < steps_total and not bad and \
+                (out is not None or group is not None):
+            _checkpoint(p, config, out, state, history_so_far, group)
         if tracker.enabled:
             eps_every = config["run"].get("log_epsilon_every", 1)
             eps = (epsilon_spent(p, config, t, state) if eps_every and
@@ -683,7 +735,7 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
     with reporter.task(name, total=steps_total, unit="phase" if phases else "round") as bar_task:
         if not reporter.enabled:
             bar_task = None
-        runtime = api.Runtime(chunk_size=chunk, progress=reporter,
+        runtime = api.Runtime(chunk_size=chunk, progress=reporter, mesh=mesh,
                               rounds_per_call=config["run"].get("rounds_per_call", "auto"))
         start_state = None
         if tracker.enabled:
@@ -697,7 +749,8 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
                                                        hooks.checkpoint_types)
             history_so_far.extend(meta["history"])
             live.state = start_state
-            write_progress(out, meta["history"])     # the rounds the checkpoint holds
+            if out is not None:
+                write_progress(out, meta["history"])     # the rounds the checkpoint holds
             for record in meta["history"]:
                 if tracker.enabled:        # logged by the interrupted process, if it tracked
                     tracker.log(record["round"], tracking_lib.scalars(record), restored=True)
@@ -707,6 +760,53 @@ def _steps(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | 
                        runtime=runtime, evaluate=evaluate, eval_every=eval_every,
                        on_step=on_round, state=start_state, boundaries=(every,))
     return done, history_so_far, seconds
+
+
+def _checkpoint(p: Plan, config: dict, out: Path | None, state: api.State, history: list,
+                group: processes.Group | None) -> None:
+    """Round ``state.step``'s checkpoint, written by the process holding ``out``; with several
+    processes every one takes part in gathering the state (arrays split over processes are
+    all-gathered: the same collective on every process), and only process 0 writes."""
+    if group is not None:
+        state = dataclasses.replace(state, values=processes.host_values(state.values))
+    if out is not None:
+        checkpoint_lib.save(out, state, config=config, history=history,
+                            ledgers=[lg.to_json() for lg in
+                                     api.ledgers(p.entry, p.algorithm_config, state)])
+
+
+def run_mesh(config: dict, group: processes.Group | None):
+    """``run.mesh``'s ``agents`` mesh (:func:`fedjax_dp.core.agent_mesh`: every device of every
+    process), or None: ``"auto"`` is all devices when the run has several processes."""
+    choice = config["run"].get("mesh", "auto")
+    if choice == "none" or (choice == "auto" and group is None):
+        return None
+    from fedjax_dp.core import agent_mesh
+    return agent_mesh()
+
+
+def agents_placement(config: dict, mesh) -> str:
+    """``run.agents_on``, except over a mesh of several processes: host rows (numpy or memory
+    mapped), of which each process reads and transfers only its own devices' agents."""
+    on = config["run"]["agents_on"]
+    if mesh is None or len({d.process_index for d in mesh.devices.flat}) == 1:
+        return on
+    if on == "device":
+        raise config_lib.ConfigError(
+            "run.agents_on = \"device\" holds every agent on each process's first device; with "
+            "several processes use \"host\" or \"auto\" (each process then reads only its own "
+            "devices' agents)")
+    return "host"
+
+
+def processes_record(group: processes.Group | None, mesh) -> dict:
+    """result.json's ``processes``: the job's size and the mesh the agents were split over."""
+    if group is None and mesh is None:
+        return {}
+    return {"processes": {
+        "count": jax.process_count(), "local_devices": jax.local_device_count(),
+        "mesh_devices": 0 if mesh is None else int(mesh.devices.size),
+        "cluster": None if group is None else group.spec.cluster}}
 
 
 class NonFiniteError(ValueError):
@@ -743,7 +843,7 @@ def divergence_message(config: dict, t: int, what: str) -> str:
 
 def result_record(p: Plan, config: dict, s: Setup, state: api.State, history: list[dict],
                   out: Path | None, wall_time_s: float, *, timing: dict | None = None,
-                  non_finite: dict | None = None) -> dict:
+                  non_finite: dict | None = None, extra: dict | None = None) -> dict:
     """The ``result.json`` record of a finished run (written to ``out`` when given): the final
     model's test accuracy, every ledger's guarantees, the history, versions."""
     output = p.entry.output(state)
@@ -782,6 +882,7 @@ def result_record(p: Plan, config: dict, s: Setup, state: api.State, history: li
         result["non_finite"] = non_finite
     if timing is not None:
         result["timing"] = timing
+    result.update(extra or {})
     result.update({k: v for k, v in extra_fields.items() if k not in result})
     result = jsonable(result)
     if out is not None:

@@ -498,19 +498,44 @@ def _append(out: Path, record: dict) -> None:
 
 
 def run(sw: Sweep, out: str | Path, *, resume: bool = False, vmap_seeds: bool = True,
-        progress: bool = False, log: Callable[[str], None] | None = None) -> list[dict]:
+        progress: bool = False, log: Callable[[str], None] | None = None,
+        group=None) -> list[dict]:
     """Run every run of ``sw`` not yet in ``out/results.jsonl`` and write the summaries; return
-    all records (earlier and new)."""
+    all records (earlier and new). ``group`` (:mod:`fedjax_dp.experiments.processes`): this is
+    process 0 of a multi-process sweep; it tells the others (:func:`follow`) which runs are
+    done, and every run is computed by all the processes together, one at a time."""
     runs = expand(sw)                                   # every config checked before any work
     plan = {"name": sw.name, "bases": [n for n, _ in sw.bases], "grid": sw.grid,
             "seeds": sw.seeds, "target_epsilon": sw.target_epsilon, "calibrate": sw.calibrate,
             "overrides": sw.overrides, "runs": len(runs)}
-    return _run_all(sw, runs, plan, out, resume=resume, vmap_seeds=vmap_seeds, log=log)
+    return _run_all(sw, runs, plan, out, resume=resume, vmap_seeds=vmap_seeds, log=log,
+                    group=group)
+
+
+def follow(sw: Sweep, group) -> None:
+    """A multi-process sweep on a process other than 0: the runs process 0 has not done yet
+    (it tells which), each computed with the others (``runner.run(..., group=group)``);
+    nothing is written here."""
+    from fedjax_dp.experiments import processes, runner
+    message, _ = processes.hear(group)
+    if "error" in message:
+        raise ConfigError(f"process 0: {message['error']}")
+    done = set(message["done"])
+    cells: dict[str, list[Run]] = {}
+    for r in expand(sw):
+        cells.setdefault(r.cell, []).append(r)
+    for cell_runs in cells.values():
+        configs, _ = _calibrated(sw, cell_runs)
+        for config in configs:
+            if run_id(config) not in done:
+                compilation.release_compiled()
+                runner.run(config, None, progress=False, group=group)
 
 
 def _run_all(sw: Sweep, runs: list[Run], plan: dict, out: str | Path, *, resume: bool,
              vmap_seeds: bool, log: Callable[[str], None] | None,
-             refusable: Callable[[Run, ValueError], bool] | None = None) -> list[dict]:
+             refusable: Callable[[Run, ValueError], bool] | None = None,
+             group=None) -> list[dict]:
     """Run ``runs`` (those not yet in ``out``), add ``plan`` to sweep.json's invocations, and
     write the summaries and the selection. A cell whose run raises a ValueError that
     ``refusable`` accepts (a value past a limit only the data shows) is skipped and listed in
@@ -519,19 +544,24 @@ def _run_all(sw: Sweep, runs: list[Run], plan: dict, out: str | Path, *, resume:
     with hold(out, what="--resume" if resume else "--out", resume=resume):
         _check_out(out, resume)                  # (again) now that no other sweep can write
         return _run_held(sw, runs, plan, out, resume=resume, vmap_seeds=vmap_seeds, log=log,
-                         refusable=refusable)
+                         refusable=refusable, group=group)
 
 
 def _run_held(sw: Sweep, runs: list[Run], plan: dict, out: Path, *, resume: bool,
               vmap_seeds: bool, log: Callable[[str], None] | None,
-              refusable: Callable[[Run, ValueError], bool] | None) -> list[dict]:
+              refusable: Callable[[Run, ValueError], bool] | None, group=None) -> list[dict]:
     """:func:`_run_all` in the folder this process holds."""
+    from fedjax_dp.experiments import processes
     # sweep.json: this invocation's plan at the top, and every invocation that wrote into the
     # folder (a --resume with another grid adds arms) under "invocations", so it describes
     # every record the folder holds
     files.remove_temporaries(out)                # what a killed atomic write left
     earlier = _read_plans(out) if resume else []
     done = _done_ids(out)                        # both checked before anything is written
+    if group is not None:
+        processes.tell(group, {"done": sorted(done)})
+        group.told = True
+        vmap_seeds = False                       # every run over the job's mesh, one by one
 
     def write_plan():
         files.write_json(out / "sweep.json", {**plan, "invocations": earlier + [plan]})
@@ -550,7 +580,7 @@ def _run_held(sw: Sweep, runs: list[Run], plan: dict, out: Path, *, resume: bool
             todo = [i for i, rid in enumerate(ids) if rid not in done]
             if todo:
                 finished = _run_cell(sw, out, cell_runs, configs, ids, todo, calibrated,
-                                     vmap_seeds, log, finished, len(runs), t0)
+                                     vmap_seeds, log, finished, len(runs), t0, group)
         except ValueError as e:
             if refusable is None or not refusable(first, e):
                 raise
@@ -587,7 +617,7 @@ def _calibrated(sw: Sweep, cell_runs: list[Run]) -> tuple[list[dict], list | Non
 
 def _run_cell(sw: Sweep, out: Path, cell_runs: list[Run], configs: list[dict], ids: list[str],
               todo: list[int], calibrated, vmap_seeds: bool, log: Callable[[str], None],
-              finished: int, total: int, t0: float) -> int:
+              finished: int, total: int, t0: float, group=None) -> int:
     """Run one cell's missing seeds (``todo``), vmapped where they can share a call, appending
     each record; returns the count of finished runs."""
     from fedjax_dp.experiments import runner
@@ -605,7 +635,7 @@ def _run_cell(sw: Sweep, out: Path, cell_runs: list[Run], configs: list[dict], i
             tracker = _tracker(out, cell_runs[i], configs[i], ids[i], sw)
             try:
                 results.append(runner.run(configs[i], None, progress=False,
-                                          tracker=tracker))
+                                          tracker=tracker, group=group))
             finally:
                 tracker.close()
             _write(out, cell_runs[i], configs[i], ids[i], results[-1], calibrated, i, sw)
