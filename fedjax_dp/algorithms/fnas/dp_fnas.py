@@ -152,12 +152,25 @@ def agents_per_process(party_rows: jax.Array, num_parties: int, mesh) -> tuple[i
 
 def _replicated(ctx: Context, tree):
     """``tree`` replicated on ``ctx.runtime.mesh`` (as it is without a mesh): the server state and
-    keys every device reads (equal on every process, so a host or local copy may be placed)."""
+    keys every device reads, equal on every process. Leaves already replicated on the mesh stay;
+    others (the state ``init`` or the memo made, the epoch's key: local arrays, which a
+    multi-process mesh refuses to mix in) are placed from a host copy (typed keys through their
+    key data)."""
     mesh = ctx.runtime.mesh
     if mesh is None:
         return tree
     from jax.sharding import NamedSharding, PartitionSpec as P
-    return jax.device_put(tree, NamedSharding(mesh, P()))
+    target = NamedSharding(mesh, P())
+
+    def put(a):
+        if isinstance(a, jax.Array) and a.sharding.is_equivalent_to(target, a.ndim):
+            return a
+        if isinstance(a, jax.Array) and jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            data = jax.device_put(np.asarray(jax.random.key_data(a)), target)
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(a))
+        return jax.device_put(np.asarray(a), target)
+
+    return jax.tree.map(put, tree)
 
 
 def num_steps(config: Config) -> int:
