@@ -123,7 +123,8 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     retrain_iters = iterations_per_epoch(counts, config.retrain_batch_size)
     net = darts.search_network(config.space, tuple(data.feature_shape), data.num_classes)
     fns = steps.make_search(net, search_hyper(config, iters * config.search_epochs),
-                            backend=runtime.backend, mesh=mesh, num_parties=len(counts))
+                            backend=runtime.backend, mesh=mesh,
+                            num_parties=None if mesh is None else len(counts))
     timings = {"search": 0.0, "retrain": 0.0, "compile_search": 0.0, "compile_retrain": 0.0}
     ctx = Context(config=config, model=net, search_data=search_data, retrain_data=retrain_data,
                   search_fns=fns, search_iterations=iters, retrain_iterations=retrain_iters,
@@ -255,7 +256,8 @@ def _retrain_fns(ctx: Context, geno: darts.Genotype, feature_shape, num_classes)
                                total_iterations=ctx.retrain_iterations * c.retrain_epochs)
     return fixed, steps.make_retrain(fixed, hyper, backend=ctx.runtime.backend,
                                      mesh=ctx.runtime.mesh,
-                                     num_parties=len(ctx.rates["retrain"]))
+                                     num_parties=None if ctx.runtime.mesh is None
+                                     else len(ctx.rates["retrain"]))
 
 
 def _prepare_retrain(state: api.State, values: dict, k_init: jax.Array) -> None:
