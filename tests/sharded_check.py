@@ -2,9 +2,9 @@
 
 Checks that sharding the agent axis over 8 CPU devices gives the same results as one device, for
 the lift primitive, local training of all agents, and a full FedAvg / DP-FedAvg round (whose sum
-over agents becomes a cross-device reduction), the MPC vote, and -- from
-``isrl_sharded_check.py``, in the same process so that JAX starts once -- the ISRL-DP silo axis
-(SPIDER and SDP SPIDER). Prints one JSON line.
+over agents becomes a cross-device reduction), the MPC vote, DP-FNAS (:func:`fnas_checks`), and
+-- from ``isrl_sharded_check.py``, in the same process so that JAX starts once -- the ISRL-DP
+silo axis (SPIDER and SDP SPIDER). Prints one JSON line.
 """
 import json
 import sys
@@ -29,6 +29,46 @@ from fedjax_dp.train import LocalTrainConfig, train_agents
 def close(a, b, tol=1e-5):
     return all(np.allclose(x, y, rtol=tol, atol=tol) for x, y in
                zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def fnas_checks(mesh) -> dict:
+    """DP-FNAS (11 parties: padded to 16 rows, 2 per device) with ``runtime.mesh``: one search
+    epoch and one retraining epoch equal the run without a mesh (search state, genotype,
+    retrained parameters, diagnostics history; private, so the parties' noise is the same); the
+    parties' data is split over the 8 devices and ``agents_per_process`` counts all 11."""
+    from fedjax_dp.algorithms import api
+    from fedjax_dp.algorithms.fnas import dp_fnas, search_memo
+
+    shape, classes = (4, 4, 1), 3
+    cfg = dp_fnas.Config(nodes=1, channels=2, cells=1, primitives=("none", "skip_connect"),
+                         stem_multiplier=1, search_epochs=1, batch_size=2, retrain_epochs=1,
+                         retrain_batch_size=2, diagnostics=True)
+    r = np.random.default_rng(3)
+    sizes = [3, 5, 4, 6, 2, 5, 3, 4, 6, 5, 2]
+    fed = api.FederatedData(agents=from_ragged(
+        [r.normal(size=(n,) + shape).astype(np.float32) for n in sizes],
+        [r.integers(0, classes, n) for n in sizes]), num_classes=classes)
+    runs = {}
+    for name, m in (("plain", None), ("mesh", mesh)):
+        search_memo.clear()                  # each run computes its search (no replay)
+        runs[name] = api.run(dp_fnas, jax.random.key(0), fed, None, cfg,
+                             runtime=api.Runtime(mesh=m))
+    plain, sharded = runs["plain"].state, runs["mesh"].state
+    strip = lambda res: [{k: v for k, v in h.items() if not k.endswith("_s")}
+                         for h in res.history]
+    hist = all(a.keys() == b.keys() and all(np.isclose(a[k], b[k], rtol=1e-5, atol=1e-6)
+                                            for k in a)
+               for a, b in zip(strip(runs["plain"]), strip(runs["mesh"])))
+    x = sharded.context.search_data.train.x
+    split = (x.shape[0] == 16 and len(x.sharding.device_set) == 8
+             and x.sharding.spec[0] == "agents"
+             and np.array_equal(np.asarray(x)[:11], np.asarray(plain.context.search_data.train.x)))
+    equal = (close(plain.values["search"], sharded.values["search"])
+             and close(plain.values["retrain"].params, sharded.values["retrain"].params)
+             and dp_fnas.genotype(plain) == dp_fnas.genotype(sharded)
+             and len(runs["mesh"].history) == 2 and hist)
+    return {"dp_fnas_sharded": bool(split and equal),
+            "dp_fnas_agents_per_process": sharded.context.agents_per_process == (11,)}
 
 
 def main():
@@ -107,6 +147,7 @@ def main():
                            and np.array_equal(vote.mpc_vote_and_sums(
                                key, fn, agents, queries, 0.3, num_classes=3, mesh=mesh)[0],
                                agg(None)))
+    out.update(fnas_checks(mesh))
     out.update(isrl_sharded_check.checks())
     print(json.dumps(out))
     return 0 if all(out.values()) else 1

@@ -19,6 +19,16 @@ vmapped over the seeds; retraining needs host work per seed (the derived genotyp
 network), so seeds with equal genotypes retrain together. A search epoch equal to one run
 earlier in the process is replayed (:mod:`.search_memo`), so a grid over ``retrain_seed`` costs
 one search.
+
+Mesh (``runtime.mesh``, an ``agents`` mesh, possibly spanning several processes under
+``jax.distributed``; needs ``runtime.backend = "vmap"``): the parties' halves and retraining data
+are global arrays split over the mesh (:mod:`.data`: each process reads only its own devices'
+parties), every iteration runs each party's mechanisms on exactly one device and the means over
+parties are a cross-device ``psum`` (:func:`.steps.party_mean`); the server state (W, alpha,
+their optimiser states; the retraining state) is replicated on the mesh, so the host reads it
+as before. Each party keeps its key (its global index), hence its noise: the results equal a
+run without a mesh up to the summation order. ``Context.agents_per_process`` counts the parties
+each process handled. Seeds then run one by one (:func:`batch_plan` declines).
 """
 from __future__ import annotations
 
@@ -38,7 +48,7 @@ from fedjax_dp.algorithms.fnas import privacy as fnas_privacy
 from fedjax_dp.algorithms.fnas import search_memo, steps
 from fedjax_dp.algorithms.fnas.config import (RANDOM_GENOTYPE, Config, mechanism,
                                              memory_drivers, search_hyper)
-from fedjax_dp.algorithms.fnas.data import (check_parties, iterations_per_epoch,
+from fedjax_dp.algorithms.fnas.data import (check_parties, host_rates, iterations_per_epoch,
                                            make_retrain_data, make_search_data, split_halves)
 from fedjax_dp.core import memory, rng, seed_axis
 from fedjax_dp.models import Model, darts
@@ -66,6 +76,10 @@ class Context:
     compiled: set = dataclasses.field(default_factory=set)   # phases whose call is compiled
     fixed: darts.Genotype | None = None    # the genotype retrained without search, if any
     data_id: str = ""                      # search_memo.fingerprint of search_data (lazy)
+    rates: dict = dataclasses.field(default_factory=dict)  # host [K] rates: train, val, retrain
+    # real parties whose data (and work) each process holds: one entry per process with a mesh
+    # (summed over processes they give K), (K,) without (this process runs every party)
+    agents_per_process: tuple = ()
 
 
 _COMPILED: dict = {}
@@ -78,7 +92,8 @@ def compile_checked(fn, *args, what: str = "a step", drivers=None) -> tuple[Any,
     ``what`` and the config keys ``drivers``)."""
     sig = (fn, jax.tree.structure(args),
            tuple((np.shape(a), str(jnp.asarray(a).dtype) if not isinstance(a, jax.Array)
-                  else str(a.dtype)) for a in jax.tree.leaves(args)))
+                  else str(a.dtype), getattr(a, "sharding", None))
+                 for a in jax.tree.leaves(args)))
     if sig in _COMPILED:
         return _COMPILED[sig], 0.0
     start = time.perf_counter()
@@ -91,25 +106,72 @@ def compile_checked(fn, *args, what: str = "a step", drivers=None) -> tuple[Any,
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
          runtime: api.Runtime = api.Runtime()) -> api.State:
     """Validate the parties, split their halves, initialise W and alpha (the search step is
-    compiled by the first step). ``model`` is not used: the networks come from the config."""
+    compiled by the first step). ``model`` is not used: the networks come from the config.
+    ``runtime.mesh``: the parties' data split over the mesh, the state replicated on it (see
+    the module)."""
     api.check_init(config, Config)
     counts = np.asarray(data.agents.counts)
     check_parties(counts)
-    search_data = make_search_data(data.agents, config.batch_size)
-    retrain_data = make_retrain_data(data.agents, config.retrain_batch_size)
+    mesh = runtime.mesh
+    if mesh is not None and runtime.backend != "vmap":
+        raise ValueError("DP-FNAS: runtime.mesh needs runtime.backend='vmap' (the loop backend "
+                         "is the one-device reference)")
+    search_data = make_search_data(data.agents, config.batch_size, mesh)
+    retrain_data = make_retrain_data(data.agents, config.retrain_batch_size, mesh)
     n_train, _ = split_halves(counts)
     iters = iterations_per_epoch(n_train, config.batch_size)
     retrain_iters = iterations_per_epoch(counts, config.retrain_batch_size)
     net = darts.search_network(config.space, tuple(data.feature_shape), data.num_classes)
     fns = steps.make_search(net, search_hyper(config, iters * config.search_epochs),
-                            backend=runtime.backend)
-    state = fns.init(api.init_key(key))
+                            backend=runtime.backend, mesh=mesh,
+                            num_parties=None if mesh is None else len(counts))
     timings = {"search": 0.0, "retrain": 0.0, "compile_search": 0.0, "compile_retrain": 0.0}
     ctx = Context(config=config, model=net, search_data=search_data, retrain_data=retrain_data,
                   search_fns=fns, search_iterations=iters, retrain_iterations=retrain_iters,
                   runtime=runtime, timings=timings, retrain={},
-                  fixed=fixed_genotype(key, config))
+                  fixed=fixed_genotype(key, config),
+                  rates=host_rates(data.agents, config.batch_size, config.retrain_batch_size),
+                  agents_per_process=agents_per_process(search_data.train.mask, len(counts),
+                                                        mesh))
+    state = _replicated(ctx, fns.init(api.init_key(key)))
     return api.State(step=0, values={"search": state}, context=ctx)
+
+
+def agents_per_process(party_rows: jax.Array, num_parties: int, mesh) -> tuple[int, ...]:
+    """The real parties (rows < ``num_parties`` of ``party_rows``' leading axis) whose rows each
+    process holds, from the addressable shards (host-side, no data read); with several processes
+    gathered (``process_allgather``), one entry per process. Without a mesh: ``(num_parties,)``."""
+    if mesh is None:
+        return (num_parties,)
+    rows = {s.index[0].indices(party_rows.shape[0])[:2] for s in party_rows.addressable_shards}
+    local = sum(max(0, min(hi, num_parties) - lo) for lo, hi in rows)
+    if jax.process_count() == 1:
+        return (local,)
+    from jax.experimental import multihost_utils
+    return tuple(int(c) for c in np.ravel(multihost_utils.process_allgather(np.int64(local))))
+
+
+def _replicated(ctx: Context, tree):
+    """``tree`` replicated on ``ctx.runtime.mesh`` (as it is without a mesh): the server state and
+    keys every device reads, equal on every process. Leaves already replicated on the mesh stay;
+    others (the state ``init`` or the memo made, the epoch's key: local arrays, which a
+    multi-process mesh refuses to mix in) are placed from a host copy (typed keys through their
+    key data)."""
+    mesh = ctx.runtime.mesh
+    if mesh is None:
+        return tree
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    target = NamedSharding(mesh, P())
+
+    def put(a):
+        if isinstance(a, jax.Array) and a.sharding.is_equivalent_to(target, a.ndim):
+            return a
+        if isinstance(a, jax.Array) and jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            data = jax.device_put(np.asarray(jax.random.key_data(a)), target)
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(a))
+        return jax.device_put(np.asarray(a), target)
+
+    return jax.tree.map(put, tree)
 
 
 def num_steps(config: Config) -> int:
@@ -192,7 +254,10 @@ def _retrain_fns(ctx: Context, geno: darts.Genotype, feature_shape, num_classes)
     hyper = steps.RetrainHyper(mech=mechanism(c, "clip_retrain", "noise_retrain", c.retrain_private),
                                lr=c.retrain_lr,
                                total_iterations=ctx.retrain_iterations * c.retrain_epochs)
-    return fixed, steps.make_retrain(fixed, hyper, backend=ctx.runtime.backend)
+    return fixed, steps.make_retrain(fixed, hyper, backend=ctx.runtime.backend,
+                                     mesh=ctx.runtime.mesh,
+                                     num_parties=None if ctx.runtime.mesh is None
+                                     else len(ctx.rates["retrain"]))
 
 
 def _prepare_retrain(state: api.State, values: dict, k_init: jax.Array) -> None:
@@ -206,7 +271,7 @@ def _prepare_retrain(state: api.State, values: dict, k_init: jax.Array) -> None:
                                   ctx.model.num_classes)
         ctx.retrain.update(model=fixed, fns=fns, genotype=geno)
     if "retrain" not in values:
-        values["retrain"] = ctx.retrain["fns"].init(k_init)
+        values["retrain"] = _replicated(ctx, ctx.retrain["fns"].init(k_init))
 
 
 def _mean_metrics(records: list[dict], seeds: int | None) -> list[dict]:
@@ -240,8 +305,8 @@ def _epoch(states: list[api.State], values: list[dict], k_epochs: list, phase: s
     fn = iteration(update, many, data_axis if many else None, compiled)
     if many:
         value, k_epoch = _stack([v[phase] for v in values]), jnp.stack(k_epochs)
-    else:
-        value, k_epoch = values[0][phase], k_epochs[0]
+    else:                                      # with a mesh: replicated on it
+        value, k_epoch = _replicated(ctx, (values[0][phase], k_epochs[0]))
     seconds = 0.0
     if compiled:
         args = (value, k_epoch, np.int32(0), data)
@@ -350,13 +415,13 @@ def batch_plan(states: list[api.State]) -> tuple[list, Callable] | None:
     """What S seeds of one config share, for :func:`batched_step`: ``(contexts, group_data)``
     with ``group_data(members, phase) -> (data, data_axis)`` (the seeds' halves and retraining
     data shared when equal, stacked on a seed axis otherwise; a retraining group's rows). None
-    (the seeds then run one by one) with the loop backend, or when the seeds' data shapes or
-    epoch lengths differ."""
+    (the seeds then run one by one) with the loop backend or a mesh, or when the seeds' data
+    shapes or epoch lengths differ."""
     if not states or len({s.step for s in states}) != 1:
         return None
     ctxs: list[Context] = [s.context for s in states]
     c0 = ctxs[0]
-    if c0.runtime.backend != "vmap":
+    if c0.runtime.backend != "vmap" or c0.runtime.mesh is not None:
         return None
     if any(c.config != c0.config or c.model is not c0.model or c.search_fns is not c0.search_fns
            or c.search_iterations != c0.search_iterations
@@ -408,8 +473,7 @@ def output(state: api.State) -> api.Output:
 
 
 def _record_events(config: Config, ctx: Context) -> list[tuple]:
-    tr, va, re = (np.asarray(ctx.search_data.train.rate), np.asarray(ctx.search_data.val.rate),
-                  np.asarray(ctx.retrain_data.rate))
+    tr, va, re = ctx.rates["train"], ctx.rates["val"], ctx.rates["retrain"]
     t = ctx.search_iterations * config.search_steps
     t_re = ctx.retrain_iterations * config.retrain_epochs if config.retrain_private else 0
     return [fnas_privacy.record_events(
@@ -465,8 +529,7 @@ def paper_gdp(config: Config, state: api.State, delta: float) -> dict | None:
         return None
     ctx: Context = state.context
     return fnas_privacy.paper_gdp(
-        rates_train=np.asarray(ctx.search_data.train.rate).tolist(),
-        rates_val=np.asarray(ctx.search_data.val.rate).tolist(),
+        rates_train=ctx.rates["train"].tolist(), rates_val=ctx.rates["val"].tolist(),
         iterations=ctx.search_iterations * config.search_steps,
         noise_weights=config.noise_weights, noise_arch=config.noise_arch, delta=delta)
 

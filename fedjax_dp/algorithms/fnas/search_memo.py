@@ -49,13 +49,31 @@ def search_config(config: Any) -> Any:
 
 
 def fingerprint(tree: Any) -> str:
-    """A SHA-256 of every leaf's shape, dtype and bytes (the parties' search data)."""
+    """A SHA-256 of every leaf's shape, dtype and bytes (the parties' search data). A global
+    array spanning several processes (the data split over a multi-process mesh) is hashed from
+    this process's shards, and the processes' digests are then gathered and hashed together
+    (``process_allgather``, every process calls it): equal on every process, and a change of
+    any process's parties changes it everywhere (so every process hits or misses the memo)."""
     h = hashlib.sha256()
+    spread = False
     for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            spread = True
+            h.update(repr((leaf.shape, np.dtype(leaf.dtype).str)).encode())
+            shards = sorted(leaf.addressable_shards,
+                            key=lambda s: [i.indices(n)[:2] for i, n in zip(s.index, leaf.shape)])
+            for s in shards:
+                h.update(repr(s.index).encode())
+                h.update(np.ascontiguousarray(np.asarray(s.data)).tobytes())
+            continue
         a = np.asarray(leaf)
         h.update(repr((a.shape, a.dtype.str)).encode())
         h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
+    if not spread:
+        return h.hexdigest()
+    from jax.experimental import multihost_utils
+    digests = multihost_utils.process_allgather(np.frombuffer(h.digest(), np.uint8))
+    return hashlib.sha256(np.ascontiguousarray(digests).tobytes()).hexdigest()
 
 
 def _key(config: Any, data_id: str, step_key: jax.Array, t: int) -> tuple:

@@ -26,8 +26,16 @@ axis, :func:`fedjax_dp.core.for_each_agent`), compiled once. One iteration (docs
 Without noise and clipping, with ``q = 1`` and ``'jvp'``, H is exactly ``grad_alpha F(alpha)`` of
 ``F(alpha) = mean_k L_val,k(W - xi grad_W mean_j L_trn,j(W, alpha), alpha)`` (tested).
 
-Keys: per iteration one key per draw kind (weights, architecture, second order), split per party,
-then per party into a sampling key and a noise key: no key is used twice.
+Keys: per iteration one key per draw kind (weights, architecture, second order), split per party
+(party k takes entry k of ``jax.random.split(key, K)``, by its global index), then per party into
+a sampling key and a noise key: no key is used twice.
+
+Mesh (``make_search(..., mesh=, num_parties=K)``): the parties' data is split over the mesh's
+``agents`` axis (``K_pad = ceil(K / D) D`` rows, rows >= K padding: :mod:`.data`); each device
+computes its own parties' mechanisms (:func:`party_mean`: ``shard_map``), the sums over parties
+are a cross-device ``psum`` of each device's real parties, divided by K on every device; the
+server state stays replicated. Same keys per party, so the same noise: equal results up to the
+summation order.
 
 Retraining (``make_retrain``): the same weight mechanism on the fixed network over ALL records of
 every party (DP federated SGD), with its own sampling rate, clip norm and noise.
@@ -42,7 +50,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jax.sharding import PartitionSpec as P
+
 from fedjax_dp.core import for_each_agent
+from fedjax_dp.core.cohort import masked_sum
+from fedjax_dp.core.lift import AGENTS
 from fedjax_dp.models.darts import SearchModel
 from fedjax_dp.privacy import batch_selection as bs, noise
 from fedjax_dp.privacy.clipping import clipped_sum
@@ -185,6 +197,55 @@ def over_parties(fn: Callable, in_axes: tuple, *, chunk_size: int | None,
     return call
 
 
+def _party_keys(key: jax.Array, num_parties: int, rows: int) -> jax.Array:
+    """Party k's key ``jax.random.split(key, num_parties)[k]``, padded to ``rows`` with copies of
+    the last (the padding parties' results are selected away)."""
+    keys = jax.random.split(key, num_parties)
+    if rows > num_parties:
+        keys = jnp.concatenate([keys, jnp.repeat(keys[-1:], rows - num_parties, axis=0)])
+    return keys
+
+
+def party_mean(fn: Callable, in_axes: tuple, *, chunk_size: int | None, backend: str,
+               mesh: Any = None, num_parties: int | None = None) -> Callable:
+    """``call(key, *args)``: the mean over the parties of ``fn(key_k, *args_k)``, with ``key_k``
+    party k's entry of ``jax.random.split(key, K)`` and ``in_axes`` the axes of ``args`` (0: a
+    leading party axis, None: shared).
+
+    Without ``mesh``: :func:`over_parties` (K = the party axis' length), then the mean. With
+    ``mesh``: the party axis holds ``K_pad`` rows (a multiple of the mesh's devices, rows >=
+    ``num_parties`` padding) split over ``agents``; each device runs :func:`over_parties` on its
+    own rows (``shard_map``, no data moves), sums its real parties (the padding selected away),
+    a ``psum`` adds the devices' sums, divided by ``num_parties``: a replicated result.
+    """
+    axes = (0,) + tuple(in_axes)
+    rows = lambda args: next(jax.tree.leaves(a)[0].shape[0] for a, ax in zip(args, in_axes)
+                             if ax == 0)
+    if mesh is None:
+        lifted = over_parties(fn, axes, chunk_size=chunk_size, backend=backend)
+        return lambda key, *args: _tree_mean0(lifted(jax.random.split(key, rows(args)), *args))
+    if num_parties is None or backend != "vmap":
+        raise ValueError("party_mean with a mesh needs num_parties and backend='vmap'")
+    local_fn = over_parties(fn, axes, chunk_size=chunk_size, backend="vmap")
+
+    def local(where, *args):                  # one device: its rows of every per-party arg
+        return jax.lax.psum(masked_sum(local_fn(*args), where), AGENTS)
+
+    specs = (P(AGENTS),) + tuple(P(AGENTS) if ax == 0 else P() for ax in axes)
+    summed = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P(), check_vma=False)
+
+    def call(key, *args):
+        n = rows(args)
+        if n % mesh.shape[AGENTS] or n < num_parties:
+            raise ValueError(f"party_mean: {n} party rows do not pad {num_parties} parties to a "
+                             f"multiple of the mesh's {mesh.shape[AGENTS]} devices")
+        where = jnp.arange(n) < num_parties
+        total = summed(where, _party_keys(key, num_parties, n), *args)
+        return jax.tree.map(lambda l: l / num_parties, total)
+
+    return call
+
+
 class SearchFns(NamedTuple):
     """init(key) -> SearchState; step(state, key, data) -> (state, metrics);
     gradients(state, key, data) -> (G, H, metrics), the server's noised gradients that ``step``
@@ -197,11 +258,15 @@ class SearchFns(NamedTuple):
 
 @functools.lru_cache(maxsize=32)
 def make_search(model: SearchModel, h: SearchHyper, *, chunk_size: int | None = None,
-                backend: str = "vmap") -> SearchFns:
+                backend: str = "vmap", mesh: Any = None,
+                num_parties: int | None = None) -> SearchFns:
     """``init`` / ``step`` (and ``gradients``) of the DP-FNAS search (cached on the arguments).
 
     One ``step`` is one iteration of Algorithm 1 for all parties, jitted (``backend='loop'``: one
-    party at a time, the reference).
+    party at a time, the reference). ``mesh``: the data's party axis split over the mesh (K =
+    ``num_parties`` real parties, padded), each party's mechanisms on its own device, the means
+    over parties a cross-device ``psum`` (:func:`party_mean`); ``init``'s state is then placed
+    replicated by the caller.
     """
     w_tx, a_tx = weight_optimizer(h), alpha_optimizer(h)
 
@@ -239,10 +304,11 @@ def make_search(model: SearchModel, h: SearchHyper, *, chunk_size: int | None = 
             return c, jnp.zeros(())
         return noisy_mean(key, per_example, x, y, mask, rate, denom, h.second)
 
-    lift = functools.partial(over_parties, chunk_size=chunk_size, backend=backend)
-    weights_all = lift(party_weights, (0, None, None, 0, 0, 0, 0, 0))
-    arch_all = lift(party_arch, (0, None, None, 0, 0, 0, 0, 0))
-    second_all = lift(party_second, (0, None, None, None, None, 0, 0, 0, 0, 0))
+    lift = functools.partial(party_mean, chunk_size=chunk_size, backend=backend, mesh=mesh,
+                             num_parties=num_parties)
+    weights_mean = lift(party_weights, (None, None, 0, 0, 0, 0, 0))
+    arch_mean = lift(party_arch, (None, None, 0, 0, 0, 0, 0))
+    second_mean = lift(party_second, (None, None, None, None, 0, 0, 0, 0, 0))
 
     def init(key: jax.Array) -> SearchState:
         kw, ka = jax.random.split(key)
@@ -253,25 +319,21 @@ def make_search(model: SearchModel, h: SearchHyper, *, chunk_size: int | None = 
     def gradients(state: SearchState, key: jax.Array, data: SearchData):
         """(G, H, metrics): the released server gradients of W and alpha of one iteration."""
         tr, va = data.train, data.val
-        k = tr.x.shape[0]
         k_w, k_a, k_c = jax.random.split(key, 3)
-        g_k, m_w = weights_all(jax.random.split(k_w, k), state.w, state.alpha,
-                               tr.x, tr.y, tr.mask, tr.rate, tr.denom)           # [K, ...]
-        g = _tree_mean0(g_k)                                                    # server mean
+        g, m_w = weights_mean(k_w, state.w, state.alpha,                        # server mean
+                              tr.x, tr.y, tr.mask, tr.rate, tr.denom)
         w_virtual = _axpy(-h.xi, g, state.w)                                    # W' = W - xi G
-        (d_k, v_k), m_a = arch_all(jax.random.split(k_a, k), w_virtual, state.alpha,
+        (hess, v), m_a = arch_mean(k_a, w_virtual, state.alpha,                 # D, V
                                    va.x, va.y, va.mask, va.rate, va.denom)
-        hess = _tree_mean0(d_k)
-        metrics = {"train_loss": jnp.mean(m_w["loss"]), "val_loss": jnp.mean(m_a["loss"]),
-                   "clipped_w": jnp.mean(m_w["clipped"]), "clipped_alpha": jnp.mean(m_a["clipped"]),
-                   "batch_train": jnp.mean(m_w["batch"]), "batch_val": jnp.mean(m_a["batch"])}
-        if h.order == "second":
-            v = _tree_mean0(v_k)                                                # noised dW'
+        metrics = {"train_loss": m_w["loss"], "val_loss": m_a["loss"],
+                   "clipped_w": m_w["clipped"], "clipped_alpha": m_a["clipped"],
+                   "batch_train": m_w["batch"], "batch_val": m_a["batch"]}
+        if h.order == "second":                                                 # v: noised dW'
             eps = 0.01 / jnp.maximum(optax.tree.norm(v), 1e-12)
-            c_k, m_c = second_all(jax.random.split(k_c, k), state.w, state.alpha, v, eps,
-                                  tr.x, tr.y, tr.mask, tr.rate, tr.denom)
-            hess = _axpy(-h.xi, _tree_mean0(c_k), hess)                        # H = D - xi C
-            metrics["clipped_second"] = jnp.mean(m_c["clipped"])
+            c, m_c = second_mean(k_c, state.w, state.alpha, v, eps,
+                                 tr.x, tr.y, tr.mask, tr.rate, tr.denom)
+            hess = _axpy(-h.xi, c, hess)                                        # H = D - xi C
+            metrics["clipped_second"] = m_c["clipped"]
         return g, hess, metrics
 
     def step(state: SearchState, key: jax.Array, data: SearchData):
@@ -313,12 +375,14 @@ class RetrainHyper:
 
 @functools.lru_cache(maxsize=32)
 def make_retrain(model, h: RetrainHyper, *, chunk_size: int | None = None,
-                 backend: str = "vmap") -> RetrainFns:
+                 backend: str = "vmap", mesh: Any = None,
+                 num_parties: int | None = None) -> RetrainFns:
     """``init`` / ``step`` of retraining ``model`` (a :class:`~fedjax_dp.models.Model`).
 
     step(state, key, data: PartyData) -> (state, metrics): every party's noisy mean clipped
     gradient over a Poisson sample of its records (:func:`noisy_mean`), averaged over parties,
-    one SGD-with-momentum step (cosine lr, weight decay) on the server.
+    one SGD-with-momentum step (cosine lr, weight decay) on the server. ``mesh`` /
+    ``num_parties``: as :func:`make_search` (each party on its own device, a ``psum``).
     """
     schedule = optax.cosine_decay_schedule(h.lr, max(h.total_iterations, 1),
                                            alpha=h.lr_min / h.lr)
@@ -332,19 +396,17 @@ def make_retrain(model, h: RetrainHyper, *, chunk_size: int | None = None,
             return g, value
         return noisy_mean(key, per_example, x, y, mask, rate, denom, h.mech)
 
-    all_parties = over_parties(party, (0, None, 0, 0, 0, 0, 0), chunk_size=chunk_size,
-                               backend=backend)
+    mean = party_mean(party, (None, 0, 0, 0, 0, 0), chunk_size=chunk_size, backend=backend,
+                      mesh=mesh, num_parties=num_parties)
 
     def init(key):
         params = model.init(key)
         return RetrainState(params=params, opt=tx.init(params), t=jnp.zeros((), jnp.int32))
 
     def step(state: RetrainState, key: jax.Array, data: PartyData):
-        k = data.x.shape[0]
-        g_k, m = all_parties(jax.random.split(key, k), state.params, data.x, data.y, data.mask,
-                             data.rate, data.denom)
-        up, opt = tx.update(_tree_mean0(g_k), state.opt, state.params)
+        g, m = mean(key, state.params, data.x, data.y, data.mask, data.rate, data.denom)
+        up, opt = tx.update(g, state.opt, state.params)
         return (RetrainState(optax.apply_updates(state.params, up), opt, state.t + 1),
-                {"retrain_loss": jnp.mean(m["loss"]), "clipped_retrain": jnp.mean(m["clipped"])})
+                {"retrain_loss": m["loss"], "clipped_retrain": m["clipped"]})
 
     return RetrainFns(init, step if backend == "loop" else jax.jit(step))
