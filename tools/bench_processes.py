@@ -62,15 +62,31 @@ def job(case, sets: list[str], processes: int, devices: int, out: Path,
     cmds = [args] if processes == 1 else [
         args + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(processes),
                 "--process-id", str(i)] for i in range(processes)]
+    logs = [out.parent / f"{out.name}.{i}.log" for i in range(len(cmds))]
     before, tick = loopback_bytes(), time.perf_counter()
-    procs = [subprocess.Popen(c, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for c in cmds]
-    errs = [p.communicate(timeout=timeout_s)[1] for p in procs]
+    procs = []
+    for c, log in zip(cmds, logs):
+        with open(log, "w") as f:
+            procs.append(subprocess.Popen(c, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                          stderr=f))
+    peaks, codes = {}, {}
+    deadline = time.monotonic() + timeout_s
+    while len(codes) < len(procs) and time.monotonic() < deadline:
+        for i, p in enumerate(procs):
+            if i not in codes:
+                pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+                if pid:
+                    codes[i] = os.waitstatus_to_exitcode(status)
+                    peaks[i] = round(usage.ru_maxrss / 1024, 1)       # KiB -> MiB
+        time.sleep(0.05)
     wall = time.perf_counter() - tick
     moved = loopback_bytes() - before
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"{case.algorithm} on {processes} process(es) failed:\n"
-                           + "\n".join(e[-2000:] for e in errs))
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    if len(codes) < len(procs) or any(codes.values()):
+        raise RuntimeError(f"{case.algorithm} on {processes} process(es) failed {codes}:\n"
+                           + "\n".join(log.read_text()[-2000:] for log in logs))
     time.sleep(min(wall, 5.0))                   # the idle loopback traffic over a while
     idle_start, idle_tick = loopback_bytes(), time.perf_counter()
     time.sleep(min(wall, 5.0))
@@ -81,6 +97,7 @@ def job(case, sets: list[str], processes: int, devices: int, out: Path,
             "steps": len(result["history"]),
             "median_step_s": round(statistics.median(steps), 6) if steps else None,
             "loopback_bytes": int(max(0, moved - idle_rate * wall)),
+            "peak_rss_mib": [peaks[i] for i in range(len(procs))],
             "test_accuracy": result["test_accuracy"],
             "epsilon": [g["epsilon"] for g in result["privacy"]]}
 

@@ -111,6 +111,7 @@ def check_agents(data: StackedData, *, min_records: int = 1, what: str = "to vot
             if not np.isfinite(data.x[start:start + step]).all():
                 raise ValueError(f"data.agents.x has NaN or infinite features (agents {start}.."
                                  f"{min(n, start + step) - 1}); features must be finite")
+            release_pages(data.x)            # a memory map's scanned pages: not kept resident
 
 
 def from_arrays(x, y, counts, *, check: bool = True) -> StackedData:
