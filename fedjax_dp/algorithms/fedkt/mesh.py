@@ -60,13 +60,14 @@ def to_host(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def gathered(models, rows: int, mesh):
-    """Kept seed-stacked models ``[S, A, ...]`` of a mesh run: the real ``rows`` models gathered
-    onto this process's default device (the padding dropped), as the single-device run keeps
-    them (None: ``models``)."""
+def gathered(models, rows: int, mesh, axis: int = 1):
+    """Kept models of a mesh run, stacked on ``axis`` (1: seed-stacked ``[S, A, ...]``): the
+    real ``rows`` models gathered onto this process's default device (the padding dropped), as
+    the single-device run keeps them (None: ``models``)."""
     if mesh is None:
         return models
-    return jax.tree.map(lambda leaf: jax.numpy.asarray(to_host(leaf)[:, :rows]), models)
+    index = (slice(None),) * axis + (slice(0, rows),)
+    return jax.tree.map(lambda leaf: jax.numpy.asarray(to_host(leaf)[index]), models)
 
 
 def parties_per_process(chunk, mesh, axis: int = 0) -> np.ndarray:
