@@ -109,7 +109,8 @@ num_steps = api.phase_steps(PHASES)
 def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dict]:
     """Train the n parties' models, each on its own records, in one learner call
     (``learner.fit(stream(run key, "solo"), parties)``). ``key`` is unused (the run key's stream
-    ``"solo"``, derived in :func:`init`)."""
+    ``"solo"``, derived in :func:`init`). With ``runtime.mesh`` (JAX learners) the parties are
+    split over it, each party's model on one device (:func:`_fit_over_mesh`)."""
     if state.step >= len(PHASES):
         raise ValueError(f"SOLO has {len(PHASES)} step; state.step is {state.step}")
     ctx: Context = state.context
