@@ -43,26 +43,25 @@ teachers / students (unstreamed runs) are gathered onto each process's default d
 server's vote is a ``psum`` over the mesh; the final model (one model) trains on every process's
 default device. ``agents_per_process`` / ``student_agents_per_process`` (values of the two
 phases) count the real parties each process ran. Tree learners and reused models ignore the
-mesh (host loop, every process). Details: :mod:`.mesh`.
+mesh (host loop, every process). A chunk's work: :mod:`.chunk_work`; the mesh: :mod:`.mesh`.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec as P
 
 from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.fedkt import chunk_work as work_lib
 from fedjax_dp.algorithms.fedkt import learners as learners_lib
 from fedjax_dp.algorithms.fedkt import mesh as mesh_lib
 from fedjax_dp.algorithms.fedkt import partition, votes
 from fedjax_dp.algorithms.fedkt.config import Config, party_chunk_size
 from fedjax_dp.core import agent_stream, is_on_host, seed_axis, validation
-from fedjax_dp.core.lift import AGENTS, num_chunks
+from fedjax_dp.core.lift import num_chunks
 from fedjax_dp.models import Model
 
 #: The steps of a run: train the teachers and count their votes; the party labels (noisy at L2),
@@ -196,10 +195,6 @@ def _key_data(keys: jax.Array) -> np.ndarray:
     return np.asarray(jax.random.key_data(keys))
 
 
-def _wrap(data: jax.Array, impl) -> jax.Array:
-    return jax.random.wrap_key_data(data, impl=impl)
-
-
 def _stack_host(arrays: list) -> np.ndarray:
     """The seeds' host arrays ``[S, ...]`` (one seed: a view, no copy)."""
     return np.asarray(arrays[0])[None] if len(arrays) == 1 else np.stack(arrays)
@@ -212,25 +207,11 @@ def _with_fitted(ctx: Context, values: dict, name: str, model, keep: bool
     return values, dataclasses.replace(ctx, fitted={**ctx.fitted, name: model})
 
 
-def _predict(learner, models, x, x_axis) -> jax.Array:
-    """``int32 [S, A, M]``: seed-stacked JAX ``models`` or one seed's fitted trees ``[models]``."""
-    if learners_lib.is_jax(learner):
-        return learner.predict_seeds(models, x, x_axis=x_axis)
-    return learner.predict(models[0], x)[None]
-
-
 def _seed_models(learner, models, num: int) -> list:
     """Seed s's fitted models of seed-stacked ``models`` (trees: ``[fitted]``, one seed)."""
     if learners_lib.is_jax(learner):
         return list(seed_axis.unstack_seeds(models, num))
     return list(models)
-
-
-def _reused(learner, fitted_models):
-    """Reused fitted models with a seed axis of 1 (a single run)."""
-    if learners_lib.is_jax(learner):
-        return jax.tree.map(lambda leaf: jnp.asarray(leaf)[None], fitted_models)
-    return [fitted_models]
 
 
 # --------------------------------------------------------------------------- phases
@@ -243,46 +224,6 @@ def _teacher_keys(cx: Context, n: int, s: int, t: int, jax_fit: bool) -> tuple:
         extra += [_key_data(kk).reshape(n, s * t, -1)
                   for kk in learners_lib.model_keys(cx.keys["teachers"], n * s * t)]
     return tuple(extra)
-
-
-def _teacher_votes(preds, num: int, size: int, s: int, t: int, c: int) -> jax.Array:
-    """``[S, P s t, Qp]`` teacher predictions -> vote counts ``[S, P, s, Qp, C]``."""
-    nq = preds.shape[-1]
-    return votes.chunk_votes(preds.reshape(num * size * s * t, nq), (num * size, s, t),
-                             c).reshape(num, size, s, nq, c)
-
-
-@functools.lru_cache(maxsize=16)
-def _teacher_fn(learner, s: int, t: int, c: int, impl, xq_axis, keep: bool, mesh):
-    """One chunk's JAX teachers: ``(extras, parties, xq) -> (votes [S, P, s, Qp, C], models
-    [S, P s t, ...] or None)`` from every seed's chunk keys (:func:`_teacher_keys`) and parties
-    ``[P, ...]``; with ``mesh`` one ``shard_map`` over the party axis (:mod:`.mesh`)."""
-    def work(extras, parties, xq):
-        num, size = len(parties), parties[0].num_agents
-        ex = [jnp.stack([e[i] for e in extras]) for i in range(len(extras[0]))]
-        tdata = partition.teacher_data_seeds(_wrap(ex[0], impl), parties, s, t)
-        ik, tk = (_wrap(e, impl).reshape(num, -1) for e in ex[1:])             # [S, P s t]
-        models = learner.fit_keyed_seeds(ik, tk, tdata)                          # [S, P s t..]
-        preds = learner.predict_seeds(models, xq, x_axis=xq_axis)                # [S, P s t, Qp]
-        return _teacher_votes(preds, num, size, s, t, c), (models if keep else None)
-
-    split = P(None, AGENTS)
-    return mesh_lib.over_mesh(work, mesh, (P(AGENTS), P(AGENTS), P()), (split, split))
-
-
-def _host_teachers(ctx: Context, chunks, xq, xq_axis, impl):
-    """One chunk of reused or tree teachers (one seed, all n parties): ``(votes, models)``."""
-    cfg, learner = ctx.config, ctx.learners["teachers"]
-    s, t, reuse = cfg.num_partitions, cfg.num_teachers, ctx.reuse.get("teachers")
-    if reuse is not None:
-        models = _reused(learner, reuse)
-    else:                                    # trees: all n at once, one seed
-        keys = _wrap(jnp.stack([ch.extra[0] for ch in chunks]), impl)
-        tdata = partition.teacher_data_seeds(keys, tuple(ch.agents for ch in chunks), s, t)
-        models = [learner.fit(ctx.keys["teachers"], jax.tree.map(lambda leaf: leaf[0], tdata))]
-    preds = _predict(learner, models, xq, xq_axis)                              # [S, P s t, Qp]
-    return _teacher_votes(preds, len(chunks), len(chunks[0].valid), s, t,
-                          ctx.data.num_classes), models
 
 
 def teachers(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
@@ -305,8 +246,8 @@ def teachers(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
     keep = not (jax_fit and streamed(states[0]))
     xq, xq_axis = seed_axis.share_or_stack([cx.x_public[cx.party_queries] for cx in ctxs])
     impl = jax.random.key_impl(ctx.keys["split"])
-    work = _teacher_fn(ctx.learners["teachers"], s, t, c, impl, xq_axis, keep, mesh) \
-        if jax_fit else None
+    work = (work_lib.teacher_fn(ctx.learners["teachers"], s, t, c, impl, xq_axis, keep, mesh)
+            if jax_fit else None)
     xq_in = mesh_lib.replicated(xq, mesh)
     counts = np.empty((num, n, s, len(ctx.party_queries), c), votes.int_dtype(t))
     kept, placed = [], np.zeros(jax.process_count(), np.int64)
@@ -326,7 +267,7 @@ def teachers(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
                 v, models = work(tuple(ch.extra for ch in chunks),
                                  tuple(ch.agents for ch in chunks), xq_in)
             else:
-                v, models = _host_teachers(ctx, chunks, xq, xq_axis, impl)
+                v, models = work_lib.host_teachers(ctx, chunks, xq, xq_axis, impl)
             placed += mesh_lib.parties_per_process(chunks[0], mesh)
             if keep:
                 kept.append(mesh_lib.gathered(models, n * s * t, mesh))
@@ -353,50 +294,6 @@ def _finish(states, name: str, kept: list, keep: bool, num: int, values_of, metr
                                   keep)
         out.append((values, cx, dict(metrics)))
     return out
-
-
-def _party_labels(block, level: str, gamma: float, impl) -> jax.Array:
-    """``int32 [S, P s, Qp]``: the labels a chunk's students learn from its stored teacher votes
-    ``block[0] [S, P, s, Qp, C]`` (L2: LNMax with the (party, partition) keys ``block[1]``)."""
-    num, size, s, nq, c = block[0].shape
-    tv = block[0].reshape(num * size * s, nq, c)                               # [S P s, Qp, C]
-    if level == "L2":
-        labels = votes.noisy_labels(_wrap(block[1], impl).reshape(-1), tv, gamma)
-    else:
-        labels = votes.argmax_labels(tv)                                       # [S P s, Qp]
-    return labels.reshape(num, size * s, nq)
-
-
-@functools.lru_cache(maxsize=16)
-def _student_fn(learner, level: str, gamma: float, impl, xq_axis, xs_axis, keep: bool, mesh):
-    """One chunk's JAX students: ``(block, xq, xs) -> (labels [S, P s, Qp], preds
-    [S, P s, Qs], models or None)`` from the chunk's stored votes and keys ``block`` (axis 1
-    the parties); with ``mesh`` one ``shard_map`` over the party axis (:mod:`.mesh`)."""
-    def work(block, xq, xs):
-        num = block[0].shape[0]
-        labels = _party_labels(block, level, gamma, impl)
-        ones = jnp.ones(labels.shape, bool)
-        ik, tk = (_wrap(b, impl).reshape(num, -1) for b in block[2:])           # [S, P s]
-        models = learner.fit_shared_keyed_seeds(ik, tk, xq, labels, ones,
-                                                x_axis=xq_axis)                # [S, P s, ...]
-        preds = learner.predict_seeds(models, xs, x_axis=xs_axis)               # [S, P s, Qs]
-        return labels, preds, (models if keep else None)
-
-    split = P(None, AGENTS)
-    return mesh_lib.over_mesh(work, mesh, (split, P(), P()), (split, split, split))
-
-
-def _host_students(ctx: Context, block, xq, xs, xs_axis, impl):
-    """One chunk of reused or tree students (one seed, all n parties): ``(labels, preds,
-    models)``."""
-    learner, reuse = ctx.learners["students"], ctx.reuse.get("students")
-    labels = _party_labels(block, ctx.config.level, ctx.config.gamma, impl)
-    if reuse is not None:
-        models = _reused(learner, reuse)
-    else:                                    # trees: all n at once, one seed
-        ones = jnp.ones(labels.shape, bool)
-        models = [learner.fit_shared(ctx.keys["students"], xq, labels[0], ones[0])]
-    return labels, _predict(learner, models, xs, xs_axis), models
 
 
 def _student_arrays(states, n: int, s: int, jax_fit: bool) -> tuple:
@@ -436,8 +333,8 @@ def students(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
     xs, xs_axis = seed_axis.share_or_stack([cx.x_public[cx.server_queries] for cx in ctxs])
     nq, ns = len(ctx.party_queries), len(ctx.server_queries)
     impl = jax.random.key_impl(ctx.keys["l2_noise"])
-    work = _student_fn(ctx.learners["students"], cfg.level, cfg.gamma, impl, xq_axis, xs_axis,
-                       keep, mesh) if jax_fit else None
+    work = (work_lib.student_fn(ctx.learners["students"], cfg.level, cfg.gamma, impl, xq_axis,
+                                xs_axis, keep, mesh) if jax_fit else None)
     shared = (mesh_lib.replicated(xq, mesh), mesh_lib.replicated(xs, mesh))
     dtype = votes.int_dtype(ctx.data.num_classes)
     labels_all = np.empty((num, n, s, nq), dtype)                              # [S, n, s, Qp]
@@ -457,8 +354,9 @@ def students(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
                                    unit="chunk") as task:
         for chunk in agent_stream.chunks(_student_arrays(states, n, s, jax_fit), size, axis=1,
                                          mesh=mesh):
-            labels, preds, models = (work(chunk.agents, *shared) if work is not None else
-                                     _host_students(ctx, chunk.agents, xq, xs, xs_axis, impl))
+            labels, preds, models = (
+                work(chunk.agents, *shared) if work is not None else
+                work_lib.host_students(ctx, chunk.agents, xq, xs, xs_axis, impl))
             placed += mesh_lib.parties_per_process(chunk, mesh, axis=1)
             if keep:
                 kept.append(mesh_lib.gathered(models, n * s, mesh))
