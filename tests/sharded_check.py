@@ -17,6 +17,8 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import chains  # noqa: E402
 import isrl_sharded_check  # noqa: E402
 
+from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.fedkt import fedkt, learners as fedkt_learners, solo
 from fedjax_dp.algorithms.voting import knn_dpfl
 from fedjax_dp.core.cohort import Sampling
 from fedjax_dp.core import (agent_mesh, agent_sum, for_each_agent, for_each_agent_sum,
@@ -149,8 +151,80 @@ def main():
                                agg(None)))
     out.update(fnas_checks(mesh))
     out.update(isrl_sharded_check.checks())
+    out.update(fedkt_checks(mesh))
     print(json.dumps(out))
     return 0 if all(out.values()) else 1
+
+
+FEDKT_FIELDS = ("teacher_votes", "z", "party_labels", "student_preds", "server_votes",
+                "server_labels", "server_mask")
+
+
+def fedkt_run(parties, public, level, mesh, party_chunk=None):
+    """A tiny FedKT run (11 parties x 2 partitions x 2 teachers, logistic learners): its state."""
+    learner = fedkt_learners.JaxLearner(make_model("logistic", (6,), 3),
+                                        LocalTrainConfig(steps=3, batch_size=4), chunk_size=None)
+    cfg = fedkt.Config(num_partitions=2, num_teachers=2, level=level, gamma=0.5,
+                       party_chunk=party_chunk, local=learner.train)
+    data = api.FederatedData(agents=parties, num_classes=3, x_public=public)
+    runtime = api.Runtime(mesh=mesh, chunk_size=None)
+    state = fedkt.init(jax.random.key(3), data, learner.model, cfg, runtime, teacher=learner,
+                       student=learner, final=learner)
+    return api.run(fedkt, jax.random.key(3), data, learner.model, cfg, runtime=runtime,
+                   state=state).state
+
+
+def fedkt_same(got, ref, x_test, y_test, kept=()):
+    """The mesh run ``got`` equals the single-device ``ref``: votes, labels and predictions
+    exactly, the final (and ``kept``) parameters and the test accuracy to float tolerance; every
+    party trained once (agents_per_process sums to n)."""
+    n = ref.context.data.num_agents
+    acc = lambda st: np.mean(fedkt.output(st).predict_labels(x_test) == y_test)  # noqa: E731
+    return bool(all(np.array_equal(got.values[f], ref.values[f]) for f in FEDKT_FIELDS)
+                and all(close(fedkt.fitted(got, m), fedkt.fitted(ref, m))
+                        for m in ("final",) + tuple(kept))
+                and abs(acc(got) - acc(ref)) < 1e-6
+                and int(np.sum(got.values["agents_per_process"])) == n
+                and int(np.sum(got.values["student_agents_per_process"])) == n)
+
+
+def fedkt_checks(mesh):
+    """FedKT with the parties split over the 8 devices (11 parties: chunks padded to 8 / 16)
+    equals FedKT without a mesh: L0 from host-resident parties streamed in chunks of 5 (8 on
+    the mesh: 2 chunks), L2 (noisy party labels keyed by the global party index) from
+    device-resident parties in one chunk (16 on the mesh; the kept teachers / students
+    compared)."""
+    r = np.random.default_rng(7)
+    sizes = [4, 6, 5, 3, 6, 4, 5, 2, 6, 3, 5]
+    w = r.normal(size=(6, 3))
+    xs = [r.normal(size=(n, 6)).astype(np.float32) for n in sizes]
+    parties = from_ragged(xs, [np.argmax(x @ w, 1) for x in xs])
+    public = r.normal(size=(10, 6)).astype(np.float32)
+    x_test = r.normal(size=(20, 6)).astype(np.float32)
+    y_test = np.argmax(x_test @ w, 1)
+    host = parties.on_host()
+    out = {}
+    ref = fedkt_run(parties, public, "L0", None)
+    out["fedkt_l0_host_sharded"] = fedkt_same(fedkt_run(host, public, "L0", mesh, 5), ref,
+                                              x_test, y_test)
+    ref = fedkt_run(parties, public, "L2", None)
+    out["fedkt_l2_device_sharded"] = fedkt_same(fedkt_run(parties, public, "L2", mesh), ref,
+                                                x_test, y_test, kept=("teachers", "students"))
+    out["fedkt_solo_host_sharded"] = fedkt_solo_same(host, mesh, x_test, y_test)
+    return out
+
+
+def fedkt_solo_same(parties, mesh, x_test, y_test):
+    """SOLO (every party's own model) with the host-resident parties split over the mesh equals
+    SOLO without one: the n models to float tolerance, the mean accuracy, every party once."""
+    model = make_model("logistic", (6,), 3)
+    cfg = solo.Config(local=LocalTrainConfig(steps=3, batch_size=4))
+    data = api.FederatedData(agents=parties, num_classes=3)
+    runs = [api.run(solo, jax.random.key(4), data, model, cfg,
+                    runtime=api.Runtime(mesh=m, chunk_size=None)).state for m in (None, mesh)]
+    acc = [solo.output(st).score(x_test, y_test) for st in runs]
+    return bool(close(*(solo.fitted(st) for st in runs)) and abs(acc[0] - acc[1]) < 1e-6
+                and int(np.sum(runs[1].values["agents_per_process"])) == parties.num_agents)
 
 
 if __name__ == "__main__":

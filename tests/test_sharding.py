@@ -14,7 +14,8 @@ def test_eight_cpu_devices_equal_one_device():
     """Core (lift, placement, agent sum, local training, DP-FedAvg rounds masked and gathered,
     kNN MPC vote), DP-FNAS (a search and a retraining epoch, 11 parties padded to 16) and
     ISRL-DP: SPIDER and SDP SPIDER, gathered (M = 3 rows padded to 8) == masked (N = 6 padded
-    to 8) == one device."""
+    to 8) == one device; FedKT (L0 host-resident parties in chunks, L2 device-resident ones,
+    SOLO) with its 11 parties split over the 8 devices == no mesh."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     # LLVM optimisation level 0: the checks are compile-bound (~45 of ~50 CPU seconds are XLA
     # compiles of tiny programs) and compare sharded with unsharded programs of the same
@@ -34,7 +35,8 @@ def test_eight_cpu_devices_equal_one_device():
     fnas = ["dp_fnas_sharded", "dp_fnas_agents_per_process"]
     isrl = ["spider_sharded_masked",
             "spider_sharded_gathered_equals_masked", "sdp_spider_sharded_gathered_equals_masked"]
-    assert sorted(out) == sorted(core + fnas + isrl + ["spider_uploads",
-                                                       "sdp_spider_uploads"]), out
-    assert all(out[c] is True for c in core + fnas + isrl), out
+    fedkt = ["fedkt_l0_host_sharded", "fedkt_l2_device_sharded", "fedkt_solo_host_sharded"]
+    assert sorted(out) == sorted(core + fnas + isrl + fedkt + ["spider_uploads",
+                                                               "sdp_spider_uploads"]), out
+    assert all(out[c] is True for c in core + fnas + isrl + fedkt), out
     assert out["spider_uploads"] == out["sdp_spider_uploads"] == 3 * 3   # R x M, one upload each

@@ -36,6 +36,14 @@ docs/fedkt.md): ``init`` checks the inputs and draws both tiers' queries; three 
 * ``final``: ``server_votes [Qs, C]`` (the consistent vote, summed over chunks of parties: exact
   integers), ``server_labels``, ``server_mask`` and ``final`` (the final model's parameters).
 
+Mesh. With ``runtime.mesh`` (:func:`fedjax_dp.core.agent_mesh`, under ``jax.distributed`` every
+device of every process) the JAX teachers and students of each party train on exactly one device
+of one process, which reads only its own parties' rows of host-resident (numpy / memory-mapped)
+data; the server's vote is a cross-device ``psum``. The values above are the same as without a
+mesh (counts, labels and predictions exactly, parameters to float tolerance) and on every process;
+``agents_per_process`` / ``student_agents_per_process`` say how many real parties each process
+ran (:mod:`.phases`, :mod:`.mesh`).
+
 Tree ensembles, which are not arrays, live in the context. :func:`step` is the S = 1 case of
 :func:`.phases.run_phase`; :func:`batched_step` runs S seeds together (JAX learners only), each
 equal to its own run. Keys: named streams of the run key (:data:`STREAMS`); step keys unused.
@@ -80,7 +88,9 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
     fitted_teachers / fitted_students: reuse the ``teachers`` / ``students`` of an earlier run
     with the same key, parties, public set, learners, s and t (not L2 students: they learn
     noisy labels). Host-resident parties stay on the host. ``config.centralized``: the parties
-    are pooled into one (centralized PATE, :func:`.partition.pool`).
+    are pooled into one (centralized PATE, :func:`.partition.pool`). ``runtime.mesh``: the
+    phases split every chunk of parties over it (the module's "Mesh"); the checks here still
+    read every party's counts and features on every process.
     """
     api.check_init(config, Config, data)
     if config.centralized:

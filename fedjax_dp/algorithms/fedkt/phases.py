@@ -30,6 +30,20 @@ depend on the chunking: partition j of party i re-splits with ``split(split, n s
 teacher (i, j, k) has index ``(i s + j) t + k`` of :func:`.learners.model_keys`
 ``(teachers, n s t)``, student (i, j) and its L2 noise index ``i s + j`` of
 ``model_keys(students, n s)`` / ``split(l2_noise, n s)``. Memory and progress: docs/fedkt.md.
+
+Mesh. With ``runtime.mesh`` (:func:`fedjax_dp.core.agent_mesh`, possibly spanning every device
+of every process under ``jax.distributed``) and JAX learners, P is rounded up to a multiple of
+the mesh's devices and every chunk of the ``teachers`` and ``students`` phases is a global array
+split over them (each process reading only its own parties' rows of host data), its work ONE
+``shard_map``: each party's teachers and students train, predict and vote on exactly one device
+of one process, with the keys of their global indices, so a mesh run equals the run without one
+(votes, labels and predictions exactly; parameters to float tolerance). The votes and
+predictions are gathered onto every process's host (``State.values`` as without a mesh); kept
+teachers / students (unstreamed runs) are gathered onto each process's default device. The
+server's vote is a ``psum`` over the mesh; the final model (one model) trains on every process's
+default device. ``agents_per_process`` / ``student_agents_per_process`` (values of the two
+phases) count the real parties each process ran. Tree learners and reused models ignore the
+mesh (host loop, every process). A chunk's work: :mod:`.chunk_work`; the mesh: :mod:`.mesh`.
 """
 from __future__ import annotations
 
@@ -41,7 +55,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.algorithms import api
+from fedjax_dp.algorithms.fedkt import chunk_work as work_lib
 from fedjax_dp.algorithms.fedkt import learners as learners_lib
+from fedjax_dp.algorithms.fedkt import mesh as mesh_lib
 from fedjax_dp.algorithms.fedkt import partition, votes
 from fedjax_dp.algorithms.fedkt.config import Config, party_chunk_size
 from fedjax_dp.core import agent_stream, is_on_host, seed_axis, validation
@@ -142,6 +158,7 @@ def unsupported(states: list[api.State]) -> str | None:
                       ("number of server queries", lambda cx: len(cx.server_queries)),
                       ("placement of the parties (host / device)",
                        lambda cx: is_on_host(cx.data.agents)),
+                      ("runtime mesh", lambda cx: cx.runtime.mesh),
                       ("presence of diagnostic public labels",
                        lambda cx: cx.data.y_public is None)):
         if any(get(cx) != get(c0) for cx in ctxs[1:]):
@@ -178,10 +195,6 @@ def _key_data(keys: jax.Array) -> np.ndarray:
     return np.asarray(jax.random.key_data(keys))
 
 
-def _wrap(data: jax.Array, impl) -> jax.Array:
-    return jax.random.wrap_key_data(data, impl=impl)
-
-
 def _stack_host(arrays: list) -> np.ndarray:
     """The seeds' host arrays ``[S, ...]`` (one seed: a view, no copy)."""
     return np.asarray(arrays[0])[None] if len(arrays) == 1 else np.stack(arrays)
@@ -194,13 +207,6 @@ def _with_fitted(ctx: Context, values: dict, name: str, model, keep: bool
     return values, dataclasses.replace(ctx, fitted={**ctx.fitted, name: model})
 
 
-def _predict(learner, models, x, x_axis) -> jax.Array:
-    """``int32 [S, A, M]``: seed-stacked JAX ``models`` or one seed's fitted trees ``[models]``."""
-    if learners_lib.is_jax(learner):
-        return learner.predict_seeds(models, x, x_axis=x_axis)
-    return learner.predict(models[0], x)[None]
-
-
 def _seed_models(learner, models, num: int) -> list:
     """Seed s's fitted models of seed-stacked ``models`` (trees: ``[fitted]``, one seed)."""
     if learners_lib.is_jax(learner):
@@ -208,14 +214,17 @@ def _seed_models(learner, models, num: int) -> list:
     return list(models)
 
 
-def _reused(learner, fitted_models):
-    """Reused fitted models with a seed axis of 1 (a single run)."""
-    if learners_lib.is_jax(learner):
-        return jax.tree.map(lambda leaf: jnp.asarray(leaf)[None], fitted_models)
-    return [fitted_models]
-
-
 # --------------------------------------------------------------------------- phases
+
+def _teacher_keys(cx: Context, n: int, s: int, t: int, jax_fit: bool) -> tuple:
+    """One seed's per-party host keys its chunks slice: the split keys ``[n, s, 2]`` and (JAX
+    fit) the teachers' init / train keys ``[n, s t, 2]``, all of global indices."""
+    extra = [_key_data(partition.split_keys(cx.keys["split"], n, s))]
+    if jax_fit:
+        extra += [_key_data(kk).reshape(n, s * t, -1)
+                  for kk in learners_lib.model_keys(cx.keys["teachers"], n * s * t)]
+    return tuple(extra)
+
 
 def teachers(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
     """Train the teachers and keep their votes ``teacher_votes [n, s, Qp, C]`` and ``z [n]``.
@@ -223,70 +232,83 @@ def teachers(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
     Per chunk of P parties (keys: the module docstring), the P s t teachers trained in one
     call, their votes on the party queries; then the teachers are dropped (kept only
     unstreamed). Tree teachers or reused ones (one seed): one chunk of all n parties.
+    With ``runtime.mesh`` (JAX teachers) each chunk is split over the mesh and every party's
+    teachers run on one device of one process (:mod:`.mesh`); ``agents_per_process`` (also
+    without a mesh) holds the real parties each process trained.
     """
     ctxs = [st.context for st in states]
     ctx, num = ctxs[0], len(states)
     cfg = ctx.config
     n, s, t, c = ctx.data.num_agents, cfg.num_partitions, cfg.num_teachers, ctx.data.num_classes
-    learner, reuse = ctx.learners["teachers"], ctx.reuse.get("teachers")
-    jax_fit = learners_lib.is_jax(learner) and reuse is None
-    size = party_chunk_size(cfg, n) if jax_fit else n
+    jax_fit = learners_lib.is_jax(ctx.learners["teachers"]) and "teachers" not in ctx.reuse
+    mesh = ctx.runtime.mesh if jax_fit else None
+    size = mesh_lib.chunk_size(party_chunk_size(cfg, n) if jax_fit else n, mesh)
     keep = not (jax_fit and streamed(states[0]))
     xq, xq_axis = seed_axis.share_or_stack([cx.x_public[cx.party_queries] for cx in ctxs])
-    nq = len(ctx.party_queries)
     impl = jax.random.key_impl(ctx.keys["split"])
-    extras = []
-    for cx in ctxs:                          # per seed: the keys its chunks slice, [n, ...]
-        extra = [_key_data(partition.split_keys(cx.keys["split"], n, s))]        # [n, s, 2]
-        if jax_fit:
-            extra += [_key_data(kk).reshape(n, s * t, -1)
-                      for kk in learners_lib.model_keys(cx.keys["teachers"], n * s * t)]
-        extras.append(tuple(extra))
-    counts = np.empty((num, n, s, nq, c), votes.int_dtype(t))                  # [S, n, s, Qp, C]
-    kept = []
+    work = (work_lib.teacher_fn(ctx.learners["teachers"], s, t, c, impl, xq_axis, keep, mesh)
+            if jax_fit else None)
+    xq_in = mesh_lib.replicated(xq, mesh)
+    counts = np.empty((num, n, s, len(ctx.party_queries), c), votes.int_dtype(t))
+    kept, placed = [], np.zeros(jax.process_count(), np.int64)
 
     def collect(pending):
         start, real, v = pending
-        counts[:, start:start + real] = np.asarray(v)[:, :real]
+        counts[:, start:start + real] = mesh_lib.to_host(v)[:, :real]
         task.update(1)
 
     pending = None
-    streams = [agent_stream.chunks(cx.data.agents, size, extra=ex)
-               for cx, ex in zip(ctxs, extras)]
+    streams = [agent_stream.chunks(cx.data.agents, size, mesh=mesh,
+                                   extra=_teacher_keys(cx, n, s, t, jax_fit)) for cx in ctxs]
     with ctx.runtime.progress.task("teachers", total=num_chunks(n, size),
                                    unit="chunk") as task:
         for chunks in zip(*streams):         # one chunk of every seed
-            start, real = chunks[0].start, chunks[0].num_real
-            ex = [jnp.stack([ch.extra[i] for ch in chunks]) for i in range(len(extras[0]))]
-            if reuse is not None:
-                models = _reused(learner, reuse)
+            if work is not None:
+                v, models = work(tuple(ch.extra for ch in chunks),
+                                 tuple(ch.agents for ch in chunks), xq_in)
             else:
-                tdata = partition.teacher_data_seeds(_wrap(ex[0], impl),
-                                                     tuple(ch.agents for ch in chunks), s, t)
-                if jax_fit:
-                    ik, tk = (_wrap(e, impl).reshape(num, -1) for e in ex[1:])  # [S, P s t]
-                    models = learner.fit_keyed_seeds(ik, tk, tdata)             # [S, P s t..]
-                else:                                # trees: all n at once, one seed
-                    models = [learner.fit(ctx.keys["teachers"],
-                                          jax.tree.map(lambda leaf: leaf[0], tdata))]
-            preds = _predict(learner, models, xq, xq_axis)                      # [S, P s t, Qp]
-            v = votes.chunk_votes(preds.reshape(num * size * s * t, nq), (num * size, s, t),
-                                  c).reshape(num, size, s, nq, c)
+                v, models = work_lib.host_teachers(ctx, chunks, xq, xq_axis, impl)
+            placed += mesh_lib.parties_per_process(chunks[0], mesh)
             if keep:
-                kept.append(models)
+                kept.append(mesh_lib.gathered(models, n * s * t, mesh))
             if pending is not None:          # fetch the previous chunk while this one computes
                 collect(pending)
-            pending = (start, real, v)
+            pending = (chunks[0].start, chunks[0].num_real, v)
         if pending is not None:
             collect(pending)
+    per_process = mesh_lib.all_processes(placed, mesh)
+    return _finish(states, "teachers", kept, keep, num,
+                   lambda i: {"teacher_votes": counts[i], "agents_per_process": per_process,
+                              "z": votes.partitions_at_risk(counts[i], cfg.gap_threshold)},
+                   {"party_chunk": size})
+
+
+def _finish(states, name: str, kept: list, keep: bool, num: int, values_of, metrics: dict):
+    """Every seed's ``(values, context, metrics)`` after phase ``name``: its new values
+    (``values_of(seed)``) and its fitted models (kept, or the context's trees)."""
+    learner = states[0].context.learners[name]
     per_seed = _seed_models(learner, kept[0], num) if keep else [None] * num
     out = []
     for i, st in enumerate(states):
-        values = {**st.values, "teacher_votes": counts[i],
-                  "z": votes.partitions_at_risk(counts[i], cfg.gap_threshold)}
-        values, cx = _with_fitted(ctxs[i], values, "teachers", per_seed[i], keep)
-        out.append((values, cx, {"party_chunk": size}))
+        values, cx = _with_fitted(st.context, {**st.values, **values_of(i)}, name, per_seed[i],
+                                  keep)
+        out.append((values, cx, dict(metrics)))
     return out
+
+
+def _student_arrays(states, n: int, s: int, jax_fit: bool) -> tuple:
+    """The host arrays the students phase chunks on axis 1: the seeds' ``teacher_votes
+    [S, n, s, Qp, C]``, L2 noise keys ``[S, n, s, 2]`` and (JAX fit) init / train keys."""
+    ctxs = [st.context for st in states]
+    arrays = [_stack_host([st.values["teacher_votes"] for st in states]),
+              _stack_host([_key_data(partition.split_keys(cx.keys["l2_noise"], n, s))
+                           for cx in ctxs])]
+    if jax_fit:
+        per_seed = [[_key_data(kk).reshape(n, s, -1)
+                     for kk in learners_lib.model_keys(cx.keys["students"], n * s)]
+                    for cx in ctxs]
+        arrays += [_stack_host(list(pair)) for pair in zip(*per_seed)]
+    return tuple(arrays)
 
 
 def students(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
@@ -295,91 +317,77 @@ def students(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
 
     Per chunk of P parties: labels from the stored ``teacher_votes`` (:func:`.votes.noisy_labels`),
     the P s students trained on them in one call, their predictions; then the students are
-    dropped (kept only unstreamed). The parties' private data is not read.
+    dropped (kept only unstreamed). The parties' private data is not read. With
+    ``runtime.mesh`` (JAX students) each chunk is split over the mesh, every party's labels and
+    students on one device (:mod:`.mesh`; ``student_agents_per_process`` as the teachers').
     """
     ctxs = [st.context for st in states]
     ctx, num = ctxs[0], len(states)
     cfg = ctx.config
-    n, s, c = ctx.data.num_agents, cfg.num_partitions, ctx.data.num_classes
-    learner, reuse = ctx.learners["students"], ctx.reuse.get("students")
-    jax_fit = learners_lib.is_jax(learner) and reuse is None
-    size = party_chunk_size(cfg, n) if jax_fit else n
+    n, s = ctx.data.num_agents, cfg.num_partitions
+    jax_fit = learners_lib.is_jax(ctx.learners["students"]) and "students" not in ctx.reuse
+    mesh = ctx.runtime.mesh if jax_fit else None
+    size = mesh_lib.chunk_size(party_chunk_size(cfg, n) if jax_fit else n, mesh)
     keep = not (jax_fit and streamed(states[0]))
     xq, xq_axis = seed_axis.share_or_stack([cx.x_public[cx.party_queries] for cx in ctxs])
     xs, xs_axis = seed_axis.share_or_stack([cx.x_public[cx.server_queries] for cx in ctxs])
     nq, ns = len(ctx.party_queries), len(ctx.server_queries)
     impl = jax.random.key_impl(ctx.keys["l2_noise"])
-    arrays = [_stack_host([st.values["teacher_votes"] for st in states]),      # [S, n, s, Qp, C]
-              _stack_host([_key_data(partition.split_keys(cx.keys["l2_noise"], n, s))
-                           for cx in ctxs])]                                   # [S, n, s, 2]
-    if jax_fit:
-        per_seed = [[_key_data(kk).reshape(n, s, -1)
-                     for kk in learners_lib.model_keys(cx.keys["students"], n * s)]
-                    for cx in ctxs]
-        arrays += [_stack_host(list(pair)) for pair in zip(*per_seed)]         # 2 x [S, n, s, 2]
-    dtype = votes.int_dtype(c)
+    work = (work_lib.student_fn(ctx.learners["students"], cfg.level, cfg.gamma, impl, xq_axis,
+                                xs_axis, keep, mesh) if jax_fit else None)
+    shared = (mesh_lib.replicated(xq, mesh), mesh_lib.replicated(xs, mesh))
+    dtype = votes.int_dtype(ctx.data.num_classes)
     labels_all = np.empty((num, n, s, nq), dtype)                              # [S, n, s, Qp]
     preds_all = np.empty((num, n, s, ns), dtype)                               # [S, n, s, Qs]
-    kept = []
+    kept, placed = [], np.zeros(jax.process_count(), np.int64)
     tic = time.perf_counter()
 
     def collect(pending):
-        start, real, labels, preds = pending
-        labels_all[:, start:start + real] = np.asarray(labels).reshape(num, size, s, -1)[:, :real]
-        preds_all[:, start:start + real] = np.asarray(preds).reshape(num, size, s, -1)[:, :real]
+        start, real, out = pending
+        for got, into in zip(out, (labels_all, preds_all)):
+            into[:, start:start + real] = \
+                mesh_lib.to_host(got).reshape(num, size, s, -1)[:, :real]
         task.update(1)
 
     pending = None
     with ctx.runtime.progress.task("students", total=num_chunks(n, size),
                                    unit="chunk") as task:
-        for chunk in agent_stream.chunks(tuple(arrays), size, axis=1):
-            block = chunk.agents
-            tv = block[0].reshape(num * size * s, nq, c)                       # [S P s, Qp, C]
-            if cfg.level == "L2":
-                labels = votes.noisy_labels(_wrap(block[1], impl).reshape(-1), tv, cfg.gamma)
-            else:
-                labels = votes.argmax_labels(tv)                               # [S P s, Qp]
-            labels = labels.reshape(num, size * s, nq)
-            ones = jnp.ones(labels.shape, bool)
-            if reuse is not None:
-                models = _reused(learner, reuse)
-            elif jax_fit:
-                ik, tk = (_wrap(b, impl).reshape(num, -1) for b in block[2:])   # [S, P s]
-                models = learner.fit_shared_keyed_seeds(ik, tk, xq, labels, ones,
-                                                        x_axis=xq_axis)        # [S, P s, ...]
-            else:                                    # trees: all n at once, one seed
-                models = [learner.fit_shared(ctx.keys["students"], xq, labels[0], ones[0])]
-            preds = _predict(learner, models, xs, xs_axis)                     # [S, P s, Qs]
+        for chunk in agent_stream.chunks(_student_arrays(states, n, s, jax_fit), size, axis=1,
+                                         mesh=mesh):
+            labels, preds, models = (
+                work(chunk.agents, *shared) if work is not None else
+                work_lib.host_students(ctx, chunk.agents, xq, xs, xs_axis, impl))
+            placed += mesh_lib.parties_per_process(chunk, mesh, axis=1)
             if keep:
-                kept.append(models)
+                kept.append(mesh_lib.gathered(models, n * s, mesh))
             if pending is not None:
                 collect(pending)
-            pending = (chunk.start, chunk.num_real, labels, preds)
+            pending = (chunk.start, chunk.num_real, (labels, preds))
         if pending is not None:
             collect(pending)
-    per_seed = _seed_models(learner, kept[0], num) if keep else [None] * num
-    seconds = time.perf_counter() - tic
-    out = []
-    for i, st in enumerate(states):
-        values = {**st.values, "party_labels": labels_all[i], "student_preds": preds_all[i]}
-        values, cx = _with_fitted(ctxs[i], values, "students", per_seed[i], keep)
-        out.append((values, cx, {"students_s": seconds, "num_party_queries": int(nq)}))
-    return out
+    per_process = mesh_lib.all_processes(placed, mesh)
+    metrics = {"students_s": time.perf_counter() - tic, "num_party_queries": int(nq)}
+    return _finish(states, "students", kept, keep, num,
+                   lambda i: {"party_labels": labels_all[i], "student_preds": preds_all[i],
+                              "student_agents_per_process": per_process}, metrics)
 
 
 def server_votes(student_preds: np.ndarray, num_classes: int, size: int, *,
-                 on_chunk=None) -> np.ndarray:
+                 on_chunk=None, mesh=None) -> np.ndarray:
     """The consistent-voting histograms ``[S, Qs, C]`` (int32) of S seeds' ``student_preds
     [S, n, s, Qs]``, summed over chunks of ``size`` parties (padding predicts -1: no vote);
     exact integers, so the same for every ``size``. ``on_chunk()`` (optional) after each chunk
-    (progress)."""
+    (progress). ``mesh``: every chunk split over it, each device voting its parties and a
+    ``psum`` adding them (:func:`.mesh.server_vote_fn`; ``size`` a multiple of its devices)."""
+    vote = mesh_lib.server_vote_fn(num_classes, mesh)
     total = None
-    for chunk in agent_stream.chunks(np.asarray(student_preds), size, axis=1, fill=-1):
-        v = votes.consistent_votes_seeds(chunk.agents, num_classes)              # [S, Qs, C]
+    for chunk in agent_stream.chunks(np.asarray(student_preds), size, axis=1, fill=-1,
+                                     mesh=mesh):
+        v = vote(chunk.agents)                                                   # [S, Qs, C]
         total = v if total is None else total + v
         if on_chunk is not None:
             on_chunk()
-    return np.asarray(total)
+    return mesh_lib.to_host(total)
 
 
 def final(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
@@ -391,11 +399,13 @@ def final(states: list[api.State]) -> list[tuple[dict, Context, dict]]:
     cfg = ctx.config
     n, c = ctx.data.num_agents, ctx.data.num_classes
     xs, xs_axis = seed_axis.share_or_stack([cx.x_public[cx.server_queries] for cx in ctxs])
-    size = party_chunk_size(cfg, n)
+    mesh = ctx.runtime.mesh
+    size = mesh_lib.chunk_size(party_chunk_size(cfg, n), mesh)
     preds = _stack_host([st.values["student_preds"] for st in states])         # [S, n, s, Qs]
     with ctx.runtime.progress.task("server vote", total=num_chunks(n, size),
                                    unit="chunk") as task:
-        svotes = jnp.asarray(server_votes(preds, c, size, on_chunk=task.update))  # [S, Qs, C]
+        svotes = jnp.asarray(server_votes(preds, c, size, on_chunk=task.update,
+                                          mesh=mesh))                          # [S, Qs, C]
     if cfg.level == "L1":
         slabels = votes.noisy_labels(jnp.stack([cx.keys["l1_noise"] for cx in ctxs]), svotes,
                                      cfg.gamma)

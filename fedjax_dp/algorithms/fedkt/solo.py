@@ -7,7 +7,13 @@ parties of each party's test accuracy::
     SOLO accuracy = (1/n) sum_i (1/M) sum_m [f_i(x_m) = y_m]    on the test set (x_m, y_m)
 
 The n models are ONE learner call over the party axis (:meth:`.learners.JaxLearner.fit`), model
-i from key ``model_keys(stream(key, "solo"), n)[.][i]`` (:func:`.learners.model_keys`).
+i from key ``model_keys(stream(key, "solo"), n)[.][i]`` (:func:`.learners.model_keys`). With
+``runtime.mesh`` (JAX learners) the parties are one chunk split over the mesh
+(:func:`fedjax_dp.core.agent_stream.chunks`, padded to a multiple of its devices): each party's
+model trains on exactly one device of one process, which reads only its own parties' rows of
+host-resident data, with the same keys, and the n models are then gathered onto every process's
+default device (the same models as without a mesh, to float tolerance); ``State.values
+["agents_per_process"]`` counts the real parties each process trained.
 :func:`output` defines ``api.Output.accuracy`` (the mean above). No privacy guarantee
 (:data:`private` is False, :func:`ledger` is empty).
 """
@@ -18,11 +24,14 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.fedkt import config as config_lib
 from fedjax_dp.algorithms.fedkt import learners as learners_lib
-from fedjax_dp.core import rng, validation
+from fedjax_dp.algorithms.fedkt import mesh as mesh_lib
+from fedjax_dp.core import agent_stream, rng, validation
+from fedjax_dp.core.lift import AGENTS
 from fedjax_dp.core.stacked import check_agents
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
@@ -67,6 +76,7 @@ class Context:
     learner: Any
     key: jax.Array                   # stream(run key, "solo")
     fitted: dict = dataclasses.field(default_factory=dict)
+    mesh: Any = None                 # runtime.mesh: the parties split over its devices
 
 
 def make_learner(config: Config, model: Model, *, feature_shape, num_classes: int,
@@ -89,7 +99,7 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
         learner = make_learner(config, model, feature_shape=data.feature_shape,
                                num_classes=data.num_classes, runtime=runtime)
     ctx = Context(data=data, model=model, config=config, learner=learner,
-                  key=rng.stream(rng.as_key(key), "solo"))
+                  key=rng.stream(rng.as_key(key), "solo"), mesh=runtime.mesh)
     return api.State(step=0, values={}, context=ctx)
 
 
@@ -99,17 +109,42 @@ num_steps = api.phase_steps(PHASES)
 def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dict]:
     """Train the n parties' models, each on its own records, in one learner call
     (``learner.fit(stream(run key, "solo"), parties)``). ``key`` is unused (the run key's stream
-    ``"solo"``, derived in :func:`init`)."""
+    ``"solo"``, derived in :func:`init`). With ``runtime.mesh`` (JAX learners) the parties are
+    split over it, each party's model on one device (:func:`_fit_over_mesh`)."""
     if state.step >= len(PHASES):
         raise ValueError(f"SOLO has {len(PHASES)} step; state.step is {state.step}")
     ctx: Context = state.context
-    fit = ctx.learner.fit(ctx.key, ctx.data.agents)
     values = dict(state.values)
+    if learners_lib.is_jax(ctx.learner) and ctx.mesh is not None:
+        values["params"], values["agents_per_process"] = _fit_over_mesh(ctx)
+        return api.State(step=state.step + 1, values=values, context=ctx), {}
+    fit = ctx.learner.fit(ctx.key, ctx.data.agents)
     if learners_lib.is_jax(ctx.learner):
         values["params"] = fit                              # [n, ...]
+        values["agents_per_process"] = np.full(jax.process_count(), ctx.data.num_agents)
     else:
         ctx.fitted["params"] = fit                          # n tree models (host)
     return api.State(step=state.step + 1, values=values, context=ctx), {}
+
+
+def _fit_over_mesh(ctx: Context):
+    """The n parties' models with the parties split over ``ctx.mesh`` (one chunk, padded to a
+    multiple of its devices; model i keyed ``model_keys(key, n)[.][i]`` as :meth:`fit`):
+    ``(params [n, ...] gathered onto this process's default device, agents_per_process)``."""
+    n, mesh, learner = ctx.data.num_agents, ctx.mesh, ctx.learner
+    impl = jax.random.key_impl(ctx.key)
+    keys = tuple(np.asarray(jax.random.key_data(k)) for k in learners_lib.model_keys(ctx.key, n))
+
+    def fit(extra, parties):
+        ik, tk = (jax.random.wrap_key_data(e, impl=impl) for e in extra)
+        return learner.fit_keyed(ik, tk, parties)
+
+    sharded = mesh_lib.over_mesh(fit, mesh, (P(AGENTS), P(AGENTS)), P(AGENTS))
+    (chunk,) = agent_stream.chunks(ctx.data.agents, mesh_lib.chunk_size(n, mesh), extra=keys,
+                                   mesh=mesh)
+    params = mesh_lib.gathered(sharded(chunk.extra, chunk.agents), n, mesh, axis=0)
+    placed = mesh_lib.parties_per_process(chunk, mesh)
+    return params, mesh_lib.all_processes(placed, mesh)
 
 
 def fitted(state: api.State):
