@@ -28,6 +28,8 @@ TIMEOUT_S = 5                    # --process-timeout: a lost process is noticed 
 LOCAL_DEVICES = 2
 #: the selftest cases of each family, by algorithm name
 FAMILIES = ("dp_fedavg", "dp_fedsgd", "ae_dpfl", "knn_dpfl", "fedkt", "isrl", "dp_fnas")
+#: more agents than the selftest's, so that both processes get some (4 devices)
+MORE = {"fedkt": ["data.num_agents=3"], "dp_fnas": ["data.num_agents=3"]}
 
 
 def free_port() -> int:
@@ -96,7 +98,7 @@ def write_case(case, folder: Path) -> Path:
     """A selftest case (a shipped config and its overrides) as one TOML file."""
     from fedjax_dp.experiments import config as config_lib
     raw = tomllib.loads((ROOT / "configs" / case.config).read_text())
-    for assignment in case.overrides:
+    for assignment in list(case.overrides) + MORE.get(case.algorithm, []):
         config_lib.apply_override(raw, assignment)
     lines = [f"{k} = {toml_value(v)}" for k, v in raw.items() if not isinstance(v, dict)]
     for table, body in raw.items():
@@ -157,6 +159,12 @@ def test_every_family_on_two_processes_equals_one_process(tmp_path):
         assert got[name]["processes"]["count"] == 2, where
         assert got[name]["processes"]["mesh_devices"] == 2 * LOCAL_DEVICES, where
         assert "processes" not in want[name]
+        counts = got[name]["processes"].get("agents_per_process")
+        if counts is not None:              # the one-shot families count who trained whom
+            assert len(counts) == 2 and min(counts) > 0, where
+            assert sum(counts) == got[name]["num_agents"], where
+    counted = [n for n in got if "agents_per_process" in got[n]["processes"]]
+    assert {"ae_dpfl", "knn_dpfl", "fedkt", "dp_fnas"} <= set(counted), counted
 
 
 def progress_lines(out: Path) -> int:

@@ -655,7 +655,7 @@ def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | No
         result = result_record(p, config, s, done.state, history_so_far, out,
                                time.perf_counter() - start, timing=timing,
                                non_finite=live.non_finite,
-                               extra=processes_record(group, mesh))
+                               extra=processes_record(group, mesh, done.state))
     if tracker.enabled:
         tracker.finish(len(history_so_far), tracking_lib.final_scalars(result))
     if show:
@@ -799,14 +799,22 @@ def agents_placement(config: dict, mesh) -> str:
     return "host"
 
 
-def processes_record(group: processes.Group | None, mesh) -> dict:
-    """result.json's ``processes``: the job's size and the mesh the agents were split over."""
+def processes_record(group: processes.Group | None, mesh, state: api.State | None = None
+                     ) -> dict:
+    """result.json's ``processes``: the job's size, the mesh the agents were split over and,
+    where the family counts them, how many agents each process trained (``agents_per_process``:
+    each agent on exactly one process, so they sum to N)."""
     if group is None and mesh is None:
         return {}
-    return {"processes": {
-        "count": jax.process_count(), "local_devices": jax.local_device_count(),
-        "mesh_devices": 0 if mesh is None else int(mesh.devices.size),
-        "cluster": None if group is None else group.spec.cluster}}
+    record = {"count": jax.process_count(), "local_devices": jax.local_device_count(),
+              "mesh_devices": 0 if mesh is None else int(mesh.devices.size),
+              "cluster": None if group is None else group.spec.cluster}
+    values = state.values if state is not None and isinstance(state.values, dict) else {}
+    for name in ("agents_per_process", "student_agents_per_process"):
+        got = values.get(name, getattr(getattr(state, "context", None), name, None))
+        if got is not None:
+            record[name] = [int(c) for c in np.asarray(got).reshape(-1)]
+    return {"processes": record}
 
 
 class NonFiniteError(ValueError):
