@@ -472,7 +472,7 @@ def _same_agents(datas: Sequence[StackedData]) -> bool:
 def seed_plan(states: Sequence[api.State]) -> SeedPlan | None:
     """The :class:`SeedPlan` of S seeds' states (fresh from ``init``), or None -- the caller runs
     the seeds one by one -- where they cannot share compiled calls: ``runtime.mesh`` (the
-    sharded vote), secure aggregation (per-seed share streams and dropouts, not vmapped),
+    chunks split over it), secure aggregation (per-seed share streams and dropouts, not vmapped),
     different configs, models or runtimes, host- and device-resident agents mixed, or data of
     different shapes (agents, records per agent, public set)."""
     states = list(states)
