@@ -2,9 +2,10 @@
 
 Checks that sharding the agent axis over 8 CPU devices gives the same results as one device, for
 the lift primitive, local training of all agents, and a full FedAvg / DP-FedAvg round (whose sum
-over agents becomes a cross-device reduction), the MPC vote, DP-FNAS (:func:`fnas_checks`), and
--- from ``isrl_sharded_check.py``, in the same process so that JAX starts once -- the ISRL-DP
-silo axis (SPIDER and SDP SPIDER). Prints one JSON line.
+over agents becomes a cross-device reduction), the MPC vote, DP-FNAS (:func:`fnas_checks`),
+AE-DPFL / kNN-DPFL with ``runtime.mesh`` (host- and device-resident agents,
+:func:`voting_checks`), and -- from ``isrl_sharded_check.py``, in the same process so that JAX
+starts once -- the ISRL-DP silo axis (SPIDER and SDP SPIDER). Prints one JSON line.
 """
 import json
 import sys
@@ -71,6 +72,47 @@ def fnas_checks(mesh) -> dict:
              and len(runs["mesh"].history) == 2 and hist)
     return {"dp_fnas_sharded": bool(split and equal),
             "dp_fnas_agents_per_process": sharded.context.agents_per_process == (11,)}
+
+
+def voting_checks(mesh, data) -> dict:
+    """AE-DPFL (local training and vote) and kNN-DPFL (vote) with ``runtime.mesh`` over the 8
+    devices, from host- and from device-resident agents (11: chunks of 5 rounded up to 8), equal
+    the run without a mesh: ballots, clean vote sums and labels exactly, the trained parameters
+    and losses to float tolerance; ``agents_per_process`` sums to N."""
+    from fedjax_dp.algorithms import api
+    from fedjax_dp.algorithms.voting import ae_dpfl
+    model = make_model("logistic", (6,), 3)        # the smallest programs: compile-bound
+    local = LocalTrainConfig(steps=2, batch_size=4, learning_rate=0.1)
+    public = np.random.default_rng(1).normal(size=(9, 6)).astype(np.float32)
+    n = data.num_agents
+    ae = ae_dpfl.Config(sigma=0.5, num_queries=6, agent_chunk=5, data_dependent=True, local=local)
+    knn = knn_dpfl.Config(k=2, sigma=0.5, num_queries=6, agent_chunk=5, data_dependent=True,
+                          feature_map="identity", knn_method="top_k")
+
+    def run(module, config, agents, m):
+        fed = api.FederatedData(agents, 3, x_public=public)
+        state = module.init(jax.random.key(4), fed, model, config,
+                            api.Runtime(mesh=m, chunk_size=None))
+        for _ in module.PHASES[:-1]:                           # all but the student
+            state, _ = module.step(state)
+        return state.values
+
+    out = {}
+    for name, module, config in (("ae_dpfl", ae_dpfl, ae), ("knn_dpfl", knn_dpfl, knn)):
+        ref = run(module, config, data, None)       # device == host without a mesh: test_stream_*
+        for where, agents in (("host", data.on_host()), ("device", data)):
+            got = run(module, config, agents, mesh)
+            ok = (all(np.array_equal(ref[k], got[k]) for k in ("labels", "clean_vote_sums"))
+                  and ref["agents_per_process"].tolist() == [n]
+                  and int(np.sum(got["agents_per_process"])) == n)
+            if module is ae_dpfl:
+                ok = ok and (np.array_equal(ref["agent_ballots"], got["agent_ballots"])
+                             and close(ref["agent_losses"], got["agent_losses"])
+                             and len(np.unique(ref["agent_ballots"])) > 1)
+                if where == "device":                   # kept parameters, split over the mesh
+                    ok = ok and close(ref["agent_params"], got["agent_params"])
+            out[f"{name}_mesh_{where}"] = bool(ok)
+    return out
 
 
 def main():
@@ -150,6 +192,7 @@ def main():
                                key, fn, agents, queries, 0.3, num_classes=3, mesh=mesh)[0],
                                agg(None)))
     out.update(fnas_checks(mesh))
+    out.update(voting_checks(mesh, data))
     out.update(isrl_sharded_check.checks())
     out.update(fedkt_checks(mesh))
     print(json.dumps(out))

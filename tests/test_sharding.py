@@ -12,10 +12,11 @@ from pathlib import Path
 
 def test_eight_cpu_devices_equal_one_device():
     """Core (lift, placement, agent sum, local training, DP-FedAvg rounds masked and gathered,
-    kNN MPC vote), DP-FNAS (a search and a retraining epoch, 11 parties padded to 16) and
-    ISRL-DP: SPIDER and SDP SPIDER, gathered (M = 3 rows padded to 8) == masked (N = 6 padded
-    to 8) == one device; FedKT (L0 host-resident parties in chunks, L2 device-resident ones,
-    SOLO) with its 11 parties split over the 8 devices == no mesh."""
+    kNN MPC vote), DP-FNAS (a search and a retraining epoch, 11 parties padded to 16), AE-DPFL
+    and kNN-DPFL with ``runtime.mesh`` (host- and device-resident agents, N = 11) equal to no
+    mesh, and ISRL-DP: SPIDER and SDP SPIDER, gathered (M = 3 rows padded to 8) == masked (N = 6
+    padded to 8) == one device; FedKT (L0 host-resident parties in chunks, L2 device-resident
+    ones, SOLO) with its 11 parties split over the 8 devices == no mesh."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     # LLVM optimisation level 0: the checks are compile-bound (~45 of ~50 CPU seconds are XLA
     # compiles of tiny programs) and compare sharded with unsharded programs of the same
@@ -33,10 +34,12 @@ def test_eight_cpu_devices_equal_one_device():
     core = ["lift", "lift_sum", "placed_on_8", "agent_sum", "train_agents", "dp_fedavg_round",
             "gathered_round_sharded", "knn_vote"]
     fnas = ["dp_fnas_sharded", "dp_fnas_agents_per_process"]
+    voting = ["ae_dpfl_mesh_host", "ae_dpfl_mesh_device", "knn_dpfl_mesh_host",
+              "knn_dpfl_mesh_device"]
     isrl = ["spider_sharded_masked",
             "spider_sharded_gathered_equals_masked", "sdp_spider_sharded_gathered_equals_masked"]
     fedkt = ["fedkt_l0_host_sharded", "fedkt_l2_device_sharded", "fedkt_solo_host_sharded"]
-    assert sorted(out) == sorted(core + fnas + isrl + fedkt + ["spider_uploads",
-                                                               "sdp_spider_uploads"]), out
-    assert all(out[c] is True for c in core + fnas + isrl + fedkt), out
+    assert sorted(out) == sorted(core + fnas + voting + isrl + fedkt +
+                                 ["spider_uploads", "sdp_spider_uploads"]), out
+    assert all(out[c] is True for c in core + fnas + voting + isrl + fedkt), out
     assert out["spider_uploads"] == out["sdp_spider_uploads"] == 3 * 3   # R x M, one upload each

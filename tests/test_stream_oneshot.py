@@ -186,9 +186,9 @@ def test_knn_progress_reports_vote_chunks_and_self_training_rounds(problem):
     assert _tasks(rec) == [("vote", 3, "chunk", 3), ("student", 3, "round", 3)]
 
 
-def test_sharded_vote_is_one_unit_of_progress(problem):
-    """With ``runtime.mesh`` the vote is one compiled call: one task of one unit (the query
-    blocks are a lax.map inside it)."""
+def test_mesh_vote_is_the_streamed_vote(problem):
+    """With ``runtime.mesh`` AE-DPFL votes on its stored ballots as without one: the streamed
+    vote, one unit of progress per chunk, the same labels."""
     from fedjax_dp.core import agent_mesh
     done = _run(problem, ae_dpfl, AE, "device", None)
     rec = progress_lib.RecordingProgress()
@@ -197,8 +197,28 @@ def test_sharded_vote_is_one_unit_of_progress(problem):
                                                   progress=rec))
     kept = ("agent_ballots", "agent_losses", "agent_params")
     state = api.State(step=1, values={k: done.state.values[k] for k in kept}, context=ctx)
-    ae_dpfl.step(state)
-    assert _tasks(rec) == [("vote", 1, "call", 1)]
+    state, _ = ae_dpfl.step(state)
+    assert _tasks(rec) == [("vote", 1, "chunk", 1)]                  # N = 7: one chunk
+    np.testing.assert_array_equal(state.values["labels"], done.state.values["labels"])
+
+
+@pytest.mark.parametrize("module,cfg", [(ae_dpfl, AE), (knn_dpfl, KNN)])
+def test_host_agents_with_a_mesh_equal_no_mesh(problem, module, cfg):
+    """Host-resident agents with ``runtime.mesh`` (this process's devices) are streamed split
+    over it: the same labels, clean sums and ballots as without a mesh; every agent counted
+    once in ``agents_per_process``."""
+    from fedjax_dp.core import agent_mesh
+    host, _, x_public, model = problem
+    data = api.FederatedData(agents=host, num_classes=C, x_public=x_public)
+    state = module.init(jax.random.key(3), data, model, dataclasses.replace(cfg, agent_chunk=3),
+                        api.Runtime(chunk_size=None, mesh=agent_mesh()))
+    for _ in module.PHASES[:-1]:
+        state, _ = module.step(state)
+    want = _run(problem, module, cfg, "host", 3).state.values
+    for name in ("labels", "clean_vote_sums") + (("agent_ballots",) if module is ae_dpfl else ()):
+        np.testing.assert_array_equal(state.values[name], want[name], err_msg=name)
+    assert state.values["agents_per_process"].tolist() == [N]
+    assert want["agents_per_process"].tolist() == [N]
 
 
 def test_bad_input_raises_before_any_work(problem):
@@ -221,17 +241,6 @@ def test_bad_input_raises_before_any_work(problem):
         data = api.FederatedData(agents=bad, num_classes=C, x_public=x_public)
         with pytest.raises(ValueError, match="NaN"):
             module.init(jax.random.key(0), data, model, cfg)
-    with pytest.raises(ValueError, match="mesh"):                   # host data is streamed
-        _mesh_vote(problem)
-
-
-def _mesh_vote(problem):
-    host, _, x_public, model = problem
-    data = api.FederatedData(agents=host, num_classes=C, x_public=x_public)
-    from fedjax_dp.core import agent_mesh
-    state = knn_dpfl.init(jax.random.key(0), data, model, KNN,
-                          api.Runtime(chunk_size=None, mesh=agent_mesh()))
-    knn_dpfl.step(state)
 
 
 @pytest.mark.parametrize("noise", ["per_agent", "aggregate"])

@@ -355,21 +355,28 @@ def tally_init(num_queries: int, num_classes: int) -> Tally:
                  np.zeros((num_queries, num_classes), np.float32))
 
 
-@functools.partial(jax.jit, static_argnames=("num_classes", "per_agent"))
+@functools.partial(jax.jit, static_argnames=("num_classes", "per_agent", "summed"))
 def tally_add(tally: Tally, key: jax.Array, ballots: jax.Array, agent_ids: jax.Array,
-              valid: jax.Array, std, *, num_classes: int, per_agent: bool) -> Tally:
+              valid: jax.Array, std, *, num_classes: int, per_agent: bool,
+              summed: bool = False) -> Tally:
     """Add a chunk of agents' ballots (and, ``per_agent``, their noise shares) to ``tally``.
 
     ``ballots``: ``[a, Q]`` class indices (AE-DPFL; -1 = abstain, the zero ballot) or ``[a, Q, C]``
-    integer label counts (kNN-DPFL, the ballot times k). ``agent_ids [a]`` global indices (they
-    pick the noise, :func:`agent_query_noise`), ``valid [a]`` False for padding."""
-    if ballots.ndim == 2:
-        ballots = jax.nn.one_hot(ballots.astype(jnp.int32), num_classes, dtype=jnp.int32)
-    ballots = jnp.where(valid[:, None, None], ballots.astype(jnp.int32), 0)       # [a, Q, C]
-    counts = tally.counts + jnp.sum(ballots, axis=0)
+    integer label counts (kNN-DPFL, the ballot times k); ``summed``: ``[Q, C]``, the chunk's
+    counts already summed over its valid agents (kNN-DPFL with ``runtime.mesh``: a ``psum`` of
+    the devices' sums, exact integers). ``agent_ids [a]`` global indices (they pick the noise,
+    :func:`agent_query_noise`), ``valid [a]`` False for padding."""
+    if summed:
+        chunk = ballots.astype(jnp.int32)                                         # [Q, C]
+    else:
+        if ballots.ndim == 2:
+            ballots = jax.nn.one_hot(ballots.astype(jnp.int32), num_classes, dtype=jnp.int32)
+        ballots = jnp.where(valid[:, None, None], ballots.astype(jnp.int32), 0)   # [a, Q, C]
+        chunk = jnp.sum(ballots, axis=0)
+    counts = tally.counts + chunk
     noise = tally.noise
     if per_agent:
-        q = ballots.shape[1]
+        q = counts.shape[0]
         z = agent_query_noise(key, agent_ids, jnp.arange(q), std, num_classes)
         z = jnp.where(valid[:, None, None], z, 0.0)                               # [a, Q, C]
         noise, _ = jax.lax.scan(lambda acc, zi: (acc + zi, None), noise, z)      # agent order
@@ -394,15 +401,17 @@ def _release_tally(tally: Tally, key: jax.Array, sigma, divisor, noise: str) -> 
     return jnp.argmax(noisy, axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("num_classes", "per_agent", "noise"))
+@functools.partial(jax.jit, static_argnames=("num_classes", "per_agent", "noise", "summed"))
 def tally_step(tally: Tally, key: jax.Array, ballots: jax.Array, agent_ids: jax.Array,
                valid: jax.Array, std, sigma, divisor, last, *, num_classes: int,
-               per_agent: bool, noise: str) -> tuple[Tally, jax.Array]:
-    """:func:`tally_add` of a chunk, then, when ``last`` (traced bool: the stream's last chunk),
-    :func:`tally_release` of the whole tally (else ``-1`` labels, never read): the streamed
-    vote's ONE compiled call. The labels equal ``tally_release`` after the adds."""
+               per_agent: bool, noise: str, summed: bool = False) -> tuple[Tally, jax.Array]:
+    """:func:`tally_add` of a chunk (``summed``: its ballots already summed, ``[Q, C]``), then,
+    when ``last`` (traced bool: the stream's last chunk), :func:`tally_release` of the whole
+    tally (else ``-1`` labels, never read): the streamed vote's ONE compiled call. The labels
+    equal ``tally_release`` after the adds. Given global arrays over a mesh (the summed counts
+    of kNN-DPFL's sharded chunks, replicated) every output is replicated over it."""
     tally = tally_add(tally, key, ballots, agent_ids, valid, std, num_classes=num_classes,
-                      per_agent=per_agent)
+                      per_agent=per_agent, summed=summed)
     q = tally.counts.shape[0]
     labels = jax.lax.cond(last, lambda t: _release_tally(t, key, sigma, divisor, noise),
                           lambda t: jnp.full((q,), -1, jnp.int32), tally)
@@ -410,13 +419,16 @@ def tally_step(tally: Tally, key: jax.Array, ballots: jax.Array, agent_ids: jax.
 
 
 @functools.lru_cache(maxsize=32)
-def tally_step_fn(num_classes: int, per_agent: bool, noise: str, batched: bool):
+def tally_step_fn(num_classes: int, per_agent: bool, noise: str, batched: bool,
+                  summed: bool = False):
     """``step(tally, key, ballots, ids, valid, std, sigma, divisor, last) -> (tally, labels)``:
-    :func:`tally_step`; ``batched``: vmapped over a leading seed axis of the tally, the vote key
-    and the ballots (the other arguments shared)."""
+    :func:`tally_step` (``summed``: each chunk's ballots arrive summed, ``[Q, C]``);
+    ``batched``: vmapped over a leading seed axis of the tally, the vote key and the ballots
+    (the other arguments shared)."""
     def step(tally, key, ballots, ids, valid, std, sigma, divisor, last):
         return tally_step(tally, key, ballots, ids, valid, std, sigma, divisor, last,
-                          num_classes=num_classes, per_agent=per_agent, noise=noise)
+                          num_classes=num_classes, per_agent=per_agent, noise=noise,
+                          summed=summed)
 
     if not batched:
         return step

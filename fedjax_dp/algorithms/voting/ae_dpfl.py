@@ -25,13 +25,20 @@ released, so each query's RDP is bounded by GNMax's on the noise-free vote sums;
 
 Protocol: ``init`` checks the inputs and draws the queries; three phases, ``local_training``
 (``agent_ballots [N, Q]`` int8, -1 where the agent abstains; ``agent_losses [N]``; ``agent_params
-[N, ...]`` when kept), ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and ``student``
+[N, ...]`` when kept; ``agents_per_process [P]``, the agents each process trained), ``vote``
+(``labels [Q]``, ``clean_vote_sums [Q, C]``) and ``student``
 (``params``). Keys, seeds and the streamed vote: :mod:`.voting_dpfl`.
 
 Scale. Each chunk of ``agent_chunk`` agents trains and votes in ONE compiled call
 (:func:`_chunk_fn`), agent i with ``split(init, N)[i]`` / ``split(train, N)[i]`` whatever the
 chunking. ``agent_ballots`` are private (each agent's noise-free vote); only the vote's argmax
 is released.
+
+With ``runtime.mesh`` (host- or device-resident agents) each chunk is split over the mesh's
+devices, possibly of several processes: every agent trains and casts its ballots on exactly one
+device, each process reading only its own agents' rows; the ballots are gathered to every
+process and the vote is the same streamed vote over them, so ballots, counts and labels equal
+those without a mesh exactly, the parameters up to float rounding (:mod:`.voting_dpfl`).
 """
 from __future__ import annotations
 
@@ -42,12 +49,14 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from fedjax_dp.core import agent_stream
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.voting import voting_dpfl
 from fedjax_dp.core import for_each_agent, is_on_host, rng, seed_axis
-from fedjax_dp.core.lift import agent_bytes, chunked, num_chunks, resolve_chunk_size, training_bytes
+from fedjax_dp.core.lift import (AGENTS, agent_bytes, chunked, num_chunks, resolve_chunk_size,
+                                 training_bytes)
 from fedjax_dp.core import memory
 from fedjax_dp.core import validation
 from fedjax_dp.models import Model
@@ -154,18 +163,10 @@ def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dic
     """Run the next phase (``key`` unused: each phase has its named stream, see the module)."""
     phase = voting_dpfl.check_step(state, PHASES)
     ctx: voting_dpfl.Context = state.context
-    cfg, model = ctx.config, ctx.model
+    cfg = ctx.config
     if phase == "local_training":
         values, metrics = _local_training(state)
-    elif phase == "vote" and ctx.runtime.mesh is not None:
-        # sharded vote over the kept parameters (device-resident agents only)
-        if "agent_params" not in state.values:
-            raise ValueError("runtime.mesh needs device-resident agents (their parameters are "
-                             "kept only then); host-resident agents are streamed instead")
-        queries = jnp.asarray(ctx.x_public[ctx.query_indices])                      # [Q, ...]
-        values, metrics = voting_dpfl.vote_phase(state, ballot_fn(model, cfg.abstain_below),
-                                                 state.values["agent_params"], queries)
-    elif phase == "vote":
+    elif phase == "vote":            # the stored ballots, with or without runtime.mesh
         ballots = state.values["agent_ballots"]                                     # [N, Q]
         size = voting_dpfl.agent_chunk(cfg, ctx.data.agents.num_agents)
         values, metrics = voting_dpfl.streamed_vote_phase(
@@ -186,7 +187,8 @@ def _local_training(state: api.State) -> tuple[dict, dict]:
     Chunk c (agents ``[c S, (c + 1) S)``, padded to S) trains as :func:`_chunk_fn` says and
     stores each agent's class index per query (-1: abstention) as ``agent_ballots [N, Q]`` in
     :func:`ballot_dtype`; device-resident agents within :data:`KEEP_PARAMS_BYTES` also keep
-    ``agent_params [N, ...]``. The S = 1 case of :func:`_train_and_vote`.
+    ``agent_params [N, ...]``. With ``runtime.mesh`` each agent trains on one device of one
+    process (:func:`_train_and_vote`). The S = 1 case of :func:`_train_and_vote`.
     """
     return _train_and_vote([state], None)[0]
 
@@ -196,41 +198,25 @@ def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
     """:func:`_local_training` of S seeds (``plan``; None: one seed, unbatched call): one host
     loop over the chunks, each chunk trained and made to vote for all seeds in ONE compiled call
     (:func:`_chunk_fn`), the agents' keys computed inside it from their global indices, so a run
-    compiles this one function whatever N."""
-    ctxs: list[voting_dpfl.Context] = [st.context for st in states]
-    c0 = ctxs[0]
-    cfg, model = c0.config, c0.model
-    datas = [c.data.agents for c in ctxs]
-    num = len(states)
-    n, q = datas[0].num_agents, len(c0.query_indices)
-    size = voting_dpfl.agent_chunk(cfg, n)
-    keep_params = _keeps_params(datas[0], model, c0.runtime)
-    inner = resolve_chunk_size(c0.runtime.chunk_size, num_agents=size, capped=True,
-                               bytes_per_agent=training_bytes(_param_shapes(model)))
-    dtype = np.dtype(ballot_dtype(model.num_classes)).name
-    queries = [jax.device_put(np.asarray(c.x_public[c.query_indices])) for c in ctxs]
-    gather = plan is None and not is_on_host(datas[0])
-    fn = _chunk_fn(model, cfg.local, inner, cfg.abstain_below, cfg.query_chunk, dtype, n,
-                   keep_params, "single" if plan is None else plan.agents_axis, gather)
-    if plan is None:
-        keys = (ctxs[0].keys["init"], ctxs[0].keys["train"])
-        # device-resident agents: every call reads its chunk's rows itself (no slicing program)
-        chunks = agent_stream.chunks(datas[0], size, take=not gather)
-        queries = queries[0]
-    else:
-        keys = tuple(jnp.stack([c.keys[s] for c in ctxs]) for s in ("init", "train"))  # [S]
-        chunks = agent_stream.chunks(datas if plan.agents_axis == 0 else datas[0], size,
-                                     stack=plan.agents_axis == 0)
-        queries = jnp.stack(queries)                                             # [S, Q, ...]
-    drivers = _memory_drivers(cfg, c0.runtime.chunk_size, inner, size, model)
-    ballots = np.empty((num, n, q), dtype)                                        # [S, N, Q]
+    compiles this one function whatever N.
+
+    With ``runtime.mesh`` (one seed: :func:`voting_dpfl.seed_plan` gives no plan then) every
+    chunk is split over the mesh (:func:`_training_calls`), each agent trained on one device of
+    one process, and the chunk's ballots and losses are gathered to every process
+    (:func:`voting_dpfl.to_host`); the kept parameters stay global arrays split over the mesh.
+    ``agents_per_process``: :class:`voting_dpfl.AgentCount`."""
+    c0: voting_dpfl.Context = states[0].context
+    num, n, q = len(states), c0.data.agents.num_agents, len(c0.query_indices)
+    calls = _training_calls(states, plan)
+    fn, keys, queries, size = calls["fn"], calls["keys"], calls["queries"], calls["size"]
+    ballots = np.empty((num, n, q), calls["dtype"])                               # [S, N, Q]
     losses = np.empty((num, n), np.float32)                                       # [S, N]
-    kept = []
+    kept, count = [], voting_dpfl.AgentCount(c0.runtime.mesh)
 
     def collect(pending):
         chunk, idx, loss = pending
         stop = chunk.start + chunk.num_real
-        idx, loss = np.asarray(idx), np.asarray(loss)
+        idx, loss = voting_dpfl.to_host(idx), voting_dpfl.to_host(loss)
         if plan is None:
             idx, loss = idx[None], loss[None]
         ballots[:, chunk.start:stop] = idx[:, :chunk.num_real]
@@ -239,15 +225,15 @@ def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
     pending = None
     with c0.runtime.progress.task("local training", total=num_chunks(n, size),
                                   unit="chunk") as task:
-        for chunk in chunks:
+        for chunk in count.counted(calls["chunks"]):
             a = chunk.agents
             args = (*keys, chunk.ids, a.x, a.y, a.mask, a.counts, queries)
             if plan is None:
-                memory.check_call(fn, *args, drivers=drivers,
+                memory.check_call(fn, *args, drivers=calls["drivers"],
                                   what=f"local training and ballots of a chunk of {size} "
                                        f"agents on {q} queries")
             out = fn(*args)                                       # ([S,] size, Q), ([S,] size)
-            if keep_params:
+            if calls["keep_params"]:
                 kept.append(out[2] if plan is None else seed_axis.unstack_seeds(out[2], num))
             if pending is not None:          # fetch the previous chunk while this one computes
                 collect(pending)
@@ -256,14 +242,63 @@ def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
         if pending is not None:
             collect(pending)
             task.update(1)
+    return _training_outputs(c0.config, ballots, losses, kept if calls["keep_params"] else None,
+                             plan, size, n, count.per_process())
+
+
+def _training_calls(states: list[api.State], plan: voting_dpfl.SeedPlan | None) -> dict:
+    """What :func:`_train_and_vote` loops with: the compiled call ``fn`` (:func:`_chunk_fn`), its
+    ``keys`` and ``queries``, the ``chunks`` stream, the chunk ``size``, ``keep_params``, the
+    ballots' ``dtype`` and the memory ``drivers``. With ``runtime.mesh`` the chunks are global
+    arrays split over it (``size`` rounded up to a multiple of its devices,
+    :func:`voting_dpfl.mesh_chunk`; ``inner`` per device), the queries a host array
+    (replicated), and ``fn`` a ``shard_map`` over the agent axis."""
+    ctxs: list[voting_dpfl.Context] = [st.context for st in states]
+    c0 = ctxs[0]
+    cfg, model, mesh = c0.config, c0.model, c0.runtime.mesh
+    datas = [c.data.agents for c in ctxs]
+    n = datas[0].num_agents
+    size = voting_dpfl.mesh_chunk(voting_dpfl.agent_chunk(cfg, n), mesh)
+    per_device = size if mesh is None else size // mesh.shape[AGENTS]
+    keep_params = _keeps_params(datas[0], model, c0.runtime)
+    inner = resolve_chunk_size(c0.runtime.chunk_size, num_agents=per_device, capped=True,
+                               bytes_per_agent=training_bytes(_param_shapes(model)))
+    dtype = np.dtype(ballot_dtype(model.num_classes)).name
+    queries = [np.asarray(c.x_public[c.query_indices]) for c in ctxs]
+    if mesh is None:
+        queries = [jax.device_put(x) for x in queries]
+    gather = plan is None and mesh is None and not is_on_host(datas[0])
+    fn = _chunk_fn(model, cfg.local, inner, cfg.abstain_below, cfg.query_chunk, dtype, n,
+                   keep_params, "single" if plan is None else plan.agents_axis, gather, mesh)
+    if plan is None:
+        keys = (c0.keys["init"], c0.keys["train"])
+        # device-resident agents: every call reads its chunk's rows itself (no slicing program)
+        chunks = agent_stream.chunks(datas[0], size, take=not gather, mesh=mesh)
+        queries = queries[0]
+    else:
+        keys = tuple(jnp.stack([c.keys[s] for c in ctxs]) for s in ("init", "train"))  # [S]
+        chunks = agent_stream.chunks(datas if plan.agents_axis == 0 else datas[0], size,
+                                     stack=plan.agents_axis == 0)
+        queries = jnp.stack(queries)                                             # [S, Q, ...]
+    return dict(fn=fn, keys=keys, queries=queries, chunks=chunks, size=size, dtype=dtype,
+                keep_params=keep_params,
+                drivers=_memory_drivers(cfg, c0.runtime.chunk_size, inner, size, model))
+
+
+def _training_outputs(cfg: Config, ballots: np.ndarray, losses: np.ndarray, kept: list | None,
+                      plan: voting_dpfl.SeedPlan | None, size: int, n: int,
+                      per_process: np.ndarray) -> list[tuple[dict, dict]]:
+    """Each seed's ``(values, metrics)`` of the local-training phase (:func:`_local_training`)."""
     outs = []
-    for s in range(num):
-        values = {"agent_ballots": ballots[s], "agent_losses": losses[s]}
-        if keep_params:
+    for s in range(len(ballots)):
+        values = {"agent_ballots": ballots[s], "agent_losses": losses[s],
+                  "agents_per_process": per_process}
+        if kept is not None:
             mine = kept if plan is None else [p[s] for p in kept]
             values["agent_params"] = (mine[0] if len(mine) == 1 and size == n
                                       else _concat_agents(mine, n))
-        metrics = {"agent_chunk": size}         # public: the config's chunk, at most N
+        # public: the config's chunk, at most N (with a mesh: rounded up to its devices)
+        metrics = {"agent_chunk": size}
         if cfg.diagnostics:                      # not private: declared by ``ledger``
             abstained = (float(np.mean(ballots[s] < 0)) if cfg.abstain_below is not None
                          else 0.0)
@@ -273,7 +308,7 @@ def _train_and_vote(states: list[api.State], plan: voting_dpfl.SeedPlan | None
 
 
 #: device-resident agents keep their trained parameters (``agent_params``) when all N of them
-#: take at most this many bytes, or with ``runtime.mesh`` (the sharded vote needs them).
+#: take at most this many bytes (with ``runtime.mesh`` too: then split over the mesh).
 KEEP_PARAMS_BYTES = 256 << 20
 
 
@@ -281,8 +316,7 @@ def _keeps_params(data, model: Model, runtime: api.Runtime) -> bool:
     """Whether the local-training phase keeps ``agent_params`` (:data:`KEEP_PARAMS_BYTES`)."""
     if is_on_host(data):
         return False
-    return (runtime.mesh is not None
-            or data.num_agents * agent_bytes(_param_shapes(model)) <= KEEP_PARAMS_BYTES)
+    return data.num_agents * agent_bytes(_param_shapes(model)) <= KEEP_PARAMS_BYTES
 
 
 @functools.lru_cache(maxsize=32)
@@ -341,7 +375,7 @@ def _ballot_indices(model: Model, abstain_below: float | None, query_chunk: int 
 def _chunk_fn(model: Model, local: LocalTrainConfig, inner: int | None,
               abstain_below: float | None, query_chunk: int | None, dtype: str,
               num_agents: int, keep_params: bool, agents_axis: int | None | str = "single",
-              gather: bool = False):
+              gather: bool = False, mesh=None):
     """The one compiled call of a chunk: ``(init key, train key, agent ids [size], x, y, mask,
     counts, queries [Q, ...]) -> (ballot indices [size, Q], mean losses [size] (, params))``.
 
@@ -351,7 +385,10 @@ def _chunk_fn(model: Model, local: LocalTrainConfig, inner: int | None,
     or 0: vmapped over a leading seed axis of the keys and queries (and, with 0, of the agents'
     data); ``"single"``: one seed, unbatched.
     ``gather``: ``x, y, mask, counts`` are the whole (device-resident) population and the call
-    takes the rows ``ids`` (rows past N: empty agents)."""
+    takes the rows ``ids`` (rows past N: empty agents). ``mesh`` (``"single"`` only, not with
+    ``gather``): a ``shard_map`` over the agent axis of ``ids, x, y, mask, counts`` and of every
+    output (keys and queries replicated), each device training and casting the ballots of its
+    own slice of the chunk, ``inner`` agents at a time."""
     update = for_each_agent(make_local_update(model, local), 0, chunk_size=inner)
     indices = _ballot_indices(model, abstain_below, query_chunk, dtype)
 
@@ -365,8 +402,12 @@ def _chunk_fn(model: Model, local: LocalTrainConfig, inner: int | None,
         out = (indices(params, queries), loss)
         return out + (params,) if keep_params else out
 
-    if agents_axis == "single":
+    if agents_axis == "single" and mesh is None:
         return jax.jit(fn)
+    if agents_axis == "single":
+        split = P(AGENTS)
+        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(P(), P()) + (split,) * 5 + (P(),),
+                                     out_specs=split, check_vma=False))
     ax = agents_axis
     return jax.jit(jax.vmap(fn, in_axes=(0, 0, None, ax, ax, ax, ax, 0)))
 

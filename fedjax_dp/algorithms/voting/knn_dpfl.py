@@ -33,7 +33,10 @@ Privacy (Theorem 5 and appendix C.1), Gaussian mechanism on the vote sum, Q quer
 Protocol: ``init`` checks the inputs, draws the queries and fits the feature map; two steps,
 ``vote`` (``labels [Q]``, ``clean_vote_sums [Q, C]``) and ``student`` (``params``). The kNN
 search, noise and secure sum are one phase, so the noise-free ballots never enter the state.
-Keys, streaming, seeds and ``runtime.mesh``: :mod:`fedjax_dp.algorithms.voting.voting_dpfl`.
+With ``runtime.mesh`` every agent's features and neighbour counts are computed on one device of
+one process and each chunk's counts ``psum``-ed: the labels and sums equal those without a mesh
+(:func:`_vote`). Keys, streaming, seeds and ``runtime.mesh``:
+:mod:`fedjax_dp.algorithms.voting.voting_dpfl`.
 """
 from __future__ import annotations
 
@@ -44,14 +47,15 @@ from typing import Callable, Iterable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from fedjax_dp.core import agent_stream
 from fedjax_dp.algorithms import api
 from fedjax_dp.algorithms.voting import voting_dpfl
-from fedjax_dp.core import StackedData, is_on_host, seed_axis, validation
+from fedjax_dp.core import StackedData, seed_axis, validation
 from fedjax_dp.core import defaults as defaults_lib
 from fedjax_dp.core import memory
-from fedjax_dp.core.lift import num_chunks
+from fedjax_dp.core.lift import AGENTS, num_chunks
 from fedjax_dp.data.features import FEATURE_MAPS, FeatureMap, fit_feature_map  # re-exported
 from fedjax_dp.models import Model
 from fedjax_dp.ops import knn_search
@@ -69,7 +73,7 @@ KNN_METHODS = ("auto", "threshold", "top_k")
 class Config(voting_dpfl.VoteConfig):
     """kNN-DPFL. No local training: the ``student_*`` fields train the global model; the vote,
     student and secure aggregation fields (as AE-DPFL's): :class:`voting_dpfl.VoteConfig`.
-    ``query_chunk`` is used by the sharded vote (``runtime.mesh``) only."""
+    ``query_chunk`` is not used (the search blocks the queries itself, :func:`knn_counts`)."""
 
     k: int = 10                          # neighbours per agent (paper: 5% of the local size)
     sigma: float = 1.0                   # std of the total noise on the vote sum
@@ -198,47 +202,58 @@ num_steps = api.phase_steps(PHASES)
 def step(state: api.State, key: jax.Array | None = None) -> tuple[api.State, dict]:
     """Run the next phase (``key`` unused: each phase has its named stream, see the module)."""
     phase = voting_dpfl.check_step(state, PHASES)
-    ctx: voting_dpfl.Context = state.context
-    cfg = ctx.config
-    phi: FeatureMap = ctx.extra
-    if phase == "vote" and ctx.runtime.mesh is not None:
-        # sharded vote: device-resident agents, partial tallies summed across devices
-        if is_on_host(ctx.data.agents):
-            raise ValueError("runtime.mesh needs device-resident agents; host-resident agents "
-                             "are streamed instead (leave runtime.mesh unset)")
-        feats = agent_features(phi, ctx.data.agents)
-        queries = phi.apply(ctx.x_public[ctx.query_indices], lead=1)              # [Q, m]
-        fn = ballot_fn(cfg.k, ctx.model.num_classes, cfg.knn_method)
-        values, metrics = voting_dpfl.vote_phase(state, fn, feats, queries)
-        metrics = {**metrics, "k": cfg.k}
-    elif phase == "vote":
-        data = ctx.data.agents
-        size = voting_dpfl.agent_chunk(cfg, data.num_agents)
-        queries = phi.apply(ctx.x_public[ctx.query_indices], lead=1)              # [Q, m]
-        fn = _chunk_counts_fn(cfg.k, ctx.model.num_classes, cfg.knn_method)
-        mean = None if phi.mean is None else jnp.asarray(phi.mean, jnp.float32)
-        matrix = None if phi.matrix is None else jnp.asarray(phi.matrix, jnp.float32)
-        drivers = {"algorithm.agent_chunk": size, "algorithm.num_queries": int(queries.shape[0])}
-        values, metrics = voting_dpfl.streamed_vote_phase(
-            state, _count_blocks(fn, mean, matrix, agent_stream.chunks(data, size), queries,
-                                 size, drivers=drivers),
-            num_chunks(data.num_agents, size), divisor=float(cfg.k))
-        metrics = {**metrics, "k": cfg.k, "agent_chunk": size}
+    if phase == "vote":
+        values, metrics = _vote(state)
     else:
         values, metrics = voting_dpfl.student_phase(state)
     return voting_dpfl.advance(state, values, phase, metrics)
 
 
+def _vote(state: api.State) -> tuple[dict, dict]:
+    """The vote phase: the agents streamed in chunks (:func:`_count_blocks`), their label counts
+    added to the streamed tally (:func:`voting_dpfl.streamed_vote_phase`).
+
+    With ``runtime.mesh`` (host- or device-resident agents) every chunk is split over the mesh
+    (its size rounded up to a multiple of the devices), each agent's features and neighbour
+    counts computed on one device of one process, and the chunk's counts summed by a ``psum``
+    (exact integers, replicated): the tally, labels and clean sums equal those without a mesh.
+    ``values["agents_per_process"]``: :class:`voting_dpfl.AgentCount`."""
+    ctx: voting_dpfl.Context = state.context
+    cfg, phi, mesh = ctx.config, ctx.extra, ctx.runtime.mesh
+    data = ctx.data.agents
+    size = voting_dpfl.mesh_chunk(voting_dpfl.agent_chunk(cfg, data.num_agents), mesh)
+    queries = phi.apply(ctx.x_public[ctx.query_indices], lead=1)                  # [Q, m]
+    fn = _chunk_counts_fn(cfg.k, ctx.model.num_classes, cfg.knn_method, mesh)
+    mean = None if phi.mean is None else np.asarray(phi.mean, np.float32)
+    matrix = None if phi.matrix is None else np.asarray(phi.matrix, np.float32)
+    if mesh is None:                                    # on the device once, not per call
+        mean, matrix = jax.tree.map(jnp.asarray, (mean, matrix))
+    else:                                               # host arrays: replicated over the mesh
+        queries = np.asarray(queries)
+    drivers = {"algorithm.agent_chunk": size, "algorithm.num_queries": int(queries.shape[0])}
+    count = voting_dpfl.AgentCount(mesh)
+    chunks = count.counted(agent_stream.chunks(data, size, mesh=mesh))
+    values, metrics = voting_dpfl.streamed_vote_phase(
+        state, _count_blocks(fn, mean, matrix, chunks, queries, size, drivers=drivers,
+                             summed=mesh is not None),
+        num_chunks(data.num_agents, size), divisor=float(cfg.k), summed=mesh is not None)
+    values = {**values, "agents_per_process": count.per_process()}
+    return values, {**metrics, "k": cfg.k, "agent_chunk": size}
+
+
 def _count_blocks(fn: Callable, mean, matrix, chunks: Iterable[agent_stream.Chunk],
-                  queries: jax.Array, size: int, *, drivers: dict | None = None):
+                  queries: jax.Array, size: int, *, drivers: dict | None = None,
+                  summed: bool = False):
     """``(label counts [(S,) size, Q, C] int32, agent ids [size], valid [size])`` per streamed
     chunk: the feature map and the kNN search of one chunk of agents in one compiled call
     (:func:`_chunk_counts_fn`, or vmapped over S seeds: :func:`_seeds_counts_fn`); with
-    ``drivers``, each call is first checked against the memory budget."""
+    ``drivers``, each call is first checked against the memory budget. ``summed``
+    (``runtime.mesh``): ``fn`` also takes the chunk's ``valid`` mask and gives the counts summed
+    over its valid agents, ``[Q, C]``."""
     seeds = queries.shape[0] if queries.ndim == 3 else 1                   # [S, Q, m] or [Q, m]
     for chunk in chunks:
         a = chunk.agents
-        args = (mean, matrix, a.x, a.y, a.mask, queries)
+        args = (mean, matrix, a.x, a.y, a.mask, queries) + ((chunk.valid,) if summed else ())
         if drivers is not None:
             memory.check_call(fn, *args, drivers=drivers,
                               what=f"the kNN search of a chunk of {size} agents "
@@ -248,12 +263,27 @@ def _count_blocks(fn: Callable, mean, matrix, chunks: Iterable[agent_stream.Chun
 
 
 @functools.lru_cache(maxsize=64)
-def _chunk_counts_fn(k: int, num_classes: int, method: str):
+def _chunk_counts_fn(k: int, num_classes: int, method: str, mesh=None):
+    """``(mean, matrix, x, y, mask, queries) -> counts [size, Q, C] int32``: the feature map and
+    :func:`knn_counts` of a chunk. ``mesh``: ``(..., queries, valid) -> [Q, C]``, a
+    ``shard_map`` over the agent axis of ``x, y, mask, valid`` (one device per agent), the
+    devices' sums over their valid agents ``psum``-ed (exact integers, replicated)."""
     def fn(mean, matrix, x, y, mask, queries):
         feats = FeatureMap("chunk", mean, matrix).apply(x, lead=2)              # [S, n, m]
         counts = knn_counts(feats, y, mask, queries, k, num_classes, method)     # [S, Q, C]
         return jnp.round(counts).astype(jnp.int32)
-    return jax.jit(fn)
+
+    if mesh is None:
+        return jax.jit(fn)
+
+    def local_sum(mean, matrix, x, y, mask, queries, valid):
+        counts = jnp.where(valid[:, None, None], fn(mean, matrix, x, y, mask, queries), 0)
+        return jax.lax.psum(jnp.sum(counts, axis=0), AGENTS)                   # [Q, C]
+
+    split = P(AGENTS)
+    return jax.jit(jax.shard_map(local_sum, mesh=mesh,
+                                 in_specs=(P(), P(), split, split, split, P(), split),
+                                 out_specs=P(), check_vma=False))
 
 
 # --------------------------------------------------------------------------- seeds together
@@ -311,7 +341,9 @@ def _vote_seeds(plan: voting_dpfl.SeedPlan, states: list[api.State]) -> list[tup
     blocks = _count_blocks(fn, mean, matrix, chunks, queries, size, drivers=drivers)
     outs = voting_dpfl.streamed_vote_seeds(states, blocks, num_chunks(datas[0].num_agents, size),
                                            divisor=float(cfg.k))
-    return [(values, {**metrics, "k": cfg.k, "agent_chunk": size}) for values, metrics in outs]
+    every = np.asarray([datas[0].num_agents], np.int64)           # no mesh: this process, all
+    return [({**values, "agents_per_process": every}, {**metrics, "k": cfg.k, "agent_chunk": size})
+            for values, metrics in outs]
 
 
 output = voting_dpfl.output

@@ -8,12 +8,24 @@ phase draws from a named stream of the run key (:func:`fedjax_dp.core.stream`: `
 ``train``, ``queries``, ``feature_map``, ``vote``, ``student``), derived once in ``init``; the
 step keys of :func:`fedjax_dp.algorithms.api.run` are not used.
 
-The vote. Without ``runtime.mesh`` both vote through :func:`streamed_vote_phase`: ballots arrive
-chunk by chunk and are added to :class:`fedjax_dp.privacy.vote.Tally` (exact integer counts; the
-agents' noise shares ``N(0, sigma^2/N I_C)`` from ``fold_in(fold_in(vote, i), t)`` summed in agent
-order), so labels and clean sums are bitwise the same for every chunking and for host- or
-device-resident data. With ``runtime.mesh`` the sharded :func:`fedjax_dp.privacy.vote.run_vote`
-is used. Secure aggregation (``config.aggregation = "secagg"``, not with ``runtime.mesh``) shares
+The vote. Both vote through :func:`streamed_vote_phase`: ballots arrive chunk by chunk and are
+added to :class:`fedjax_dp.privacy.vote.Tally` (exact integer counts; the agents' noise shares
+``N(0, sigma^2/N I_C)`` from ``fold_in(fold_in(vote, i), t)`` summed in agent order), so labels
+and clean sums are bitwise the same for every chunking, for host- or device-resident data and
+with or without ``runtime.mesh``.
+
+``runtime.mesh`` (an ``agents`` mesh, possibly spanning several processes under
+``jax.distributed``): the agents are streamed by :func:`fedjax_dp.core.agent_stream.chunks`
+with ``mesh=`` (host- or device-resident alike; the chunk size rounded up to a multiple of the
+mesh's device count, :func:`mesh_chunk`), so every chunk is a global array split over the
+devices and each process reads only its own devices' rows; each agent's work (AE-DPFL's local
+training and ballots, kNN-DPFL's features and neighbour counts) runs in a ``shard_map`` on
+exactly one device, its keys computed from its global index as without a mesh. AE-DPFL gathers
+the ballots to every process (:func:`to_host`, the stored ``agent_ballots``) and votes on them
+as without a mesh; kNN-DPFL's chunk sums are ``psum``-ed across the devices (exact integers) and
+added to the same tally, on every process. ``State.values["agents_per_process"]`` counts the real
+agents each process worked on (:class:`AgentCount`; ``[N]`` without a mesh: this process did
+them all). Secure aggregation (``config.aggregation = "secagg"``, not with ``runtime.mesh``) shares
 each noisy ballot among ``secagg_talliers`` talliers (shares from the ``secagg`` stream,
 :mod:`fedjax_dp.privacy.secagg_shares`); labels equal the plain vote's unless two noisy sums are
 within the fixed-point error ``N 2^-(f+1)``.
@@ -37,6 +49,7 @@ from typing import Any, Callable, Iterable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from fedjax_dp.core import agent_stream
 from fedjax_dp.core.stacked import check_agents
@@ -44,7 +57,7 @@ from fedjax_dp.algorithms import api
 from fedjax_dp.privacy.secagg import SecAggFields
 from fedjax_dp.train import student as student_lib
 from fedjax_dp.core import StackedData, is_on_host, rng, seed_axis, validation
-from fedjax_dp.core.lift import resolve_chunk_size
+from fedjax_dp.core.lift import AGENTS, resolve_chunk_size
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, secagg, secagg_shares
 from fedjax_dp.privacy import vote as vote_lib
@@ -165,8 +178,9 @@ def check_secagg_vote(config, num_agents: int, runtime: api.Runtime) -> None:
     if sa is None:
         return
     if runtime.mesh is not None:
-        raise ValueError("algorithm.aggregation = 'secagg' runs the streamed vote; leave "
-                         "runtime.mesh unset (the sharded vote has no secure-aggregation path)")
+        raise ValueError("algorithm.aggregation = 'secagg' is simulated without runtime.mesh; "
+                         "leave runtime.mesh unset (the sharded chunks have no "
+                         "secure-aggregation path)")
     n = int(num_agents)
     secagg.check_range("the vote sum bound N + 10 sigma", n + 10.0 * float(config.sigma),
                        sa.frac_bits, n + 1)
@@ -202,45 +216,76 @@ def secagg_note(config) -> str:
     return out
 
 
-def vote_phase(state: api.State, ballot_fn: vote_lib.BallotFn, agents: Any, queries
-               ) -> tuple[dict, dict]:
-    """The MPC vote on the queries: ``(values, metrics)`` with the released ``labels [Q]`` and,
-    if ``config.data_dependent``, the noise-free ``clean_vote_sums [Q, C]`` (analysis only).
+def mesh_chunk(size: int, mesh) -> int:
+    """``size`` rounded up to a multiple of ``mesh``'s device count (``size`` itself without a
+    mesh): the chunk of :func:`fedjax_dp.core.agent_stream.chunks` with ``mesh=``."""
+    if mesh is None:
+        return size
+    ndev = mesh.shape[AGENTS]
+    return -(-size // ndev) * ndev
 
-    Metrics: ``num_queries`` and, with ``data.y_public``, ``vote_accuracy`` (a diagnostic).
-    """
-    ctx: Context = state.context
-    cfg = ctx.config
-    check_secagg_vote(cfg, ctx.data.num_agents, ctx.runtime)
-    # one compiled call (agent and query blocks are a lax.scan / lax.map inside it): one unit
-    with ctx.runtime.progress.task("vote", total=1, unit="call") as task:
-        labels, clean = vote_lib.run_vote(ctx.keys["vote"], ballot_fn, agents, queries,
-                                          cfg.sigma, num_classes=ctx.model.num_classes,
-                                          agent_chunk=cfg.agent_chunk,
-                                          query_chunk=cfg.query_chunk, noise=cfg.vote_noise,
-                                          data_dependent=cfg.data_dependent,
-                                          mesh=ctx.runtime.mesh)
-        task.update(1)
-    values = {**state.values, "labels": np.asarray(labels)}
-    if clean is not None:
-        values["clean_vote_sums"] = clean
-    return values, vote_metrics(ctx, np.asarray(labels))
+
+def to_host(x) -> np.ndarray:
+    """``x`` (a jax or host array) as a host array holding every row, on every process:
+    ``np.asarray`` where the process holds all of it (fully addressable or replicated), else
+    ``process_allgather`` of the global array (a collective: every process calls it, in the
+    same order)."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
+        return np.asarray(x)
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+class AgentCount:
+    """The real agents this process worked on, chunk by chunk (host-side, cheap): with ``mesh``
+    the rows of each chunk's addressable shards that are real agents, without one every real
+    agent of the chunk. :meth:`per_process` gives ``[P]`` counts (index: process), gathered
+    across the processes with a mesh (``[N]`` without one: this process did every agent)."""
+
+    def __init__(self, mesh):
+        self.mesh, self.local = mesh, 0
+
+    def add(self, chunk: agent_stream.Chunk) -> None:
+        if self.mesh is None:
+            self.local += chunk.num_real
+            return
+        mine = np.zeros(len(chunk.valid), bool)
+        for shard in jax.tree.leaves(chunk.agents)[0].addressable_shards:
+            mine[shard.index[0]] = True
+        self.local += int(np.sum(mine & chunk.valid))
+
+    def counted(self, chunks: Iterable[agent_stream.Chunk]) -> Iterable[agent_stream.Chunk]:
+        """``chunks`` as they are, each one added as it passes."""
+        for chunk in chunks:
+            self.add(chunk)
+            yield chunk
+
+    def per_process(self) -> np.ndarray:
+        """``[P]`` int64: real agents per process (see the class)."""
+        if self.mesh is None or jax.process_count() == 1:
+            return np.asarray([self.local], np.int64)
+        got = multihost_utils.process_allgather(np.asarray(self.local, np.int32))
+        return np.asarray(got, np.int64).reshape(-1)
 
 
 # --------------------------------------------------------------------------- the streamed vote
 
 def streamed_vote_phase(state: api.State, blocks: Iterable[tuple], total: int, *,
-                        divisor: float = 1.0) -> tuple[dict, dict]:
-    """The MPC vote over ballots that arrive in chunks: ``(values, metrics)`` as :func:`vote_phase`.
+                        divisor: float = 1.0, summed: bool = False) -> tuple[dict, dict]:
+    """The MPC vote over ballots that arrive in chunks: ``(values, metrics)`` with the released
+    ``labels [Q]`` and, if ``config.data_dependent``, the noise-free ``clean_vote_sums [Q, C]``
+    (analysis only). Metrics: ``num_queries`` and, with ``data.y_public``, ``vote_accuracy``
+    (:func:`vote_metrics`).
 
     ``blocks`` yields ``(ballots, agent_ids [a], valid [a])`` per chunk of agents (see
-    :func:`tally_add`); ``total`` is the number of chunks (progress). Noise: ``per_agent``
-    shares or the sum's at once (``aggregate``); clean sums ``counts / divisor`` (float64,
-    analysis only). The S = 1 case of :func:`streamed_vote_seeds`.
+    :func:`fedjax_dp.privacy.vote.tally_add`; ``summed``: the ballots already summed over the
+    chunk's valid agents, ``[Q, C]``, e.g. a ``psum`` over ``runtime.mesh``, replicated);
+    ``total`` is the number of chunks (progress). Noise: ``per_agent`` shares or the sum's at
+    once (``aggregate``); clean sums ``counts / divisor`` (float64, analysis only). Every process
+    computes the same tally and labels. The S = 1 case of :func:`streamed_vote_seeds`.
     """
     if state.context.config.secagg is not None:
         return _secagg_vote(state, blocks, total, divisor)
-    return _streamed_vote([state], blocks, total, divisor, batched=False)[0]
+    return _streamed_vote([state], blocks, total, divisor, batched=False, summed=summed)[0]
 
 
 def streamed_vote_seeds(states: Sequence[api.State], blocks: Iterable[tuple], total: int, *,
@@ -252,16 +297,17 @@ def streamed_vote_seeds(states: Sequence[api.State], blocks: Iterable[tuple], to
 
 
 def _streamed_vote(states: list, blocks: Iterable[tuple], total: int, divisor: float, *,
-                   batched: bool) -> list[tuple[dict, dict]]:
+                   batched: bool, summed: bool = False) -> list[tuple[dict, dict]]:
     """The streamed vote of S seeds' states (``batched``: every array with a leading seed axis;
-    else S = 1 and the single-seed calls, unbatched)."""
+    else S = 1 and the single-seed calls, unbatched; ``summed``: :func:`streamed_vote_phase`)."""
     ctxs: list[Context] = [st.context for st in states]
     c0 = ctxs[0]
     cfg = c0.config
     n, c = c0.data.num_agents, c0.model.num_classes
     q = len(c0.query_indices)
     std = np.float32(cfg.sigma / math.sqrt(n))
-    step = vote_lib.tally_step_fn(c, cfg.vote_noise == "per_agent", cfg.vote_noise, batched)
+    step = vote_lib.tally_step_fn(c, cfg.vote_noise == "per_agent", cfg.vote_noise, batched,
+                                  summed)
     if batched:
         keys = jnp.stack([ctx.keys["vote"] for ctx in ctxs])                        # [S]
         tally = jax.tree.map(lambda l: np.broadcast_to(l, (len(ctxs),) + l.shape),
@@ -274,10 +320,10 @@ def _streamed_vote(states: list, blocks: Iterable[tuple], total: int, divisor: f
             tally, labels = step(tally, keys, ballots, ids, valid, std, sigma, div,
                                  np.bool_(i == total - 1))
             task.update(1)
-    if labels is None or np.asarray(labels).min() < 0:
+    if labels is None or to_host(labels).min() < 0:
         raise RuntimeError(f"the vote's stream gave fewer chunks than its {total}")
-    labels = np.asarray(labels)
-    counts = np.asarray(tally.counts) if cfg.data_dependent else None
+    labels = to_host(labels)
+    counts = to_host(tally.counts) if cfg.data_dependent else None
     if not batched:
         labels, counts = labels[None], None if counts is None else counts[None]
     outs = []
@@ -426,7 +472,7 @@ def _same_agents(datas: Sequence[StackedData]) -> bool:
 def seed_plan(states: Sequence[api.State]) -> SeedPlan | None:
     """The :class:`SeedPlan` of S seeds' states (fresh from ``init``), or None -- the caller runs
     the seeds one by one -- where they cannot share compiled calls: ``runtime.mesh`` (the
-    sharded vote), secure aggregation (per-seed share streams and dropouts, not vmapped),
+    chunks split over it), secure aggregation (per-seed share streams and dropouts, not vmapped),
     different configs, models or runtimes, host- and device-resident agents mixed, or data of
     different shapes (agents, records per agent, public set)."""
     states = list(states)
