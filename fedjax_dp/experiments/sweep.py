@@ -821,6 +821,8 @@ def _write(out: Path, r: Run, config: dict, rid: str, result: dict, calibrated, 
     rec.update(run_id=rid, sweep=sw.name, base=r.base,
                vmapped_seeds=int(result.get("vmapped_seeds", 1)))
     rec["config"] = config
+    if "processes" in result:            # a multi-process run: its job and agents per process
+        rec["processes"] = result["processes"]
     from fedjax_dp.experiments.runner import jsonable
     _append(out, jsonable(rec))
 
