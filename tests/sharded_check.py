@@ -77,8 +77,8 @@ def fnas_checks(mesh) -> dict:
 def voting_checks(mesh, data) -> dict:
     """AE-DPFL (local training and vote) and kNN-DPFL (vote) with ``runtime.mesh`` over the 8
     devices, from host- and from device-resident agents (11: chunks of 5 rounded up to 8), equal
-    the run without a mesh: ballots, clean vote sums and labels exactly, the trained parameters
-    and losses to float tolerance; ``agents_per_process`` sums to N."""
+    the run without a mesh: ballots, clean vote sums, labels and metrics exactly, the trained
+    parameters and losses to float tolerance; ``agents_per_process`` sums to N."""
     from fedjax_dp.algorithms import api
     from fedjax_dp.algorithms.voting import ae_dpfl
     model = make_model("logistic", (6,), 3)        # the smallest programs: compile-bound
@@ -93,9 +93,11 @@ def voting_checks(mesh, data) -> dict:
         fed = api.FederatedData(agents, 3, x_public=public)
         state = module.init(jax.random.key(4), fed, model, config,
                             api.Runtime(mesh=m, chunk_size=None))
+        history = []
         for _ in module.PHASES[:-1]:                           # all but the student
-            state, _ = module.step(state)
-        return state.values
+            state, metrics = module.step(state)
+            history.append(metrics)
+        return {**state.values, "history": history}
 
     out = {}
     for name, module, config in (("ae_dpfl", ae_dpfl, ae), ("knn_dpfl", knn_dpfl, knn)):
@@ -103,6 +105,7 @@ def voting_checks(mesh, data) -> dict:
         for where, agents in (("host", data.on_host()), ("device", data)):
             got = run(module, config, agents, mesh)
             ok = (all(np.array_equal(ref[k], got[k]) for k in ("labels", "clean_vote_sums"))
+                  and ref["history"] == got["history"]              # agent_chunk: the config's
                   and ref["agents_per_process"].tolist() == [n]
                   and int(np.sum(got["agents_per_process"])) == n)
             if module is ae_dpfl:

@@ -297,8 +297,9 @@ def _training_outputs(cfg: Config, ballots: np.ndarray, losses: np.ndarray, kept
             mine = kept if plan is None else [p[s] for p in kept]
             values["agent_params"] = (mine[0] if len(mine) == 1 and size == n
                                       else _concat_agents(mine, n))
-        # public: the config's chunk, at most N (with a mesh: rounded up to its devices)
-        metrics = {"agent_chunk": size}
+        # public: the config's chunk, at most N (also with a mesh, whose chunks are rounded up
+        # to its devices: the record is the run's without one)
+        metrics = {"agent_chunk": voting_dpfl.agent_chunk(cfg, n)}
         if cfg.diagnostics:                      # not private: declared by ``ledger``
             abstained = (float(np.mean(ballots[s] < 0)) if cfg.abstain_below is not None
                          else 0.0)

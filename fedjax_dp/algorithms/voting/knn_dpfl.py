@@ -238,7 +238,9 @@ def _vote(state: api.State) -> tuple[dict, dict]:
                              summed=mesh is not None),
         num_chunks(data.num_agents, size), divisor=float(cfg.k), summed=mesh is not None)
     values = {**values, "agents_per_process": count.per_process()}
-    return values, {**metrics, "k": cfg.k, "agent_chunk": size}
+    # the config's chunk (not the mesh's rounded one): the record is the run's without a mesh
+    return values, {**metrics, "k": cfg.k,
+                    "agent_chunk": voting_dpfl.agent_chunk(cfg, data.num_agents)}
 
 
 def _count_blocks(fn: Callable, mean, matrix, chunks: Iterable[agent_stream.Chunk],
