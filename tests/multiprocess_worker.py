@@ -14,10 +14,9 @@ Each process forces ``--local-devices`` CPU devices (``jax_num_cpu_devices``), j
 
 * DP-FedAvg (:mod:`fedjax_dp.algorithms.averaging.dp_fedavg`) from the memory-mapped population
   (host-resident: each process gathers and transfers only its own devices' cohort rows), and
-* AE-DPFL (:mod:`fedjax_dp.algorithms.voting.ae_dpfl`): local training (every process trains
-  every agent: that phase is not sharded) and the MPC vote sharded over the mesh (the agents'
-  kept parameters split over the 4 devices, each device tallies its agents, a ``psum`` adds
-  the tallies across the processes).
+* AE-DPFL (:mod:`fedjax_dp.algorithms.voting.ae_dpfl`): local training and ballots, chunk by
+  chunk, each agent on one of the 4 devices (the chunks split over the mesh), the ballots
+  gathered to every process and the vote streamed over them as without a mesh.
 
 Every process writes its results (``OUT/process_<i>.npz``); :func:`run_all` with ``mesh=None``
 is the single-process, single-device reference the test compares them with.
