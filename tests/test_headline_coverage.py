@@ -126,7 +126,8 @@ def ledgers(plan: runner.Plan) -> tuple[PrivacyLedger, ...]:
             retrain_data=fnas_data.make_retrain_data(agents, cfg.retrain_batch_size),
             search_iterations=fnas_data.iterations_per_epoch(n_train, cfg.batch_size),
             retrain_iterations=fnas_data.iterations_per_epoch(np.asarray(agents.counts),
-                                                              cfg.retrain_batch_size))
+                                                              cfg.retrain_batch_size),
+            rates=fnas_data.host_rates(agents, cfg.batch_size, cfg.retrain_batch_size))
         return api.ledgers(module, cfg, api.State(step=0, values={}, context=ctx))
     if name in _ISRL_PRIVATE:
         return api.ledgers(module, cfg, _isrl_state(name))
