@@ -3,9 +3,9 @@
 The commands of docs/scale.md ("Several hosts from the command line"), on one machine: each
 process is started with ``--coordinator 127.0.0.1:PORT --num-processes 2 --process-id I`` and
 2 forced CPU devices; the run's agents are split over the 4 devices of both processes
-(``run.mesh = "auto"``). One sweep holds a tiny config of every family (the selftest's cases:
-DP-FedAvg, DP-FedSGD, AE-DPFL, kNN-DPFL, FedKT, ISRL-DP, DP-FNAS); its records from process 0
-must equal those of the same sweep in one process. A second test stops a 2-process run with
+(``run.mesh = "auto"``). ``fedjax-dp run`` of a tiny config of every family (the selftest's
+cases: DP-FedAvg, DP-FedSGD, AE-DPFL, kNN-DPFL, FedKT, ISRL-DP, DP-FNAS) on 2 processes: each
+result.json from process 0 must equal the same config's record in one process. A second test stops a 2-process run with
 SIGTERM on process 1 (both stop after the same round, with the resume command), resumes it,
 SIGKILLs process 1 (process 0 ends within the stated timeout with one line naming it), resumes
 again, and checks the result equals the uninterrupted single-process run.
@@ -138,37 +138,47 @@ def assert_same_run(got: dict, want: dict, where: str) -> None:
 
 
 def test_every_family_on_two_processes_equals_one_process(tmp_path):
+    """``fedjax-dp run`` of one config per family on 2 processes x 2 devices (one job after
+    another); meanwhile the same configs in one process (one ``fedjax-dp sweep``, one start-up);
+    process 0's result.json of each equals the single-process record."""
+    from fedjax_dp.algorithms import registry
     from fedjax_dp.experiments import selftest
     cases = {c.algorithm: c for c in selftest.load_cases()}
     chosen = [cases[a] for a in cases if a.startswith(FAMILIES) or a in FAMILIES]
-    assert {selftest.family(__import__("fedjax_dp.algorithms.registry", fromlist=["get"])
-                            .get(c.algorithm)) for c in chosen} == \
+    assert {selftest.family(registry.get(c.algorithm)) for c in chosen} == \
         {"averaging", "voting", "fedkt", "isrl", "fnas"}
-    bases = [str(write_case(c, tmp_path)) for c in chosen]
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    multi = start_job(["sweep", *bases, "--out", str(tmp_path / "two"), "--quiet",
-                       "--seeds", "1"], logs, free_port())
-    single = subprocess.run(cli("sweep", *bases, "--out", str(tmp_path / "one"), "--quiet",
-                                "--seeds", "1", "--no-vmap-seeds"),
-                            env=env(1), cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert single.returncode == 0, single.stderr[-3000:]
-    codes = wait(multi, 600)
-    assert codes == [0, 0], logs_text(logs)
-    assert not (tmp_path / "two" / "results.jsonl").with_name("process_1").exists()
-    got, want = records(tmp_path / "two"), records(tmp_path / "one")
-    assert sorted(got) == sorted(want) == sorted(c.algorithm for c in chosen)
-    for name in want:
-        where = f"{name}\n{logs_text(logs)}"
-        assert_same_run(got[name], want[name], where)
-        assert got[name]["processes"]["count"] == 2, where
-        assert got[name]["processes"]["mesh_devices"] == 2 * LOCAL_DEVICES, where
+    bases = {c.algorithm: str(write_case(c, tmp_path)) for c in chosen}
+    single = subprocess.Popen(cli("sweep", *bases.values(), "--out", str(tmp_path / "one"),
+                                  "--quiet", "--seeds", "1", "--no-vmap-seeds"),
+                              env=env(1), cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    got = {}
+    try:
+        for name, base in bases.items():
+            logs = tmp_path / "logs" / name
+            logs.mkdir(parents=True)
+            out = tmp_path / "two" / name
+            codes = wait(start_job(["run", base, "--out", str(out), "--quiet"], logs,
+                                   free_port()), 300)
+            assert codes == [0, 0], f"{name}\n{logs_text(logs)}"
+            got[name] = (json.loads((out / "result.json").read_text()), logs_text(logs))
+        assert single.wait(timeout=600) == 0, single.stderr.read()[-3000:]
+    finally:
+        if single.poll() is None:
+            single.kill()
+    want = records(tmp_path / "one")
+    assert sorted(got) == sorted(want) == sorted(bases)
+    for name, (result, text) in got.items():
+        where = f"{name}\n{text}"
+        assert_same_run(result, want[name], where)
+        assert result["processes"]["count"] == 2, where
+        assert result["processes"]["mesh_devices"] == 2 * LOCAL_DEVICES, where
         assert "processes" not in want[name]
-        counts = got[name]["processes"].get("agents_per_process")
+        counts = result["processes"].get("agents_per_process")
         if counts is not None:              # the one-shot families count who trained whom
             assert len(counts) == 2 and min(counts) > 0, where
-            assert sum(counts) == got[name]["num_agents"], where
-    counted = [n for n in got if "agents_per_process" in got[n]["processes"]]
+            assert sum(counts) == result["num_agents"], where
+    counted = [n for n, (r, _) in got.items() if "agents_per_process" in r["processes"]]
     assert {"ae_dpfl", "knn_dpfl", "fedkt", "dp_fnas"} <= set(counted), counted
 
 
