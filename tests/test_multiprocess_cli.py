@@ -235,3 +235,31 @@ def test_stopped_killed_and_resumed_on_two_processes(tmp_path):
     want = json.loads((tmp_path / "ref" / "result.json").read_text())
     assert_same_run(got, want, logs_text(logs))
     assert [h["round"] for h in got["history"]] == list(range(1, 9))
+
+
+def test_a_sweep_on_two_processes_equals_one_process_and_resumes(tmp_path):
+    """``fedjax-dp sweep`` on 2 processes: process 0 writes the records (2 seeds of a DP-FedAvg
+    config), equal to the same sweep in one process; ``--resume`` on both finds nothing left."""
+    sets = ['data.dataset="digits"', "data.num_agents=8", "algorithm.rounds=2",
+            "train.steps=2", "model.hidden=[8]", 'privacy.accountants=["rdp"]']
+    args = ["sweep", "dp_fedavg/mnist5k", "--quiet", "--seeds", "2"] + \
+        [a for s in sets for a in ("--set", s)]
+    single = subprocess.Popen(cli(*args, "--out", str(tmp_path / "one"), "--no-vmap-seeds"),
+                              env=env(1), cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    out = tmp_path / "two"
+    assert wait(start_job(args + ["--out", str(out)], logs, free_port()), 300) == [0, 0], \
+        logs_text(logs)
+    assert single.wait(timeout=300) == 0, single.stderr.read()[-3000:]
+    got = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    want = [json.loads(x) for x in (tmp_path / "one" / "results.jsonl").read_text().splitlines()]
+    assert [r["seed"] for r in got] == [r["seed"] for r in want] == [0, 1]
+    for a, b in zip(got, want):
+        assert_same_run(a, b, logs_text(logs))
+        assert a["processes"]["count"] == 2
+    assert wait(start_job(["sweep", "dp_fedavg/mnist5k", "--quiet", "--seeds", "2",
+                           "--resume", str(out)] + [a for s in sets for a in ("--set", s)],
+                          logs, free_port()), 300) == [0, 0], logs_text(logs)
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2    # nothing run again
