@@ -289,6 +289,12 @@ def _save(out: str | Path, state: api.State, *, config: dict, history: list[dict
     return final
 
 
+def files_of(path: str | Path) -> list[str]:
+    """The files a checkpoint folder consists of (its ``digests.json`` and the files it lists,
+    checked): what a multi-process run sends the other processes, nothing else of the folder."""
+    return ["digests.json"] + sorted(_digests(Path(path)))
+
+
 def _write_new(path: Path, data: bytes) -> None:
     with open(path, "xb") as f:
         f.write(data)

@@ -345,13 +345,16 @@ def host_values(tree: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- what process 0 tells
-def pack_folder(path) -> bytes:
-    """A checkpoint folder's regular files as one blob (``{"files": [[name, size], ...]}``
-    JSON, a newline, then the files' bytes), for :meth:`Group.broadcast_bytes`."""
+def pack_folder(path, names: list[str] | None = None) -> bytes:
+    """A checkpoint folder's files ``names`` (default: every regular file) as one blob
+    (``{"files": [[name, size], ...]}`` JSON, a newline, then the files' bytes), for
+    :meth:`Group.broadcast_bytes`."""
     from pathlib import Path
     root = Path(path)
-    names = sorted(str(q.relative_to(root)) for q in root.rglob("*") if q.is_file()
-                   and not q.is_symlink())
+    if names is None:
+        names = sorted(str(q.relative_to(root)) for q in root.rglob("*") if q.is_file()
+                       and not q.is_symlink())
+    names = [n for n in names if (root / n).is_file() and not (root / n).is_symlink()]
     blobs = [(root / n).read_bytes() for n in names]
     import json
     head = json.dumps({"name": root.name,

@@ -436,7 +436,8 @@ def _run_in(p: Plan, config: dict, out: Path | None, progress: bool | None, resu
     if done is not None:
         processes.tell(group, {"result": done})
         return done
-    processes.tell(group, {"start": True}, processes.pack_folder(restart)
+    processes.tell(group, {"start": True},       # the checkpoint's own files, nothing else
+                   processes.pack_folder(restart, checkpoint_lib.files_of(restart))
                    if restart is not None and group is not None else b"")
     live = _Live()
     live.total = p.entry.num_steps(p.algorithm_config)
