@@ -647,7 +647,9 @@ def _run(p: Plan, config: dict, out: Path | None, show: bool, restart: Path | No
     start = time.perf_counter()
     mesh = run_mesh(config, group)
     with compilation.CompileLog() as compiles:
-        s = setup(config, agents_on=agents_placement(config, mesh))
+        placed = agents_placement(config, mesh)
+        s = setup(config) if placed == config["run"]["agents_on"] else \
+            setup(config, agents_on=placed)
         stop.safe_point()            # a signal a callback swallowed during set-up stops here
         setup_s = time.perf_counter() - start
         done, history_so_far, seconds = _steps(p, config, out, show, restart, live, s, compiles,

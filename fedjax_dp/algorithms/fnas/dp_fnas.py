@@ -44,13 +44,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.algorithms import api
-from fedjax_dp.algorithms.fnas import privacy as fnas_privacy
-from fedjax_dp.algorithms.fnas import search_memo, steps
+from fedjax_dp.algorithms.fnas import privacy as fnas_privacy, search_memo, steps
+from fedjax_dp.algorithms.fnas.placement import agents_per_process, compile_checked, replicated_on
 from fedjax_dp.algorithms.fnas.config import (RANDOM_GENOTYPE, Config, mechanism,
                                              memory_drivers, search_hyper)
 from fedjax_dp.algorithms.fnas.data import (check_parties, host_rates, iterations_per_epoch,
                                            make_retrain_data, make_search_data, split_halves)
-from fedjax_dp.core import memory, rng, seed_axis
+from fedjax_dp.core import rng, seed_axis
 from fedjax_dp.models import Model, darts
 from fedjax_dp.privacy import PrivacyLedger
 
@@ -80,27 +80,6 @@ class Context:
     # real parties whose data (and work) each process holds: one entry per process with a mesh
     # (summed over processes they give K), (K,) without (this process runs every party)
     agents_per_process: tuple = ()
-
-
-_COMPILED: dict = {}
-
-
-def compile_checked(fn, *args, what: str = "a step", drivers=None) -> tuple[Any, float]:
-    """``fn`` (a jitted function) compiled for the shapes of ``args``, and the seconds compiling
-    took (0 when an equal run already compiled it: runs with equal configs and shapes share it).
-    A new compilation that cannot fit in memory is refused (:func:`memory.check_fits`, naming
-    ``what`` and the config keys ``drivers``)."""
-    sig = (fn, jax.tree.structure(args),
-           tuple((np.shape(a), str(jnp.asarray(a).dtype) if not isinstance(a, jax.Array)
-                  else str(a.dtype), getattr(a, "sharding", None))
-                 for a in jax.tree.leaves(args)))
-    if sig in _COMPILED:
-        return _COMPILED[sig], 0.0
-    start = time.perf_counter()
-    compiled = fn.lower(*args).compile()
-    memory.check_fits(compiled, what=what, drivers=drivers)
-    _COMPILED[sig] = compiled
-    return compiled, time.perf_counter() - start
 
 
 def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
@@ -133,45 +112,8 @@ def init(key: jax.Array, data: api.FederatedData, model: Model, config: Config,
                   rates=host_rates(data.agents, config.batch_size, config.retrain_batch_size),
                   agents_per_process=agents_per_process(search_data.train.mask, len(counts),
                                                         mesh))
-    state = _replicated(ctx, fns.init(api.init_key(key)))
+    state = replicated_on(ctx.runtime.mesh, fns.init(api.init_key(key)))
     return api.State(step=0, values={"search": state}, context=ctx)
-
-
-def agents_per_process(party_rows: jax.Array, num_parties: int, mesh) -> tuple[int, ...]:
-    """The real parties (rows < ``num_parties`` of ``party_rows``' leading axis) whose rows each
-    process holds, from the addressable shards (host-side, no data read); with several processes
-    gathered (``process_allgather``), one entry per process. Without a mesh: ``(num_parties,)``."""
-    if mesh is None:
-        return (num_parties,)
-    rows = {s.index[0].indices(party_rows.shape[0])[:2] for s in party_rows.addressable_shards}
-    local = sum(max(0, min(hi, num_parties) - lo) for lo, hi in rows)
-    if jax.process_count() == 1:
-        return (local,)
-    from jax.experimental import multihost_utils
-    return tuple(int(c) for c in np.ravel(multihost_utils.process_allgather(np.int64(local))))
-
-
-def _replicated(ctx: Context, tree):
-    """``tree`` replicated on ``ctx.runtime.mesh`` (as it is without a mesh): the server state and
-    keys every device reads, equal on every process. Leaves already replicated on the mesh stay;
-    others (the state ``init`` or the memo made, the epoch's key: local arrays, which a
-    multi-process mesh refuses to mix in) are placed from a host copy (typed keys through their
-    key data)."""
-    mesh = ctx.runtime.mesh
-    if mesh is None:
-        return tree
-    from jax.sharding import NamedSharding, PartitionSpec as P
-    target = NamedSharding(mesh, P())
-
-    def put(a):
-        if isinstance(a, jax.Array) and a.sharding.is_equivalent_to(target, a.ndim):
-            return a
-        if isinstance(a, jax.Array) and jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
-            data = jax.device_put(np.asarray(jax.random.key_data(a)), target)
-            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(a))
-        return jax.device_put(np.asarray(a), target)
-
-    return jax.tree.map(put, tree)
 
 
 def num_steps(config: Config) -> int:
@@ -271,7 +213,7 @@ def _prepare_retrain(state: api.State, values: dict, k_init: jax.Array) -> None:
                                   ctx.model.num_classes)
         ctx.retrain.update(model=fixed, fns=fns, genotype=geno)
     if "retrain" not in values:
-        values["retrain"] = _replicated(ctx, ctx.retrain["fns"].init(k_init))
+        values["retrain"] = replicated_on(ctx.runtime.mesh, ctx.retrain["fns"].init(k_init))
 
 
 def _mean_metrics(records: list[dict], seeds: int | None) -> list[dict]:
@@ -306,7 +248,7 @@ def _epoch(states: list[api.State], values: list[dict], k_epochs: list, phase: s
     if many:
         value, k_epoch = _stack([v[phase] for v in values]), jnp.stack(k_epochs)
     else:                                      # with a mesh: replicated on it
-        value, k_epoch = _replicated(ctx, (values[0][phase], k_epochs[0]))
+        value, k_epoch = replicated_on(ctx.runtime.mesh, (values[0][phase], k_epochs[0]))
     seconds = 0.0
     if compiled:
         args = (value, k_epoch, np.int32(0), data)

@@ -63,6 +63,8 @@ from fedjax_dp.privacy import PrivacyLedger, accounting, secagg, secagg_shares
 from fedjax_dp.privacy import vote as vote_lib
 from fedjax_dp.train import check_trainable
 
+from fedjax_dp.algorithms.voting.mesh_chunks import AgentCount, mesh_chunk, to_host  # noqa: F401
+
 #: The named key streams of a voting run (one per random draw, never reused).
 STREAMS = ("init", "train", "queries", "feature_map", "vote", "student", "secagg")
 
@@ -214,57 +216,6 @@ def secagg_note(config) -> str:
         out += (f", independent dropouts p={sa.dropout:g} with the noise topped up to sigma by "
                 f"the talliers (same bound as without dropouts)")
     return out
-
-
-def mesh_chunk(size: int, mesh) -> int:
-    """``size`` rounded up to a multiple of ``mesh``'s device count (``size`` itself without a
-    mesh): the chunk of :func:`fedjax_dp.core.agent_stream.chunks` with ``mesh=``."""
-    if mesh is None:
-        return size
-    ndev = mesh.shape[AGENTS]
-    return -(-size // ndev) * ndev
-
-
-def to_host(x) -> np.ndarray:
-    """``x`` (a jax or host array) as a host array holding every row, on every process:
-    ``np.asarray`` where the process holds all of it (fully addressable or replicated), else
-    ``process_allgather`` of the global array (a collective: every process calls it, in the
-    same order)."""
-    if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
-        return np.asarray(x)
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
-class AgentCount:
-    """The real agents this process worked on, chunk by chunk (host-side, cheap): with ``mesh``
-    the rows of each chunk's addressable shards that are real agents, without one every real
-    agent of the chunk. :meth:`per_process` gives ``[P]`` counts (index: process), gathered
-    across the processes with a mesh (``[N]`` without one: this process did every agent)."""
-
-    def __init__(self, mesh):
-        self.mesh, self.local = mesh, 0
-
-    def add(self, chunk: agent_stream.Chunk) -> None:
-        if self.mesh is None:
-            self.local += chunk.num_real
-            return
-        mine = np.zeros(len(chunk.valid), bool)
-        for shard in jax.tree.leaves(chunk.agents)[0].addressable_shards:
-            mine[shard.index[0]] = True
-        self.local += int(np.sum(mine & chunk.valid))
-
-    def counted(self, chunks: Iterable[agent_stream.Chunk]) -> Iterable[agent_stream.Chunk]:
-        """``chunks`` as they are, each one added as it passes."""
-        for chunk in chunks:
-            self.add(chunk)
-            yield chunk
-
-    def per_process(self) -> np.ndarray:
-        """``[P]`` int64: real agents per process (see the class)."""
-        if self.mesh is None or jax.process_count() == 1:
-            return np.asarray([self.local], np.int64)
-        got = multihost_utils.process_allgather(np.asarray(self.local, np.int32))
-        return np.asarray(got, np.int64).reshape(-1)
 
 
 # --------------------------------------------------------------------------- the streamed vote
