@@ -230,22 +230,21 @@ def shard_agents(tree: Any, mesh: Mesh) -> Any:
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
-    """``tree`` replicated over every device of ``mesh`` (``P()``). A mesh over several
-    processes' devices takes a process-local array through the host (each process has the same
-    value, as SPMD code computes it; the runtime has no cross-host device transfer on every
-    backend); PRNG keys through their key data."""
+    """``tree`` replicated over every device of ``mesh`` (``P()``). Leaves already replicated
+    on it stay. A mesh over several processes' devices takes a process-local array through the
+    host (each process has the same value, as SPMD code computes it; the runtime has no
+    cross-host device transfer on every backend); PRNG keys through their key data."""
     target = NamedSharding(mesh, P())
     local = mesh.devices.size == len(mesh.local_devices)
 
     def one(x):
-        if local or not isinstance(x, jax.Array) or x.sharding == target or \
-                not x.is_fully_addressable:
+        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(target, x.ndim):
+            return x
+        if local or not isinstance(x, jax.Array) or not x.is_fully_addressable:
             return jax.device_put(x, target)
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-            impl = jax.random.key_impl(x)
-            data = np.asarray(jax.random.key_data(x))
-            return jax.jit(lambda d: jax.random.wrap_key_data(d, impl=impl),
-                           out_shardings=target)(data)
+            data = jax.device_put(np.asarray(jax.random.key_data(x)), target)
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
         return jax.device_put(np.asarray(x), target)
     return jax.tree.map(one, tree)
 

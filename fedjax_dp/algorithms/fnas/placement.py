@@ -49,22 +49,11 @@ def agents_per_process(party_rows: jax.Array, num_parties: int, mesh) -> tuple[i
 
 
 def replicated_on(mesh, tree):
-    """``tree`` replicated on ``mesh`` (as it is without a mesh): the server state and
-    keys every device reads, equal on every process. Leaves already replicated on the mesh stay;
-    others (the state ``init`` or the memo made, the epoch's key: local arrays, which a
-    multi-process mesh refuses to mix in) are placed from a host copy (typed keys through their
-    key data)."""
+    """``tree`` replicated on ``mesh`` (as it is without a mesh): the server state and keys every
+    device reads, equal on every process (:func:`fedjax_dp.core.lift.replicate`: the state
+    ``init`` or the memo made and the epoch's key are local arrays, which a multi-process mesh
+    refuses to mix in, so they are placed from a host copy)."""
     if mesh is None:
         return tree
-    from jax.sharding import NamedSharding, PartitionSpec as P
-    target = NamedSharding(mesh, P())
-
-    def put(a):
-        if isinstance(a, jax.Array) and a.sharding.is_equivalent_to(target, a.ndim):
-            return a
-        if isinstance(a, jax.Array) and jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
-            data = jax.device_put(np.asarray(jax.random.key_data(a)), target)
-            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(a))
-        return jax.device_put(np.asarray(a), target)
-
-    return jax.tree.map(put, tree)
+    from fedjax_dp.core.lift import replicate
+    return replicate(tree, mesh)
