@@ -78,6 +78,8 @@ def pytest_unconfigure(config):
 #: ``-n 2 --dist worksteal`` no worker is left with one of them at the end while the other idles
 _LONG_FIRST = ("test_selftest.py::test_selftest_command_passes_every_family_on_this_cpu",
                "test_sharding.py::test_eight_cpu_devices_equal_one_device",
+               "test_multiprocess_cli.py::test_every_family_in_a_sweep_on_two_processes",
+               "test_multiprocess_cli.py::test_stopped_killed_and_resumed_on_two_processes",
                "test_multiprocess.py::test_two_processes_equal_one_process",
                "test_bench.py::test_bench_quick_suite_tiny_through_the_cli",
                "test_user_paths.py::test_killed_interrupted_and_resumed",

@@ -3,9 +3,10 @@
 The commands of docs/scale.md ("Several hosts from the command line"), on one machine: each
 process is started with ``--coordinator 127.0.0.1:PORT --num-processes 2 --process-id I`` and
 2 forced CPU devices; the run's agents are split over the 4 devices of both processes
-(``run.mesh = "auto"``). ``fedjax-dp run`` of a tiny config of every family (the selftest's
+(``run.mesh = "auto"``). ``fedjax-dp sweep`` of a tiny config of every family (the selftest's
 cases: DP-FedAvg, DP-FedSGD, AE-DPFL, kNN-DPFL, FedKT, ISRL-DP, DP-FNAS) on 2 processes: each
-result.json from process 0 must equal the same config's record in one process. A second test stops a 2-process run with
+record written by process 0 must equal the same config's record in one process, and the sweep
+resumed on both finds nothing left. A second test stops a 2-process ``fedjax-dp run`` with
 SIGTERM on process 1 (both stop after the same round, with the resume command), resumes it,
 SIGKILLs process 1 (process 0 ends within the stated timeout with one line naming it), resumes
 again, and checks the result equals the uninterrupted single-process run.
@@ -137,38 +138,34 @@ def assert_same_run(got: dict, want: dict, where: str) -> None:
                 assert a[k] == b[k], f"{where}: {k}"
 
 
-def test_every_family_on_two_processes_equals_one_process(tmp_path):
-    """``fedjax-dp run`` of one config per family on 2 processes x 2 devices (one job after
-    another); meanwhile the same configs in one process (one ``fedjax-dp sweep``, one start-up);
-    process 0's result.json of each equals the single-process record."""
+def test_every_family_in_a_sweep_on_two_processes_equals_one_process_and_resumes(tmp_path):
+    """``fedjax-dp sweep`` of one config per family on 2 processes x 2 devices (one job, one
+    start-up: process 0 writes the records, every run computed by both processes together);
+    meanwhile the same sweep in one process; each 2-process record equals the single-process one
+    and says where it ran; ``--resume`` on both processes finds nothing left to run."""
     from fedjax_dp.algorithms import registry
     from fedjax_dp.experiments import selftest
     cases = {c.algorithm: c for c in selftest.load_cases()}
     chosen = [cases[a] for a in cases if a.startswith(FAMILIES) or a in FAMILIES]
     assert {selftest.family(registry.get(c.algorithm)) for c in chosen} == \
         {"averaging", "voting", "fedkt", "isrl", "fnas"}
-    bases = {c.algorithm: str(write_case(c, tmp_path)) for c in chosen}
-    single = subprocess.Popen(cli("sweep", *bases.values(), "--out", str(tmp_path / "one"),
-                                  "--quiet", "--seeds", "1", "--no-vmap-seeds"),
-                              env=env(1), cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
-    got = {}
+    bases = [str(write_case(c, tmp_path)) for c in chosen]
+    sweep = ["sweep", *bases, "--quiet", "--seeds", "1", "--no-vmap-seeds"]
+    single = subprocess.Popen(cli(*sweep, "--out", str(tmp_path / "one")), env=env(1), cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    logs, out = tmp_path / "logs", tmp_path / "two"
+    logs.mkdir()
     try:
-        for name, base in bases.items():
-            logs = tmp_path / "logs" / name
-            logs.mkdir(parents=True)
-            out = tmp_path / "two" / name
-            codes = wait(start_job(["run", base, "--out", str(out), "--quiet"], logs,
-                                   free_port()), 300)
-            assert codes == [0, 0], f"{name}\n{logs_text(logs)}"
-            got[name] = (json.loads((out / "result.json").read_text()), logs_text(logs))
+        codes = wait(start_job(sweep + ["--out", str(out)], logs, free_port()), 600)
+        assert codes == [0, 0], logs_text(logs)
         assert single.wait(timeout=600) == 0, single.stderr.read()[-3000:]
     finally:
         if single.poll() is None:
             single.kill()
-    want = records(tmp_path / "one")
-    assert sorted(got) == sorted(want) == sorted(bases)
-    for name, (result, text) in got.items():
+    text = logs_text(logs)
+    got, want = records(out), records(tmp_path / "one")
+    assert sorted(got) == sorted(want) == sorted(c.algorithm for c in chosen), text
+    for name, result in got.items():
         where = f"{name}\n{text}"
         assert_same_run(result, want[name], where)
         assert result["processes"]["count"] == 2, where
@@ -178,8 +175,12 @@ def test_every_family_on_two_processes_equals_one_process(tmp_path):
         if counts is not None:              # the one-shot families count who trained whom
             assert len(counts) == 2 and min(counts) > 0, where
             assert sum(counts) == result["num_agents"], where
-    counted = [n for n, (r, _) in got.items() if "agents_per_process" in r["processes"]]
+    counted = [n for n, r in got.items() if "agents_per_process" in r["processes"]]
     assert {"ae_dpfl", "knn_dpfl", "fedkt", "dp_fnas"} <= set(counted), counted
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert wait(start_job(sweep + ["--resume", str(out)], logs, free_port()), 300) == [0, 0], \
+        logs_text(logs)
+    assert (out / "results.jsonl").read_text().splitlines() == lines    # nothing run again
 
 
 def progress_lines(out: Path) -> int:
@@ -235,31 +236,3 @@ def test_stopped_killed_and_resumed_on_two_processes(tmp_path):
     want = json.loads((tmp_path / "ref" / "result.json").read_text())
     assert_same_run(got, want, logs_text(logs))
     assert [h["round"] for h in got["history"]] == list(range(1, 9))
-
-
-def test_a_sweep_on_two_processes_equals_one_process_and_resumes(tmp_path):
-    """``fedjax-dp sweep`` on 2 processes: process 0 writes the records (2 seeds of a DP-FedAvg
-    config), equal to the same sweep in one process; ``--resume`` on both finds nothing left."""
-    sets = ['data.dataset="digits"', "data.num_agents=8", "algorithm.rounds=2",
-            "train.steps=2", "model.hidden=[8]", 'privacy.accountants=["rdp"]']
-    args = ["sweep", "dp_fedavg/mnist5k", "--quiet", "--seeds", "2"] + \
-        [a for s in sets for a in ("--set", s)]
-    single = subprocess.Popen(cli(*args, "--out", str(tmp_path / "one"), "--no-vmap-seeds"),
-                              env=env(1), cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    out = tmp_path / "two"
-    assert wait(start_job(args + ["--out", str(out)], logs, free_port()), 300) == [0, 0], \
-        logs_text(logs)
-    assert single.wait(timeout=300) == 0, single.stderr.read()[-3000:]
-    got = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
-    want = [json.loads(x) for x in (tmp_path / "one" / "results.jsonl").read_text().splitlines()]
-    assert [r["seed"] for r in got] == [r["seed"] for r in want] == [0, 1]
-    for a, b in zip(got, want):
-        assert_same_run(a, b, logs_text(logs))
-        assert a["processes"]["count"] == 2
-    assert wait(start_job(["sweep", "dp_fedavg/mnist5k", "--quiet", "--seeds", "2",
-                           "--resume", str(out)] + [a for s in sets for a in ("--set", s)],
-                          logs, free_port()), 300) == [0, 0], logs_text(logs)
-    assert len((out / "results.jsonl").read_text().splitlines()) == 2    # nothing run again
