@@ -34,8 +34,9 @@ if (os.environ.get("FEDJAX_DP_TEST_XLA_OPT", "0") != "default"
 # (module fixtures, shared configs) is compiled once. A fresh folder per test session; "off"
 # disables it. Every program is cached, however short its compile (the library's own runs do the
 # same): on 2 cores, -n 2, tests/test_round_seeds.py + test_fedavg.py + test_rounds.py +
-# test_dp_fedsgd.py took 210 CPU s with a 0.2 s floor and 180 s with none. (The native aborts once seen in workers, with the cache on and off, were the
-# memory-mapping limit below, not the cache.)
+# test_dp_fedsgd.py took 210 CPU s with a 0.2 s floor and 180 s with none. (The native
+# aborts once seen in workers, with the cache on and off, were the memory-mapping limit below,
+# not the cache.)
 _CREATED_CACHE = None
 if "FEDJAX_DP_TEST_JAX_CACHE" not in os.environ:
     import tempfile
