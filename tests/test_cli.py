@@ -1,4 +1,6 @@
 """The fedjax-dp command line: run writes result.json per the contract, list, account, errors."""
+import contextlib
+import io
 import json
 import math
 import subprocess
@@ -24,13 +26,25 @@ def _run(capsys, argv):
     return code, out.out, out.err
 
 
-def test_run_dp_fedavg_result_contract_and_epsilon(tmp_path, capsys):
-    argv = ["run", str(DP_CONFIG), "--out", str(tmp_path)]
+@pytest.fixture(scope="module")
+def device_run(tmp_path_factory):
+    """One ``fedjax-dp run`` of the small DP-FedAvg config (device-resident agents, diagnostics
+    on), not ``--quiet``: its folder, result.json and what it printed (shared by the result
+    contract test and the host-resident comparison)."""
+    folder = tmp_path_factory.mktemp("device") / "device"
+    argv = ["run", str(DP_CONFIG), "--out", str(folder), "--set", "run.agents_on=device",
+            "--set", "algorithm.diagnostics=true"]
     for s in SMALL:
         argv += ["--set", s]
-    code, out, err = _run(capsys, argv)
-    assert code == 0, err
-    result = json.loads((tmp_path / "result.json").read_text())
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    assert code == 0, err.getvalue()
+    return folder, json.loads((folder / "result.json").read_text()), out.getvalue()
+
+
+def test_run_dp_fedavg_result_contract_and_epsilon(device_run):
+    tmp_path, result, out = device_run
     for field in ("algorithm", "dataset", "num_agents", "test_accuracy", "privacy",
                   "wall_time_s", "seed", "config", "versions"):
         assert field in result
@@ -60,19 +74,17 @@ def test_run_dp_fedavg_result_contract_and_epsilon(tmp_path, capsys):
     assert printed["test_accuracy"] == result["test_accuracy"]
 
 
-def test_host_resident_agents_give_the_same_run(tmp_path, capsys):
+def test_host_resident_agents_give_the_same_run(tmp_path, capsys, device_run):
     """``run.agents_on = "host"``: only each round's cohort is copied to the device; the run,
-    its history and its guarantee are those of the device-resident run."""
-    results = []
-    for where in ("device", "host"):
-        argv = ["run", str(DP_CONFIG), "--out", str(tmp_path / where), "--quiet",
-                "--set", f"run.agents_on={where}", "--set", "algorithm.diagnostics=true"]
-        for s in SMALL:
-            argv += ["--set", s]
-        code, _, err = _run(capsys, argv)
-        assert code == 0, err
-        results.append(json.loads((tmp_path / where / "result.json").read_text()))
-    dev, host = results
+    its history and its guarantee are those of the device-resident run (``device_run``)."""
+    argv = ["run", str(DP_CONFIG), "--out", str(tmp_path / "host"), "--quiet",
+            "--set", "run.agents_on=host", "--set", "algorithm.diagnostics=true"]
+    for s in SMALL:
+        argv += ["--set", s]
+    code, _, err = _run(capsys, argv)
+    assert code == 0, err
+    host = json.loads((tmp_path / "host" / "result.json").read_text())
+    dev = device_run[1]
     assert host["test_accuracy"] == dev["test_accuracy"]
     assert [r["train_loss"] for r in host["history"]] == [r["train_loss"] for r in dev["history"]]
     assert [g["epsilon"] for g in host["privacy"]] == [g["epsilon"] for g in dev["privacy"]]
@@ -149,8 +161,10 @@ def test_console_script_entry_point():
 def test_fedkt_run_writes_votes_and_account_command_reproduces_its_epsilons(tmp_path, capsys):
     out = tmp_path / "fedkt"
     # the data-dependent guarantees and their input votes.npz: an opt-in (not private)
+    # (3 trees per forest in place of 100: the votes and their accounting are what is checked)
     assert cli.main(["run", "configs/fedkt/wbcd.toml", "--out", str(out), "--quiet",
-                     "--set", "algorithm.data_dependent=true"]) == 0
+                     "--set", "algorithm.data_dependent=true",
+                     "--set", "algorithm.tree_estimators=3"]) == 0
     capsys.readouterr()
     result = json.loads((out / "result.json").read_text())
     assert (out / "votes.npz").is_file() and result["votes_file"] == str(out / "votes.npz")
@@ -186,28 +200,25 @@ def test_run_with_distributed_noise(tmp_path, capsys):
     assert [h["num_sampled"] for h in result["history"]] == [5.0] * 3
 
 
-@pytest.mark.parametrize("setting, check", [
-    ("algorithm.adaptive_clip={target_quantile=0.5, learning_rate=0.3, count_noise=3.0}",
-     "adaptive"),
-    ('algorithm.noise={kind="banded_mf", bands=3}', "banded_mf"),
-])
-def test_run_with_the_newer_mechanisms(tmp_path, capsys, setting, check):
-    """Adaptive clipping and correlated noise from the command line: the history carries C_t,
-    the ledger the amplified banded MF event (SelfComposed over ceil(T / b) participations)."""
-    argv = ["run", str(DP_CONFIG), "--out", str(tmp_path), "--set", setting]
+def test_run_with_the_newer_mechanisms(tmp_path, capsys):
+    """Adaptive clipping and correlated noise from the command line, in one run (as
+    configs/dp_fedavg/mnist5k_adaptive_banded_mf.toml composes them): the history carries C_t,
+    the ledger the unclipped count and the amplified banded MF event (SelfComposed over
+    ceil(T / b) participations)."""
+    argv = ["run", str(DP_CONFIG), "--out", str(tmp_path), "--set",
+            "algorithm.adaptive_clip={target_quantile=0.5, learning_rate=0.3, count_noise=3.0}",
+            "--set", 'algorithm.noise={kind="banded_mf", bands=3}']
     for s in SMALL:
         argv += ["--set", s]
     code, out, err = _run(capsys, argv)
     assert code == 0, err
     result = json.loads((tmp_path / "result.json").read_text())
     entry = result["privacy"][0]
-    if check == "adaptive":
-        clips = [h["clip_norm"] for h in result["history"]]
-        assert clips[0] == pytest.approx(1.0) and len(set(clips)) == 3
-        assert "unclipped count" in entry["notes"][0]
-    else:
-        event = accounting.event_from_json(entry["events"][0])
-        assert event.count == 1 and event.event.sampling_probability == 0.3   # ceil(3 / 3)
+    clips = [h["clip_norm"] for h in result["history"]]
+    assert clips[0] == pytest.approx(1.0) and len(set(clips)) == 3
+    assert "unclipped count" in entry["notes"][0]
+    event = accounting.event_from_json(entry["events"][0])
+    assert event.count == 1 and event.event.sampling_probability == 0.3   # ceil(3 / 3)
 
 
 def test_account_distributed_plans_and_calibrates(capsys):

@@ -224,7 +224,7 @@ def test_a_run_that_fails_after_it_started_keeps_its_rounds_and_says_how_to_resu
     monkeypatch.chdir(tmp_path)
     argv = ["run", str(ROOT / "configs" / "dp_fedavg" / "mnist5k.toml"),
             *_sets(["algorithm.rounds=5", "run.checkpoint_every=2", "run.eval_every=1",
-                    "train.steps=1", "model.hidden=[8]", "data.num_agents=10"]),
+                    "train.steps=2", "model.hidden=[8]", "data.num_agents=10"]),
             "--out", "runs/failed", "--quiet"]
     assert cli.main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -435,7 +435,7 @@ def test_shown_run_command_runs_at_small_settings(cmd, tmp_path, monkeypatch, ca
 def test_sweep_in_a_relative_folder_resumes(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     base = ["sweep", str(ROOT / "configs" / "dp_fedavg" / "mnist5k.toml"),
-            *_sets(["algorithm.rounds=1", "train.steps=1", "model.hidden=[8]",
+            *_sets(["algorithm.rounds=1", "train.steps=2", "model.hidden=[8]",
                     "data.num_agents=10", "privacy.accountants=[\"rdp\"]"]), "--quiet"]
     assert cli.main(base + ["--grid", "algorithm.noise_multiplier=1.0", "--out",
                             "runs/sw"]) == 0
