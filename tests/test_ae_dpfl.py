@@ -42,9 +42,10 @@ def test_ballots_match_a_per_agent_loop(problem):
     ds, data, model, cfg, res = problem
     queries = jnp.asarray(ds.x_public[:30])
     got = np.asarray(ae_dpfl.ballot_fn(model)(res.agent_params, queries))     # [N, q, C]
+    logits = jax.jit(model.logits)                    # one agent's logits, compiled once
     for i in range(data.num_agents):
         p = jax.tree.map(lambda l: l[i], res.agent_params)
-        pred = np.argmax(np.asarray(model.logits(p, queries)), -1)
+        pred = np.argmax(np.asarray(logits(p, queries)), -1)
         np.testing.assert_array_equal(got[i], np.eye(3)[pred])
 
 
@@ -167,9 +168,10 @@ def _confidences(model, params, queries):
     """Per-agent loop: (max softmax [N, q], argmax [N, q])."""
     n = jax.tree.leaves(params)[0].shape[0]
     conf, pred = [], []
+    softmax = jax.jit(lambda p, q: jax.nn.softmax(model.logits(p, q), -1))   # compiled once
     for i in range(n):
         p = jax.tree.map(lambda l: l[i], params)
-        probs = np.asarray(jax.nn.softmax(model.logits(p, queries), -1))
+        probs = np.asarray(softmax(p, queries))
         conf.append(probs.max(-1))
         pred.append(probs.argmax(-1))
     return np.stack(conf), np.stack(pred)

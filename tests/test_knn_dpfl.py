@@ -41,39 +41,47 @@ def _ragged(seed, sizes):
     return xs, ys
 
 
-def _ballots(xs, ys, queries, k):
-    data = from_ragged(xs, ys, allow_empty=True)
+def _ballots(xs, ys, queries, k, pad_to=None):
+    """``pad_to``: one padded width for neighbouring data sets (one compiled program for all)."""
+    data = from_ragged(xs, ys, allow_empty=True, pad_to=pad_to)
     return np.asarray(_BALLOTS(data.x, data.y, data.mask, jnp.asarray(queries), k=k,
                                num_classes=C))
 
 
+# The ballot tests below share 3 agents padded to 8 records, 8 queries and k = 3: one compiled
+# program for all of them (and the agent-removal sets: 2 agents).
+K, PAD, NQ = 3, 8, 8
+
+
 def test_knn_ballots_match_brute_force_with_ragged_agents():
-    xs, ys = _ragged(0, [9, 5, 2, 7])                     # agent 2 has fewer than k records
-    queries = np.random.default_rng(1).normal(size=(6, D)).astype(np.float32)
-    got = _ballots(xs, ys, queries, k=3)
-    np.testing.assert_allclose(got, _brute_force(xs, ys, queries, 3, C), atol=1e-6)
-    np.testing.assert_allclose(got[2].sum(-1), 2 / 3)     # normalised by k, not by its size
-    np.testing.assert_allclose(got[[0, 1, 3]].sum(-1), 1.0, atol=1e-6)
+    xs, ys = _ragged(0, [8, 2, 5])                        # agent 1 has fewer than k records
+    queries = np.random.default_rng(1).normal(size=(NQ, D)).astype(np.float32)
+    got = _ballots(xs, ys, queries, k=K, pad_to=PAD)
+    np.testing.assert_allclose(got, _brute_force(xs, ys, queries, K, C), atol=1e-6)
+    np.testing.assert_allclose(got[1].sum(-1), 2 / 3)     # normalised by k, not by its size
+    np.testing.assert_allclose(got[[0, 2]].sum(-1), 1.0, atol=1e-6)
 
 
 def test_padded_rows_are_never_chosen():
     # padding rows are zeros; a query AT zero would pick them if they were not masked
-    xs = [np.full((3, D), 5.0, np.float32), np.full((6, D), 4.0, np.float32)]
-    ys = [np.array([1, 1, 1], np.int32), np.zeros(6, np.int32)]
-    got = _ballots(xs, ys, np.zeros((2, D), np.float32), k=5)
-    np.testing.assert_allclose(got[0, :, 1], 3 / 5)        # only its 3 real records, label 1
+    xs = [np.full((2, D), 5.0, np.float32), np.full((6, D), 4.0, np.float32),
+          np.full((8, D), 3.0, np.float32)]
+    ys = [np.array([1, 1], np.int32), np.zeros(6, np.int32), np.full(8, 2, np.int32)]
+    got = _ballots(xs, ys, np.zeros((NQ, D), np.float32), k=K, pad_to=PAD)
+    np.testing.assert_allclose(got[0, :, 1], 2 / 3)        # only its 2 real records, label 1
     np.testing.assert_allclose(got[0, :, 0], 0.0)          # padded label 0 never counted
     np.testing.assert_allclose(got[1, :, 0], 1.0)
+    np.testing.assert_allclose(got[2, :, 2], 1.0)
 
 
 def test_instance_sensitivity_brute_force():
     """Add/remove each record (and add candidate records) on tiny data: the largest L2 change of
     the vote sum per query is sqrt(2)/k (attained), below the paper's sqrt(2/k)."""
-    k = 3
+    k = K
     xs, ys = _ragged(2, [5, 3, 4])                        # agent 1 has exactly k records
     rng = np.random.default_rng(3)
-    queries = rng.normal(size=(8, D)).astype(np.float32)
-    base = _ballots(xs, ys, queries, k).sum(0)            # [Q, C]
+    queries = rng.normal(size=(NQ, D)).astype(np.float32)
+    base = _ballots(xs, ys, queries, k, pad_to=PAD).sum(0)  # [Q, C]
     worst = 0.0
     neighbours = []
     for i in range(len(xs)):
@@ -89,7 +97,7 @@ def test_instance_sensitivity_brute_force():
             ny = [y if a != i else np.append(y, np.int32(new_y)) for a, y in enumerate(ys)]
             neighbours.append((nx, ny))
     for nx, ny in neighbours:
-        other = _ballots(nx, ny, queries, k).sum(0)
+        other = _ballots(nx, ny, queries, k, pad_to=PAD).sum(0)
         worst = max(worst, float(np.max(np.linalg.norm(other - base, axis=1))))
     derived = vote.vote_sensitivity("instance", "neighbour_counts", k)
     assert worst <= derived + 1e-6
@@ -98,30 +106,35 @@ def test_instance_sensitivity_brute_force():
 
 
 def test_agent_sensitivity_brute_force():
-    k = 2
+    """Removing any one agent moves each query's vote sum by at most 1 (L2). (k, the number of
+    queries and the padded width of test_instance_sensitivity_brute_force: one compiled program
+    for the full set.)"""
+    k = K
     xs, ys = _ragged(4, [4, 6, 3])
-    queries = np.random.default_rng(5).normal(size=(5, D)).astype(np.float32)
-    full = _ballots(xs, ys, queries, k).sum(0)
+    queries = np.random.default_rng(5).normal(size=(NQ, D)).astype(np.float32)
+    full = _ballots(xs, ys, queries, k, pad_to=PAD).sum(0)
     for i in range(len(xs)):
-        rest = _ballots(xs[:i] + xs[i + 1:], ys[:i] + ys[i + 1:], queries, k).sum(0)
+        rest = _ballots(xs[:i] + xs[i + 1:], ys[:i] + ys[i + 1:], queries, k, pad_to=PAD).sum(0)
         assert np.max(np.linalg.norm(full - rest, axis=1)) <= 1.0 + 1e-6
 
 
 def test_chunked_knn_vote_equals_plain():
-    xs, ys = _ragged(6, [6, 4, 5, 6, 3])
+    """Ragged last chunks of agents (3 + 1) and queries (2 + 2 + 1). (The shapes and ballot
+    function of the next test: its "auto" vote sums are this plain sum's compiled program.)"""
+    xs, ys = _ragged(6, [6, 4, 7, 3])
     data = from_ragged(xs, ys)
-    queries = jnp.asarray(np.random.default_rng(7).normal(size=(7, D)), jnp.float32)
-    fn = knn_dpfl.ballot_fn(2, C)
+    queries = jnp.asarray(np.random.default_rng(7).normal(size=(5, D)), jnp.float32)
+    fn = knn_dpfl.ballot_fn(2, C, "auto")
     agents = (data.x, data.y, data.mask)
     plain = vote.vote_sums(fn, agents, queries, num_classes=C)
-    chunked = vote.vote_sums(fn, agents, queries, num_classes=C, agent_chunk=2, query_chunk=3)
+    chunked = vote.vote_sums(fn, agents, queries, num_classes=C, agent_chunk=3, query_chunk=2)
     np.testing.assert_allclose(chunked, plain, atol=1e-6)
     np.testing.assert_allclose(plain, _brute_force(xs, ys, np.asarray(queries), 2, C).sum(0),
                                atol=1e-5)
     key = jax.random.key(0)
     np.testing.assert_array_equal(
-        vote.mpc_vote(key, fn, agents, queries, 0.5, num_classes=C, agent_chunk=2,
-                      query_chunk=3),
+        vote.mpc_vote(key, fn, agents, queries, 0.5, num_classes=C, agent_chunk=3,
+                      query_chunk=2),
         vote.mpc_vote(key, fn, agents, queries, 0.5, num_classes=C))
 
 

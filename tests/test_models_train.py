@@ -29,13 +29,17 @@ def tiny():
                                         ("cnn", (8, 8, 1))])
 def test_models_apply_one_example(name, shape):
     m = make_model(name, shape, 4)
-    p = m.init(jax.random.key(0))
-    out = m.apply(p, jnp.zeros(shape))
-    assert out.shape == (4,)
+    p = jax.jit(m.init)(jax.random.key(0))
     batch = jnp.asarray(np.random.default_rng(0).normal(size=(3,) + shape), jnp.float32)
-    np.testing.assert_allclose(m.logits(p, batch)[1], m.apply(p, batch[1]), rtol=1e-5, atol=1e-6)
-    # per-example gradients are vmap(grad)
-    g = jax.vmap(jax.grad(cross_entropy(m)), (None, 0, 0))(p, batch, jnp.array([0, 1, 2]))
+
+    @jax.jit                                          # one compiled program (eager: per op)
+    def run(p, batch):
+        # per-example gradients are vmap(grad)
+        g = jax.vmap(jax.grad(cross_entropy(m)), (None, 0, 0))(p, batch, jnp.array([0, 1, 2]))
+        return m.apply(p, jnp.zeros(shape)), m.logits(p, batch), m.apply(p, batch[1]), g
+    out, logits, one, g = run(p, batch)
+    assert out.shape == (4,)
+    np.testing.assert_allclose(logits[1], one, rtol=1e-5, atol=1e-6)
     assert all(l.shape[0] == 3 for l in jax.tree.leaves(g))
 
 
@@ -97,13 +101,14 @@ def test_stored_batching_is_plain_sgd_over_the_records_in_order(tiny):
     update = jax.jit(make_local_update(model, cfg))
     loss = lambda p, x, y: jnp.mean(cross_entropy(model)(p, x, y) if x.ndim == 1 else
                                     jax.vmap(cross_entropy(model), (None, 0, 0))(p, x, y))
+    sgd = jax.jit(lambda p, x, y: jax.tree.map(lambda pl, gl: pl - cfg.learning_rate * gl, p,
+                                               jax.grad(loss)(p, x, y)))
     for i in (1, 3):                              # 7 records (cycled twice), 1 record
         n = int(data.counts[i])
         want = params
         for t in range(cfg.steps):
             rows = np.arange(t * cfg.batch_size, (t + 1) * cfg.batch_size) % n
-            g = jax.grad(loss)(want, data.x[i][rows], data.y[i][rows])
-            want = jax.tree.map(lambda p, gi: p - cfg.learning_rate * gi, want, g)
+            want = sgd(want, data.x[i][rows], data.y[i][rows])
         got, _ = update(jax.random.key(7), params, data.x[i], data.y[i], data.mask[i],
                         data.counts[i])
         other, _ = update(jax.random.key(8), params, data.x[i], data.y[i], data.mask[i],
@@ -117,7 +122,7 @@ def test_stored_batching_is_plain_sgd_over_the_records_in_order(tiny):
 
 def test_stacked_init_per_agent(tiny):
     data, model, _ = tiny
-    stacked = jax.vmap(model.init)(jax.random.split(jax.random.key(3), data.num_agents))
+    stacked = jax.jit(jax.vmap(model.init))(jax.random.split(jax.random.key(3), data.num_agents))
     p, _ = train_agents(jax.random.key(4), stacked, data, model, CFG, shared_init=False)
     assert jax.tree.leaves(p)[0].shape[0] == data.num_agents
 
@@ -163,18 +168,20 @@ def test_clipped_grad_sum_matches_loop(tiny):
     x, y = data.x[1], data.y[1]
     w = data.mask[1].astype(jnp.float32).at[2].set(0.0)
     clip = 0.3
-    summed, norms = clipped_grad_sum(loss, params, x, y, w, clip)
-    expect = jax.tree.map(jnp.zeros_like, params)
+    clipped = jax.jit(clipped_grad_sum, static_argnums=0)      # compiled (eager: per op)
+    summed, norms = clipped(loss, params, x, y, w, clip)
+    expect = jax.tree.map(lambda l: np.zeros(l.shape, np.float64), params)
     grad = jax.jit(jax.grad(loss))                  # one example at a time (compiled once)
     for b in range(x.shape[0]):
-        g = grad(params, x[b], y[b])
-        n = float(np.sqrt(sum(float(jnp.sum(l ** 2)) for l in jax.tree.leaves(g))))
+        g = jax.tree.map(np.asarray, grad(params, x[b], y[b]))
+        n = float(np.sqrt(sum(float(np.sum(l.astype(np.float64) ** 2))
+                              for l in jax.tree.leaves(g))))
         assert norms[b] == pytest.approx(n, rel=1e-4)
         s = float(w[b]) * min(1.0, clip / n)
         expect = jax.tree.map(lambda e, gl: e + s * gl, expect, g)
     _close(summed, expect, tol=1e-5)
     # each example's contribution is within the clip norm: the sum's sensitivity is clip
-    one, _ = clipped_grad_sum(loss, params, x[:1], y[:1], jnp.ones(1), clip)
+    one, _ = clipped(loss, params, x[:1], y[:1], jnp.ones(1), clip)
     assert float(optax.tree.norm(one)) <= clip + 1e-6
 
 

@@ -215,8 +215,9 @@ def test_jax_generator_changes_only_the_training_noise():
         for dom in range(2):
             sel = (a.y_train == c) & (a.domain_train == dom)
             np.testing.assert_allclose(b.x_train[sel].mean(0), a.x_train[sel].mean(0), atol=0.1)
-    resid = b.x_train - np.stack([b.x_train[(b.y_train == c) & (b.domain_train == d)].mean(0)
-                                  for c, d in zip(b.y_train, b.domain_train)])
+    group = {(c, d): b.x_train[(b.y_train == c) & (b.domain_train == d)].mean(0)
+             for c in range(3) for d in range(2)}         # each record minus its group's mean
+    resid = b.x_train - np.stack([group[c, d] for c, d in zip(b.y_train, b.domain_train)])
     np.testing.assert_allclose(resid.std(0), 1.0, atol=0.05)
     with pytest.raises(ValueError, match="generator must be one of"):
         data_lib.synthetic(num_train=10, generator="torch")

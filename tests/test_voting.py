@@ -37,12 +37,13 @@ def test_vote_matches_a_loop_over_agents_and_queries(setup):
     labels = vote.mpc_vote(key, _one_hot_ballots, agents, queries, sigma, num_classes=C)
     ballots = np.asarray(_one_hot_ballots(agents, queries))              # [N, Q, C]
     std = sigma / math.sqrt(N)
+    share = jax.jit(lambda key, i, t: rng.counter_normals(                # compiled once
+        jax.random.fold_in(key, 2 ** 32 - 2), i, t, C)[0])
     ref = []
     for t in range(Q):                                                   # reference loop
         tally = np.zeros(C)
         for i in range(N):    # agent i's share on query t: counters (i, t h + j), own key
-            z = rng.counter_normals(jax.random.fold_in(key, 2 ** 32 - 2), np.array([i]),
-                                    np.array([t]), C)[0]
+            z = share(key, np.array([i]), np.array([t]))
             tally += ballots[i, t] + std * np.asarray(z)
         ref.append(int(np.argmax(tally)))
     np.testing.assert_array_equal(np.asarray(labels), ref)
@@ -113,8 +114,8 @@ def test_aggregate_noise_vote_matches_a_loop_and_any_chunking(setup):
                            noise="aggregate")
     clean = np.asarray(_one_hot_ballots(agents, queries)).sum(0)           # [Q, C]
     party = jax.random.fold_in(key, jnp.uint32(2 ** 32 - 1))
-    ref = [int(np.argmax(clean[t] + sigma * np.asarray(
-        jax.random.normal(jax.random.fold_in(party, t), (C,))))) for t in range(Q)]
+    draw = jax.jit(lambda t: jax.random.normal(jax.random.fold_in(party, t), (C,)))
+    ref = [int(np.argmax(clean[t] + sigma * np.asarray(draw(t)))) for t in range(Q)]
     np.testing.assert_array_equal(np.asarray(labels), ref)
     plain = _TALLY(key, agents, queries, sigma, ballot_fn=_one_hot_ballots, num_classes=C,
                    agent_chunk=None, query_chunk=None, noisy=True, noise="aggregate")
