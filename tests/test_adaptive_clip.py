@@ -185,11 +185,17 @@ def _close(a, b, tol=1e-5):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=tol, atol=tol), a, b)
 
 
-def test_every_path_runs_the_same_adaptive_rounds(setup):
+@pytest.fixture(scope="module")
+def fused_run(setup):
+    """The adaptive run fused 3 rounds per call (key 7), shared by the path and seed tests."""
+    return _run(setup, _config(), 3)
+
+
+def test_every_path_runs_the_same_adaptive_rounds(setup, fused_run):
     """Fused K rounds per call == host passes (one compiled call per pass); the clip moves and
     is carried; secure aggregation (fixed point, masks) equals the plain sum up to its rounding."""
     config = _config()
-    fused = _run(setup, config, 3)
+    fused = fused_run
     host = _run(setup, config, 1, data=setup[0].agents.on_host())
     clips = [h["clip_norm"] for h in fused.history]
     assert clips[0] == pytest.approx(0.05) and clips[-1] > 2 * clips[0]   # tracking upwards
@@ -205,16 +211,18 @@ def test_every_path_runs_the_same_adaptive_rounds(setup):
     assert "unclipped count" in entry.note
 
 
-def test_adaptive_seeds_equal_separate_runs(setup):
+def test_adaptive_seeds_equal_separate_runs(setup, fused_run):
+    """Two seeds run together (one call per round) equal each seed run alone (the separate runs
+    fused 3 rounds per call, which equal one call per round: the test above)."""
     fed, model = setup
-    config = _config(rounds=3)
-    keys = [jax.random.key(s) for s in (1, 2)]
+    config = _config()
+    keys = [jax.random.key(s) for s in (7, 2)]
     together = seeds.run_seeds(dp_fedavg, keys, [fed] * 2, model, config,
                                runtime=api.Runtime(rounds_per_call=1))
     assert together is not None
-    for key, joint in zip(keys, together):
-        alone = _run(setup, config, 1, key=key)
-        _close(joint.state.values, alone.state.values)
+    alone = [fused_run, _run(setup, config, 3, key=keys[1])]
+    for single, joint in zip(alone, together):
+        _close(joint.state.values, single.state.values)
 
 
 def test_refusals_name_the_parameter(setup):

@@ -141,23 +141,21 @@ def test_events():
         bs.RowPlan(first=1, step=0)
 
 
-def _per_example_loop(loss_fn, params, x, y, w, clip):
+def _per_example_loop(per_example_grads, w, clip):
     """Equation (1) by a Python loop over the rows: each gradient, its global norm, clipped,
     weighted, summed (float64 on the host)."""
-    total = jax.tree.map(lambda p: np.zeros(p.shape, np.float64), params)
-    for j in range(x.shape[0]):
-        g = jax.grad(loss_fn)(params, x[j], y[j])
-        norm = np.sqrt(sum(np.sum(np.asarray(l, np.float64) ** 2) for l in jax.tree.leaves(g)))
+    total = jax.tree.map(lambda g: np.zeros(g.shape, np.float64), per_example_grads[0])
+    for j, g in enumerate(per_example_grads):
+        norm = np.sqrt(sum(np.sum(l ** 2) for l in jax.tree.leaves(g)))
         factor = float(w[j]) * min(1.0, clip / max(norm, 1e-12))
-        total = jax.tree.map(lambda t, l: t + factor * np.asarray(l, np.float64), total, g)
+        total = jax.tree.map(lambda t, l: t + factor * l, total, g)
     return total
 
 
-@pytest.mark.parametrize("rate,plan", [(1.0, None), (0.5, None),
-                                       (0.5, bs.RowPlan(first=3, step=2))])
-def test_private_gradient_equals_a_per_example_loop_cnn(rate, plan):
-    """A small CNN (conv, dense, biases: leaves of rank 1 to 4), noise 0: the clipped sum over
-    the drawn rows / D equals a per-example loop; rate 1 draws every real row (no coins)."""
+@pytest.fixture(scope="module")
+def cnn():
+    """A small CNN, its loss, 10 rows (one padding) and each row's gradient (one jitted
+    ``jax.grad`` called row by row, float64 on the host), shared by the CNN cases."""
     from fedjax_dp.models import make_model
     from fedjax_dp.train import cross_entropy
     model = make_model("cnn", (12, 12, 1), 4)
@@ -167,6 +165,18 @@ def test_private_gradient_equals_a_per_example_loop_cnn(rate, plan):
     x = jnp.asarray(rng.normal(size=(10, 12, 12, 1)).astype(np.float32))
     y = jnp.asarray(rng.integers(0, 4, 10).astype(np.int32))
     mask = jnp.arange(10) < 9                                          # one padding row
+    grad = jax.jit(jax.grad(loss))
+    per_example = [jax.tree.map(lambda l: np.asarray(l, np.float64), grad(params, x[j], y[j]))
+                   for j in range(x.shape[0])]
+    return loss, params, x, y, mask, per_example
+
+
+@pytest.mark.parametrize("rate,plan", [(1.0, None), (0.5, None),
+                                       (0.5, bs.RowPlan(first=3, step=2))])
+def test_private_gradient_equals_a_per_example_loop_cnn(cnn, rate, plan):
+    """A small CNN (conv, dense, biases: leaves of rank 1 to 4), noise 0: the clipped sum over
+    the drawn rows / D equals a per-example loop; rate 1 draws every real row (no coins)."""
+    loss, params, x, y, mask, per_example = cnn
     key = jax.random.key(4)
     got, stats = jax.jit(lambda k: pg.private_gradient(k, loss, params, x, y, mask, rate, 7.0,
                                                        0.3, 0.0, plan=plan))(key)
@@ -174,7 +184,7 @@ def test_private_gradient_equals_a_per_example_loop_cnn(rate, plan):
     if rate == 1.0:
         np.testing.assert_array_equal(np.asarray(w), np.asarray(mask, np.float32))
         assert float(stats["count"]) == 9.0
-    want = _per_example_loop(loss, params, x, y, np.asarray(w), 0.3)
+    want = _per_example_loop(per_example, np.asarray(w), 0.3)
     for u, v in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(u, np.float64), v / 7.0, rtol=1e-4, atol=1e-6)
 

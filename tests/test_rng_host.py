@@ -51,7 +51,7 @@ def test_traced_keys_take_jax_path():
 
 
 @pytest.mark.parametrize("partitionable", [True, False])
-@pytest.mark.parametrize("n", [1, 5, 16, 1000])
+@pytest.mark.parametrize("n", [1, 5, 1000])
 def test_agent_keys_are_rows_of_split_per_agent(partitionable, n):
     with jax.threefry_partitionable(partitionable):
         key = rng.stream(rng.as_key(3), "init")
@@ -72,7 +72,8 @@ def test_counter_normals_are_the_hash_of_their_counters_and_standard_normal():
     hi = np.array([0, 5, 5, 2 ** 20], np.uint32)
     lo = np.array([0, 0, 3, 7], np.uint32)
     d = 5                                                     # h = 3 pairs, the last word dropped
-    z = np.asarray(rng.counter_normals(key, hi, lo, d))
+    normals = jax.jit(rng.counter_normals, static_argnums=3)  # one compiled call per row count
+    z = np.asarray(normals(key, hi, lo, d))
     for r in range(4):                                        # the same row alone, by the host
         x1 = lo[r] * 3 + np.arange(3, dtype=np.uint32)
         w0, w1 = rng.threefry2x32(_words(key), np.full(3, hi[r], np.uint32), x1)
@@ -82,8 +83,8 @@ def test_counter_normals_are_the_hash_of_their_counters_and_standard_normal():
         u = np.maximum(low, f * (np.float32(1.0) - low) + low)
         from scipy.special import erfinv
         np.testing.assert_allclose(z[r], np.sqrt(2.0) * erfinv(u.astype(np.float64)), atol=2e-6)
-        np.testing.assert_array_equal(np.asarray(rng.counter_normals(
+        np.testing.assert_array_equal(np.asarray(normals(
             key, hi[r:r + 1], lo[r:r + 1], d))[0], z[r])
-    big = np.asarray(rng.counter_normals(key, np.arange(4000, dtype=np.uint32),
-                                         np.arange(4000, dtype=np.uint32) % 17, 10)).ravel()
+    big = np.asarray(normals(key, np.arange(4000, dtype=np.uint32),
+                             np.arange(4000, dtype=np.uint32) % 17, 10)).ravel()
     assert stats.kstest(big, "norm").pvalue > 1e-3

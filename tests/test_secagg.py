@@ -178,12 +178,13 @@ def test_masked_inputs_match_a_python_loop_and_cancel_exactly():
     y, nbr = secagg_masks.masked_inputs(jax.random.key(11), enc, ids, 4)
     seed = jax.random.fold_in(jax.random.key(11), 1)
     ids_np, nbr_np = np.asarray(ids), np.asarray(nbr)
+    pair_bits = jax.jit(lambda lo, hi: jax.random.bits(      # one pair's mask, compiled once
+        jax.random.fold_in(jax.random.fold_in(seed, lo), hi), (MD,), jnp.uint32))
     for i in range(MB):                                              # the loop reference
         m = np.asarray(enc[i]).astype(np.uint64)
         for j in nbr_np[i]:
             lo, hi = sorted((int(ids_np[i]), int(ids_np[j])))
-            r = np.asarray(jax.random.bits(jax.random.fold_in(jax.random.fold_in(seed, lo), hi),
-                                           (MD,), jnp.uint32)).astype(np.uint64)
+            r = np.asarray(pair_bits(np.uint32(lo), np.uint32(hi))).astype(np.uint64)
             m = m + r if ids_np[i] < ids_np[j] else m + (2 ** 32 - r)
         np.testing.assert_array_equal(np.asarray(y[i]), (m % 2 ** 32).astype(np.uint32))
     np.testing.assert_array_equal(_ints(jnp.sum(y, 0, dtype=jnp.uint32)),
