@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.experiments import cli
+import cli_parser_once
 
 ROOT = Path(__file__).resolve().parents[1]
 DP = str(ROOT / "configs" / "dp_fedavg" / "mnist5k.toml")
@@ -84,7 +84,7 @@ CLI_RUN = [
 
 
 def _cli(capsys, argv):
-    code = cli.main(argv)
+    code = cli_parser_once.main(argv)          # cli.main, its parser built once per process
     err = capsys.readouterr().err.strip()
     return code, err
 
