@@ -32,8 +32,16 @@ def _load(name):
     return module
 
 
-def test_bench_local_training_smoke(tmp_path):
+def _small_matmul(monkeypatch, bench):
+    """The benchmark's matmul reference (``bench_common.matmul_gflops``, 2048^3 by default) at
+    128^3: the same timed matmul, a size that costs nothing next to the smoke run's own work."""
+    real = bench.matmul_gflops
+    monkeypatch.setattr(bench, "matmul_gflops", lambda: real(128, 3))
+
+
+def test_bench_local_training_smoke(tmp_path, monkeypatch):
     bench = _load("bench_local_training")
+    _small_matmul(monkeypatch, bench)
     out = tmp_path / "bench.json"
     record = bench.main(["--agents", "6", "--local-size", "8", "--features", "5", "--hidden", "4",
                          "--classes", "3", "--steps", "2", "--batch-size", "4", "--repeats", "1",
@@ -46,10 +54,11 @@ def test_bench_local_training_smoke(tmp_path):
     assert record["agents"] == 6
 
 
-def test_bench_knn_vote_smoke(tmp_path):
+def test_bench_knn_vote_smoke(tmp_path, monkeypatch):
     """One tiny configuration in a child process: every timed function, matmul before and after,
     the fractions against the faster of the two, memory above the data."""
     bench = _load("bench_knn_vote")
+    _small_matmul(monkeypatch, bench)
     out = tmp_path / "knn.json"
     record = bench.main(["--configs", "24:8:1", "--queries", "16", "--local-size", "12",
                          "--features", "4", "--k", "3", "--repeats", "1",
