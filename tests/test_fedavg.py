@@ -1,4 +1,6 @@
 """FedAvg / DP-FedAvg rounds against a per-agent reference loop, clipping, noise and sampling."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,12 +49,18 @@ def _runner(model, spec, data, local=LOCAL, **kwargs):
     return chains.ParamsRunner(chain, data, **kwargs)
 
 
+@functools.lru_cache(maxsize=None)
+def _jitted_update(model, local):
+    """One agent's local update, jitted once per (model, local) (the reference loops share it)."""
+    return jax.jit(make_local_update(model, local))
+
+
 def _reference_round(key, params, data, model, spec):
     """The round written the slow way: a Python loop over the sampled agents (test oracle)."""
     n = data.num_agents
     k_sample, k_train, k_noise = jax.random.split(key, 3)
     sampled = cohort.sample_cohort(k_sample, n, spec.sampling)
-    update = jax.jit(make_local_update(model, LOCAL))
+    update = _jitted_update(model, LOCAL)
     total = jax.tree.map(jnp.zeros_like, params)
     for i in sampled:
         local, _ = update(jax.random.fold_in(k_train, int(i)), params, data.x[i], data.y[i],
@@ -177,12 +185,24 @@ def test_clipping_bounds_each_agent_contribution(setup):
     assert float(metrics["mean_update_norm"]) > 10 * clip     # unclipped updates were larger
 
 
+def _masks(keys, n, sampling):
+    """``cohort.sample_mask(k, n, sampling)`` for every key ``k`` ``[R, N]``: the same coins
+    (:func:`cohort.cohort_coins`) drawn in one vmapped call, checked equal to ``sample_mask``
+    on a few keys."""
+    draw = jax.jit(jax.vmap(cohort.cohort_coins, in_axes=(0, None, None)),
+                   static_argnums=(1, 2))
+    masks = np.asarray(draw(keys, n, sampling)).astype(np.float32)
+    for i in (0, 1, len(keys) - 1):
+        np.testing.assert_array_equal(masks[i], cohort.sample_mask(keys[i], n, sampling))
+    return masks
+
+
 def test_poisson_sampling_has_the_law_of_independent_coins():
     """Binomial(N, q) then a uniform subset == N independent Bernoulli(q) coins: per-agent
     inclusion rate q, pair inclusion q^2, count mean qN and variance qN(1-q); fresh each round."""
     n, q, rounds = 40, 0.3, 4000
     keys = jax.random.split(jax.random.key(0), rounds)
-    masks = np.stack([cohort.sample_mask(k, n, _poisson(q)) for k in keys])    # [R, N]
+    masks = _masks(keys, n, _poisson(q))                                      # [R, N]
     se = np.sqrt(q * (1 - q) / rounds)
     assert np.all(np.abs(masks.mean(0) - q) < 5 * se)
     pair = (masks[:, :, None] * masks[:, None, :]).mean(0)[~np.eye(n, dtype=bool)]
@@ -196,7 +216,7 @@ def test_poisson_sampling_has_the_law_of_independent_coins():
 def test_fixed_size_sampling_is_uniform():
     n, c, rounds = 12, 5, 3000
     keys = jax.random.split(jax.random.key(1), rounds)
-    masks = np.stack([cohort.sample_mask(k, n, cohort.Sampling("fixed", size=c)) for k in keys])
+    masks = _masks(keys, n, cohort.Sampling("fixed", size=c))
     assert np.all(masks.sum(1) == c)
     se = np.sqrt((c / n) * (1 - c / n) / rounds)
     assert np.all(np.abs(masks.mean(0) - c / n) < 5 * se)

@@ -104,13 +104,14 @@ def test_fused_rounds_equal_one_round_per_call(setup):
 
 
 def test_fused_rounds_equal_the_per_agent_loop(setup):
-    """Two fused rounds against the round written as a Python loop over the sampled agents
-    (the cohort read from the same device draw, the noise the library's Gaussian of the round's
-    noise key)."""
+    """Two fused rounds (one call of the program above) against the round written as a Python
+    loop over the sampled agents (the cohort read from the same device draw, the noise the
+    library's Gaussian of the round's noise key)."""
     fed, model = setup
-    config = _dp_fedavg_config(rounds=2)
+    config = _dp_fedavg_config()
     key = jax.random.key(11)
-    got = _run(dp_fedavg, setup, config, 4, key=key).state.values["params"]
+    state = dp_fedavg.init(key, fed, model, config, api.Runtime(rounds_per_call=4))
+    got = dp_fedavg.multi_step(state, key, 0, 2)[0].values["params"]
     sampling, clip_norm = config.participation, config.clip_norm
     noise_std, server_lr = config.noise_multiplier * config.clip_norm, config.server_lr
     update = jax.jit(make_local_update(model, LOCAL))
