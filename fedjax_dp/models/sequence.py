@@ -26,9 +26,15 @@ sequence) is not masked inside the model: causal outputs at real positions never
 An LSTM cell (Hochreiter & Schmidhuber 1997, with a forget gate): ``i, f, g, o = W_x x_t + W_h
 h_{t-1} + b``; ``c_t = sigma(f) c_{t-1} + sigma(i) tanh(g)``; ``h_t = sigma(o) tanh(c_t)``; its
 ``4 * (hidden * (input + hidden) + hidden)`` parameters are those of a Keras LSTM (one bias per
-gate).
+gate). Each layer is computed by :func:`lstm_layer`: the input projection ``x_t W_x + b`` of all T
+steps is one matmul before the recurrence, and each step one fused ``h_{t-1} W_h [H, 4H]``
+matmul; its parameters (:class:`LSTMParams`) are flax's ``nn.RNN(nn.OptimizedLSTMCell(hidden))``
+tree with the same initial values (tests/test_lstm_layer.py checks outputs and gradients against
+flax's layer).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -38,6 +44,59 @@ import jax.numpy as jnp
 CHAR_LSTM_DEFAULTS = {"embed_dim": 8, "hidden": 256, "layers": 2, "projection": 0}
 WORD_LSTM_DEFAULTS = {"embed_dim": 96, "hidden": 670, "layers": 1, "projection": 96}
 TRANSFORMER_LM_DEFAULTS = {"embed_dim": 128, "heads": 4, "layers": 2, "mlp": 512}
+
+
+class _Dense(nn.Module):
+    """The parameters of a dense layer (``kernel [in, features]``, ``bias [features]``), not
+    applied: flax's ``DenseParams`` of its LSTM cells, so the tree and the initial values are
+    those of ``nn.RNN(nn.OptimizedLSTMCell(hidden))``."""
+    features: int
+    use_bias: bool
+    kernel_init: Callable
+
+    @nn.compact
+    def __call__(self, in_features: int) -> tuple[jax.Array, jax.Array | None]:
+        kernel = self.param("kernel", self.kernel_init, (in_features, self.features))
+        bias = (self.param("bias", nn.initializers.zeros_init(), (self.features,))
+                if self.use_bias else None)
+        return kernel, bias
+
+
+class LSTMParams(nn.Module):
+    """One LSTM layer's parameters in flax's ``OptimizedLSTMCell`` layout (``i{i,f,g,o}`` input
+    kernels, lecun-normal; ``h{i,f,g,o}`` recurrent kernels, orthogonal, with the biases),
+    returned fused in gate order i, f, g, o: ``w_in [E, 4H]``, ``w_rec [H, 4H]``, ``b [4H]``."""
+    hidden: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:  # x [..., E]
+        gates = "ifgo"
+        w_in = [_Dense(self.hidden, False, nn.initializers.lecun_normal(), name=f"i{g}")(
+            x.shape[-1])[0] for g in gates]
+        rec = [_Dense(self.hidden, True, nn.initializers.orthogonal(), name=f"h{g}")(
+            self.hidden) for g in gates]
+        return (jnp.concatenate(w_in, axis=-1), jnp.concatenate([k for k, _ in rec], axis=-1),
+                jnp.concatenate([b for _, b in rec], axis=-1))
+
+
+def lstm_layer(x: jax.Array, w_in: jax.Array, w_rec: jax.Array, bias: jax.Array) -> jax.Array:
+    """An LSTM over ``x [B, T, E]`` from a zero state, ``-> h [B, T, H]`` (module docstring's
+    cell). The input projection ``x W_x + b`` of every step is ONE matmul ``[B T, E] x [E, 4H]``
+    before the recurrence; each step of the ``lax.scan`` (time-major) is then one fused
+    ``h_{t-1} W_h`` ``[B, H] x [H, 4H]`` and the gates' elementwise arithmetic."""
+    hidden = w_rec.shape[0]
+    z_in = jnp.einsum("bte,eg->tbg", x, w_in) + bias      # [T, B, 4H]
+
+    def step(carry, z_t):
+        c, h = carry                                       # [B, H] each
+        i, f, g, o = jnp.split(z_t + h @ w_rec, 4, axis=-1)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return (c, h), h
+
+    zeros = jnp.zeros(x.shape[:1] + (hidden,), z_in.dtype)
+    _, hs = jax.lax.scan(step, (zeros, zeros), z_in)       # [T, B, H]
+    return jnp.swapaxes(hs, 0, 1)                          # [B, T, H]
 
 
 class LSTMLM(nn.Module):
@@ -54,8 +113,9 @@ class LSTMLM(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:        # x [B, T] int32
         h = nn.Embed(self.vocab_size, self.embed_dim)(x)   # [B, T, E]
-        for _ in range(self.layers):
-            h = nn.RNN(nn.OptimizedLSTMCell(self.hidden))(h)   # [B, T, hidden]
+        for k in range(self.layers):
+            w_in, w_rec, bias = LSTMParams(self.hidden, name=f"OptimizedLSTMCell_{k}")(h)
+            h = lstm_layer(h, w_in, w_rec, bias)           # [B, T, hidden]
         if self.projection:
             h = nn.Dense(self.projection)(h)               # [B, T, projection]
         return nn.Dense(self.vocab_size)(h)                # [B, T, V]
