@@ -196,8 +196,8 @@ def main(argv=None) -> dict:
         print(f"cohort {c}: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
         record["cohorts"][str(c)] = {"parameters": counts, "times": times, "ratios": ratios}
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(record, f, indent=2)
+        from fedjax_dp.core import files               # atomic: a reader sees a whole file
+        files.write_text(a.out, json.dumps(record, indent=2) + "\n")
     return record
 
 
