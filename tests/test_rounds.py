@@ -196,6 +196,10 @@ def test_one_compilation_whatever_the_count_and_cohort(setup):
         sizes.update(np.asarray(metrics["num_sampled"])[:count].astype(int).tolist())
     assert len(sizes) > 1 and state.step == 12
     assert fused._cache_size() == 1
+    # one round stepped on its own is the same program with count 1
+    stepped, metrics = dp_fedavg.step(state, api.step_key(key, 12))
+    assert stepped.step == 13 and np.ndim(metrics["num_sampled"]) == 0
+    assert fused._cache_size() == 1
 
 
 def test_calls_end_on_boundaries(setup):

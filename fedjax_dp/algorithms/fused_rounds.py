@@ -47,12 +47,15 @@ def make_fused_rounds(train_sum: Callable, server: Callable, chain, num_agents: 
     trains, the coins select (the reference); ``participation``: ``values["participation"] [N]
     int32`` += the round's coins; ``capacity``: K.
 
-    Returns ``SimpleNamespace(rounds, one)``:
-    ``rounds(values, root, start, count, source, extras) -> (values, metrics)``: rounds
-    ``start .. start + count - 1`` of the run with root key ``root`` (round t's key
-    :func:`api.step_key` ``(root, t)``), ``count <= K`` traced; metrics ``[K]`` per metric, the
-    first ``count`` rows filled. ``one(values, key, source, extras) -> (values, metrics)``: one
-    round with an explicit round key.
+    Returns ``SimpleNamespace(rounds, one, run_keys, one_keys)``:
+    ``rounds(values, keys [K], count, source, extras) -> (values, metrics)`` (compiled): the
+    rounds of keys ``keys[:count]`` in turn, ``count <= K`` traced; metrics ``[K]`` per metric,
+    the first ``count`` rows filled. ``run_keys(root, start)``: the keys of rounds ``start ..
+    start + K - 1`` of the run with root ``root`` (round t's key :func:`api.step_key`
+    ``(root, t)``); ``one_keys(key)``: ``key`` repeated K times, so that one round is the same
+    compiled program with count 1 (a run stepped one round at a time and one run K rounds per
+    call compile one round program, not two). ``one(values, key, source, extras)``: one round
+    with an explicit round key, traceable (the seed driver vmaps it).
     """
     n = num_agents
     search = defaults_lib.defaults().cohort_search
@@ -92,19 +95,34 @@ def make_fused_rounds(train_sum: Callable, server: Callable, chain, num_agents: 
             out["participation"] = values["participation"] + coins.astype(jnp.int32)
         return out, metrics
 
-    def rounds(values, root, start, count, source, extras):
-        base = jax.random.split(root)[1]                 # api.step_key: fold_in(split[1], t)
-        key_of = lambda i: jax.random.fold_in(base, start + i)      # noqa: E731
-        shapes = jax.eval_shape(lambda v: one_round(v, key_of(0), source, extras)[1], values)
+    def rounds(values, keys, count, source, extras):
+        shapes = jax.eval_shape(lambda v: one_round(v, keys[0], source, extras)[1], values)
         buffer = jax.tree.map(lambda s: jnp.zeros((capacity,) + s.shape, s.dtype), shapes)
 
         def body(i, carry):
             vals, buf = carry
-            vals, metrics = one_round(vals, key_of(i), source, extras)
+            vals, metrics = one_round(vals, keys[i], source, extras)
             buf = jax.tree.map(lambda b, m: jax.lax.dynamic_update_index_in_dim(b, m, i, 0),
                                buf, metrics)
             return vals, buf
 
         return jax.lax.fori_loop(0, count, body, (values, buffer))
 
-    return SimpleNamespace(rounds=jax.jit(rounds), one=jax.jit(one_round))
+    return SimpleNamespace(rounds=jax.jit(rounds), one=one_round,
+                           run_keys=functools.partial(_run_keys, capacity=capacity),
+                           one_keys=functools.partial(_one_keys, capacity=capacity))
+
+
+@functools.partial(jax.jit, static_argnames="capacity")
+def _run_keys(root: jax.Array, start: jax.Array, *, capacity: int) -> jax.Array:
+    """Round keys ``[K]`` of rounds ``start .. start + K - 1`` of the run with root ``root``:
+    :func:`api.step_key` ``(root, t) = fold_in(split(root)[1], t)``."""
+    base = jax.random.split(root)[1]
+    return jax.vmap(lambda i: jax.random.fold_in(base, start + i))(
+        jnp.arange(capacity, dtype=jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames="capacity")
+def _one_keys(key: jax.Array, *, capacity: int) -> jax.Array:
+    """``key`` repeated ``[K]`` (one round run by the K-round program with count 1)."""
+    return jnp.broadcast_to(key[None], (capacity,) + key.shape)

@@ -145,17 +145,22 @@ class RoundRunner:
         if not 1 <= count <= self.capacity:
             raise ValueError(f"count must be in [1, {self.capacity}] (run.rounds_per_call), "
                              f"got {count}")
-        args = (values, root, jnp.int32(start), jnp.int32(count), self.agents, self.extras)
+        keys = self.fused.run_keys(root, jnp.int32(start))
+        return self._fused_call(values, keys, count)
+
+    def _fused_call(self, values: dict, keys: jax.Array, count: int) -> tuple[dict, dict]:
+        """The fused program on rounds ``keys[:count]`` (refused first if it cannot fit)."""
+        args = (values, keys, jnp.int32(count), self.agents, self.extras)
         self._check_memory(self.fused.rounds, *args)
         return self.fused.rounds(*args)
 
     def one(self, values: dict, key: jax.Array) -> tuple[dict, dict]:
         """One round with round key ``key``: ``(values, metrics)``, fused on the device where
-        the agents allow it, else on the host (participation counted from the cohort)."""
+        the agents allow it (the K-round program with count 1), else on the host
+        (participation counted from the cohort)."""
         if self.fusable:
-            args = (values, key, self.agents, self.extras)
-            self._check_memory(self.fused.one, *args)
-            return self.fused.one(*args)
+            values, metrics = self._fused_call(values, self.fused.one_keys(key), 1)
+            return values, _first_row(metrics)
         view, metrics = self(key, view_of(values))
         out = advance(self.chain, values, view)
         if self.participation:
@@ -218,6 +223,12 @@ class RoundRunner:
         if not self.fusable:
             return None
         return _fused_step(self.fused.one), (self.agents, self.extras), self.fused.one
+
+
+@jax.jit
+def _first_row(metrics: dict) -> dict:
+    """Row 0 of each metric ``[K, ...]`` (one round's metrics out of a K-round call)."""
+    return jax.tree.map(lambda m: m[0], metrics)
 
 
 @functools.lru_cache(maxsize=64)
