@@ -448,7 +448,10 @@ def _like_template(values: Any, template: Any, path: Path) -> Any:
         if isinstance(t, jax.Array) and not t.is_fully_addressable:
             return _place_global(leaf, t.sharding)
         if isinstance(t, jax.Array):
-            return jax.device_put(leaf, t.sharding)
+            # committed as the template is: an uncommitted template (a run's fresh state) gets
+            # an uncommitted array on the default device, so the restored run calls the very
+            # program the run compiled (jit keys its programs on commitment, too)
+            return jax.device_put(leaf, t.sharding if t.committed else None)
         if isinstance(t, np.generic):
             return leaf[()]
         return leaf                        # host arrays stay host arrays (dtype kept)
