@@ -146,6 +146,10 @@ def test_protocol_conformance(problem, name, tmp_path):
             restored, _ = checkpoint.restore(path, fresh, run_config)
             assert restored.step == state.step
             _assert_trees_equal(restored.values, state.values)   # structure, dtypes, values
+            # placed as the run's own arrays (committed or not), so the restored run calls the
+            # programs the run compiled rather than compiling them again
+            assert [getattr(l, "committed", False) for l in _leaves(restored.values)] == \
+                [getattr(l, "committed", False) for l in _leaves(state.values)]
             state = restored
 
     # api.run (the same key) is the same run
