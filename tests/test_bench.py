@@ -56,12 +56,41 @@ def test_bench_quick_suite_tiny_through_the_cli(tmp_path, capsys):
     assert knn["matmul_gflops"] == max(around)
     expected = knn["sizes"]["gemm_gflop"] / knn["times"]["vote"]["median_s"] / max(around)
     assert knn["ratios"]["vote_fraction_of_matmul"] == pytest.approx(expected)
+    # the char-LSTM round: the library's and the hand-written round, the same model size
+    lstm = record["parts"][names.index("char_lstm_round")]
+    assert lstm["sizes"]["clients_source"] == "synthetic"
+    assert lstm["sizes"]["num_params"]["library"] == lstm["sizes"]["num_params"]["hand_scan"]
+    assert set(lstm["ratios"]) == {"library_over_hand_scan_c2"}
+    assert 0 < lstm["ratios"]["library_over_hand_scan_c2"] < float("inf")
+
+
+def test_char_lstm_part_reads_a_converted_population(tmp_path):
+    """``--population DIR``: the part's clients are the folder's (their number, T, V, record
+    counts), not synthetic ones."""
+    from fedjax_dp.bench import char_lstm
+    from fedjax_dp.core import from_ragged, save_stacked
+    from fedjax_dp.models import tasks
+    rng = np.random.default_rng(0)
+    xs = [rng.integers(1, 7, (n, 5)).astype(np.int32) for n in (3, 6, 2)]
+    save_stacked(tmp_path, from_ragged(xs, [np.roll(x, -1, 1) for x in xs], dtype=np.int32))
+    tasks.save(tmp_path, tasks.NextToken(vocab_size=7, pad_id=0))
+    rec = char_lstm.measure(dict(clients=99, seq=99, vocab=99, hidden=2, cohorts=[2],
+                                 local_steps=1, batch=2, variants=["hand_scan"],
+                                 population=str(tmp_path)), 1)
+    assert rec["sizes"]["clients_source"] == str(tmp_path)
+    assert (rec["sizes"]["clients"], rec["sizes"]["seq"], rec["sizes"]["vocab"]) == (3, 5, 7)
+    assert rec["sizes"]["records_per_client_median"] == 3.0
+    assert set(rec["times"]) == {"hand_scan_c2"} and rec["pairs"] == {}
+    with pytest.raises(ValueError, match=r"char_lstm_round.cohorts must be in \[1, 3\]"):
+        char_lstm.measure(dict(clients=1, seq=1, vocab=1, hidden=1, cohorts=[4], local_steps=1,
+                               batch=1, population=str(tmp_path)), 1)
 
 
 @pytest.mark.parametrize("argv,needle", [
     (["--suite", "huge"], "--suite must be one of ['quick', 'full']"),
     (["--only", "local_training,nope"], "--only: unknown part(s) ['nope']"),
     (["--sizes", "giant"], "--sizes must be one of"),
+    (["--population", "no/such/folder"], "--population must be a converted population folder"),
 ])
 def test_bench_bad_arguments(argv, needle, capsys):
     assert cli.main(["bench", *argv]) == 2

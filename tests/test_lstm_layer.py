@@ -1,25 +1,12 @@
 """The library's LSTM layer (input projection hoisted out of the recurrence, fused gates) is
 flax's ``nn.RNN(nn.OptimizedLSTMCell(hidden))``: the same parameter tree and initial values, the
 same outputs and gradients (float summation order only)."""
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.bench.char_lstm import FlaxLayerLM as FlaxLSTMLM   # flax's nn.RNN layers
 from fedjax_dp.models import sequence
-
-
-class FlaxLSTMLM(sequence.LSTMLM):
-    """The model as flax's recurrent layer computes it (the reference)."""
-
-    @nn.compact
-    def __call__(self, x):
-        h = nn.Embed(self.vocab_size, self.embed_dim)(x)
-        for _ in range(self.layers):
-            h = nn.RNN(nn.OptimizedLSTMCell(self.hidden))(h)
-        if self.projection:
-            h = nn.Dense(self.projection)(h)
-        return nn.Dense(self.vocab_size)(h)
 
 
 def test_lstm_layer_equals_flax_optimized_lstm_cell():

@@ -1,6 +1,6 @@
 """``fedjax-dp bench``: the headline measurements in one process, one JSON and one table.
 
-    fedjax-dp bench [--suite quick|full] [--out FILE] [--only NAME,NAME]
+    fedjax-dp bench [--suite quick|full] [--out FILE] [--only NAME,NAME] [--population DIR]
 
 Runs the parts in :data:`PARTS` at the sizes of the suite (:data:`SUITES`; ``tiny`` is the
 tests' size, hidden from the command's help), then writes ``FILE.json`` and ``FILE.md``. A
@@ -14,12 +14,13 @@ import math
 import time
 from pathlib import Path
 
-from fedjax_dp.bench import (ae_dpfl, common, dp_sgd, fnas, isrl, knn_vote, local_training,
-                             peers)
+from fedjax_dp.bench import (ae_dpfl, char_lstm, common, dp_sgd, fnas, isrl, knn_vote,
+                             local_training, peers)
 from fedjax_dp.core import compilation
 
 #: the parts, in the order they run
-PARTS = {m.NAME: m for m in (local_training, peers, dp_sgd, knn_vote, isrl, fnas, ae_dpfl)}
+PARTS = {m.NAME: m for m in (local_training, peers, dp_sgd, knn_vote, isrl, fnas, ae_dpfl,
+                             char_lstm)}
 
 #: sizes of every part per suite; ``repeats``: timed calls per function; ``matmul``: its n
 SUITES: dict[str, dict] = {
@@ -34,6 +35,9 @@ SUITES: dict[str, dict] = {
         fnas.NAME: dict(nodes=1, channels=2, cells=1, image=4, parties=2, records=8, batch=4),
         ae_dpfl.NAME: dict(agents=32, records=4, features=4, hidden=4, steps=1, public=32,
                            queries=8, student_steps=2, repeats=1),
+        # the flax layer is compared with the library's in tests/test_lstm_layer.py
+        char_lstm.NAME: dict(clients=4, seq=4, vocab=6, hidden=2, cohorts=[2], local_steps=1,
+                             batch=2, variants=["library", "hand_scan"]),
     },
     "quick": {
         "repeats": 3, "matmul": 1024,
@@ -47,6 +51,9 @@ SUITES: dict[str, dict] = {
         fnas.NAME: dict(nodes=1, channels=4, cells=1, image=8, parties=4, records=32, batch=8),
         ae_dpfl.NAME: dict(agents=10_000, records=16, features=32, hidden=32, steps=5,
                            public=2000, queries=200, student_steps=200, repeats=1),
+        # TFF's Shakespeare char-LSTM (820,522 parameters at V = 90), 4 local steps of batch 4
+        char_lstm.NAME: dict(clients=200, seq=80, vocab=90, hidden=256, cohorts=[10],
+                             local_steps=4, batch=4),
     },
 }
 
@@ -69,15 +76,22 @@ SUITES["full"] = _with(SUITES["quick"], repeats=5, matmul=2048, **{
     knn_vote.NAME: dict(agents=1000, queries=1000),
     isrl.NAME: dict(silos=1000, loop_max=1000),
     fnas.NAME: dict(nodes=2, parties=8, records=64, batch=16),
-    ae_dpfl.NAME: dict(agents=100_000)})
+    ae_dpfl.NAME: dict(agents=100_000),
+    char_lstm.NAME: dict(cohorts=[10, 100])})
 
 
 #: the suites a user picks (``tiny`` is for the tests: ``sizes="tiny"``)
 USER_SUITES = ("quick", "full")
 
 
-def check_request(suite: str, only: list[str] | None, sizes: str | None = None) -> list[str]:
-    """The parts to run; a clear error for an unknown suite, sizes or part (before any work)."""
+def check_request(suite: str, only: list[str] | None, sizes: str | None = None,
+                  population: str | Path | None = None) -> list[str]:
+    """The parts to run; a clear error for an unknown suite, sizes or part, or a population
+    folder that is not a converted population (before any work)."""
+    if population is not None and not all((Path(population) / f"{n}.npy").is_file()
+                                          for n in ("x", "y", "counts")):
+        raise ValueError(f"--population must be a converted population folder (fedjax-dp data "
+                         f"convert ...: x.npy, y.npy, counts.npy), got {str(population)!r}")
     if suite not in USER_SUITES:
         raise ValueError(f"--suite must be one of {list(USER_SUITES)}, got {suite!r}")
     if sizes is not None and sizes not in SUITES:
@@ -90,13 +104,18 @@ def check_request(suite: str, only: list[str] | None, sizes: str | None = None) 
 
 
 def run(suite: str = "quick", out: str | Path | None = None, *, only: list[str] | None = None,
-        sizes: str | None = None, log=print) -> dict:
+        sizes: str | None = None, population: str | Path | None = None, log=print) -> dict:
     """Run the suite's parts in this process; write ``out.json`` and ``out.md`` when ``out``.
 
-    ``sizes``: another suite's sizes (``"tiny"``: the tests' sizes); default the suite's own."""
-    names = check_request(suite, only, sizes)
+    ``sizes``: another suite's sizes (``"tiny"``: the tests' sizes); default the suite's own.
+    ``population``: a converted text population folder (``fedjax-dp data convert
+    gutenberg_shakespeare``) whose clients the char-LSTM part runs on, in place of synthetic
+    ones."""
+    names = check_request(suite, only, sizes, population)
     sizes_name = sizes or suite
-    sizes = SUITES[sizes_name]
+    sizes = _with(SUITES[sizes_name])
+    if population is not None:
+        sizes[char_lstm.NAME]["population"] = str(population)
     repeats = sizes["repeats"]
     start = time.perf_counter()
     record = {"command": "fedjax-dp bench", "suite": suite, "sizes": sizes_name,

@@ -644,8 +644,9 @@ def _cmd_compare(args) -> int:
 def _cmd_bench(args) -> int:
     from fedjax_dp.bench import suite as bench_suite
     only = [s for s in args.only.split(",") if s] if args.only else None
-    bench_suite.check_request(args.suite, only, args.sizes)
+    bench_suite.check_request(args.suite, only, args.sizes, args.population)
     record = bench_suite.run(args.suite, args.out, only=only, sizes=args.sizes,
+                             population=args.population,
                              log=lambda line: print(line, file=sys.stderr, flush=True))
     print(bench_suite.markdown(record), end="")
     if args.out:
@@ -1045,7 +1046,11 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--out", metavar="FILE", default=None, help="writes FILE.json and FILE.md")
     be.add_argument("--only", metavar="PART,PART", default=None, help="run these parts only: "
                     "local_training, peers_dp_fedavg, dp_sgd_step, knn_vote, "
-                    "isrl_spider_round, dp_fnas_search_step, ae_dpfl_end_to_end")
+                    "isrl_spider_round, dp_fnas_search_step, ae_dpfl_end_to_end, "
+                    "char_lstm_round")
+    be.add_argument("--population", metavar="DIR", default=None,
+                    help="the char_lstm_round part on this converted text population (fedjax-dp "
+                    "data convert gutenberg_shakespeare SRC DIR) instead of synthetic clients")
     be.add_argument("--sizes", default=None, help=argparse.SUPPRESS)    # "tiny": the tests
     be.add_argument("--debug", action="store_true", help="the traceback, not one error line")
     be.set_defaults(func=_cmd_bench)
