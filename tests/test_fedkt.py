@@ -236,6 +236,7 @@ def test_teacher_split_is_a_disjoint_cover_and_partitions_differ(setup):
     td = partition.teacher_data(jax.random.key(3), parties, 2, 3)
     n = parties.num_agents
     assert td.num_agents == n * 2 * 3
+    td = jax.tree.map(np.asarray, td)             # host copies: the loops below index numpy
     counts = np.asarray(td.counts).reshape(n, 2, 3)
     for i in range(n):
         xi, yi = parties.local(i)

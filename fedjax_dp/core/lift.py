@@ -191,6 +191,33 @@ def for_each_agent_sum(fn: Callable[..., Any], in_axes=0, *, chunk_size: int | N
     return lifted
 
 
+@jax.jit
+def take_row(tree: Any, i) -> Any:
+    """Row ``i`` of every leaf of ``tree`` (device arrays) in ONE compiled call per tree layout,
+    the row a traced index (eager ``leaf[i]`` compiles a slice and a squeeze per leaf shape)."""
+    return jax.tree.map(lambda l: l[i], tree)
+
+
+@jax.jit
+def stack_rows(trees: Sequence[Any]) -> Any:
+    """``jnp.stack`` of the pytrees ``trees`` leaf by leaf, in one compiled call per layout."""
+    return jax.tree.map(lambda *ls: jnp.stack(ls), *trees)
+
+
+@jax.jit
+def add_leading_axis(tree: Any) -> Any:
+    """Every leaf ``[...]`` of ``tree`` as ``[1, ...]``, in one compiled call per layout."""
+    return jax.tree.map(lambda l: l[None], tree)
+
+
+def _row(tree: Any, i: int) -> Any:
+    """Row ``i`` of ``tree``: :func:`take_row` for device arrays, plain indexing otherwise (host
+    arrays stay on the host; only the row travels)."""
+    if all(isinstance(l, jax.Array) for l in jax.tree.leaves(tree)):
+        return take_row(tree, i)
+    return jax.tree.map(lambda l: l[i], tree)
+
+
 def _loop(fn, in_axes):
     jfn = jax.jit(fn)
 
@@ -199,12 +226,12 @@ def _loop(fn, in_axes):
         n = _num_agents(args, axes)
         outs = []
         for i in range(n):
-            one = [jax.tree.map(lambda l: l[i], a) if ax == 0 else a for a, ax in zip(args, axes)]
+            one = [_row(a, i) if ax == 0 else a for a, ax in zip(args, axes)]
             try:
                 outs.append(jfn(*one))
             except Exception as e:  # name the failing agent, keep the cause
                 raise RuntimeError(f"agent {i} failed: {e}") from e
-        return jax.tree.map(lambda *ls: jnp.stack(ls), *outs)
+        return stack_rows(outs)
 
     return looped
 

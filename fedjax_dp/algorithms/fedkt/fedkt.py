@@ -64,6 +64,7 @@ from fedjax_dp.algorithms.fedkt import learners as learners_lib
 from fedjax_dp.algorithms.fedkt.config import Config, make_learners
 from fedjax_dp.algorithms.fedkt.phases import PHASES, Context, fitted, streamed
 from fedjax_dp.core import rng, validation
+from fedjax_dp.core.lift import take_row
 from fedjax_dp.core.stacked import check_agents
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger
@@ -154,7 +155,7 @@ def output(state: api.State) -> api.Output:
     ctx: Context = state.context
     learner, final_fit = ctx.learners["final"], fitted(state, "final")
     if learners_lib.is_jax(learner):
-        return api.Output(model=learner.model, params=jax.tree.map(lambda l: l[0], final_fit))
+        return api.Output(model=learner.model, params=take_row(final_fit, 0))
     return api.Output(model=ctx.model,
                       predict=lambda x: np.asarray(learner.predict(final_fit, x))[0])
 

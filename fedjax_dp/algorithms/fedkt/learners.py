@@ -28,7 +28,7 @@ from fedjax_dp.core import StackedData, for_each_agent, numpy_rng, validation
 from fedjax_dp.core import defaults as defaults_lib
 from fedjax_dp.models import Model, make_model
 from fedjax_dp.train import LocalTrainConfig, check_trainable, make_local_update
-from fedjax_dp.core.lift import resolve_chunk_size, training_bytes
+from fedjax_dp.core.lift import add_leading_axis, resolve_chunk_size, take_row, training_bytes
 from fedjax_dp.train.local import lifted_update
 
 JAX_MODELS = ("logistic", "mlp", "cnn")
@@ -121,8 +121,8 @@ class JaxLearner:
         seed: that call itself)."""
         mode = resolve_seed_axis(seed_axis)
         if init_keys.shape[0] == 1:
-            return _one_seed_axis(self.fit_keyed(init_keys[0], train_keys[0],
-                                                 jax.tree.map(lambda leaf: leaf[0], data)))
+            return add_leading_axis(self.fit_keyed(init_keys[0], train_keys[0],
+                                                   take_row(data, 0)))
         params = _over_seeds(_init_fn(self.model), (0,), mode)(init_keys)
         chunk = self._chunk(_one_seed(params), init_keys.shape[1])
         fn = lifted_update(self.model, self.train, False, chunk, None, self.backend)
@@ -137,8 +137,10 @@ class JaxLearner:
         one seed: that call itself)."""
         mode = resolve_seed_axis(seed_axis)
         if init_keys.shape[0] == 1:
-            return _one_seed_axis(self.fit_shared_keyed(
-                init_keys[0], train_keys[0], x if x_axis is None else x[0], y[0], mask[0]))
+            y0, mask0 = take_row((jnp.asarray(y), jnp.asarray(mask)), 0)
+            return add_leading_axis(self.fit_shared_keyed(
+                init_keys[0], train_keys[0], x if x_axis is None else take_row(x, 0), y0,
+                mask0))
         x = jnp.asarray(x)
         y = jnp.asarray(y, jnp.int32)
         mask = jnp.asarray(mask, bool)
@@ -157,8 +159,8 @@ class JaxLearner:
         mode = resolve_seed_axis(seed_axis)
         x = jnp.asarray(x)
         if jax.tree.leaves(params)[0].shape[0] == 1:
-            return self.predict(jax.tree.map(lambda leaf: leaf[0], params),
-                                x if x_axis is None else x[0])[None]
+            return add_leading_axis(self.predict(take_row(params, 0),
+                                                 x if x_axis is None else take_row(x, 0)))
         one = _one_seed(params)
         chunk = self._chunk(one, jax.tree.leaves(one)[0].shape[0])
         fn = _predict_fn(self.model, chunk, self.backend)
@@ -216,11 +218,6 @@ def _predict_fn(model: Model, chunk_size, backend):
 
     lifted = for_each_agent(one, (0, None), chunk_size=chunk_size, backend=backend)
     return lifted if backend == "loop" else jax.jit(lifted)
-
-
-def _one_seed_axis(params):
-    """One seed's models with a leading seed axis of 1."""
-    return jax.tree.map(lambda leaf: leaf[None], params)
 
 
 def _one_seed(params):

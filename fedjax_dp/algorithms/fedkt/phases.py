@@ -207,10 +207,15 @@ def _with_fitted(ctx: Context, values: dict, name: str, model, keep: bool
     return values, dataclasses.replace(ctx, fitted={**ctx.fitted, name: model})
 
 
+#: :func:`fedjax_dp.core.seed_axis.unstack_seeds` of device arrays as one compiled call (eager:
+#: a slice and a squeeze compiled per leaf shape)
+_unstack = jax.jit(seed_axis.unstack_seeds, static_argnums=1)
+
+
 def _seed_models(learner, models, num: int) -> list:
     """Seed s's fitted models of seed-stacked ``models`` (trees: ``[fitted]``, one seed)."""
     if learners_lib.is_jax(learner):
-        return list(seed_axis.unstack_seeds(models, num))
+        return list(_unstack(models, num))
     return list(models)
 
 

@@ -197,6 +197,13 @@ def over_parties(fn: Callable, in_axes: tuple, *, chunk_size: int | None,
     return call
 
 
+def _server(fn: Callable, backend: str) -> Callable:
+    """``fn`` (the server's arithmetic between the parties' mechanisms) as ONE compiled call
+    with the loop backend, whose step is not jitted as a whole (eager, every op of every leaf
+    compiles a program of its own); as it is otherwise (traced into the jitted step)."""
+    return jax.jit(fn) if backend == "loop" else fn
+
+
 def _party_keys(key: jax.Array, num_parties: int, rows: int) -> jax.Array:
     """Party k's key ``jax.random.split(key, num_parties)[k]``, padded to ``rows`` with copies of
     the last (the padding parties' results are selected away)."""
@@ -223,7 +230,8 @@ def party_mean(fn: Callable, in_axes: tuple, *, chunk_size: int | None, backend:
                              if ax == 0)
     if mesh is None:
         lifted = over_parties(fn, axes, chunk_size=chunk_size, backend=backend)
-        return lambda key, *args: _tree_mean0(lifted(jax.random.split(key, rows(args)), *args))
+        mean = _server(_tree_mean0, backend)
+        return lambda key, *args: mean(lifted(jax.random.split(key, rows(args)), *args))
     if num_parties is None or backend != "vmap":
         raise ValueError("party_mean with a mesh needs num_parties and backend='vmap'")
     local_fn = over_parties(fn, axes, chunk_size=chunk_size, backend="vmap")
@@ -316,34 +324,40 @@ def make_search(model: SearchModel, h: SearchHyper, *, chunk_size: int | None = 
         return SearchState(w=w, alpha=alpha, w_opt=w_tx.init(w), a_opt=a_tx.init(alpha),
                            t=jnp.zeros((), jnp.int32))
 
+    axpy = _server(_axpy, backend)
+    second_eps = _server(lambda v: 0.01 / jnp.maximum(optax.tree.norm(v), 1e-12), backend)
+
     def gradients(state: SearchState, key: jax.Array, data: SearchData):
         """(G, H, metrics): the released server gradients of W and alpha of one iteration."""
         tr, va = data.train, data.val
         k_w, k_a, k_c = jax.random.split(key, 3)
         g, m_w = weights_mean(k_w, state.w, state.alpha,                        # server mean
                               tr.x, tr.y, tr.mask, tr.rate, tr.denom)
-        w_virtual = _axpy(-h.xi, g, state.w)                                    # W' = W - xi G
+        w_virtual = axpy(-h.xi, g, state.w)                                     # W' = W - xi G
         (hess, v), m_a = arch_mean(k_a, w_virtual, state.alpha,                 # D, V
                                    va.x, va.y, va.mask, va.rate, va.denom)
         metrics = {"train_loss": m_w["loss"], "val_loss": m_a["loss"],
                    "clipped_w": m_w["clipped"], "clipped_alpha": m_a["clipped"],
                    "batch_train": m_w["batch"], "batch_val": m_a["batch"]}
         if h.order == "second":                                                 # v: noised dW'
-            eps = 0.01 / jnp.maximum(optax.tree.norm(v), 1e-12)
+            eps = second_eps(v)
             c, m_c = second_mean(k_c, state.w, state.alpha, v, eps,
                                  tr.x, tr.y, tr.mask, tr.rate, tr.denom)
-            hess = _axpy(-h.xi, c, hess)                                        # H = D - xi C
+            hess = axpy(-h.xi, c, hess)                                         # H = D - xi C
             metrics["clipped_second"] = m_c["clipped"]
         return g, hess, metrics
 
-    def step(state: SearchState, key: jax.Array, data: SearchData):
-        g, hess, metrics = gradients(state, key, data)
+    @functools.partial(_server, backend=backend)
+    def server_update(state: SearchState, g, hess) -> SearchState:
         w_up, w_opt = w_tx.update(g, state.w_opt, state.w)
         a_up, a_opt = a_tx.update(hess, state.a_opt, state.alpha)
-        new = SearchState(w=optax.apply_updates(state.w, w_up),
-                          alpha=optax.apply_updates(state.alpha, a_up),
-                          w_opt=w_opt, a_opt=a_opt, t=state.t + 1)
-        return new, metrics
+        return SearchState(w=optax.apply_updates(state.w, w_up),
+                           alpha=optax.apply_updates(state.alpha, a_up),
+                           w_opt=w_opt, a_opt=a_opt, t=state.t + 1)
+
+    def step(state: SearchState, key: jax.Array, data: SearchData):
+        g, hess, metrics = gradients(state, key, data)
+        return server_update(state, g, hess), metrics
 
     if backend == "loop":
         return SearchFns(init, step, gradients)
