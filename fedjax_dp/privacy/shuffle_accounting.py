@@ -429,12 +429,12 @@ def calibrate_noise_trials(target_epsilon: float, delta: float, *, granularity: 
         z = dp_accounting.get_sigma_gaussian(target, delta) * math.sqrt(dimension * releases)
         sens = s
     hi = int(min(max_trials, max(floor + 1, math.ceil(4 * (sens * z) ** 2))))
-    while eps_at(hi) > target:
+    while (eps_hi := eps_at(hi)) > target:
         if hi >= max_trials:
             fix = ("max_trials or the target" if target_name == "target_epsilon" else
                    target_name)              # a config's name for the target: its only lever
             raise ValueError(f"{target_name}={target:g} is unreachable with noise_trials <= "
-                             f"max_trials={max_trials} (epsilon={eps_at(hi):.4g} at delta="
+                             f"max_trials={max_trials} (epsilon={eps_hi:.4g} at delta="
                              f"{delta:g}); raise {fix}")
         hi = min(2 * hi, max_trials)
     lo = max(floor, hi // 2)
