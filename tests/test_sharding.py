@@ -26,6 +26,11 @@ def test_eight_cpu_devices_equal_one_device():
                         " --xla_backend_optimization_level=0").strip()
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + \
         env.get("PYTHONPATH", "")
+    # no persistent compilation cache (conftest's): no other process of the session compiles
+    # programs for 8 devices (the XLA flags are part of the cache key), and one run of the checks
+    # compiles each program once, so the cache only adds a write of every program (~260 entries,
+    # measured about 5 of ~100 CPU seconds, 1 hit)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
     script = Path(__file__).with_name("sharded_check.py")
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                           timeout=600)
