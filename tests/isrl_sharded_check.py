@@ -6,7 +6,8 @@ ISRL-DP SPIDER (refresh and difference rounds, M = 3 of N = 6 silos) and SDP SPI
 axis sharded over 8 CPU devices: the gathered round's M = 3 cohort rows and the masked round's
 N = 6 rows are padded to 8 inside ``for_each_agent`` and the padding rows are dropped before
 every sum, so each sharded run equals the single-device run, and the sharded gathered run equals
-the single-device masked reference. Prints one JSON line.
+the single-device masked reference; each sharded run's rounds run one compiled program. Prints
+one JSON line.
 """
 import json
 import sys
@@ -55,6 +56,11 @@ def checks() -> dict:
                                                               runs[False, "masked"])
         out[f"{name}_uploads"] = int(np.asarray(runs[True, "gather"].state.values["uploads"])
                                      .sum())
+        # the initial state is placed replicated on the mesh, as the round returns it: the 3
+        # rounds of each sharded run ran one compiled program
+        out[f"{name}_sharded_round_compiled_once"] = all(
+            runs[key].state.context.round_fn.__wrapped__._cache_size() == 1
+            for key in todo if key[0])
     return out
 
 

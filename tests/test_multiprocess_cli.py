@@ -47,7 +47,18 @@ def env(devices: int) -> dict:
     flags = [f for f in e.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_force_host_platform_device_count")]
     e["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
-    e.pop("JAX_COMPILATION_CACHE_DIR", None)      # two processes compile the same programs
+    # the session's persistent compilation cache (tests/conftest.py), never the user's: without
+    # JAX_COMPILATION_CACHE_DIR the CLI's run.compilation_cache = "user" is ~/.cache/fedjax_dp,
+    # which the tests would fill and whose state (earlier test runs) would decide what compiles.
+    # The 2 processes of a job compile the same programs at the same moment (only process 0
+    # writes an entry); a resumed job loads the programs its first start compiled
+    cache = os.environ.get("FEDJAX_DP_TEST_JAX_CACHE", "off")
+    if cache == "off":        # a folder that cannot be made: the CLI leaves its cache off
+        e["FEDJAX_DP_CACHE_DIR"] = os.devnull
+        e.pop("JAX_COMPILATION_CACHE_DIR", None)
+    else:
+        e.pop("FEDJAX_DP_CACHE_DIR", None)        # it would come before JAX's variable
+        e["JAX_COMPILATION_CACHE_DIR"] = cache
     return e
 
 

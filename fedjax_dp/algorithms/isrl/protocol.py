@@ -19,7 +19,7 @@ from fedjax_dp.algorithms.isrl import availability, calibration, engine
 from fedjax_dp.algorithms.isrl import prox as prox_lib
 from fedjax_dp.core import memory
 from fedjax_dp.core import validation
-from fedjax_dp.core.lift import resolve_chunk_size
+from fedjax_dp.core.lift import replicate, resolve_chunk_size
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import PrivacyLedger, accounting, calibration as calib_lib
 from fedjax_dp.train import check_trainable
@@ -238,6 +238,10 @@ class Algorithm:
                      "algorithm.num_available": m, **memory.model_driver(model, params)}))
         clip = config.clip_norm if self.private else math.inf
         values = engine.initial_values(spec, params, engine.hyper(config.learning_rate, clip, z))
+        if runtime.mesh is not None:
+            # replicated on the mesh, as the round returns them: round 2 runs round 1's program
+            # (not a second compilation for inputs placed otherwise)
+            values = replicate(values, runtime.mesh)
         return api.State(step=0, values=values,
                          context=Context(data=sdata, model=model, spec=spec, round_fn=round_fn,
                                          noise_multiplier=z, rates=rates))
