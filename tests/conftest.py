@@ -30,8 +30,9 @@ if (os.environ.get("FEDJAX_DP_TEST_XLA_OPT", "0") != "default"
                                " --xla_cpu_parallel_codegen_split_count=1").strip()
 
 # One persistent XLA compilation cache shared by the test workers (pytest -n) and the processes
-# they start (CLI runs, notebook kernels; not the 8-device checks of test_sharding.py, whose programs no other process compiles): a function two processes compile
-# (module fixtures, shared configs) is compiled once. A fresh folder per test session; "off"
+# they start (CLI runs, notebook kernels; not the 8-device checks of test_sharding.py, whose
+# programs no other process compiles): a function two processes compile (module fixtures, shared
+# configs) is compiled once. A fresh folder per test session; "off"
 # disables it. Every program is cached, however short its compile (the library's own runs do the
 # same): on 2 cores, -n 2, tests/test_round_seeds.py + test_fedavg.py + test_rounds.py +
 # test_dp_fedsgd.py took 210 CPU s with a 0.2 s floor and 180 s with none. (The native
