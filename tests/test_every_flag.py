@@ -1287,9 +1287,10 @@ def fake_bench(monkeypatch):
     """``bench.suite.run`` recorded: a record of the parts requested, each part's sizes named."""
     from fedjax_dp.bench import suite
 
-    def record(name, out, *, only=None, sizes=None, log=print):
-        names = suite.check_request(name, only, sizes)
-        rec = {"suite": name, "sizes": sizes or name, "parts": names, "errors": []}
+    def record(name, out, *, only=None, sizes=None, population=None, log=print):
+        names = suite.check_request(name, only, sizes, population)
+        rec = {"suite": name, "sizes": sizes or name, "parts": names, "errors": [],
+               "population": population}
         log(f"ran {names}")
         if out is not None:
             Path(f"{out}.json").write_text(json.dumps(rec))
@@ -1297,22 +1298,28 @@ def fake_bench(monkeypatch):
         return rec
     monkeypatch.setattr(suite, "run", Recorder(effect=record))
     monkeypatch.setattr(suite, "markdown",
-                        lambda rec: f"suite {rec['suite']} sizes {rec['sizes']} {rec['parts']}\n")
+                        lambda rec: f"suite {rec['suite']} sizes {rec['sizes']} {rec['parts']}"
+                                    f" population {rec['population']}\n")
     return suite.run
 
 
-@case("bench", "--suite", "--out", "--only", "--sizes")
+@case("bench", "--suite", "--out", "--only", "--sizes", "--population")
 def _(flag, fake_bench, tmp_path):
     base = run("bench")
     assert base.rc == 0 and base.out.startswith("suite quick sizes quick")
+    population = tmp_path / "pop"                     # a converted population's three arrays
+    population.mkdir()
+    for name in ("x", "y", "counts"):
+        np.save(population / f"{name}.npy", np.zeros(2, np.int32))
     value = {"--suite": "full", "--out": tmp_path / "b", "--only": "dp_sgd_step",
-             "--sizes": "tiny"}[flag]
+             "--sizes": "tiny", "--population": population}[flag]
     r = run("bench", flag, value)
     assert r.rc == 0 and r.out != base.out or flag == "--out", (flag, r)
     if flag == "--out":
         assert (tmp_path / "b.json").is_file() and "wrote" in r.err
     else:
-        bad = {"--suite": "nope", "--only": "nope", "--sizes": "nope"}[flag]
+        bad = {"--suite": "nope", "--only": "nope", "--sizes": "nope",
+               "--population": str(tmp_path / "nope")}[flag]
         refused(["bench", flag, bad], flag)
 
 
