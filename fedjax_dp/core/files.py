@@ -89,14 +89,15 @@ def read_bytes(path: str | Path, *, max_bytes: int, root: str | Path | None = No
 
 
 def json_depth(value: Any) -> int:
-    """The nesting depth of a parsed JSON value (a scalar is 0), without recursion."""
+    """The nesting depth of a parsed JSON value (a scalar is 0), without recursion (only
+    containers are stacked: a results file's long metric lists are scanned, not pushed)."""
     deepest, stack = 0, [(value, 0)]
     while stack:
         v, d = stack.pop()
         if isinstance(v, dict):
-            stack.extend((x, d + 1) for x in v.values())
+            stack.extend((x, d + 1) for x in v.values() if isinstance(x, (dict, list)))
         elif isinstance(v, list):
-            stack.extend((x, d + 1) for x in v)
+            stack.extend((x, d + 1) for x in v if isinstance(x, (dict, list)))
         else:
             continue
         deepest = max(deepest, d + 1)
