@@ -57,6 +57,19 @@ def bench_readme_claims() -> list[tuple[str, str]]:
                f"{1e3 * r1000['reference_median_s']:.0f} ms ({r1000['cli_over_reference']:.2f}x)"),
         (page, f"(load average {round(min(load))}-{round(max(load))} on 2 cores"),
     ]
+    # the char-LSTM round (char_lstm/quick_cpu_2026-12-02.json)
+    lstm = _json("results/bench/char_lstm/quick_cpu_2026-12-02.json")["parts"][0]
+    assert lstm["name"] == "char_lstm_round"
+    t = lstm["times"]
+    claims.append((page, "Seconds per round, median (min): the library (`char_lstm`, its "
+                         f"`lstm_layer`) {t['library_c10']['median_s']:.2f} "
+                         f"({t['library_c10']['min_s']:.2f})"))
+    claims.append((page, f"layer {t['flax_layer_c10']['median_s']:.2f} "
+                         f"({t['flax_layer_c10']['min_s']:.2f}), a hand-written"))
+    claims.append((page, f"round {t['hand_scan_c10']['median_s']:.2f} "
+                         f"({t['hand_scan_c10']['min_s']:.2f})."))
+    for name, value in lstm["ratios"].items():
+        claims.append((page, f"`{name}` {value:.3f} / {lstm['ratios_of_minima'][name]:.3f}"))
     # the kernels note (kernels_cpu_2026-11-27.json and .md)
     ab = _json("results/bench/kernels_cpu_2026-11-27.json")["in_process_ab"]["dp_sgd_step_b128"]
     wall = ab["seconds"]["wall_median"]
