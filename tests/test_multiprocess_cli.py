@@ -202,7 +202,8 @@ def progress_lines(out: Path) -> int:
 def test_stopped_killed_and_resumed_on_two_processes(tmp_path):
     """SIGTERM on process 1: both stop after the same round with the resume command; resumed,
     SIGKILL of process 1: process 0 ends within TIMEOUT_S (+ start-up margin) with one line
-    naming process 1; resumed again: the result equals the single-process run's."""
+    naming process 1 (or gloo aborts it first, docs/scale.md); resumed again: the result
+    equals the single-process run's."""
     sets = ['data.dataset="digits"', "data.num_agents=10", "algorithm.rounds=8",
             "train.steps=2", "model.hidden=[8]", "run.checkpoint_every=1",
             "run.rounds_per_call=1", 'privacy.accountants=["rdp"]', "algorithm.diagnostics=true"]
@@ -235,10 +236,15 @@ def test_stopped_killed_and_resumed_on_two_processes(tmp_path):
     tick = time.monotonic()
     codes = wait(job, TIMEOUT_S + 60)
     assert time.monotonic() - tick < TIMEOUT_S + 30, logs_text(logs)
-    assert codes[1] == -signal.SIGKILL and codes[0] == 75, logs_text(logs)
-    last = (logs / "process_0.log").read_text().strip().splitlines()[-1]
-    assert last.startswith("fedjax-dp: process 0: lost process 1 of 2"), last
-    assert "resume on every host with" in last, last
+    assert codes[1] == -signal.SIGKILL, logs_text(logs)
+    log_0 = (logs / "process_0.log").read_text()
+    if codes[0] == -signal.SIGABRT:       # gloo aborted the survivor first (docs/scale.md)
+        assert "gloo::EnforceNotMet" in log_0, logs_text(logs)
+    else:
+        assert codes[0] == 75, logs_text(logs)
+        last = log_0.strip().splitlines()[-1]
+        assert last.startswith("fedjax-dp: process 0: lost process 1 of 2"), last
+        assert "resume on every host with" in last, last
 
     job = start_job(resume, logs, free_port())
     assert wait(job, 300) == [0, 0], logs_text(logs)
