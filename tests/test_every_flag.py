@@ -1431,6 +1431,23 @@ def _(flag, plays, leaf, tmp_path):
     refused(["data", "convert", "leaf_sent140", leaf, tmp_path / "r", flag, value], flag)
 
 
+@case("data convert", "--window-stride")
+def _(plays, leaf, tmp_path):
+    def convert(*extra) -> dict:
+        dst = tmp_path / f"s{len(list(tmp_path.iterdir()))}"
+        r = run("data", "convert", "gutenberg_shakespeare", plays, dst, "--seq-len", "8", *extra)
+        assert r.rc == 0, r.err
+        return r.json
+
+    base, got = convert(), convert("--window-stride", "8")
+    assert got["clients"] == base["clients"] and got["train_records"] < base["train_records"]
+    assert got["options"]["window_stride"] == 8
+    refused(["data", "convert", "gutenberg_shakespeare", plays, tmp_path / "q",
+             "--window-stride", "0"], "--window-stride")
+    refused(["data", "convert", "leaf_sent140", leaf, tmp_path / "r", "--window-stride", "8"],
+            "--window-stride")
+
+
 @case("data convert", "--quiet")
 def _(leaf, tmp_path, monkeypatch):
     from fedjax_dp.data import convert

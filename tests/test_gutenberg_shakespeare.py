@@ -432,6 +432,35 @@ def test_convert_statistics_and_the_user_split(plays, tmp_path):
     assert s["options"]["split"] == "user" and s["options"]["split_seed"] == 3
 
 
+@pytest.mark.parametrize("stride", [3, 8])
+def test_window_stride_keeps_every_sth_window_of_each_split(works, tmp_path, stride):
+    """``window_stride=S``: each client's train and test records are every S-th of the
+    stride-1 conversion's (S = T: windows that do not overlap), the split unchanged."""
+    whole = _convert(works, tmp_path / "w1", train_fraction=0.5)
+    strided = _convert(works, tmp_path / f"w{stride}", train_fraction=0.5, window_stride=stride)
+    assert strided["options"]["window_stride"] == stride
+    assert strided["statistics"]["split"]["window_stride"] == stride
+    a, b = (json.loads((tmp_path / d / "clients.json").read_text())
+            for d in ("w1", f"w{stride}"))
+    assert a["train"] == b["train"]                         # the same clients, in order
+    ca, cb = (np.load(tmp_path / d / "counts.npy") for d in ("w1", f"w{stride}"))
+    assert cb.tolist() == [len(range(0, n, stride)) for n in ca]
+    xa, xb = (np.load(tmp_path / d / "x.npy", mmap_mode="r") for d in ("w1", f"w{stride}"))
+    ya, yb = (np.load(tmp_path / d / "y.npy", mmap_mode="r") for d in ("w1", f"w{stride}"))
+    for i, (n, m) in enumerate(zip(ca, cb)):
+        assert np.array_equal(xb[i, :m], xa[i, :n:stride])
+        assert np.array_equal(yb[i, :m], ya[i, :n:stride])
+    if stride == 8:              # = T: record 1 starts with record 0's last target (they abut)
+        assert cb[0] >= 2 and xb[0, 1, 0] == yb[0, 0, -1]
+        assert np.array_equal(np.concatenate([xb[0, 0, 1:], xb[0, 1, :1]]), yb[0, 0])
+    ta, tb = (np.load(tmp_path / d / "server.npz") for d in ("w1", f"w{stride}"))
+    ids_a, ids_b = ta["test_client"], tb["test_client"]
+    for c in np.unique(ids_a):
+        assert np.array_equal(tb["x_test"][ids_b == c], ta["x_test"][ids_a == c][::stride])
+    assert strided["statistics"]["split"]["train"]["samples"] == int(cb.sum())
+    assert strided["statistics"]["samples"] == whole["statistics"]["samples"]   # LEAF's count
+
+
 def test_cli_prints_the_statistics(plays, tmp_path, capsys):
     from fedjax_dp.experiments import cli
     assert cli.main(["data", "convert", "gutenberg_shakespeare", str(plays),
@@ -447,6 +476,8 @@ def test_cli_prints_the_statistics(plays, tmp_path, capsys):
     ("ok", {"train_fraction": "0.5"}, "--train-fraction"),
     ("ok", {"split": "users"}, "--split"),
     ("ok", {"split_seed": 1}, "--split-seed"),
+    ("ok", {"window_stride": 0}, "--window-stride"),
+    ("ok", {"window_stride": 2.5}, "--window-stride"),
     ("ok", {"split": "user", "train_fraction": 0.1}, "no train client"),
 ])
 def test_bad_input_is_one_line_naming_the_parameter(plays, tmp_path, bad, kw, needle):

@@ -26,7 +26,8 @@ client), ``max_records`` the first k records of every client, ``max_test_records
 random subset (``seed``) of the test records (kept in client order). ``vocab_size`` /
 ``vocab_file`` / ``seq_len`` set the text formats' tokenisation (:mod:`fedjax_dp.data.vocab`).
 ``gutenberg_shakespeare`` builds LEAF's clients from the plays' text and makes LEAF's split
-itself (``split`` "sample" / "user", ``train_fraction``, ``split_seed``;
+itself (``split`` "sample" / "user", ``train_fraction``, ``split_seed``; ``window_stride``:
+every S-th window of each split;
 :mod:`fedjax_dp.data.gutenberg`); its summary also holds the conversion's ``statistics``.
 """
 from __future__ import annotations
@@ -67,7 +68,8 @@ FLUSH_BYTES = 64 << 20
 
 def open_source(fmt: str, src, *, vocab_size: int | None = None, vocab_file=None,
                 seq_len: int | None = None, split: str | None = None,
-                train_fraction: float | None = None, split_seed: int | None = None):
+                train_fraction: float | None = None, split_seed: int | None = None,
+                window_stride: int | None = None):
     """The reader of ``fmt`` on ``src`` (its files opened and their layout checked)."""
     from fedjax_dp.data import gutenberg, leaf_json, tff_hdf5
     if fmt not in FORMATS:
@@ -82,7 +84,8 @@ def open_source(fmt: str, src, *, vocab_size: int | None = None, vocab_file=None
     if seq_len is not None and (isinstance(seq_len, bool) or int(seq_len) != seq_len
                                 or seq_len < 1):
         raise ValueError(f"--seq-len must be an integer >= 1, got {seq_len!r}")
-    splitting = {"split": split, "train_fraction": train_fraction, "split_seed": split_seed}
+    splitting = {"split": split, "train_fraction": train_fraction, "split_seed": split_seed,
+                 "window_stride": window_stride}
     given = [f"--{k.replace('_', '-')}" for k, v in splitting.items() if v is not None]
     if given and fmt not in SPLIT_FORMATS:
         raise ValueError(f"{' / '.join(given)} apply to {list(SPLIT_FORMATS)}, not {fmt!r} "
@@ -257,8 +260,8 @@ def convert(fmt: str, src, dst, *, vocab_size: int | None = None, vocab_file=Non
             seq_len: int | None = None, max_clients: int | None = None,
             max_records: int | None = None, max_test_records: int | None = None,
             seed: int = 0, progress: bool = True, split: str | None = None,
-            train_fraction: float | None = None, split_seed: int | None = None
-            ) -> dict[str, Any]:
+            train_fraction: float | None = None, split_seed: int | None = None,
+            window_stride: int | None = None) -> dict[str, Any]:
     """Convert the published dataset ``fmt`` at ``src`` into the stacked population ``dst``
     (module docstring). Returns a summary (clients, records, n_max, files). Every argument is
     checked, and the source's layout read, before anything is written."""
@@ -271,7 +274,7 @@ def convert(fmt: str, src, dst, *, vocab_size: int | None = None, vocab_file=Non
                          f"new folder")
     reader = open_source(fmt, src, vocab_size=vocab_size, vocab_file=vocab_file,
                          seq_len=seq_len, split=split, train_fraction=train_fraction,
-                         split_seed=split_seed)
+                         split_seed=split_seed, window_stride=window_stride)
     partial = _temporary(dst)
     _remove_dead_temporaries(dst)
     try:
@@ -321,7 +324,8 @@ def convert(fmt: str, src, dst, *, vocab_size: int | None = None, vocab_file=Non
                        else str(vocab_file), "seq_len": seq_len, "max_clients": max_clients,
                        "max_records": max_records, "max_test_records": max_test_records,
                        "seed": seed, **({"split": split, "train_fraction": train_fraction,
-                                         "split_seed": split_seed}
+                                         "split_seed": split_seed,
+                                         "window_stride": window_stride}
                                         if fmt in SPLIT_FORMATS else {})}}
         if getattr(reader, "statistics", None):
             summary["statistics"] = reader.statistics

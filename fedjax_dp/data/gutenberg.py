@@ -50,6 +50,11 @@ a block or a continuation line starting with ``Enter``, ``Re-enter``, ``Exit``, 
    ``int(f N)`` training clients uniformly (``split_seed``) and gives the others, all their
    samples, to the test. ``f`` is ``train_fraction`` (0.8 by default, LEAF's full-size
    command ``-t sample --tf 0.8``; LEAF's script default is 0.9).
+5. ``window_stride`` S (this library's option; LEAF's is 1): after the split, every client
+   keeps the windows ``start, start + S, ...`` of each of its ranges. ``S = T`` gives
+   non-overlapping windows, every character predicted once (TFF's cutting of its snippets into
+   pieces), 80 times fewer records than LEAF's: the size the benchmark runs use
+   (docs/benchmarks/shakespeare.md). The split is LEAF's in every case.
 
 :attr:`Shakespeare.statistics` is what the conversion prints (``fedjax-dp data convert``'s
 summary): texts, plays, roles (kept and dropped), users and samples as LEAF counts them (before
@@ -479,10 +484,15 @@ class Shakespeare(ClientReader):
     records over LEAF's vocabulary."""
 
     def __init__(self, src, *, seq_len: int = vocab_lib.SHAKESPEARE_T, split: str = "sample",
-                 train_fraction: float = TRAIN_FRACTION, split_seed: int | None = None):
+                 train_fraction: float = TRAIN_FRACTION, split_seed: int | None = None,
+                 window_stride: int = 1):
         self.name = "gutenberg_shakespeare"
         self.split, self.train_fraction, self.split_seed = _check_options(
             split, train_fraction, split_seed)
+        if isinstance(window_stride, bool) or not isinstance(window_stride, (int, np.integer)) \
+                or window_stride < 1:
+            raise ValueError(f"--window-stride must be an integer >= 1, got {window_stride!r}")
+        self.window_stride = int(window_stride)
         vocab_lib.set_next_token(self, seq_len, LEAF_VOCAB)
         self.layout, self.texts, plays = read_plays(src)
         src = Path(src).expanduser()
@@ -512,7 +522,7 @@ class Shakespeare(ClientReader):
         oov = {ch: n for ch, n in sorted(chars.items()) if ch not in LEAF_VOCAB.index}
         per = {}
         for split_name, j in (("train", 0), ("test", 1)):
-            n = [r[j][1] - r[j][0] for r in self.ranges if r[j]]
+            n = [self._strided(r[j]) for r in self.ranges if r[j]]
             per[split_name] = {"clients": len(n), "samples": int(sum(n)),
                                "samples_per_client": _quantiles(n)}
         kept_plays = sorted({c.play for c in self.all_clients})
@@ -526,18 +536,25 @@ class Shakespeare(ClientReader):
                 "characters": int(sum(len(c.text) for c in self.all_clients)),
                 "samples_per_user": _quantiles(sizes),
                 "split": {"kind": self.split, "train_fraction": self.train_fraction,
+                          "window_stride": self.window_stride,
                           "seed": self.split_seed if self.split == "user" else None, **per},
                 "characters_outside_vocabulary": {repr(k)[1:-1]: v for k, v in oov.items()}}
+
+    def _strided(self, window_range: tuple[int, int]) -> int:
+        """The number of windows ``start, start + S, ... < stop`` (rule 5)."""
+        start, stop = window_range
+        return len(range(start, stop, self.window_stride))
 
     def sizes(self, split: str) -> Iterator[tuple[str, int]]:
         j = 0 if split == "train" else 1
         for c, r in zip(self.all_clients, self.ranges):
             if r[j]:
-                yield c.id, r[j][1] - r[j][0]
+                yield c.id, self._strided(r[j])
 
     def clients(self, split: str) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
         j = 0 if split == "train" else 1
         for c, r in zip(self.all_clients, self.ranges):
             if r[j]:
                 x, y = windows(c.text, self.seq_len, self.vocab)
-                yield c.id, x[r[j][0]:r[j][1]], y[r[j][0]:r[j][1]]
+                part = slice(r[j][0], r[j][1], self.window_stride)
+                yield c.id, np.ascontiguousarray(x[part]), np.ascontiguousarray(y[part])

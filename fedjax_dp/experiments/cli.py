@@ -668,7 +668,8 @@ def _cmd_data(args) -> int:
                               max_test_records=args.max_test_records,
                               seed=0 if args.seed is None else args.seed,
                               progress=not args.quiet, split=args.split,
-                              train_fraction=args.train_fraction, split_seed=args.split_seed)
+                              train_fraction=args.train_fraction, split_seed=args.split_seed,
+                              window_stride=args.window_stride)
     summary["run_with"] = (f'data.dataset = "{summary["dataset"]}", data.num_agents = '
                            f'{summary["clients"]}')
     print(json.dumps(summary, indent=2))
@@ -1085,6 +1086,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="gutenberg_shakespeare: the training fraction (default 0.8)")
     cv.add_argument("--split-seed", type=int, default=None, metavar="S",
                     help="gutenberg_shakespeare: seed of --split user's draw (default 0)")
+    cv.add_argument("--window-stride", type=int, default=None, metavar="S",
+                    help="gutenberg_shakespeare: keep every S-th window of each client's "
+                    "split (default 1, LEAF's; 80: non-overlapping windows)")
     cv.add_argument("--quiet", action="store_true", help="no progress bar")
     cv.add_argument("--debug", action="store_true", help="the traceback, not one error line")
     cv.set_defaults(func=_cmd_data)
