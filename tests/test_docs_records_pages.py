@@ -825,6 +825,114 @@ def robustness_claims() -> list[tuple[str, str]]:
     ]
 
 
+# --- docs/benchmarks/shakespeare.md: Reddi et al.'s row and DP-FL on the Gutenberg text ---------
+
+#: the server steps of configs/experiments/shakespeare_server_optimizers.toml as the page names
+#: them, with Reddi et al.'s Table 2 Shakespeare cell where the page quotes one
+REDDI_ROW = {"sgd": ("FedAvg", "sgd 1", "56.9"),
+             "sgd_0.316": ("FedAvgM", "sgd 0.316, momentum 0.9", "not quoted"),
+             "adam_0.01": ("FedAdam", "adam 0.01, tau 1e-3", "57.0"),
+             "yogi_0.01": ("FedYogi", "yogi 0.01, tau 1e-3", "not quoted"),
+             "adagrad_0.316": ("FedAdagrad", "adagrad 0.316, tau 0.1", "not quoted")}
+
+
+def _optimizer_name(opt) -> str:
+    return opt if isinstance(opt, str) else f"{opt['name']}_{opt['learning_rate']:g}"
+
+
+def _pct(a) -> str:
+    """mean ± sample std in percent, one decimal (3 seeds)."""
+    return f"{100 * np.mean(a):.1f} ± {100 * np.std(a, ddof=1):.1f}"
+
+
+def shakespeare_reproduction_claims() -> list[tuple[str, str]]:
+    page = "docs/benchmarks/shakespeare.md"
+    cells: dict = {}
+    for r in _runs("shakespeare_server_optimizers"):
+        cells.setdefault(_optimizer_name(r["params"]["algorithm.server_optimizer"]), []).append(r)
+    assert set(cells) == set(REDDI_ROW) and all(len(v) == 3 for v in cells.values())
+    claims = []
+    for name, (label, step, paper) in REDDI_ROW.items():
+        runs = cells[name]
+        assert sorted(r["seed"] for r in runs) == [0, 1, 2] and not any(r["privacy"] for r in runs)
+        at = {h["round"]: [] for h in runs[0]["history"] if "test_accuracy" in h}
+        for r in runs:
+            for h in r["history"]:
+                if "test_accuracy" in h:
+                    at[h["round"]].append(h["test_accuracy"])
+        curve = " / ".join(_pct(at[t]) for t in sorted(at))
+        claims.append((page, f"| {label} | {step} | {paper} | "
+                             f"{_pct([r['test_accuracy'] for r in runs])} | {curve} |"))
+    mean = {k: 100 * np.mean([r["test_accuracy"] for r in v]) for k, v in cells.items()}
+    gains = []
+    for runs in cells.values():
+        by_round = {}
+        for r in runs:
+            for h in r["history"]:
+                if "test_accuracy" in h:
+                    by_round.setdefault(h["round"], []).append(h["test_accuracy"])
+        gains.append(100 * (np.mean(by_round[150]) - np.mean(by_round[100])))
+    assert max(100 * np.std([r["test_accuracy"] for r in v], ddof=1)
+               for v in cells.values()) < 1
+    wall = np.mean([r["wall_time_s"] for v in cells.values() for r in v])
+    first = [r["history"][0]["mean_update_norm"] for v in cells.values() for r in v]
+    later = [h["mean_update_norm"] for v in cells.values() for r in v for h in r["history"]
+             if h["round"] >= 50 and "mean_update_norm" in h]
+    claims.append((page, f"mean update norm is {min(first):.2f}-{max(first):.2f} in round 1, "
+                         f"with a median of {np.median(later):.2f} from round 50 on"))
+    claims += [
+        (page, f"FedAvg {56.9 - mean['sgd']:.1f} points below its cell, FedAdam "
+               f"{57.0 - mean['adam_0.01']:.1f} points below its cell"),
+        (page, f"the curves still climb {min(gains):.1f}-{max(gains):.1f} points from round 100 "
+               f"to round 150"),
+        (page, f"FedAvgM by {mean['sgd_0.316'] - mean['sgd']:.1f} points and FedAdam by "
+               f"{mean['adam_0.01'] - mean['sgd']:.1f} points over FedAvg at round 150"),
+        (page, f"A run takes {wall:.0f} s on this CPU"),
+    ]
+    dp: dict = {}
+    for r in _runs("shakespeare_dp"):
+        key = (_optimizer_name(r["params"]["algorithm.server_optimizer"]), r["target_epsilon"])
+        dp.setdefault(key, []).append(r)
+    for r in _runs("shakespeare_dp_mechanisms"):
+        arm = "adaptive_clip" if "adaptive" in r["base"] else "banded_mf"
+        dp.setdefault((arm, r["target_epsilon"]), []).append(r)
+    labels = {"sgd": "DP-FedAvg (sgd 1)", "adam_0.01": "DP-FedAdam (adam 0.01, tau 1e-3)",
+              "adaptive_clip": "DP-FedAdam, adaptive clipping",
+              "banded_mf": "DP-FedAdam, banded MF (3 bands)"}
+    for (name, target), runs in sorted(dp.items(), key=lambda c: (c[0][1], list(labels).index(
+            c[0][0]))):
+        assert len(runs) == 3 and all(abs(r["epsilon"] - target) <= 0.01 * target for r in runs)
+        z = {round(r["calibrated"]["value"], 3) for r in runs}
+        assert len(z) == 1
+        claims.append((page, f"| {target:g} | {labels[name]} | {next(iter(z)):.3f} | "
+                             f"{_pct([r['test_accuracy'] for r in runs])} |"))
+    reference = _runs("shakespeare_dp_reference")
+    assert len(reference) == 3 and all(r["epsilon"] is None and
+                                       r["config"]["algorithm"]["noise_multiplier"] == 0.0
+                                       for r in reference)
+    claims.append((page, f"| none | DP-FedAvg's rounds without noise (z = 0) | 0 | "
+                         f"{_pct([r['test_accuracy'] for r in reference])} |"))
+    acc = {k: 100 * np.mean([r["test_accuracy"] for r in v]) for k, v in dp.items()}
+    loss = {k: np.mean([r["history"][-1]["train_loss"] for r in v]) for k, v in dp.items()}
+    fedavg = [acc["sgd", t] for t in (2.0, 5.0, 10.0)]
+    fedadam = [acc["adam_0.01", t] for t in (2.0, 5.0, 10.0)]
+    z = {k: v[0]["calibrated"]["value"] for k, v in dp.items()}
+    assert np.std([r["test_accuracy"] for r in dp["banded_mf", 5.0]]) < 1e-3   # one predictor
+    claims += [
+        (page, f"{min(fedavg):.1f}-{max(fedavg):.1f}% against "
+               f"{100 * np.mean([r['test_accuracy'] for r in reference]):.1f}% at z = 0"),
+        (page, f"(35.1% after 150 rounds of 10 clients)"),
+        (page, f"falls far behind, at {min(fedadam):.1f}-{max(fedadam):.1f}%"),
+        (page, f"({acc['adaptive_clip', 5.0]:.1f}% against {acc['adam_0.01', 5.0]:.1f}% at "
+               f"epsilon 5)"),
+        (page, f"it always predicts the space, {acc['banded_mf', 5.0]:.1f}% of the test targets, "
+               f"and its training loss ends near {loss['banded_mf', 5.0]:.1f} where DP-FedAvg's "
+               f"reaches {loss['sgd', 5.0]:.1f}"),
+        (page, f"same epsilon ({z['banded_mf', 5.0]:.3f} against {z['adam_0.01', 5.0]:.3f})"),
+    ]
+    assert f"{np.mean([r['test_accuracy'] for r in cells['sgd']]) * 100:.1f}" == "35.1"
+    return claims
+
 # --- docs/benchmarks/shakespeare.md: the Gutenberg conversion's statistics --------------------
 
 def shakespeare_data_claims() -> list[tuple[str, str]]:
@@ -876,7 +984,7 @@ CLAIMS = (secagg_claims() + audit_claims() + devices_claims() + bench_claims()
           + fnas_page_claims() + fnas_causes_claims() + isrl_page_claims() + fedkt_page_claims()
           + adaptive_clip_text_claims() + participation_text_claims() + scale_page_claims()
           + grid_edge_claims() + robustness_claims() + server_optimizer_claims()
-          + shakespeare_data_claims())
+          + shakespeare_data_claims() + shakespeare_reproduction_claims())
 
 # Figures a page quotes with no committed record behind them: the page must say so, in these
 # words (a record committed later replaces the sentence with a claim above).
